@@ -1,0 +1,27 @@
+# The README's one-line commands. Each creates/updates the virtual environment in .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.segood-installed
+
+.PHONY: install demo test bench clean
+
+install: $(STAMP)
+
+# Re-installs only when the package metadata changes; the editable install picks up code changes.
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --disable-pip-version-check -q -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/segood demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_metrics.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

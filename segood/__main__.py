@@ -1,0 +1,3 @@
+from segood.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,294 @@
+"""PixelOODAccumulator: binned pixel-level OOD metrics over a whole set in constant memory."""
+
+import numba
+import numpy as np
+
+from segood.metrics import _kernels
+from segood.metrics.functional import (
+    METRIC_NAMES,
+    as_numpy_inputs,
+    metrics_from_counts,
+    raise_bad_labels,
+    raise_bad_scores,
+)
+
+STATE_FORMAT = "segood.PixelOODAccumulator/1"
+_MIN_CHUNK = 1 << 16  # pixels per parallel chunk; below this, threads cost more than they save
+
+
+class PixelOODAccumulator:
+    """Streaming TP/FP/FN/TN counts at ``numpy.linspace(lo, hi, num_thresholds)`` (the paper's §4).
+
+    A pixel is predicted OOD at threshold ``t_k`` iff ``float64(score) >= t_k``; the counts equal that
+    literal comparison for every pixel. Memory is O(num_thresholds) whatever the number of images, and
+    states add, so shards, processes and resumed runs merge to the counts of one uninterrupted run.
+
+    Args:
+        num_thresholds: T >= 2. Large T is cheap (one histogram bin per threshold): 65536 is near-exact.
+        score_range: (lo, hi), the first and last threshold; scores outside it are an error.
+        per_image: also track the per-image mean of each metric (over images where it is defined). Then
+            ``update`` treats inputs of 3 or more dimensions as batches along the first axis.
+
+    Example:
+        >>> acc = PixelOODAccumulator(num_thresholds=400)
+        >>> acc.update(scores, ood_mask)   # scores: float (N, H, W), higher = more OOD
+        >>> acc.compute()["auroc"]
+    """
+
+    def __init__(self, num_thresholds=400, score_range=(0.0, 1.0), *, per_image=False):
+        if isinstance(num_thresholds, bool) or not isinstance(num_thresholds, (int, np.integer)):
+            raise TypeError(f"num_thresholds must be an int, got {num_thresholds!r}")
+        if num_thresholds < 2:
+            raise ValueError(f"num_thresholds must be at least 2, got {num_thresholds}")
+        lo, hi = (float(v) for v in score_range)
+        if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
+            raise ValueError(f"score_range must be finite with lo < hi, got {score_range!r}")
+        self.num_thresholds = int(num_thresholds)
+        self.score_range = (lo, hi)
+        self.per_image = bool(per_image)
+        self.thresholds = np.linspace(lo, hi, self.num_thresholds)
+        self.reset()
+
+    def reset(self):
+        """Forget every count."""
+        self.hist = np.zeros((2, self.num_thresholds), dtype=np.int64)  # rows: ID, OOD; column = bin
+        self.n_ignored = 0
+        self.n_images = 0
+        self.per_image_sum = np.zeros(len(METRIC_NAMES))
+        self.per_image_defined = 0  # images where the per-image metrics are defined
+        return self
+
+    def update(self, scores, labels, *, clip=False):
+        """Add pixels. The state is unchanged when this raises.
+
+        Args:
+            scores: float array or tensor (numpy, torch CPU or CUDA), any shape, higher = more OOD,
+                within ``score_range`` at every counted pixel (scores at ignored pixels are never read).
+            labels: same shape: 0 (ID), 1 (OOD), 255 (ignore).
+            clip: clip finite out-of-range scores into ``score_range`` instead of raising.
+
+        Raises:
+            ValueError: shape mismatch, labels outside {0, 1, 255}, NaN or out-of-range scores.
+        """
+        images = self._split_images(scores, labels)
+        results = [self._histogram(s, lab, clip) for s, lab in images]  # validate all before changing state
+        for hist, n_ignored in results:
+            self.hist += hist
+            self.n_ignored += n_ignored
+            if self.per_image:
+                self._add_image(hist)
+        return self
+
+    def merge(self, other):
+        """Add the counts of another accumulator with the same thresholds (in place); returns self."""
+        if not isinstance(other, PixelOODAccumulator):
+            raise TypeError(f"can only merge a PixelOODAccumulator, got {type(other).__name__}")
+        mine = (self.num_thresholds, self.score_range, self.per_image)
+        theirs = (other.num_thresholds, other.score_range, other.per_image)
+        if mine != theirs:
+            raise ValueError(
+                "cannot merge accumulators with different configurations: "
+                f"(num_thresholds, score_range, per_image) = {mine} vs {theirs}"
+            )
+        self.hist += other.hist
+        self.n_ignored += other.n_ignored
+        self.n_images += other.n_images
+        self.per_image_sum += other.per_image_sum
+        self.per_image_defined += other.per_image_defined
+        return self
+
+    def __add__(self, other):
+        return self.copy().merge(other)
+
+    def copy(self):
+        return PixelOODAccumulator.from_state_dict(self.state_dict())
+
+    def compute(self):
+        """Metrics over every pixel seen so far (pooled counts).
+
+        Returns:
+            dict: ``auroc``, ``auprc``, ``fpr95``, ``max_iou``, ``max_iou_threshold``, ``n_id``,
+            ``n_ood``, ``n_ignored``; the curves ``thresholds``, ``tp``, ``fp``, ``fn``, ``tn`` (arrays of
+            shape (T,)); with ``per_image``, ``per_image_mean`` = {metric: mean, ``n_images``: images
+            averaged, ``n_images_total``}.
+
+        Raises:
+            ValueError: nothing has been accumulated.
+        """
+        n_id, n_ood = (int(v) for v in self.hist.sum(axis=1))
+        if n_id + n_ood + self.n_ignored == 0:
+            raise ValueError("the accumulator is empty: call update(scores, labels) before compute()")
+        fp, tp = _reverse_cumsum(self.hist)
+        result = metrics_from_counts(self.thresholds, tp, fp, n_ood, n_id)
+        result.update(
+            n_id=n_id,
+            n_ood=n_ood,
+            n_ignored=int(self.n_ignored),
+            thresholds=self.thresholds.copy(),
+            tp=tp,
+            fp=fp,
+            fn=n_ood - tp,
+            tn=n_id - fp,
+        )
+        if self.per_image:
+            defined = self.per_image_defined
+            means = self.per_image_sum / defined if defined else np.full(len(METRIC_NAMES), np.nan)
+            result["per_image_mean"] = {
+                **{name: float(v) for name, v in zip(METRIC_NAMES, means)},
+                "n_images": int(defined),
+                "n_images_total": int(self.n_images),
+            }
+        return result
+
+    def state_dict(self):
+        """The state as plain numpy arrays (``numpy.savez``-able without pickle)."""
+        return {
+            "format": np.array(STATE_FORMAT),
+            "num_thresholds": np.array(self.num_thresholds, dtype=np.int64),
+            "score_range": np.array(self.score_range, dtype=np.float64),
+            "per_image": np.array(self.per_image),
+            "hist": self.hist.copy(),
+            "n_ignored": np.array(self.n_ignored, dtype=np.int64),
+            "n_images": np.array(self.n_images, dtype=np.int64),
+            "per_image_sum": self.per_image_sum.copy(),
+            "per_image_defined": np.array(self.per_image_defined, dtype=np.int64),
+        }
+
+    @classmethod
+    def from_state_dict(cls, state):
+        """Rebuild from :meth:`state_dict` output (or an ``np.load``-ed npz); validates every field."""
+        missing = [k for k in cls(2).state_dict() if k not in state]
+        if missing:
+            raise ValueError(f"accumulator state lacks {missing}; was it written by state_dict()?")
+        if str(np.asarray(state["format"])) != STATE_FORMAT:
+            raise ValueError(f"unknown accumulator state format {state['format']!r}; expected {STATE_FORMAT!r}")
+        acc = cls(
+            int(state["num_thresholds"]),
+            tuple(np.asarray(state["score_range"], dtype=np.float64)),
+            per_image=bool(state["per_image"]),
+        )
+        hist = np.asarray(state["hist"])
+        if hist.shape != acc.hist.shape or not np.issubdtype(hist.dtype, np.integer) or (hist < 0).any():
+            raise ValueError(f"accumulator state 'hist' must be non-negative ints of shape {acc.hist.shape}")
+        acc.hist[...] = hist
+        acc.n_ignored = _count(state, "n_ignored")
+        acc.n_images = _count(state, "n_images")
+        acc.per_image_defined = _count(state, "per_image_defined")
+        acc.per_image_sum[...] = np.asarray(state["per_image_sum"], dtype=np.float64)
+        return acc
+
+    def save(self, path):
+        """Write the state to an ``.npz`` file."""
+        np.savez(path, **self.state_dict())
+
+    @classmethod
+    def load(cls, path):
+        """Read a state written by :meth:`save` (never unpickles)."""
+        with np.load(path, allow_pickle=False) as state:
+            return cls.from_state_dict(dict(state))
+
+    def all_reduce(self):
+        """Sum the counts over all ``torch.distributed`` ranks (in place); a no-op without a process group.
+
+        Call it once, after the last update: every rank then holds the counts of the whole set.
+        """
+        import torch
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return self
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+        counts = np.concatenate([self.hist.ravel(), [self.n_ignored, self.n_images, self.per_image_defined]])
+        counts = torch.from_numpy(counts).to(device)
+        sums = torch.from_numpy(self.per_image_sum.copy()).to(device)
+        dist.all_reduce(counts)
+        dist.all_reduce(sums)
+        counts = counts.cpu().numpy()
+        self.hist[...] = counts[: self.hist.size].reshape(self.hist.shape)
+        self.n_ignored, self.n_images, self.per_image_defined = (int(v) for v in counts[self.hist.size :])
+        self.per_image_sum[...] = sums.cpu().numpy()
+        return self
+
+    def __repr__(self):
+        lo, hi = self.score_range
+        n_id, n_ood = self.hist.sum(axis=1)
+        return (
+            f"PixelOODAccumulator(num_thresholds={self.num_thresholds}, score_range=({lo:g}, {hi:g}), "
+            f"n_id={n_id}, n_ood={n_ood}, n_ignored={self.n_ignored})"
+        )
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _split_images(self, scores, labels):
+        """[(scores, labels)] per image with ``per_image``, else the whole input as one piece."""
+        scores, labels = (x if hasattr(x, "shape") else np.asarray(x) for x in (scores, labels))
+        if tuple(scores.shape) != tuple(labels.shape):
+            raise ValueError(
+                f"scores have shape {tuple(scores.shape)} but labels have shape {tuple(labels.shape)}; "
+                "they must match pixel for pixel"
+            )
+        if self.per_image and len(scores.shape) >= 3:
+            return list(zip(scores, labels))
+        return [(scores, labels)]
+
+    def _histogram(self, scores, labels, clip):
+        """Validated histogram of one input: ((2, T) int64, number of ignored pixels)."""
+        lo, hi = self.score_range
+        if _is_cuda(scores) or _is_cuda(labels):
+            scores, labels = _flat_cuda(scores, labels)
+            hist, problems = _kernels.histogram_torch(scores, labels, self.thresholds, clip)
+        else:
+            scores, labels = as_numpy_inputs(scores, labels)
+            chunks = max(1, min(numba.get_num_threads(), scores.size // _MIN_CHUNK))
+            hist, problems = _kernels.histogram_numpy(scores, labels, self.thresholds, clip, chunks)
+        if problems[_kernels.N_BAD_LABEL]:
+            raise_bad_labels(_host(labels))
+        if problems[_kernels.N_BAD_SCORE]:
+            raise_bad_scores(_host(scores), _host(labels), lo, hi, clip)
+        return hist, int(problems[_kernels.N_IGNORED])
+
+    def _add_image(self, hist):
+        self.n_images += 1
+        fp, tp = _reverse_cumsum(hist)
+        n_id, n_ood = int(fp[0]), int(tp[0])
+        if n_id and n_ood:
+            metrics = metrics_from_counts(self.thresholds, tp, fp, n_ood, n_id, warn=False)
+            self.per_image_sum += [metrics[name] for name in METRIC_NAMES]
+            self.per_image_defined += 1
+
+
+def _reverse_cumsum(hist):
+    """Per-threshold counts (pixels with score >= t_k) from per-bin counts, for each row."""
+    return np.cumsum(hist[..., ::-1], axis=-1)[..., ::-1]
+
+
+def _count(state, key):
+    value = int(np.asarray(state[key]))
+    if value < 0:
+        raise ValueError(f"accumulator state {key!r} must be non-negative, got {value}")
+    return value
+
+
+def _is_cuda(x):
+    return type(x).__module__.startswith("torch") and x.is_cuda
+
+
+def _flat_cuda(scores, labels):
+    import torch
+
+    if not (_is_cuda(scores) and _is_cuda(labels)) or scores.device != labels.device:
+        raise ValueError(f"scores and labels must be on the same device, got {scores.device} and {labels.device}")
+    if labels.dtype == torch.bool:
+        labels = labels.to(torch.uint8)
+    if labels.dtype.is_floating_point:
+        raise TypeError(f"labels must be an integer OOD mask (0 ID, 1 OOD, 255 ignore), got {labels.dtype}")
+    if labels.dtype != torch.uint8:
+        if labels.numel() and (labels.min() < 0 or labels.max() > 255):
+            raise_bad_labels(labels.cpu().numpy())
+        labels = labels.to(torch.uint8)
+    return scores.detach().reshape(-1), labels.reshape(-1)
+
+
+def _host(x):
+    """numpy copy of a possibly-CUDA tensor; only used to word an error message."""
+    return x.detach().cpu().numpy() if type(x).__module__.startswith("torch") else np.asarray(x)

@@ -1,0 +1,178 @@
+"""The maths of the metric contract (shared/METRICS.md) as pure functions.
+
+OOD is the positive class and a higher score means "more OOD". Everything here works on per-threshold
+counts, so the binned accumulator and the exact (sort-based) reference share one implementation.
+"""
+
+import warnings
+
+import numpy as np
+
+from segood.labels import ID, IGNORE, OOD
+
+METRIC_NAMES = ("auroc", "auprc", "fpr95", "max_iou")
+#: For tables: True where a larger value is better.
+HIGHER_IS_BETTER = {"auroc": True, "auprc": True, "fpr95": False, "max_iou": True}
+
+
+class UndefinedMetricWarning(UserWarning):
+    """A metric is NaN because the set has no OOD or no ID pixels."""
+
+
+def metrics_from_counts(thresholds, tp, fp, n_ood, n_id, *, warn=True):
+    """AUROC, AUPRC, FPR95 and MaxIoU from counts at increasing thresholds (the paper's metrics, §4).
+
+    Args:
+        thresholds: float array of shape (T,), strictly increasing.
+        tp, fp: int arrays of shape (T,): OOD / ID pixels with ``score >= thresholds[k]``.
+        n_ood, n_id: P and N, the numbers of OOD and ID pixels.
+        warn: emit an :class:`UndefinedMetricWarning` when the metrics are undefined.
+
+    Returns:
+        dict with ``auroc`` (↑), ``auprc`` (↑, average precision as a step sum), ``fpr95`` (↓, smallest FPR
+        with TPR >= 0.95, no interpolation), ``max_iou`` (↑) and ``max_iou_threshold``; all NaN when
+        ``n_ood == 0`` or ``n_id == 0``.
+    """
+    tp = np.asarray(tp, dtype=np.int64)
+    fp = np.asarray(fp, dtype=np.int64)
+    n_ood, n_id = int(n_ood), int(n_id)
+    if n_ood == 0 or n_id == 0:
+        if warn:
+            missing = "OOD (label 1)" if n_ood == 0 else "ID (label 0)"
+            warnings.warn(
+                f"metrics are undefined (NaN): the data hold no {missing} pixels "
+                f"({n_ood} OOD, {n_id} ID counted)",
+                UndefinedMetricWarning,
+                stacklevel=3,
+            )
+        return {name: float("nan") for name in (*METRIC_NAMES, "max_iou_threshold")}
+
+    tpr = tp / n_ood
+    fpr = fp / n_id
+    # ROC: (0, 0) -> points in order of increasing FPR (decreasing threshold) -> (1, 1), trapezoids.
+    x = np.concatenate(([0.0], fpr[::-1], [1.0]))
+    y = np.concatenate(([0.0], tpr[::-1], [1.0]))
+    auroc = float(np.sum(np.diff(x) * (y[1:] + y[:-1])) / 2)
+
+    predicted = tp + fp
+    precision = np.divide(tp, predicted, out=np.ones(tp.shape), where=predicted > 0)
+    auprc = float(np.sum((tpr - np.append(tpr[1:], 0.0)) * precision))
+
+    # TPR >= 0.95 compared in integers (20 TP >= 19 P), so no rounding decides which thresholds qualify.
+    qualifying = 20 * tp >= 19 * n_ood
+    fpr95 = float(fpr[qualifying].min())
+
+    iou = tp / (n_ood + fp)  # TP / (TP + FP + FN), since TP + FN = P
+    best = int(np.argmax(iou))  # the lowest threshold attaining the maximum
+    return {
+        "auroc": auroc,
+        "auprc": auprc,
+        "fpr95": fpr95,
+        "max_iou": float(iou[best]),
+        "max_iou_threshold": float(thresholds[best]),
+    }
+
+
+def as_numpy_inputs(scores, labels):
+    """Validate shapes and dtypes and return flat numpy views: (float32/float64 scores, uint8 labels).
+
+    Raises:
+        ValueError: on a shape mismatch. TypeError: on non-integer labels.
+    """
+    scores, labels = _to_numpy(scores), _to_numpy(labels)
+    if scores.shape != labels.shape:
+        raise ValueError(
+            f"scores have shape {scores.shape} but labels have shape {labels.shape}; "
+            "they must match pixel for pixel"
+        )
+    if scores.dtype not in (np.float32, np.float64):
+        scores = scores.astype(np.float64)  # exact for float16 and integers up to 2**53
+    if labels.dtype != np.uint8:
+        if labels.dtype == bool:
+            labels = labels.astype(np.uint8)
+        elif not np.issubdtype(labels.dtype, np.integer):
+            raise TypeError(
+                f"labels must be an integer OOD mask (0 ID, 1 OOD, 255 ignore), got dtype {labels.dtype}"
+            )
+        else:
+            if labels.size and (labels.min() < 0 or labels.max() > IGNORE):
+                raise_bad_labels(labels)
+            labels = labels.astype(np.uint8)
+    return np.ravel(scores), np.ravel(labels)
+
+
+def raise_bad_labels(labels):
+    """Raise the ValueError that names the label values outside {0, 1, 255}."""
+    values = np.unique(np.asarray(labels))
+    bad = [int(v) for v in values if v not in (ID, OOD, IGNORE)]
+    shown = ", ".join(map(str, bad[:10])) + (", ..." if len(bad) > 10 else "")
+    raise ValueError(
+        f"labels contain values {{{shown}}}; expected 0 (ID), 1 (OOD), 255 (ignore) — "
+        "did you pass Cityscapes labelIds or trainIds instead of an OOD mask?"
+    )
+
+
+def raise_bad_scores(scores, labels, lo, hi, clip):
+    """Raise the ValueError that counts the NaN / out-of-range scores among counted pixels."""
+    s = np.asarray(scores, dtype=np.float64)[np.asarray(labels) <= OOD]
+    nan = np.isnan(s)
+    finite = s[~nan]
+    outside = int(np.count_nonzero((finite < lo) | (finite > hi)))
+    seen = f"min {finite.min():.6g}, max {finite.max():.6g}" if finite.size else "no finite score"
+    if clip:
+        raise ValueError(f"{int(nan.sum())} of {s.size} counted pixels have NaN scores; clip=True cannot fix NaN")
+    raise ValueError(
+        f"{outside + int(nan.sum())} of {s.size} counted pixels have scores outside [{lo:g}, {hi:g}] or NaN "
+        f"({outside} out of range, {int(nan.sum())} NaN; {seen}). Rescale the scores, set "
+        "score_range=(lo, hi) to match them, or pass clip=True to clip finite scores into the range."
+    )
+
+
+def exact_metrics(scores, labels):
+    """Exact metrics: every distinct score is a threshold (sort-based, O(n log n) time, O(n) memory).
+
+    The reference for small data and for tests; equals scikit-learn's ``roc_auc_score`` and
+    ``average_precision_score``. Direction: higher score = more OOD.
+
+    Args:
+        scores: finite float array, any shape. labels: same shape, 0 (ID), 1 (OOD), 255 (ignore).
+
+    Returns:
+        dict: auroc, auprc, fpr95, max_iou, max_iou_threshold, n_id, n_ood, n_ignored.
+    """
+    scores, labels = as_numpy_inputs(scores, labels)
+    counted = labels <= OOD
+    if np.any(labels[~counted] != IGNORE):
+        raise_bad_labels(labels)
+    s = scores[counted].astype(np.float64)
+    if not np.all(np.isfinite(s)):
+        raise ValueError(f"{int(np.count_nonzero(~np.isfinite(s)))} counted pixels have NaN or inf scores")
+    is_ood = labels[counted] == OOD
+    order = np.argsort(s, kind="stable")
+    s, is_ood = s[order], is_ood[order]
+    starts = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1]))) if s.size else np.zeros(0, np.int64)
+    ood_at_or_above = np.cumsum(is_ood[::-1])[::-1]  # OOD pixels at index >= i
+    tp = ood_at_or_above[starts] if s.size else np.zeros(0, np.int64)
+    fp = (s.size - starts) - tp
+    n_ood = int(is_ood.sum())
+    result = metrics_from_counts(s[starts], tp, fp, n_ood, s.size - n_ood)
+    result.update(n_id=s.size - n_ood, n_ood=n_ood, n_ignored=int(labels.size - s.size))
+    return result
+
+
+def _to_numpy(x):
+    """numpy view of a numpy array or CPU torch tensor (copies only dtypes numpy lacks, e.g. bfloat16)."""
+    if type(x).__module__.startswith("torch"):
+        x = x.detach()
+        if x.device.type != "cpu":
+            raise ValueError(f"expected a CPU tensor here, got one on {x.device}")
+        if x.dtype.is_floating_point and x.dtype not in (_torch().float32, _torch().float64):
+            x = x.float()
+        return x.numpy()
+    return np.asarray(x)
+
+
+def _torch():
+    import torch
+
+    return torch
