@@ -1,0 +1,335 @@
+"""The metric engine against slow, obviously-correct references (literal loops, scikit-learn)."""
+
+import warnings
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
+
+from segood.metrics import PixelOODAccumulator, UndefinedMetricWarning, exact_metrics
+from segood.metrics import _kernels
+
+
+def literal_counts(scores, labels, thresholds):
+    """TP_k, FP_k by the contract's literal comparison, one threshold at a time."""
+    s = np.asarray(scores, dtype=np.float64).ravel()
+    lab = np.asarray(labels).ravel()
+    tp = np.array([np.count_nonzero((s >= t) & (lab == 1)) for t in thresholds])
+    fp = np.array([np.count_nonzero((s >= t) & (lab == 0)) for t in thresholds])
+    return tp, fp
+
+
+def random_labels(rng, shape, p_ood=0.2, p_ignore=0.1):
+    u = rng.random(shape)
+    return np.where(u < p_ignore, 255, np.where(u < p_ignore + p_ood, 1, 0)).astype(np.uint8)
+
+
+def on_threshold_scores(rng, n, num_thresholds, score_range, dtype):
+    """Scores exactly on thresholds (as representable in dtype), one ulp either side, and the ends."""
+    lo, hi = score_range
+    t = np.linspace(lo, hi, num_thresholds).astype(dtype)
+    picked = rng.choice(t, n)
+    up = np.nextafter(picked, np.array(np.inf, dtype))
+    down = np.nextafter(picked, np.array(-np.inf, dtype))
+    s = rng.choice(np.stack([picked, up, down]).ravel(), n)
+    s[:4] = [lo, hi, lo, hi]
+    as64 = s.astype(np.float64)
+    return s[(as64 >= lo) & (as64 <= hi)]  # drop the neighbours that fall outside the score range
+
+
+def make_case(name, rng, num_thresholds, score_range):
+    n = 20_000
+    lo, hi = score_range
+    if name == "random_f32":
+        return (lo + (hi - lo) * rng.random(n)).astype(np.float32), random_labels(rng, n)
+    if name == "random_f64":
+        return lo + (hi - lo) * rng.random(n), random_labels(rng, n)
+    if name.startswith("on_thresholds"):
+        scores = on_threshold_scores(rng, n, num_thresholds, score_range, getattr(np, name[-3:].replace("f", "float")))
+        return scores, random_labels(rng, scores.size)
+    if name == "heavy_ties":
+        return rng.choice(np.float32([lo, hi, (lo + hi) / 2, lo + (hi - lo) / 3]), n), random_labels(rng, n)
+    if name == "all_ood":
+        return rng.random(n).astype(np.float32) * (hi - lo) + lo, np.ones(n, np.uint8)
+    if name == "all_id":
+        return rng.random(n).astype(np.float32) * (hi - lo) + lo, np.zeros(n, np.uint8)
+    if name == "all_ignore":
+        return np.full(n, np.nan, np.float32), np.full(n, 255, np.uint8)
+    raise KeyError(name)
+
+
+CASES = ["random_f32", "random_f64", "on_thresholds_f32", "on_thresholds_f64", "heavy_ties", "all_ood", "all_id",
+         "all_ignore"]
+CONFIGS = [(2, (0.0, 1.0)), (7, (0.0, 1.0)), (400, (0.0, 1.0)), (401, (0.1, 0.7)), (4096, (-3.5, 12.25))]
+
+
+@pytest.mark.parametrize("num_thresholds,score_range", CONFIGS)
+@pytest.mark.parametrize("case", CASES)
+def test_counts_equal_literal_comparison(case, num_thresholds, score_range):
+    rng = np.random.default_rng(zlib.crc32(f"{case}{num_thresholds}".encode()))
+    scores, labels = make_case(case, rng, num_thresholds, score_range)
+    acc = PixelOODAccumulator(num_thresholds, score_range)
+    acc.update(scores.reshape(1, 1, -1), labels.reshape(1, 1, -1))
+    tp, fp = literal_counts(scores, labels, acc.thresholds)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        res = acc.compute()
+    np.testing.assert_array_equal(res["tp"], tp)
+    np.testing.assert_array_equal(res["fp"], fp)
+    np.testing.assert_array_equal(res["fn"], np.count_nonzero(labels == 1) - tp)
+    np.testing.assert_array_equal(res["tn"], np.count_nonzero(labels == 0) - fp)
+    assert res["n_ignored"] == np.count_nonzero(labels == 255)
+
+
+def test_naive_multiply_and_floor_would_be_wrong_here():
+    """The adversarial data really are adversarial: floor((s - lo) * (T - 1) / (hi - lo)) misbins some."""
+    rng = np.random.default_rng(0)
+    lo, hi, num_t = 0.1, 0.7, 401
+    s = on_threshold_scores(rng, 20_000, num_t, (lo, hi), np.float64)
+    t = np.linspace(lo, hi, num_t)
+    naive = np.floor((s - lo) * (num_t - 1) / (hi - lo)).astype(int)
+    literal = np.searchsorted(t, s, side="right") - 1
+    assert np.any(naive != literal)
+
+
+@pytest.mark.parametrize("case", ["random_f32", "on_thresholds_f32", "heavy_ties", "all_ignore"])
+def test_torch_histogram_equals_numba(case):
+    """The device path (torch ops) gives the very same counts; run here on CPU tensors."""
+    rng = np.random.default_rng(1)
+    scores, labels = make_case(case, rng, 400, (0.0, 1.0))
+    t = np.linspace(0.0, 1.0, 400)
+    h_np, p_np = _kernels.histogram_numpy(scores, labels, t, False, 3)
+    h_t, p_t = _kernels.histogram_torch(torch.from_numpy(scores), torch.from_numpy(labels), t, False, 5000)
+    np.testing.assert_array_equal(h_np, h_t)
+    np.testing.assert_array_equal(p_np, p_t)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_path_equals_cpu_path():
+    rng = np.random.default_rng(2)
+    scores, labels = make_case("on_thresholds_f32", rng, 400, (0.0, 1.0))
+    cpu = PixelOODAccumulator().update(scores, labels)
+    gpu = PixelOODAccumulator().update(torch.from_numpy(scores).cuda(), torch.from_numpy(labels).cuda())
+    np.testing.assert_array_equal(cpu.hist, gpu.hist)
+    assert cpu.compute()["auroc"] == gpu.compute()["auroc"]
+
+
+def test_cpu_torch_tensor_input():
+    rng = np.random.default_rng(3)
+    scores, labels = make_case("random_f32", rng, 400, (0.0, 1.0))
+    a = PixelOODAccumulator().update(scores, labels)
+    b = PixelOODAccumulator().update(torch.from_numpy(scores).to(torch.bfloat16), torch.from_numpy(labels))
+    c = PixelOODAccumulator().update(torch.from_numpy(scores).requires_grad_(), torch.from_numpy(labels).long())
+    np.testing.assert_array_equal(a.hist, c.hist)
+    assert b.hist.sum() == a.hist.sum()
+
+
+# -- exact mode against scikit-learn --------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(5))
+def test_exact_metrics_equal_sklearn(seed):
+    rng = np.random.default_rng(seed)
+    n = 5_000
+    labels = random_labels(rng, n, p_ood=0.1 + 0.15 * seed)
+    scores = np.round(rng.random(n) + 0.3 * (labels == 1), 2 if seed % 2 else 6)  # ties when rounded to 2
+    ex = exact_metrics(scores, labels)
+    keep = labels != 255
+    y, s = labels[keep], scores[keep]
+    assert ex["auroc"] == pytest.approx(roc_auc_score(y, s), abs=1e-9)
+    assert ex["auprc"] == pytest.approx(average_precision_score(y, s), abs=1e-9)
+    fpr, tpr, _ = roc_curve(y, s, drop_intermediate=False)
+    assert ex["fpr95"] == pytest.approx(fpr[tpr >= 0.95].min(), abs=1e-12)
+    iou = [np.sum((s >= t) & (y == 1)) / np.sum((s >= t) | (y == 1)) for t in np.unique(s)]
+    assert ex["max_iou"] == pytest.approx(max(iou), abs=1e-12)
+    assert (ex["n_id"], ex["n_ood"], ex["n_ignored"]) == (np.sum(y == 0), np.sum(y == 1), np.sum(~keep))
+
+
+def test_binned_equals_exact_when_scores_sit_on_the_grid():
+    rng = np.random.default_rng(4)
+    num_t = 1001
+    labels = random_labels(rng, 50_000)
+    scores = np.linspace(0, 1, num_t)[np.clip(rng.normal(400 + 200 * (labels == 1), 150).astype(int), 0, 1000)]
+    binned = PixelOODAccumulator(num_t).update(scores, labels).compute()
+    exact = exact_metrics(scores, labels)
+    for name in ("auroc", "auprc", "fpr95", "max_iou", "max_iou_threshold"):
+        assert binned[name] == pytest.approx(exact[name], abs=1e-12), name
+
+
+def test_binned_converges_to_exact():
+    rng = np.random.default_rng(5)
+    labels = random_labels(rng, 200_000)
+    scores = 1 / (1 + np.exp(-rng.normal(-1 + 2 * (labels == 1), 1.0))).astype(np.float32)
+    exact = exact_metrics(scores, labels)
+    errors = []
+    for num_t in (100, 2_000, 1 << 17):
+        binned = PixelOODAccumulator(num_t).update(scores, labels).compute()
+        errors.append(max(abs(binned[m] - exact[m]) for m in ("auroc", "auprc", "fpr95", "max_iou")))
+    assert errors[0] > errors[1] > errors[2]
+    assert errors[2] < 1e-4
+
+
+# -- invariances ------------------------------------------------------------------------------------
+
+@pytest.fixture
+def batch():
+    rng = np.random.default_rng(6)
+    labels = random_labels(rng, (6, 40, 50))
+    scores = np.clip(rng.normal(0.3 + 0.4 * (labels == 1), 0.2), 0, 1).astype(np.float32)
+    return scores, labels
+
+
+def test_invariant_under_batch_split_shuffle_merge_and_state_round_trip(batch, tmp_path):
+    scores, labels = batch
+    whole = PixelOODAccumulator(per_image=True).update(scores, labels)
+
+    split = PixelOODAccumulator(per_image=True)
+    for i in range(len(scores)):
+        split.update(scores[i : i + 1], labels[i : i + 1])
+    np.testing.assert_array_equal(whole.hist, split.hist)
+
+    perm = np.random.default_rng(7).permutation(scores.size)
+    shuffled = PixelOODAccumulator().update(scores.ravel()[perm], labels.ravel()[perm])
+    np.testing.assert_array_equal(whole.hist, shuffled.hist)
+
+    shards = [PixelOODAccumulator(per_image=True).update(scores[i::3], labels[i::3]) for i in range(3)]
+    forward = shards[0] + shards[1] + shards[2]
+    backward = PixelOODAccumulator(per_image=True).merge(shards[2]).merge(shards[1]).merge(shards[0])
+    for merged in (forward, backward):
+        np.testing.assert_array_equal(whole.hist, merged.hist)
+        assert merged.n_ignored == whole.n_ignored and merged.n_images == whole.n_images == 6
+
+    restored = PixelOODAccumulator.from_state_dict(whole.state_dict())
+    whole.save(tmp_path / "acc.npz")
+    loaded = PixelOODAccumulator.load(tmp_path / "acc.npz")
+    expected = whole.compute()
+    for other in (restored, loaded, forward):
+        got = other.compute()
+        for name in ("auroc", "auprc", "fpr95", "max_iou", "n_id", "n_ood", "n_ignored"):
+            assert got[name] == expected[name]
+        for name, value in expected["per_image_mean"].items():
+            assert got["per_image_mean"][name] == pytest.approx(value, abs=1e-15)
+
+
+def test_per_image_mean_averages_images_where_defined(batch):
+    scores, labels = batch
+    labels = labels.copy()
+    labels[0] = 0  # no OOD pixel: per-image metrics undefined for image 0
+    acc = PixelOODAccumulator(per_image=True).update(scores, labels)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        per_image = acc.compute()["per_image_mean"]
+    singles = [PixelOODAccumulator().update(s, lab).compute() for s, lab in zip(scores[1:], labels[1:])]
+    assert per_image["n_images"] == 5 and per_image["n_images_total"] == 6
+    for name in ("auroc", "auprc", "fpr95", "max_iou"):
+        assert per_image[name] == pytest.approx(np.mean([r[name] for r in singles]), abs=1e-12)
+
+
+def test_all_reduce_is_a_no_op_without_a_process_group(batch):
+    scores, labels = batch
+    acc = PixelOODAccumulator().update(scores, labels)
+    before = acc.hist.copy()
+    acc.all_reduce()
+    np.testing.assert_array_equal(acc.hist, before)
+
+
+def _all_reduce_worker(rank, world_size, port, out_dir):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    rng = np.random.default_rng(rank)
+    labels = random_labels(rng, (2, 30, 30))
+    scores = rng.random((2, 30, 30)).astype(np.float32)
+    acc = PixelOODAccumulator(per_image=True).update(scores, labels)
+    acc.save(f"{out_dir}/local{rank}.npz")
+    acc.all_reduce()
+    acc.save(f"{out_dir}/reduced{rank}.npz")
+    dist.destroy_process_group()
+
+
+def test_all_reduce_sums_over_ranks(tmp_path):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    torch.multiprocessing.spawn(_all_reduce_worker, args=(2, port, str(tmp_path)), nprocs=2)
+    local = [PixelOODAccumulator.load(tmp_path / f"local{r}.npz") for r in range(2)]
+    expected = local[0] + local[1]
+    for r in range(2):
+        reduced = PixelOODAccumulator.load(tmp_path / f"reduced{r}.npz")
+        np.testing.assert_array_equal(reduced.hist, expected.hist)
+        assert reduced.n_images == 4 and reduced.n_ignored == expected.n_ignored
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+def test_shape_mismatch():
+    with pytest.raises(ValueError, match=r"shape \(4, 5\).*shape \(5, 4\)"):
+        PixelOODAccumulator().update(np.zeros((4, 5)), np.zeros((5, 4), np.uint8))
+    with pytest.raises(ValueError, match="match pixel for pixel"):
+        exact_metrics(np.zeros(3), np.zeros(4, np.uint8))
+
+
+def test_labels_outside_convention_are_named():
+    labels = np.array([0, 1, 3, 7, 255, 3], np.uint8)
+    with pytest.raises(ValueError, match=r"\{3, 7\}.*labelIds"):
+        PixelOODAccumulator().update(np.full(6, 0.5), labels)
+    with pytest.raises(ValueError, match=r"\{-1\}"):
+        PixelOODAccumulator().update(np.full(2, 0.5), np.array([0, -1]))
+    with pytest.raises(TypeError, match="integer OOD mask"):
+        PixelOODAccumulator().update(np.full(2, 0.5), np.array([0.0, 1.0]))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 1.5, -0.25])
+def test_bad_scores_are_counted_and_state_is_untouched(bad):
+    acc = PixelOODAccumulator().update(np.array([0.2, 0.8]), np.array([0, 1], np.uint8))
+    before = acc.state_dict()
+    scores = np.array([0.1, bad, 0.9, bad, bad])
+    with pytest.raises(ValueError, match=r"2 of 4 counted pixels .*clip=True"):
+        acc.update(scores, np.array([0, 1, 1, 0, 255], np.uint8))  # the ignored pixel's score is not read
+    for key, value in before.items():
+        np.testing.assert_array_equal(acc.state_dict()[key], value)
+
+
+def test_clip_opts_into_clipping_but_never_for_nan():
+    scores = np.array([-0.5, 0.3, 1.7, np.inf])
+    labels = np.array([0, 1, 1, 0], np.uint8)
+    clipped = PixelOODAccumulator(10).update(scores, labels, clip=True)
+    reference = PixelOODAccumulator(10).update(np.clip(scores, 0, 1), labels)
+    np.testing.assert_array_equal(clipped.hist, reference.hist)
+    with pytest.raises(ValueError, match="NaN"):
+        PixelOODAccumulator().update(np.array([np.nan]), np.array([1], np.uint8), clip=True)
+
+
+def test_merge_refuses_different_thresholds():
+    with pytest.raises(ValueError, match="different configurations"):
+        PixelOODAccumulator(400).merge(PixelOODAccumulator(401))
+    with pytest.raises(ValueError, match="different configurations"):
+        PixelOODAccumulator(400) + PixelOODAccumulator(400, (0.0, 2.0))
+
+
+def test_empty_state_and_bad_config():
+    with pytest.raises(ValueError, match="empty"):
+        PixelOODAccumulator().compute()
+    with pytest.raises(ValueError, match="at least 2"):
+        PixelOODAccumulator(1)
+    with pytest.raises(ValueError, match="lo < hi"):
+        PixelOODAccumulator(400, (1.0, 0.0))
+    with pytest.raises(ValueError, match="lacks"):
+        PixelOODAccumulator.from_state_dict({"hist": np.zeros((2, 400), np.int64)})
+    state = PixelOODAccumulator().state_dict()
+    state["hist"] = -state["hist"] - 1
+    with pytest.raises(ValueError, match="non-negative"):
+        PixelOODAccumulator.from_state_dict(state)
+
+
+@pytest.mark.parametrize("labels,missing", [(np.zeros(5, np.uint8), "OOD"), (np.ones(5, np.uint8), "ID")])
+def test_undefined_metrics_are_nan_with_a_reason(labels, missing):
+    acc = PixelOODAccumulator().update(np.linspace(0, 1, 5), labels)
+    with pytest.warns(UndefinedMetricWarning, match=f"no {missing}"):
+        res = acc.compute()
+    assert all(np.isnan(res[m]) for m in ("auroc", "auprc", "fpr95", "max_iou"))
+    with pytest.warns(UndefinedMetricWarning):
+        assert np.isnan(exact_metrics(np.linspace(0, 1, 5), labels)["auroc"])
