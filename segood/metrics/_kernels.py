@@ -2,8 +2,10 @@
 
 Both kernels put every counted pixel in bin ``j`` = (number of thresholds ``t`` with ``float64(score) >= t``)
 - 1, so the pixel is predicted OOD at thresholds ``0..j`` and the per-threshold counts are reverse cumulative
-sums of the histogram. Bins are found by comparing with the very threshold array, never by arithmetic
-alone, so scores on a threshold or one ulp beside it land where the literal comparison puts them.
+sums of the histogram. The numba kernel trusts the arithmetic guess ``floor((s - lo) * scale)`` only far
+from a bin edge (see ``guess_margin``) and compares with the very threshold array otherwise; the torch
+kernel always compares. So scores on a threshold or one ulp beside it land where the literal comparison
+puts them.
 """
 
 import numba
@@ -13,14 +15,40 @@ from segood.labels import IGNORE, OOD
 
 # Slots of the ``problems`` counters the kernels return next to the histogram.
 N_IGNORED, N_BAD_LABEL, N_BAD_SCORE = 0, 1, 2
+_BLOCK = 1024  # pixels binned per vectorised step; the scratch stays in L1
+
+
+def guess_margin(thresholds):
+    """How close (in bins) to a bin edge the arithmetic guess ``floor((s - lo) * scale)`` may be wrong.
+
+    ``numpy.linspace`` and the guess each err by a few float64 ulps; in bin units both stay below
+    ``8 eps (T - 1) (1 + (|lo| + |hi|) / (hi - lo))``. The kernel trusts the guess only at least 8 times that
+    far from an edge and compares with the thresholds otherwise. 1.0 (never trust) for absurd ranges.
+    """
+    lo, hi = float(thresholds[0]), float(thresholds[-1])
+    bound = 8 * np.finfo(np.float64).eps * (thresholds.size - 1) * (1 + (abs(lo) + abs(hi)) / (hi - lo))
+    return min(8 * bound, 1.0)
+
+
+@numba.njit(inline="always")
+def _exact_bin(thresholds, j, s):
+    """The literal bin: the largest k with thresholds[k] <= s, searched from the guess j."""
+    last = thresholds.size - 1
+    j = min(max(j, 0), last)
+    while j > 0 and thresholds[j] > s:
+        j -= 1
+    while j < last and thresholds[j + 1] <= s:
+        j += 1
+    return j
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
-def _histogram_kernel(scores, labels, thresholds, clip, hist):
-    """Histogram of 1-D ``scores`` (float32/64) by 1-D uint8 ``labels`` into ``hist`` (chunks, 2, T) int64.
+def _histogram_kernel(scores, labels, thresholds, clip, margin, hist):
+    """Histogram of 1-D ``scores`` (float32/64) by 1-D uint8 ``labels`` into ``hist`` (chunks, 2 T) int32.
 
-    Returns (chunks, 3) int64 counters: ignored pixels, labels outside {0, 1, 255}, scores that are NaN or
-    outside [t_0, t_{T-1}] (with ``clip``, only NaN). Pixels counted as problems are not binned.
+    Row-major bins: ``label * T + bin``. Each chunk must hold fewer than 2**31 pixels. Returns (chunks, 3)
+    int64 counters: ignored pixels, labels outside {0, 1, 255}, scores NaN or outside [t_0, t_{T-1}]
+    (with ``clip``, only NaN). Problem pixels are not binned.
     """
     n = scores.size
     num_t = thresholds.size
@@ -28,38 +56,62 @@ def _histogram_kernel(scores, labels, thresholds, clip, hist):
     lo = thresholds[0]
     hi = thresholds[num_t - 1]
     scale = (num_t - 1) / (hi - lo)
+    top = num_t - 1.0
+    upper = 1.0 - margin
+    row = np.int32(num_t)  # int32 index arithmetic keeps the first loop vectorised
     problems = np.zeros((chunks, 3), dtype=np.int64)
     for c in numba.prange(chunks):
         local = hist[c]
-        for i in range(c * n // chunks, (c + 1) * n // chunks):
-            label = labels[i]
-            if label > OOD:
-                if label == IGNORE:
-                    problems[c, N_IGNORED] += 1
-                else:
-                    problems[c, N_BAD_LABEL] += 1
+        index = np.empty(_BLOCK, np.int32)
+        trusted = np.empty(_BLOCK, np.uint8)
+        ignored = bad_label = bad_score = 0
+        stop = (c + 1) * n // chunks
+        for b in range(c * n // chunks, stop, _BLOCK):
+            m = min(_BLOCK, stop - b)
+            n_trusted = 0
+            for k in range(m):  # branch-free, so it vectorises; a NaN only makes the pixel untrusted
+                label = labels[b + k]
+                s = np.float64(scores[b + k])
+                g = (s - lo) * scale
+                g = g if g >= 0.0 else 0.0
+                g = g if g <= top else top
+                j = np.int32(g)
+                f = g - j
+                ok = (label <= OOD) & (s >= lo) & (s <= hi) & (f >= margin) & (f <= upper)
+                index[k] = np.int32(label) * row + j
+                trusted[k] = ok
+                n_trusted += ok
+            if n_trusted == m:  # the common case: one tight scatter loop
+                for k in range(m):
+                    local[index[k]] += 1
                 continue
-            s = np.float64(scores[i])
-            if not (s >= lo and s <= hi):  # also true for NaN
-                if clip and s == s:
-                    s = lo if s < lo else hi
-                else:
-                    problems[c, N_BAD_SCORE] += 1
+            for k in range(m):
+                if trusted[k]:
+                    local[index[k]] += 1
                     continue
-            j = min(int((s - lo) * scale), num_t - 1)  # a guess, off by at most one step
-            while j > 0 and thresholds[j] > s:
-                j -= 1
-            while j < num_t - 1 and thresholds[j + 1] <= s:
-                j += 1
-            local[label, j] += 1
+                label = labels[b + k]
+                s = np.float64(scores[b + k])
+                if label == IGNORE:
+                    ignored += 1
+                elif label > OOD:
+                    bad_label += 1
+                elif (s >= lo and s <= hi) or (clip and s == s):
+                    s = min(max(s, lo), hi)
+                    local[label * num_t + _exact_bin(thresholds, np.int64((s - lo) * scale), s)] += 1
+                else:
+                    bad_score += 1
+        problems[c, N_IGNORED] = ignored
+        problems[c, N_BAD_LABEL] = bad_label
+        problems[c, N_BAD_SCORE] = bad_score
     return problems
 
 
-def histogram_numpy(scores, labels, thresholds, clip, chunks):
+def histogram_numpy(scores, labels, thresholds, clip, threads):
     """Run the numba kernel; returns (hist (2, T) int64, problems (3,) int64)."""
-    hist = np.zeros((chunks, 2, thresholds.size), dtype=np.int64)
-    problems = _histogram_kernel(scores, labels, thresholds, clip, hist)
-    return hist.sum(axis=0), problems.sum(axis=0)
+    chunks = max(threads, -(-scores.size // (1 << 30)))  # int32 bins: under 2**31 pixels a chunk
+    hist = np.zeros((chunks, 2 * thresholds.size), dtype=np.int32)
+    problems = _histogram_kernel(scores, labels, thresholds, clip, guess_margin(thresholds), hist)
+    return hist.sum(axis=0, dtype=np.int64).reshape(2, thresholds.size), problems.sum(axis=0)
 
 
 def histogram_torch(scores, labels, thresholds, clip, chunk_pixels=1 << 24):

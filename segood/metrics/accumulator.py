@@ -13,7 +13,7 @@ from segood.metrics.functional import (
 )
 
 STATE_FORMAT = "segood.PixelOODAccumulator/1"
-_MIN_CHUNK = 1 << 16  # pixels per parallel chunk; below this, threads cost more than they save
+_MIN_CHUNK = 1 << 16  # pixels per thread; below this, threads cost more than they save
 
 
 class PixelOODAccumulator:
@@ -239,8 +239,8 @@ class PixelOODAccumulator:
             hist, problems = _kernels.histogram_torch(scores, labels, self.thresholds, clip)
         else:
             scores, labels = as_numpy_inputs(scores, labels)
-            chunks = max(1, min(numba.get_num_threads(), scores.size // _MIN_CHUNK))
-            hist, problems = _kernels.histogram_numpy(scores, labels, self.thresholds, clip, chunks)
+            threads = max(1, min(numba.get_num_threads(), scores.size // _MIN_CHUNK))
+            hist, problems = _kernels.histogram_numpy(scores, labels, self.thresholds, clip, threads)
         if problems[_kernels.N_BAD_LABEL]:
             raise_bad_labels(_host(labels))
         if problems[_kernels.N_BAD_SCORE]:

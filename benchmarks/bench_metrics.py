@@ -1,0 +1,160 @@
+"""Throughput of the pixel metric engine against the memory-read floor and other libraries, in one run.
+
+    python benchmarks/bench_metrics.py [--images 8] [--height 1024] [--width 2048] [--repeat 15] [--skip-slow]
+
+Every contender sees the same data: ``images`` score maps (float32, higher = more OOD, shaped like a
+max-softmax score) with uint8 OOD masks (~10% ignore). Rows print pixels/s and the ratio to the first row,
+the memory-read floor (``scores.sum() + labels.sum()``). The run also prints the error of T = 400 and
+T = 65536 against exact mode, and the peak memory of a streaming run as the number of images grows.
+"""
+
+import argparse
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+
+def make_data(images, height, width, seed=0):
+    """Realistic masks and scores. Masks are regions, as in real sets: an ignored strip at the bottom (ego
+    vehicle) and rectangles of OOD or ignore, ~10% ignore in all. Scores are shaped like max-softmax: ID
+    pixels mostly near 0 with a long tail, OOD pixels higher, independent from pixel to pixel."""
+    rng = np.random.default_rng(seed)
+    labels = np.zeros((images, height, width), np.uint8)
+    for n in range(images):
+        labels[n, int(height * 0.93) :] = 255
+        for value in (1, 1, 1, 1, 255, 1):
+            h, w = rng.integers(height // 12, height // 4), rng.integers(width // 16, width // 6)
+            y, x = rng.integers(0, height - h), rng.integers(0, width - w)
+            labels[n, y : y + h, x : x + w] = value
+    logits = rng.standard_normal(labels.shape, dtype=np.float32) * 1.5
+    logits += np.where(labels == 1, 0.5, -3.0).astype(np.float32)
+    scores = 1.0 / (1.0 + np.exp(-logits))
+    return scores.astype(np.float32), labels
+
+
+def interleaved_best_times(fns, repeat):
+    """Best wall time of each function over ``repeat`` rounds that take turns, so that a noisy neighbour
+    on a shared machine slows every contender alike. Each runs once first to warm up (numba, caches)."""
+    for fn in fns:
+        fn()
+    best = [float("inf")] * len(fns)
+    for _ in range(repeat):
+        for i, fn in enumerate(fns):
+            start = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - start)
+    return best
+
+
+def one_run(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def contenders(scores, labels):
+    from segood.metrics import PixelOODAccumulator
+
+    def floor():
+        return scores.sum() + labels.sum()
+
+    def segood(num_thresholds):
+        return lambda: PixelOODAccumulator(num_thresholds).update(scores, labels).compute()
+
+    def numpy_bincount():
+        keep = labels != 255
+        bins = np.minimum((scores[keep] * 399).astype(np.int64), 399)  # the naive multiply-and-floor
+        hist = np.bincount(labels[keep].astype(np.int64) * 400 + bins, minlength=800)
+        return np.cumsum(hist.reshape(2, 400)[:, ::-1], axis=1)
+
+    def sklearn_exact():
+        from sklearn.metrics import roc_auc_score
+
+        keep = labels != 255
+        return roc_auc_score(labels[keep], scores[keep])
+
+    def torchmetrics_binned():
+        import torch
+        from torchmetrics.functional.classification import binary_auroc
+
+        keep = labels != 255
+        return binary_auroc(torch.from_numpy(scores[keep]), torch.from_numpy(labels[keep]), thresholds=400)
+
+    return [
+        ("memory-read floor: scores.sum() + labels.sum()", floor),
+        ("segood PixelOODAccumulator, T = 400", segood(400)),
+        ("segood PixelOODAccumulator, T = 65536", segood(65536)),
+        ("numpy bincount histogram, T = 400 (naive binning)", numpy_bincount),
+        ("scikit-learn roc_auc_score (exact)", sklearn_exact),
+        ("torchmetrics binary_auroc(thresholds=400)", torchmetrics_binned),
+    ]
+
+
+def accuracy(scores, labels):
+    from segood.metrics import PixelOODAccumulator, exact_metrics
+
+    exact = exact_metrics(scores, labels)
+    rows = []
+    for num_thresholds in (400, 65536):
+        binned = PixelOODAccumulator(num_thresholds).update(scores, labels).compute()
+        rows.append((num_thresholds, {m: abs(binned[m] - exact[m]) for m in ("auroc", "auprc", "fpr95", "max_iou")}))
+    return exact, rows
+
+
+def streaming_peak_rss(images, height, width):
+    """Child process: generate and accumulate one image at a time; peak RSS in MiB."""
+    code = f"""
+import resource, numpy as np, sys
+sys.path.insert(0, {sys.path[0]!r})
+from bench_metrics import make_data
+from segood.metrics import PixelOODAccumulator
+acc = PixelOODAccumulator(65536)
+for i in range({images}):
+    acc.update(*make_data(1, {height}, {width}, seed=i))
+acc.compute()
+print(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1])
+"""
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    return float(out.stdout.split()[-1]) / 1024
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=8)
+    parser.add_argument("--height", type=int, default=1024)
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--skip-slow", action="store_true", help="skip scikit-learn and torchmetrics")
+    args = parser.parse_args()
+
+    import numba
+
+    scores, labels = make_data(args.images, args.height, args.width)
+    pixels = scores.size
+    fractions = ", ".join(f"{name} {np.mean(labels == v):.1%}" for name, v in (("ID", 0), ("OOD", 1), ("ignore", 255)))
+    print(f"{args.images} images of {args.height}x{args.width} = {pixels / 1e6:.1f} M pixels, "
+          f"{numba.get_num_threads()} numba threads, best of {args.repeat} interleaved rounds; {fractions}\n")
+    print("| contender | seconds | pixels/s | ratio to floor |\n|---|---:|---:|---:|")
+    rows = contenders(scores, labels)
+    fast = [(name, fn) for name, fn in rows if not name.startswith(("scikit", "torchmetrics"))]
+    times = interleaved_best_times([fn for _, fn in fast], args.repeat)
+    if not args.skip_slow:  # seconds to minutes each: one run, no warm-up
+        times += [one_run(fn) for _, fn in rows[len(fast) :]]
+    for (name, _), seconds in zip(rows, times):
+        print(f"| {name} | {seconds:.4f} | {pixels / seconds:.3g} | {times[0] / seconds:.3g} |", flush=True)
+
+    exact, rows = accuracy(scores, labels)
+    print("\n| T | " + " | ".join(f"abs error {m}" for m in rows[0][1]) + " |\n|---:|" + "---:|" * len(rows[0][1]))
+    for num_thresholds, errors in rows:
+        print(f"| {num_thresholds} | " + " | ".join(f"{e:.2e}" for e in errors.values()) + " |")
+    print("exact: " + ", ".join(f"{m} {exact[m]:.6f}" for m in ("auroc", "auprc", "fpr95", "max_iou")))
+
+    print("\n| images streamed (one at a time, T = 65536) | peak RSS MiB |\n|---:|---:|")
+    for images in (1, 8, 32):
+        print(f"| {images} | {streaming_peak_rss(images, args.height, args.width):.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
