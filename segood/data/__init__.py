@@ -1,0 +1,1 @@
+"""Data: adapters that turn datasets into images, OOD masks and Cityscapes trainIds."""

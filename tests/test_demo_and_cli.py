@@ -1,0 +1,80 @@
+"""The demo pipeline, the CLI and the small helpers it stands on, run for real at a tiny size."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from segood.cli import main
+from segood.data.synthetic import scene_batch
+from segood.labels import IGNORE, LABEL_ID_TO_TRAIN_ID, NUM_CLASSES, colorize
+from segood.metrics import PixelOODAccumulator
+from segood.metrics.segmentation import confusion_matrix, mean_iou
+
+
+def test_scenes_are_deterministic_and_well_formed():
+    a = scene_batch(3, 4, 48, 96, ood_fraction=0.5)
+    b = scene_batch(3, 4, 48, 96, ood_fraction=0.5)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+    images, semantic, ood_mask = a
+    assert images.shape == (4, 48, 96, 3) and images.dtype == np.uint8
+    assert set(np.unique(ood_mask)) <= {0, 1, 255}
+    assert (ood_mask[0] == 1).any() and not (ood_mask[1] == 1).any()  # every second scene holds an object
+    assert np.all(semantic[ood_mask == 1] == IGNORE)  # the novel object has no Cityscapes class
+    assert np.all((semantic < NUM_CLASSES) == (ood_mask == 0))
+
+
+def test_cityscapes_tables():
+    assert NUM_CLASSES == 19
+    assert LABEL_ID_TO_TRAIN_ID[7] == 0 and LABEL_ID_TO_TRAIN_ID[26] == 13  # road, car
+    assert LABEL_ID_TO_TRAIN_ID[0] == IGNORE and LABEL_ID_TO_TRAIN_ID[-1] == IGNORE
+    assert colorize(np.array([[0, 255]])).tolist() == [[[128, 64, 128], [0, 0, 0]]]
+
+
+def test_confusion_matrix_and_miou_against_a_loop():
+    rng = np.random.default_rng(0)
+    target = rng.choice([0, 1, 2, 255], 500)
+    pred = rng.integers(0, 3, 500)
+    conf = confusion_matrix(pred, target, 4)
+    for t in range(4):
+        for p in range(4):
+            assert conf[t, p] == np.sum((target == t) & (pred == p))
+    miou, iou = mean_iou(conf)
+    for c in range(3):
+        inter = np.sum((target == c) & (pred == c))
+        union = np.sum(((target == c) | (pred == c)) & (target != 255))
+        assert iou[c] == pytest.approx(inter / union)
+    assert np.isnan(iou[3]) and miou == pytest.approx(np.mean(iou[:3]))
+
+
+def test_demo_runs_end_to_end(tmp_path):
+    code = main(["demo", "--out", str(tmp_path), "--steps", "3", "--train-images", "8", "--eval-images", "4",
+                 "--quiet"])
+    assert code == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    for name in ("max_softmax", "entropy"):
+        r = results["methods"][name]
+        assert 0.0 <= r["pooled"]["auroc"] <= 1.0 and r["n_ood"] > 0 and r["n_id"] > 0
+        assert abs(r["pooled"]["auroc"] - r["exact"]["auroc"]) < 0.02  # T = 400 is close to exact
+        assert r["per_image_mean"]["n_images"] == 4
+    assert "| max_softmax |" in (tmp_path / "results.md").read_text()
+
+
+def test_metrics_command_and_its_errors(tmp_path, capsys):
+    acc = PixelOODAccumulator(10).update(np.array([0.1, 0.9, 0.4]), np.array([0, 1, 1], np.uint8))
+    acc.save(tmp_path / "state.npz")
+    assert main(["metrics", str(tmp_path / "state.npz"), "--curves", str(tmp_path / "curves.csv")]) == 0
+    assert "auroc: 1.0" in capsys.readouterr().out
+    curves = np.loadtxt(tmp_path / "curves.csv", delimiter=",", skiprows=1)
+    assert curves.shape == (10, 5) and curves[0, 1] == 2  # both OOD pixels pass the lowest threshold
+    np.savez(tmp_path / "bad.npz", hist=np.zeros(3))
+    assert main(["metrics", str(tmp_path / "bad.npz")]) == 2
+    assert "lacks" in capsys.readouterr().err
+
+
+def test_python_dash_m_entry_point():
+    out = subprocess.run([sys.executable, "-m", "segood", "--version"], capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("segood ")
