@@ -1,0 +1,11 @@
+"""The demo benchmark: train a small PSPNet on procedural driving scenes and score OOD pixels.
+
+Same as ``segood demo``; run ``python tools/demo.py --help`` for the options.
+"""
+
+import sys
+
+from segood.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["demo", *sys.argv[1:]]))
