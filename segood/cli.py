@@ -31,6 +31,52 @@ def _metrics(args):
     return 0
 
 
+def _convert(args):
+    from segood.data import convert, mix
+
+    if args.dataset == "coverage":
+        from segood.data.h5 import read_manifest
+        from segood.data.sun import coverage_markdown
+
+        rows = read_manifest(args.set).get("coverage")
+        if not rows:
+            raise ValueError(f"{args.set} has no coverage report: only converted SUN sets have one")
+        print(coverage_markdown(rows), end="")
+        return 0
+    if args.dataset == "mix":
+        manifest = mix(args.ood, args.id, args.out, seed=args.seed, id_frames=args.id_frames,
+                            overwrite=args.overwrite, progress=not args.quiet)
+    else:
+        adapter = _adapter(args)
+        manifest = convert(adapter, args.out, size=args.size or adapter_size(adapter), workers=args.workers,
+                                strict=args.strict, overwrite=args.overwrite, progress=not args.quiet)
+    ratio = manifest["id_to_ood_ratio"]
+    print(f"wrote {args.out}: {manifest['frames']} frames, {len(manifest['skipped'])} skipped; pixels "
+          f"{manifest['pixels']}" + (f", ID:OOD = {ratio:.2f}:1" if ratio else ""))
+    for entry in manifest["skipped"][:10]:
+        print(f"  skipped {entry['frame_id']}: {entry['reason']}")
+    return 0
+
+
+def _adapter(args):
+    from segood.data import IDD, Cityscapes, Noise, Sun
+
+    if args.dataset == "cityscapes":
+        return Cityscapes(args.root, args.split)
+    if args.dataset == "idd":
+        return IDD(args.root, args.split, label_map=args.label_map or "idd")
+    if args.dataset == "sun":
+        return Sun(args.root, args.split, seed=args.seed, label_map=args.label_map or "sun")
+    params = {"frequency": args.frequency, "octaves": args.octaves} if args.kind == "perlin" else {"sigma": args.sigma}
+    return Noise(args.kind, args.count, size=args.size or (1024, 2048), seed=args.seed, **params)
+
+
+def adapter_size(adapter):
+    from segood.data.convert import CITYSCAPES_SIZE
+
+    return getattr(adapter, "size", CITYSCAPES_SIZE)
+
+
 def build_parser():
     from pathlib import Path
 
@@ -51,6 +97,43 @@ def build_parser():
     metrics.add_argument("state", type=Path, help="file written by PixelOODAccumulator.save")
     metrics.add_argument("--curves", type=Path, help="also write the per-threshold counts to this CSV")
     metrics.set_defaults(run=_metrics)
+    convert = sub.add_parser("convert", help="convert a raw dataset once into an HDF5 set (see tools/README.md)")
+    kinds = convert.add_subparsers(dest="dataset", required=True, metavar="DATASET")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--out", type=Path, required=True, help="output .h5 (a .manifest.json is written beside)")
+    common.add_argument("--size", type=int, nargs=2, metavar=("H", "W"), help="output size (default 1024 2048)")
+    common.add_argument("--workers", type=int, default=0, help="decoding processes (default 0: in-process)")
+    common.add_argument("--strict", action="store_true", help="fail on the first frame that cannot be converted")
+    common.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    common.add_argument("--quiet", action="store_true", help="no progress bar")
+    for name, split, help_text in (("cityscapes", "val", "leftImg8bit + gtFine_labelIds; every class pixel ID"),
+                                   ("idd", "val", "polygon JSON; car ID, autorickshaw OOD, rest ignore"),
+                                   ("sun", "eval", "LabelMe XML through label_maps/sun.yaml")):
+        p = kinds.add_parser(name, parents=[common], help=help_text)
+        p.add_argument("root", type=Path, help="the raw dataset folder (layouts: datasets/README.md)")
+        p.add_argument("--split", default=split, help=f"default {split}" + (": tune, eval or all" if name == "sun" else ""))
+        if name != "cityscapes":
+            p.add_argument("--label-map", help=f"a label map YAML (default label_maps/{name}.yaml)")
+        if name == "sun":
+            p.add_argument("--seed", type=int, default=0, help="seed of the 25%% tune / 75%% eval split")
+    noise = kinds.add_parser("noise", parents=[common], help="Perlin or random normal noise, every pixel OOD")
+    noise.add_argument("--kind", choices=("perlin", "normal"), default="perlin")
+    noise.add_argument("--count", type=int, default=100)
+    noise.add_argument("--seed", type=int, default=0)
+    noise.add_argument("--frequency", type=int, default=4, help="Perlin lattice cells across the width")
+    noise.add_argument("--octaves", type=int, default=4)
+    noise.add_argument("--sigma", type=float, default=0.25, help="normal noise std in [0, 1] units")
+    mixer = kinds.add_parser("mix", help="OOD set + ID frames (e.g. Cityscapes val) -> an evaluation set")
+    mixer.add_argument("--ood", type=Path, required=True)
+    mixer.add_argument("--id", type=Path, required=True)
+    mixer.add_argument("--id-frames", type=int, help="how many ID frames (default all)")
+    mixer.add_argument("--out", type=Path, required=True)
+    mixer.add_argument("--seed", type=int, default=0)
+    mixer.add_argument("--overwrite", action="store_true")
+    mixer.add_argument("--quiet", action="store_true")
+    cover = kinds.add_parser("coverage", help="print the label-map audit of a converted SUN set")
+    cover.add_argument("set", type=Path)
+    convert.set_defaults(run=_convert)
     return parser
 
 
@@ -58,6 +141,6 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (ValueError, FileNotFoundError) as err:  # bad input: one clear line, no traceback
+    except (ValueError, OSError, RuntimeError) as err:  # bad input: one clear line, no traceback
         print(f"segood {args.command}: error: {err}", file=sys.stderr)
         return 2

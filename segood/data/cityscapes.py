@@ -1,0 +1,45 @@
+"""Cityscapes: ``leftImg8bit`` images and ``gtFine_labelIds`` -> trainIds; every pixel with a trainId is ID."""
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from segood.data.common import Sample, SkipFrame, read_rgb, require_tree
+from segood.labels import ID, IGNORE, LABEL_ID_TO_TRAIN_ID
+
+EXPECTED_TREE = """\
+<root>/leftImg8bit/{train,val,test}/<city>/<city>_<seq>_<frame>_leftImg8bit.png
+<root>/gtFine/{train,val,test}/<city>/<city>_<seq>_<frame>_gtFine_labelIds.png"""
+
+
+class Cityscapes:
+    """Frames of one split. ``refs()`` lists them; ``load(ref)`` reads one (picklable, for process pools)."""
+
+    source = "cityscapes"
+
+    def __init__(self, root, split="val"):
+        self.root, self.split = Path(root), split
+        require_tree(self.root, EXPECTED_TREE, f"leftImg8bit/{split}/*/*_leftImg8bit.png", f"Cityscapes ({split})")
+
+    def refs(self):
+        return sorted(self.root.glob(f"leftImg8bit/{self.split}/*/*_leftImg8bit.png"))
+
+    def frame_id(self, image_path):
+        return f"{self.split}/{image_path.parent.name}/{image_path.name[: -len('_leftImg8bit.png')]}"
+
+    def load(self, image_path):
+        stem = image_path.name[: -len("_leftImg8bit.png")]
+        frame_id = self.frame_id(image_path)
+        label_path = self.root / "gtFine" / self.split / image_path.parent.name / f"{stem}_gtFine_labelIds.png"
+        if not label_path.is_file():
+            raise SkipFrame(f"no label file {label_path.name}")
+        label_ids = cv2.imread(str(label_path), cv2.IMREAD_UNCHANGED)
+        if label_ids is None or label_ids.ndim != 2 or label_ids.dtype != np.uint8:
+            raise SkipFrame(f"{label_path.name} is not a single-channel 8-bit label image")
+        image = read_rgb(image_path)
+        if image.shape[:2] != label_ids.shape:
+            raise SkipFrame(f"image {image.shape[:2]} and labels {label_ids.shape} differ in size")
+        semantic = LABEL_ID_TO_TRAIN_ID[label_ids]
+        ood_mask = np.where(semantic == IGNORE, IGNORE, ID).astype(np.uint8)
+        return Sample(image, ood_mask, semantic, frame_id)

@@ -1,0 +1,111 @@
+"""Convert a raw dataset once into a segood set (HDF5 + manifest), and mix OOD sets with ID frames."""
+
+import multiprocessing
+from pathlib import Path
+
+import h5py
+import numpy as np
+from tqdm import tqdm
+
+from segood.data.common import Sample, SkipFrame, resize_sample
+from segood.data.h5 import ARRAYS, SetWriter, read_manifest
+from segood.data.sun import coverage, coverage_markdown
+from segood.io import atomic_write_text
+
+CITYSCAPES_SIZE = (1024, 2048)
+
+
+class ConversionError(RuntimeError):
+    """A frame could not be converted and ``strict`` was asked for."""
+
+
+_ADAPTER = None  # the adapter of a pool worker, set once by the pool initialiser
+
+
+def _init_worker(adapter):
+    global _ADAPTER
+    _ADAPTER = adapter
+
+
+def _load(job):
+    """Worker: (frame_id, Sample or None, skip reason or None)."""
+    ref, size = job
+    try:
+        return _ADAPTER.frame_id(ref), resize_sample(_ADAPTER.load(ref), size), None
+    except SkipFrame as reason:
+        return _ADAPTER.frame_id(ref), None, str(reason)
+
+
+def convert(adapter, out, *, size=CITYSCAPES_SIZE, workers=0, strict=False, overwrite=False, progress=True,
+            attrs=None):
+    """Write every frame of ``adapter`` (resized to ``size`` = (H, W)) to the set ``out``.
+
+    Frames that cannot be converted are skipped and listed with their reason in the manifest, unless
+    ``strict``. ``workers`` > 0 decodes and rasterises in a process pool. Returns the manifest.
+    """
+    size = tuple(int(v) for v in size)
+    skipped = list(getattr(adapter, "prefiltered", []))
+    if strict and skipped:
+        raise ConversionError(f"{skipped[0][0]}: {skipped[0][1]} (and {len(skipped) - 1} more)")
+    refs = adapter.refs()
+    attrs = {"source": adapter.source, "split": getattr(adapter, "split", ""), "seed": getattr(adapter, "seed", 0),
+             "label_map_sha256": getattr(adapter, "label_map_sha256", ""), "resize": list(size), **(attrs or {})}
+    writer = SetWriter(out, size, attrs, overwrite=overwrite)
+    jobs = [(ref, size) for ref in refs]
+    pool = multiprocessing.get_context("fork").Pool(workers, _init_worker, (adapter,)) if workers > 0 else None
+    extras = []
+    try:
+        if pool is None:
+            _init_worker(adapter)
+        results = pool.imap(_load, jobs, chunksize=2) if pool else map(_load, jobs)
+        for frame_id, sample, reason in tqdm(results, total=len(jobs), desc=f"convert {adapter.source}",
+                                             unit="frame", disable=not progress):
+            if reason is not None:
+                if strict:
+                    raise ConversionError(f"{frame_id}: {reason}")
+                skipped.append((frame_id, reason))
+                continue
+            writer.append(sample)
+            if sample.extra:
+                extras.append(sample.extra)
+        extra = {}
+        if extras and "polygons" in extras[0]:
+            extra["coverage"] = coverage(extras)
+            atomic_write_text(Path(out).with_suffix(".coverage.md"), coverage_markdown(extra["coverage"]))
+        return writer.commit(skipped, extra)
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        if pool is not None:
+            pool.terminate()
+
+
+def mix(ood_path, id_path, out, *, seed=0, id_frames=None, overwrite=False, progress=True):
+    """An evaluation set: every frame of the OOD set plus ``id_frames`` (default all) frames of the ID set
+    (e.g. Cityscapes val), in a seeded order. Frame ids become ``<source>/<frame_id>``. Returns the manifest,
+    whose ``id_to_ood_ratio`` is the set's ID:OOD pixel ratio (the paper: about 7.5:1 IDD, 3:1 SUN)."""
+    sources = []
+    for path in (ood_path, id_path):
+        manifest = read_manifest(path)
+        sources.append({"file": str(path), "source": manifest["source"], "split": manifest["split"],
+                        "frames": manifest["frames"], "sha256": manifest["sha256"]})
+    with h5py.File(ood_path, "r") as a, h5py.File(id_path, "r") as b:
+        if a["images"].shape[1:] != b["images"].shape[1:]:
+            raise ValueError(f"the sets differ in size: {a['images'].shape[1:3]} vs {b['images'].shape[1:3]}; "
+                             "convert both with the same --size")
+        n_id = len(b["frame_id"]) if id_frames is None else min(int(id_frames), len(b["frame_id"]))
+        frames = [(0, i) for i in range(len(a["frame_id"]))] + [(1, i) for i in range(n_id)]
+        order = np.random.default_rng(seed).permutation(len(frames))
+        writer = SetWriter(out, a["images"].shape[1:3], {"source": "mix", "split": "eval", "seed": seed,
+                                                         "components": sources}, overwrite=overwrite)
+        try:
+            for k in tqdm(order, desc="mix", unit="frame", disable=not progress):
+                which, i = frames[k]
+                f, source = (a, b)[which], sources[which]["source"]
+                arrays = [f[name][i] for name in ARRAYS]
+                writer.append(Sample(*arrays, f"{source}/{f['frame_id'][i].decode()}"))
+            return writer.commit()
+        except BaseException:
+            writer.abort()
+            raise

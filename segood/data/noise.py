@@ -1,0 +1,81 @@
+"""Synthetic whole-image OOD sets: Perlin noise (Perlin 1985) and random normal noise.
+
+Deterministic from a seed, the same bytes on every machine: each frame draws from its own
+``numpy.random.default_rng([seed, index])`` and the maths uses only +, -, *, / and rounding (no
+transcendental functions, whose last bits may differ between libms).
+"""
+
+import numpy as np
+
+from segood.data.common import Sample
+from segood.labels import IGNORE, OOD
+
+# Perlin's gradient directions (the "improved noise" set in 2-D): no trigonometry needed.
+_GRADIENTS = np.array([(1, 1), (-1, 1), (1, -1), (-1, -1), (1, 0), (-1, 0), (0, 1), (0, -1)], np.float64)
+KINDS = ("perlin", "normal")
+
+
+def perlin_octave(rng, height, width, cells):
+    """One octave of 2-D gradient noise with ``cells`` lattice cells across the width, values in about [-1, 1]."""
+    cells_y = max(1, int(round(cells * height / width)))
+    grad = _GRADIENTS[rng.integers(0, len(_GRADIENTS), (cells_y + 1, cells + 1))]
+    y = np.arange(height) * (cells_y / height)
+    x = np.arange(width) * (cells / width)
+    iy, ix = y.astype(np.int64), x.astype(np.int64)
+    fy, fx = (y - iy)[:, None], (x - ix)[None, :]
+
+    def corner(dy, dx):
+        g = grad[(iy + dy)[:, None], (ix + dx)[None, :]]
+        return g[..., 0] * (fx - dx) + g[..., 1] * (fy - dy)
+
+    def fade(t):  # 6t^5 - 15t^4 + 10t^3: zero first and second derivatives at the lattice
+        return t * t * t * (t * (t * 6 - 15) + 10)
+
+    wy, wx = fade(fy), fade(fx)
+    top = corner(0, 0) + wx * (corner(0, 1) - corner(0, 0))
+    bottom = corner(1, 0) + wx * (corner(1, 1) - corner(1, 0))
+    return top + wy * (bottom - top)
+
+
+def perlin_image(rng, height, width, frequency=4, octaves=4, persistence=0.5):
+    """(H, W, 3) uint8: fractal Perlin noise per channel, large smooth colour blobs."""
+    channels = []
+    for _ in range(3):
+        total, amplitude, norm = np.zeros((height, width)), 1.0, 0.0
+        for octave in range(octaves):
+            total += amplitude * perlin_octave(rng, height, width, frequency * 2**octave)
+            norm += amplitude
+            amplitude *= persistence
+        channels.append(total / norm)
+    noise = np.stack(channels, axis=-1)  # about [-1, 1]; stretch so the blobs use the colour range
+    return np.clip(np.rint((noise * 1.5 + 1.0) * 127.5), 0, 255).astype(np.uint8)
+
+
+def normal_image(rng, height, width, sigma=0.25):
+    """(H, W, 3) uint8: i.i.d. N(0.5, sigma) per pixel and channel in [0, 1] units, clipped."""
+    noise = 0.5 + sigma * rng.standard_normal((height, width, 3))
+    return np.clip(np.rint(noise * 255.0), 0, 255).astype(np.uint8)
+
+
+class Noise:
+    """``count`` noise frames of one kind; every pixel OOD, no Cityscapes class."""
+
+    def __init__(self, kind="perlin", count=100, size=(1024, 2048), seed=0, **params):
+        if kind not in KINDS:
+            raise ValueError(f"noise kind must be one of {KINDS}, got {kind!r}")
+        self.kind, self.count, self.size, self.seed, self.params = kind, int(count), tuple(size), int(seed), params
+        self.source = f"{kind}_noise"
+        self.prefiltered = []
+
+    def refs(self):
+        return list(range(self.count))
+
+    def frame_id(self, index):
+        return f"{self.kind}/{index:06d}"
+
+    def load(self, index):
+        rng = np.random.default_rng([self.seed, index])
+        make = perlin_image if self.kind == "perlin" else normal_image
+        image = make(rng, *self.size, **self.params)
+        shape = self.size
+        return Sample(image, np.full(shape, OOD, np.uint8), np.full(shape, IGNORE, np.uint8), self.frame_id(index))

@@ -1,0 +1,111 @@
+"""Tiny raw dataset trees in the exact published layouts (shared/FORMATS.md), with known contents."""
+
+import json
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+
+def write_rgb(path, image):
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    assert cv2.imwrite(str(path), np.ascontiguousarray(image[..., ::-1]))
+
+
+def gradient_image(height, width, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+
+
+def cityscapes_tree(root, split="val", frames=(("frankfurt", "000000", "000294"), ("lindau", "000001", "000019")),
+                    height=32, width=64):
+    """Label ids per frame: road (7) top half, car (26) a block, unlabeled (0) and ego vehicle (1) strips."""
+    root = Path(root)
+    label_ids = np.full((height, width), 7, np.uint8)
+    label_ids[height // 2 :] = 26
+    label_ids[:, :4] = 0
+    label_ids[-3:] = 1
+    label_ids[2:6, 10:20] = 4  # static: no train class
+    for k, (city, seq, frame) in enumerate(frames):
+        stem = f"{city}_{seq}_{frame}"
+        write_rgb(root / "leftImg8bit" / split / city / f"{stem}_leftImg8bit.png", gradient_image(height, width, k))
+        label_path = root / "gtFine" / split / city / f"{stem}_gtFine_labelIds.png"
+        label_path.parent.mkdir(parents=True, exist_ok=True)
+        assert cv2.imwrite(str(label_path), label_ids)
+    return label_ids
+
+
+def rect(x0, y0, x1, y1):
+    return [[x0, y0], [x1, y0], [x1, y1], [x0, y1]]
+
+
+def idd_json(path, height, width, objects):
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"imgHeight": height, "imgWidth": width, "objects": objects}))
+
+
+def idd_tree(root, split="val", height=40, width=60):
+    """Frame 0: road everywhere, a car, an autorickshaw painted over part of the car, a cargroup, a deleted
+    autorickshaw (not drawn). Frame 1 (jpg image): an unknown label, so it is skipped."""
+    root = Path(root)
+    objects = [
+        {"label": "road", "polygon": rect(0, 0, width - 1, height - 1), "deleted": 0},
+        {"label": "car", "polygon": rect(5, 5, 24, 19), "deleted": 0},
+        {"label": "autorickshaw", "polygon": rect(20, 10, 34, 24), "deleted": 0},
+        {"label": "cargroup", "polygon": rect(40, 30, 49, 35), "deleted": 0},
+        {"label": "autorickshaw", "polygon": rect(0, 30, 9, 39), "deleted": 1},
+        {"label": "sky", "polygon": rect(50, 0, 59, 4)},
+    ]
+    write_rgb(root / "leftImg8bit" / split / "0" / "000100_leftImg8bit.png", gradient_image(height, width))
+    idd_json(root / "gtFine" / split / "0" / "000100_gtFine_polygons.json", height, width, objects)
+    write_rgb(root / "leftImg8bit" / split / "1" / "000200_leftImg8bit.jpg", gradient_image(height, width, 1))
+    idd_json(root / "gtFine" / split / "1" / "000200_gtFine_polygons.json", height, width,
+             [{"label": "spaceship", "polygon": rect(0, 0, 5, 5), "deleted": 0}])
+
+
+def labelme_xml(filename, folder, objects, size=None):
+    """objects: (name, points, username, deleted) tuples; points None = an object without polygon."""
+    parts = [f"<annotation><filename>{filename}</filename><folder>{folder}</folder>"]
+    if size:
+        parts.append(f"<imagesize><nrows>{size[0]}</nrows><ncols>{size[1]}</ncols></imagesize>")
+    for name, points, user, deleted in objects:
+        parts.append(f"<object><name>{name}</name><deleted>{deleted}</deleted><verified>0</verified>"
+                     "<occluded>no</occluded>")
+        if points is not None:
+            pts = "".join(f"<pt><x>{x}</x><y>{y}</y></pt>" for x, y in points)
+            parts.append(f"<polygon><username>{user}</username>{pts}</polygon>")
+        parts.append("</object>")
+    parts.append("</annotation>")
+    return "".join(parts)
+
+
+SUN_OBJECTS = [  # painted in this order on a 660x700 image
+    (" Car  occluded", rect(0, 0, 99, 99), "alice", 0),      # -> car (ID, trainId 13)
+    ("wall", rect(50, 50, 149, 149), "bob", 0),              # ambiguous -> ignore, over the car's corner
+    ("vase crop", rect(200, 200, 299, 299), "carol", 0),     # -> OOD
+    ("vase", rect(400, 400, 499, 499), "anonymous", 0),      # anonymous: skipped
+    ("car", rect(300, 0, 399, 99), "dave", 1),               # deleted: skipped
+    ("chair", None, "erin", 0),                              # no polygon: skipped
+    ("Window", rect(600, 600, 800, 800), "frank", 0),        # -> building, clipped to the image
+]
+
+
+def sun_tree(root, eligible=8, height=660, width=700):
+    """``eligible`` frames of height x width with SUN_OBJECTS (half of them without imagesize in the XML),
+    plus one 600x600 frame (dropped by the size filter) and one unreadable XML."""
+    root = Path(root)
+    for k in range(eligible):
+        folder = f"{'ab'[k % 2]}/{'abbey' if k % 2 == 0 else 'bedroom'}"
+        name = f"sun_frame{k:02d}"
+        write_rgb(root / "Images" / folder / f"{name}.jpg", gradient_image(height, width, k))
+        xml = labelme_xml(f"{name}.jpg", folder, SUN_OBJECTS, (height, width) if k % 2 == 0 else None)
+        (root / "Annotations" / folder).mkdir(parents=True, exist_ok=True)
+        (root / "Annotations" / folder / f"{name}.xml").write_text(xml)
+    write_rgb(root / "Images" / "s" / "street" / "sun_small.jpg", gradient_image(600, 600))
+    (root / "Annotations" / "s" / "street").mkdir(parents=True, exist_ok=True)
+    (root / "Annotations" / "s" / "street" / "sun_small.xml").write_text(
+        labelme_xml("sun_small.jpg", "s/street", SUN_OBJECTS, (600, 600)))
+    write_rgb(root / "Images" / "s" / "street" / "sun_broken.jpg", gradient_image(700, 700))
+    (root / "Annotations" / "s" / "street" / "sun_broken.xml").write_text("<annotation><object><name>")
