@@ -8,7 +8,7 @@ import numpy as np
 from tqdm import tqdm
 
 from segood.data.common import Sample, SkipFrame, resize_sample
-from segood.data.h5 import ARRAYS, SetWriter, read_manifest
+from segood.data.h5 import ARRAYS, SetWriter, encode, read_manifest
 from segood.data.sun import coverage, coverage_markdown
 from segood.io import atomic_write_text
 
@@ -28,10 +28,10 @@ def _init_worker(adapter):
 
 
 def _load(job):
-    """Worker: (frame_id, Sample or None, skip reason or None)."""
+    """Worker: (frame_id, EncodedFrame or None, skip reason or None)."""
     ref, size = job
     try:
-        return _ADAPTER.frame_id(ref), resize_sample(_ADAPTER.load(ref), size), None
+        return _ADAPTER.frame_id(ref), encode(resize_sample(_ADAPTER.load(ref), size)), None
     except SkipFrame as reason:
         return _ADAPTER.frame_id(ref), None, str(reason)
 

@@ -2,12 +2,15 @@
 
 File layout: ``images`` (N, H, W, 3) uint8 RGB, ``ood_mask`` and ``semantic`` (N, H, W) uint8, chunked one
 image per chunk and gzip-compressed, ``frame_id`` (N,) strings; attributes record the source, split,
-label-map hash, seed, size and segood version.
+label-map hash, seed, size and segood version. The manifest's ``sha256`` of each array is the sha256 of the
+per-frame sha256 digests of its raw bytes, in frame order (so workers can hash frames in parallel).
 """
 
 import hashlib
 import json
 import os
+import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
@@ -18,6 +21,32 @@ from segood.io import write_json
 
 ARRAYS = ("images", "ood_mask", "semantic")
 FORMAT = "segood.h5set/1"
+_DEFLATE_LEVEL = 1  # gzip level of the chunks: fast, and photos barely compress further
+
+
+@dataclass
+class EncodedFrame:
+    """A sample made ready for the writer (in a worker process): compressed chunks, digests, pixel counts."""
+
+    frame_id: str
+    shapes: dict
+    chunks: dict  # array name -> zlib stream of the whole image (one chunk per image)
+    digests: dict  # array name -> sha256 digest of the raw bytes
+    pixels: dict  # id / ood / ignore counts of the ood_mask
+    extra: dict | None = None
+
+
+def encode(sample):
+    """Compress and hash one sample; the expensive half of writing, done wherever the sample was made."""
+    chunks, digests, shapes = {}, {}, {}
+    for name, array in zip(ARRAYS, (sample.image, sample.ood_mask, sample.semantic)):
+        raw = np.ascontiguousarray(array, dtype=np.uint8).tobytes()
+        chunks[name] = zlib.compress(raw, _DEFLATE_LEVEL)
+        digests[name] = hashlib.sha256(raw).digest()
+        shapes[name] = array.shape
+    counts = np.bincount(sample.ood_mask.ravel(), minlength=256)
+    pixels = {"id": int(counts[0]), "ood": int(counts[1]), "ignore": int(counts[255])}
+    return EncodedFrame(sample.frame_id, shapes, chunks, digests, pixels, sample.extra)
 
 
 def manifest_path(path):
@@ -53,22 +82,23 @@ class SetWriter:
         self.pixels = {"id": 0, "ood": 0, "ignore": 0}
         self.frame_ids = []
 
-    def append(self, sample):
+    def append(self, frame):
+        """Add one frame: a :class:`EncodedFrame` (or a Sample, encoded here)."""
+        if not isinstance(frame, EncodedFrame):
+            frame = encode(frame)
         n = len(self.frame_ids)
-        for name, array in zip(ARRAYS, (sample.image, sample.ood_mask, sample.semantic)):
+        for name in ARRAYS:
             dataset = self.file[name]
-            if array.shape != dataset.shape[1:]:
-                raise ValueError(f"{sample.frame_id}: {name} has shape {array.shape}, the set {dataset.shape[1:]}")
+            if frame.shapes[name] != dataset.shape[1:]:
+                raise ValueError(f"{frame.frame_id}: {name} has shape {frame.shapes[name]}, the set {dataset.shape[1:]}")
             dataset.resize(n + 1, axis=0)
-            dataset[n] = array
-            self.hashes[name].update(np.ascontiguousarray(array).tobytes())
+            dataset.id.write_direct_chunk((n,) + (0,) * (dataset.ndim - 1), frame.chunks[name])
+            self.hashes[name].update(frame.digests[name])
         self.file["frame_id"].resize(n + 1, axis=0)
-        self.file["frame_id"][n] = sample.frame_id
-        counts = np.bincount(sample.ood_mask.ravel(), minlength=256)
-        self.pixels["id"] += int(counts[0])
-        self.pixels["ood"] += int(counts[1])
-        self.pixels["ignore"] += int(counts[255])
-        self.frame_ids.append(sample.frame_id)
+        self.file["frame_id"][n] = frame.frame_id
+        for key, count in frame.pixels.items():
+            self.pixels[key] += count
+        self.frame_ids.append(frame.frame_id)
 
     def commit(self, skipped=(), extra=None):
         """Close, rename into place, write the manifest; returns the manifest dict."""
