@@ -1,6 +1,7 @@
 """Adapters and conversion on tiny raw trees in the published layouts, checked pixel for pixel."""
 
 import hashlib
+import json
 
 import albumentations as A
 import h5py
@@ -113,6 +114,16 @@ def test_noise_is_deterministic(kind):
     assert hashlib.sha256(first.image.tobytes()).hexdigest() == NOISE_SHA256[kind]
     assert (first.ood_mask == 1).all() and (first.semantic == 255).all()
     assert not np.array_equal(first.image, noise.load(0).image)
+
+
+def test_set_attributes_record_provenance(tmp_path):
+    manifest = convert(Noise("perlin", 1, size=(8, 16), seed=5, frequency=2, octaves=3), tmp_path / "p.h5",
+                       size=(8, 16), progress=False)
+    with h5py.File(tmp_path / "p.h5", "r") as f:
+        assert f.attrs["source"] == "perlin_noise" and f.attrs["seed"] == 5
+        assert json.loads(f.attrs["params"]) == {"frequency": 2, "octaves": 3}
+        assert f.attrs["segood_version"] and json.loads(f.attrs["resize"]) == [8, 16]  # lists and dicts as JSON
+    assert manifest["params"] == {"frequency": 2, "octaves": 3} and manifest["pixels"]["ood"] == 128
 
 
 def test_masks_never_interpolated():

@@ -1,5 +1,6 @@
 """Cityscapes: ``leftImg8bit`` images and ``gtFine_labelIds`` -> trainIds; every pixel with a trainId is ID."""
 
+import hashlib
 from pathlib import Path
 
 import cv2
@@ -17,6 +18,8 @@ class Cityscapes:
     """Frames of one split. ``refs()`` lists them; ``load(ref)`` reads one (picklable, for process pools)."""
 
     source = "cityscapes"
+    #: the labelId -> trainId table in use (from cityscapesscripts), recorded in every converted set
+    label_map_sha256 = hashlib.sha256(LABEL_ID_TO_TRAIN_ID.tobytes()).hexdigest()
 
     def __init__(self, root, split="val"):
         self.root, self.split = Path(root), split

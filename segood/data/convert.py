@@ -49,7 +49,8 @@ def convert(adapter, out, *, size=CITYSCAPES_SIZE, workers=0, strict=False, over
         raise ConversionError(f"{skipped[0][0]}: {skipped[0][1]} (and {len(skipped) - 1} more)")
     refs = adapter.refs()
     attrs = {"source": adapter.source, "split": getattr(adapter, "split", ""), "seed": getattr(adapter, "seed", 0),
-             "label_map_sha256": getattr(adapter, "label_map_sha256", ""), "resize": list(size), **(attrs or {})}
+             "label_map_sha256": getattr(adapter, "label_map_sha256", ""), "resize": list(size),
+             "params": getattr(adapter, "params", {}), **(attrs or {})}
     writer = SetWriter(out, size, attrs, overwrite=overwrite)
     jobs = [(ref, size) for ref in refs]
     pool = multiprocessing.get_context("fork").Pool(workers, _init_worker, (adapter,)) if workers > 0 else None

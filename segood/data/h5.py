@@ -2,7 +2,7 @@
 
 File layout: ``images`` (N, H, W, 3) uint8 RGB, ``ood_mask`` and ``semantic`` (N, H, W) uint8, chunked one
 image per chunk and gzip-compressed, ``frame_id`` (N,) strings; attributes record the source, split,
-label-map hash, seed, size and segood version. The manifest's ``sha256`` of each array is the sha256 of the
+label-map hash, seed, size and segood version (lists and dicts as JSON strings). The manifest's ``sha256`` of each array is the sha256 of the
 per-frame sha256 digests of its raw bytes, in frame order (so workers can hash frames in parallel).
 """
 
