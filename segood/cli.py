@@ -77,6 +77,39 @@ def adapter_size(adapter):
     return getattr(adapter, "size", CITYSCAPES_SIZE)
 
 
+def _train(args):
+    from dataclasses import fields
+
+    from segood.models.train import TrainConfig, train
+
+    names = {f.name for f in fields(TrainConfig)}
+    config = TrainConfig(**{k: v for k, v in vars(args).items() if k in names and v is not None})
+    log = train(config, resume=args.resume, progress=not args.quiet, stop_after=args.stop_after)
+    print(f"trained {config.arch}/{config.encoder}/{config.head}: {log[-1] if log else 'nothing to do'}; "
+          f"checkpoints in {config.out_dir}")
+    return 0
+
+
+def _miou(args):
+    from segood.io import atomic_write_text
+    from segood.models import load_model
+    from segood.models.train import evaluate_miou, miou_table
+
+    results = {}
+    for path in args.checkpoints:
+        model, state = load_model(path)
+        c = state["config"]
+        name = f"{c['arch']} {c['encoder']} + {c['head']}" if c["head"] != "plain" else f"{c['arch']} {c['encoder']}"
+        results[name] = evaluate_miou(model, args.data, batch_size=args.batch_size, progress=not args.quiet)
+    table = miou_table(results)
+    print(table, end="")
+    if args.out:
+        atomic_write_text(args.out, table)
+        atomic_write_text(args.out.with_suffix(".csv"), "network,class,iou\n" + "".join(
+            f"{name},{cls},{iou}\n" for name, r in results.items() for cls, iou in r["iou"].items()))
+    return 0
+
+
 def build_parser():
     from pathlib import Path
 
@@ -134,6 +167,33 @@ def build_parser():
     cover = kinds.add_parser("coverage", help="print the label-map audit of a converted SUN set")
     cover.add_argument("set", type=Path)
     convert.set_defaults(run=_convert)
+
+    train = sub.add_parser("train", help="train a segmentation network on a converted set (Cityscapes trainIds)")
+    train.add_argument("--train", dest="train_set", required=True, help="converted training set (.h5)")
+    train.add_argument("--val", dest="val_set", help="converted validation set: mIoU per epoch")
+    train.add_argument("--out", dest="out_dir", required=True, help="folder for last.pt, final.pt and log.csv")
+    train.add_argument("--arch", choices=("pspnet", "deeplabv3plus"))
+    train.add_argument("--encoder", help="smp encoder (default resnet50; e.g. tu-xception41 for DeepLabV3+)")
+    train.add_argument("--head", choices=("plain", "dimreduce", "dropout", "confidence"))
+    train.add_argument("--encoder-weights", help="e.g. imagenet, when cached locally (default none)")
+    for name, kind in (("epochs", int), ("batch-size", int), ("lr", float), ("poly-power", float),
+                       ("dropout-p", float), ("reduced-dim", int), ("workers", int), ("seed", int)):
+        train.add_argument(f"--{name}", type=kind)
+    train.add_argument("--crop", type=int, nargs=2, metavar=("H", "W"), help="training crop (default 512 1024)")
+    train.add_argument("--scale", type=float, nargs=2, metavar=("MIN", "MAX"), help="random scale (default 0.5 2)")
+    train.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
+    train.add_argument("--resume", action="store_true", help="continue from OUT/last.pt")
+    train.add_argument("--stop-after", type=int, help="stop after this many epochs (resume later with --resume)")
+    train.add_argument("--quiet", action="store_true")
+    train.set_defaults(run=_train)
+
+    miou = sub.add_parser("miou", help="per-class IoU and mIoU of checkpoints on a converted set")
+    miou.add_argument("checkpoints", type=Path, nargs="+")
+    miou.add_argument("--data", type=Path, required=True)
+    miou.add_argument("--out", type=Path, help="write the table here (.md) and a .csv beside it")
+    miou.add_argument("--batch-size", type=int, default=2)
+    miou.add_argument("--quiet", action="store_true")
+    miou.set_defaults(run=_miou)
     return parser
 
 

@@ -22,16 +22,14 @@ from segood.labels import IGNORE, NUM_CLASSES
 from segood.methods import entropy, max_softmax
 from segood.metrics import HIGHER_IS_BETTER, METRIC_NAMES, PixelOODAccumulator, exact_metrics
 from segood.metrics.segmentation import confusion_matrix, mean_iou
+from segood.models.network import preprocess
 
 METHODS = {"max_softmax": max_softmax, "entropy": entropy}
-_MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
-_STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
 
 
 def to_input(images):
-    """(N, H, W, 3) uint8 RGB -> (N, 3, H, W) float, ImageNet-normalised."""
-    x = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float() / 255.0
-    return (x - _MEAN) / _STD
+    """(N, H, W, 3) uint8 RGB numpy -> (N, 3, H, W) float, ImageNet-normalised."""
+    return preprocess(torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2))
 
 
 def run_demo(out_dir="runs/demo", *, seed=0, train_images=192, eval_images=48, steps=250, batch_size=8,

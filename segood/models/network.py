@@ -1,0 +1,129 @@
+"""Segmentation networks (smp PSPNet / DeepLabV3+) with the heads some OOD methods need (the paper's Table 1).
+
+The network is smp's encoder and decoder with segood's own head. Every head ends in a 1×1 classifier and a
+bilinear upsample to the input size, the last operation before the softmax (the paper's §5), so each output
+pixel maps to one location of the penultimate layer.
+"""
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ARCHS = ("pspnet", "deeplabv3plus")
+_MEAN = (0.485, 0.456, 0.406)  # ImageNet statistics, as the smp encoders expect
+_STD = (0.229, 0.224, 0.225)
+HEADS = ("plain", "dimreduce", "dropout", "confidence")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything needed to rebuild a network; stored in checkpoints as a plain dict."""
+
+    arch: str = "pspnet"
+    encoder: str = "resnet50"
+    num_classes: int = 19
+    head: str = "plain"
+    dropout_p: float = 0.5
+    reduced_dim: int = 32
+    encoder_weights: str | None = None
+
+    def to_dict(self):
+        return asdict(self)
+
+
+@dataclass
+class SegOutput:
+    """logits (N, C, H, W); features: the penultimate layer (N, D, h, w); confidence (N, 1, H, W) in (0, 1) or
+    None."""
+
+    logits: torch.Tensor
+    features: torch.Tensor
+    confidence: torch.Tensor | None = None
+
+
+class SegmentationNetwork(nn.Module):
+    """smp encoder + decoder + a segood head. Build with :func:`build_model`."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        import segmentation_models_pytorch as smp
+
+        if config.arch not in ARCHS:
+            raise ValueError(f"unknown arch {config.arch!r}; choose one of {ARCHS}")
+        if config.head not in HEADS:
+            raise ValueError(f"unknown head {config.head!r}; choose one of {HEADS}")
+        self.config = config
+        base = smp.create_model(config.arch, encoder_name=config.encoder, encoder_weights=config.encoder_weights,
+                                classes=config.num_classes)
+        self.encoder, self.decoder = base.encoder, base.decoder
+        depth = base.segmentation_head[0].in_channels  # the decoder's output depth
+        if config.head == "dimreduce":
+            self.reduce = nn.Sequential(nn.Conv2d(depth, config.reduced_dim, 1, bias=False),
+                                        nn.BatchNorm2d(config.reduced_dim), nn.ReLU(inplace=True))
+            depth = config.reduced_dim
+        self.classifier = nn.Conv2d(depth, config.num_classes, 1)
+        self.confidence_branch = nn.Conv2d(depth, 1, 1) if config.head == "confidence" else None
+
+    def penultimate(self, x):
+        """The features the classifier sees: (N, D, h, w) (D = 32 for ``dimreduce``)."""
+        features = self.decoder(self.encoder(x))
+        if isinstance(features, (list, tuple)):
+            features = features[-1]
+        return self.reduce(features) if self.config.head == "dimreduce" else features
+
+    def head(self, features, size, *, stochastic=False):
+        """Classifier (and confidence branch) on penultimate features, upsampled to ``size`` = (H, W).
+
+        Dropout (``dropout`` head) is active in training mode or when ``stochastic`` (Monte-Carlo sampling).
+        """
+        if self.config.head == "dropout":
+            features = F.dropout(features, self.config.dropout_p, training=self.training or stochastic)
+        logits = F.interpolate(self.classifier(features), size=size, mode="bilinear", align_corners=False)
+        confidence = None
+        if self.confidence_branch is not None:
+            confidence = torch.sigmoid(F.interpolate(self.confidence_branch(features), size=size, mode="bilinear",
+                                                     align_corners=False))
+        return logits, confidence
+
+    def forward(self, x):
+        stride = getattr(self.encoder, "output_stride", 32)
+        if x.ndim != 4 or x.shape[-2] % stride or x.shape[-1] % stride:
+            h, w = x.shape[-2:]
+            raise ValueError(f"input of shape {tuple(x.shape)}: expected (N, 3, H, W) with H and W divisible by "
+                             f"{stride}; pad to ({-(-h // stride) * stride}, {-(-w // stride) * stride})")
+        features = self.penultimate(x)
+        logits, confidence = self.head(features, x.shape[-2:])
+        return SegOutput(logits, features, confidence)
+
+    def mc_logits(self, x, samples=8):
+        """(T, N, C, H, W) logits of T Monte-Carlo dropout samples; encoder and decoder run once, only the
+        stochastic head T times (Kendall et al. 2015; Mukhoti & Gal 2018)."""
+        if self.config.head != "dropout":
+            raise ValueError(f"mc_logits needs the 'dropout' head; this network has {self.config.head!r}")
+        features = self.penultimate(x)
+        return torch.stack([self.head(features, x.shape[-2:], stochastic=True)[0] for _ in range(samples)])
+
+
+def preprocess(images):
+    """(N, 3, H, W) uint8 RGB tensor -> float, ImageNet-normalised, on the same device."""
+    x = images.float() / 255.0
+    mean = torch.tensor(_MEAN, device=x.device).view(1, 3, 1, 1)
+    std = torch.tensor(_STD, device=x.device).view(1, 3, 1, 1)
+    return (x - mean) / std
+
+
+def build_model(arch="pspnet", encoder="resnet50", num_classes=19, head="plain", *, dropout_p=0.5, reduced_dim=32,
+                encoder_weights=None):
+    """A :class:`SegmentationNetwork`.
+
+    Args:
+        arch: ``pspnet`` (ResNet encoders in the paper) or ``deeplabv3plus`` (Xception: ``tu-xception41``, or
+            any smp encoder).
+        head: ``plain``, ``dimreduce`` (1×1 conv to ``reduced_dim`` before the classifier: the features
+            Mahalanobis models), ``dropout`` (p = ``dropout_p``, kept stochastic for MC sampling) or
+            ``confidence`` (a second branch with one sigmoid confidence per pixel, DeVries & Taylor 2018).
+        encoder_weights: None (default: no download here) or e.g. ``"imagenet"`` when cached locally.
+    """
+    return SegmentationNetwork(ModelConfig(arch, encoder, num_classes, head, dropout_p, reduced_dim, encoder_weights))

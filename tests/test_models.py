@@ -1,0 +1,148 @@
+"""Networks, heads, losses, training and checkpoints, on tiny inputs (CPU)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from segood.cli import main
+from segood.data.common import Sample
+from segood.data.h5 import SetWriter
+from segood.data.synthetic import scene_batch
+from segood.models import build_model, confidence_loss, load_model, read_checkpoint, save_checkpoint
+from segood.models.train import TrainConfig, train
+
+HEADS = ["plain", "dimreduce", "dropout", "confidence"]
+
+
+@pytest.mark.parametrize("arch,encoder", [("pspnet", "resnet18"), ("deeplabv3plus", "resnet18")])
+@pytest.mark.parametrize("head", HEADS)
+def test_forward_shapes_and_upsample_is_last(arch, encoder, head):
+    torch.manual_seed(0)
+    model = build_model(arch, encoder, head=head).eval()
+    x = torch.randn(2, 3, 64, 96)
+    with torch.no_grad():
+        out = model(x)
+        assert out.logits.shape == (2, 19, 64, 96)
+        assert out.features.shape[1] == (32 if head == "dimreduce" else (512 if arch == "pspnet" else 256))
+        assert (out.confidence is not None) == (head == "confidence")
+        if head == "confidence":
+            assert out.confidence.shape == (2, 1, 64, 96) and 0 < out.confidence.min() < out.confidence.max() < 1
+        low_res = model.classifier(out.features)  # the classifier at the penultimate resolution ...
+        expected = F.interpolate(low_res, size=(64, 96), mode="bilinear", align_corners=False)
+        torch.testing.assert_close(out.logits, expected)  # ... then only a bilinear upsample
+
+
+def test_xception_deeplab_builds():
+    model = build_model("deeplabv3plus", "tu-xception41", head="dimreduce").eval()
+    with torch.no_grad():
+        out = model(torch.randn(1, 3, 64, 64))
+    assert out.logits.shape == (1, 19, 64, 64) and out.features.shape[1] == 32
+
+
+def test_bad_input_shape_says_how_to_pad():
+    model = build_model("pspnet", "resnet18").eval()
+    with pytest.raises(ValueError, match=r"pad to \(64, 104\)"):
+        model(torch.randn(1, 3, 60, 100))
+
+
+def test_dropout_is_stochastic_only_for_monte_carlo():
+    torch.manual_seed(0)
+    model = build_model("pspnet", "resnet18", head="dropout").eval()
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x).logits, model(x).logits)  # eval: deterministic
+        samples = model.mc_logits(x, samples=4)
+        assert samples.shape == (4, 1, 19, 64, 64)
+        assert not torch.allclose(samples[0], samples[1])
+        torch.manual_seed(123)
+        mc = model.mc_logits(x, samples=3)
+        torch.manual_seed(123)
+        features = model.penultimate(x)
+        separate = torch.stack([model.head(features, (64, 64), stochastic=True)[0] for _ in range(3)])
+        torch.testing.assert_close(mc, separate)
+    with pytest.raises(ValueError, match="dropout"):
+        build_model("pspnet", "resnet18").mc_logits(x)
+
+
+def test_confidence_loss_by_hand():
+    # one image, 2 classes, 2x2 pixels; pixel (1, 1) is ignore
+    logits = torch.tensor([[[[2.0, 0.0], [0.0, 1.0]], [[0.0, 1.0], [0.0, 3.0]]]])
+    confidence = torch.tensor([[[[0.9, 0.5], [0.2, 0.7]]]])
+    target = torch.tensor([[[0, 1], [1, 255]]])
+    hints = torch.tensor([[[[1.0, 0.0], [1.0, 1.0]]]])
+    p = logits.softmax(dim=1)
+    # pixel (0,0): b=1, c'=0.9, target 0: p' = 0.9 p0 + 0.1;  (0,1): b=0, c'=1: p' = p1;  (1,0): b=1, c'=0.2: 0.2 p1 + 0.8
+    nll = [-math.log(0.9 * p[0, 0, 0, 0] + 0.1), -math.log(p[0, 1, 0, 1]), -math.log(0.2 * p[0, 1, 1, 0] + 0.8)]
+    conf = [-math.log(0.9), -math.log(0.5), -math.log(0.2)]
+    expected = sum(nll) / 3 + 0.5 * sum(conf) / 3
+    assert confidence_loss(logits, confidence, target, hints=hints).item() == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.fixture(scope="module")
+def tiny_set(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "train.h5"
+    images, semantic, ood = scene_batch(0, 24, 64, 128)
+    writer = SetWriter(path, (64, 128), {"source": "synthetic", "split": "train"})
+    for k in range(len(images)):
+        writer.append(Sample(images[k], ood[k], semantic[k], f"scene/{k}"))
+    writer.commit()
+    return path
+
+
+def config(tiny_set, out, **kw):
+    return TrainConfig(train_set=str(tiny_set), out_dir=str(out), arch="pspnet", encoder="resnet18",
+                       batch_size=4, lr=0.02, crop=[64, 128], scale=[0.75, 1.25], **kw)
+
+
+def test_training_reduces_the_loss_and_logs(tiny_set, tmp_path):
+    log = train(config(tiny_set, tmp_path, epochs=4, val_set=str(tiny_set)), progress=False)  # 4 x 6 = 24 steps
+    assert log[-1]["loss"] < log[0]["loss"]
+    assert (tmp_path / "log.csv").read_text().startswith("epoch,iteration,loss,lr,seconds,val_miou")
+    model, state = load_model(tmp_path / "final.pt")
+    assert state["config"]["head"] == "plain" and state["iteration"] == 24
+
+
+@pytest.mark.parametrize("head", ["plain", "confidence"])
+def test_resume_equals_uninterrupted(tiny_set, tmp_path, head):
+    train(config(tiny_set, tmp_path / "straight", epochs=2, head=head), progress=False)
+    train(config(tiny_set, tmp_path / "resumed", epochs=2, head=head), progress=False, stop_after=1)
+    assert not (tmp_path / "resumed" / "final.pt").exists()
+    train(config(tiny_set, tmp_path / "resumed", epochs=2, head=head), progress=False, resume=True)
+    a, b = read_checkpoint(tmp_path / "straight/final.pt"), read_checkpoint(tmp_path / "resumed/final.pt")
+    for key, value in a["model"].items():
+        torch.testing.assert_close(b["model"][key], value, rtol=0, atol=0)
+    assert a["log"][-1]["loss"] == b["log"][-1]["loss"]
+
+
+class Evil:
+    def __reduce__(self):
+        return (print, ("pwned",))
+
+
+def test_pickled_or_foreign_checkpoints_are_refused(tmp_path):
+    model = build_model("pspnet", "resnet18")
+    save_checkpoint(tmp_path / "ok.pt", model)
+    assert load_model(tmp_path / "ok.pt")[1]["config"]["encoder"] == "resnet18"
+    torch.save({"format": "segood.checkpoint/1", "payload": Evil()}, tmp_path / "evil.pt")
+    with pytest.raises(ValueError, match="refusing to load"):
+        read_checkpoint(tmp_path / "evil.pt")
+    torch.save({"state_dict": {}}, tmp_path / "foreign.pt")
+    with pytest.raises(ValueError, match="not a segood checkpoint"):
+        read_checkpoint(tmp_path / "foreign.pt")
+    (tmp_path / "garbage.pt").write_bytes(b"\x00" * 100)
+    with pytest.raises(ValueError, match="refusing to load"):
+        read_checkpoint(tmp_path / "garbage.pt")
+
+
+def test_train_and_miou_commands(tiny_set, tmp_path, capsys):
+    assert main(["train", "--train", str(tiny_set), "--out", str(tmp_path), "--arch", "pspnet", "--encoder",
+                 "resnet18", "--head", "dimreduce", "--epochs", "1", "--batch-size", "4", "--crop", "64", "128",
+                 "--quiet"]) == 0
+    assert main(["miou", str(tmp_path / "final.pt"), "--data", str(tiny_set), "--out", str(tmp_path / "m.md"),
+                 "--quiet"]) == 0
+    table = (tmp_path / "m.md").read_text()
+    assert "| pspnet resnet18 + dimreduce |" in table and "mIoU" in table
+    assert (tmp_path / "m.csv").read_text().startswith("network,class,iou")

@@ -1,0 +1,8 @@
+"""Same as ``segood miou``; ``--help`` for options (see tools/README.md)."""
+
+import sys
+
+from segood.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["miou", *sys.argv[1:]]))
