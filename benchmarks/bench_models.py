@@ -1,0 +1,66 @@
+"""Forward cost of each architecture and head, and what Monte-Carlo sampling saves, in one run.
+
+    python benchmarks/bench_models.py [--height 512] [--width 1024] [--repeat 2] [--device cpu]
+
+Rows: forward ms/image (batch 1, no grad, eval mode) for PSPNet-ResNet50 and DeepLabV3+-Xception41 with each
+head; then for the dropout head: ``mc_logits(T=8)`` against one forward pass and against 8 full passes.
+"""
+
+import argparse
+import time
+
+import torch
+
+from segood.models import HEADS, build_model
+
+NETWORKS = (("pspnet", "resnet50"), ("deeplabv3plus", "tu-xception41"))
+
+
+def best_ms(fn, repeat, device):
+    fn()
+    best = float("inf")
+    for _ in range(repeat):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+@torch.no_grad()
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--height", type=int, default=512)
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    x = torch.randn(1, 3, args.height, args.width, device=device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    print(f"input 1x3x{args.height}x{args.width}, {name}, best of {args.repeat}\n")
+    print("| network | " + " | ".join(f"{h} ms" for h in HEADS) + " |\n|---|" + "---:|" * len(HEADS))
+    for arch, encoder in NETWORKS:
+        cells = []
+        for head in HEADS:
+            torch.manual_seed(0)
+            model = build_model(arch, encoder, head=head).to(device).eval()
+            cells.append(f"{best_ms(lambda: model(x), args.repeat, device):.0f}")
+        print(f"| {arch} {encoder} | " + " | ".join(cells) + " |", flush=True)
+
+    print("\n| dropout head, T = 8 | network | ms | ratio to one forward |\n|---|---|---:|---:|")
+    for arch, encoder in NETWORKS:
+        model = build_model(arch, encoder, head="dropout").to(device).eval()
+        one = best_ms(lambda: model(x), args.repeat, device)
+        mc = best_ms(lambda: model.mc_logits(x, samples=8), args.repeat, device)
+        full = best_ms(lambda: [model.head(model.penultimate(x), x.shape[-2:], stochastic=True) for _ in range(8)],
+                       args.repeat, device)
+        for label, ms in (("one forward pass", one), ("mc_logits(T=8)", mc), ("8 full passes", full)):
+            print(f"| {label} | {arch} {encoder} | {ms:.0f} | {ms / one:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
