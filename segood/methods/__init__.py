@@ -1,5 +1,10 @@
-"""Pixel-level OOD scores. The pure formulas live in :mod:`segood.methods.functional`."""
+"""Pixel-level OOD methods: pure formulas in :mod:`segood.methods.functional`, scorers on a network in
+:mod:`segood.methods.methods`, fair tuning in :mod:`segood.methods.tuning`."""
 
-from segood.methods.functional import entropy, max_softmax
+from segood.methods.functional import entropy, max_softmax, mutual_info, odin, varsum
+from segood.methods.methods import (METHODS, ClassFeatureStats, ODIN_EPSILONS, ODIN_TEMPERATURES, Confidence, Entropy, Mahalanobis,
+                                    MaxSoftmax, Method, MutualInfo, Odin, VarSum, get_method, perturb)
 
-__all__ = ["entropy", "max_softmax"]
+__all__ = ["METHODS", "ClassFeatureStats", "ODIN_EPSILONS", "ODIN_TEMPERATURES", "Confidence", "Entropy", "Mahalanobis", "MaxSoftmax",
+           "Method", "MutualInfo", "Odin", "VarSum", "entropy", "get_method", "max_softmax", "mutual_info", "odin",
+           "perturb", "varsum"]

@@ -1,4 +1,5 @@
-"""Pure per-pixel OOD score formulas on class probabilities. Output: (N, H, W) in [0, 1], higher = more OOD."""
+"""Pure per-pixel OOD score formulas. Every score is (N, H, W) in [0, 1], higher = more OOD, mapped into
+[0, 1] by a stated bound (never by an ad-hoc constant). No network in here: tensors in, tensors out."""
 
 import math
 
@@ -9,16 +10,88 @@ def max_softmax(probs: torch.Tensor) -> torch.Tensor:
     """1 - max_c p_c (Hendrycks & Gimpel 2017, "A baseline for detecting misclassified and OOD examples").
 
     Args:
-        probs: (N, C, H, W) softmax probabilities.
+        probs: (N, C, H, W) softmax probabilities. Bound: 1 - max_c p_c <= 1 - 1/C <= 1.
     """
     return 1.0 - probs.amax(dim=1)
 
 
+def odin(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """1 - max_c softmax(logits / T)_c (Liang et al. 2018, "Enhancing the reliability of OOD image detection",
+    without the input perturbation, which :class:`segood.methods.Odin` adds). T = 1 equals max softmax."""
+    return max_softmax((logits / temperature).softmax(dim=1))
+
+
 def entropy(probs: torch.Tensor) -> torch.Tensor:
-    """Shannon entropy of the softmax divided by its bound log C (Mukhoti & Gal 2018), in [0, 1].
+    """Shannon entropy of the softmax divided by its bound log C (Mukhoti & Gal 2018, "Evaluating Bayesian
+    deep learning methods for semantic segmentation"), in [0, 1]; 0 log 0 is taken as 0.
 
     Args:
-        probs: (N, C, H, W) softmax probabilities; 0 log 0 is taken as 0.
+        probs: (N, C, H, W) softmax probabilities.
     """
-    h = -(probs * torch.log(probs.clamp_min(torch.finfo(probs.dtype).tiny))).sum(dim=1)
-    return (h / math.log(probs.shape[1])).clamp(0.0, 1.0)
+    return _entropy(probs, dim=1) / math.log(probs.shape[1])
+
+
+def varsum(probs: torch.Tensor) -> torch.Tensor:
+    """Sum over classes of the variance over T Monte-Carlo samples (Kendall et al. 2015, "Bayesian SegNet"),
+    divided by its bound 1 - 1/C (sum_c Var[p_c] = E[sum p_c^2] - sum E[p_c]^2 <= 1 - 1/C).
+
+    Args:
+        probs: (T, N, C, H, W) softmax probabilities of T dropout samples.
+    """
+    num_classes = probs.shape[2]
+    variance = probs.var(dim=0, unbiased=False).sum(dim=1)
+    return (variance / (1.0 - 1.0 / num_classes)).clamp(0.0, 1.0)
+
+
+def mutual_info(probs: torch.Tensor) -> torch.Tensor:
+    """Mutual information H(mean_t p_t) - mean_t H(p_t) (Mukhoti & Gal 2018; the seed paper's eq. 25-27),
+    divided by its bound log C, in [0, 1].
+
+    Args:
+        probs: (T, N, C, H, W) softmax probabilities of T dropout samples.
+    """
+    predictive = _entropy(probs.mean(dim=0), dim=1)
+    aleatoric = _entropy(probs, dim=2).mean(dim=0)
+    return ((predictive - aleatoric) / math.log(probs.shape[2])).clamp(0.0, 1.0)
+
+
+def confidence_score(confidence: torch.Tensor) -> torch.Tensor:
+    """1 - c for the learned confidence c in (0, 1) (DeVries & Taylor 2018, "Learning confidence for OOD
+    detection in neural networks").
+
+    Args:
+        confidence: (N, 1, H, W).
+    """
+    return 1.0 - confidence[:, 0]
+
+
+def mahalanobis_min_distance(features, means, whiten, present):
+    """M(x)_i = min_c sqrt((f_i - mu_ci)^T Sigma_c^-1 (f_i - mu_ci)) (Lee et al. 2018, "A simple unified
+    framework for detecting OOD samples"; the seed paper's eq. 9-10).
+
+    Args:
+        features: (N, D, h, w). means: (C, h, w, D) per-location class means mu_ci.
+        whiten: (C, D, D) with whiten_c = L_c^-1 for the Cholesky factor L_c of Sigma_c, so that
+            ||whiten_c (f - mu)||^2 is the squared distance (one triangular solve per class, done at fit time).
+        present: (C, h, w) bool: class c seen at location i in training (elsewhere its distance is inf).
+
+    Returns:
+        (N, h, w) minimum distance; inf where no class was seen at the location.
+    """
+    f = features.permute(0, 2, 3, 1)  # (N, h, w, D)
+    best = torch.full(f.shape[:3], float("inf"), dtype=f.dtype, device=f.device)
+    for c in range(means.shape[0]):
+        diff = f - means[c]  # (N, h, w, D)
+        d2 = (diff @ whiten[c].T).square().sum(dim=-1)
+        d2 = torch.where(present[c], d2, torch.full_like(d2, float("inf")))
+        best = torch.minimum(best, d2)
+    return best.sqrt()
+
+
+def mahalanobis_score(distance, mean, std):
+    """sigmoid((M - mu) / s) with mu, s the mean and std of M over the training set (the seed paper's eq. 12)."""
+    return torch.sigmoid((distance - mean) / std)
+
+
+def _entropy(probs, dim):
+    return -(probs * torch.log(probs.clamp_min(torch.finfo(probs.dtype).tiny))).sum(dim=dim)

@@ -1,0 +1,317 @@
+"""The seven pixel-level OOD methods of the seed paper (Table 1, Appendix A) as scorers on a segood network.
+
+Every ``score(model, x)`` takes ImageNet-normalised images (N, 3, H, W) on the model's device and returns
+``(scores, classes)``: OOD scores (N, H, W) in [0, 1], higher = more OOD, and predicted classes (N, H, W).
+Single-pass methods also score a shared forward pass (``from_output``), and the Monte-Carlo methods a shared
+set of samples (``from_samples``), so an evaluation runs each network once per image.
+
+Input perturbation (ODIN, Mahalanobis, confidence) needs OOD data to choose ε; ε = 0, the default, means the
+method never sees OOD data before evaluation. ε is in pixel units ([0, 1] images): the step is divided by
+the normalisation's std per channel, as in the ODIN reference code.
+"""
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from segood.methods import functional as fn
+from segood.models.network import _STD
+
+ODIN_TEMPERATURES = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+ODIN_EPSILONS = tuple(float(e) for e in np.linspace(0.0, 0.004, 21))
+
+
+class Method:
+    """Base: ``head`` is the head the network must have (None: any); ``params`` what the method was run with."""
+
+    name = ""
+    head = None
+    uses_ood_data = False
+
+    def __init__(self, **params):
+        self.params = params
+
+    def check(self, model):
+        have = getattr(getattr(model, "config", None), "head", None)
+        if self.head is not None and have != self.head:
+            raise ValueError(f"{self.name} needs a network with the {self.head!r} head; this one has {have!r}. "
+                             f"Build it with build_model(..., head={self.head!r}) and train it")
+
+    def describe(self):
+        """Name, parameters and whether OOD data shaped it (tuning provenance lives in params['tuning'])."""
+        eps = self.params.get("epsilon", 0.0)
+        return {"name": self.name, "params": dict(self.params), "uses_ood_data": bool(eps) or "tuning" in self.params}
+
+
+class SinglePass(Method):
+    """Base of the methods scored from one forward pass; subclasses define ``from_output(SegOutput)``."""
+
+    @torch.no_grad()
+    def score(self, model, x):
+        self.check(model)
+        output = model(x)
+        return self.from_output(output), output.logits.argmax(dim=1)
+
+
+class MaxSoftmax(SinglePass):
+    """1 - max softmax (Hendrycks & Gimpel 2017). Any head."""
+
+    name = "max_softmax"
+
+    def from_output(self, output):
+        return fn.max_softmax(output.logits.softmax(dim=1))
+
+
+class Entropy(SinglePass):
+    """Softmax entropy / log C (Mukhoti & Gal 2018). Any head."""
+
+    name = "entropy"
+
+    def from_output(self, output):
+        return fn.entropy(output.logits.softmax(dim=1))
+
+
+class Odin(SinglePass):
+    """ODIN (Liang et al. 2018): temperature T and input perturbation ε (the seed paper's eq. 4-6),
+    x~ = x - ε sign(-∇_x Σ_pixels log S_ŷ(x; T)): the step that raises the max softmax, which moves ID inputs
+    more than OOD ones. Any head. Grid: T in ODIN_TEMPERATURES, ε in ODIN_EPSILONS."""
+
+    name = "odin"
+
+    def __init__(self, temperature=1000.0, epsilon=0.0, **params):
+        super().__init__(temperature=float(temperature), epsilon=float(epsilon), **params)
+
+    def from_output(self, output):
+        if self.params["epsilon"]:
+            raise ValueError("odin with epsilon > 0 needs its own perturbed pass: call score(model, x)")
+        return fn.odin(output.logits, self.params["temperature"])
+
+    def score(self, model, x):
+        if not self.params["epsilon"]:
+            return super().score(model, x)
+        self.check(model)
+        t = self.params["temperature"]
+
+        def objective(output):  # Σ_pixels log S_ŷ(x; T)
+            return (output.logits / t).log_softmax(dim=1).amax(dim=1).sum()
+
+        x_tilde = perturb(model, x, objective, self.params["epsilon"], ascend=True)
+        with torch.no_grad():
+            output = model(x_tilde)
+        return fn.odin(output.logits, t), output.logits.argmax(dim=1)
+
+
+class Confidence(SinglePass):
+    """1 - learned confidence (DeVries & Taylor 2018); needs the ``confidence`` head. Optional perturbation
+    x~ = x - ε sign(∇_x L_c), L_c = mean(-log c) (the seed paper's eq. 19), which raises the confidence."""
+
+    name = "confidence"
+    head = "confidence"
+
+    def __init__(self, epsilon=0.0, **params):
+        super().__init__(epsilon=float(epsilon), **params)
+
+    def from_output(self, output):
+        return fn.confidence_score(output.confidence)
+
+    def score(self, model, x):
+        if not self.params["epsilon"]:
+            return super().score(model, x)
+        self.check(model)
+        x_tilde = perturb(model, x, lambda out: -torch.log(out.confidence.clamp_min(1e-12)).mean(),
+                          self.params["epsilon"], ascend=False)
+        with torch.no_grad():
+            output = model(x_tilde)
+        return fn.confidence_score(output.confidence), output.logits.argmax(dim=1)
+
+
+class MonteCarlo(Method):
+    """Base of the dropout methods: T samples from ``model.mc_logits`` (encoder and decoder run once);
+    subclasses define ``from_samples(probs (T, N, C, H, W))``."""
+
+    head = "dropout"
+
+    def __init__(self, samples=8, **params):
+        super().__init__(samples=int(samples), **params)
+
+    @torch.no_grad()
+    def score(self, model, x):
+        self.check(model)
+        probs = model.mc_logits(x, samples=self.params["samples"]).softmax(dim=2)
+        return self.from_samples(probs), probs.mean(dim=0).argmax(dim=1)
+
+
+class VarSum(MonteCarlo):
+    """Sum of per-class variances over T dropout samples / (1 - 1/C) (Kendall et al. 2015)."""
+
+    name = "varsum"
+
+    def from_samples(self, probs):
+        return fn.varsum(probs)
+
+
+class MutualInfo(MonteCarlo):
+    """Mutual information of T dropout samples / log C (Mukhoti & Gal 2018, eq. 25-27)."""
+
+    name = "mutual_info"
+
+    def from_samples(self, probs):
+        return fn.mutual_info(probs)
+
+
+class Mahalanobis(Method):
+    """Mahalanobis distance to per-location class means under one covariance per class (Lee et al. 2018,
+    as adapted by the seed paper, eq. 7-12), on the 32-d features of the ``dimreduce`` head.
+
+    ``fit(model, loader)`` streams the training set twice in float64 with memory independent of its size:
+    pass 1 sums features, their outer products and counts per class (and location), giving μ_ci and
+    Σ_c = (Σ f f^T - Σ_i n_ci μ_ci μ_ci^T) / N_c; pass 2 gives the mean μ and std s of M over the training set.
+    Score: sigmoid((M - μ) / s), bilinearly resized to the input. Optional perturbation x~ = x - ε sign(∇_x Σ M)
+    moves the input towards the nearest class mean (Lee et al.'s direction; the seed's eq. 11 prints one more
+    minus sign).
+    """
+
+    name = "mahalanobis"
+    head = "dimreduce"
+    STATE_KEYS = ("means", "whiten", "present", "m_mean", "m_std")
+
+    def __init__(self, epsilon=0.0, ridge=1e-6, **params):
+        super().__init__(epsilon=float(epsilon), ridge=float(ridge), **params)
+        self.state = None
+
+    @torch.no_grad()
+    def fit(self, model, loader, *, progress=False):
+        """Fit on batches of dicts with ``image`` (N, 3, H, W) uint8 and ``semantic`` (N, H, W) trainIds.
+
+        ``loader`` is read twice, so it must be re-iterable (a DataLoader or a list, not a generator).
+        """
+        from tqdm import tqdm
+
+        from segood.models.network import preprocess
+
+        self.check(model)
+        if iter(loader) is loader:
+            raise TypeError("mahalanobis.fit reads the loader twice: pass a DataLoader or a list, not an iterator")
+        device = next(model.parameters()).device
+        stats = ClassFeatureStats(model.config.num_classes)
+        for batch in tqdm(loader, desc="mahalanobis fit 1/2", disable=not progress):
+            features = model.penultimate(preprocess(batch["image"].to(device)))
+            stats.update(features, batch["semantic"].to(device))
+        means, whiten, present = stats.finalize(self.params["ridge"])
+        self.state = {"means": means, "whiten": whiten, "present": present,
+                      "m_mean": torch.zeros((), dtype=torch.float64), "m_std": torch.ones((), dtype=torch.float64)}
+        total = total_sq = count = 0.0  # pass 2: mean and std of M over the training set
+        for batch in tqdm(loader, desc="mahalanobis fit 2/2", disable=not progress):
+            m = self._distance(model.penultimate(preprocess(batch["image"].to(device))))
+            m = m[torch.isfinite(m)]
+            total, total_sq, count = total + m.sum().item(), total_sq + m.square().sum().item(), count + m.numel()
+        mean = total / count
+        self.state["m_mean"] = torch.tensor(mean, dtype=torch.float64)
+        self.state["m_std"] = torch.tensor(max(total_sq / count - mean * mean, 1e-24) ** 0.5, dtype=torch.float64)
+        return self
+
+    def _distance(self, features):
+        """(N, h, w) minimum distance of penultimate features (N, D, h, w), in float64."""
+        s = {k: v.to(features.device) for k, v in self.state.items()}
+        return fn.mahalanobis_min_distance(features.to(torch.float64), s["means"], s["whiten"], s["present"])
+
+    def score(self, model, x):
+        self.check(model)
+        if self.state is None:
+            raise ValueError("mahalanobis needs fit(model, train_loader) (or load_state) before score()")
+        if self.params["epsilon"]:
+            x = perturb(model, x, lambda out: self._distance(out.features).clamp_max(1e30).sum(),
+                        self.params["epsilon"], ascend=False)
+        with torch.no_grad():
+            output = model(x)
+            m = self._distance(output.features)  # inf where no class was seen: sigmoid gives 1
+            v = fn.mahalanobis_score(m, self.state["m_mean"].to(m.device), self.state["m_std"].to(m.device))
+            v = F.interpolate(v[:, None].float(), size=x.shape[-2:], mode="bilinear", align_corners=False)[:, 0]
+        return v.clamp(0.0, 1.0), output.logits.argmax(dim=1)
+
+    def state_arrays(self):
+        """The fitted statistics as plain numpy arrays (``numpy.savez``-able, loaded without pickle)."""
+        return {k: v.cpu().numpy() for k, v in self.state.items()}
+
+    def load_state(self, arrays):
+        missing = [k for k in self.STATE_KEYS if k not in arrays]
+        if missing:
+            raise ValueError(f"mahalanobis state lacks {missing}")
+        self.state = {k: torch.as_tensor(np.asarray(arrays[k])) for k in self.STATE_KEYS}
+        return self
+
+
+class ClassFeatureStats:
+    """Streaming float64 statistics of features per class: per-location means μ_ci and one covariance Σ_c per
+    class (the seed paper's eq. 7-8). Memory: O(C h w D + C D^2), whatever the number of images."""
+
+    def __init__(self, num_classes):
+        self.num_classes = num_classes
+        self.sums = self.counts = self.outer = None
+
+    def update(self, features, semantic):
+        """features: (N, D, h, w); semantic: (N, H, W) trainIds (255 = none), resized to (h, w) with nearest."""
+        feats = features.detach().to(torch.float64).permute(0, 2, 3, 1)  # (N, h, w, D)
+        labels = F.interpolate(semantic[:, None].float(), size=feats.shape[1:3], mode="nearest")[:, 0].long()
+        _, h, w, d = feats.shape
+        if self.sums is None:
+            self.sums = feats.new_zeros(self.num_classes, h, w, d)
+            self.counts = feats.new_zeros(self.num_classes, h, w)
+            self.outer = feats.new_zeros(self.num_classes, d, d)
+        for c in labels.unique().tolist():
+            if c < self.num_classes:
+                mask = labels == c
+                self.sums[c] += (feats * mask[..., None]).sum(dim=0)
+                self.counts[c] += mask.sum(dim=0)
+                selected = feats[mask]
+                self.outer[c] += selected.T @ selected
+
+    def finalize(self, ridge=1e-6):
+        """(means (C, h, w, D), whiten (C, D, D) = inverse Cholesky factors, present (C, h, w) bool).
+
+        Σ_c = (Σ f f^T - Σ_i n_ci μ_ci μ_ci^T) / N_c plus ``ridge`` times its mean variance on the diagonal.
+        A class with at most D pixels gets no covariance and is never the nearest.
+        """
+        if self.sums is None:
+            raise ValueError("no features seen: the loader was empty")
+        present = self.counts > 0
+        means = self.sums / self.counts.clamp_min(1)[..., None]
+        totals = self.counts.sum(dim=(1, 2))
+        d = self.outer.shape[-1]
+        eye = torch.eye(d, dtype=torch.float64, device=self.outer.device)
+        whiten = torch.zeros_like(self.outer)
+        for c in range(self.num_classes):
+            if totals[c] <= d:
+                present[c] = False
+                continue
+            cov = (self.outer[c] - torch.einsum("hw,hwi,hwj->ij", self.counts[c], means[c], means[c])) / totals[c]
+            cov = cov + ridge * cov.diagonal().mean() * eye
+            whiten[c] = torch.linalg.solve_triangular(torch.linalg.cholesky(cov), eye, upper=False)
+        if not present.any():
+            raise ValueError("no class has more labelled pixels than the feature dimension")
+        return means, whiten, present
+
+
+def perturb(model, x, objective, epsilon, *, ascend):
+    """x~ = x ± ε sign(∇_x objective), with ε in pixel units (divided by the normalisation std per channel).
+
+    ``ascend``: step up the objective's gradient (ODIN: raise log S_ŷ), else down (confidence: lower -log c;
+    Mahalanobis: lower the distance). Either way the step makes the input look more ID to the model.
+    """
+    x = x.detach().requires_grad_(True)
+    with torch.enable_grad():
+        objective(model(x)).backward()
+    std = torch.tensor(_STD, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
+    step = epsilon * x.grad.sign() / std
+    model.zero_grad(set_to_none=True)
+    return (x + step if ascend else x - step).detach()
+
+
+METHODS = {cls.name: cls for cls in (MaxSoftmax, Odin, Mahalanobis, Confidence, Entropy, VarSum, MutualInfo)}
+
+
+def get_method(name, **params):
+    """A method by name; KeyError listing the valid names."""
+    if name not in METHODS:
+        raise KeyError(f"unknown method {name!r}; choose one of {sorted(METHODS)}")
+    return METHODS[name](**params)

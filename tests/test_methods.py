@@ -1,0 +1,171 @@
+"""The seven methods: formulas on hand-built tensors, scorers on tiny real networks, fair tuning."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from segood.data import Cityscapes, Noise, convert, mix
+from segood.data.h5 import H5SegmentationDataset
+from segood.methods import (METHODS, ClassFeatureStats, entropy, get_method, max_softmax, mutual_info, odin,
+                            varsum)
+from segood.methods.functional import mahalanobis_min_distance
+from segood.methods.tuning import same_source_tuning, set_identity, tune
+from segood.metrics import PixelOODAccumulator
+from segood.models import build_model, preprocess
+
+from rawtrees import cityscapes_tree
+
+C = 19
+
+
+def logits_mix(alpha):
+    """Logits whose softmax is (1 - alpha) one-hot + alpha uniform, shape (1, C, 1, 1)."""
+    p = torch.full((C,), alpha / C)
+    p[3] += 1 - alpha
+    return torch.log(p.clamp_min(1e-30)).view(1, C, 1, 1)
+
+
+def test_single_pass_formulas_bounds_and_monotonicity():
+    confident, uniform = logits_mix(0.0), torch.zeros(1, C, 1, 1)
+    for score in (lambda z: max_softmax(z.softmax(1)), lambda z: entropy(z.softmax(1)), lambda z: odin(z, 1.0)):
+        assert score(confident).item() == pytest.approx(0.0, abs=1e-6)
+        values = [score(logits_mix(a)).item() for a in np.linspace(0, 1, 11)]
+        assert all(b > a for a, b in zip(values, values[1:]))  # more uniform, more OOD
+        assert all(0.0 <= v <= 1.0 for v in values)
+    assert max_softmax(uniform.softmax(1)).item() == pytest.approx(1 - 1 / C)
+    assert entropy(uniform.softmax(1)).item() == pytest.approx(1.0)
+    z = torch.randn(2, C, 5, 7) * 3
+    torch.testing.assert_close(odin(z, 1.0), max_softmax(z.softmax(1)))
+    assert (odin(z, 1000.0) >= odin(z, 1.0) - 1e-6).all()  # a higher temperature flattens the softmax
+
+
+def test_monte_carlo_formulas():
+    p = torch.randn(1, 2, C, 3, 3).softmax(dim=2).expand(6, 2, C, 3, 3)  # six identical samples
+    assert varsum(p).abs().max() < 1e-6 and mutual_info(p).abs().max() < 1e-6
+    one_hot = torch.eye(2).view(2, 1, 2, 1, 1)  # two samples that disagree completely, C = 2
+    assert varsum(one_hot).item() == pytest.approx(1.0) and mutual_info(one_hot).item() == pytest.approx(1.0)
+    random = torch.randn(8, 2, C, 4, 4).softmax(dim=2)
+    for score in (varsum(random), mutual_info(random)):
+        assert (score >= 0).all() and (score <= 1).all() and score.max() > 0
+
+
+def test_streaming_class_statistics_equal_a_one_shot_numpy_fit():
+    rng = np.random.default_rng(0)
+    d, h, w = 3, 2, 2
+    feats = rng.normal(size=(12, d, h, w))
+    labels = rng.integers(0, 2, (12, h, w))
+    stats = ClassFeatureStats(2)
+    for k in range(0, 12, 5):  # uneven batches
+        stats.update(torch.from_numpy(feats[k : k + 5]), torch.from_numpy(labels[k : k + 5]))
+    means, whiten, present = stats.finalize(ridge=0.0)
+    f = feats.transpose(0, 2, 3, 1)
+    for c in range(2):
+        mu = np.stack([[f[labels[:, i, j] == c, i, j].mean(0) for j in range(w)] for i in range(h)])
+        np.testing.assert_allclose(means[c].numpy(), mu, atol=1e-12)
+        centred = np.concatenate([f[labels[:, i, j] == c, i, j] - mu[i, j] for i in range(h) for j in range(w)])
+        cov = centred.T @ centred / len(centred)
+        inv = whiten[c].numpy().T @ whiten[c].numpy()  # L^-T L^-1 = Sigma^-1
+        np.testing.assert_allclose(inv, np.linalg.inv(cov), rtol=1e-9)
+    assert present.all()
+
+
+def test_mahalanobis_recovers_gaussian_classes():
+    rng = np.random.default_rng(1)
+    centres = np.array([[0.0, 0.0], [10.0, 0.0]])
+    labels = rng.integers(0, 2, (400, 1, 1))
+    feats = centres[labels[:, 0, 0]] + rng.normal(size=(400, 2)) * [1.0, 0.3]
+    stats = ClassFeatureStats(2)
+    stats.update(torch.from_numpy(feats[:, :, None, None]), torch.from_numpy(labels))
+    means, whiten, present = stats.finalize()
+    probe = torch.tensor([[0.0, 0.0], [10.0, 0.0], [5.0, 0.0], [0.0, 3.0], [0.0, 30.0]])[:, :, None, None].double()
+    m = mahalanobis_min_distance(probe, means, whiten, present)[:, 0, 0]
+    assert m[0] < 0.2 and m[1] < 0.2  # at a class centre
+    assert m[3] == pytest.approx(10.0, rel=0.15)  # 3 units along the axis with std 0.3
+    assert m[0] < m[2] < m[3] < m[4]  # further from every class, higher
+
+
+@pytest.fixture(scope="module")
+def sets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sets")
+    cityscapes_tree(root / "cs", height=64, width=64)
+    convert(Cityscapes(root / "cs", "val"), root / "cs.h5", size=(64, 64), progress=False)
+    for kind in ("perlin", "normal"):
+        convert(Noise(kind, 2, size=(64, 64), seed=3), root / f"{kind}.h5", size=(64, 64), progress=False)
+        mix(root / f"{kind}.h5", root / "cs.h5", root / f"{kind}_mixed.h5", progress=False)
+    return root
+
+
+def loader(path, batch_size=2):
+    return torch.utils.data.DataLoader(H5SegmentationDataset(path), batch_size=batch_size)
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_method_scores_a_real_network_in_range(name, sets):
+    method = get_method(name)
+    head = method.head or "plain"
+    torch.manual_seed(0)
+    model = build_model("pspnet", "resnet18", head=head).eval()
+    if name == "mahalanobis":
+        method.fit(model, loader(sets / "cs.h5"))
+        restored = get_method(name).load_state(method.state_arrays())
+    batch = next(iter(loader(sets / "perlin_mixed.h5", 4)))
+    x = preprocess(batch["image"])
+    scores, classes = method.score(model, x)
+    assert scores.shape == classes.shape == (4, 64, 64)
+    assert scores.min() >= 0 and scores.max() <= 1 and classes.max() < C
+    if name == "mahalanobis":
+        torch.testing.assert_close(restored.score(model, x)[0], scores)
+    acc = PixelOODAccumulator().update(scores, batch["ood_mask"])
+    assert 0 <= acc.compute()["auroc"] <= 1
+
+
+@pytest.mark.parametrize("name", ["mahalanobis", "confidence", "varsum", "mutual_info"])
+def test_methods_refuse_a_network_without_their_head(name):
+    model = build_model("pspnet", "resnet18", head="plain").eval()
+    with pytest.raises(ValueError, match=f"needs a network with the {get_method(name).head!r} head"):
+        get_method(name).score(model, torch.zeros(1, 3, 32, 32))
+
+
+def test_unknown_method_lists_the_names():
+    with pytest.raises(KeyError, match="max_softmax"):
+        get_method("softmax_max")
+
+
+def test_odin_t1_eps0_is_max_softmax_and_perturbation_direction():
+    torch.manual_seed(0)
+    model = build_model("pspnet", "resnet18").eval()
+    x = torch.randn(2, 3, 64, 64)
+    torch.testing.assert_close(get_method("odin", temperature=1, epsilon=0).score(model, x)[0],
+                               get_method("max_softmax").score(model, x)[0])
+    plain = get_method("odin", temperature=10, epsilon=0).score(model, x)[0]
+    perturbed = get_method("odin", temperature=10, epsilon=0.004).score(model, x)[0]
+    assert perturbed.mean() < plain.mean()  # the step raises the max softmax: the input looks more ID
+    torch.manual_seed(0)
+    conf_model = build_model("pspnet", "resnet18", head="confidence").eval()
+    plain = get_method("confidence").score(conf_model, x)[0]
+    perturbed = get_method("confidence", epsilon=0.004).score(conf_model, x)[0]
+    assert perturbed.mean() < plain.mean()  # the step raises the confidence
+
+
+def test_tuning_picks_the_best_point_and_records_provenance(sets):
+    torch.manual_seed(0)
+    model = build_model("pspnet", "resnet18").eval()
+    grid = {"temperature": [1, 10, 1000], "epsilon": [0.0, 0.002]}
+    result = tune("odin", model, loader(sets / "perlin_mixed.h5"), grid, metric="auroc", progress=False)
+    assert len(result.table) == 6
+    for row in result.table:  # every grid point scored as an independent evaluation would
+        method = get_method("odin", temperature=row["temperature"], epsilon=row["epsilon"])
+        acc = PixelOODAccumulator()
+        for batch in loader(sets / "perlin_mixed.h5"):
+            acc.update(method.score(model, preprocess(batch["image"]))[0], batch["ood_mask"])
+        assert row["auroc"] == pytest.approx(acc.compute()["auroc"], abs=1e-12)
+    best = max(result.table, key=lambda r: r["auroc"])
+    assert result.best == {"temperature": best["temperature"], "epsilon": best["epsilon"]}
+    tuned = result.method()
+    assert tuned.params["tuning"]["set"]["ood_sources"] == ["perlin_noise"] and tuned.describe()["uses_ood_data"]
+    assert same_source_tuning(tuned.params, set_identity(sets / "perlin_mixed.h5"))
+    assert not same_source_tuning(tuned.params, set_identity(sets / "normal_mixed.h5"))
+    assert not same_source_tuning(get_method("odin").params, set_identity(sets / "perlin_mixed.h5"))
+    assert math.isfinite(result.provenance["value"])
