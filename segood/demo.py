@@ -1,7 +1,7 @@
 """The demo benchmark: train a real segmentation network on procedural driving scenes, then measure how
 well max softmax and entropy flag a novel object on the road, pixel by pixel.
 
-Every stage is the real one at a small size: smp PSPNet (ResNet-18, no pretrained weights), cross-entropy
+Every stage is the real one at a small size: segood's PSPNet (ResNet-18, no pretrained weights), cross-entropy
 training on Cityscapes trainIds, softmax scores, the binned :class:`PixelOODAccumulator` checked against
 exact mode. ``segood demo`` runs it; it takes a few minutes on a laptop CPU.
 """
@@ -19,12 +19,13 @@ import segood
 from segood.data.synthetic import scene_batch
 from segood.io import atomic_write_text, write_json
 from segood.labels import IGNORE, NUM_CLASSES
-from segood.methods import entropy, max_softmax
+from segood.methods import get_method
+from segood.methods.functional import predicted_classes
 from segood.metrics import HIGHER_IS_BETTER, METRIC_NAMES, PixelOODAccumulator, exact_metrics
 from segood.metrics.segmentation import confusion_matrix, mean_iou
-from segood.models.network import preprocess
+from segood.models import build_model, preprocess
 
-METHODS = {"max_softmax": max_softmax, "entropy": entropy}
+METHODS = ("max_softmax", "entropy")  # both scored from the same forward pass
 
 
 def to_input(images):
@@ -35,13 +36,11 @@ def to_input(images):
 def run_demo(out_dir="runs/demo", *, seed=0, train_images=192, eval_images=48, steps=250, batch_size=8,
              height=96, width=192, num_thresholds=400, progress=True):
     """Train, score and evaluate; writes ``results.json`` and ``results.md`` in ``out_dir``; returns the results."""
-    import segmentation_models_pytorch as smp
-
     started = time.perf_counter()
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     images, semantic, _ = scene_batch(seed, train_images, height, width)
-    model = smp.PSPNet("resnet18", encoder_weights=None, classes=NUM_CLASSES)
+    model = build_model("pspnet", "resnet18", NUM_CLASSES)
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=1e-4)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=2e-3, total_steps=steps)
 
@@ -52,7 +51,7 @@ def run_demo(out_dir="runs/demo", *, seed=0, train_images=192, eval_images=48, s
         x, y = to_input(images[pick]), torch.from_numpy(semantic[pick]).long()
         if rng.random() < 0.5:  # horizontal flip moves image and labels together
             x, y = x.flip(-1), y.flip(-1)
-        loss = F.cross_entropy(model(x), y, ignore_index=IGNORE)
+        loss = F.cross_entropy(model(x).logits, y, ignore_index=IGNORE)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -67,10 +66,10 @@ def run_demo(out_dir="runs/demo", *, seed=0, train_images=192, eval_images=48, s
     with torch.no_grad():
         for start in tqdm(range(0, eval_images, batch_size), desc="evaluate", disable=not progress, unit="batch"):
             stop = start + batch_size
-            probs = model(to_input(images[start:stop])).softmax(dim=1)
-            confusion += confusion_matrix(probs.argmax(1).numpy(), semantic[start:stop], NUM_CLASSES)
-            for name, method in METHODS.items():
-                scores = method(probs)
+            output = model(to_input(images[start:stop]))
+            confusion += confusion_matrix(predicted_classes(output.logits).numpy(), semantic[start:stop], NUM_CLASSES)
+            for name in METHODS:
+                scores = get_method(name).from_output(output)
                 accumulators[name].update(scores, ood_mask[start:stop])
                 all_scores[name].append(scores.numpy())
 
@@ -81,7 +80,7 @@ def run_demo(out_dir="runs/demo", *, seed=0, train_images=192, eval_images=48, s
         "torch": torch.__version__,
         "config": {"seed": seed, "train_images": train_images, "eval_images": eval_images, "steps": steps,
                    "batch_size": batch_size, "height": height, "width": width, "num_thresholds": num_thresholds,
-                   "model": "smp.PSPNet(resnet18, encoder_weights=None)"},
+                   "model": "segood build_model('pspnet', 'resnet18'), encoder_weights=None"},
         "miou": miou,
         "methods": {},
         "seconds": None,

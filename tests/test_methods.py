@@ -169,3 +169,12 @@ def test_tuning_picks_the_best_point_and_records_provenance(sets):
     assert not same_source_tuning(tuned.params, set_identity(sets / "normal_mixed.h5"))
     assert not same_source_tuning(get_method("odin").params, set_identity(sets / "perlin_mixed.h5"))
     assert math.isfinite(result.provenance["value"])
+
+
+def test_logit_forms_equal_the_probability_forms():
+    from segood.methods.functional import entropy_from_logits, max_softmax_from_logits, predicted_classes
+
+    z = torch.randn(2, C, 6, 5) * 4
+    torch.testing.assert_close(max_softmax_from_logits(z), max_softmax(z.softmax(1)))
+    assert torch.equal(predicted_classes(z), z.argmax(1))
+    torch.testing.assert_close(entropy_from_logits(z), entropy(z.softmax(1)))

@@ -15,10 +15,36 @@ def max_softmax(probs: torch.Tensor) -> torch.Tensor:
     return 1.0 - probs.amax(dim=1)
 
 
+def predicted_classes(logits: torch.Tensor) -> torch.Tensor:
+    """argmax over classes of (N, C, H, W) logits; ``max(dim=1).indices`` is several times faster than
+    ``argmax(dim=1)`` on CPU."""
+    return logits.max(dim=1).indices
+
+
+def _shifted_exp(logits):
+    """(z - max_c z, exp of it, its sum over classes): the one exp pass the logit forms need."""
+    shifted = logits - logits.amax(dim=1, keepdim=True)
+    e = torch.exp(shifted)
+    return shifted, e, e.sum(dim=1)
+
+
+def max_softmax_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """:func:`max_softmax` straight from logits (N, C, H, W) without materialising the softmax:
+    max_c p_c = 1 / Σ_c exp(z_c - max z)."""
+    return 1.0 - 1.0 / _shifted_exp(logits)[2]
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """:func:`entropy` from logits: with u = z - max z and S = Σ exp(u), H = log S - Σ_c exp(u_c) u_c / S."""
+    shifted, e, total = _shifted_exp(logits)
+    h = torch.log(total) - (e * shifted).sum(dim=1) / total
+    return (h / math.log(logits.shape[1])).clamp(0.0, 1.0)
+
+
 def odin(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """1 - max_c softmax(logits / T)_c (Liang et al. 2018, "Enhancing the reliability of OOD image detection",
     without the input perturbation, which :class:`segood.methods.Odin` adds). T = 1 equals max softmax."""
-    return max_softmax((logits / temperature).softmax(dim=1))
+    return max_softmax_from_logits(logits / temperature)
 
 
 def entropy(probs: torch.Tensor) -> torch.Tensor:

@@ -50,7 +50,7 @@ class SinglePass(Method):
     def score(self, model, x):
         self.check(model)
         output = model(x)
-        return self.from_output(output), output.logits.argmax(dim=1)
+        return self.from_output(output), fn.predicted_classes(output.logits)
 
 
 class MaxSoftmax(SinglePass):
@@ -59,7 +59,7 @@ class MaxSoftmax(SinglePass):
     name = "max_softmax"
 
     def from_output(self, output):
-        return fn.max_softmax(output.logits.softmax(dim=1))
+        return fn.max_softmax_from_logits(output.logits)
 
 
 class Entropy(SinglePass):
@@ -68,7 +68,7 @@ class Entropy(SinglePass):
     name = "entropy"
 
     def from_output(self, output):
-        return fn.entropy(output.logits.softmax(dim=1))
+        return fn.entropy_from_logits(output.logits)
 
 
 class Odin(SinglePass):
@@ -98,7 +98,7 @@ class Odin(SinglePass):
         x_tilde = perturb(model, x, objective, self.params["epsilon"], ascend=True)
         with torch.no_grad():
             output = model(x_tilde)
-        return fn.odin(output.logits, t), output.logits.argmax(dim=1)
+        return fn.odin(output.logits, t), fn.predicted_classes(output.logits)
 
 
 class Confidence(SinglePass):
@@ -122,7 +122,7 @@ class Confidence(SinglePass):
                           self.params["epsilon"], ascend=False)
         with torch.no_grad():
             output = model(x_tilde)
-        return fn.confidence_score(output.confidence), output.logits.argmax(dim=1)
+        return fn.confidence_score(output.confidence), fn.predicted_classes(output.logits)
 
 
 class MonteCarlo(Method):
@@ -138,7 +138,7 @@ class MonteCarlo(Method):
     def score(self, model, x):
         self.check(model)
         probs = model.mc_logits(x, samples=self.params["samples"]).softmax(dim=2)
-        return self.from_samples(probs), probs.mean(dim=0).argmax(dim=1)
+        return self.from_samples(probs), fn.predicted_classes(probs.mean(dim=0))
 
 
 class VarSum(MonteCarlo):
@@ -227,7 +227,7 @@ class Mahalanobis(Method):
             m = self._distance(output.features)  # inf where no class was seen: sigmoid gives 1
             v = fn.mahalanobis_score(m, self.state["m_mean"].to(m.device), self.state["m_std"].to(m.device))
             v = F.interpolate(v[:, None].float(), size=x.shape[-2:], mode="bilinear", align_corners=False)[:, 0]
-        return v.clamp(0.0, 1.0), output.logits.argmax(dim=1)
+        return v.clamp(0.0, 1.0), fn.predicted_classes(output.logits)
 
     def state_arrays(self):
         """The fitted statistics as plain numpy arrays (``numpy.savez``-able, loaded without pickle)."""
@@ -269,7 +269,8 @@ class ClassFeatureStats:
     def finalize(self, ridge=1e-6):
         """(means (C, h, w, D), whiten (C, D, D) = inverse Cholesky factors, present (C, h, w) bool).
 
-        Σ_c = (Σ f f^T - Σ_i n_ci μ_ci μ_ci^T) / N_c plus ``ridge`` times its mean variance on the diagonal.
+        Σ_c = (Σ f f^T - Σ_i n_ci μ_ci μ_ci^T) / N_c plus ``ridge`` times its mean variance on the diagonal
+        (grown tenfold until Σ_c is positive definite, for classes seen only once per location).
         A class with at most D pixels gets no covariance and is never the nearest.
         """
         if self.sums is None:
@@ -285,8 +286,13 @@ class ClassFeatureStats:
                 present[c] = False
                 continue
             cov = (self.outer[c] - torch.einsum("hw,hwi,hwj->ij", self.counts[c], means[c], means[c])) / totals[c]
-            cov = cov + ridge * cov.diagonal().mean() * eye
-            whiten[c] = torch.linalg.solve_triangular(torch.linalg.cholesky(cov), eye, upper=False)
+            jitter = ridge * max(cov.diagonal().mean().item(), 1e-12)
+            for _ in range(12):  # few samples per location can leave Σ_c singular: grow the ridge until PD
+                chol, info = torch.linalg.cholesky_ex(cov + jitter * eye)
+                if info == 0:
+                    break
+                jitter *= 10
+            whiten[c] = torch.linalg.solve_triangular(chol, eye, upper=False)
         if not present.any():
             raise ValueError("no class has more labelled pixels than the feature dimension")
         return means, whiten, present

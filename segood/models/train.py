@@ -15,6 +15,7 @@ from tqdm import tqdm
 from segood.data.h5 import H5SegmentationDataset
 from segood.io import atomic_write_text
 from segood.labels import CLASS_NAMES, IGNORE, NUM_CLASSES
+from segood.methods.functional import predicted_classes
 from segood.metrics.segmentation import confusion_matrix, mean_iou
 from segood.models.checkpoint import read_checkpoint, save_checkpoint
 from segood.models.losses import confidence_loss
@@ -154,7 +155,7 @@ def evaluate_miou(model, data, *, batch_size=4, device=None, progress=True):
     was_training = model.training
     model.eval()
     for batch in tqdm(loader, desc="mIoU", unit="batch", disable=not progress):
-        predicted = model(preprocess(batch["image"].to(device))).logits.argmax(dim=1).cpu().numpy()
+        predicted = predicted_classes(model(preprocess(batch["image"].to(device))).logits).cpu().numpy()
         confusion += confusion_matrix(predicted, batch["semantic"].numpy(), NUM_CLASSES)
     model.train(was_training)
     miou, iou = mean_iou(confusion)
