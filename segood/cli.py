@@ -110,6 +110,50 @@ def _miou(args):
     return 0
 
 
+def _evaluate(args):
+    import torch
+
+    from segood.evaluation import evaluate
+    from segood.methods import get_method
+    from segood.models import load_model
+
+    if args.checkpoint:
+        model, _ = load_model(args.checkpoint)
+    elif args.weights and args.arch and args.encoder:
+        import segmentation_models_pytorch as smp
+
+        model = smp.create_model(args.arch, encoder_name=args.encoder, encoder_weights=None, classes=19)
+        model.load_state_dict(torch.load(args.weights, map_location="cpu", weights_only=True))
+    else:
+        raise ValueError("give --checkpoint, or --arch, --encoder and --weights for a plain smp state dict")
+    methods = None if args.methods == ["all"] else [get_method(name) for name in args.methods]
+    doc = evaluate(model, args.sets, methods, args.out, batch_size=args.batch_size, device=args.device,
+                   num_thresholds=args.num_thresholds, resume=args.resume, save_every=args.save_every,
+                   progress=not args.quiet, skip_bad=args.skip_bad, fit_set=args.fit_set,
+                   checkpoint=args.checkpoint, feature_layer=args.feature_layer)
+    if doc is not None:
+        print((args.out / "results.md").read_text(), end="")
+        print(f"\nwrote {args.out}/results.json, results.csv, results.md and figures/")
+    return 0
+
+
+def _report(args):
+    from segood.evaluation import write_report
+
+    write_report(args.run_dir)
+    print((args.run_dir / "results.md").read_text(), end="")
+    return 0
+
+
+def _score(args):
+    from segood.evaluation import evaluate_score_maps
+
+    evaluate_score_maps(args.scores, args.data, args.out, name=args.name, score_range=args.score_range,
+                        num_thresholds=args.num_thresholds, clip=args.clip)
+    print((args.out / "results.md").read_text(), end="")
+    return 0
+
+
 def build_parser():
     from pathlib import Path
 
@@ -194,6 +238,40 @@ def build_parser():
     miou.add_argument("--batch-size", type=int, default=2)
     miou.add_argument("--quiet", action="store_true")
     miou.set_defaults(run=_miou)
+
+    ev = sub.add_parser("evaluate", help="evaluate OOD methods of a model on converted sets; tables and figures")
+    ev.add_argument("--checkpoint", type=Path, help="a segood checkpoint")
+    ev.add_argument("--arch", help="with --encoder and --weights: a plain smp model and its state dict")
+    ev.add_argument("--encoder")
+    ev.add_argument("--weights", type=Path)
+    ev.add_argument("--feature-layer", help="for external models: the layer Mahalanobis models")
+    ev.add_argument("--sets", type=Path, nargs="+", required=True, help="converted evaluation sets (.h5)")
+    ev.add_argument("--methods", nargs="+", default=["all"], help="method names, or all (default)")
+    ev.add_argument("--fit-set", type=Path, help="converted training set to fit Mahalanobis on")
+    ev.add_argument("--out", type=Path, required=True, help="run folder, e.g. runs/NAME")
+    ev.add_argument("--batch-size", type=int, default=2)
+    ev.add_argument("--device", help="cpu, cuda, cuda:1 (default: the model's)")
+    ev.add_argument("--num-thresholds", type=int, default=400)
+    ev.add_argument("--save-every", type=int, default=20, help="batches between saved states (default 20)")
+    ev.add_argument("--resume", action="store_true", help="continue a killed run from its saved state")
+    ev.add_argument("--skip-bad", action="store_true", help="skip unreadable frames instead of stopping")
+    ev.add_argument("--quiet", action="store_true")
+    ev.set_defaults(run=_evaluate)
+
+    report = sub.add_parser("report", help="rebuild a run's tables and figures from its saved state")
+    report.add_argument("run_dir", type=Path, metavar="RUN", help="a run folder written by segood evaluate")
+    report.set_defaults(run=_report)
+
+    score = sub.add_parser("score", help="evaluate per-pixel score maps computed elsewhere (HDF5)")
+    score.add_argument("--scores", type=Path, required=True, help="HDF5: one H×W dataset per frame id")
+    score.add_argument("--data", type=Path, required=True, help="the converted set the scores belong to")
+    score.add_argument("--out", type=Path, required=True)
+    score.add_argument("--name", default="external", help="the method's name in the tables")
+    score.add_argument("--score-range", type=float, nargs=2, metavar=("LO", "HI"),
+                       help="default: the file's score_range attribute")
+    score.add_argument("--num-thresholds", type=int, default=400)
+    score.add_argument("--clip", action="store_true", help="clip out-of-range scores instead of failing")
+    score.set_defaults(run=_score)
     return parser
 
 

@@ -6,18 +6,23 @@ import tempfile
 from pathlib import Path
 
 
-def atomic_write_text(path, text):
-    """Write ``text`` to ``path`` through a temporary file in the same folder and an atomic rename."""
+def atomic_write_bytes(path, data):
+    """Write ``data`` to ``path`` through a temporary file in the same folder and an atomic rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def atomic_write_text(path, text):
+    """Atomic text write (UTF-8)."""
+    atomic_write_bytes(path, text.encode())
 
 
 def write_json(path, obj):

@@ -14,11 +14,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from segood.labels import NUM_CLASSES
 from segood.methods import functional as fn
 from segood.models.network import _STD
 
 ODIN_TEMPERATURES = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 ODIN_EPSILONS = tuple(float(e) for e in np.linspace(0.0, 0.004, 21))
+
+
+def served_heads(model):
+    """The heads a network serves: a segood network its own; a wrapped external model what it declares."""
+    declared = getattr(model, "served_heads", None)
+    return declared if declared is not None else {getattr(getattr(model, "config", None), "head", None)}
 
 
 class Method:
@@ -32,10 +39,11 @@ class Method:
         self.params = params
 
     def check(self, model):
-        have = getattr(getattr(model, "config", None), "head", None)
-        if self.head is not None and have != self.head:
-            raise ValueError(f"{self.name} needs a network with the {self.head!r} head; this one has {have!r}. "
-                             f"Build it with build_model(..., head={self.head!r}) and train it")
+        """Refuse a network without this method's head (ValueError that says which head to build)."""
+        if self.head is not None and self.head not in served_heads(model):
+            raise ValueError(f"{self.name} needs a network with the {self.head!r} head; this one serves "
+                             f"{sorted(map(str, served_heads(model)))}. Build it with build_model(..., "
+                             f"head={self.head!r}) and train it, or choose another method")
 
     def describe(self):
         """Name, parameters and whether OOD data shaped it (tuning provenance lives in params['tuning'])."""
@@ -193,7 +201,7 @@ class Mahalanobis(Method):
         if iter(loader) is loader:
             raise TypeError("mahalanobis.fit reads the loader twice: pass a DataLoader or a list, not an iterator")
         device = next(model.parameters()).device
-        stats = ClassFeatureStats(model.config.num_classes)
+        stats = ClassFeatureStats(getattr(getattr(model, "config", None), "num_classes", NUM_CLASSES))
         for batch in tqdm(loader, desc="mahalanobis fit 1/2", disable=not progress):
             features = model.penultimate(preprocess(batch["image"].to(device)))
             stats.update(features, batch["semantic"].to(device))

@@ -1,0 +1,183 @@
+"""``segood.evaluate`` for any segmentation model, and the evaluation of black-box score maps."""
+
+import hashlib
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+
+from segood.data.h5 import H5SegmentationDataset
+from segood.evaluation.report import RUN_FILE, write_report
+from segood.evaluation.runner import (EXAMPLES_PER_SET, STATE_FILE, Evaluation, ExternalModel, check_methods,
+                                      default_methods, run, run_identity)
+from segood.io import write_json
+from segood.labels import NUM_CLASSES
+from segood.methods import get_method
+from segood.methods.tuning import set_identity
+from segood.models.network import SegmentationNetwork
+
+
+def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, device=None, num_thresholds=400,
+             resume=False, save_every=20, progress=True, figures=True, skip_bad=False, fit_set=None,
+             checkpoint=None, feature_layer=None):
+    """Evaluate pixel-level OOD methods of ``model`` on converted sets; writes ``out_dir`` and returns the
+    results document (the content of results.json).
+
+    Args:
+        model: a segood network, or any ``nn.Module`` returning logits (N, 19, H, W) (wrapped in
+            :class:`ExternalModel`; ``feature_layer`` names the layer whose output Mahalanobis models).
+        sets: {name: path of a converted .h5 set} (or a list of paths, named by their stems).
+        methods: None (every method the model's head serves), names, or method objects (e.g. tuned ones).
+        fit_set: a converted training set to fit Mahalanobis on, when it is requested unfitted.
+        checkpoint: the checkpoint file the model came from, recorded with its sha256.
+
+    Under ``torchrun`` (an initialised process group) each rank evaluates every world_size-th frame and the
+    counts are all-reduced; rank 0 writes the outputs. Results equal a single-process run exactly.
+    """
+    import torch.distributed as dist
+
+    if not isinstance(model, (SegmentationNetwork, ExternalModel)):
+        model = ExternalModel(model, feature_layer)
+    elif isinstance(model, SegmentationNetwork) and model.config.num_classes != NUM_CLASSES:
+        raise ValueError(f"the checkpoint predicts {model.config.num_classes} classes; segood sets use the "
+                         f"{NUM_CLASSES} Cityscapes trainIds")
+    if device is not None:
+        model = model.to(device)
+    sets = {Path(p).stem: p for p in sets} if isinstance(sets, (list, tuple)) else dict(sets)
+    for name, path in sets.items():
+        _open_set(path)
+    if methods is None:
+        methods = default_methods(model)
+    methods = [get_method(m) if isinstance(m, str) else m for m in methods]
+    check_methods(model, methods)
+    for method in methods:
+        if method.name == "mahalanobis" and method.state is None:
+            if fit_set is None:
+                raise ValueError("mahalanobis needs its training statistics: pass fit_set (--fit-set), a converted "
+                                 "training set, or a fitted method")
+            method.fit(model, torch.utils.data.DataLoader(H5SegmentationDataset(fit_set), batch_size=batch_size),
+                       progress=progress)
+    description = {
+        "toolkit": run_identity(),
+        "model": _model_identity(model, checkpoint),
+        "sets": {name: {**set_identity(path), "frames": len(H5SegmentationDataset(path))} for name, path in sets.items()},
+        "methods": {m.name: m.describe() for m in methods},
+        "config": {"num_thresholds": num_thresholds, "batch_size": batch_size},
+    }
+    out_dir = Path(out_dir)
+    run_file = out_dir / RUN_FILE
+    if run_file.exists():
+        previous = json.loads(run_file.read_text())
+        keys = ("model", "sets", "methods", "config")
+        if any(_comparable(previous[k]) != _comparable(description[k]) for k in keys):
+            raise ValueError(f"{out_dir} holds a different run (another model, sets, methods or settings); "
+                             "choose another --out")
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+    if rank == 0:
+        write_json(run_file, description)
+    ev = run(model, sets, methods, out_dir, batch_size=batch_size, device=device, num_thresholds=num_thresholds,
+             resume=resume, save_every=save_every, progress=progress and rank == 0, rank=rank, world_size=world,
+             skip_bad=skip_bad)
+    if rank != 0:
+        return None
+    if world > 1:
+        ev.save(out_dir / STATE_FILE.format(suffix=""))
+    return write_report(out_dir, figures=figures)
+
+
+def evaluate_score_maps(scores_path, data_path, out_dir, *, name="external", score_range=None, num_thresholds=400,
+                        clip=False, figures=True):
+    """Evaluate per-pixel scores computed elsewhere.
+
+    ``scores_path``: HDF5 with one dataset per frame id of the set (H×W float16/float32, higher = more OOD) and
+    the score range as the root attribute ``score_range`` (or passed here). Missing or extra frame ids, shape
+    mismatches and out-of-range values are errors that name the frames.
+    """
+    dataset = _open_set(data_path)
+    set_name = Path(data_path).stem
+    with h5py.File(scores_path, "r") as scores:
+        if score_range is None:
+            if "score_range" not in scores.attrs:
+                raise ValueError(f"{scores_path} declares no score_range attribute: pass --score-range LO HI")
+            score_range = tuple(float(v) for v in scores.attrs["score_range"])
+        frame_ids = _frame_ids(data_path)
+        stored = []
+        scores.visititems(lambda key, obj: stored.append(key) if isinstance(obj, h5py.Dataset) else None)
+        missing = sorted(set(frame_ids) - set(stored))
+        extra = sorted(set(stored) - set(frame_ids))
+        if missing or extra:
+            raise ValueError(f"score maps do not match {set_name}: missing {_some(missing)}, extra {_some(extra)}")
+        ev = Evaluation([name], [set_name], num_thresholds, score_range)
+        for index, frame_id in enumerate(frame_ids):
+            item = dataset[index]
+            score = scores[frame_id][...]
+            if score.shape != tuple(item["ood_mask"].shape):
+                raise ValueError(f"frame {frame_id}: scores of shape {score.shape}, the set's frames are "
+                                 f"{tuple(item['ood_mask'].shape)}")
+            try:
+                ev.acc[(name, set_name)].update(score, item["ood_mask"].numpy(), clip=clip)
+            except ValueError as err:
+                raise ValueError(f"frame {frame_id}: {err}") from None
+            semantic = item["semantic"].numpy()
+            valid = semantic < NUM_CLASSES
+            ev.class_count[set_name] += np.bincount(semantic[valid], minlength=NUM_CLASSES)
+            ev.class_sum[(name, set_name)] += np.bincount(semantic[valid], weights=score[valid].astype(np.float64),
+                                                          minlength=NUM_CLASSES)
+            if index < EXAMPLES_PER_SET:
+                ev.examples[(set_name, index)] = {
+                    "image": item["image"].permute(1, 2, 0).numpy(), "ood_mask": item["ood_mask"].numpy(),
+                    "semantic": semantic, "classes": np.full(semantic.shape, 255, np.uint8),
+                    f"score_{name}": score.astype(np.float16)}
+            ev.images[set_name] += 1
+    out_dir = Path(out_dir)
+    description = {"toolkit": run_identity(),
+                   "model": {"score_maps": str(scores_path), "sha256": _sha256(scores_path)},
+                   "sets": {set_name: {**set_identity(data_path), "frames": len(dataset)}},
+                   "methods": {name: {"name": name, "params": {"score_range": list(score_range)},
+                                      "uses_ood_data": None}},
+                   "config": {"num_thresholds": num_thresholds}}
+    write_json(out_dir / RUN_FILE, description)
+    ev.save(out_dir / STATE_FILE.format(suffix=""))
+    return write_report(out_dir, figures=figures)
+
+
+def _open_set(path):
+    """The set as a Dataset, or a ValueError saying why the file is not a converted segood set."""
+    try:
+        return H5SegmentationDataset(path)
+    except (OSError, KeyError) as err:
+        raise ValueError(f"{path} is not a segood set ({err}); convert the data with segood convert") from None
+
+
+def _frame_ids(path):
+    with h5py.File(path, "r") as f:
+        return [s.decode() for s in f["frame_id"][...]]
+
+
+def _some(names):
+    return "none" if not names else ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def _model_identity(model, checkpoint):
+    if checkpoint is not None:
+        return {"checkpoint": str(checkpoint), "sha256": _sha256(checkpoint), "config": model.config.to_dict()}
+    if isinstance(model, SegmentationNetwork):
+        return {"config": model.config.to_dict()}
+    inner = model.module
+    return {"class": f"{type(inner).__module__}.{type(inner).__qualname__}",
+            "parameters": int(sum(p.numel() for p in inner.parameters())),
+            "served_heads": sorted(model.served_heads)}
+
+
+def _sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _comparable(obj):
+    return json.loads(json.dumps(obj, sort_keys=True, default=str))

@@ -1,0 +1,208 @@
+"""Tables and figures of a run, rebuilt from its saved state (``segood report runs/NAME``)."""
+
+import csv
+import io
+import json
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from segood.evaluation.runner import STATE_FILE, Evaluation
+from segood.io import atomic_write_text, write_json
+from segood.labels import CLASS_NAMES, colorize
+from segood.metrics import HIGHER_IS_BETTER, METRIC_NAMES, UndefinedMetricWarning
+from segood.methods.tuning import same_source_tuning
+
+SCHEMA = "segood.results/1"
+RUN_FILE = "run.json"
+LABELS = {"auroc": "AUROC", "auprc": "AUPRC", "fpr95": "FPR95", "max_iou": "MaxIoU"}
+
+
+def arrow(metric):
+    return "↑" if HIGHER_IS_BETTER[metric] else "↓"
+
+
+def build_results(run, ev):
+    """The results.json document from the run description and the (all-reduced) evaluation state."""
+    results, per_class = {}, {}
+    for m in ev.method_names:
+        results[m], per_class[m] = {}, {}
+        params = run["methods"][m]["params"]
+        for s in ev.set_names:
+            acc = ev.acc[(m, s)]
+            n_id, n_ood = (int(v) for v in acc.hist.sum(axis=1))
+            with warnings.catch_warnings():  # undefined metrics are reported as null
+                warnings.simplefilter("ignore", UndefinedMetricWarning)
+                r = acc.compute() if acc.n_images else {k: float("nan") for k in (*METRIC_NAMES, "max_iou_threshold")}
+            pooled = {k: _number(r[k]) for k in (*METRIC_NAMES, "max_iou_threshold")}
+            per_image = r.get("per_image_mean")
+            per_image = {k: _number(v) if isinstance(v, float) else v for k, v in per_image.items()} if per_image else None
+            results[m][s] = {
+                "pooled": pooled,
+                "per_image_mean": per_image,
+                "n_id": n_id, "n_ood": n_ood, "n_ignored": int(acc.n_ignored),
+                "id_to_ood_ratio": n_id / n_ood if n_ood else None,
+                "same_source_tuning": same_source_tuning(params, run["sets"][s]),
+            }
+            counts = ev.class_count[s]
+            means = np.divide(ev.class_sum[(m, s)], counts, out=np.full(len(counts), np.nan), where=counts > 0)
+            per_class[m][s] = {name: (None if np.isnan(v) else float(v)) for name, v in zip(CLASS_NAMES, means)}
+    images = sum(ev.images.values())
+    timings = {"images": images,
+               "ms_per_image": {k: 1e3 * v / images for k, v in ev.seconds.items()} if images else {}}
+    return {"schema": SCHEMA, **run, "results": results, "per_class_mean_score": per_class, "timings": timings,
+            "skipped_frames": ev.skipped}
+
+
+def write_report(out_dir, *, figures=True):
+    """(Re)write results.json, results.csv, results.md and the figures of ``out_dir`` from its state."""
+    out_dir = Path(out_dir)
+    run = json.loads((out_dir / RUN_FILE).read_text())
+    ev = Evaluation.load(out_dir / STATE_FILE.format(suffix=""))
+    doc = build_results(run, ev)
+    write_json(out_dir / "results.json", doc)
+    atomic_write_text(out_dir / "results.csv", results_csv(doc))
+    atomic_write_text(out_dir / "results.md", results_markdown(doc))
+    if figures:
+        write_figures(out_dir, doc, ev)
+    return doc
+
+
+def results_csv(doc):
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["method", "set", "aggregation", *METRIC_NAMES, "max_iou_threshold", "n_images", "n_id", "n_ood",
+                     "same_source_tuning"])
+    for m, by_set in doc["results"].items():
+        for s, r in by_set.items():
+            writer.writerow([m, s, "pooled", *(r["pooled"][k] for k in (*METRIC_NAMES, "max_iou_threshold")),
+                             "", r["n_id"], r["n_ood"], r["same_source_tuning"]])
+            per_image = r["per_image_mean"] or {}
+            writer.writerow([m, s, "per-image mean", *(per_image.get(k) for k in METRIC_NAMES), "",
+                             per_image.get("n_images"), "", "", r["same_source_tuning"]])
+    return buffer.getvalue()
+
+
+def results_markdown(doc):
+    """One table per metric: methods × sets, pooled, best per set in bold; per-image means below."""
+    sets = list(next(iter(doc["results"].values())))
+    lines = [f"# Results ({doc['schema']}, segood {doc['toolkit']['segood_version']})", ""]
+    for aggregation in ("pooled", "per_image_mean"):
+        for metric in METRIC_NAMES:
+            title = "pooled over all pixels" if aggregation == "pooled" else "per-image mean"
+            lines += [f"## {LABELS[metric]} {arrow(metric)} ({title})", "",
+                      "| method | " + " | ".join(sets) + " |", "|---|" + "---:|" * len(sets)]
+            for m, by_set in doc["results"].items():
+                cells = []
+                for s in sets:
+                    value = (by_set[s][aggregation] or {}).get(metric)
+                    column = [(doc["results"][o][s][aggregation] or {}).get(metric) for o in doc["results"]]
+                    column = [v for v in column if v is not None]
+                    best = (max if HIGHER_IS_BETTER[metric] else min)(column) if column else None
+                    text = "–" if value is None else f"{value:.4f}"
+                    flag = " †" if by_set[s]["same_source_tuning"] else ""
+                    cells.append(f"**{text}**{flag}" if value is not None and value == best else text + flag)
+                lines.append(f"| {m} | " + " | ".join(cells) + " |")
+            lines.append("")
+    ratios = {s: doc["results"][next(iter(doc["results"]))][s]["id_to_ood_ratio"] for s in sets}
+    lines.append("Sets: " + ", ".join(f"{s} (ID:OOD = {r:.2f}:1)" if r else f"{s} (no OOD pixels)"
+                                      for s, r in ratios.items()) + ".")
+    if any(r["same_source_tuning"] for by_set in doc["results"].values() for r in by_set.values()):
+        lines.append("† tuned on data from the same OOD source as this test set (same_source_tuning).")
+    per_image = [f"{(r['per_image_mean'] or {}).get('n_images', 0)}" for r in doc["results"][next(iter(doc["results"]))].values()]
+    lines.append(f"Per-image means average the images where a metric is defined ({', '.join(per_image)} images per set).")
+    return "\n".join(lines) + "\n"
+
+
+def write_figures(out_dir, doc, ev):
+    """ROC and PR curves per set, grouped bars per metric, mean score per class, example panels (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures = out_dir / "figures"
+    figures.mkdir(exist_ok=True)
+    methods, sets = ev.method_names, ev.set_names
+
+    for s in sets:  # ROC and PR curves
+        fig, (roc, pr) = plt.subplots(1, 2, figsize=(10, 4.2))
+        for m in methods:
+            acc = ev.acc[(m, s)]
+            fp, tp = np.cumsum(acc.hist[..., ::-1], axis=-1)[..., ::-1]
+            n_id, n_ood = fp[0], tp[0]
+            if not (n_id and n_ood):
+                continue
+            r = doc["results"][m][s]["pooled"]
+            roc.plot(np.r_[fp[::-1] / n_id, 1], np.r_[tp[::-1] / n_ood, 1], label=f"{m} ({r['auroc']:.3f})")
+            predicted = tp + fp
+            precision = np.divide(tp, predicted, out=np.ones(len(tp)), where=predicted > 0)
+            pr.step(tp / n_ood, precision, where="post", label=f"{m} ({r['auprc']:.3f})")
+        roc.plot([0, 1], [0, 1], ":", color="grey")
+        roc.set(xlabel="false positive rate", ylabel="true positive rate", title=f"ROC — {s}")
+        pr.set(xlabel="recall (TPR)", ylabel="precision", title=f"PR — {s}")
+        if roc.lines[:-1]:  # no curve where the set has no OOD or no ID pixel
+            for ax in (roc, pr):
+                ax.legend(fontsize=7)
+        _save(fig, figures / f"curves_{s}.png")
+
+    fig, axes = plt.subplots(1, len(METRIC_NAMES), figsize=(4 * len(METRIC_NAMES), 4))  # Figures 3-4
+    width = 0.8 / max(len(methods), 1)
+    for ax, metric in zip(axes, METRIC_NAMES):
+        for k, m in enumerate(methods):
+            values = [doc["results"][m][s]["pooled"][metric] or 0.0 for s in sets]
+            ax.bar(np.arange(len(sets)) + k * width, values, width, label=m)
+        ax.set_xticks(np.arange(len(sets)) + width * (len(methods) - 1) / 2, sets, rotation=20, fontsize=8)
+        ax.set_title(f"{LABELS[metric]} {arrow(metric)}")
+    axes[0].legend(fontsize=7)
+    _save(fig, figures / "metrics.png")
+
+    for m in methods:  # Figure 2: mean OOD score per Cityscapes class, one bar per set
+        means = np.array([[np.nan if v is None else v for v in doc["per_class_mean_score"][m][s].values()]
+                          for s in sets])
+        if np.all(np.isnan(means)):
+            continue
+        order = np.argsort(-(np.nan_to_num(means[-1]) - np.nan_to_num(means[0]))) if len(sets) > 1 else np.arange(len(CLASS_NAMES))
+        fig, ax = plt.subplots(figsize=(12, 4))
+        width = 0.8 / len(sets)
+        for k, s in enumerate(sets):
+            ax.bar(np.arange(len(CLASS_NAMES)) + k * width, np.nan_to_num(means[k][order]), width, label=s)
+        ax.set_xticks(np.arange(len(CLASS_NAMES)) + width * (len(sets) - 1) / 2, [CLASS_NAMES[i] for i in order],
+                      rotation=45, ha="right", fontsize=8)
+        ax.set(ylabel=f"mean {m} score", title=f"Mean OOD score per class ({m})")
+        ax.legend(fontsize=7)
+        _save(fig, figures / f"per_class_{m}.png")
+
+    for s in sets:  # Figures 5-7: input | ground truth | prediction | heat map per method
+        keys = sorted(k for k in ev.examples if k[0] == s)
+        if not keys:
+            continue
+        cols = 3 + len(methods)
+        fig, axes = plt.subplots(len(keys), cols, figsize=(2.6 * cols, 1.6 * len(keys) + 0.4), squeeze=False)
+        for row, key in enumerate(keys):
+            ex = ev.examples[key]
+            truth = colorize(ex["semantic"])
+            truth[ex["ood_mask"] == 1] = 255  # OOD pixels in white
+            panels = [ex["image"], truth, colorize(ex["classes"])]
+            panels += [ex[f"score_{m}"].astype(np.float32) for m in methods]
+            titles = ["input", "ground truth (OOD white)", "prediction", *methods]
+            for ax, panel, title in zip(axes[row], panels, titles):
+                ax.imshow(panel, cmap="inferno" if panel.ndim == 2 else None, vmin=0, vmax=1)
+                ax.set_axis_off()
+                if row == 0:
+                    ax.set_title(title, fontsize=8)
+        _save(fig, figures / f"examples_{s}.png")
+
+
+def _number(value):
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+
+def _save(fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)

@@ -1,0 +1,307 @@
+"""The evaluation run: every method on every set in one pass per set, resumable and shardable over ranks.
+
+One forward pass per batch feeds every single-pass method, one set of Monte-Carlo samples feeds varsum and
+mutual_info; methods with their own passes (perturbation, Mahalanobis) run theirs. Each (method, set) has a
+:class:`PixelOODAccumulator`; per-class score sums (the paper's Figure 2) and a few example frames are kept
+beside. State is saved atomically every ``save_every`` batches, so a killed run resumes to exactly the counts
+of an uninterrupted one.
+"""
+
+import json
+import time
+from io import BytesIO
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+import segood
+from segood.data.h5 import H5SegmentationDataset
+from segood.io import atomic_write_bytes
+from segood.labels import NUM_CLASSES
+from segood.methods import get_method
+from segood.methods.methods import MonteCarlo, SinglePass, served_heads
+from segood.methods.functional import predicted_classes
+from segood.metrics import PixelOODAccumulator
+from segood.models.network import SegOutput, preprocess
+
+STATE_FILE = "state{suffix}.npz"
+EXAMPLES_PER_SET = 3
+
+
+class ExternalModel(torch.nn.Module):
+    """Any ``nn.Module`` returning logits (N, C, H, W) as a segood network.
+
+    Args:
+        module: the network; its output may be a tensor, or a dict / tuple whose first entry is the logits.
+        feature_layer: name of a submodule (``dict(module.named_modules())``) whose output serves as the
+            penultimate features, captured with a forward hook; then the model serves Mahalanobis too.
+        preprocess: kept for the caller's reference; segood feeds ImageNet-normalised inputs.
+    """
+
+    def __init__(self, module, feature_layer=None):
+        super().__init__()
+        self.module = module
+        self._features = None
+        self.served_heads = {"plain"}
+        if feature_layer is not None:
+            layers = dict(module.named_modules())
+            if feature_layer not in layers:
+                raise ValueError(f"no layer {feature_layer!r} in the model; some names: {list(layers)[:10]}")
+            layers[feature_layer].register_forward_hook(lambda _m, _i, out: setattr(self, "_features", out))
+            self.served_heads.add("dimreduce")
+
+    def forward(self, x):
+        out = self.module(x)
+        if isinstance(out, dict):
+            out = next(iter(out.values()))
+        elif isinstance(out, (tuple, list)):
+            out = out[0]
+        return SegOutput(out, self._features)
+
+    def penultimate(self, x):
+        if "dimreduce" not in self.served_heads:
+            raise ValueError("this model has no feature layer: pass feature_layer=... to use Mahalanobis")
+        return self(x).features
+
+
+def check_methods(model, methods):
+    for method in methods:
+        method.check(model)
+
+
+def default_methods(model):
+    """Every method the model's head can serve, with default parameters (ε = 0)."""
+    from segood.methods import METHODS
+
+    return [get_method(name) for name, cls in METHODS.items() if cls.head is None or cls.head in served_heads(model)]
+
+
+class Evaluation:
+    """The mutable state of a run: accumulators, per-class sums, examples, timings, progress."""
+
+    def __init__(self, method_names, set_names, num_thresholds, score_range=(0.0, 1.0)):
+        self.method_names, self.set_names = list(method_names), list(set_names)
+        self.num_thresholds, self.score_range = num_thresholds, tuple(score_range)
+        self.acc = {(m, s): PixelOODAccumulator(num_thresholds, score_range, per_image=True) for m in method_names
+                    for s in set_names}
+        self.class_sum = {(m, s): np.zeros(NUM_CLASSES) for m in method_names for s in set_names}
+        self.class_count = {s: np.zeros(NUM_CLASSES, np.int64) for s in set_names}
+        self.examples = {}
+        self.seconds = {"data": 0.0, "forward": 0.0, "accumulate": 0.0, **{f"score/{m}": 0.0 for m in method_names}}
+        self.images = {s: 0 for s in set_names}
+        self.done = {s: 0 for s in set_names}  # frames of this rank's shard already accumulated
+        self.skipped = []  # [set, frame index, reason] of unreadable frames passed over with skip_bad
+
+    def arrays(self):
+        out = {"meta": np.array(json.dumps({"methods": self.method_names, "sets": self.set_names,
+                                            "num_thresholds": self.num_thresholds, "seconds": self.seconds,
+                                            "score_range": self.score_range,
+                                            "images": self.images, "done": self.done,
+                                            "skipped": self.skipped}))}
+        for (m, s), acc in self.acc.items():
+            for key, value in acc.state_dict().items():
+                out[f"acc|{m}|{s}|{key}"] = value
+            out[f"cls|{m}|{s}"] = self.class_sum[(m, s)]
+        for s, count in self.class_count.items():
+            out[f"clscount|{s}"] = count
+        for (s, i), example in self.examples.items():
+            for key, value in example.items():
+                out[f"ex|{s}|{i}|{key}"] = value
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays):
+        meta = json.loads(str(arrays["meta"]))
+        ev = cls(meta["methods"], meta["sets"], meta["num_thresholds"], meta["score_range"])
+        ev.seconds, ev.images, ev.done, ev.skipped = meta["seconds"], meta["images"], meta["done"], meta["skipped"]
+        for m, s in ev.acc:
+            prefix = f"acc|{m}|{s}|"
+            ev.acc[(m, s)] = PixelOODAccumulator.from_state_dict(
+                {k[len(prefix):]: arrays[k] for k in arrays if k.startswith(prefix)})
+            ev.class_sum[(m, s)] = np.asarray(arrays[f"cls|{m}|{s}"], dtype=np.float64)
+        for s in ev.set_names:
+            ev.class_count[s] = np.asarray(arrays[f"clscount|{s}"], dtype=np.int64)
+        for key in arrays:
+            if key.startswith("ex|"):
+                _, s, i, field = key.split("|")
+                ev.examples.setdefault((s, int(i)), {})[field] = np.asarray(arrays[key])
+        return ev
+
+    def save(self, path):
+        buffer = BytesIO()
+        np.savez(buffer, **self.arrays())
+        atomic_write_bytes(path, buffer.getvalue())
+
+    @classmethod
+    def load(cls, path):
+        with np.load(path, allow_pickle=False) as arrays:
+            return cls.from_arrays(dict(arrays))
+
+    def merge(self, other):
+        for key in self.acc:
+            self.acc[key].merge(other.acc[key])
+            self.class_sum[key] += other.class_sum[key]
+        for s in self.set_names:
+            self.class_count[s] += other.class_count[s]
+            self.images[s] += other.images[s]
+        self.examples.update(other.examples)
+        return self
+
+    def all_reduce(self):
+        """Sum counts over torch.distributed ranks (a no-op without a process group)."""
+        import torch.distributed as dist
+
+        for acc in self.acc.values():
+            acc.all_reduce()
+        if not (dist.is_available() and dist.is_initialized()):
+            return self
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+        flat = np.concatenate([*(self.class_sum[k] for k in self.class_sum), *(self.class_count[s].astype(np.float64)
+                                                                              for s in self.set_names),
+                               [self.images[s] for s in self.set_names]])
+        tensor = torch.from_numpy(flat).to(device)
+        dist.all_reduce(tensor)
+        flat = tensor.cpu().numpy()
+        k = 0
+        for key in self.class_sum:
+            self.class_sum[key] = flat[k : k + NUM_CLASSES]
+            k += NUM_CLASSES
+        for s in self.set_names:
+            self.class_count[s] = np.rint(flat[k : k + NUM_CLASSES]).astype(np.int64)
+            k += NUM_CLASSES
+        for s in self.set_names:
+            self.images[s] = int(round(flat[k]))
+            k += 1
+        return self
+
+
+def run(model, sets, methods, out_dir, *, batch_size=2, device=None, num_thresholds=400, resume=False,
+        save_every=20, progress=True, rank=0, world_size=1, skip_bad=False, seed=0):
+    """Evaluate ``methods`` (method objects) of ``model`` on ``sets`` ({name: .h5 path}); returns the
+    :class:`Evaluation` (all-reduced over ranks). Writes ``state.npz`` (per rank) in ``out_dir``.
+
+    Monte-Carlo dropout is seeded per batch from (seed, set, first frame), so a resumed run draws the same
+    samples as an uninterrupted one (for the same batch size and sharding)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = device or next(model.parameters()).device
+    check_methods(model, methods)
+    datasets = {name: H5SegmentationDataset(path) for name, path in sets.items()}  # refuses non-segood files
+    for name, method in ((m.name, m) for m in methods):
+        if name == "mahalanobis" and method.state is None:
+            raise ValueError("mahalanobis needs its training statistics: fit it (segood evaluate --fit-set)")
+    names = [m.name for m in methods]
+    if len(set(names)) != len(names):
+        raise ValueError(f"each method once per run, got {names}")
+    state_path = out_dir / STATE_FILE.format(suffix=f".rank{rank}" if world_size > 1 else "")
+    if resume and state_path.exists():
+        ev = Evaluation.load(state_path)
+        if ev.method_names != names or ev.set_names != list(sets):
+            raise ValueError(f"{state_path} holds a run of methods {ev.method_names} on sets {ev.set_names}, not "
+                             f"{names} on {list(sets)}: use another --out or drop --resume")
+    else:
+        ev = Evaluation(names, list(sets), num_thresholds)
+    model.eval()
+    single = [m for m in methods if isinstance(m, SinglePass) and not m.params.get("epsilon")]
+    monte_carlo = [m for m in methods if isinstance(m, MonteCarlo)]
+    own_pass = [m for m in methods if m not in single and m not in monte_carlo]
+    samples = max((m.params["samples"] for m in monte_carlo), default=0)
+    for set_index, (set_name, dataset) in enumerate(datasets.items()):
+        shard = list(range(rank, len(dataset), world_size))[ev.done[set_name]:]
+        bar = tqdm(total=len(shard), desc=f"evaluate {set_name}", unit="img", disable=not progress)
+        batches_since_save = 0
+        for start in range(0, len(shard), batch_size):
+            t0 = time.perf_counter()
+            indices = shard[start : start + batch_size]
+            items = []
+            for i in indices:
+                try:
+                    items.append(dataset[i])
+                except (OSError, ValueError) as err:
+                    if not skip_bad:
+                        ev.save(state_path)
+                        raise ValueError(f"{set_name}: cannot read frame {i} ({err}); what was accumulated is saved "
+                                         "in the run folder (--resume continues), or pass --skip-bad") from None
+                    ev.skipped.append([set_name, i, str(err)])
+            if not items:
+                ev.done[set_name] += len(indices)
+                continue
+            indices = [i for i in indices if not any(sk[:2] == [set_name, i] for sk in ev.skipped)]
+            images = torch.stack([it["image"] for it in items]).to(device)
+            ood_mask = torch.stack([it["ood_mask"] for it in items]).to(device)
+            semantic = torch.stack([it["semantic"] for it in items]).to(device)
+            x = preprocess(images)
+            t1 = time.perf_counter()
+            scores = {}
+            with torch.no_grad():
+                output = model(x)
+                if output.logits.shape[1] != NUM_CLASSES:
+                    raise ValueError(f"the model predicts {output.logits.shape[1]} classes; the sets use the "
+                                     f"{NUM_CLASSES} Cityscapes trainIds")
+                classes = predicted_classes(output.logits)
+                ev.seconds["forward"] += _lap(device, t1)
+                t2 = time.perf_counter()
+                for method in single:
+                    scores[method.name] = method.from_output(output)
+                    ev.seconds[f"score/{method.name}"] += _lap(device, t2)
+                    t2 = time.perf_counter()
+                if monte_carlo:
+                    torch.manual_seed(seed * 1_000_003 + set_index * 10_007 + indices[0])
+                    probs = model.mc_logits(x, samples=samples).softmax(dim=2)
+                    for method in monte_carlo:
+                        scores[method.name] = method.from_samples(probs[: method.params["samples"]])
+                    ev.seconds[f"score/{monte_carlo[0].name}"] += _lap(device, t2)
+            for method in own_pass:
+                t2 = time.perf_counter()
+                scores[method.name] = method.score(model, x)[0]
+                ev.seconds[f"score/{method.name}"] += _lap(device, t2)
+            t3 = time.perf_counter()
+            valid_class = semantic < NUM_CLASSES
+            ev.class_count[set_name] += torch.bincount(semantic[valid_class].long(), minlength=NUM_CLASSES).cpu().numpy()
+            for name, score in scores.items():
+                ev.acc[(name, set_name)].update(score, ood_mask)
+                ev.class_sum[(name, set_name)] += torch.bincount(
+                    semantic[valid_class].long(), weights=score[valid_class].double(), minlength=NUM_CLASSES
+                ).cpu().numpy()
+            for k, index in enumerate(indices):
+                if index < EXAMPLES_PER_SET:
+                    ev.examples[(set_name, index)] = {
+                        "image": items[k]["image"].permute(1, 2, 0).numpy(), "ood_mask": items[k]["ood_mask"].numpy(),
+                        "semantic": items[k]["semantic"].numpy(), "classes": classes[k].cpu().numpy().astype(np.uint8),
+                        **{f"score_{n}": s[k].float().cpu().numpy().astype(np.float16) for n, s in scores.items()}}
+            ev.seconds["accumulate"] += _lap(device, t3)
+            ev.seconds["data"] += t1 - t0
+            ev.images[set_name] += len(items)
+            ev.done[set_name] += len(shard[start : start + batch_size])
+            bar.update(len(shard[start : start + batch_size]))
+            batches_since_save += 1
+            if batches_since_save >= save_every:
+                ev.save(state_path)
+                batches_since_save = 0
+        bar.close()
+        ev.save(state_path)
+    return ev.all_reduce()
+
+
+def _sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _lap(device, since):
+    _sync(device)
+    return time.perf_counter() - since
+
+
+def run_identity():
+    """segood version and git commit of the code that ran (None outside a git checkout)."""
+    import subprocess
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                                text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {"segood_version": segood.__version__, "git_commit": commit}

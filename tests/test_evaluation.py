@@ -1,0 +1,206 @@
+"""The evaluation run end to end on tiny generated sets and tiny real networks."""
+
+import json
+import socket
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from segood.cli import main
+from segood.data import Cityscapes, Noise, convert, mix
+from segood.data.h5 import H5SegmentationDataset
+from segood.evaluation import evaluate, evaluate_score_maps
+from segood.methods import get_method
+from segood.metrics import METRIC_NAMES, PixelOODAccumulator
+from segood.models import build_model, preprocess, save_checkpoint
+
+from rawtrees import cityscapes_tree
+
+
+@pytest.fixture(scope="module")
+def sets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eval_sets")
+    cityscapes_tree(root / "cs", height=64, width=64,
+                    frames=[("aachen", "000000", f"{k:06d}") for k in range(3)])
+    convert(Cityscapes(root / "cs", "val"), root / "cs.h5", size=(64, 64), progress=False)
+    convert(Noise("perlin", 3, size=(64, 64), seed=3), root / "perlin.h5", size=(64, 64), progress=False)
+    mix(root / "perlin.h5", root / "cs.h5", root / "perlin_mixed.h5", progress=False)
+    return root
+
+
+def dropout_model():
+    torch.manual_seed(0)
+    return build_model("pspnet", "resnet18", head="dropout").eval()
+
+
+def direct_counts(model, method, path):
+    """The reference: the method scored frame by frame straight into a fresh accumulator."""
+    acc = PixelOODAccumulator()
+    dataset = H5SegmentationDataset(path)
+    for i in range(len(dataset)):
+        item = dataset[i]
+        acc.update(method.score(model, preprocess(item["image"][None]))[0], item["ood_mask"][None])
+    return acc
+
+
+def test_results_equal_a_direct_computation(sets, tmp_path):
+    model = dropout_model()
+    doc = evaluate(model, {"perlin_mixed": sets / "perlin_mixed.h5"}, ["max_softmax", "entropy", "odin"],
+                   tmp_path / "run", batch_size=2, progress=False)
+    for name in ("max_softmax", "entropy", "odin"):
+        reference = direct_counts(model, get_method(name), sets / "perlin_mixed.h5").compute()
+        got = doc["results"][name]["perlin_mixed"]
+        for metric in METRIC_NAMES:
+            assert got["pooled"][metric] == pytest.approx(reference[metric], abs=1e-12)
+        assert (got["n_id"], got["n_ood"]) == (reference["n_id"], reference["n_ood"])
+        assert got["per_image_mean"]["n_images_total"] == 6 and "auroc" in got["per_image_mean"]
+    saved = json.loads((tmp_path / "run/results.json").read_text())
+    assert saved["schema"] == "segood.results/1" and saved["toolkit"]["segood_version"]
+    assert saved["sets"]["perlin_mixed"]["ood_sources"] == ["perlin_noise"]
+    assert set(saved["timings"]["ms_per_image"]) >= {"data", "forward", "accumulate", "score/entropy"}
+    md = (tmp_path / "run/results.md").read_text()
+    assert "AUROC ↑ (pooled over all pixels)" in md and "FPR95 ↓ (per-image mean)" in md and "**" in md
+    assert "per-image mean" in (tmp_path / "run/results.csv").read_text()
+    figures = sorted(p.name for p in (tmp_path / "run/figures").iterdir())
+    assert {"metrics.png", "curves_perlin_mixed.png", "examples_perlin_mixed.png",
+            "per_class_entropy.png"} <= set(figures)
+    assert all((tmp_path / "run/figures" / f).stat().st_size > 5000 for f in figures)
+    assert main(["report", str(tmp_path / "run")]) == 0  # rebuilt from the saved state alone
+
+
+def test_all_methods_share_passes_and_monte_carlo(sets, tmp_path):
+    doc = evaluate(dropout_model(), [sets / "perlin_mixed.h5", sets / "cs.h5"], None, tmp_path, progress=False)
+    assert set(doc["results"]) == {"max_softmax", "odin", "entropy", "varsum", "mutual_info"}
+    assert doc["results"]["entropy"]["cs"]["pooled"]["auroc"] is None  # no OOD pixel: undefined, not made up
+    classes = doc["per_class_mean_score"]["entropy"]["cs"]
+    assert classes["road"] is not None and classes["car"] is not None and classes["bus"] is None
+
+
+def test_score_maps_equal_the_model_path(sets, tmp_path):
+    model = dropout_model()
+    dataset = H5SegmentationDataset(sets / "perlin_mixed.h5")
+    with h5py.File(tmp_path / "scores.h5", "w") as f:
+        f.attrs["score_range"] = [0.0, 1.0]
+        for i in range(len(dataset)):
+            item = dataset[i]
+            score = get_method("entropy").score(model, preprocess(item["image"][None]))[0][0]
+            f[item["frame_id"]] = score.numpy().astype(np.float32)
+    external = evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "ext",
+                                   name="entropy", figures=False)
+    internal = evaluate(model, [sets / "perlin_mixed.h5"], ["entropy"], tmp_path / "int", progress=False,
+                        figures=False)
+    for metric in METRIC_NAMES:
+        assert external["results"]["entropy"]["perlin_mixed"]["pooled"][metric] == pytest.approx(
+            internal["results"]["entropy"]["perlin_mixed"]["pooled"][metric], abs=1e-12)
+    with h5py.File(tmp_path / "scores.h5", "a") as f:
+        first = dataset[0]["frame_id"]
+        del f[first]
+        f["somewhere/else"] = np.zeros((64, 64), np.float32)
+    with pytest.raises(ValueError, match=f"missing {first}, extra somewhere/else"):
+        evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "bad")
+    with h5py.File(tmp_path / "scores.h5", "a") as f:
+        del f["somewhere"]
+        f[first] = np.full((64, 64), 2.0, np.float32)
+    with pytest.raises(ValueError, match=f"frame {first}: .*outside"):
+        evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "bad2")
+
+
+def killed_after(model, calls_allowed):
+    """The model's forward, dying with KeyboardInterrupt at call ``calls_allowed + 1`` (a simulated kill)."""
+    original, calls = model.forward, []
+
+    def forward(x):
+        calls.append(1)
+        if len(calls) > calls_allowed:
+            raise KeyboardInterrupt
+        return original(x)
+
+    return forward
+
+
+@pytest.mark.parametrize("methods,batch_size", [(["entropy"], 2), (["max_softmax", "varsum", "mutual_info"], 1)])
+def test_resume_after_a_kill_equals_an_uninterrupted_run(sets, tmp_path, monkeypatch, methods, batch_size):
+    paths = [sets / "perlin_mixed.h5", sets / "cs.h5"]
+    whole = evaluate(dropout_model(), paths, methods, tmp_path / "whole", batch_size=batch_size, progress=False,
+                     figures=False)
+    model = dropout_model()
+    original = model.forward
+    monkeypatch.setattr(model, "forward", killed_after(model, 4))
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(model, paths, methods, tmp_path / "killed", batch_size=batch_size, save_every=1, progress=False,
+                 figures=False)
+    monkeypatch.setattr(model, "forward", original)
+    resumed = evaluate(model, paths, methods, tmp_path / "killed", batch_size=batch_size, resume=True,
+                       progress=False, figures=False)
+    assert resumed["results"] == whole["results"]
+    assert resumed["timings"]["images"] == whole["timings"]["images"] == 9
+
+
+def _distributed_worker(rank, world, port, sets_dir, out_dir):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    evaluate(dropout_model(), [f"{sets_dir}/perlin_mixed.h5", f"{sets_dir}/cs.h5"], ["max_softmax", "entropy"],
+             out_dir, batch_size=1, progress=False, figures=False)
+    dist.destroy_process_group()
+
+
+def test_two_process_gloo_run_equals_single_process(sets, tmp_path):
+    single = evaluate(dropout_model(), [sets / "perlin_mixed.h5", sets / "cs.h5"], ["max_softmax", "entropy"],
+                      tmp_path / "single", batch_size=1, progress=False, figures=False)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    torch.multiprocessing.spawn(_distributed_worker, args=(2, port, str(sets), str(tmp_path / "multi")), nprocs=2)
+    multi = json.loads((tmp_path / "multi/results.json").read_text())
+    for method in ("max_softmax", "entropy"):
+        for set_name in ("perlin_mixed", "cs"):
+            a, b = single["results"][method][set_name], multi["results"][method][set_name]
+            assert a["pooled"] == b["pooled"] and (a["n_id"], a["n_ood"]) == (b["n_id"], b["n_ood"])
+    assert multi["timings"]["images"] == 9
+
+
+def test_bad_inputs_fail_before_any_compute(sets, tmp_path):
+    model = dropout_model()
+    with pytest.raises(ValueError, match="needs a network with the 'dimreduce' head"):
+        evaluate(model, [sets / "cs.h5"], ["mahalanobis"], tmp_path / "a", progress=False)
+    (tmp_path / "not_a_set.h5").write_bytes(b"hello")
+    with pytest.raises(ValueError, match="not a segood set"):
+        evaluate(model, [tmp_path / "not_a_set.h5"], ["entropy"], tmp_path / "b", progress=False)
+    with pytest.raises(ValueError, match="predicts 5 classes"):
+        evaluate(build_model("pspnet", "resnet18", 5), [sets / "cs.h5"], ["entropy"], tmp_path / "c", progress=False)
+    evaluate(model, [sets / "cs.h5"], ["entropy"], tmp_path / "d", progress=False, figures=False)
+    with pytest.raises(ValueError, match="holds a different run"):
+        evaluate(model, [sets / "cs.h5"], ["max_softmax"], tmp_path / "d", progress=False)
+    save_checkpoint(tmp_path / "m.pt", model)
+    assert main(["evaluate", "--checkpoint", str(tmp_path / "m.pt"), "--sets", str(sets / "cs.h5"), "--methods",
+                 "confidence", "--out", str(tmp_path / "e"), "--quiet"]) == 2
+
+
+def test_a_corrupt_frame_stops_with_its_id_or_is_skipped(sets, tmp_path):
+    import shutil
+
+    shutil.copy(sets / "perlin_mixed.h5", tmp_path / "broken.h5")
+    shutil.copy(sets / "perlin_mixed.manifest.json", tmp_path / "broken.manifest.json")
+    with h5py.File(tmp_path / "broken.h5", "a") as f:
+        f["images"].id.write_direct_chunk((4, 0, 0, 0), b"not a zlib stream")
+    model = dropout_model()
+    with pytest.raises(ValueError, match="cannot read frame 4"):
+        evaluate(model, [tmp_path / "broken.h5"], ["entropy"], tmp_path / "run", progress=False, figures=False)
+    doc = evaluate(model, [tmp_path / "broken.h5"], ["entropy"], tmp_path / "run", progress=False, figures=False,
+                   resume=True, skip_bad=True)
+    assert doc["timings"]["images"] == 5 and doc["skipped_frames"][0][:2] == ["broken", 4]
+
+
+def test_any_torch_module_with_a_feature_hook(sets, tmp_path):
+    import segmentation_models_pytorch as smp
+
+    torch.manual_seed(0)
+    external = smp.create_model("fpn", encoder_name="resnet18", encoder_weights=None, classes=19).eval()
+    fit = get_method("mahalanobis")
+    doc = evaluate(external, [sets / "perlin_mixed.h5"], ["max_softmax", fit], tmp_path, progress=False,
+                   figures=False, fit_set=sets / "cs.h5", feature_layer="decoder")
+    assert doc["model"]["class"].endswith("FPN") and "dimreduce" in doc["model"]["served_heads"]
+    assert 0 <= doc["results"]["mahalanobis"]["perlin_mixed"]["pooled"]["auroc"] <= 1
