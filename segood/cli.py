@@ -111,7 +111,16 @@ def _miou(args):
 
 
 def _evaluate(args):
+    import os
+
     import torch
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():  # started by torchrun
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            args.device = args.device or f"cuda:{torch.cuda.current_device()}"
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
 
     from segood.evaluation import evaluate
     from segood.methods import get_method
