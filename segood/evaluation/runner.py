@@ -258,13 +258,13 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, num_thresho
                 scores[method.name] = method.score(model, x)[0]
                 ev.seconds[f"score/{method.name}"] += _lap(device, t2)
             t3 = time.perf_counter()
-            valid_class = semantic < NUM_CLASSES
-            ev.class_count[set_name] += torch.bincount(semantic[valid_class].long(), minlength=NUM_CLASSES).cpu().numpy()
+            # per-class score sums (Figure 2): pixels without a class go to an overflow bin, no masked copies
+            class_index = torch.where(semantic < NUM_CLASSES, semantic, NUM_CLASSES).long().flatten()
+            ev.class_count[set_name] += torch.bincount(class_index, minlength=NUM_CLASSES + 1)[:NUM_CLASSES].cpu().numpy()
             for name, score in scores.items():
                 ev.acc[(name, set_name)].update(score, ood_mask)
                 ev.class_sum[(name, set_name)] += torch.bincount(
-                    semantic[valid_class].long(), weights=score[valid_class].double(), minlength=NUM_CLASSES
-                ).cpu().numpy()
+                    class_index, weights=score.flatten().double(), minlength=NUM_CLASSES + 1)[:NUM_CLASSES].cpu().numpy()
             for k, index in enumerate(indices):
                 if index < EXAMPLES_PER_SET:
                     ev.examples[(set_name, index)] = {
