@@ -204,6 +204,7 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, num_thresho
     else:
         ev = Evaluation(names, list(sets), num_thresholds)
     model.eval()
+    PixelOODAccumulator().update(np.zeros(1, np.float32), np.zeros(1, np.uint8))  # load the numba kernel once
     single = [m for m in methods if isinstance(m, SinglePass) and not m.params.get("epsilon")]
     monte_carlo = [m for m in methods if isinstance(m, MonteCarlo)]
     own_pass = [m for m in methods if m not in single and m not in monte_carlo]
