@@ -5,20 +5,25 @@ vegetation, poles and cars. An OOD scene adds a novel object on the road (a satu
 shape no training scene contains) whose pixels are OOD in the mask; everything else with a trainId is ID.
 """
 
+import hashlib
+import json
+from pathlib import Path
+
 import cv2
 import numpy as np
 
-from segood.labels import CLASS_NAMES, ID, IGNORE, OOD
+from segood.labels import CLASS_NAMES, ID, IGNORE, LABEL_ID_TO_TRAIN_ID, OOD
 
 TRAIN_ID = {name: i for i, name in enumerate(CLASS_NAMES)}
 
 
-def driving_scene(rng, height=96, width=192, *, ood=False):
+def driving_scene(rng, height=96, width=192, *, ood=False, novel_vehicles=0):
     """One scene.
 
     Args:
         rng: ``numpy.random.Generator`` (the only source of randomness).
-        ood: paint a novel object on the road.
+        ood: paint a novel object (a striped crate) on the road.
+        novel_vehicles: how many three-wheelers (an IDD-like novel vehicle, OOD) to paint among the cars.
 
     Returns:
         (image (H, W, 3) uint8 RGB, semantic (H, W) uint8 trainIds, ood_mask (H, W) uint8 0/1/255).
@@ -91,7 +96,69 @@ def driving_scene(rng, height=96, width=192, *, ood=False):
         paint(body, TRAIN_ID["car"], colour)
         image[max(cy - ch, 0) : max(cy - ch + ch // 3, 0), max(cx - cw // 3, 0) : cx + cw // 3] = (30, 40, 50)
 
+    # A grass verge beside the road on one side.
+    if rng.random() < 0.7:
+        side = rng.choice([0, 1])
+        y1 = horizon + (height - horizon) * rng.uniform(0.25, 0.5)
+        x0, x1 = (0, width * 0.18) if side == 0 else (width * 0.82, width)
+        paint([(x0, horizon + 1), (x1, horizon + 1), (x1, y1), (x0, y1)], TRAIN_ID["terrain"],
+              rng.uniform([90, 120, 40], [130, 160, 70]))
+
+    # Traffic signs and lights on poles by the road.
+    for _ in range(int(rng.integers(0, 3))):
+        px = int(rng.choice([rng.integers(4, width // 5), rng.integers(4 * width // 5, width - 6)]))
+        top = int(horizon - height * rng.uniform(0.05, 0.2))
+        s_ = max(3, height // 24)
+        paint([(px, top), (px + 1, top), (px + 1, horizon + height // 10), (px, horizon + height // 10)],
+              TRAIN_ID["pole"], (90, 90, 90))
+        if rng.random() < 0.5:
+            paint([(px - s_, top - 2 * s_), (px + s_ + 1, top - 2 * s_), (px + s_ + 1, top), (px - s_, top)],
+                  TRAIN_ID["traffic sign"], rng.choice([(200, 30, 30), (30, 60, 190), (230, 200, 40)]))
+        else:
+            paint([(px - s_ // 2, top - 3 * s_), (px + s_ // 2 + 1, top - 3 * s_), (px + s_ // 2 + 1, top),
+                   (px - s_ // 2, top)], TRAIN_ID["traffic light"], (25, 25, 25))
+            image[top - 2 * s_ : top - 2 * s_ + 2, px - 1 : px + 1] = rng.choice([(255, 40, 40), (40, 255, 80)])
+
+    # People on the sidewalks; a rider on a bicycle at the road's edge.
+    for _ in range(int(rng.integers(0, 3))):
+        depth = rng.uniform(0.2, 0.8)
+        foot = int(horizon + (height - horizon) * depth)
+        h_ = max(6, int(height * 0.35 * depth))
+        x = int(rng.choice([rng.uniform(0.02, 0.2), rng.uniform(0.8, 0.97)]) * width)
+        body = [(x - h_ // 6, foot - h_ + h_ // 5), (x + h_ // 6, foot - h_ + h_ // 5), (x + h_ // 8, foot),
+                (x - h_ // 8, foot)]
+        paint(body, TRAIN_ID["person"], rng.uniform(20, 200, 3))
+        canvas = np.zeros((height, width), np.uint8)
+        cv2.circle(canvas, (x, foot - h_ + h_ // 10), max(1, h_ // 9), 1, -1)
+        paint(canvas.astype(bool), TRAIN_ID["person"], (200, 160, 130))
+    if rng.random() < 0.4:
+        depth = rng.uniform(0.3, 0.8)
+        ground = int(horizon + (height - horizon) * depth)
+        r = max(2, int(height * 0.05 * depth))
+        x = int(vanish + (rng.choice([-1, 1]) * 0.6 * (right - left) / 2) * depth)
+        canvas = np.zeros((height, width), np.uint8)
+        for dx in (-2 * r, 2 * r):
+            cv2.circle(canvas, (x + dx, ground - r), r, 1, max(1, r // 2))
+        cv2.line(canvas, (x - 2 * r, ground - r), (x + 2 * r, ground - r), 1, max(1, r // 2))
+        paint(canvas.astype(bool), TRAIN_ID["bicycle"], (30, 30, 30))
+        paint([(x - r, ground - 5 * r), (x + r, ground - 5 * r), (x + r, ground - r), (x - r, ground - r)],
+              TRAIN_ID["rider"], rng.uniform(30, 220, 3))
+
     ood_mask = np.where(semantic == IGNORE, IGNORE, ID).astype(np.uint8)
+    for _ in range(novel_vehicles):  # a three-wheeler: rounded cab, bright body, dark canopy
+        depth = rng.uniform(0.3, 0.85)
+        base = int(horizon + (height - horizon) * depth)
+        h_, w_ = max(5, int(height * 0.24 * depth)), max(5, int(width * 0.12 * depth))
+        x = int(vanish + (rng.uniform(-0.7, 0.7) * (right - left) / 2) * depth)
+        cab = [(x - w_ // 2, base), (x - w_ // 2, base - h_ // 2), (x - w_ // 4, base - h_), (x + w_ // 3, base - h_),
+               (x + w_ // 2, base - h_ // 2), (x + w_ // 2, base)]
+        canvas = np.zeros((height, width), np.uint8)
+        cv2.fillPoly(canvas, [np.asarray(cab, np.int32)], 1)
+        mask = canvas.astype(bool)
+        image[mask] = rng.choice([(240, 200, 20), (60, 170, 60)])
+        image[mask & (np.arange(height)[:, None] < base - 2 * h_ // 3)] = (20, 30, 20)  # canopy
+        semantic[mask] = IGNORE  # no Cityscapes class
+        ood_mask[mask] = OOD
     if ood:
         ys, xs = np.nonzero(road_mask[horizon + (height - horizon) // 3 :])
         k = int(rng.integers(len(ys)))
@@ -122,3 +189,140 @@ def scene_batch(seed, count, height=96, width=192, *, ood_fraction=0.0):
     every = int(round(1 / ood_fraction)) if ood_fraction else 0
     scenes = [driving_scene(rng, height, width, ood=bool(every) and i % every == 0) for i in range(count)]
     return tuple(np.stack(parts) for parts in zip(*scenes))
+
+
+# -- raw dataset trees in the published layouts (shared/FORMATS.md), for the demo and the tests ----------------
+
+#: trainId -> the first Cityscapes labelId with that trainId (255 -> 0, "unlabeled")
+TRAIN_TO_LABEL_ID = np.zeros(256, np.uint8)
+for _label_id in range(255, -1, -1):
+    if LABEL_ID_TO_TRAIN_ID[_label_id] != IGNORE:
+        TRAIN_TO_LABEL_ID[LABEL_ID_TO_TRAIN_ID[_label_id]] = _label_id
+
+#: IDD label names of the classes the scenes contain, in the order the scenes paint them
+IDD_PAINT_ORDER = ("sky", "building", "vegetation", "sidewalk", "road", "pole", "car", "non-drivable fallback",
+                   "traffic sign", "traffic light", "person", "bicycle", "rider")
+_IDD_TRAIN_ID = {"non-drivable fallback": TRAIN_ID["terrain"]}
+
+
+def _write_image(path, image, quality=92):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    params = [cv2.IMWRITE_JPEG_QUALITY, quality] if path.suffix == ".jpg" else []
+    if not cv2.imwrite(str(path), np.ascontiguousarray(image[..., ::-1]), params):
+        raise OSError(f"cannot write {path}")
+
+
+def write_cityscapes_tree(root, seed=0, counts=(("train", 96), ("val", 32)), size=(128, 256)):
+    """Cityscapes-format tree: leftImg8bit PNGs and gtFine_labelIds in real Cityscapes ids."""
+    root, rng = Path(root), np.random.default_rng(seed)
+    for split, count in counts:
+        for k in range(count):
+            image, semantic, _ = driving_scene(rng, *size)
+            city = f"{split}town{k % 3}"
+            stem = f"{city}_{k // 3:06d}_{k:06d}"
+            _write_image(root / "leftImg8bit" / split / city / f"{stem}_leftImg8bit.png", image)
+            label_path = root / "gtFine" / split / city / f"{stem}_gtFine_labelIds.png"
+            label_path.parent.mkdir(parents=True, exist_ok=True)
+            if not cv2.imwrite(str(label_path), TRAIN_TO_LABEL_ID[semantic]):
+                raise OSError(f"cannot write {label_path}")
+
+
+def _polygons(mask):
+    """Outer contours of a boolean mask as [[x, y], ...] lists (holes are painted over by later objects)."""
+    contours, _ = cv2.findContours(mask.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+    return [c[:, 0, :].tolist() for c in contours if len(c) >= 3]
+
+
+def write_idd_tree(root, seed=1, count=24, size=(128, 256), split="val"):
+    """IDD-format tree: JPEG images and polygon JSON in paint order; vehicles include three-wheelers
+    (``autorickshaw``) beside ``car``s. Returns the raster ground truth {frame_id: (semantic, ood_mask)}."""
+    root, rng = Path(root), np.random.default_rng(seed)
+    truth = {}
+    for k in range(count):
+        image, semantic, ood_mask = driving_scene(rng, *size, novel_vehicles=int(rng.integers(1, 3)))
+        seq, stem = str(k % 4), f"{k:06d}"
+        objects = []
+        for name in IDD_PAINT_ORDER:
+            train_id = _IDD_TRAIN_ID.get(name, TRAIN_ID.get(name))
+            objects += [{"label": name, "polygon": p, "deleted": 0} for p in _polygons(semantic == train_id)]
+        objects += [{"label": "autorickshaw", "polygon": p, "deleted": 0} for p in _polygons(ood_mask == OOD)]
+        _write_image(root / "leftImg8bit" / split / seq / f"{stem}_leftImg8bit.jpg", image)
+        json_path = root / "gtFine" / split / seq / f"{stem}_gtFine_polygons.json"
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps({"imgHeight": size[0], "imgWidth": size[1], "objects": objects}))
+        truth[f"{split}/{seq}/{stem}"] = (semantic, ood_mask)
+    return truth
+
+
+# SUN-like scenes: (name as annotators typed it, colour); names exercise label_maps/sun.yaml
+_INDOOR = {"background": ("wall", (200, 190, 170)), "floor": ("floor", (140, 100, 70)),
+           "things": [("Window", (170, 210, 240)), ("door", (120, 80, 50)), ("table", (150, 110, 60)),
+                      ("chair occluded", (90, 60, 40)), ("sofa", (110, 40, 60)), ("vase crop", (40, 120, 160)),
+                      ("painting", (200, 150, 40)), ("lamp", (240, 230, 150)), ("person", (180, 140, 120))]}
+_OUTDOOR = {"background": ("sky", (130, 180, 230)), "floor": ("road", (90, 90, 95)),
+            "things": [("building", (160, 120, 100)), ("windows", (60, 80, 110)), ("tree", (50, 120, 50)),
+                       ("car occluded", (150, 20, 30)), (" Person ", (60, 60, 160)), ("fire hydrant", (220, 40, 30)),
+                       ("bench", (120, 90, 50)), ("sidewalk", (170, 170, 170)), ("mailbox", (30, 60, 160))]}
+
+
+def _sun_scene(rng, height, width):
+    """(image, objects [(name, points, username, deleted)]) of one indoor or outdoor scene."""
+    kind = _INDOOR if rng.random() < 0.5 else _OUTDOOR
+    image = np.zeros((height, width, 3), np.float32)
+    objects = []
+
+    def add(name, colour, points, user=None, deleted=0):
+        if not deleted:
+            canvas = np.zeros((height, width), np.uint8)
+            cv2.fillPoly(canvas, [np.asarray(points, np.int32)], 1)
+            image[canvas.astype(bool)] = np.asarray(colour) * rng.uniform(0.8, 1.2)
+        objects.append((name, points, user or rng.choice(["alice", "bob", "carol"]), deleted))
+
+    name, colour = kind["background"]
+    add(name, colour, [(0, 0), (width - 1, 0), (width - 1, height - 1), (0, height - 1)])
+    horizon = int(height * rng.uniform(0.45, 0.65))
+    name, colour = kind["floor"]
+    add(name, colour, [(0, horizon), (width - 1, horizon), (width - 1, height - 1), (0, height - 1)])
+    for _ in range(int(rng.integers(4, 9))):
+        name, colour = kind["things"][int(rng.integers(len(kind["things"])))]
+        w, h = int(width * rng.uniform(0.08, 0.3)), int(height * rng.uniform(0.08, 0.35))
+        x, y = int(rng.integers(-w // 4, width - w // 2)), int(rng.integers(0, height - h // 2))
+        points = [(x, y), (x + w, y + int(rng.integers(-h // 6, h // 6 + 1))), (x + w, y + h), (x, y + h)]
+        roll = rng.random()
+        add(name, colour, points, user="anonymous" if roll < 0.1 else None, deleted=int(0.1 <= roll < 0.15))
+    image += rng.normal(0, 8, image.shape)
+    return np.clip(image, 0, 255).astype(np.uint8), objects
+
+
+def write_sun_tree(root, seed=2, count=32, size=(720, 960), small=2):
+    """SUN2012-format tree: JPEGs and LabelMe XML (some without imagesize, anonymous and deleted polygons,
+    free-text names), plus ``small`` images of 600x600 that the size filter drops."""
+    from xml.sax.saxutils import escape
+
+    root, rng = Path(root), np.random.default_rng(seed)
+    for k in range(count + small):
+        height, width = size if k < count else (600, 600)
+        image, objects = _sun_scene(rng, height, width)
+        folder = ("s/street", "l/living_room")[k % 2]
+        name = f"sun_demo{k:04d}"
+        _write_image(root / "Images" / folder / f"{name}.jpg", image)
+        parts = [f"<annotation><filename>{name}.jpg</filename><folder>{folder}</folder>"]
+        if k % 3:
+            parts.append(f"<imagesize><nrows>{height}</nrows><ncols>{width}</ncols></imagesize>")
+        for label, points, user, deleted in objects:
+            pts = "".join(f"<pt><x>{x}</x><y>{y}</y></pt>" for x, y in points)
+            parts.append(f"<object><name>{escape(label)}</name><deleted>{deleted}</deleted><verified>0</verified>"
+                         f"<polygon><username>{user}</username>{pts}</polygon></object>")
+        parts.append("</annotation>")
+        xml_path = root / "Annotations" / folder / f"{name}.xml"
+        xml_path.parent.mkdir(parents=True, exist_ok=True)
+        xml_path.write_text("".join(parts))
+
+
+def tree_sha256(root):
+    """sha256 over the sorted relative paths and bytes of every file under ``root`` (determinism checks)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in Path(root).rglob("*") if p.is_file()):
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
