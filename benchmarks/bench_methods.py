@@ -9,9 +9,10 @@ the class argmax, as an evaluation that shares one forward does); for the others
 """
 
 import argparse
-import time
 
 import torch
+
+from torch_timing import best_ms, device_name
 
 from segood.methods import get_method
 from segood.methods.functional import predicted_classes
@@ -20,20 +21,6 @@ from segood.models import build_model
 ROWS = [("max_softmax", {}), ("entropy", {}), ("odin", {"temperature": 1000}),
         ("odin", {"temperature": 1000, "epsilon": 0.002}), ("confidence", {}), ("mahalanobis", {}),
         ("varsum", {"samples": 8}), ("mutual_info", {"samples": 8})]
-
-
-def best_ms(fn, repeat, device):
-    fn()
-    best = float("inf")
-    for _ in range(repeat):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
 
 
 def main():
@@ -45,7 +32,7 @@ def main():
     args = parser.parse_args()
     device = torch.device(args.device)
     x = torch.randn(1, 3, args.height, args.width, device=device)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    name = device_name(device)
     print(f"pspnet resnet50, input 1x3x{args.height}x{args.width}, {name}, best of {args.repeat}\n")
     print("| method | params | head | forward ms | added ms | overhead over the forward |\n|---|---|---|---:|---:|---:|")
     models = {}

@@ -7,27 +7,14 @@ head; then for the dropout head: ``mc_logits(T=8)`` against one forward pass and
 """
 
 import argparse
-import time
 
 import torch
+
+from torch_timing import best_ms, device_name
 
 from segood.models import HEADS, build_model
 
 NETWORKS = (("pspnet", "resnet50"), ("deeplabv3plus", "tu-xception41"))
-
-
-def best_ms(fn, repeat, device):
-    fn()
-    best = float("inf")
-    for _ in range(repeat):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
 
 
 @torch.no_grad()
@@ -40,7 +27,7 @@ def main():
     args = parser.parse_args()
     device = torch.device(args.device)
     x = torch.randn(1, 3, args.height, args.width, device=device)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    name = device_name(device)
     print(f"input 1x3x{args.height}x{args.width}, {name}, best of {args.repeat}\n")
     print("| network | " + " | ".join(f"{h} ms" for h in HEADS) + " |\n|---|" + "---:|" * len(HEADS))
     for arch, encoder in NETWORKS:

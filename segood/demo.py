@@ -1,119 +1,166 @@
-"""The demo benchmark: train a real segmentation network on procedural driving scenes, then measure how
-well max softmax and entropy flag a novel object on the road, pixel by pixel.
+"""The embedded default benchmark: the whole paper pipeline on generated data, on a laptop CPU in minutes.
 
-Every stage is the real one at a small size: segood's PSPNet (ResNet-18, no pretrained weights), cross-entropy
-training on Cityscapes trainIds, softmax scores, the binned :class:`PixelOODAccumulator` checked against
-exact mode. ``segood demo`` runs it; it takes a few minutes on a laptop CPU.
+1. Generate raw trees in the published layouts (Cityscapes, IDD, SUN2012; ``segood.data.synthetic``), cached in
+   ``datasets/demo/raw``; make Perlin and normal noise sets.
+2. Convert them with the real converters and mix each OOD set with Cityscapes-format val frames (as the paper
+   does); the tuning set is the SUN tune split mixed with Cityscapes-format train frames.
+3. Load the shipped checkpoints (one small PSPNet per head, ``checkpoints/demo_*.pt``) or, with ``retrain``,
+   train them with the project's own training code.
+4. Tune ODIN's temperature on the tuning set only (ε = 0), fit Mahalanobis on the training split, evaluate all
+   seven methods on the four sets, and combine the four runs into one report.
 """
 
-import platform
+import json
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
-import torch.nn.functional as F
-from tqdm import tqdm
 
-import segood
-from segood.data.synthetic import scene_batch
-from segood.io import atomic_write_text, write_json
-from segood.labels import IGNORE, NUM_CLASSES
-from segood.methods import get_method
-from segood.methods.functional import predicted_classes
-from segood.metrics import HIGHER_IS_BETTER, METRIC_NAMES, PixelOODAccumulator, exact_metrics
-from segood.metrics.segmentation import confusion_matrix, mean_iou
-from segood.models import build_model, preprocess
+from segood.data import IDD, Cityscapes, Noise, Sun, convert, mix
+from segood.data.h5 import H5SegmentationDataset, manifest_path
+from segood.data.synthetic import write_cityscapes_tree, write_idd_tree, write_sun_tree
+from segood.evaluation import combine_runs, evaluate
+from segood.io import write_json
+from segood.methods import ODIN_TEMPERATURES, get_method
+from segood.methods.tuning import tune
+from segood.models import HEADS, load_model, save_checkpoint
+from segood.models.train import TrainConfig, train
 
-METHODS = ("max_softmax", "entropy")  # both scored from the same forward pass
+CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
+#: The demo's data, by scale: frames per split and the size every set is converted to.
+FULL = {"size": (128, 256), "cs_train": 160, "cs_val": 32, "idd": 24, "sun": 32, "noise": 12, "tune_id": 16}
+QUICK = {"size": (64, 128), "cs_train": 12, "cs_val": 4, "idd": 4, "sun": 4, "noise": 2, "tune_id": 4}
+TRAIN = {"arch": "pspnet", "encoder": "mobilenet_v2", "epochs": 12, "batch_size": 8, "lr": 0.02,
+         "scale": [0.75, 1.5]}
+METHODS_BY_HEAD = {"plain": ["max_softmax", "odin", "entropy"], "dimreduce": ["mahalanobis"],
+                   "dropout": ["varsum", "mutual_info"], "confidence": ["confidence"]}
 
 
-def to_input(images):
-    """(N, H, W, 3) uint8 RGB numpy -> (N, 3, H, W) float, ImageNet-normalised."""
-    return preprocess(torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2))
+def prepare_data(data_dir, scale, seed=0, progress=True):
+    """Raw trees (generated once per scale and seed) -> converted and mixed sets; returns {name: path}."""
+    data_dir = Path(data_dir)
+    raw = data_dir / "raw"
+    stamp = {"scale": scale, "seed": seed, "generator": 2}
+    if not (raw / "tree.json").exists() or json.loads((raw / "tree.json").read_text()) != stamp:
+        write_cityscapes_tree(raw / "cityscapes", seed, (("train", scale["cs_train"]), ("val", scale["cs_val"])),
+                              scale["size"])
+        write_idd_tree(raw / "idd", seed + 1, scale["idd"], scale["size"])
+        write_sun_tree(raw / "sun2012", seed + 2, scale["sun"])
+        write_json(raw / "tree.json", stamp)
+    size = scale["size"]
+    sources = {"cityscapes_train": Cityscapes(raw / "cityscapes", "train"),
+               "cityscapes_val": Cityscapes(raw / "cityscapes", "val"),
+               "idd_val": IDD(raw / "idd", "val"),
+               "sun_tune": Sun(raw / "sun2012", "tune", seed=seed),
+               "sun_eval": Sun(raw / "sun2012", "eval", seed=seed),
+               "perlin": Noise("perlin", scale["noise"], size=size, seed=seed),
+               "normal": Noise("normal", scale["noise"], size=size, seed=seed)}
+    sets = {}
+    for name, adapter in sources.items():
+        path = data_dir / f"{name}.h5"
+        if not manifest_path(path).exists():
+            convert(adapter, path, size=size, overwrite=True, progress=progress)
+        sets[name] = path
+    mixes = {"sun": ("sun_eval", "cityscapes_val", None), "idd": ("idd_val", "cityscapes_val", None),
+             "perlin": ("perlin", "cityscapes_val", None), "normal": ("normal", "cityscapes_val", None),
+             "tune": ("sun_tune", "cityscapes_train", scale["tune_id"])}
+    for name, (ood, ident, frames) in mixes.items():
+        path = data_dir / f"mixed_{name}.h5"
+        if not manifest_path(path).exists():
+            mix(sets[ood], sets[ident], path, seed=seed, id_frames=frames, overwrite=True, progress=False)
+        sets[f"mixed_{name}"] = path
+    return sets
 
 
-def run_demo(out_dir="runs/demo", *, seed=0, train_images=192, eval_images=48, steps=250, batch_size=8,
-             height=96, width=192, num_thresholds=400, progress=True):
-    """Train, score and evaluate; writes ``results.json`` and ``results.md`` in ``out_dir``; returns the results."""
+def demo_checkpoints(sets, *, retrain=False, directory=CHECKPOINTS, epochs=None, progress=True):
+    """{head: path} of the demo networks; trains (and stores as fp16) the missing ones or all with ``retrain``."""
+    paths = {}
+    for head in HEADS:
+        path = Path(directory) / f"demo_{head}.pt"
+        if retrain or not path.exists():
+            work = path.parent / f".train_{head}"
+            config = TrainConfig(train_set=str(sets["cityscapes_train"]), val_set=str(sets["cityscapes_val"]),
+                                 out_dir=str(work), head=head, crop=list(_size(sets["cityscapes_train"])), seed=0,
+                                 **{**TRAIN, "epochs": epochs or TRAIN["epochs"]})
+            log = train(config, progress=progress)
+            model, _ = load_model(work / "final.pt")
+            save_checkpoint(path, model.half(), log=log, train_config={**config.__dict__, "train_set": "demo"})
+            for file in work.iterdir():
+                file.unlink()
+            work.rmdir()
+        paths[head] = path
+    if retrain or not (Path(directory) / "frozen.json").exists():
+        freeze_outputs(paths, Path(directory) / "frozen.json")
+    return paths
+
+
+def freeze_outputs(paths, out):
+    """Record each checkpoint's sha256 and its output on a fixed input (the test that the shipped
+    checkpoints load and compute the same as when they were made)."""
+    import hashlib
+
+    frozen = {}
+    for head, path in paths.items():
+        model, _ = load_model(path)
+        torch.manual_seed(0)
+        x = torch.rand(1, 3, 64, 128) * 2 - 1
+        with torch.no_grad():
+            logits = model.float()(x).logits
+        frozen[head] = {"sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest(),
+                        "logits_mean": float(logits.mean()), "logits_at_31_63": logits[0, :, 31, 63].tolist()}
+    write_json(out, frozen)
+
+
+def run_demo(out_dir="runs/demo", data_dir="datasets/demo", *, seed=0, quick=False, retrain=False,
+             checkpoints_dir=CHECKPOINTS, progress=True):
+    """The whole pipeline; returns the combined results document (runs/demo/results.json)."""
     started = time.perf_counter()
-    torch.manual_seed(seed)
-    rng = np.random.default_rng(seed)
-    images, semantic, _ = scene_batch(seed, train_images, height, width)
-    model = build_model("pspnet", "resnet18", NUM_CLASSES)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=1e-4)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=2e-3, total_steps=steps)
-
-    model.train()
-    bar = tqdm(range(steps), desc="train PSPNet", disable=not progress, unit="step")
-    for _ in bar:
-        pick = rng.choice(train_images, batch_size, replace=False)
-        x, y = to_input(images[pick]), torch.from_numpy(semantic[pick]).long()
-        if rng.random() < 0.5:  # horizontal flip moves image and labels together
-            x, y = x.flip(-1), y.flip(-1)
-        loss = F.cross_entropy(model(x).logits, y, ignore_index=IGNORE)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-
-    images, semantic, ood_mask = scene_batch(seed + 1, eval_images, height, width, ood_fraction=1.0)
-    accumulators = {name: PixelOODAccumulator(num_thresholds, per_image=True) for name in METHODS}
-    all_scores = {name: [] for name in METHODS}
-    confusion = np.zeros((NUM_CLASSES, NUM_CLASSES), np.int64)
-    model.eval()
-    with torch.no_grad():
-        for start in tqdm(range(0, eval_images, batch_size), desc="evaluate", disable=not progress, unit="batch"):
-            stop = start + batch_size
-            output = model(to_input(images[start:stop]))
-            confusion += confusion_matrix(predicted_classes(output.logits).numpy(), semantic[start:stop], NUM_CLASSES)
-            for name in METHODS:
-                scores = get_method(name).from_output(output)
-                accumulators[name].update(scores, ood_mask[start:stop])
-                all_scores[name].append(scores.numpy())
-
-    miou, iou = mean_iou(confusion)
-    results = {
-        "segood_version": segood.__version__,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "config": {"seed": seed, "train_images": train_images, "eval_images": eval_images, "steps": steps,
-                   "batch_size": batch_size, "height": height, "width": width, "num_thresholds": num_thresholds,
-                   "model": "segood build_model('pspnet', 'resnet18'), encoder_weights=None"},
-        "miou": miou,
-        "methods": {},
-        "seconds": None,
-    }
-    for name, acc in accumulators.items():
-        binned = acc.compute()
-        exact = exact_metrics(np.concatenate(all_scores[name]), ood_mask)
-        results["methods"][name] = {
-            "pooled": {m: binned[m] for m in (*METRIC_NAMES, "max_iou_threshold")},
-            "per_image_mean": binned["per_image_mean"],
-            "exact": {m: exact[m] for m in METRIC_NAMES},
-            "n_id": binned["n_id"],
-            "n_ood": binned["n_ood"],
-            "n_ignored": binned["n_ignored"],
-        }
-    results["seconds"] = round(time.perf_counter() - started, 1)
+    scale = QUICK if quick else FULL
+    sets = prepare_data(data_dir, scale, seed, progress)
+    checkpoints = demo_checkpoints(sets, retrain=retrain, directory=checkpoints_dir,
+                                   epochs=2 if quick else None, progress=progress)
+    evaluation_sets = {name: sets[f"mixed_{name}"] for name in ("sun", "idd", "perlin", "normal")}
+    tune_loader = torch.utils.data.DataLoader(H5SegmentationDataset(sets["mixed_tune"]), batch_size=8)
+    fit_loader = torch.utils.data.DataLoader(H5SegmentationDataset(sets["cityscapes_train"]), batch_size=8)
     out_dir = Path(out_dir)
-    write_json(out_dir / "results.json", results)
-    atomic_write_text(out_dir / "results.md", results_table(results))
-    return results
+    runs = []
+    for head, names in METHODS_BY_HEAD.items():
+        model, _ = load_model(checkpoints[head])
+        model = model.float()
+        methods = []
+        for name in names:
+            if name == "odin":  # the paper tunes T on held-out OOD data; ε = 0 keeps the input unperturbed
+                methods.append(tune("odin", model, tune_loader, {"temperature": list(ODIN_TEMPERATURES),
+                                                                  "epsilon": [0.0]}, progress=False).method())
+            elif name == "mahalanobis":
+                methods.append(get_method(name).fit(model, fit_loader))
+            else:
+                methods.append(get_method(name))
+        run_dir = out_dir / head
+        evaluate(model, evaluation_sets, methods, run_dir, batch_size=8, progress=progress, figures=False,
+                 checkpoint=checkpoints[head])
+        runs.append(run_dir)
+    doc = combine_runs(runs, out_dir)
+    doc["demo_seconds"] = round(time.perf_counter() - started, 1)
+    write_json(out_dir / "results.json", doc)
+    return doc
 
 
-def results_table(results):
-    """Markdown: one row per method, pooled binned metrics with the exact-mode value beside each."""
-    arrows = {m: "↑" if HIGHER_IS_BETTER[m] else "↓" for m in METRIC_NAMES}
-    header = " | ".join(f"{m} {arrows[m]} (exact)" for m in METRIC_NAMES)
-    lines = [f"| method | {header} |", "|---|" + "---:|" * len(METRIC_NAMES)]
-    for name, r in results["methods"].items():
-        cells = " | ".join(f"{r['pooled'][m]:.4f} ({r['exact'][m]:.4f})" for m in METRIC_NAMES)
-        lines.append(f"| {name} | {cells} |")
-    first = next(iter(results["methods"].values()))
-    lines.append("")
-    lines.append(f"Segmentation mIoU on the ID pixels: {results['miou']:.3f}. Pixels: {first['n_id']} ID, "
-                 f"{first['n_ood']} OOD, {first['n_ignored']} ignored; metrics pooled over all "
-                 f"{results['config']['eval_images']} images, T = {results['config']['num_thresholds']} thresholds.")
+def summary_table(doc):
+    """Pooled metrics, one row per method and set: the table ``segood demo`` prints."""
+    from segood.evaluation.report import LABELS, arrow
+    from segood.metrics import METRIC_NAMES
+
+    lines = ["| method | set | " + " | ".join(f"{LABELS[m]} {arrow(m)}" for m in METRIC_NAMES) + " |",
+             "|---|---|" + "---:|" * len(METRIC_NAMES)]
+    for method, by_set in doc["results"].items():
+        for set_name, r in by_set.items():
+            cells = " | ".join("–" if r["pooled"][m] is None else f"{r['pooled'][m]:.3f}" for m in METRIC_NAMES)
+            flag = " †" if r["same_source_tuning"] else ""
+            lines.append(f"| {method}{flag} | {set_name} | {cells} |")
     return "\n".join(lines) + "\n"
+
+
+def _size(path):
+    dataset = H5SegmentationDataset(path)
+    return int(dataset.attrs["height"]), int(dataset.attrs["width"])

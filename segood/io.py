@@ -3,21 +3,32 @@
 import json
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 
-def atomic_write_bytes(path, data):
-    """Write ``data`` to ``path`` through a temporary file in the same folder and an atomic rename."""
+@contextmanager
+def atomic_output(path):
+    """Yield a temporary path beside ``path``; it replaces ``path`` only when the block completes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        yield tmp
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would surprise whoever shares the run folder
         os.replace(tmp, path)
     except BaseException:
-        os.unlink(tmp)
+        Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path, data):
+    """Write ``data`` to ``path`` atomically (temporary file in the same folder, then a rename)."""
+    with atomic_output(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
 
 
 def atomic_write_text(path, text):

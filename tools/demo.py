@@ -1,4 +1,4 @@
-"""The demo benchmark: train a small PSPNet on procedural driving scenes and score OOD pixels.
+"""The embedded benchmark: the whole pipeline on generated data in the real raw layouts.
 
 Same as ``segood demo``; run ``python tools/demo.py --help`` for the options.
 """

@@ -1,7 +1,7 @@
 """The evaluation run (``segood evaluate``), black-box score maps (``segood score``) and reports."""
 
 from segood.evaluation.api import evaluate, evaluate_score_maps
-from segood.evaluation.report import write_report
+from segood.evaluation.report import combine_runs, write_report
 from segood.evaluation.runner import Evaluation, ExternalModel
 
-__all__ = ["Evaluation", "ExternalModel", "evaluate", "evaluate_score_maps", "write_report"]
+__all__ = ["Evaluation", "ExternalModel", "combine_runs", "evaluate", "evaluate_score_maps", "write_report"]

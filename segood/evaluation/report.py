@@ -70,6 +70,35 @@ def write_report(out_dir, *, figures=True):
     return doc
 
 
+def combine_runs(run_dirs, out_dir, *, figures=True):
+    """One report over several runs on the same sets (e.g. one network per head): their accumulators side by
+    side, no recomputation. Method names must be distinct across the runs."""
+    runs = [json.loads((Path(d) / RUN_FILE).read_text()) for d in run_dirs]
+    states = [Evaluation.load(Path(d) / STATE_FILE.format(suffix="")) for d in run_dirs]
+    sets = states[0].set_names
+    if any(ev.set_names != sets for ev in states):
+        raise ValueError(f"runs on different sets cannot be combined: {[ev.set_names for ev in states]}")
+    names = [m for ev in states for m in ev.method_names]
+    if len(set(names)) != len(names):
+        raise ValueError(f"method names repeat across the runs: {names}")
+    combined = Evaluation(names, sets, states[0].num_thresholds, states[0].score_range)
+    for ev in states:
+        combined.acc.update(ev.acc)
+        combined.class_sum.update(ev.class_sum)
+        for key, example in ev.examples.items():
+            combined.examples.setdefault(key, {}).update(example)
+        for stage, seconds in ev.seconds.items():
+            combined.seconds[stage] = combined.seconds.get(stage, 0.0) + seconds
+    combined.class_count, combined.images = states[0].class_count, states[0].images
+    run = {"toolkit": runs[0]["toolkit"], "model": {str(d): r["model"] for d, r in zip(run_dirs, runs)},
+           "sets": runs[0]["sets"], "methods": {m: d for r in runs for m, d in r["methods"].items()},
+           "config": runs[0]["config"], "combined_from": [str(d) for d in run_dirs]}
+    out_dir = Path(out_dir)
+    write_json(out_dir / RUN_FILE, run)
+    combined.save(out_dir / STATE_FILE.format(suffix=""))
+    return write_report(out_dir, figures=figures)
+
+
 def results_csv(doc):
     buffer = io.StringIO()
     writer = csv.writer(buffer)

@@ -1,13 +1,11 @@
 """Checkpoints: a plain dict (format tag, version, model config, state dicts) loaded with weights_only=True."""
 
-import os
 import pickle
-import tempfile
-from pathlib import Path
 
 import torch
 
 import segood
+from segood.io import atomic_output
 from segood.models.network import ModelConfig, SegmentationNetwork
 
 FORMAT = "segood.checkpoint/1"
@@ -15,18 +13,10 @@ FORMAT = "segood.checkpoint/1"
 
 def save_checkpoint(path, model, **extra):
     """Write atomically (temporary file + rename). ``extra``: plain values / state dicts (optimizer, epoch...)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     state = {"format": FORMAT, "segood_version": segood.__version__, "config": model.config.to_dict(),
              "model": model.state_dict(), **extra}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_output(path) as tmp:
         torch.save(state, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def read_checkpoint(path, map_location="cpu"):
