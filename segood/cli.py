@@ -171,6 +171,33 @@ def _score(args):
     return 0
 
 
+def _submit(args):
+    from segood.leaderboard import submit
+
+    doc = submit(args.run_dir, args.out, method=args.method, name=args.method_name, description=args.description,
+                 allow_same_source=args.allow_same_source)
+    print(f"wrote {args.out}: {doc['method']['name']} on {', '.join(doc['sets'])}")
+    return 0
+
+
+def _benchmark(args):
+    from segood.leaderboard import make_benchmark
+
+    make_benchmark({args.track: {"sets": {p.stem: p for p in args.sets}, "rank_by": args.rank_by}}, args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _leaderboard(args):
+    from segood.leaderboard import leaderboard
+
+    doc = leaderboard(args.submissions, args.benchmark, args.out)
+    accepted = sum(len(t["entries"]) for t in doc["tracks"].values())
+    print((args.out / "leaderboard.md").read_text(), end="")
+    print(f"\n{accepted} entries, {len(doc['rejected'])} rejected; wrote {args.out}/index.html")
+    return 0
+
+
 def build_parser():
     from pathlib import Path
 
@@ -292,6 +319,28 @@ def build_parser():
     score.add_argument("--num-thresholds", type=int, default=400)
     score.add_argument("--clip", action="store_true", help="clip out-of-range scores instead of failing")
     score.set_defaults(run=_score)
+
+    sub_ = sub.add_parser("submit", help="package one method of a run as a leaderboard submission (zip)")
+    sub_.add_argument("run_dir", type=Path, metavar="RUN")
+    sub_.add_argument("--method", required=True, help="the run's method to submit")
+    sub_.add_argument("--method-name", required=True, help="its name on the board")
+    sub_.add_argument("--description", default="")
+    sub_.add_argument("--allow-same-source", action="store_true", help="submit a method tuned on its test source")
+    sub_.add_argument("--out", type=Path, required=True, help="the submission .zip")
+    sub_.set_defaults(run=_submit)
+
+    bench = sub.add_parser("benchmark", help="write a benchmark file (a track of official sets) for a leaderboard")
+    bench.add_argument("--track", required=True)
+    bench.add_argument("--sets", type=Path, nargs="+", required=True, help="the maintainer's converted sets")
+    bench.add_argument("--rank-by", default="auroc", choices=("auroc", "auprc", "fpr95", "max_iou"))
+    bench.add_argument("--out", type=Path, required=True)
+    bench.set_defaults(run=_benchmark)
+
+    board = sub.add_parser("leaderboard", help="validate, recompute and rank a folder of submissions")
+    board.add_argument("submissions", type=Path, help="folder of submission zips (or folders)")
+    board.add_argument("--benchmark", type=Path, required=True, help="BENCH.json (segood benchmark)")
+    board.add_argument("--out", type=Path, required=True, help="folder for leaderboard.md/.json and index.html")
+    board.set_defaults(run=_leaderboard)
     return parser
 
 

@@ -1,0 +1,188 @@
+"""Judging a folder of submissions against a benchmark: recompute, never believe; one bad file never stops
+the board. Outputs leaderboard.md, leaderboard.json and a self-contained index.html."""
+
+import html
+import json
+import math
+import warnings
+from pathlib import Path
+
+from segood.data.h5 import read_manifest
+from segood.io import atomic_write_text, write_json
+from segood.leaderboard.safe import Limits, Rejected, load_npz, read_submission_files, strict_json
+from segood.leaderboard.submission import validate
+from segood.methods.tuning import set_identity
+from segood.metrics import HIGHER_IS_BETTER, METRIC_NAMES, PixelOODAccumulator, UndefinedMetricWarning
+
+BENCHMARK_SCHEMA = "segood.benchmark/1"
+TOLERANCE = 1e-6
+
+
+def make_benchmark(tracks, out):
+    """Write BENCH.json: ``tracks`` = {track: {"sets": {name: path of the maintainer's set}, "rank_by": metric}}."""
+    doc = {"schema": BENCHMARK_SCHEMA, "tracks": {}}
+    for track, spec in tracks.items():
+        if spec["rank_by"] not in METRIC_NAMES:
+            raise ValueError(f"rank_by must be one of {METRIC_NAMES}")
+        doc["tracks"][track] = {"rank_by": spec["rank_by"], "sets": {
+            name: {"manifest_sha256": set_identity(path)["manifest_sha256"], "pixels": read_manifest(path)["pixels"]}
+            for name, path in spec["sets"].items()}}
+    write_json(out, doc)
+    return doc
+
+
+def judge(path, benchmark, limits=Limits()):
+    """One submission: (accepted entries {track: row}, None) or (None, reason). Never raises for bad input."""
+    try:
+        files = read_submission_files(path, limits)
+        if "submission.json" not in files:
+            raise Rejected("no submission.json at the top of the submission")
+        unexpected = [n for n in files if n != "submission.json" and not (n.startswith("states/") and n.endswith(".npz"))]
+        if unexpected:
+            raise Rejected(f"unexpected members {unexpected[:3]}: only submission.json and states/*.npz are read")
+        doc = strict_json(files["submission.json"], limits)
+        validate(doc)
+        rows = {}
+        for track, spec in benchmark["tracks"].items():
+            recomputed = {}
+            for set_name, official in spec["sets"].items():
+                entry = doc["sets"].get(set_name)
+                if entry is None:
+                    raise Rejected(f"track {track}: no results for set {set_name!r}")
+                if entry["manifest_sha256"] != official["manifest_sha256"]:
+                    raise Rejected(f"set {set_name!r}: evaluated on another version of the set (manifest hash "
+                                   f"{entry['manifest_sha256'][:12]}…, the benchmark's {official['manifest_sha256'][:12]}…)")
+                state_file = f"states/{set_name}.npz"
+                if state_file not in files:
+                    raise Rejected(f"set {set_name!r}: no accumulator state {state_file}")
+                try:
+                    acc = PixelOODAccumulator.from_state_dict(load_npz(files[state_file]))
+                except (ValueError, KeyError, TypeError) as err:
+                    raise Rejected(f"set {set_name!r}: invalid accumulator state ({err})") from None
+                recomputed[set_name] = _check(set_name, acc, entry["claims"], official["pixels"])
+            rank_by = spec["rank_by"]
+            values = [r[rank_by] for r in recomputed.values()]
+            rows[track] = {
+                "name": doc["method"]["name"], "description": doc["method"].get("description", ""),
+                "file": Path(path).name, "uses_ood_data": doc["method"].get("uses_ood_data", False),
+                "same_source_tuning": any(doc["sets"][s]["same_source_tuning"] for s in spec["sets"]),
+                "score": None if any(v is None for v in values) else sum(values) / len(values),
+                "sets": recomputed,
+            }
+        return rows, None
+    except Rejected as reason:
+        return None, str(reason)
+    except Exception as err:  # a board must survive whatever a stranger uploads
+        return None, f"unreadable submission ({type(err).__name__}: {err})"
+
+
+def _check(set_name, acc, claims, pixels):
+    n_id, n_ood = (int(v) for v in acc.hist.sum(axis=1))
+    counts = {"n_id": n_id, "n_ood": n_ood, "n_ignored": int(acc.n_ignored)}
+    expected = {"n_id": pixels["id"], "n_ood": pixels["ood"], "n_ignored": pixels["ignore"]}
+    if counts != expected:
+        raise Rejected(f"set {set_name!r}: counts {counts} do not match the set's pixels {expected}")
+    for key in counts:
+        if claims[key] != counts[key]:
+            raise Rejected(f"set {set_name!r}: claimed {key} {claims[key]} but the state holds {counts[key]}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        result = acc.compute()
+    values = {}
+    for metric in METRIC_NAMES:
+        value = None if math.isnan(result[metric]) else float(result[metric])
+        claimed = claims.get(metric)
+        if (value is None) != (claimed is None) or (value is not None and abs(value - claimed) > TOLERANCE):
+            raise Rejected(f"set {set_name!r}: claimed {metric} {claimed} but the counts give {value}")
+        values[metric] = value
+    return values
+
+
+def leaderboard(submissions_dir, benchmark_path, out_dir, limits=Limits()):
+    """Judge every zip / folder in ``submissions_dir``; write the board; returns its JSON document."""
+    benchmark = json.loads(Path(benchmark_path).read_text())
+    if benchmark.get("schema") != BENCHMARK_SCHEMA:
+        raise ValueError(f"{benchmark_path} is not a segood benchmark file (schema {BENCHMARK_SCHEMA!r})")
+    tracks = {track: [] for track in benchmark["tracks"]}
+    rejected = []
+    for path in sorted(Path(submissions_dir).iterdir()):
+        rows, reason = judge(path, benchmark, limits)
+        if reason:
+            rejected.append({"file": path.name, "reason": reason})
+            continue
+        for track, row in rows.items():
+            tracks[track].append(row)
+    for track, rows in tracks.items():
+        metric = benchmark["tracks"][track]["rank_by"]
+        sign = -1 if HIGHER_IS_BETTER[metric] else 1
+        rows.sort(key=lambda r: (r["score"] is None, sign * (r["score"] or 0.0), r["name"]))
+    doc = {"schema": "segood.leaderboard/1", "tracks": {
+        t: {"rank_by": benchmark["tracks"][t]["rank_by"], "sets": list(benchmark["tracks"][t]["sets"]), "entries": rows}
+        for t, rows in tracks.items()}, "rejected": rejected}
+    out_dir = Path(out_dir)
+    write_json(out_dir / "leaderboard.json", doc)
+    atomic_write_text(out_dir / "leaderboard.md", board_markdown(doc))
+    atomic_write_text(out_dir / "index.html", board_html(doc))
+    return doc
+
+
+def _flags(row):
+    return ("OOD data used; " if row["uses_ood_data"] else "") + ("same-source tuning" if row["same_source_tuning"] else "")
+
+
+def board_markdown(doc):
+    lines = ["# Leaderboard", ""]
+    for track, t in doc["tracks"].items():
+        metric = t["rank_by"]
+        lines += [f"## {track} — ranked by mean {metric} over {', '.join(t['sets'])}", "",
+                  "| rank | method | score | " + " | ".join(t["sets"]) + " | notes |",
+                  "|---:|---|---:|" + "---:|" * len(t["sets"]) + "---|"]
+        for k, row in enumerate(t["entries"], 1):
+            cells = " | ".join(_fmt(row["sets"][s][metric]) for s in t["sets"])
+            lines.append(f"| {k} | {_md(row['name'])} | {_fmt(row['score'])} | {cells} | {_md(_flags(row))} |")
+        lines.append("")
+    if doc["rejected"]:
+        lines += ["## Rejected", "", "| file | reason |", "|---|---|"]
+        lines += [f"| {_md(r['file'])} | {_md(r['reason'])} |" for r in doc["rejected"]]
+    return "\n".join(lines) + "\n"
+
+
+def board_html(doc):
+    """A self-contained page (no external assets); every submitted string is escaped; columns sort on click."""
+    esc = html.escape
+    parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>segood leaderboard</title><style>",
+             "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin-bottom:2em}",
+             "td,th{border:1px solid #ccc;padding:4px 8px}th{cursor:pointer;background:#eee}</style></head><body>",
+             "<h1>segood leaderboard</h1>"]
+    for track, t in doc["tracks"].items():
+        metric = t["rank_by"]
+        parts.append(f"<h2>{esc(track)} — ranked by mean {esc(metric)}</h2><table class='sortable'><thead><tr>"
+                     + "".join(f"<th>{esc(h)}</th>" for h in ["rank", "method", "score", *t["sets"], "notes"])
+                     + "</tr></thead><tbody>")
+        for k, row in enumerate(t["entries"], 1):
+            cells = [str(k), row["name"], _fmt(row["score"]), *(_fmt(row["sets"][s][metric]) for s in t["sets"]),
+                     _flags(row)]
+            parts.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")
+        parts.append("</tbody></table>")
+    if doc["rejected"]:
+        parts.append("<h2>Rejected</h2><table><thead><tr><th>file</th><th>reason</th></tr></thead><tbody>")
+        parts += [f"<tr><td>{esc(r['file'])}</td><td>{esc(r['reason'])}</td></tr>" for r in doc["rejected"]]
+        parts.append("</tbody></table>")
+    parts.append("""<script>
+document.querySelectorAll('table.sortable th').forEach((th, col) => th.addEventListener('click', () => {
+  const body = th.closest('table').tBodies[0], rows = Array.from(body.rows);
+  const key = r => { const t = r.cells[col].textContent, n = parseFloat(t); return isNaN(n) ? t : n; };
+  const up = th.dataset.up !== '1'; th.dataset.up = up ? '1' : '0';
+  rows.sort((a, b) => (key(a) > key(b) ? 1 : key(a) < key(b) ? -1 : 0) * (up ? 1 : -1));
+  rows.forEach(r => body.appendChild(r));
+}));
+</script></body></html>""")
+    return "".join(parts) + "\n"
+
+
+def _fmt(value):
+    return "–" if value is None else f"{value:.4f}"
+
+
+def _md(text):
+    return html.escape(str(text)).replace("|", "\\|")

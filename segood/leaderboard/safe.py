@@ -1,0 +1,108 @@
+"""Reading untrusted submission files: bounded zips, bounded strict JSON, pickle-free npz."""
+
+import io
+import json
+import stat
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+
+
+class Rejected(Exception):
+    """A submission is refused; the message is the reason shown on the board."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    member_bytes: int = 64 << 20  # one uncompressed member
+    total_bytes: int = 256 << 20  # all members together
+    json_bytes: int = 1 << 20  # submission.json
+    members: int = 1000
+    ratio: int = 200  # uncompressed / compressed size beyond which a member is a bomb
+
+
+def read_submission_files(path, limits=Limits()):
+    """{relative name: bytes} of a submission zip or folder, refusing anything unsafe."""
+    path = Path(path)
+    if path.is_dir():
+        return _read_folder(path, limits)
+    try:
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as err:
+        raise Rejected(f"not a readable zip file ({err})") from None
+    with archive:
+        infos = archive.infolist()
+        if len(infos) > limits.members:
+            raise Rejected(f"{len(infos)} members, more than the limit {limits.members}")
+        files, total = {}, 0
+        for info in infos:
+            name = _safe_name(info.filename)
+            if stat.S_ISLNK(info.external_attr >> 16):
+                raise Rejected(f"member {name!r} is a symbolic link")
+            if info.is_dir():
+                continue
+            if name in files:
+                raise Rejected(f"duplicate member name {name!r}")
+            if info.file_size > limits.member_bytes or (info.compress_size and
+                                                         info.file_size > limits.ratio * info.compress_size > 0):
+                raise Rejected(f"member {name!r} would expand to {info.file_size} bytes: over the limits (zip bomb?)")
+            with archive.open(info) as member:  # never trust the declared size: read at most the limit
+                data = member.read(limits.member_bytes + 1)
+            if len(data) > limits.member_bytes:
+                raise Rejected(f"member {name!r} expands beyond {limits.member_bytes} bytes (zip bomb?)")
+            total += len(data)
+            if total > limits.total_bytes:
+                raise Rejected(f"members expand beyond {limits.total_bytes} bytes in all (zip bomb?)")
+            files[name] = data
+        return files
+
+
+def _read_folder(path, limits):
+    files, total = {}, 0
+    for file in sorted(path.rglob("*")):
+        if file.is_symlink():
+            raise Rejected(f"{file.relative_to(path)} is a symbolic link")
+        if not file.is_file():
+            continue
+        size = file.stat().st_size
+        total += size
+        if size > limits.member_bytes or total > limits.total_bytes:
+            raise Rejected(f"{file.relative_to(path)}: over the size limits")
+        files[file.relative_to(path).as_posix()] = file.read_bytes()
+    return files
+
+
+def _safe_name(name):
+    if "\\" in name or name.startswith("/") or (len(name) > 1 and name[1] == ":"):
+        raise Rejected(f"member {name!r} has an absolute or non-POSIX path")
+    parts = PurePosixPath(name).parts
+    if ".." in parts:
+        raise Rejected(f"member {name!r} climbs out of the archive with '..'")
+    return name.rstrip("/")
+
+
+def strict_json(data, limits=Limits()):
+    """Parse JSON bytes: size-limited, UTF-8, and no NaN / Infinity passed off as numbers."""
+    if len(data) > limits.json_bytes:
+        raise Rejected(f"submission.json has {len(data)} bytes, more than the limit {limits.json_bytes}")
+
+    def refuse(constant):
+        raise Rejected(f"submission.json contains {constant}, which is not a number")
+
+    try:
+        return json.loads(data.decode("utf-8"), parse_constant=refuse)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise Rejected(f"submission.json is not valid JSON ({err})") from None
+
+
+def load_npz(data):
+    """{name: array} of npz bytes, never unpickling (object arrays are refused)."""
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+            return {key: arrays[key] for key in arrays.files}
+    except ValueError as err:
+        raise Rejected(f"an accumulator state needs unpickling ({err}); states hold plain arrays only") from None
+    except (OSError, EOFError, zipfile.BadZipFile) as err:
+        raise Rejected(f"an accumulator state is not a readable npz file ({err})") from None

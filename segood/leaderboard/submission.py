@@ -1,0 +1,101 @@
+"""Packaging a run into a submission, and validating a submission's JSON against its schema."""
+
+import io
+import json
+import math
+import re
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from segood.evaluation.report import RUN_FILE
+from segood.evaluation.runner import STATE_FILE, Evaluation
+from segood.leaderboard.safe import Rejected
+from segood.metrics import METRIC_NAMES
+
+SCHEMA = "segood.submission/1"
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._+()/-]{0,79}$")
+COUNTS = ("n_id", "n_ood", "n_ignored")
+
+
+def submit(run_dir, out, *, method, name, description="", allow_same_source=False):
+    """Package ``method`` of the run in ``run_dir`` as a submission zip ``out``; returns the submission dict.
+
+    Refuses a method tuned on its test source unless ``allow_same_source`` (the flag then travels with it).
+    """
+    run_dir = Path(run_dir)
+    run = json.loads((run_dir / RUN_FILE).read_text())
+    results = json.loads((run_dir / "results.json").read_text())["results"]
+    if method not in results:
+        raise ValueError(f"the run has no method {method!r}; it has {sorted(results)}")
+    if not NAME_PATTERN.match(name):
+        raise ValueError(f"method name {name!r}: use 1-80 letters, digits, spaces and ._+()/- (starting with a letter "
+                         "or digit)")
+    same_source = {s: r["same_source_tuning"] for s, r in results[method].items()}
+    if any(same_source.values()) and not allow_same_source:
+        raise ValueError(f"{method} was tuned on data from the same source as {[s for s, v in same_source.items() if v]}; "
+                         "pass --allow-same-source to submit it anyway (the board will show the flag)")
+    ev = Evaluation.load(run_dir / STATE_FILE.format(suffix=""))
+    document = {
+        "schema": SCHEMA,
+        "method": {"name": name, "description": description, "run_method": method,
+                   "params": run["methods"][method]["params"],
+                   "uses_ood_data": bool(run["methods"][method].get("uses_ood_data"))},
+        "model": run["model"],
+        "toolkit": run["toolkit"],
+        "sets": {},
+    }
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for set_name, r in results[method].items():
+            state = ev.acc[(method, set_name)].state_dict()
+            npz = io.BytesIO()
+            np.savez(npz, **state)
+            archive.writestr(f"states/{set_name}.npz", npz.getvalue())
+            document["sets"][set_name] = {
+                "manifest_sha256": run["sets"][set_name]["manifest_sha256"],
+                "same_source_tuning": same_source[set_name],
+                "claims": {**{m: r["pooled"][m] for m in METRIC_NAMES}, **{c: r[c] for c in COUNTS}},
+            }
+        archive.writestr("submission.json", json.dumps(document, indent=2, allow_nan=False))
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_bytes(buffer.getvalue())
+    return document
+
+
+def validate(doc):
+    """Check a parsed submission.json: types, ranges, names. Raises :class:`Rejected` with the first problem."""
+    _require(isinstance(doc, dict), "submission.json must hold an object")
+    _require(doc.get("schema") == SCHEMA, f"schema must be {SCHEMA!r}, got {doc.get('schema')!r}")
+    method = doc.get("method")
+    _require(isinstance(method, dict), "'method' must be an object")
+    name = method.get("name")
+    _require(isinstance(name, str) and NAME_PATTERN.match(name) is not None,
+             f"method name {name!r} is not allowed: 1-80 letters, digits, spaces and ._+()/-")
+    _require(isinstance(method.get("description", ""), str) and len(method.get("description", "")) <= 2000,
+             "method description must be a string of at most 2000 characters")
+    _require(isinstance(method.get("uses_ood_data", False), bool), "'uses_ood_data' must be true or false")
+    sets = doc.get("sets")
+    _require(isinstance(sets, dict) and sets, "'sets' must be a non-empty object")
+    for set_name, entry in sets.items():
+        _require(isinstance(entry, dict), f"set {set_name!r}: must be an object")
+        _require(isinstance(entry.get("manifest_sha256"), str) and re.fullmatch(r"[0-9a-f]{64}", entry["manifest_sha256"])
+                 is not None, f"set {set_name!r}: manifest_sha256 must be 64 hex digits")
+        _require(isinstance(entry.get("same_source_tuning"), bool), f"set {set_name!r}: same_source_tuning must be a bool")
+        claims = entry.get("claims")
+        _require(isinstance(claims, dict), f"set {set_name!r}: 'claims' must be an object")
+        for metric in METRIC_NAMES:
+            value = claims.get(metric)
+            _require(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                       and math.isfinite(value) and 0.0 <= value <= 1.0),
+                     f"set {set_name!r}: claimed {metric} {value!r} is not a number in [0, 1]")
+        for count in COUNTS:
+            value = claims.get(count)
+            _require(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+                     f"set {set_name!r}: claimed {count} {value!r} is not a non-negative integer")
+
+
+def _require(condition, reason):
+    if not condition:
+        raise Rejected(reason)

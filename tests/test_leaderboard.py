@@ -1,0 +1,154 @@
+"""Submissions and the leaderboard: recompute, never believe; every bad file rejected with its reason."""
+
+import io
+import json
+import pickle
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+from segood.cli import main
+from segood.data import Cityscapes, H5SegmentationDataset, Noise, convert, mix
+from segood.evaluation import evaluate
+from segood.leaderboard import Limits, leaderboard, make_benchmark, submit
+from segood.methods.tuning import tune
+from segood.models import build_model
+
+from rawtrees import cityscapes_tree
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """Two sets, a benchmark over them, a run of three methods and their valid submissions."""
+    root = tmp_path_factory.mktemp("board")
+    cityscapes_tree(root / "cs", height=64, width=64)
+    convert(Cityscapes(root / "cs", "val"), root / "cs.h5", size=(64, 64), progress=False)
+    for kind in ("perlin", "normal"):
+        convert(Noise(kind, 2, size=(64, 64), seed=1), root / f"{kind}.h5", size=(64, 64), progress=False)
+        mix(root / f"{kind}.h5", root / "cs.h5", root / f"{kind}_mixed.h5", progress=False)
+    sets = {"perlin_mixed": root / "perlin_mixed.h5", "normal_mixed": root / "normal_mixed.h5"}
+    make_benchmark({"noise": {"sets": sets, "rank_by": "auroc"}}, root / "bench.json")
+    torch.manual_seed(0)
+    model = build_model("pspnet", "resnet18").eval()
+    loader = torch.utils.data.DataLoader(H5SegmentationDataset(sets["perlin_mixed"]), batch_size=2)
+    tuned = tune("odin", model, loader, {"temperature": [1, 1000], "epsilon": [0.0]}, progress=False).method()
+    doc = evaluate(model, sets, ["max_softmax", "entropy", tuned], root / "run", progress=False, figures=False)
+    (root / "subs").mkdir()
+    for method in ("max_softmax", "entropy"):
+        submit(root / "run", root / "subs" / f"{method}.zip", method=method, name=f"PSPNet {method}")
+    return root, doc
+
+
+def rebuild(src, dst, edit=None, extra=None):
+    """Copy a submission zip, optionally editing submission.json (a function) or adding raw members."""
+    with zipfile.ZipFile(src) as a, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as b:
+        for info in a.infolist():
+            data = a.read(info)
+            if info.filename == "submission.json" and edit:
+                doc = json.loads(data)
+                edit(doc)
+                data = json.dumps(doc).encode()
+            b.writestr(info.filename, data)
+        for name, data in (extra or {}).items():
+            b.writestr(name, data)
+
+
+def test_round_trip_and_ranking(world, tmp_path):
+    root, run = world
+    board = leaderboard(root / "subs", root / "bench.json", tmp_path)
+    entries = board["tracks"]["noise"]["entries"]
+    assert [e["name"] for e in entries] == sorted(
+        ["PSPNet max_softmax", "PSPNet entropy"],
+        key=lambda n: -np.mean([run["results"][n.split()[1]][s]["pooled"]["auroc"] for s in ("perlin_mixed", "normal_mixed")]))
+    for entry in entries:
+        method = entry["name"].split()[1]
+        for set_name in ("perlin_mixed", "normal_mixed"):
+            for metric in ("auroc", "auprc", "fpr95", "max_iou"):
+                assert entry["sets"][set_name][metric] == run["results"][method][set_name]["pooled"][metric]
+    assert board["rejected"] == []
+    assert "PSPNet entropy" in (tmp_path / "index.html").read_text()
+
+
+def test_same_source_tuning_needs_consent_and_shows(world, tmp_path):
+    root, _ = world
+    with pytest.raises(ValueError, match="same source"):
+        submit(root / "run", tmp_path / "odin.zip", method="odin", name="ODIN")
+    submit(root / "run", tmp_path / "subs" / "odin.zip", method="odin", name="ODIN", allow_same_source=True)
+    board = leaderboard(tmp_path / "subs", root / "bench.json", tmp_path / "board")
+    assert "same-source tuning" in (tmp_path / "board/leaderboard.md").read_text()
+    assert board["tracks"]["noise"]["entries"][0]["same_source_tuning"]
+
+
+def replace_member(src, dst, name, data):
+    with zipfile.ZipFile(src) as a, zipfile.ZipFile(dst, "w") as b:
+        for info in a.infolist():
+            b.writestr(info.filename, data if info.filename == name else a.read(info))
+
+
+def bad_submissions(root, folder):
+    good = root / "subs" / "entropy.zip"
+    rebuild(good, folder / "forged.zip", edit=lambda d: d["sets"]["perlin_mixed"]["claims"].update(auroc=0.999))
+    with zipfile.ZipFile(good) as z:
+        state = dict(np.load(io.BytesIO(z.read("states/perlin_mixed.npz"))))
+    state["hist"] = state["hist"] * 2  # counts that do not match the set's pixels
+    tampered = io.BytesIO()
+    np.savez(tampered, **state)
+    replace_member(good, folder / "tampered.zip", "states/perlin_mixed.npz", tampered.getvalue())
+    rebuild(good, folder / "wrong_hash.zip", edit=lambda d: d["sets"]["normal_mixed"].update(manifest_sha256="0" * 64))
+    pickled = io.BytesIO()
+    np.savez(pickled, **{**state, "hist": np.array([{"evil": 1}], dtype=object)})
+    replace_member(good, folder / "pickle.zip", "states/perlin_mixed.npz", pickled.getvalue())
+    rebuild(good, folder / "pickle_member.zip", extra={"states/extra.pkl": pickle.dumps({"a": 1})})
+    rebuild(good, folder / "traversal.zip", extra={"../../evil.npz": b"x"})
+    rebuild(good, folder / "bomb.zip", extra={"states/bomb.npz": b"\0" * (3 << 20)})
+    words = "".join(np.random.default_rng(0).choice(list("abcdefghijklmnopqrstuvwxyz "), 1_500_000))
+    rebuild(good, folder / "big_json.zip", edit=lambda d: d["method"].update(description=words))
+    rebuild(good, folder / "html.zip", edit=lambda d: d["method"].update(name="<script>alert(1)</script>"))
+    raw = zipfile.ZipFile(good).read("submission.json").decode().replace('"auroc": ', '"auroc": NaN, "x": ', 1)
+    replace_member(good, folder / "nan.zip", "submission.json", raw.encode())
+    (folder / "not_a_zip.zip").write_bytes(b"PK nothing")
+    (folder / "valid.zip").write_bytes(good.read_bytes())
+
+
+EXPECTED_REASONS = {
+    "forged.zip": "claimed auroc 0.999 but the counts give",
+    "tampered.zip": "do not match the set's pixels",
+    "wrong_hash.zip": "another version of the set",
+    "pickle.zip": "needs unpickling",
+    "pickle_member.zip": "unexpected members",
+    "traversal.zip": "climbs out of the archive",
+    "bomb.zip": "zip bomb",
+    "big_json.zip": "more than the limit",
+    "html.zip": "is not allowed",
+    "nan.zip": "NaN, which is not a number",
+    "not_a_zip.zip": "not a readable zip",
+}
+
+
+def test_every_bad_submission_is_rejected_with_its_reason(world, tmp_path):
+    root, _ = world
+    folder = tmp_path / "incoming"
+    folder.mkdir()
+    bad_submissions(root, folder)
+    limits = Limits(member_bytes=2 << 20, ratio=100)
+    board = leaderboard(folder, root / "bench.json", tmp_path / "board", limits)
+    reasons = {r["file"]: r["reason"] for r in board["rejected"]}
+    for name, expected in EXPECTED_REASONS.items():
+        assert expected in reasons[name], (name, reasons[name])
+    assert [e["file"] for e in board["tracks"]["noise"]["entries"]] == ["valid.zip"]  # the good one still ranks
+    page = (tmp_path / "board/index.html").read_text()
+    assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
+def test_cli_round_trip(world, tmp_path, capsys):
+    root, _ = world
+    assert main(["submit", str(root / "run"), "--method", "entropy", "--method-name", "Entropy (cli)",
+                 "--out", str(tmp_path / "subs" / "e.zip")]) == 0
+    assert main(["benchmark", "--track", "noise", "--sets", str(root / "perlin_mixed.h5"), str(root / "normal_mixed.h5"),
+                 "--out", str(tmp_path / "bench.json")]) == 0
+    assert json.loads((tmp_path / "bench.json").read_text()) == json.loads((root / "bench.json").read_text())
+    assert main(["leaderboard", str(tmp_path / "subs"), "--benchmark", str(tmp_path / "bench.json"), "--out",
+                 str(tmp_path / "board")]) == 0
+    assert "| 1 | Entropy (cli) |" in capsys.readouterr().out
