@@ -46,11 +46,11 @@ def _convert(args):
         return 0
     if args.dataset == "mix":
         manifest = mix(args.ood, args.id, args.out, seed=args.seed, id_frames=args.id_frames,
-                            overwrite=args.overwrite, progress=not args.quiet)
+                       overwrite=args.overwrite, progress=not args.quiet)
     else:
         adapter = _adapter(args)
         manifest = convert(adapter, args.out, size=args.size or adapter_size(adapter), workers=args.workers,
-                                strict=args.strict, overwrite=args.overwrite, progress=not args.quiet)
+                           strict=args.strict, overwrite=args.overwrite, progress=not args.quiet)
     ratio = manifest["id_to_ood_ratio"]
     print(f"wrote {args.out}: {manifest['frames']} frames, {len(manifest['skipped'])} skipped; pixels "
           f"{manifest['pixels']}" + (f", ID:OOD = {ratio:.2f}:1" if ratio else ""))

@@ -46,7 +46,7 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
     if device is not None:
         model = model.to(device)
     sets = {Path(p).stem: p for p in sets} if isinstance(sets, (list, tuple)) else dict(sets)
-    for name, path in sets.items():
+    for path in sets.values():
         _open_set(path)
     if methods is None:
         methods = default_methods(model)
