@@ -8,6 +8,9 @@ kernel always compares. So scores on a threshold or one ulp beside it land where
 puts them.
 """
 
+import functools
+from concurrent.futures import ThreadPoolExecutor
+
 import numba
 import numpy as np
 
@@ -42,75 +45,88 @@ def _exact_bin(thresholds, j, s):
     return j
 
 
-@numba.njit(parallel=True, nogil=True, cache=True)
-def _histogram_kernel(scores, labels, thresholds, clip, margin, hist):
-    """Histogram of 1-D ``scores`` (float32/64) by 1-D uint8 ``labels`` into ``hist`` (chunks, 2 T) int32.
+@numba.njit(nogil=True, cache=True)
+def _histogram_kernel(scores, labels, thresholds, clip, margin, hist, problems):
+    """Histogram of 1-D ``scores`` (float32/64) by 1-D uint8 ``labels``, added into ``hist`` (2 T,) int32.
 
-    Row-major bins: ``label * T + bin``. Each chunk must hold fewer than 2**31 pixels. Returns (chunks, 3)
-    int64 counters: ignored pixels, labels outside {0, 1, 255}, scores NaN or outside [t_0, t_{T-1}]
-    (with ``clip``, only NaN). Problem pixels are not binned.
+    Row-major bins: ``label * T + bin``; fewer than 2**31 pixels per call. Adds to ``problems`` (3,) int64:
+    ignored pixels, labels outside {0, 1, 255}, scores NaN or outside [t_0, t_{T-1}] (with ``clip``, only
+    NaN). Problem pixels are not binned. Serial and GIL-free: the wrapper runs chunks on threads (a plain
+    loop optimises better than a ``prange`` body here).
     """
     n = scores.size
     num_t = thresholds.size
-    chunks = hist.shape[0]
     lo = thresholds[0]
     hi = thresholds[num_t - 1]
     scale = (num_t - 1) / (hi - lo)
     top = num_t - 1.0
-    upper = 1.0 - margin
+    half = 0.5 - margin
     row = np.int32(num_t)  # int32 index arithmetic keeps the first loop vectorised
-    problems = np.zeros((chunks, 3), dtype=np.int64)
-    for c in numba.prange(chunks):
-        local = hist[c]
-        index = np.empty(_BLOCK, np.int32)
-        trusted = np.empty(_BLOCK, np.uint8)
-        ignored = bad_label = bad_score = 0
-        stop = (c + 1) * n // chunks
-        for b in range(c * n // chunks, stop, _BLOCK):
-            m = min(_BLOCK, stop - b)
-            n_trusted = 0
-            for k in range(m):  # branch-free, so it vectorises; a NaN only makes the pixel untrusted
-                label = labels[b + k]
-                s = np.float64(scores[b + k])
-                g = (s - lo) * scale
-                g = g if g >= 0.0 else 0.0
-                g = g if g <= top else top
-                j = np.int32(g)
-                f = g - j
-                ok = (label <= OOD) & (s >= lo) & (s <= hi) & (f >= margin) & (f <= upper)
-                index[k] = np.int32(label) * row + j
-                trusted[k] = ok
-                n_trusted += ok
-            if n_trusted == m:  # the common case: one tight scatter loop
-                for k in range(m):
-                    local[index[k]] += 1
-                continue
+    index = np.empty(_BLOCK, np.int32)
+    trusted = np.empty(_BLOCK, np.uint8)
+    ignored = bad_label = bad_score = 0
+    for b in range(0, n, _BLOCK):
+        m = min(_BLOCK, n - b)
+        n_trusted = 0
+        for k in range(m):  # branch-free, so it vectorises
+            label = labels[b + k]
+            s = np.float64(scores[b + k])
+            g = (s - lo) * scale
+            g = g if g >= 0.0 else 0.0  # also NaN -> 0
+            g = g if g <= top else top
+            j = np.int32(g)
+            f = g - j
+            # Trusted: a counted label and a guess at least `margin` from a bin edge. A score below lo, above
+            # hi or NaN was clamped onto an edge (f = 0), so it is never trusted and takes the careful path.
+            ok = (label <= OOD) & (abs(f - 0.5) <= half)
+            index[k] = np.int32(label) * row + j
+            trusted[k] = ok
+            n_trusted += ok
+        if n_trusted == m:  # the common case: one tight scatter loop
             for k in range(m):
-                if trusted[k]:
-                    local[index[k]] += 1
-                    continue
-                label = labels[b + k]
-                s = np.float64(scores[b + k])
-                if label == IGNORE:
-                    ignored += 1
-                elif label > OOD:
-                    bad_label += 1
-                elif (s >= lo and s <= hi) or (clip and s == s):
-                    s = min(max(s, lo), hi)
-                    local[label * num_t + _exact_bin(thresholds, np.int64((s - lo) * scale), s)] += 1
-                else:
-                    bad_score += 1
-        problems[c, N_IGNORED] = ignored
-        problems[c, N_BAD_LABEL] = bad_label
-        problems[c, N_BAD_SCORE] = bad_score
-    return problems
+                hist[index[k]] += 1
+            continue
+        for k in range(m):
+            if trusted[k]:
+                hist[index[k]] += 1
+                continue
+            label = labels[b + k]
+            s = np.float64(scores[b + k])
+            if label == IGNORE:
+                ignored += 1
+            elif label > OOD:
+                bad_label += 1
+            elif (s >= lo and s <= hi) or (clip and s == s):
+                s = min(max(s, lo), hi)
+                hist[label * num_t + _exact_bin(thresholds, np.int64((s - lo) * scale), s)] += 1
+            else:
+                bad_score += 1
+    problems[N_IGNORED] += ignored
+    problems[N_BAD_LABEL] += bad_label
+    problems[N_BAD_SCORE] += bad_score
+
+
+@functools.lru_cache(maxsize=None)
+def _pool(threads):
+    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="segood-histogram")
 
 
 def histogram_numpy(scores, labels, thresholds, clip, threads):
-    """Run the numba kernel; returns (hist (2, T) int64, problems (3,) int64)."""
+    """Run the numba kernel on ``threads`` chunks in parallel; returns (hist (2, T) int64, problems (3,) int64)."""
     chunks = max(threads, -(-scores.size // (1 << 30)))  # int32 bins: under 2**31 pixels a chunk
     hist = np.zeros((chunks, 2 * thresholds.size), dtype=np.int32)
-    problems = _histogram_kernel(scores, labels, thresholds, clip, guess_margin(thresholds), hist)
+    problems = np.zeros((chunks, 3), dtype=np.int64)
+    margin = guess_margin(thresholds)
+    bounds = [scores.size * c // chunks for c in range(chunks + 1)]
+
+    def work(c):
+        lo, hi = bounds[c], bounds[c + 1]
+        _histogram_kernel(scores[lo:hi], labels[lo:hi], thresholds, clip, margin, hist[c], problems[c])
+
+    if chunks == 1:
+        work(0)
+    else:
+        list(_pool(threads).map(work, range(chunks)))
     return hist.sum(axis=0, dtype=np.int64).reshape(2, thresholds.size), problems.sum(axis=0)
 
 
