@@ -8,11 +8,9 @@ the class argmax, as an evaluation that shares one forward does); for the others
 (Monte-Carlo samples, perturbation passes, Mahalanobis distances).
 """
 
-import argparse
-
 import torch
 
-from torch_timing import best_ms, device_name
+from torch_timing import best_ms, device_name, parse_args
 
 from segood.methods import get_method
 from segood.methods.functional import predicted_classes
@@ -24,12 +22,7 @@ ROWS = [("max_softmax", {}), ("entropy", {}), ("odin", {"temperature": 1000}),
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--height", type=int, default=512)
-    parser.add_argument("--width", type=int, default=1024)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = parser.parse_args()
+    args = parse_args(__doc__, repeat=3)
     device = torch.device(args.device)
     x = torch.randn(1, 3, args.height, args.width, device=device)
     name = device_name(device)

@@ -6,11 +6,9 @@ Rows: forward ms/image (batch 1, no grad, eval mode) for PSPNet-ResNet50 and Dee
 head; then for the dropout head: ``mc_logits(T=8)`` against one forward pass and against 8 full passes.
 """
 
-import argparse
-
 import torch
 
-from torch_timing import best_ms, device_name
+from torch_timing import best_ms, device_name, parse_args
 
 from segood.models import HEADS, build_model
 
@@ -19,12 +17,7 @@ NETWORKS = (("pspnet", "resnet50"), ("deeplabv3plus", "tu-xception41"))
 
 @torch.no_grad()
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--height", type=int, default=512)
-    parser.add_argument("--width", type=int, default=1024)
-    parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = parser.parse_args()
+    args = parse_args(__doc__, repeat=2)
     device = torch.device(args.device)
     x = torch.randn(1, 3, args.height, args.width, device=device)
     name = device_name(device)

@@ -1,8 +1,19 @@
 """Timing helpers shared by the network benchmarks."""
 
+import argparse
 import time
 
 import torch
+
+
+def parse_args(doc, repeat):
+    """The options every network benchmark takes: input size, repeats, device."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--height", type=int, default=512)
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--repeat", type=int, default=repeat)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    return parser.parse_args()
 
 
 def best_ms(fn, repeat, device):

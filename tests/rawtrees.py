@@ -109,3 +109,18 @@ def sun_tree(root, eligible=8, height=660, width=700):
         labelme_xml("sun_small.jpg", "s/street", SUN_OBJECTS, (600, 600)))
     write_rgb(root / "Images" / "s" / "street" / "sun_broken.jpg", gradient_image(700, 700))
     (root / "Annotations" / "s" / "street" / "sun_broken.xml").write_text("<annotation><object><name>")
+
+
+def mixed_noise_sets(root, kinds=("perlin", "normal"), noise_frames=2, cityscapes_frames=2, seed=3, side=64):
+    """Converted sets under ``root``: ``cs.h5`` (Cityscapes-format val), ``<kind>.h5`` noise and
+    ``<kind>_mixed.h5`` (noise + the Cityscapes frames), all side x side. Returns ``root``."""
+    from segood.data import Cityscapes, Noise, convert, mix
+
+    frames = [("aachen", "000000", f"{k:06d}") for k in range(cityscapes_frames)]
+    cityscapes_tree(root / "cs", height=side, width=side, frames=frames)
+    convert(Cityscapes(root / "cs", "val"), root / "cs.h5", size=(side, side), progress=False)
+    for kind in kinds:
+        convert(Noise(kind, noise_frames, size=(side, side), seed=seed), root / f"{kind}.h5", size=(side, side),
+                progress=False)
+        mix(root / f"{kind}.h5", root / "cs.h5", root / f"{kind}_mixed.h5", progress=False)
+    return root

@@ -9,25 +9,19 @@ import pytest
 import torch
 
 from segood.cli import main
-from segood.data import Cityscapes, Noise, convert, mix
 from segood.data.h5 import H5SegmentationDataset
 from segood.evaluation import evaluate, evaluate_score_maps
 from segood.methods import get_method
 from segood.metrics import METRIC_NAMES, PixelOODAccumulator
 from segood.models import build_model, preprocess, save_checkpoint
 
-from rawtrees import cityscapes_tree
+from rawtrees import mixed_noise_sets
 
 
 @pytest.fixture(scope="module")
 def sets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("eval_sets")
-    cityscapes_tree(root / "cs", height=64, width=64,
-                    frames=[("aachen", "000000", f"{k:06d}") for k in range(3)])
-    convert(Cityscapes(root / "cs", "val"), root / "cs.h5", size=(64, 64), progress=False)
-    convert(Noise("perlin", 3, size=(64, 64), seed=3), root / "perlin.h5", size=(64, 64), progress=False)
-    mix(root / "perlin.h5", root / "cs.h5", root / "perlin_mixed.h5", progress=False)
-    return root
+    return mixed_noise_sets(tmp_path_factory.mktemp("eval_sets"), kinds=("perlin",), noise_frames=3,
+                            cityscapes_frames=3)
 
 
 def dropout_model():

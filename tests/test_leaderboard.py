@@ -10,24 +10,19 @@ import pytest
 import torch
 
 from segood.cli import main
-from segood.data import Cityscapes, H5SegmentationDataset, Noise, convert, mix
+from segood.data import H5SegmentationDataset
 from segood.evaluation import evaluate
 from segood.leaderboard import Limits, leaderboard, make_benchmark, submit
 from segood.methods.tuning import tune
 from segood.models import build_model
 
-from rawtrees import cityscapes_tree
+from rawtrees import mixed_noise_sets
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """Two sets, a benchmark over them, a run of three methods and their valid submissions."""
-    root = tmp_path_factory.mktemp("board")
-    cityscapes_tree(root / "cs", height=64, width=64)
-    convert(Cityscapes(root / "cs", "val"), root / "cs.h5", size=(64, 64), progress=False)
-    for kind in ("perlin", "normal"):
-        convert(Noise(kind, 2, size=(64, 64), seed=1), root / f"{kind}.h5", size=(64, 64), progress=False)
-        mix(root / f"{kind}.h5", root / "cs.h5", root / f"{kind}_mixed.h5", progress=False)
+    root = mixed_noise_sets(tmp_path_factory.mktemp("board"), seed=1)
     sets = {"perlin_mixed": root / "perlin_mixed.h5", "normal_mixed": root / "normal_mixed.h5"}
     make_benchmark({"noise": {"sets": sets, "rank_by": "auroc"}}, root / "bench.json")
     torch.manual_seed(0)

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from segood.data import Cityscapes, Noise, convert, mix
 from segood.data.h5 import H5SegmentationDataset
 from segood.methods import (METHODS, ClassFeatureStats, entropy, get_method, max_softmax, mutual_info, odin,
                             varsum)
@@ -15,7 +14,7 @@ from segood.methods.tuning import same_source_tuning, set_identity, tune
 from segood.metrics import PixelOODAccumulator
 from segood.models import build_model, preprocess
 
-from rawtrees import cityscapes_tree
+from rawtrees import mixed_noise_sets
 
 C = 19
 
@@ -88,13 +87,7 @@ def test_mahalanobis_recovers_gaussian_classes():
 
 @pytest.fixture(scope="module")
 def sets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sets")
-    cityscapes_tree(root / "cs", height=64, width=64)
-    convert(Cityscapes(root / "cs", "val"), root / "cs.h5", size=(64, 64), progress=False)
-    for kind in ("perlin", "normal"):
-        convert(Noise(kind, 2, size=(64, 64), seed=3), root / f"{kind}.h5", size=(64, 64), progress=False)
-        mix(root / f"{kind}.h5", root / "cs.h5", root / f"{kind}_mixed.h5", progress=False)
-    return root
+    return mixed_noise_sets(tmp_path_factory.mktemp("sets"))
 
 
 def loader(path, batch_size=2):
