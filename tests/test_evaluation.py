@@ -99,6 +99,8 @@ def test_score_maps_equal_the_model_path(sets, tmp_path):
         f[first] = np.full((64, 64), 2.0, np.float32)
     with pytest.raises(ValueError, match=f"frame {first}: .*outside"):
         evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "bad2")
+    with pytest.raises(ValueError, match="holds a different run"):  # never overwrite another run's state
+        evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "int", clip=True)
 
 
 def killed_after(model, calls_allowed):
@@ -168,6 +170,12 @@ def test_bad_inputs_fail_before_any_compute(sets, tmp_path):
     evaluate(model, [sets / "cs.h5"], ["entropy"], tmp_path / "d", progress=False, figures=False)
     with pytest.raises(ValueError, match="holds a different run"):
         evaluate(model, [sets / "cs.h5"], ["max_softmax"], tmp_path / "d", progress=False)
+    torch.manual_seed(1)
+    with pytest.raises(ValueError, match="holds a different run"):  # same architecture, other weights
+        evaluate(dropout_model().apply(lambda m: torch.nn.init.zeros_(m.weight) if isinstance(m, torch.nn.Conv2d)
+                                       else None), [sets / "cs.h5"], ["entropy"], tmp_path / "d", progress=False)
+    with pytest.raises(ValueError, match="file stems must differ"):
+        evaluate(model, [sets / "cs.h5", sets / "cs.h5"], ["entropy"], tmp_path / "f", progress=False)
     save_checkpoint(tmp_path / "m.pt", model)
     assert main(["evaluate", "--checkpoint", str(tmp_path / "m.pt"), "--sets", str(sets / "cs.h5"), "--methods",
                  "confidence", "--out", str(tmp_path / "e"), "--quiet"]) == 2

@@ -103,6 +103,12 @@ def bad_submissions(root, folder):
     rebuild(good, folder / "html.zip", edit=lambda d: d["method"].update(name="<script>alert(1)</script>"))
     raw = zipfile.ZipFile(good).read("submission.json").decode().replace('"auroc": ', '"auroc": NaN, "x": ', 1)
     replace_member(good, folder / "nan.zip", "submission.json", raw.encode())
+    for name, change in (("other_thresholds.zip", {"num_thresholds": np.array(401), "hist": np.zeros((2, 401), np.int64)}),
+                         ("uint64.zip", {"hist": state["hist"].astype(np.uint64)}),
+                         ("extra_array.zip", {"junk": np.zeros(10)})):
+        changed = io.BytesIO()
+        np.savez(changed, **{**state, **change})
+        replace_member(good, folder / name, "states/perlin_mixed.npz", changed.getvalue())
     (folder / "not_a_zip.zip").write_bytes(b"PK nothing")
     (folder / "valid.zip").write_bytes(good.read_bytes())
 
@@ -119,6 +125,9 @@ EXPECTED_REASONS = {
     "html.zip": "is not allowed",
     "nan.zip": "NaN, which is not a number",
     "not_a_zip.zip": "not a readable zip",
+    "other_thresholds.zip": "the benchmark asks for 400",
+    "uint64.zip": "counts must be int64",
+    "extra_array.zip": "expected exactly",
 }
 
 

@@ -162,6 +162,9 @@ def test_tuning_picks_the_best_point_and_records_provenance(sets):
     assert not same_source_tuning(tuned.params, set_identity(sets / "normal_mixed.h5"))
     assert not same_source_tuning(get_method("odin").params, set_identity(sets / "perlin_mixed.h5"))
     assert math.isfinite(result.provenance["value"])
+    batches = list(loader(sets / "perlin_mixed.h5"))  # a loader whose dataset does not say which set it is
+    with pytest.raises(ValueError, match="tuning_set"):
+        tune("odin", model, batches, {"temperature": [1]}, progress=False)
 
 
 def test_logit_forms_equal_the_probability_forms():

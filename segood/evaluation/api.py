@@ -45,7 +45,13 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
                          f"{NUM_CLASSES} Cityscapes trainIds")
     if device is not None:
         model = model.to(device)
-    sets = {Path(p).stem: p for p in sets} if isinstance(sets, (list, tuple)) else dict(sets)
+    if isinstance(sets, (list, tuple)):
+        stems = [Path(p).stem for p in sets]
+        if len(set(stems)) != len(stems):
+            raise ValueError(f"sets named by their file stems must differ: {stems}; pass a dict {{name: path}}")
+        sets = dict(zip(stems, sets))
+    else:
+        sets = dict(sets)
     for path in sets.values():
         _open_set(path)
     if methods is None:
@@ -67,16 +73,10 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
         "config": {"num_thresholds": num_thresholds, "batch_size": batch_size},
     }
     out_dir = Path(out_dir)
-    run_file = out_dir / RUN_FILE
-    if run_file.exists():
-        previous = json.loads(run_file.read_text())
-        keys = ("model", "sets", "methods", "config")
-        if any(_comparable(previous[k]) != _comparable(description[k]) for k in keys):
-            raise ValueError(f"{out_dir} holds a different run (another model, sets, methods or settings); "
-                             "choose another --out")
+    _check_run_folder(out_dir, description)
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
     if rank == 0:
-        write_json(run_file, description)
+        write_json(out_dir / RUN_FILE, description)
     ev = run(model, sets, methods, out_dir, batch_size=batch_size, device=device, num_thresholds=num_thresholds,
              resume=resume, save_every=save_every, progress=progress and rank == 0, rank=rank, world_size=world,
              skip_bad=skip_bad)
@@ -131,16 +131,27 @@ def evaluate_score_maps(scores_path, data_path, out_dir, *, name="external", sco
                     "semantic": semantic, "classes": np.full(semantic.shape, 255, np.uint8),
                     f"score_{name}": score.astype(np.float16)}
             ev.images[set_name] += 1
-    out_dir = Path(out_dir)
     description = {"toolkit": run_identity(),
                    "model": {"score_maps": str(scores_path), "sha256": _sha256(scores_path)},
                    "sets": {set_name: {**set_identity(data_path), "frames": len(dataset)}},
                    "methods": {name: {"name": name, "params": {"score_range": list(score_range)},
                                       "uses_ood_data": None}},
                    "config": {"num_thresholds": num_thresholds}}
+    out_dir = Path(out_dir)
+    _check_run_folder(out_dir, description)
     write_json(out_dir / RUN_FILE, description)
     ev.save(out_dir / STATE_FILE.format(suffix=""))
     return write_report(out_dir, figures=figures)
+
+
+def _check_run_folder(out_dir, description):
+    """Refuse an output folder that holds a different run (another model, sets, methods or settings)."""
+    run_file = Path(out_dir) / RUN_FILE
+    if run_file.exists():
+        previous = json.loads(run_file.read_text())
+        if any(_comparable(previous.get(k)) != _comparable(description[k]) for k in ("model", "sets", "methods", "config")):
+            raise ValueError(f"{out_dir} holds a different run (another model, sets, methods or settings); "
+                             "choose another --out")
 
 
 def _open_set(path):
@@ -161,14 +172,24 @@ def _some(names):
 
 
 def _model_identity(model, checkpoint):
+    """What the model is, down to its weights (so that --resume never mixes two models)."""
     if checkpoint is not None:
         return {"checkpoint": str(checkpoint), "sha256": _sha256(checkpoint), "config": model.config.to_dict()}
+    weights = _weights_sha256(model)
     if isinstance(model, SegmentationNetwork):
-        return {"config": model.config.to_dict()}
+        return {"config": model.config.to_dict(), "weights_sha256": weights}
     inner = model.module
     return {"class": f"{type(inner).__module__}.{type(inner).__qualname__}",
             "parameters": int(sum(p.numel() for p in inner.parameters())),
-            "served_heads": sorted(model.served_heads)}
+            "served_heads": sorted(model.served_heads), "weights_sha256": weights}
+
+
+def _weights_sha256(model):
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _sha256(path):

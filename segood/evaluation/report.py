@@ -78,6 +78,10 @@ def combine_runs(run_dirs, out_dir, *, figures=True):
     sets = states[0].set_names
     if any(ev.set_names != sets for ev in states):
         raise ValueError(f"runs on different sets cannot be combined: {[ev.set_names for ev in states]}")
+    for run in runs[1:]:
+        for set_name in sets:
+            if run["sets"][set_name]["manifest_sha256"] != runs[0]["sets"][set_name]["manifest_sha256"]:
+                raise ValueError(f"set {set_name!r} differs between the runs (another manifest): not comparable")
     names = [m for ev in states for m in ev.method_names]
     if len(set(names)) != len(names):
         raise ValueError(f"method names repeat across the runs: {names}")

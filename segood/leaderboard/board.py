@@ -7,6 +7,8 @@ import math
 import warnings
 from pathlib import Path
 
+import numpy as np
+
 from segood.data.h5 import read_manifest
 from segood.io import atomic_write_text, write_json
 from segood.leaderboard.safe import Limits, Rejected, load_npz, read_submission_files, strict_json
@@ -18,9 +20,11 @@ BENCHMARK_SCHEMA = "segood.benchmark/1"
 TOLERANCE = 1e-6
 
 
-def make_benchmark(tracks, out):
-    """Write BENCH.json: ``tracks`` = {track: {"sets": {name: path of the maintainer's set}, "rank_by": metric}}."""
-    doc = {"schema": BENCHMARK_SCHEMA, "tracks": {}}
+def make_benchmark(tracks, out, *, num_thresholds=400, score_range=(0.0, 1.0)):
+    """Write BENCH.json: ``tracks`` = {track: {"sets": {name: path of the maintainer's set}, "rank_by": metric}};
+    every submission must be binned with these thresholds, so that entries are comparable."""
+    doc = {"schema": BENCHMARK_SCHEMA, "num_thresholds": int(num_thresholds),
+           "score_range": [float(v) for v in score_range], "tracks": {}}
     for track, spec in tracks.items():
         if spec["rank_by"] not in METRIC_NAMES:
             raise ValueError(f"rank_by must be one of {METRIC_NAMES}")
@@ -55,8 +59,10 @@ def judge(path, benchmark, limits=Limits()):
                 state_file = f"states/{set_name}.npz"
                 if state_file not in files:
                     raise Rejected(f"set {set_name!r}: no accumulator state {state_file}")
+                state = load_npz(files[state_file], STATE_KEYS)
+                _check_state_config(set_name, state, benchmark)
                 try:
-                    acc = PixelOODAccumulator.from_state_dict(load_npz(files[state_file]))
+                    acc = PixelOODAccumulator.from_state_dict(state)
                 except (ValueError, KeyError, TypeError) as err:
                     raise Rejected(f"set {set_name!r}: invalid accumulator state ({err})") from None
                 recomputed[set_name] = _check(set_name, acc, entry["claims"], official["pixels"])
@@ -74,6 +80,23 @@ def judge(path, benchmark, limits=Limits()):
         return None, str(reason)
     except Exception as err:  # a board must survive whatever a stranger uploads
         return None, f"unreadable submission ({type(err).__name__}: {err})"
+
+
+STATE_KEYS = tuple(PixelOODAccumulator(2).state_dict())
+
+
+def _check_state_config(set_name, state, benchmark):
+    """The thresholds must be the benchmark's and the counts int64, before anything is built from them."""
+    try:
+        num_thresholds = int(state["num_thresholds"])
+        score_range = [float(v) for v in state["score_range"]]
+    except (TypeError, ValueError):
+        raise Rejected(f"set {set_name!r}: unreadable num_thresholds / score_range") from None
+    if num_thresholds != benchmark["num_thresholds"] or score_range != benchmark["score_range"]:
+        raise Rejected(f"set {set_name!r}: binned with {num_thresholds} thresholds on {score_range}; the benchmark "
+                       f"asks for {benchmark['num_thresholds']} on {benchmark['score_range']}")
+    if state["hist"].dtype != np.int64 or state["hist"].shape != (2, num_thresholds):
+        raise Rejected(f"set {set_name!r}: counts must be int64 of shape (2, {num_thresholds})")
 
 
 def _check(set_name, acc, claims, pixels):
@@ -101,8 +124,9 @@ def _check(set_name, acc, claims, pixels):
 def leaderboard(submissions_dir, benchmark_path, out_dir, limits=Limits()):
     """Judge every zip / folder in ``submissions_dir``; write the board; returns its JSON document."""
     benchmark = json.loads(Path(benchmark_path).read_text())
-    if benchmark.get("schema") != BENCHMARK_SCHEMA:
-        raise ValueError(f"{benchmark_path} is not a segood benchmark file (schema {BENCHMARK_SCHEMA!r})")
+    if benchmark.get("schema") != BENCHMARK_SCHEMA or not {"num_thresholds", "score_range", "tracks"} <= set(benchmark):
+        raise ValueError(f"{benchmark_path} is not a segood benchmark file (schema {BENCHMARK_SCHEMA!r}); write one "
+                         "with segood benchmark")
     tracks = {track: [] for track in benchmark["tracks"]}
     rejected = []
     for path in sorted(Path(submissions_dir).iterdir()):

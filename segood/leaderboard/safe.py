@@ -97,9 +97,17 @@ def strict_json(data, limits=Limits()):
         raise Rejected(f"submission.json is not valid JSON ({err})") from None
 
 
-def load_npz(data):
-    """{name: array} of npz bytes, never unpickling (object arrays are refused)."""
+def load_npz(data, keys, max_bytes=16 << 20):
+    """{name: array} of npz bytes holding exactly ``keys``, each at most ``max_bytes`` uncompressed; never
+    unpickles (object arrays are refused). Sizes are checked before anything is decompressed."""
     try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            names = {info.filename[:-4]: info for info in archive.infolist() if info.filename.endswith(".npy")}
+            if set(names) != set(keys) or len(archive.infolist()) != len(keys):
+                raise Rejected(f"an accumulator state holds {sorted(names)}; expected exactly {sorted(keys)}")
+            for name, info in names.items():
+                if info.file_size > max_bytes:
+                    raise Rejected(f"accumulator state array {name!r} has {info.file_size} bytes, over {max_bytes}")
         with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
             return {key: arrays[key] for key in arrays.files}
     except ValueError as err:

@@ -57,7 +57,8 @@ def tune(method_name, model, loader, grid, *, metric="auroc", tuning_set=None, n
 
     Args:
         loader: batches of dicts with ``image`` (N, 3, H, W) uint8 and ``ood_mask`` (N, H, W).
-        tuning_set: path of the converted tuning set (default: ``loader.dataset.path``), recorded in provenance.
+        tuning_set: path of the converted tuning set (default: ``loader.dataset.path``; required when the loader's
+            dataset has none), recorded in provenance.
 
     Single-pass points without perturbation share one forward pass per batch.
     """
@@ -88,6 +89,9 @@ def tune(method_name, model, loader, grid, *, metric="auroc", tuning_set=None, n
     sign = 1 if HIGHER_IS_BETTER[metric] else -1
     best_row = max(table, key=lambda row: sign * row[metric])  # the first of equals, in grid order
     path = tuning_set or getattr(getattr(loader, "dataset", None), "path", None)
+    if path is None:
+        raise ValueError("tune() cannot tell which set it tuned on: pass tuning_set=<the converted .h5>, so that "
+                         "results on the same OOD source are flagged")
     provenance = {"method": method_name, "metric": metric, "value": best_row[metric], "grid_points": len(points),
-                  "set": set_identity(path) if path else {"file": None, "ood_sources": [], "manifest_sha256": None}}
+                  "set": set_identity(path)}
     return TuningResult({k: best_row[k] for k in grid}, table, provenance)
