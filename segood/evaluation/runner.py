@@ -216,10 +216,11 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, num_thresho
         for start in range(0, len(shard), batch_size):
             t0 = time.perf_counter()
             indices = shard[start : start + batch_size]
-            items = []
+            items, kept = [], []
             for i in indices:
                 try:
                     items.append(dataset[i])
+                    kept.append(i)
                 except (OSError, ValueError) as err:
                     if not skip_bad:
                         ev.save(state_path)
@@ -229,7 +230,7 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, num_thresho
             if not items:
                 ev.done[set_name] += len(indices)
                 continue
-            indices = [i for i in indices if not any(sk[:2] == [set_name, i] for sk in ev.skipped)]
+            indices = kept
             images = torch.stack([it["image"] for it in items]).to(device)
             ood_mask = torch.stack([it["ood_mask"] for it in items]).to(device)
             semantic = torch.stack([it["semantic"] for it in items]).to(device)

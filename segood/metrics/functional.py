@@ -150,9 +150,8 @@ def exact_metrics(scores, labels):
     is_ood = labels[counted] == OOD
     order = np.argsort(s, kind="stable")
     s, is_ood = s[order], is_ood[order]
-    starts = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1]))) if s.size else np.zeros(0, np.int64)
-    ood_at_or_above = np.cumsum(is_ood[::-1])[::-1]  # OOD pixels at index >= i
-    tp = ood_at_or_above[starts] if s.size else np.zeros(0, np.int64)
+    starts = np.flatnonzero(np.diff(s, prepend=np.nan) != 0)  # first index of each distinct score
+    tp = np.cumsum(is_ood[::-1])[::-1][starts]  # OOD pixels scoring >= each distinct score
     fp = (s.size - starts) - tp
     n_ood = int(is_ood.sum())
     result = metrics_from_counts(s[starts], tp, fp, n_ood, s.size - n_ood)
