@@ -65,9 +65,10 @@ def make_case(name, rng, num_thresholds, score_range):
 
 CASES = ["random_f32", "random_f64", "on_thresholds_f32", "on_thresholds_f64", "heavy_ties", "all_ood", "all_id",
          "all_ignore"]
-# The last range is too narrow for its magnitude to trust arithmetic: every pixel takes the comparing path.
+# The last two ranges are too narrow for their magnitude to trust arithmetic: every pixel takes the comparing
+# path. In the very last, thresholds repeat, so a score equal to lo lies beyond the first bin.
 CONFIGS = [(2, (0.0, 1.0)), (7, (0.0, 1.0)), (400, (0.0, 1.0)), (401, (0.1, 0.7)), (4096, (-3.5, 12.25)),
-           (65536, (0.0, 1.0)), (300, (1e6, 1e6 + 1e-3))]
+           (65536, (0.0, 1.0)), (300, (1e6, 1e6 + 1e-3)), (300, (1.0, 1.0 + 1e-14))]
 
 
 @pytest.mark.parametrize("num_thresholds,score_range", CONFIGS)

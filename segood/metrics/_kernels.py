@@ -3,8 +3,8 @@
 Both kernels put every counted pixel in bin ``j`` = (number of thresholds ``t`` with ``float64(score) >= t``)
 - 1, so the pixel is predicted OOD at thresholds ``0..j`` and the per-threshold counts are reverse cumulative
 sums of the histogram. The numba kernel trusts the arithmetic guess ``floor((s - lo) * scale)`` only far
-from a bin edge (see ``guess_margin``) and compares with the very threshold array otherwise; the torch
-kernel always compares. So scores on a threshold or one ulp beside it land where the literal comparison
+from a bin edge (see ``guess_margin``) or for a score exactly on the first or last threshold, and compares
+with the very threshold array otherwise; the torch kernel always compares. So scores on a threshold or one ulp beside it land where the literal comparison
 puts them.
 """
 
@@ -18,7 +18,7 @@ from segood.labels import IGNORE, OOD
 
 # Slots of the ``problems`` counters the kernels return next to the histogram.
 N_IGNORED, N_BAD_LABEL, N_BAD_SCORE = 0, 1, 2
-_BLOCK = 1024  # pixels binned per vectorised step; the scratch stays in L1
+_BLOCK = 1024  # pixels per vectorised step; their slots stay in L1
 
 
 def guess_margin(thresholds):
@@ -47,63 +47,74 @@ def _exact_bin(thresholds, j, s):
 
 @numba.njit(nogil=True, cache=True)
 def _histogram_kernel(scores, labels, thresholds, clip, margin, hist, problems):
-    """Histogram of 1-D ``scores`` (float32/64) by 1-D uint8 ``labels``, added into ``hist`` (2 T,) int32.
+    """Histogram of 1-D ``scores`` (float32/64) by 1-D uint8 ``labels``, added into ``hist`` (2 T + 2,) int32.
 
-    Row-major bins: ``label * T + bin``; fewer than 2**31 pixels per call. Adds to ``problems`` (3,) int64:
-    ignored pixels, labels outside {0, 1, 255}, scores NaN or outside [t_0, t_{T-1}] (with ``clip``, only
-    NaN). Problem pixels are not binned. Serial and GIL-free: the wrapper runs chunks on threads (a plain
-    loop optimises better than a ``prange`` body here).
+    Row-major bins: ``label * T + bin``; the two slots after them are scratch (left zero). Fewer than 2**31
+    pixels per call. Adds to ``problems`` (3,) int64: ignored pixels, labels outside {0, 1, 255}, scores NaN or
+    outside [t_0, t_{T-1}] (with ``clip``, only NaN). Problem pixels are not binned. Serial and GIL-free: the
+    wrapper runs chunks on threads.
+
+    Per block of ``_BLOCK`` pixels, a branch-free (vectorised) loop computes every pixel's slot: its bin when
+    the pixel is counted and its guess lies at least ``margin`` from a bin edge, else one of the two scratch
+    slots (ignored / careful). A tight loop then increments the slots. Only a block that sent a pixel to the
+    careful slot is scanned again, comparing those pixels with the thresholds. The slot arithmetic is done in
+    float64 (exact for these integers) so that it vectorises in 4-wide lanes without 64-bit integer shuffles.
     """
-    n = scores.size
     num_t = thresholds.size
     lo = thresholds[0]
     hi = thresholds[num_t - 1]
     scale = (num_t - 1) / (hi - lo)
     top = num_t - 1.0
     half = 0.5 - margin
-    row = np.int32(num_t)  # int32 index arithmetic keeps the first loop vectorised
-    index = np.empty(_BLOCK, np.int32)
-    trusted = np.empty(_BLOCK, np.uint8)
-    ignored = bad_label = bad_score = 0
-    for b in range(0, n, _BLOCK):
-        m = min(_BLOCK, n - b)
-        n_trusted = 0
-        for k in range(m):  # branch-free, so it vectorises
-            label = labels[b + k]
-            s = np.float64(scores[b + k])
+    row = np.float64(num_t)
+    # With a sane margin the thresholds are distinct, so lo and hi lie in the first and last bin (NaN: never).
+    lo_exact = lo if margin < 0.5 else np.nan
+    hi_exact = hi if margin < 0.5 else np.nan
+    ignored_slot = np.uint32(2 * num_t)
+    careful_slot = np.uint32(2 * num_t + 1)
+    slot = np.empty(_BLOCK, np.int32)
+    uslot = slot.view(np.uint32)  # unsigned indexing: no negative-index wraparound in the scatter loop
+    bad_label = bad_score = 0
+    careful_seen = hist[careful_slot]
+    for start in range(0, scores.size, _BLOCK):
+        block_scores = scores[start : start + _BLOCK]
+        block_labels = labels[start : start + _BLOCK]
+        for k in range(block_scores.size):  # branch-free, so it vectorises
+            label = block_labels[k]
+            s = np.float64(block_scores[k])
             g = (s - lo) * scale
             g = g if g >= 0.0 else 0.0  # also NaN -> 0
             g = g if g <= top else top
-            j = np.int32(g)
-            f = g - j
-            # Trusted: a counted label and a guess at least `margin` from a bin edge. A score below lo, above
-            # hi or NaN was clamped onto an edge (f = 0), so it is never trusted and takes the careful path.
-            ok = (label <= OOD) & (abs(f - 0.5) <= half)
-            index[k] = np.int32(label) * row + j
-            trusted[k] = ok
-            n_trusted += ok
-        if n_trusted == m:  # the common case: one tight scatter loop
-            for k in range(m):
-                hist[index[k]] += 1
+            j = np.floor(g)
+            # A score below lo, above hi or NaN was clamped onto an edge (g - j = 0), so it is not trusted by
+            # the margin; a score exactly lo or hi (saturated softmax or sigmoid) is, in the first or last bin.
+            at_lo = s == lo_exact
+            at_hi = s == hi_exact
+            trusted = (label <= OOD) & ((abs(g - j - 0.5) <= half) | at_lo | at_hi)
+            j = top if at_hi else j
+            fallback = ignored_slot if label == IGNORE else careful_slot
+            slot[k] = np.int32(label * row + j if trusted else fallback)
+        for k in range(block_scores.size):
+            hist[uslot[k]] += 1
+        if hist[careful_slot] == careful_seen:
             continue
-        for k in range(m):
-            if trusted[k]:
-                hist[index[k]] += 1
+        careful_seen = hist[careful_slot]
+        for k in range(block_scores.size):
+            if uslot[k] != careful_slot:
                 continue
-            label = labels[b + k]
-            s = np.float64(scores[b + k])
-            if label == IGNORE:
-                ignored += 1
-            elif label > OOD:
+            label = block_labels[k]
+            s = np.float64(block_scores[k])
+            if label > OOD:
                 bad_label += 1
             elif (s >= lo and s <= hi) or (clip and s == s):
                 s = min(max(s, lo), hi)
                 hist[label * num_t + _exact_bin(thresholds, np.int64((s - lo) * scale), s)] += 1
             else:
                 bad_score += 1
-    problems[N_IGNORED] += ignored
+    problems[N_IGNORED] += hist[ignored_slot]
     problems[N_BAD_LABEL] += bad_label
     problems[N_BAD_SCORE] += bad_score
+    hist[ignored_slot] = hist[careful_slot] = 0
 
 
 @functools.lru_cache(maxsize=None)
@@ -114,7 +125,8 @@ def _pool(threads):
 def histogram_numpy(scores, labels, thresholds, clip, threads):
     """Run the numba kernel on ``threads`` chunks in parallel; returns (hist (2, T) int64, problems (3,) int64)."""
     chunks = max(threads, -(-scores.size // (1 << 30)))  # int32 bins: under 2**31 pixels a chunk
-    hist = np.zeros((chunks, 2 * thresholds.size), dtype=np.int32)
+    num_t = thresholds.size
+    hist = np.zeros((chunks, 2 * num_t + 2), dtype=np.int32)
     problems = np.zeros((chunks, 3), dtype=np.int64)
     margin = guess_margin(thresholds)
     bounds = [scores.size * c // chunks for c in range(chunks + 1)]
@@ -127,7 +139,7 @@ def histogram_numpy(scores, labels, thresholds, clip, threads):
         work(0)
     else:
         list(_pool(threads).map(work, range(chunks)))
-    return hist.sum(axis=0, dtype=np.int64).reshape(2, thresholds.size), problems.sum(axis=0)
+    return hist[:, : 2 * num_t].sum(axis=0, dtype=np.int64).reshape(2, num_t), problems.sum(axis=0)
 
 
 def histogram_torch(scores, labels, thresholds, clip, chunk_pixels=1 << 24):
