@@ -89,6 +89,30 @@ def test_counts_equal_literal_comparison(case, num_thresholds, score_range):
     assert res["n_ignored"] == np.count_nonzero(labels == 255)
 
 
+def test_exact_guess_modes():
+    """float32 scores on usual ranges take the kernel's exact mode, float64 scores its margin mode; the
+    literal-comparison tests above cover both, and a float32 range where the proof fails."""
+    assert _kernels.exact_guess(0.0, 1.0, 400, "<f4") and _kernels.exact_guess(0.0, 1.0, 65536, "<f4")
+    assert _kernels.exact_guess(0.1, 0.7, 401, "<f4")
+    assert not _kernels.exact_guess(0.0, 1.0, 400, "<f8")
+    assert not _kernels.exact_guess(-3.5, 12.25, 4096, "<f4")
+
+
+def test_every_float32_in_a_range_lands_in_its_literal_bin():
+    """Exhaustive: all 25 M float32 values in [0.1, 0.7] (exact mode), against numpy's searchsorted."""
+    lo, hi, num_t = 0.1, 0.7, 401
+    bits = np.arange(np.float32(lo).view(np.int32) - 2, np.float32(hi).view(np.int32) + 3, dtype=np.int32)
+    scores = bits.view(np.float32)
+    as64 = scores.astype(np.float64)
+    scores = scores[(as64 >= lo) & (as64 <= hi)]
+    labels = (bits[: scores.size] & 1).astype(np.uint8)
+    thresholds = np.linspace(lo, hi, num_t)
+    hist, problems = _kernels.histogram_numpy(scores, labels, thresholds, False, 2)
+    literal = np.searchsorted(thresholds, scores.astype(np.float64), side="right") - 1
+    np.testing.assert_array_equal(hist, np.stack([np.bincount(literal[labels == v], minlength=num_t) for v in (0, 1)]))
+    assert not problems.any()
+
+
 def test_naive_multiply_and_floor_would_be_wrong_here():
     """The adversarial data really are adversarial: floor((s - lo) * (T - 1) / (hi - lo)) misbins some."""
     rng = np.random.default_rng(0)
@@ -288,20 +312,22 @@ def test_labels_outside_convention_are_named():
         PixelOODAccumulator().update(np.full(2, 0.5), np.array([0.0, 1.0]))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 1.5, -0.25])
-def test_bad_scores_are_counted_and_state_is_untouched(bad):
+def test_bad_scores_are_counted_and_state_is_untouched(bad, dtype):
     acc = PixelOODAccumulator().update(np.array([0.2, 0.8]), np.array([0, 1], np.uint8))
     before = acc.state_dict()
-    scores = np.array([0.1, bad, 0.9, bad, bad])
+    scores = np.array([0.1, bad, 0.9, bad, bad], dtype)
     with pytest.raises(ValueError, match=r"2 of 4 counted pixels .*clip=True"):
         acc.update(scores, np.array([0, 1, 1, 0, 255], np.uint8))  # the ignored pixel's score is not read
     for key, value in before.items():
         np.testing.assert_array_equal(acc.state_dict()[key], value)
 
 
-def test_clip_opts_into_clipping_but_never_for_nan():
-    scores = np.array([-0.5, 0.3, 1.7, np.inf])
-    labels = np.array([0, 1, 1, 0], np.uint8)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])  # the kernel's exact and margin modes
+def test_clip_opts_into_clipping_but_never_for_nan(dtype):
+    scores = np.array([-0.5, 0.3, 1.7, np.inf, -np.inf], dtype)
+    labels = np.array([0, 1, 1, 0, 1], np.uint8)
     clipped = PixelOODAccumulator(10).update(scores, labels, clip=True)
     reference = PixelOODAccumulator(10).update(np.clip(scores, 0, 1), labels)
     np.testing.assert_array_equal(clipped.hist, reference.hist)

@@ -2,10 +2,11 @@
 
 Both kernels put every counted pixel in bin ``j`` = (number of thresholds ``t`` with ``float64(score) >= t``)
 - 1, so the pixel is predicted OOD at thresholds ``0..j`` and the per-threshold counts are reverse cumulative
-sums of the histogram. The numba kernel trusts the arithmetic guess ``floor((s - lo) * scale)`` only far
-from a bin edge (see ``guess_margin``) or for a score exactly on the first or last threshold, and compares
-with the very threshold array otherwise; the torch kernel always compares. So scores on a threshold or one ulp beside it land where the literal comparison
-puts them.
+sums of the histogram. The numba kernel uses the arithmetic guess ``floor((s - lo) * scale)`` where it is
+proven right: for every score of the input's dtype when ``exact_guess`` says so (float32 scores on the usual
+ranges), else only far from a bin edge (see ``guess_margin``) or exactly on the first or last threshold; it
+compares with the very threshold array otherwise. The torch kernel always compares. So scores on a threshold
+or one ulp beside it land where the literal comparison puts them.
 """
 
 import functools
@@ -33,6 +34,33 @@ def guess_margin(thresholds):
     return min(8 * bound, 1.0)
 
 
+@functools.lru_cache(maxsize=64)
+def exact_guess(lo, hi, num_thresholds, dtype):
+    """Whether the kernel's guess is the literal bin for every score of ``dtype`` in [lo, hi] (thresholds
+    ``numpy.linspace(lo, hi, num_thresholds)``).
+
+    The guess ``floor(clamp((float64(s) - lo) * scale, 0, T - 1))`` and the literal bin (number of thresholds
+    ``<= float64(s)``, minus one) are both non-decreasing step functions of ``s``: rounding, a positive factor
+    and floor keep order. So they agree on every value between two points where they agree with the same bin.
+    The literal bin steps at ``c_k``, the first ``dtype`` value at or above ``t_k``; checking both at each
+    ``c_k``, at the value just below it and at the last value in range brackets every score in the range.
+    Typically true for float32 scores and false for float64 ones (whose values sit on the thresholds).
+    """
+    dtype = np.dtype(dtype)
+    thresholds = np.linspace(lo, hi, num_thresholds)
+    first = thresholds.astype(dtype)
+    below = first.astype(np.float64) < thresholds
+    first[below] = np.nextafter(first[below], dtype.type(np.inf))
+    last = dtype.type(hi)
+    if float(last) > hi:
+        last = np.nextafter(last, dtype.type(-np.inf))
+    points = np.concatenate([first, np.nextafter(first, dtype.type(-np.inf)), [last]]).astype(np.float64)
+    points = points[(points >= lo) & (points <= hi)]
+    literal = np.searchsorted(thresholds, points, side="right") - 1
+    guess = np.floor(np.clip((points - lo) * ((num_thresholds - 1) / (hi - lo)), 0, num_thresholds - 1))
+    return bool(np.array_equal(guess, literal))
+
+
 @numba.njit(inline="always")
 def _exact_bin(thresholds, j, s):
     """The literal bin: the largest k with thresholds[k] <= s, searched from the guess j."""
@@ -45,8 +73,16 @@ def _exact_bin(thresholds, j, s):
     return j
 
 
+@numba.njit(inline="always")
+def _guess(s, lo, scale, top):
+    """floor((s - lo) * scale) clamped to [0, T - 1]; NaN -> 0."""
+    g = (s - lo) * scale
+    g = g if g >= 0.0 else 0.0
+    return np.floor(g if g <= top else top)
+
+
 @numba.njit(nogil=True, cache=True)
-def _histogram_kernel(scores, labels, thresholds, clip, margin, hist, problems):
+def _histogram_kernel(scores, labels, thresholds, clip, exact, margin, hist, problems):
     """Histogram of 1-D ``scores`` (float32/64) by 1-D uint8 ``labels``, added into ``hist`` (2 T + 2,) int32.
 
     Row-major bins: ``label * T + bin``; the two slots after them are scratch (left zero). Fewer than 2**31
@@ -54,20 +90,24 @@ def _histogram_kernel(scores, labels, thresholds, clip, margin, hist, problems):
     outside [t_0, t_{T-1}] (with ``clip``, only NaN). Problem pixels are not binned. Serial and GIL-free: the
     wrapper runs chunks on threads.
 
-    Per block of ``_BLOCK`` pixels, a branch-free (vectorised) loop computes every pixel's slot: its bin when
-    the pixel is counted and its guess lies at least ``margin`` from a bin edge, else one of the two scratch
-    slots (ignored / careful). A tight loop then increments the slots. Only a block that sent a pixel to the
-    careful slot is scanned again, comparing those pixels with the thresholds. The slot arithmetic is done in
-    float64 (exact for these integers) so that it vectorises in 4-wide lanes without 64-bit integer shuffles.
+    Per block of ``_BLOCK`` pixels, a branch-free (vectorised) loop computes every pixel's slot: its bin if
+    the pixel is counted and its guess is trusted, else one of the two scratch slots (ignored / careful). With
+    ``exact`` (see ``exact_guess``) every counted score in range is trusted; otherwise a score at least
+    ``margin`` from a bin edge or exactly on the first or last threshold. A tight loop then increments the
+    slots. Only a block that sent a pixel to the careful slot is scanned again, comparing those pixels with
+    the thresholds. Slots are computed in float64 lanes (exact for these integers): no 64-bit integer shuffles.
     """
     num_t = thresholds.size
     lo = thresholds[0]
     hi = thresholds[num_t - 1]
     scale = (num_t - 1) / (hi - lo)
     top = num_t - 1.0
-    half = 0.5 - margin
     row = np.float64(num_t)
-    # With a sane margin the thresholds are distinct, so lo and hi lie in the first and last bin (NaN: never).
+    # Exact mode: clipping is the clamp in the guess, so only NaN (which fails both comparisons) is careful.
+    lo_in = -np.inf if clip else lo
+    hi_in = np.inf if clip else hi
+    # Margin mode: with a sane margin the thresholds are distinct, so lo and hi lie in the first and last bin.
+    half = 0.5 - margin
     lo_exact = lo if margin < 0.5 else np.nan
     hi_exact = hi if margin < 0.5 else np.nan
     ignored_slot = np.uint32(2 * num_t)
@@ -79,21 +119,25 @@ def _histogram_kernel(scores, labels, thresholds, clip, margin, hist, problems):
     for start in range(0, scores.size, _BLOCK):
         block_scores = scores[start : start + _BLOCK]
         block_labels = labels[start : start + _BLOCK]
-        for k in range(block_scores.size):  # branch-free, so it vectorises
-            label = block_labels[k]
-            s = np.float64(block_scores[k])
-            g = (s - lo) * scale
-            g = g if g >= 0.0 else 0.0  # also NaN -> 0
-            g = g if g <= top else top
-            j = np.floor(g)
-            # A score below lo, above hi or NaN was clamped onto an edge (g - j = 0), so it is not trusted by
-            # the margin; a score exactly lo or hi (saturated softmax or sigmoid) is, in the first or last bin.
-            at_lo = s == lo_exact
-            at_hi = s == hi_exact
-            trusted = (label <= OOD) & ((abs(g - j - 0.5) <= half) | at_lo | at_hi)
-            j = top if at_hi else j
-            fallback = ignored_slot if label == IGNORE else careful_slot
-            slot[k] = np.int32(label * row + j if trusted else fallback)
+        if exact:
+            for k in range(block_scores.size):  # branch-free, so it vectorises
+                label = block_labels[k]
+                s = np.float64(block_scores[k])
+                trusted = (label <= OOD) & (s >= lo_in) & (s <= hi_in)
+                fallback = ignored_slot if label == IGNORE else careful_slot
+                slot[k] = np.int32(label * row + _guess(s, lo, scale, top) if trusted else fallback)
+        else:
+            for k in range(block_scores.size):
+                label = block_labels[k]
+                s = np.float64(block_scores[k])
+                g = (s - lo) * scale
+                j = _guess(s, lo, scale, top)
+                # Out of range or NaN: clamped onto an edge (g - j = 0 or NaN), never trusted by the margin.
+                at_lo = s == lo_exact
+                at_hi = s == hi_exact
+                trusted = (label <= OOD) & ((abs(g - j - 0.5) <= half) | at_lo | at_hi)
+                fallback = ignored_slot if label == IGNORE else careful_slot
+                slot[k] = np.int32(label * row + (top if at_hi else j) if trusted else fallback)
         for k in range(block_scores.size):
             hist[uslot[k]] += 1
         if hist[careful_slot] == careful_seen:
@@ -128,12 +172,13 @@ def histogram_numpy(scores, labels, thresholds, clip, threads):
     num_t = thresholds.size
     hist = np.zeros((chunks, 2 * num_t + 2), dtype=np.int32)
     problems = np.zeros((chunks, 3), dtype=np.int64)
+    exact = exact_guess(float(thresholds[0]), float(thresholds[-1]), num_t, scores.dtype.str)
     margin = guess_margin(thresholds)
     bounds = [scores.size * c // chunks for c in range(chunks + 1)]
 
     def work(c):
-        lo, hi = bounds[c], bounds[c + 1]
-        _histogram_kernel(scores[lo:hi], labels[lo:hi], thresholds, clip, margin, hist[c], problems[c])
+        part = slice(bounds[c], bounds[c + 1])
+        _histogram_kernel(scores[part], labels[part], thresholds, clip, exact, margin, hist[c], problems[c])
 
     if chunks == 1:
         work(0)
