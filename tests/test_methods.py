@@ -167,10 +167,19 @@ def test_tuning_picks_the_best_point_and_records_provenance(sets):
         tune("odin", model, batches, {"temperature": [1]}, progress=False)
 
 
-def test_logit_forms_equal_the_probability_forms():
+@pytest.mark.parametrize("band_elements", [1 << 19, 2 * C * 7])  # one band; bands of 2 rows, a partial last
+def test_logit_forms_equal_the_probability_forms(band_elements, monkeypatch):
+    from segood.methods import functional
     from segood.methods.functional import entropy_from_logits, max_softmax_from_logits, predicted_classes
 
-    z = torch.randn(2, C, 6, 5) * 4
+    monkeypatch.setattr(functional, "_BAND_ELEMENTS", band_elements)
+    torch.manual_seed(0)
+    z = torch.randn(2, C, 9, 7) * 4
     torch.testing.assert_close(max_softmax_from_logits(z), max_softmax(z.softmax(1)))
-    assert torch.equal(predicted_classes(z), z.argmax(1))
     torch.testing.assert_close(entropy_from_logits(z), entropy(z.softmax(1)))
+    for t in (1.0, 2.0, 1000.0):
+        torch.testing.assert_close(odin(z, t), max_softmax((z / t).softmax(1)))
+    ties = torch.randint(0, 3, (2, C, 9, 7)).float()  # many equal maxima: the first one wins, as in argmax
+    for logits in (z, ties):
+        classes = predicted_classes(logits)
+        assert classes.dtype == torch.int64 and torch.equal(classes, logits.argmax(1))

@@ -1,5 +1,6 @@
 """Pure per-pixel OOD score formulas. Every score is (N, H, W) in [0, 1], higher = more OOD, mapped into
-[0, 1] by a stated bound (never by an ad-hoc constant). No network in here: tensors in, tensors out."""
+[0, 1] by a stated bound (never by an ad-hoc constant). No network in here: tensors in, tensors out. The
+logit forms and ``predicted_classes`` run without autograd (they write into preallocated outputs)."""
 
 import math
 
@@ -15,36 +16,70 @@ def max_softmax(probs: torch.Tensor) -> torch.Tensor:
     return 1.0 - probs.amax(dim=1)
 
 
+# Elements of (N, C, rows, W) logits per band on CPU: 2 MiB of float32, so that a band's temporaries stay in
+# cache and are reused, instead of allocating (and page-faulting) full-size ones. Measured best of 2^16..2^21.
+_BAND_ELEMENTS = 1 << 19
+
+
+def _bands(logits):
+    """Row slices of (N, C, H, W) logits to work on one at a time: all rows at once on a GPU."""
+    n, c, h, w = logits.shape
+    rows = h if logits.is_cuda else max(1, _BAND_ELEMENTS // (n * c * w))
+    return [slice(start, start + rows) for start in range(0, h, rows)]
+
+
+@torch.no_grad()
 def predicted_classes(logits: torch.Tensor) -> torch.Tensor:
-    """argmax over classes of (N, C, H, W) logits; ``max(dim=1).indices`` is several times faster than
-    ``argmax(dim=1)`` on CPU."""
-    return logits.max(dim=1).indices
+    """argmax over classes of (N, C, H, W) logits (the first of equal maxima, as ``torch.argmax``), int64.
+
+    Computed as C - max_c [z_c = max z] (C - c), band by band: on CPU several times faster than ``argmax``
+    or ``max(dim=1)``, whose index reductions over a non-innermost dimension do not vectorise.
+    """
+    n, c, h, w = logits.shape
+    classes = torch.empty(n, h, w, dtype=torch.int64, device=logits.device)
+    rank = torch.arange(c, 0, -1, dtype=torch.uint8, device=logits.device).view(1, c, 1, 1)  # C - c
+    for rows in _bands(logits):
+        z = logits[:, :, rows]
+        first = ((z == z.amax(dim=1, keepdim=True)) * rank).amax(dim=1)
+        torch.sub(c, first.clamp_(min=1), out=classes[:, rows])  # clamp: a NaN pixel (no max) gets class C - 1
+    return classes
 
 
-def _shifted_exp(logits):
-    """(z - max_c z, exp of it, its sum over classes): the one exp pass the logit forms need."""
-    shifted = logits - logits.amax(dim=1, keepdim=True)
-    e = torch.exp(shifted)
-    return shifted, e, e.sum(dim=1)
+@torch.no_grad()
+def _exp_sums(logits, temperature=1.0, weighted=False):
+    """With u = (z - max_c z) / T: (S = Σ_c exp(u_c), Σ_c exp(u_c) u_c if ``weighted`` else None), each
+    (N, H, W): the one exp pass the logit forms need, band by band, never materialising the softmax."""
+    n, c, h, w = logits.shape
+    total = logits.new_empty(n, h, w)
+    weighted_sum = logits.new_empty(n, h, w) if weighted else None
+    for rows in _bands(logits):
+        z = logits[:, :, rows]
+        u = z - z.amax(dim=1, keepdim=True)
+        if temperature != 1.0:
+            u /= temperature
+        e = torch.exp(u)
+        torch.sum(e, dim=1, out=total[:, rows])
+        if weighted:
+            torch.sum(e.mul_(u), dim=1, out=weighted_sum[:, rows])
+    return total, weighted_sum
 
 
 def max_softmax_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """:func:`max_softmax` straight from logits (N, C, H, W) without materialising the softmax:
-    max_c p_c = 1 / Σ_c exp(z_c - max z)."""
-    return 1.0 - 1.0 / _shifted_exp(logits)[2]
+    """:func:`max_softmax` straight from logits (N, C, H, W): max_c p_c = 1 / Σ_c exp(z_c - max z)."""
+    return 1.0 - 1.0 / _exp_sums(logits)[0]
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """:func:`entropy` from logits: with u = z - max z and S = Σ exp(u), H = log S - Σ_c exp(u_c) u_c / S."""
-    shifted, e, total = _shifted_exp(logits)
-    h = torch.log(total) - (e * shifted).sum(dim=1) / total
+    total, weighted_sum = _exp_sums(logits, weighted=True)
+    h = torch.log(total) - weighted_sum / total
     return (h / math.log(logits.shape[1])).clamp(0.0, 1.0)
 
 
 def odin(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """1 - max_c softmax(logits / T)_c (Liang et al. 2018, "Enhancing the reliability of OOD image detection",
-    without the input perturbation, which :class:`segood.methods.Odin` adds). T = 1 equals max softmax."""
-    return max_softmax_from_logits(logits / temperature)
+    without the input perturbation, which :class:`segood.methods.Odin` adds). T = 1 is max softmax exactly."""
+    return 1.0 - 1.0 / _exp_sums(logits, float(temperature))[0]
 
 
 def entropy(probs: torch.Tensor) -> torch.Tensor:
