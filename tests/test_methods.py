@@ -9,7 +9,8 @@ import torch
 from segood.data.h5 import H5SegmentationDataset
 from segood.methods import (METHODS, ClassFeatureStats, entropy, get_method, max_softmax, mutual_info, odin,
                             varsum)
-from segood.methods.functional import mahalanobis_min_distance
+from segood.methods import functional
+from segood.methods.functional import mahalanobis_min_distance, whiten_means
 from segood.methods.tuning import same_source_tuning, set_identity, tune
 from segood.metrics import PixelOODAccumulator
 from segood.models import build_model, preprocess
@@ -79,10 +80,38 @@ def test_mahalanobis_recovers_gaussian_classes():
     stats.update(torch.from_numpy(feats[:, :, None, None]), torch.from_numpy(labels))
     means, whiten, present = stats.finalize()
     probe = torch.tensor([[0.0, 0.0], [10.0, 0.0], [5.0, 0.0], [0.0, 3.0], [0.0, 30.0]])[:, :, None, None].double()
-    m = mahalanobis_min_distance(probe, means, whiten, present)[:, 0, 0]
+    m = mahalanobis_min_distance(probe, whiten, whiten_means(means, whiten), present)[:, 0, 0]
     assert m[0] < 0.2 and m[1] < 0.2  # at a class centre
     assert m[3] == pytest.approx(10.0, rel=0.15)  # 3 units along the axis with std 0.3
     assert m[0] < m[2] < m[3] < m[4]  # further from every class, higher
+
+
+def reference_min_distance(features, means, whiten, present):
+    """The obviously-correct form: for each location and class, sqrt((f - mu)^T Sigma^-1 (f - mu)), then min."""
+    f = features.permute(0, 2, 3, 1).numpy()  # (N, h, w, D)
+    inverse = [w.T @ w for w in whiten.numpy()]  # whiten^T whiten = L^-T L^-1 = Sigma^-1
+    out = np.full(f.shape[:3], np.inf)
+    for n, i, j in np.ndindex(*f.shape[:3]):
+        for c in range(len(inverse)):
+            if present[c, i, j]:
+                diff = f[n, i, j] - means[c, i, j].numpy()
+                out[n, i, j] = min(out[n, i, j], np.sqrt(diff @ inverse[c] @ diff))
+    return out
+
+
+@pytest.mark.parametrize("distance_elements", [1 << 19, 3 * 4 * 5])  # one step; steps of one location
+def test_mahalanobis_distance_equals_the_definition(distance_elements, monkeypatch):
+    monkeypatch.setattr(functional, "_DISTANCE_ELEMENTS", distance_elements)
+    rng = np.random.default_rng(2)
+    n, d, h, w, c = 3, 5, 4, 3, 4
+    features = torch.from_numpy(rng.normal(size=(n, d, h, w)))
+    means = torch.from_numpy(rng.normal(size=(c, h, w, d)))
+    whiten = torch.from_numpy(np.tril(rng.normal(size=(c, d, d))) + 3 * np.eye(d))
+    present = torch.from_numpy(rng.random((c, h, w)) < 0.7)
+    present[:, 0, 0] = False  # no class seen there: inf
+    got = mahalanobis_min_distance(features, whiten, whiten_means(means, whiten), present)
+    np.testing.assert_allclose(got.numpy(), reference_min_distance(features, means, whiten, present), rtol=1e-12)
+    assert torch.isinf(got[:, 0, 0]).all()
 
 
 @pytest.fixture(scope="module")

@@ -126,27 +126,47 @@ def confidence_score(confidence: torch.Tensor) -> torch.Tensor:
     return 1.0 - confidence[:, 0]
 
 
-def mahalanobis_min_distance(features, means, whiten, present):
+# Feature locations per step of the Mahalanobis distance: bounds its (N, step, C, D) temporaries.
+_DISTANCE_ELEMENTS = 1 << 19
+
+
+def whiten_means(means, whiten):
+    """(C, h, w, D) whitened class means W_c μ_ci, for :func:`mahalanobis_min_distance` (computed once per fit).
+
+    Args:
+        means: (C, h, w, D) per-location class means. whiten: (C, D, D) inverse Cholesky factors.
+    """
+    return torch.einsum("cij,chwj->chwi", whiten, means)
+
+
+def mahalanobis_min_distance(features, whiten, whitened_means, present):
     """M(x)_i = min_c sqrt((f_i - mu_ci)^T Sigma_c^-1 (f_i - mu_ci)) (Lee et al. 2018, "A simple unified
     framework for detecting OOD samples"; the seed paper's eq. 9-10).
 
+    With whiten_c = L_c^-1 for the Cholesky factor L_c of Sigma_c, the squared distance is
+    ||whiten_c f_i - whiten_c mu_ci||^2: one matrix product whitens every feature for every class at once, and
+    the whitened means come precomputed (:func:`whiten_means`). Differentiable (for input perturbation).
+
     Args:
-        features: (N, D, h, w). means: (C, h, w, D) per-location class means mu_ci.
-        whiten: (C, D, D) with whiten_c = L_c^-1 for the Cholesky factor L_c of Sigma_c, so that
-            ||whiten_c (f - mu)||^2 is the squared distance (one triangular solve per class, done at fit time).
+        features: (N, D, h, w). whiten: (C, D, D). whitened_means: (C, h, w, D).
         present: (C, h, w) bool: class c seen at location i in training (elsewhere its distance is inf).
 
     Returns:
         (N, h, w) minimum distance; inf where no class was seen at the location.
     """
-    f = features.permute(0, 2, 3, 1)  # (N, h, w, D)
-    best = torch.full(f.shape[:3], float("inf"), dtype=f.dtype, device=f.device)
-    for c in range(means.shape[0]):
-        diff = f - means[c]  # (N, h, w, D)
-        d2 = (diff @ whiten[c].T).square().sum(dim=-1)
-        d2 = torch.where(present[c], d2, torch.full_like(d2, float("inf")))
-        best = torch.minimum(best, d2)
-    return best.sqrt()
+    n, d, h, w = features.shape
+    c = whiten.shape[0]
+    f = features.permute(0, 2, 3, 1).reshape(n, h * w, d)
+    stacked = whiten.reshape(c * d, d).T  # (D, C D): column block c is whiten_c^T
+    centres = whitened_means.permute(1, 2, 0, 3).reshape(h * w, c, d)
+    absent = ~present.permute(1, 2, 0).reshape(h * w, c)
+    step = max(1, _DISTANCE_ELEMENTS // (n * c * d))
+    best = []
+    for start in range(0, h * w, step):
+        part = slice(start, start + step)
+        d2 = ((f[:, part] @ stacked).view(n, -1, c, d) - centres[part]).square().sum(dim=-1)  # (N, step, C)
+        best.append(d2.masked_fill(absent[part], float("inf")).amin(dim=-1))
+    return torch.cat(best, dim=1).sqrt().view(n, h, w)
 
 
 def mahalanobis_score(distance, mean, std):

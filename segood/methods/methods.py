@@ -186,6 +186,7 @@ class Mahalanobis(Method):
     def __init__(self, epsilon=0.0, ridge=1e-6, **params):
         super().__init__(epsilon=float(epsilon), ridge=float(ridge), **params)
         self.state = None
+        self._scoring = None  # (device, whiten, whitened means, present), derived from the state
 
     @torch.no_grad()
     def fit(self, model, loader, *, progress=False):
@@ -208,6 +209,7 @@ class Mahalanobis(Method):
         means, whiten, present = stats.finalize(self.params["ridge"])
         self.state = {"means": means, "whiten": whiten, "present": present,
                       "m_mean": torch.zeros((), dtype=torch.float64), "m_std": torch.ones((), dtype=torch.float64)}
+        self._scoring = None
         total = total_sq = count = 0.0  # pass 2: mean and std of M over the training set
         for batch in tqdm(loader, desc="mahalanobis fit 2/2", disable=not progress):
             m = self._distance(model.penultimate(preprocess(batch["image"].to(device))))
@@ -220,8 +222,10 @@ class Mahalanobis(Method):
 
     def _distance(self, features):
         """(N, h, w) minimum distance of penultimate features (N, D, h, w), in float64."""
-        s = {k: v.to(features.device) for k, v in self.state.items()}
-        return fn.mahalanobis_min_distance(features.to(torch.float64), s["means"], s["whiten"], s["present"])
+        if self._scoring is None or self._scoring[0] != features.device:
+            s = {k: self.state[k].to(features.device) for k in ("means", "whiten", "present")}
+            self._scoring = (features.device, s["whiten"], fn.whiten_means(s["means"], s["whiten"]), s["present"])
+        return fn.mahalanobis_min_distance(features.to(torch.float64), *self._scoring[1:])
 
     def score(self, model, x):
         self.check(model)
@@ -246,6 +250,7 @@ class Mahalanobis(Method):
         if missing:
             raise ValueError(f"mahalanobis state lacks {missing}")
         self.state = {k: torch.as_tensor(np.asarray(arrays[k])) for k in self.STATE_KEYS}
+        self._scoring = None
         return self
 
 
