@@ -86,6 +86,19 @@ def test_mahalanobis_recovers_gaussian_classes():
     assert m[0] < m[2] < m[3] < m[4]  # further from every class, higher
 
 
+@pytest.mark.parametrize("band_elements", [1 << 19, 5 * 2 * C * 7])  # one band; bands of 1 row
+def test_monte_carlo_scores_equal_the_probability_forms(band_elements, monkeypatch):
+    monkeypatch.setattr(functional, "_BAND_ELEMENTS", band_elements)
+    torch.manual_seed(1)
+    logits = torch.randn(5, 2, C, 4, 7) * 3  # T = 5 samples
+    probs = logits.softmax(dim=2)
+    out = functional.monte_carlo_scores(logits)
+    torch.testing.assert_close(out["varsum"], varsum(probs))
+    torch.testing.assert_close(out["mutual_info"], mutual_info(probs))
+    assert torch.equal(out["classes"], probs.mean(dim=0).argmax(dim=1))
+    assert set(functional.monte_carlo_scores(logits, ("varsum",))) == {"varsum", "classes"}
+
+
 def reference_min_distance(features, means, whiten, present):
     """The obviously-correct form: for each location and class, sqrt((f - mu)^T Sigma^-1 (f - mu)), then min."""
     f = features.permute(0, 2, 3, 1).numpy()  # (N, h, w, D)

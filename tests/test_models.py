@@ -50,11 +50,11 @@ def test_bad_input_shape_says_how_to_pad():
 def test_dropout_is_stochastic_only_for_monte_carlo():
     torch.manual_seed(0)
     model = build_model("pspnet", "resnet18", head="dropout").eval()
-    x = torch.randn(1, 3, 64, 64)
+    x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         torch.testing.assert_close(model(x).logits, model(x).logits)  # eval: deterministic
         samples = model.mc_logits(x, samples=4)
-        assert samples.shape == (4, 1, 19, 64, 64)
+        assert samples.shape == (4, 2, 19, 64, 64)
         assert not torch.allclose(samples[0], samples[1])
         torch.manual_seed(123)
         mc = model.mc_logits(x, samples=3)
@@ -64,6 +64,18 @@ def test_dropout_is_stochastic_only_for_monte_carlo():
         torch.testing.assert_close(mc, separate)
     with pytest.raises(ValueError, match="dropout"):
         build_model("pspnet", "resnet18").mc_logits(x)
+
+
+def test_monte_carlo_dropout_mask_is_bernoulli_and_rescaled():
+    model = build_model("pspnet", "resnet18", head="dropout", dropout_p=0.3).eval()
+    torch.manual_seed(0)
+    out = model._dropout(torch.ones(400_000), stochastic=True)
+    values, counts = out.unique(return_counts=True)
+    torch.testing.assert_close(values, torch.tensor([0.0, 1 / 0.7]))
+    assert counts[0].item() / out.numel() == pytest.approx(0.3, abs=0.005)  # 0.3 +- ~7 standard deviations
+    assert torch.equal(model._dropout(torch.ones(10), stochastic=False), torch.ones(10))  # eval: identity
+    with pytest.raises(ValueError, match="dropout_p"):
+        build_model("pspnet", "resnet18", head="dropout", dropout_p=1.0)
 
 
 def test_confidence_loss_by_hand():

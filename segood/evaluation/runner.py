@@ -251,9 +251,9 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, num_thresho
                     t2 = time.perf_counter()
                 if monte_carlo:
                     torch.manual_seed(seed * 1_000_003 + set_index * 10_007 + indices[0])
-                    probs = model.mc_logits(x, samples=samples).softmax(dim=2)
+                    samples_logits = model.mc_logits(x, samples=samples)
                     for method in monte_carlo:
-                        scores[method.name] = method.from_samples(probs[: method.params["samples"]])
+                        scores[method.name] = method.from_samples(samples_logits[: method.params["samples"]])
                     ev.seconds[f"score/{monte_carlo[0].name}"] += _lap(device, t2)
             for method in own_pass:
                 t2 = time.perf_counter()

@@ -22,9 +22,9 @@ _BAND_ELEMENTS = 1 << 19
 
 
 def _bands(logits):
-    """Row slices of (N, C, H, W) logits to work on one at a time: all rows at once on a GPU."""
-    n, c, h, w = logits.shape
-    rows = h if logits.is_cuda else max(1, _BAND_ELEMENTS // (n * c * w))
+    """Slices of the rows (dimension -2) of (..., H, W) logits to work on one at a time: all at once on a GPU."""
+    h = logits.shape[-2]
+    rows = h if logits.is_cuda else max(1, _BAND_ELEMENTS // (logits.numel() // h))
     return [slice(start, start + rows) for start in range(0, h, rows)]
 
 
@@ -114,6 +114,28 @@ def mutual_info(probs: torch.Tensor) -> torch.Tensor:
     predictive = _entropy(probs.mean(dim=0), dim=1)
     aleatoric = _entropy(probs, dim=2).mean(dim=0)
     return ((predictive - aleatoric) / math.log(probs.shape[2])).clamp(0.0, 1.0)
+
+
+@torch.no_grad()
+def monte_carlo_scores(logits, names=("varsum", "mutual_info")):
+    """{name: (N, H, W) score for each of ``names`` (``varsum``, ``mutual_info``), "classes": argmax of the
+    mean softmax} from (T, N, C, H, W) logits of T dropout samples. Equal to :func:`varsum` and
+    :func:`mutual_info` of the softmax, computed band by band so that the (T, N, C, H, W) probabilities are
+    never materialised whole; entropies take log p_t from ``log_softmax``."""
+    t, n, c, h, w = logits.shape
+    out = {name: logits.new_empty(n, h, w) for name in names}
+    out["classes"] = torch.empty(n, h, w, dtype=torch.int64, device=logits.device)
+    for rows in _bands(logits):
+        log_p = torch.log_softmax(logits[..., rows, :], dim=2)
+        p = log_p.exp()
+        mean = p.mean(dim=0)
+        out["classes"][:, rows] = predicted_classes(mean)
+        if "mutual_info" in names:
+            aleatoric = (p * log_p).sum(dim=2).mean(dim=0).neg_()
+            out["mutual_info"][:, rows] = ((_entropy(mean, dim=1) - aleatoric) / math.log(c)).clamp_(0.0, 1.0)
+        if "varsum" in names:
+            out["varsum"][:, rows] = ((p - mean).square_().mean(dim=0).sum(dim=1) / (1.0 - 1.0 / c)).clamp_(0.0, 1.0)
+    return out
 
 
 def confidence_score(confidence: torch.Tensor) -> torch.Tensor:

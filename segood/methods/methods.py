@@ -135,7 +135,7 @@ class Confidence(SinglePass):
 
 class MonteCarlo(Method):
     """Base of the dropout methods: T samples from ``model.mc_logits`` (encoder and decoder run once);
-    subclasses define ``from_samples(probs (T, N, C, H, W))``."""
+    ``from_samples(logits (T, N, C, H, W))`` scores a shared set of samples."""
 
     head = "dropout"
 
@@ -145,8 +145,14 @@ class MonteCarlo(Method):
     @torch.no_grad()
     def score(self, model, x):
         self.check(model)
-        probs = model.mc_logits(x, samples=self.params["samples"]).softmax(dim=2)
-        return self.from_samples(probs), fn.predicted_classes(probs.mean(dim=0))
+        return self._scores(model.mc_logits(x, samples=self.params["samples"]))
+
+    def from_samples(self, logits):
+        return self._scores(logits)[0]
+
+    def _scores(self, logits):
+        out = fn.monte_carlo_scores(logits, (self.name,))
+        return out[self.name], out["classes"]
 
 
 class VarSum(MonteCarlo):
@@ -154,17 +160,11 @@ class VarSum(MonteCarlo):
 
     name = "varsum"
 
-    def from_samples(self, probs):
-        return fn.varsum(probs)
-
 
 class MutualInfo(MonteCarlo):
     """Mutual information of T dropout samples / log C (Mukhoti & Gal 2018, eq. 25-27)."""
 
     name = "mutual_info"
-
-    def from_samples(self, probs):
-        return fn.mutual_info(probs)
 
 
 class Mahalanobis(Method):
