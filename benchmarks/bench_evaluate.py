@@ -4,7 +4,8 @@
 
 Builds a mixed set of procedural scenes and Perlin noise at the given size, evaluates an untrained
 PSPNet-ResNet50 with the given head on it through ``segood.evaluate`` (batch 1) and prints images/s and the share
-of the run's time in data loading, forward, each method's scoring and accumulation.
+of the run's time in data loading, forward, each method's scoring and accumulation. Runs under
+``torch_timing.MALLOC_ENV`` (see there).
 """
 
 import argparse
@@ -13,6 +14,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from torch_timing import with_stable_malloc
 
 from segood.data import Noise, convert, mix
 from segood.data.common import Sample
@@ -31,6 +34,7 @@ def main():
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/segood-bench-eval"))
     args = parser.parse_args()
+    with_stable_malloc()
     shutil.rmtree(args.workdir, ignore_errors=True)
     size = (args.height, args.width)
     images, semantic, ood = scene_batch(0, args.frames // 2, *size)

@@ -3,12 +3,13 @@
     python benchmarks/bench_models.py [--height 512] [--width 1024] [--repeat 2] [--device cpu]
 
 Rows: forward ms/image (batch 1, no grad, eval mode) for PSPNet-ResNet50 and DeepLabV3+-Xception41 with each
-head; then for the dropout head: ``mc_logits(T=8)`` against one forward pass and against 8 full passes.
+head; then for the dropout head: ``mc_logits(T=8)`` against one forward pass and against 8 full passes (the
+three take turns). Runs under ``torch_timing.MALLOC_ENV`` (see there).
 """
 
 import torch
 
-from torch_timing import best_ms, device_name, parse_args
+from torch_timing import best_ms, device_name, interleaved_best_ms, parse_args
 
 from segood.models import HEADS, build_model
 
@@ -34,10 +35,10 @@ def main():
     print("\n| dropout head, T = 8 | network | ms | ratio to one forward |\n|---|---|---:|---:|")
     for arch, encoder in NETWORKS:
         model = build_model(arch, encoder, head="dropout").to(device).eval()
-        one = best_ms(lambda: model(x), args.repeat, device)
-        mc = best_ms(lambda: model.mc_logits(x, samples=8), args.repeat, device)
-        full = best_ms(lambda: [model.head(model.penultimate(x), x.shape[-2:], stochastic=True) for _ in range(8)],
-                       args.repeat, device)
+        one, mc, full = interleaved_best_ms(
+            [lambda: model(x), lambda: model.mc_logits(x, samples=8),
+             lambda: [model.head(model.penultimate(x), x.shape[-2:], stochastic=True) for _ in range(8)]],
+            args.repeat, device)
         for label, ms in (("one forward pass", one), ("mc_logits(T=8)", mc), ("8 full passes", full)):
             print(f"| {label} | {arch} {encoder} | {ms:.0f} | {ms / one:.2f} |", flush=True)
 

@@ -22,7 +22,7 @@ from segood.io import atomic_write_bytes
 from segood.labels import NUM_CLASSES
 from segood.methods import get_method
 from segood.methods.methods import MonteCarlo, SinglePass, served_heads
-from segood.methods.functional import predicted_classes
+from segood.methods.functional import monte_carlo_scores, predicted_classes
 from segood.metrics import PixelOODAccumulator
 from segood.models.network import SegOutput, preprocess
 
@@ -251,9 +251,11 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, num_thresho
                     t2 = time.perf_counter()
                 if monte_carlo:
                     torch.manual_seed(seed * 1_000_003 + set_index * 10_007 + indices[0])
-                    samples_logits = model.mc_logits(x, samples=samples)
-                    for method in monte_carlo:
-                        scores[method.name] = method.from_samples(samples_logits[: method.params["samples"]])
+                    samples_logits = model.mc_logits(x, samples=samples, features=output.features)
+                    for count in sorted({method.params["samples"] for method in monte_carlo}):
+                        names = [method.name for method in monte_carlo if method.params["samples"] == count]
+                        out = monte_carlo_scores(samples_logits[:count], names)  # one pass for the group
+                        scores.update({name: out[name] for name in names})
                     ev.seconds[f"score/{monte_carlo[0].name}"] += _lap(device, t2)
             for method in own_pass:
                 t2 = time.perf_counter()

@@ -108,13 +108,14 @@ class SegmentationNetwork(nn.Module):
         logits, confidence = self.head(features, x.shape[-2:])
         return SegOutput(logits, features, confidence)
 
-    def mc_logits(self, x, samples=8):
+    def mc_logits(self, x, samples=8, features=None):
         """(T, N, C, H, W) logits of T Monte-Carlo dropout samples; encoder and decoder run once, only the
         stochastic head T times (Kendall et al. 2015; Mukhoti & Gal 2018), upsampled in one call (no stacking
-        copy). Equal to T calls of ``head(features, size, stochastic=True)`` in the same random stream."""
+        copy). Equal to T calls of ``head(features, size, stochastic=True)`` in the same random stream.
+        ``features``: ``penultimate(x)`` when already computed (by an evaluation's forward pass, in eval mode)."""
         if self.config.head != "dropout":
             raise ValueError(f"mc_logits needs the 'dropout' head; this network has {self.config.head!r}")
-        features = self.penultimate(x)
+        features = self.penultimate(x) if features is None else features
         low = torch.cat([self.classifier(self._dropout(features, stochastic=True)) for _ in range(samples)])
         return _upsample(low, x.shape[-2:]).view(samples, x.shape[0], low.shape[1], *x.shape[-2:])
 
