@@ -7,13 +7,17 @@ import segood
 
 
 def _demo(args):
-    from segood.demo import run_demo, summary_table
+    from segood.demo import NUM_THRESHOLDS, run_demo, summary_table
 
     doc = run_demo(args.out, args.data, seed=args.seed, quick=args.quick, retrain=args.retrain,
                    progress=not args.quiet)
-    print(summary_table(doc), end="")
+    table = summary_table(doc)
+    print(table, end="")
     print(f"\n† tuned on the SUN tune split, the same source as the sun test set. Full report: {args.out}/results.md, "
           f"figures in {args.out}/figures/, one run per head in {args.out}/<head>/. {doc['demo_seconds']} s.")
+    if "≈" in table:
+        print(f"≈ these scores crowd too close together even for {NUM_THRESHOLDS} thresholds: exact mode may differ "
+              "by more than 0.01 (bounds in results.json: auroc_max_error, fpr95_exact_min, max_iou_exact_max).")
     return 0
 
 

@@ -103,6 +103,28 @@ def test_score_maps_equal_the_model_path(sets, tmp_path):
         evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "int", clip=True)
 
 
+def test_report_flags_values_the_binning_cannot_resolve(sets, tmp_path):
+    """Scores crowded below the first of 400 thresholds: results.md marks them ≈; 65536 thresholds resolve them."""
+    dataset = H5SegmentationDataset(sets / "perlin_mixed.h5")
+    rng = np.random.default_rng(0)
+    with h5py.File(tmp_path / "scores.h5", "w") as f:
+        f.attrs["score_range"] = [0.0, 1.0]
+        for i in range(len(dataset)):
+            item = dataset[i]
+            ood = item["ood_mask"].numpy() == 1
+            f[item["frame_id"]] = (np.where(ood, 0.002, 0.001) + rng.uniform(0, 1e-4, ood.shape)).astype(np.float32)
+    coarse = evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "coarse", figures=False)
+    pooled = coarse["results"]["external"]["perlin_mixed"]["pooled"]
+    assert pooled["auroc"] == pytest.approx(0.5) and pooled["auroc_max_error"] == pytest.approx(0.5)
+    markdown = (tmp_path / "coarse" / "results.md").read_text()
+    assert "**0.5000** ≈" in markdown and "--num-thresholds 65536" in markdown
+    assert "auroc_max_error" in (tmp_path / "coarse" / "results.csv").read_text().splitlines()[0]
+    fine = evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "fine",
+                               num_thresholds=65536, figures=False)
+    assert fine["results"]["external"]["perlin_mixed"]["pooled"]["auroc"] == pytest.approx(1.0)
+    assert "≈" not in (tmp_path / "fine" / "results.md").read_text()
+
+
 def killed_after(model, calls_allowed):
     """The model's forward, dying with KeyboardInterrupt at call ``calls_allowed + 1`` (a simulated kill)."""
     original, calls = model.forward, []

@@ -113,6 +113,28 @@ def test_every_float32_in_a_range_lands_in_its_literal_bin():
     assert not problems.any()
 
 
+@pytest.mark.parametrize("num_thresholds", [2, 5, 50, 400])
+@pytest.mark.parametrize("shape", ["crowded", "ties", "separable"])
+def test_binning_bounds_contain_the_exact_metrics(shape, num_thresholds):
+    """Exact mode lies within the bounds compute() derives from the binned counts alone."""
+    rng = np.random.default_rng(zlib.crc32(f"{shape}{num_thresholds}".encode()))
+    labels = (rng.random(30_000) < 0.2).astype(np.uint8)
+    if shape == "crowded":  # VarSum-like: nearly everything in the first bins
+        scores = np.minimum(rng.exponential(np.where(labels == 1, 0.01, 0.001)), 1.0).astype(np.float32)
+    elif shape == "ties":
+        scores = rng.choice(np.float32([0.0, 0.1, 0.5, 0.51, 1.0]), labels.size)
+    else:
+        scores = np.where(labels == 1, 0.9, 0.1).astype(np.float32)
+    binned = PixelOODAccumulator(num_thresholds).update(scores, labels).compute()
+    exact = exact_metrics(scores, labels)
+    tolerance = 1e-12
+    assert abs(exact["auroc"] - binned["auroc"]) <= binned["auroc_max_error"] + tolerance
+    assert binned["fpr95_exact_min"] - tolerance <= exact["fpr95"] <= binned["fpr95"] + tolerance
+    assert binned["max_iou"] - tolerance <= exact["max_iou"] <= binned["max_iou_exact_max"] + tolerance
+    if shape == "separable" and num_thresholds >= 5:  # no bin holds both classes: nothing left to chance
+        assert binned["auroc_max_error"] == 0 and binned["fpr95_exact_min"] == binned["fpr95"] == exact["fpr95"]
+
+
 def test_naive_multiply_and_floor_would_be_wrong_here():
     """The adversarial data really are adversarial: floor((s - lo) * (T - 1) / (hi - lo)) misbins some."""
     rng = np.random.default_rng(0)

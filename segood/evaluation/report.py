@@ -18,6 +18,8 @@ from segood.methods.tuning import same_source_tuning
 SCHEMA = "segood.results/1"
 RUN_FILE = "run.json"
 LABELS = {"auroc": "AUROC", "auprc": "AUPRC", "fpr95": "FPR95", "max_iou": "MaxIoU"}
+BOUNDS = ("auroc_max_error", "fpr95_exact_min", "max_iou_exact_max")  # see segood.metrics.binning_bounds
+COARSE = 0.01  # a pooled value the binning may move by more than this is flagged ≈ in results.md
 
 
 def arrow(metric):
@@ -36,7 +38,7 @@ def build_results(run, ev):
             with warnings.catch_warnings():  # undefined metrics are reported as null
                 warnings.simplefilter("ignore", UndefinedMetricWarning)
                 r = acc.compute() if acc.n_images else {k: float("nan") for k in (*METRIC_NAMES, "max_iou_threshold")}
-            pooled = {k: _number(r[k]) for k in (*METRIC_NAMES, "max_iou_threshold")}
+            pooled = {k: _number(r.get(k, float("nan"))) for k in (*METRIC_NAMES, "max_iou_threshold", *BOUNDS)}
             per_image = r.get("per_image_mean")
             per_image = {k: _number(v) if isinstance(v, float) else v for k, v in per_image.items()} if per_image else None
             results[m][s] = {
@@ -107,14 +109,14 @@ def results_csv(doc):
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(["method", "set", "aggregation", *METRIC_NAMES, "max_iou_threshold", "n_images", "n_id", "n_ood",
-                     "same_source_tuning"])
+                     "same_source_tuning", *BOUNDS])
     for m, by_set in doc["results"].items():
         for s, r in by_set.items():
             writer.writerow([m, s, "pooled", *(r["pooled"][k] for k in (*METRIC_NAMES, "max_iou_threshold")),
-                             "", r["n_id"], r["n_ood"], r["same_source_tuning"]])
+                             "", r["n_id"], r["n_ood"], r["same_source_tuning"], *(r["pooled"][k] for k in BOUNDS)])
             per_image = r["per_image_mean"] or {}
             writer.writerow([m, s, "per-image mean", *(per_image.get(k) for k in METRIC_NAMES), "",
-                             per_image.get("n_images"), "", "", r["same_source_tuning"]])
+                             per_image.get("n_images"), "", "", r["same_source_tuning"], "", "", ""])
     return buffer.getvalue()
 
 
@@ -136,6 +138,8 @@ def results_markdown(doc):
                     best = (max if HIGHER_IS_BETTER[metric] else min)(column) if column else None
                     text = "–" if value is None else f"{value:.4f}"
                     flag = " †" if by_set[s]["same_source_tuning"] else ""
+                    if aggregation == "pooled" and too_coarse(metric, by_set[s]["pooled"]):
+                        flag += " ≈"
                     cells.append(f"**{text}**{flag}" if value is not None and value == best else text + flag)
                 lines.append(f"| {m} | " + " | ".join(cells) + " |")
             lines.append("")
@@ -144,6 +148,11 @@ def results_markdown(doc):
                                       for s, r in ratios.items()) + ".")
     if any(r["same_source_tuning"] for by_set in doc["results"].values() for r in by_set.values()):
         lines.append("† tuned on data from the same OOD source as this test set (same_source_tuning).")
+    pooled = [r["pooled"] for by_set in doc["results"].values() for r in by_set.values()]
+    if any(too_coarse(metric, p) for p in pooled for metric in METRIC_NAMES):
+        lines.append(f"≈ the {doc['config']['num_thresholds']} thresholds are too coarse for these scores: exact mode "
+                     f"may differ by more than {COARSE} (bounds in results.json: {', '.join(BOUNDS)}); rerun with "
+                     "more thresholds, e.g. --num-thresholds 65536.")
     per_image = [f"{(r['per_image_mean'] or {}).get('n_images', 0)}" for r in doc["results"][next(iter(doc["results"]))].values()]
     lines.append(f"Per-image means average the images where a metric is defined ({', '.join(per_image)} images per set).")
     return "\n".join(lines) + "\n"
@@ -227,6 +236,15 @@ def write_figures(out_dir, doc, ev):
                 if row == 0:
                     ax.set_title(title, fontsize=8)
         _save(fig, figures / f"examples_{s}.png")
+
+
+def too_coarse(metric, pooled):
+    """Whether the binning may move this pooled metric by more than COARSE (AUPRC has no bound: never)."""
+    value = pooled.get(metric)
+    bound = pooled.get({"auroc": "auroc_max_error", "fpr95": "fpr95_exact_min", "max_iou": "max_iou_exact_max"}.get(metric))
+    if value is None or bound is None:
+        return False
+    return {"auroc": bound, "fpr95": value - bound, "max_iou": bound - value}[metric] > COARSE
 
 
 def _number(value):

@@ -131,7 +131,7 @@ class Evaluation:
 
     def save(self, path):
         buffer = BytesIO()
-        np.savez(buffer, **self.arrays())
+        np.savez_compressed(buffer, **self.arrays())  # histograms are mostly zeros at 65536 thresholds
         atomic_write_bytes(path, buffer.getvalue())
 
     @classmethod

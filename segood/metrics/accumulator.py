@@ -109,8 +109,9 @@ class PixelOODAccumulator:
         Returns:
             dict: ``auroc``, ``auprc``, ``fpr95``, ``max_iou``, ``max_iou_threshold``, ``n_id``,
             ``n_ood``, ``n_ignored``; the curves ``thresholds``, ``tp``, ``fp``, ``fn``, ``tn`` (arrays of
-            shape (T,)); with ``per_image``, ``per_image_mean`` = {metric: mean, ``n_images``: images
-            averaged, ``n_images_total``}.
+            shape (T,)); how far exact mode can be from the binned values (:func:`binning_bounds`):
+            ``auroc_max_error``, ``fpr95_exact_min``, ``max_iou_exact_max``; with ``per_image``,
+            ``per_image_mean`` = {metric: mean, ``n_images``: images averaged, ``n_images_total``}.
 
         Raises:
             ValueError: nothing has been accumulated.
@@ -129,6 +130,7 @@ class PixelOODAccumulator:
             fp=fp,
             fn=n_ood - tp,
             tn=n_id - fp,
+            **binning_bounds(self.hist, tp, fp, n_ood, n_id),
         )
         if self.per_image:
             defined = self.per_image_defined
@@ -255,6 +257,29 @@ class PixelOODAccumulator:
             metrics = metrics_from_counts(self.thresholds, tp, fp, n_ood, n_id, warn=False)
             self.per_image_sum += [metrics[name] for name in METRIC_NAMES]
             self.per_image_defined += 1
+
+
+def binning_bounds(hist, tp, fp, n_ood, n_id):
+    """What exact mode (every distinct score a threshold) can be, given only the binned counts.
+
+    An exact threshold inside bin k predicts OOD for every pixel of the bins above and for part of bin k. So:
+    ``|exact AUROC - binned AUROC| <= auroc_max_error`` = half the share of (ID, OOD) pairs in the same bin
+    (the binned AUROC counts them as ties, exact mode may order them either way); the exact FPR95 lies in
+    [``fpr95_exact_min``, binned FPR95], the FPR of the bins above the last one that reaches 95% TPR; the exact
+    MaxIoU lies in [binned MaxIoU, ``max_iou_exact_max``], the best TP_k / (P + FP_{k+1}). NaN when undefined.
+
+    Args:
+        hist: (2, T) counts per bin (ID, OOD). tp, fp: (T,) reverse cumulative sums. n_ood, n_id: P and N.
+    """
+    if n_ood == 0 or n_id == 0:
+        return dict.fromkeys(("auroc_max_error", "fpr95_exact_min", "max_iou_exact_max"), float("nan"))
+    fp_above = np.append(fp[1:], 0)  # ID pixels in the bins above bin k
+    last_qualifying = np.flatnonzero(20 * tp >= 19 * n_ood)[-1]  # bin 0 always qualifies (TP_0 = P)
+    return {
+        "auroc_max_error": 0.5 * float(np.dot(hist[0].astype(np.float64), hist[1])) / n_id / n_ood,
+        "fpr95_exact_min": float(fp_above[last_qualifying]) / n_id,
+        "max_iou_exact_max": float(np.max(tp / (n_ood + fp_above))),
+    }
 
 
 def _reverse_cumsum(hist):
