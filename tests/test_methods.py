@@ -222,6 +222,7 @@ def test_logit_forms_equal_the_probability_forms(band_elements, monkeypatch):
     for t in (1.0, 2.0, 1000.0):
         torch.testing.assert_close(odin(z, t), max_softmax((z / t).softmax(1)))
     ties = torch.randint(0, 3, (2, C, 9, 7)).float()  # many equal maxima: the first one wins, as in argmax
-    for logits in (z, ties):
+    many = torch.randn(1, 300, 8, 8)  # more classes than a uint8 rank holds
+    for logits in (z, ties, many):
         classes = predicted_classes(logits)
         assert classes.dtype == torch.int64 and torch.equal(classes, logits.argmax(1))

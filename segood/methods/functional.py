@@ -37,7 +37,8 @@ def predicted_classes(logits: torch.Tensor) -> torch.Tensor:
     """
     n, c, h, w = logits.shape
     classes = torch.empty(n, h, w, dtype=torch.int64, device=logits.device)
-    rank = torch.arange(c, 0, -1, dtype=torch.uint8, device=logits.device).view(1, c, 1, 1)  # C - c
+    small = torch.uint8 if c < 256 else torch.int32  # the narrowest type that holds C
+    rank = torch.arange(c, 0, -1, dtype=small, device=logits.device).view(1, c, 1, 1)  # C - c
     for rows in _bands(logits):
         z = logits[:, :, rows]
         first = ((z == z.amax(dim=1, keepdim=True)) * rank).amax(dim=1)
