@@ -223,6 +223,13 @@ def test_logit_forms_equal_the_probability_forms(band_elements, monkeypatch):
         torch.testing.assert_close(odin(z, t), max_softmax((z / t).softmax(1)))
     ties = torch.randint(0, 3, (2, C, 9, 7)).float()  # many equal maxima: the first one wins, as in argmax
     many = torch.randn(1, 300, 8, 8)  # more classes than a uint8 rank holds
+    impossible = z.clone()
+    impossible[:, 3] = -float("inf")  # a class the network rules out: p = 0, 0 log 0 = 0
+    torch.testing.assert_close(entropy_from_logits(impossible), entropy(impossible.softmax(1)))
+    samples = torch.stack([impossible, impossible.flip(0)])
+    torch.testing.assert_close(functional.monte_carlo_scores(samples)["mutual_info"], mutual_info(samples.softmax(2)))
+    with pytest.raises(ValueError, match="temperature must be positive"):
+        get_method("odin", temperature=0)
     for logits in (z, ties, many):
         classes = predicted_classes(logits)
         assert classes.dtype == torch.int64 and torch.equal(classes, logits.argmax(1))

@@ -335,7 +335,8 @@ def test_labels_outside_convention_are_named():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 1.5, -0.25])
+# 1.001 and 1.0000001: above the range by less than one of 400 bins
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 1.5, -0.25, 1.001, 1.0000001])
 def test_bad_scores_are_counted_and_state_is_untouched(bad, dtype):
     acc = PixelOODAccumulator().update(np.array([0.2, 0.8]), np.array([0, 1], np.uint8))
     before = acc.state_dict()
@@ -355,6 +356,28 @@ def test_clip_opts_into_clipping_but_never_for_nan(dtype):
     np.testing.assert_array_equal(clipped.hist, reference.hist)
     with pytest.raises(ValueError, match="NaN"):
         PixelOODAccumulator().update(np.array([np.nan]), np.array([1], np.uint8), clip=True)
+
+
+@pytest.mark.parametrize("lo,hi,num_t,score", [
+    (0.0, 1.0, 400, 1.5), (0.0, 1.0, 400, -3.0),
+    (-3.0, 1e-9, 400, float(np.nextafter(np.float32(1e-9), np.float32(1)))),  # hi no float32: guess lands low
+    (0.1, float(np.nextafter(np.nextafter(np.nextafter(np.nextafter(0.1, 1), 1), 1), 1)), 20, 0.0),  # no float32
+])                                                                            # in range; thresholds repeat at lo
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_clipped_scores_land_in_the_bin_of_the_clipped_value(lo, hi, num_t, score, dtype):
+    thresholds = np.linspace(lo, hi, num_t)
+    scores = np.array([score, score], dtype)
+    labels = np.array([0, 1], np.uint8)
+    hist, problems = _kernels.histogram_numpy(scores, labels, thresholds, True, 1)
+    literal = np.searchsorted(thresholds, np.clip(scores.astype(np.float64), lo, hi), side="right") - 1
+    assert not problems.any()
+    assert hist[0].nonzero()[0].tolist() == [literal[0]] and hist[1].nonzero()[0].tolist() == [literal[1]]
+
+
+@pytest.mark.parametrize("score_range", [(-1e308, 1e308), (0.0, 1000 * 5e-324)])
+def test_score_ranges_without_an_ordered_float64_grid_are_refused(score_range):
+    with pytest.raises(ValueError, match="overflow or are out of order"):
+        PixelOODAccumulator(400, score_range)
 
 
 def test_merge_refuses_different_thresholds():

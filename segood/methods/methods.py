@@ -87,6 +87,8 @@ class Odin(SinglePass):
     name = "odin"
 
     def __init__(self, temperature=1000.0, epsilon=0.0, **params):
+        if not float(temperature) > 0:
+            raise ValueError(f"the ODIN temperature must be positive, got {temperature}")
         super().__init__(temperature=float(temperature), epsilon=float(epsilon), **params)
 
     def from_output(self, output):

@@ -44,7 +44,9 @@ def exact_guess(lo, hi, num_thresholds, dtype):
     and floor keep order. So they agree on every value between two points where they agree with the same bin.
     The literal bin steps at ``c_k``, the first ``dtype`` value at or above ``t_k``; checking both at each
     ``c_k``, at the value just below it and at the last value in range brackets every score in the range.
-    Typically true for float32 scores and false for float64 ones (whose values sit on the thresholds).
+    lo and hi themselves are checked too: by monotonicity and the clamp, a clipped score below lo or above hi
+    gets their guess. Typically true for float32 scores and false for float64 ones (whose values sit on the
+    thresholds).
     """
     dtype = np.dtype(dtype)
     thresholds = np.linspace(lo, hi, num_thresholds)
@@ -55,6 +57,7 @@ def exact_guess(lo, hi, num_thresholds, dtype):
     if float(last) > hi:
         last = np.nextafter(last, dtype.type(-np.inf))
     points = np.concatenate([first, np.nextafter(first, dtype.type(-np.inf)), [last]]).astype(np.float64)
+    points = np.append(points, [lo, hi])
     points = points[(points >= lo) & (points <= hi)]
     literal = np.searchsorted(thresholds, points, side="right") - 1
     guess = np.floor(np.clip((points - lo) * ((num_thresholds - 1) / (hi - lo)), 0, num_thresholds - 1))
@@ -74,11 +77,11 @@ def _exact_bin(thresholds, j, s):
 
 
 @numba.njit(inline="always")
-def _guess(s, lo, scale, top):
-    """floor((s - lo) * scale) clamped to [0, T - 1]; NaN -> 0."""
+def _position(s, lo, scale, top):
+    """(s - lo) * scale clamped to [0, T - 1] (NaN -> 0): the guess is its floor."""
     g = (s - lo) * scale
     g = g if g >= 0.0 else 0.0
-    return np.floor(g if g <= top else top)
+    return g if g <= top else top
 
 
 @numba.njit(nogil=True, cache=True)
@@ -103,7 +106,8 @@ def _histogram_kernel(scores, labels, thresholds, clip, exact, margin, hist, pro
     scale = (num_t - 1) / (hi - lo)
     top = num_t - 1.0
     row = np.float64(num_t)
-    # Exact mode: clipping is the clamp in the guess, so only NaN (which fails both comparisons) is careful.
+    # Exact mode: the guess is monotone and clamped, so a score below lo or above hi gets the guess of lo or hi,
+    # which exact_guess checks too; with ``clip`` only NaN (which fails both comparisons) is careful.
     lo_in = -np.inf if clip else lo
     hi_in = np.inf if clip else hi
     # Margin mode: with a sane margin the thresholds are distinct, so lo and hi lie in the first and last bin.
@@ -124,15 +128,16 @@ def _histogram_kernel(scores, labels, thresholds, clip, exact, margin, hist, pro
                 label = block_labels[k]
                 s = np.float64(block_scores[k])
                 trusted = (label <= OOD) & (s >= lo_in) & (s <= hi_in)
+                j = np.floor(_position(s, lo, scale, top))
                 fallback = ignored_slot if label == IGNORE else careful_slot
-                slot[k] = np.int32(label * row + _guess(s, lo, scale, top) if trusted else fallback)
+                slot[k] = np.int32(label * row + j if trusted else fallback)
         else:
             for k in range(block_scores.size):
                 label = block_labels[k]
                 s = np.float64(block_scores[k])
-                g = (s - lo) * scale
-                j = _guess(s, lo, scale, top)
-                # Out of range or NaN: clamped onto an edge (g - j = 0 or NaN), never trusted by the margin.
+                g = _position(s, lo, scale, top)
+                j = np.floor(g)
+                # Out of range or NaN: clamped onto an edge (g - j = 0), never trusted by the margin.
                 at_lo = s == lo_exact
                 at_hi = s == hi_exact
                 trusted = (label <= OOD) & ((abs(g - j - 0.5) <= half) | at_lo | at_hi)

@@ -46,7 +46,12 @@ class PixelOODAccumulator:
         self.num_thresholds = int(num_thresholds)
         self.score_range = (lo, hi)
         self.per_image = bool(per_image)
-        self.thresholds = np.linspace(lo, hi, self.num_thresholds)
+        with np.errstate(over="ignore", invalid="ignore"):  # refused just below, with a clear message
+            self.thresholds = np.linspace(lo, hi, self.num_thresholds)
+        if not (np.isfinite(hi - lo) and np.all(np.diff(self.thresholds) >= 0)):
+            raise ValueError(f"score_range {score_range!r} gives thresholds that overflow or are out of order in "
+                             "float64 (a range wider than the float64 maximum, or of subnormal numbers): rescale "
+                             "the scores to a moderate range such as (0, 1)")
         self.reset()
 
     def reset(self):
@@ -65,7 +70,8 @@ class PixelOODAccumulator:
             scores: float array or tensor (numpy, torch CPU or CUDA), any shape, higher = more OOD,
                 within ``score_range`` at every counted pixel (scores at ignored pixels are never read).
             labels: same shape: 0 (ID), 1 (OOD), 255 (ignore).
-            clip: clip finite out-of-range scores into ``score_range`` instead of raising.
+            clip: clip out-of-range scores (infinities included; never NaN) into ``score_range`` instead of
+                raising.
 
         Raises:
             ValueError: shape mismatch, labels outside {0, 1, 255}, NaN or out-of-range scores.
@@ -266,7 +272,8 @@ def binning_bounds(hist, tp, fp, n_ood, n_id):
     ``|exact AUROC - binned AUROC| <= auroc_max_error`` = half the share of (ID, OOD) pairs in the same bin
     (the binned AUROC counts them as ties, exact mode may order them either way); the exact FPR95 lies in
     [``fpr95_exact_min``, binned FPR95], the FPR of the bins above the last one that reaches 95% TPR; the exact
-    MaxIoU lies in [binned MaxIoU, ``max_iou_exact_max``], the best TP_k / (P + FP_{k+1}). NaN when undefined.
+    MaxIoU lies in [binned MaxIoU, ``max_iou_exact_max``], the best TP_k / (P + FP_{k+1}). Bounds up to
+    float64 rounding (~1e-16); NaN when undefined.
 
     Args:
         hist: (2, T) counts per bin (ID, OOD). tp, fp: (T,) reverse cumulative sums. n_ood, n_id: P and N.
