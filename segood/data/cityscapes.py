@@ -1,12 +1,11 @@
 """Cityscapes: ``leftImg8bit`` images and ``gtFine_labelIds`` -> trainIds; every pixel with a trainId is ID."""
 
 import hashlib
-from pathlib import Path
 
 import cv2
 import numpy as np
 
-from segood.data.common import Sample, SkipFrame, read_rgb, require_tree
+from segood.data.common import Sample, SkipFrame, SplitTree, read_rgb
 from segood.labels import ID, IGNORE, LABEL_ID_TO_TRAIN_ID
 
 EXPECTED_TREE = """\
@@ -14,25 +13,16 @@ EXPECTED_TREE = """\
 <root>/gtFine/{train,val,test}/<city>/<city>_<seq>_<frame>_gtFine_labelIds.png"""
 
 
-class Cityscapes:
+class Cityscapes(SplitTree):
     """Frames of one split. ``refs()`` lists them; ``load(ref)`` reads one (picklable, for process pools)."""
 
     source = "cityscapes"
+    listed, suffix, hint, expected = "leftImg8bit", "_leftImg8bit.png", "Cityscapes", EXPECTED_TREE
     #: the labelId -> trainId table in use (from cityscapesscripts), recorded in every converted set
     label_map_sha256 = hashlib.sha256(LABEL_ID_TO_TRAIN_ID.tobytes()).hexdigest()
 
-    def __init__(self, root, split="val"):
-        self.root, self.split = Path(root), split
-        require_tree(self.root, EXPECTED_TREE, f"leftImg8bit/{split}/*/*_leftImg8bit.png", f"Cityscapes ({split})")
-
-    def refs(self):
-        return sorted(self.root.glob(f"leftImg8bit/{self.split}/*/*_leftImg8bit.png"))
-
-    def frame_id(self, image_path):
-        return f"{self.split}/{image_path.parent.name}/{image_path.name[: -len('_leftImg8bit.png')]}"
-
     def load(self, image_path):
-        stem = image_path.name[: -len("_leftImg8bit.png")]
+        stem = self.stem(image_path)
         frame_id = self.frame_id(image_path)
         label_path = self.root / "gtFine" / self.split / image_path.parent.name / f"{stem}_gtFine_labelIds.png"
         if not label_path.is_file():

@@ -49,6 +49,30 @@ def require_tree(root, expected, found_glob, hint):
     )
 
 
+class SplitTree:
+    """Frames listed from files ``<root>/<listed>/<split>/<folder>/<stem><suffix>``, identified as
+    ``<split>/<folder>/<stem>`` (Cityscapes and IDD). Subclasses set ``listed``, ``suffix``, ``hint`` (the
+    dataset's name in layout errors) and ``expected`` (the tree they show)."""
+
+    listed = suffix = hint = expected = None
+
+    def __init__(self, root, split="val"):
+        self.root, self.split = Path(root), split
+        require_tree(self.root, self.expected, self._glob(), f"{self.hint} ({split})")
+
+    def _glob(self):
+        return f"{self.listed}/{self.split}/*/*{self.suffix}"
+
+    def refs(self):
+        return sorted(self.root.glob(self._glob()))
+
+    def stem(self, path):
+        return path.name[: -len(self.suffix)]
+
+    def frame_id(self, path):
+        return f"{self.split}/{path.parent.name}/{self.stem(path)}"
+
+
 def read_rgb(path):
     """Decode an image file to (H, W, 3) uint8 RGB; :class:`SkipFrame` when it cannot be decoded."""
     image = cv2.imread(str(path), cv2.IMREAD_COLOR)

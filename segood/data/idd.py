@@ -1,12 +1,11 @@
 """IDD (India Driving Dataset, segmentation): polygon JSON rasterised in file order; car = ID,
 autorickshaw = OOD, all else ignore (the seed paper's §3.2); ``semantic`` via the csTrainId table."""
 
-from pathlib import Path
 
 import numpy as np
 from cityscapesscripts.helpers.annotation import Annotation
 
-from segood.data.common import Sample, SkipFrame, load_label_map, rasterise, read_rgb, require_tree
+from segood.data.common import Sample, SkipFrame, SplitTree, load_label_map, rasterise, read_rgb
 from segood.labels import ID, IGNORE, OOD
 
 EXPECTED_TREE = """\
@@ -15,14 +14,14 @@ EXPECTED_TREE = """\
 _ROLE_VALUE = {"id": ID, "ood": OOD}
 
 
-class IDD:
+class IDD(SplitTree):
     """Frames of one split, listed from the polygon files (an image without labels cannot be scored)."""
 
     source = "idd"
+    listed, suffix, hint, expected = "gtFine", "_gtFine_polygons.json", "IDD", EXPECTED_TREE
 
     def __init__(self, root, split="val", label_map="idd"):
-        self.root, self.split = Path(root), split
-        require_tree(self.root, EXPECTED_TREE, f"gtFine/{split}/*/*_gtFine_polygons.json", f"IDD ({split})")
+        super().__init__(root, split)
         self.label_map, self.label_map_sha256 = load_label_map(label_map)
         table = self.label_map["cs_train_id"]
         self.names = list(table)
@@ -30,14 +29,8 @@ class IDD:
         roles = self.label_map["eval_roles"]
         self.role = {name: _ROLE_VALUE[roles[name]] if name in roles else IGNORE for name in self.names}
 
-    def refs(self):
-        return sorted(self.root.glob(f"gtFine/{self.split}/*/*_gtFine_polygons.json"))
-
-    def frame_id(self, json_path):
-        return f"{self.split}/{json_path.parent.name}/{json_path.name[: -len('_gtFine_polygons.json')]}"
-
     def load(self, json_path):
-        stem = json_path.name[: -len("_gtFine_polygons.json")]
+        stem = self.stem(json_path)
         seq = json_path.parent.name
         frame_id = self.frame_id(json_path)
         folder = self.root / "leftImg8bit" / self.split / seq
