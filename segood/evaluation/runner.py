@@ -254,7 +254,7 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, num_thresho
                     samples_logits = model.mc_logits(x, samples=samples, features=output.features)
                     for count in sorted({method.params["samples"] for method in monte_carlo}):
                         names = [method.name for method in monte_carlo if method.params["samples"] == count]
-                        out = monte_carlo_scores(samples_logits[:count], names)  # one pass for the group
+                        out = monte_carlo_scores(samples_logits[:count], names)  # one pass, no classes
                         scores.update({name: out[name] for name in names})
                     ev.seconds[f"score/{monte_carlo[0].name}"] += _lap(device, t2)
             for method in own_pass:

@@ -123,19 +123,19 @@ def mutual_info(probs: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def monte_carlo_scores(logits, names=("varsum", "mutual_info")):
-    """{name: (N, H, W) score for each of ``names`` (``varsum``, ``mutual_info``), "classes": argmax of the
-    mean softmax} from (T, N, C, H, W) logits of T dropout samples. Equal to :func:`varsum` and
+def monte_carlo_scores(logits, names=("varsum", "mutual_info", "classes")):
+    """{name: (N, H, W) array for each of ``names``: ``varsum``, ``mutual_info``, ``classes`` (argmax of the
+    mean softmax)} from (T, N, C, H, W) logits of T dropout samples. Equal to :func:`varsum` and
     :func:`mutual_info` of the softmax, computed band by band so that the (T, N, C, H, W) probabilities are
     never materialised whole; entropies take log p_t from ``log_softmax``."""
     t, n, c, h, w = logits.shape
-    out = {name: logits.new_empty(n, h, w) for name in names}
-    out["classes"] = torch.empty(n, h, w, dtype=torch.int64, device=logits.device)
+    out = {name: logits.new_empty(n, h, w, dtype=torch.int64 if name == "classes" else None) for name in names}
     for rows in _bands(logits):
         log_p = torch.log_softmax(logits[..., rows, :], dim=2).clamp_(min=torch.finfo(logits.dtype).min)  # as above
         p = log_p.exp()
         mean = p.mean(dim=0)
-        out["classes"][:, rows] = predicted_classes(mean)
+        if "classes" in names:
+            out["classes"][:, rows] = predicted_classes(mean)
         if "mutual_info" in names:
             aleatoric = (p * log_p).sum(dim=2).mean(dim=0).neg_()
             out["mutual_info"][:, rows] = ((_entropy(mean, dim=1) - aleatoric) / math.log(c)).clamp_(0.0, 1.0)

@@ -147,14 +147,11 @@ class MonteCarlo(Method):
     @torch.no_grad()
     def score(self, model, x):
         self.check(model)
-        return self._scores(model.mc_logits(x, samples=self.params["samples"]))
+        out = fn.monte_carlo_scores(model.mc_logits(x, samples=self.params["samples"]), (self.name, "classes"))
+        return out[self.name], out["classes"]
 
     def from_samples(self, logits):
-        return self._scores(logits)[0]
-
-    def _scores(self, logits):
-        out = fn.monte_carlo_scores(logits, (self.name,))
-        return out[self.name], out["classes"]
+        return fn.monte_carlo_scores(logits, (self.name,))[self.name]
 
 
 class VarSum(MonteCarlo):
