@@ -5,8 +5,7 @@
 PSPNet-ResNet50 (the paper's PSPNet), batch 1. For each method: the segmentation forward pass of the network
 with its head (``model(x)`` and the predicted classes, as an evaluation runs it once per image whatever the
 methods), and what the method adds to it: for single-pass methods the scoring of that forward output
-(``from_output``); for the others ``score`` minus the forward (Monte-Carlo samples, perturbation passes,
-Mahalanobis distances). The forward pass and the method take turns in each round, so that both see the same
+(``from_output``); for the others ``score`` minus the forward (Monte-Carlo samples, perturbation passes). The forward pass and the method take turns in each round, so that both see the same
 machine; each network runs eight forward passes first. Runs under ``torch_timing.MALLOC_ENV`` (see there).
 """
 
@@ -44,7 +43,7 @@ def main():
                 for _ in range(8):
                     models[head](x)
         model = models[head]
-        if method_name == "mahalanobis":
+        if method.needs.fit:
             batch = {"image": torch.randint(0, 256, (1, 3, args.height, args.width), dtype=torch.uint8),
                      "semantic": torch.randint(0, 19, (1, args.height, args.width), dtype=torch.uint8)}
             method.fit(model, [batch])
@@ -54,7 +53,7 @@ def main():
             def segment():
                 return predicted_classes(model(x).logits)
 
-            if hasattr(method, "from_output") and not params.get("epsilon"):
+            if method.needs.forward:
                 forward, added = interleaved_best_ms([segment, lambda: method.from_output(output)], args.repeat, device)
             else:
                 forward, whole = interleaved_best_ms([segment, lambda: method.score(model, x)], args.repeat, device)

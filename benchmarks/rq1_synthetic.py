@@ -14,7 +14,8 @@ from segood.data.common import Sample
 from segood.data.h5 import SetWriter
 from segood.data.synthetic import scene_batch
 from segood.models import HEADS, load_model
-from segood.models.train import TrainConfig, evaluate_miou, miou_table, train
+from segood.models.miou import evaluate_miou, miou_table
+from segood.models.train import TrainConfig, train
 
 
 def write_scenes(path, seed, count):

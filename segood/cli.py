@@ -24,11 +24,11 @@ def _demo(args):
 def _metrics(args):
     import numpy as np
 
-    from segood.metrics import METRIC_NAMES, PixelOODAccumulator
+    from segood.metrics import METRICS, PixelOODAccumulator
 
     acc = PixelOODAccumulator.load(args.state)
     result = acc.compute()
-    for name in (*METRIC_NAMES, "max_iou_threshold", "n_id", "n_ood", "n_ignored"):
+    for name in (*METRICS, "max_iou_threshold", "n_id", "n_ood", "n_ignored"):
         print(f"{name:>18}: {result[name]}")
     if args.curves:
         np.savetxt(args.curves, np.column_stack([result[k] for k in ("thresholds", "tp", "fp", "fn", "tn")]),
@@ -52,34 +52,17 @@ def _convert(args):
         manifest = mix(args.ood, args.id, args.out, seed=args.seed, id_frames=args.id_frames,
                        overwrite=args.overwrite, progress=not args.quiet)
     else:
-        adapter = _adapter(args)
-        manifest = convert(adapter, args.out, size=args.size or adapter_size(adapter), workers=args.workers,
-                           strict=args.strict, overwrite=args.overwrite, progress=not args.quiet)
+        from segood.data.registry import get_adapter
+
+        adapter = get_adapter(args.dataset).from_args(args)
+        manifest = convert(adapter, args.out, size=args.size, workers=args.workers, strict=args.strict,
+                           overwrite=args.overwrite, progress=not args.quiet)
     ratio = manifest["id_to_ood_ratio"]
     print(f"wrote {args.out}: {manifest['frames']} frames, {len(manifest['skipped'])} skipped; pixels "
           f"{manifest['pixels']}" + (f", ID:OOD = {ratio:.2f}:1" if ratio else ""))
     for entry in manifest["skipped"][:10]:
         print(f"  skipped {entry['frame_id']}: {entry['reason']}")
     return 0
-
-
-def _adapter(args):
-    from segood.data import IDD, Cityscapes, Noise, Sun
-
-    if args.dataset == "cityscapes":
-        return Cityscapes(args.root, args.split)
-    if args.dataset == "idd":
-        return IDD(args.root, args.split, label_map=args.label_map or "idd")
-    if args.dataset == "sun":
-        return Sun(args.root, args.split, seed=args.seed, label_map=args.label_map or "sun")
-    params = {"frequency": args.frequency, "octaves": args.octaves} if args.kind == "perlin" else {"sigma": args.sigma}
-    return Noise(args.kind, args.count, size=args.size or (1024, 2048), seed=args.seed, **params)
-
-
-def adapter_size(adapter):
-    from segood.data.convert import CITYSCAPES_SIZE
-
-    return getattr(adapter, "size", CITYSCAPES_SIZE)
 
 
 def _train(args):
@@ -97,51 +80,31 @@ def _train(args):
 
 def _miou(args):
     from segood.io import atomic_write_text
-    from segood.models import load_model
-    from segood.models.train import evaluate_miou, miou_table
+    from segood.models.miou import miou_report
 
-    results = {}
-    for path in args.checkpoints:
-        model, state = load_model(path)
-        c = state["config"]
-        name = f"{c['arch']} {c['encoder']} + {c['head']}" if c["head"] != "plain" else f"{c['arch']} {c['encoder']}"
-        results[name] = evaluate_miou(model, args.data, batch_size=args.batch_size, progress=not args.quiet)
-    table = miou_table(results)
+    table, csv = miou_report(args.checkpoints, args.data, batch_size=args.batch_size, progress=not args.quiet)
     print(table, end="")
     if args.out:
         atomic_write_text(args.out, table)
-        atomic_write_text(args.out.with_suffix(".csv"), "network,class,iou\n" + "".join(
-            f"{name},{cls},{iou}\n" for name, r in results.items() for cls, iou in r["iou"].items()))
+        atomic_write_text(args.out.with_suffix(".csv"), csv)
     return 0
 
 
 def _evaluate(args):
-    import os
-
-    import torch
-    import torch.distributed as dist
-
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():  # started by torchrun
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-            args.device = args.device or f"cuda:{torch.cuda.current_device()}"
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-
     from segood.evaluation import evaluate
+    from segood.evaluation.api import start_distributed
     from segood.methods import get_method
-    from segood.models import load_model
+    from segood.models import load_model, load_smp_weights
 
+    device = start_distributed(args.device)
     if args.checkpoint:
         model, _ = load_model(args.checkpoint)
     elif args.weights and args.arch and args.encoder:
-        import segmentation_models_pytorch as smp
-
-        model = smp.create_model(args.arch, encoder_name=args.encoder, encoder_weights=None, classes=19)
-        model.load_state_dict(torch.load(args.weights, map_location="cpu", weights_only=True))
+        model = load_smp_weights(args.arch, args.encoder, args.weights)
     else:
         raise ValueError("give --checkpoint, or --arch, --encoder and --weights for a plain smp state dict")
     methods = None if args.methods == ["all"] else [get_method(name) for name in args.methods]
-    doc = evaluate(model, args.sets, methods, args.out, batch_size=args.batch_size, device=args.device,
+    doc = evaluate(model, args.sets, methods, args.out, batch_size=args.batch_size, device=device,
                    num_thresholds=args.num_thresholds, resume=args.resume, save_every=args.save_every,
                    progress=not args.quiet, skip_bad=args.skip_bad, fit_set=args.fit_set,
                    checkpoint=args.checkpoint, feature_layer=args.feature_layer)
@@ -205,6 +168,11 @@ def _leaderboard(args):
 def build_parser():
     from pathlib import Path
 
+    from segood.data.registry import ADAPTERS
+    from segood.methods import METHODS
+    from segood.metrics import METRICS
+    from segood.models import ARCHS, HEADS
+
     parser = argparse.ArgumentParser(prog="segood", description=segood.__doc__)
     parser.add_argument("--version", action="version", version=f"segood {segood.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -226,28 +194,14 @@ def build_parser():
     kinds = convert.add_subparsers(dest="dataset", required=True, metavar="DATASET")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--out", type=Path, required=True, help="output .h5 (a .manifest.json is written beside)")
-    common.add_argument("--size", type=int, nargs=2, metavar=("H", "W"), help="output size (default 1024 2048)")
+    common.add_argument("--size", type=int, nargs=2, metavar=("H", "W"),
+                        help="output size (default: the dataset's, 1024 2048 for photos)")
     common.add_argument("--workers", type=int, default=0, help="decoding processes (default 0: in-process)")
     common.add_argument("--strict", action="store_true", help="fail on the first frame that cannot be converted")
     common.add_argument("--overwrite", action="store_true", help="replace an existing output")
     common.add_argument("--quiet", action="store_true", help="no progress bar")
-    for name, split, help_text in (("cityscapes", "val", "leftImg8bit + gtFine_labelIds; every class pixel ID"),
-                                   ("idd", "val", "polygon JSON; car ID, autorickshaw OOD, rest ignore"),
-                                   ("sun", "eval", "LabelMe XML through label_maps/sun.yaml")):
-        p = kinds.add_parser(name, parents=[common], help=help_text)
-        p.add_argument("root", type=Path, help="the raw dataset folder (layouts: datasets/README.md)")
-        p.add_argument("--split", default=split, help=f"default {split}" + (": tune, eval or all" if name == "sun" else ""))
-        if name != "cityscapes":
-            p.add_argument("--label-map", help=f"a label map YAML (default label_maps/{name}.yaml)")
-        if name == "sun":
-            p.add_argument("--seed", type=int, default=0, help="seed of the 25%% tune / 75%% eval split")
-    noise = kinds.add_parser("noise", parents=[common], help="Perlin or random normal noise, every pixel OOD")
-    noise.add_argument("--kind", choices=("perlin", "normal"), default="perlin")
-    noise.add_argument("--count", type=int, default=100)
-    noise.add_argument("--seed", type=int, default=0)
-    noise.add_argument("--frequency", type=int, default=4, help="Perlin lattice cells across the width")
-    noise.add_argument("--octaves", type=int, default=4)
-    noise.add_argument("--sigma", type=float, default=0.25, help="normal noise std in [0, 1] units")
+    for name, adapter in ADAPTERS.items():
+        adapter.add_arguments(kinds.add_parser(name, parents=[common], help=adapter.help.replace("%", "%%")))
     mixer = kinds.add_parser("mix", help="OOD set + ID frames (e.g. Cityscapes val) -> an evaluation set")
     mixer.add_argument("--ood", type=Path, required=True)
     mixer.add_argument("--id", type=Path, required=True)
@@ -264,9 +218,9 @@ def build_parser():
     train.add_argument("--train", dest="train_set", required=True, help="converted training set (.h5)")
     train.add_argument("--val", dest="val_set", help="converted validation set: mIoU per epoch")
     train.add_argument("--out", dest="out_dir", required=True, help="folder for last.pt, final.pt and log.csv")
-    train.add_argument("--arch", choices=("pspnet", "deeplabv3plus"))
+    train.add_argument("--arch", choices=ARCHS)
     train.add_argument("--encoder", help="smp encoder (default resnet50; e.g. tu-xception41 for DeepLabV3+)")
-    train.add_argument("--head", choices=("plain", "dimreduce", "dropout", "confidence"))
+    train.add_argument("--head", choices=HEADS)
     train.add_argument("--encoder-weights", help="e.g. imagenet, when cached locally (default none)")
     for name, kind in (("epochs", int), ("batch-size", int), ("lr", float), ("poly-power", float),
                        ("dropout-p", float), ("reduced-dim", int), ("workers", int), ("seed", int)):
@@ -289,12 +243,14 @@ def build_parser():
 
     ev = sub.add_parser("evaluate", help="evaluate OOD methods of a model on converted sets; tables and figures")
     ev.add_argument("--checkpoint", type=Path, help="a segood checkpoint")
-    ev.add_argument("--arch", help="with --encoder and --weights: a plain smp model and its state dict")
+    ev.add_argument("--arch", help="with --encoder and --weights: a plain smp model and its state dict "
+                                   "(any smp architecture name, e.g. pspnet, deeplabv3plus)")
     ev.add_argument("--encoder")
     ev.add_argument("--weights", type=Path)
     ev.add_argument("--feature-layer", help="for external models: the layer Mahalanobis models")
     ev.add_argument("--sets", type=Path, nargs="+", required=True, help="converted evaluation sets (.h5)")
-    ev.add_argument("--methods", nargs="+", default=["all"], help="method names, or all (default)")
+    ev.add_argument("--methods", nargs="+", default=["all"], choices=["all", *METHODS], metavar="METHOD",
+                    help=f"method names ({', '.join(METHODS)}), or all (default: every method the head serves)")
     ev.add_argument("--fit-set", type=Path, help="converted training set to fit Mahalanobis on")
     ev.add_argument("--out", type=Path, required=True, help="run folder, e.g. runs/NAME")
     ev.add_argument("--batch-size", type=int, default=2)
@@ -336,7 +292,7 @@ def build_parser():
     bench = sub.add_parser("benchmark", help="write a benchmark file (a track of official sets) for a leaderboard")
     bench.add_argument("--track", required=True)
     bench.add_argument("--sets", type=Path, nargs="+", required=True, help="the maintainer's converted sets")
-    bench.add_argument("--rank-by", default="auroc", choices=("auroc", "auprc", "fpr95", "max_iou"))
+    bench.add_argument("--rank-by", default="auroc", choices=list(METRICS), help=f"one of {', '.join(METRICS)}")
     bench.add_argument("--out", type=Path, required=True)
     bench.set_defaults(run=_benchmark)
 

@@ -124,7 +124,6 @@ def run_demo(out_dir="runs/demo", data_dir="datasets/demo", *, seed=0, quick=Fal
                                    epochs=2 if quick else None, progress=progress)
     evaluation_sets = {name: sets[f"mixed_{name}"] for name in ("sun", "idd", "perlin", "normal")}
     tune_loader = torch.utils.data.DataLoader(H5SegmentationDataset(sets["mixed_tune"]), batch_size=8)
-    fit_loader = torch.utils.data.DataLoader(H5SegmentationDataset(sets["cityscapes_train"]), batch_size=8)
     out_dir = Path(out_dir)
     runs = []
     for head, names in METHODS_BY_HEAD.items():
@@ -134,13 +133,11 @@ def run_demo(out_dir="runs/demo", data_dir="datasets/demo", *, seed=0, quick=Fal
             if name == "odin":  # the paper tunes T on held-out OOD data; ε = 0 keeps the input unperturbed
                 methods.append(tune("odin", model, tune_loader, {"temperature": list(ODIN_TEMPERATURES),
                                                                   "epsilon": [0.0]}, progress=False).method())
-            elif name == "mahalanobis":
-                methods.append(get_method(name).fit(model, fit_loader))
             else:
                 methods.append(get_method(name))
         run_dir = out_dir / head
         evaluate(model, evaluation_sets, methods, run_dir, batch_size=8, progress=progress, figures=False,
-                 checkpoint=checkpoints[head], num_thresholds=NUM_THRESHOLDS)
+                 checkpoint=checkpoints[head], num_thresholds=NUM_THRESHOLDS, fit_set=sets["cityscapes_train"])
         runs.append(run_dir)
     doc = combine_runs(runs, out_dir)
     doc["demo_seconds"] = round(time.perf_counter() - started, 1)
@@ -150,15 +147,15 @@ def run_demo(out_dir="runs/demo", data_dir="datasets/demo", *, seed=0, quick=Fal
 
 def summary_table(doc):
     """Pooled metrics, one row per method and set: the table ``segood demo`` prints."""
-    from segood.evaluation.report import LABELS, arrow, too_coarse
-    from segood.metrics import METRIC_NAMES
+    from segood.evaluation.report import too_coarse
+    from segood.metrics import METRICS
 
-    lines = ["| method | set | " + " | ".join(f"{LABELS[m]} {arrow(m)}" for m in METRIC_NAMES) + " |",
-             "|---|---|" + "---:|" * len(METRIC_NAMES)]
+    lines = ["| method | set | " + " | ".join(f"{m.label} {m.arrow()}" for m in METRICS.values()) + " |",
+             "|---|---|" + "---:|" * len(METRICS)]
     for method, by_set in doc["results"].items():
         for set_name, r in by_set.items():
             cells = " | ".join("–" if r["pooled"][m] is None
-                               else f"{r['pooled'][m]:.3f}" + " ≈" * too_coarse(m, r["pooled"]) for m in METRIC_NAMES)
+                               else f"{r['pooled'][m]:.3f}" + " ≈" * too_coarse(m, r["pooled"]) for m in METRICS)
             flag = " †" if r["same_source_tuning"] else ""
             lines.append(f"| {method}{flag} | {set_name} | {cells} |")
     return "\n".join(lines) + "\n"

@@ -11,9 +11,10 @@ from segood.methods import (METHODS, ClassFeatureStats, entropy, get_method, max
                             varsum)
 from segood.methods import functional
 from segood.methods.functional import mahalanobis_min_distance, whiten_means
-from segood.methods.tuning import same_source_tuning, set_identity, tune
+from segood.data.h5 import set_identity
+from segood.methods.tuning import same_source_tuning, tune
 from segood.metrics import PixelOODAccumulator
-from segood.models import build_model, preprocess
+from segood.models import build_model, predict, preprocess
 
 from rawtrees import mixed_noise_sets
 
@@ -88,7 +89,7 @@ def test_mahalanobis_recovers_gaussian_classes():
 
 @pytest.mark.parametrize("band_elements", [1 << 19, 5 * 2 * C * 7])  # one band; bands of 1 row
 def test_monte_carlo_scores_equal_the_probability_forms(band_elements, monkeypatch):
-    monkeypatch.setattr(functional, "_BAND_ELEMENTS", band_elements)
+    monkeypatch.setattr(predict, "_BAND_ELEMENTS", band_elements)
     torch.manual_seed(1)
     logits = torch.randn(5, 2, C, 4, 7) * 3  # T = 5 samples
     probs = logits.softmax(dim=2)
@@ -212,9 +213,10 @@ def test_tuning_picks_the_best_point_and_records_provenance(sets):
 @pytest.mark.parametrize("band_elements", [1 << 19, 2 * C * 7])  # one band; bands of 2 rows, a partial last
 def test_logit_forms_equal_the_probability_forms(band_elements, monkeypatch):
     from segood.methods import functional
-    from segood.methods.functional import entropy_from_logits, max_softmax_from_logits, predicted_classes
+    from segood.methods.functional import entropy_from_logits, max_softmax_from_logits
+    from segood.models.predict import predicted_classes
 
-    monkeypatch.setattr(functional, "_BAND_ELEMENTS", band_elements)
+    monkeypatch.setattr(predict, "_BAND_ELEMENTS", band_elements)
     torch.manual_seed(0)
     z = torch.randn(2, C, 9, 7) * 4
     torch.testing.assert_close(max_softmax_from_logits(z), max_softmax(z.softmax(1)))

@@ -16,7 +16,8 @@ EXPECTED_TREE = """\
 class Cityscapes(SplitTree):
     """Frames of one split. ``refs()`` lists them; ``load(ref)`` reads one (picklable, for process pools)."""
 
-    source = "cityscapes"
+    name = source = "cityscapes"
+    help = "leftImg8bit + gtFine_labelIds; every class pixel ID, the rest ignore"
     listed, suffix, hint, expected = "leftImg8bit", "_leftImg8bit.png", "Cityscapes", EXPECTED_TREE
     #: the labelId -> trainId table in use (from cityscapesscripts), recorded in every converted set
     label_map_sha256 = hashlib.sha256(LABEL_ID_TO_TRAIN_ID.tobytes()).hexdigest()

@@ -10,6 +10,8 @@ import numpy as np
 import yaml
 from PIL import Image, ImageDraw
 
+from segood.data.adapter import Adapter
+
 # label_maps/ sits beside the package in a checkout (editable install) and in <prefix>/share/segood otherwise.
 _LABEL_MAP_DIRS = (Path(__file__).resolve().parents[2] / "label_maps", Path(sys.prefix) / "share/segood/label_maps")
 
@@ -49,7 +51,7 @@ def require_tree(root, expected, found_glob, hint):
     )
 
 
-class SplitTree:
+class SplitTree(Adapter):
     """Frames listed from files ``<root>/<listed>/<split>/<folder>/<stem><suffix>``, identified as
     ``<split>/<folder>/<stem>`` (Cityscapes and IDD). Subclasses set ``listed``, ``suffix``, ``hint`` (the
     dataset's name in layout errors) and ``expected`` (the tree they show)."""

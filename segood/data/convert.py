@@ -9,10 +9,7 @@ from tqdm import tqdm
 
 from segood.data.common import Sample, SkipFrame, resize_sample
 from segood.data.h5 import ARRAYS, SetWriter, encode, read_manifest
-from segood.data.sun import coverage, coverage_markdown
 from segood.io import atomic_write_text
-
-CITYSCAPES_SIZE = (1024, 2048)
 
 
 class ConversionError(RuntimeError):
@@ -36,21 +33,19 @@ def _load(job):
         return _ADAPTER.frame_id(ref), None, str(reason)
 
 
-def convert(adapter, out, *, size=CITYSCAPES_SIZE, workers=0, strict=False, overwrite=False, progress=True,
-            attrs=None):
-    """Write every frame of ``adapter`` (resized to ``size`` = (H, W)) to the set ``out``.
+def convert(adapter, out, *, size=None, workers=0, strict=False, overwrite=False, progress=True, attrs=None):
+    """Write every frame of ``adapter`` (an :class:`~segood.data.adapter.Adapter`), resized to ``size`` = (H, W)
+    (default: the adapter's ``native_size``), to the set ``out``.
 
     Frames that cannot be converted are skipped and listed with their reason in the manifest, unless
     ``strict``. ``workers`` > 0 decodes and rasterises in a process pool. Returns the manifest.
     """
-    size = tuple(int(v) for v in size)
-    skipped = list(getattr(adapter, "prefiltered", []))
+    size = tuple(int(v) for v in (size or adapter.native_size))
+    skipped = list(adapter.prefiltered)
     if strict and skipped:
         raise ConversionError(f"{skipped[0][0]}: {skipped[0][1]} (and {len(skipped) - 1} more)")
     refs = adapter.refs()
-    attrs = {"source": adapter.source, "split": getattr(adapter, "split", ""), "seed": getattr(adapter, "seed", 0),
-             "label_map_sha256": getattr(adapter, "label_map_sha256", ""), "resize": list(size),
-             "params": getattr(adapter, "params", {}), **(attrs or {})}
+    attrs = {**adapter.provenance(), "resize": list(size), **(attrs or {})}
     writer = SetWriter(out, size, attrs, overwrite=overwrite)
     jobs = [(ref, size) for ref in refs]
     pool = multiprocessing.get_context("fork").Pool(workers, _init_worker, (adapter,)) if workers > 0 else None
@@ -69,11 +64,10 @@ def convert(adapter, out, *, size=CITYSCAPES_SIZE, workers=0, strict=False, over
             writer.append(sample)
             if sample.extra:
                 extras.append(sample.extra)
-        extra = {}
-        if extras and "polygons" in extras[0]:
-            extra["coverage"] = coverage(extras)
-            atomic_write_text(Path(out).with_suffix(".coverage.md"), coverage_markdown(extra["coverage"]))
-        return writer.commit(skipped, extra)
+        summary = adapter.summary(extras) if extras else {}
+        for suffix, text in (adapter.reports(summary) if summary else {}).items():
+            atomic_write_text(Path(out).with_suffix(suffix), text)
+        return writer.commit(skipped, summary)
     except BaseException:
         writer.abort()
         raise

@@ -126,6 +126,18 @@ def read_manifest(path):
     return json.loads(manifest_path(path).read_text())
 
 
+def set_identity(path):
+    """What a converted set is, for provenance: its OOD sources and a hash of its manifest's array hashes."""
+    manifest = read_manifest(path)
+    if manifest["source"] == "mix":
+        components = manifest["components"]
+        ood_sources = [c["source"] for c in components[:1]]  # mix() puts the OOD set first
+    else:
+        ood_sources = [manifest["source"]] if manifest["pixels"]["ood"] else []
+    digest = hashlib.sha256(json.dumps(manifest["sha256"], sort_keys=True).encode()).hexdigest()
+    return {"file": Path(path).name, "ood_sources": ood_sources, "manifest_sha256": digest}
+
+
 class H5SegmentationDataset:
     """PyTorch Dataset over a converted set; safe with ``DataLoader(num_workers > 0)``.
 

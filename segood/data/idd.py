@@ -17,7 +17,8 @@ _ROLE_VALUE = {"id": ID, "ood": OOD}
 class IDD(SplitTree):
     """Frames of one split, listed from the polygon files (an image without labels cannot be scored)."""
 
-    source = "idd"
+    name = source = "idd"
+    help = "polygon JSON in file order; car ID, autorickshaw OOD, the rest ignore"
     listed, suffix, hint, expected = "gtFine", "_gtFine_polygons.json", "IDD", EXPECTED_TREE
 
     def __init__(self, root, split="val", label_map="idd"):
@@ -28,6 +29,15 @@ class IDD(SplitTree):
         self.train_id = {name: IGNORE if v is None else int(v) for name, v in table.items()}
         roles = self.label_map["eval_roles"]
         self.role = {name: _ROLE_VALUE[roles[name]] if name in roles else IGNORE for name in self.names}
+
+    @classmethod
+    def add_arguments(cls, parser):
+        super().add_arguments(parser)
+        parser.add_argument("--label-map", default="idd", help="a label map name or YAML (default label_maps/idd.yaml)")
+
+    @classmethod
+    def from_args(cls, args):
+        return cls(args.root, args.split, label_map=args.label_map)
 
     def load(self, json_path):
         stem = self.stem(json_path)

@@ -7,6 +7,7 @@ transcendental functions, whose last bits may differ between libms).
 
 import numpy as np
 
+from segood.data.adapter import CITYSCAPES_SIZE, Adapter
 from segood.data.common import Sample
 from segood.labels import IGNORE, OOD
 
@@ -57,15 +58,36 @@ def normal_image(rng, height, width, sigma=0.25):
     return np.clip(np.rint(noise * 255.0), 0, 255).astype(np.uint8)
 
 
-class Noise:
-    """``count`` noise frames of one kind; every pixel OOD, no Cityscapes class."""
+class Noise(Adapter):
+    """``count`` noise frames of one kind, generated at ``size``; every pixel OOD, no Cityscapes class."""
 
-    def __init__(self, kind="perlin", count=100, size=(1024, 2048), seed=0, **params):
+    name = "noise"
+    help = "Perlin or random normal noise, every pixel OOD, the same bytes on every machine"
+    default_split = None
+
+    def __init__(self, kind="perlin", count=100, size=CITYSCAPES_SIZE, seed=0, **params):
         if kind not in KINDS:
             raise ValueError(f"noise kind must be one of {KINDS}, got {kind!r}")
         self.kind, self.count, self.size, self.seed, self.params = kind, int(count), tuple(size), int(seed), params
         self.source = f"{kind}_noise"
-        self.prefiltered = []
+
+    @property
+    def native_size(self):
+        return self.size
+
+    @classmethod
+    def add_arguments(cls, parser):
+        parser.add_argument("--kind", choices=KINDS, default="perlin")
+        parser.add_argument("--count", type=int, default=100)
+        parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument("--frequency", type=int, default=4, help="Perlin lattice cells across the width")
+        parser.add_argument("--octaves", type=int, default=4)
+        parser.add_argument("--sigma", type=float, default=0.25, help="normal noise std in [0, 1] units")
+
+    @classmethod
+    def from_args(cls, args):
+        params = {"frequency": args.frequency, "octaves": args.octaves} if args.kind == "perlin" else {"sigma": args.sigma}
+        return cls(args.kind, args.count, size=args.size or CITYSCAPES_SIZE, seed=args.seed, **params)
 
     def refs(self):
         return list(range(self.count))

@@ -10,6 +10,7 @@ import defusedxml.ElementTree as ET
 import numpy as np
 from PIL import Image
 
+from segood.data.adapter import Adapter
 from segood.data.common import Sample, SkipFrame, load_label_map, rasterise, read_rgb, require_tree
 from segood.labels import CLASS_NAMES, ID, IGNORE, OOD
 
@@ -67,13 +68,16 @@ class SunLabelMap:
         return OOD, IGNORE
 
 
-class Sun:
+class Sun(Adapter):
     """SUN2012 frames of one split (``tune``, ``eval`` or ``all``), after the size filter.
 
     ``prefiltered`` lists (frame_id, reason) for frames dropped before loading (too small, unreadable XML).
+    The manifest gets a label-map ``coverage`` report, also written beside the set as ``<set>.coverage.md``.
     """
 
-    source = "sun2012"
+    name, source = "sun", "sun2012"
+    help = "SUN2012 LabelMe XML through label_maps/sun.yaml; size filter; seeded 25% tune / 75% eval split"
+    default_split = "eval"
 
     def __init__(self, root, split="eval", seed=0, label_map="sun"):
         if split not in SPLITS:
@@ -96,6 +100,22 @@ class Sun:
             else:
                 eligible.append(xml_path)
         self.tune, self.eval = split_tune_eval(eligible, seed)
+
+    @classmethod
+    def add_arguments(cls, parser):
+        super().add_arguments(parser)
+        parser.add_argument("--label-map", default="sun", help="a label map name or YAML (default label_maps/sun.yaml)")
+        parser.add_argument("--seed", type=int, default=0, help="seed of the 25%% tune / 75%% eval split")
+
+    @classmethod
+    def from_args(cls, args):
+        return cls(args.root, args.split, seed=args.seed, label_map=args.label_map)
+
+    def summary(self, extras):
+        return {"coverage": coverage(extras)}
+
+    def reports(self, summary):
+        return {".coverage.md": coverage_markdown(summary["coverage"])}
 
     def frame_id(self, xml_path):
         return xml_path.relative_to(self.root / "Annotations").with_suffix("").as_posix()

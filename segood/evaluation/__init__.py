@@ -2,6 +2,6 @@
 
 from segood.evaluation.api import evaluate, evaluate_score_maps
 from segood.evaluation.report import combine_runs, write_report
-from segood.evaluation.runner import Evaluation, ExternalModel
+from segood.evaluation.runner import Evaluation
 
-__all__ = ["Evaluation", "ExternalModel", "combine_runs", "evaluate", "evaluate_score_maps", "write_report"]
+__all__ = ["Evaluation", "combine_runs", "evaluate", "evaluate_score_maps", "write_report"]

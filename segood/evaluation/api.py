@@ -5,18 +5,33 @@ import json
 from pathlib import Path
 
 import h5py
-import numpy as np
 import torch
 
-from segood.data.h5 import H5SegmentationDataset
-from segood.evaluation.report import RUN_FILE, write_report
-from segood.evaluation.runner import (EXAMPLES_PER_SET, STATE_FILE, Evaluation, ExternalModel, check_methods,
-                                      default_methods, run, run_identity)
+from segood.data.h5 import H5SegmentationDataset, set_identity
+from segood.evaluation.layout import RunFolder
+from segood.evaluation.report import write_report
+from segood.evaluation.runner import Evaluation, default_methods, run, run_identity
 from segood.io import write_json
 from segood.labels import NUM_CLASSES
 from segood.methods import get_method
-from segood.methods.tuning import set_identity
+from segood.methods.schedule import check_methods
+from segood.models.external import ExternalModel
 from segood.models.network import SegmentationNetwork
+
+
+def start_distributed(device=None):
+    """Join the process group when started by ``torchrun`` (WORLD_SIZE > 1): NCCL on CUDA (one GPU per local
+    rank), gloo on CPU. Returns the device to evaluate on (``device`` unchanged outside torchrun)."""
+    import os
+
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            device = device or f"cuda:{torch.cuda.current_device()}"
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return device
 
 
 def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, device=None, num_thresholds=400,
@@ -57,12 +72,12 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
     if methods is None:
         methods = default_methods(model)
     methods = [get_method(m) if isinstance(m, str) else m for m in methods]
-    check_methods(model, methods)
     for method in methods:
-        if method.name == "mahalanobis" and method.state is None:
+        method.check(model)
+        if method.needs.fit and not method.ready:
             if fit_set is None:
-                raise ValueError("mahalanobis needs its training statistics: pass fit_set (--fit-set), a converted "
-                                 "training set, or a fitted method")
+                raise ValueError(f"{method.name} needs its training statistics: pass fit_set (--fit-set), a "
+                                 "converted training set, or a fitted method")
             method.fit(model, torch.utils.data.DataLoader(H5SegmentationDataset(fit_set), batch_size=batch_size),
                        progress=progress)
     description = {
@@ -72,19 +87,19 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
         "methods": {m.name: m.describe() for m in methods},
         "config": {"num_thresholds": num_thresholds, "batch_size": batch_size},
     }
-    out_dir = Path(out_dir)
-    _check_run_folder(out_dir, description)
+    folder = RunFolder(out_dir)
+    _check_run_folder(folder, description)
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
     if rank == 0:
-        write_json(out_dir / RUN_FILE, description)
-    ev = run(model, sets, methods, out_dir, batch_size=batch_size, device=device, num_thresholds=num_thresholds,
+        write_json(folder.run, description)
+    ev = run(model, sets, methods, folder.path, batch_size=batch_size, device=device, num_thresholds=num_thresholds,
              resume=resume, save_every=save_every, progress=progress and rank == 0, rank=rank, world_size=world,
              skip_bad=skip_bad)
     if rank != 0:
         return None
     if world > 1:
-        ev.save(out_dir / STATE_FILE.format(suffix=""))
-    return write_report(out_dir, figures=figures)
+        ev.save(folder.state())
+    return write_report(folder.path, figures=figures)
 
 
 def evaluate_score_maps(scores_path, data_path, out_dir, *, name="external", score_range=None, num_thresholds=400,
@@ -116,41 +131,30 @@ def evaluate_score_maps(scores_path, data_path, out_dir, *, name="external", sco
             if score.shape != tuple(item["ood_mask"].shape):
                 raise ValueError(f"frame {frame_id}: scores of shape {score.shape}, the set's frames are "
                                  f"{tuple(item['ood_mask'].shape)}")
+            batch = {key: item[key][None] for key in ("image", "ood_mask", "semantic")}
             try:
-                ev.acc[(name, set_name)].update(score, item["ood_mask"].numpy(), clip=clip)
+                ev.process(set_name, [index], batch, {name: torch.from_numpy(score)[None]}, clip=clip)
             except ValueError as err:
                 raise ValueError(f"frame {frame_id}: {err}") from None
-            semantic = item["semantic"].numpy()
-            valid = semantic < NUM_CLASSES
-            ev.class_count[set_name] += np.bincount(semantic[valid], minlength=NUM_CLASSES)
-            ev.class_sum[(name, set_name)] += np.bincount(semantic[valid], weights=score[valid].astype(np.float64),
-                                                          minlength=NUM_CLASSES)
-            if index < EXAMPLES_PER_SET:
-                ev.examples[(set_name, index)] = {
-                    "image": item["image"].permute(1, 2, 0).numpy(), "ood_mask": item["ood_mask"].numpy(),
-                    "semantic": semantic, "classes": np.full(semantic.shape, 255, np.uint8),
-                    f"score_{name}": score.astype(np.float16)}
-            ev.images[set_name] += 1
     description = {"toolkit": run_identity(),
                    "model": {"score_maps": str(scores_path), "sha256": _sha256(scores_path)},
                    "sets": {set_name: {**set_identity(data_path), "frames": len(dataset)}},
                    "methods": {name: {"name": name, "params": {"score_range": list(score_range)},
                                       "uses_ood_data": None}},
                    "config": {"num_thresholds": num_thresholds}}
-    out_dir = Path(out_dir)
-    _check_run_folder(out_dir, description)
-    write_json(out_dir / RUN_FILE, description)
-    ev.save(out_dir / STATE_FILE.format(suffix=""))
-    return write_report(out_dir, figures=figures)
+    folder = RunFolder(out_dir)
+    _check_run_folder(folder, description)
+    write_json(folder.run, description)
+    ev.save(folder.state())
+    return write_report(folder.path, figures=figures)
 
 
-def _check_run_folder(out_dir, description):
+def _check_run_folder(folder, description):
     """Refuse an output folder that holds a different run (another model, sets, methods or settings)."""
-    run_file = Path(out_dir) / RUN_FILE
-    if run_file.exists():
-        previous = json.loads(run_file.read_text())
+    if folder.run.exists():
+        previous = folder.read_run()
         if any(_comparable(previous.get(k)) != _comparable(description[k]) for k in ("model", "sets", "methods", "config")):
-            raise ValueError(f"{out_dir} holds a different run (another model, sets, methods or settings); "
+            raise ValueError(f"{folder.path} holds a different run (another model, sets, methods or settings); "
                              "choose another --out")
 
 

@@ -2,28 +2,29 @@
 
 import csv
 import io
-import json
 import math
 import warnings
-from pathlib import Path
 
 import numpy as np
 
-from segood.evaluation.runner import STATE_FILE, Evaluation
+from segood.evaluation.layout import RunFolder
+from segood.evaluation.runner import Evaluation
 from segood.io import atomic_write_text, write_json
 from segood.labels import CLASS_NAMES, colorize
-from segood.metrics import HIGHER_IS_BETTER, METRIC_NAMES, UndefinedMetricWarning
 from segood.methods.tuning import same_source_tuning
+from segood.metrics import METRICS, UndefinedMetricWarning
 
 SCHEMA = "segood.results/1"
-RUN_FILE = "run.json"
-LABELS = {"auroc": "AUROC", "auprc": "AUPRC", "fpr95": "FPR95", "max_iou": "MaxIoU"}
-BOUNDS = ("auroc_max_error", "fpr95_exact_min", "max_iou_exact_max")  # see segood.metrics.binning_bounds
 COARSE = 0.01  # a pooled value the binning may move by more than this is flagged ≈ in results.md
 
 
+def bounds():
+    """The binning bounds of the registered metrics (see segood.metrics.accumulator.binning_bounds)."""
+    return tuple(m.bound for m in METRICS.values() if m.bound)
+
+
 def arrow(metric):
-    return "↑" if HIGHER_IS_BETTER[metric] else "↓"
+    return METRICS[metric].arrow()
 
 
 def build_results(run, ev):
@@ -37,8 +38,8 @@ def build_results(run, ev):
             n_id, n_ood = (int(v) for v in acc.hist.sum(axis=1))
             with warnings.catch_warnings():  # undefined metrics are reported as null
                 warnings.simplefilter("ignore", UndefinedMetricWarning)
-                r = acc.compute() if acc.n_images else {k: float("nan") for k in (*METRIC_NAMES, "max_iou_threshold")}
-            pooled = {k: _number(r.get(k, float("nan"))) for k in (*METRIC_NAMES, "max_iou_threshold", *BOUNDS)}
+                r = acc.compute() if acc.n_images else {k: float("nan") for k in (*METRICS, "max_iou_threshold")}
+            pooled = {k: _number(r.get(k, float("nan"))) for k in (*METRICS, "max_iou_threshold", *bounds())}
             per_image = r.get("per_image_mean")
             per_image = {k: _number(v) if isinstance(v, float) else v for k, v in per_image.items()} if per_image else None
             results[m][s] = {
@@ -60,23 +61,23 @@ def build_results(run, ev):
 
 def write_report(out_dir, *, figures=True):
     """(Re)write results.json, results.csv, results.md and the figures of ``out_dir`` from its state."""
-    out_dir = Path(out_dir)
-    run = json.loads((out_dir / RUN_FILE).read_text())
-    ev = Evaluation.load(out_dir / STATE_FILE.format(suffix=""))
-    doc = build_results(run, ev)
-    write_json(out_dir / "results.json", doc)
-    atomic_write_text(out_dir / "results.csv", results_csv(doc))
-    atomic_write_text(out_dir / "results.md", results_markdown(doc))
+    folder = RunFolder(out_dir)
+    ev = Evaluation.load(folder.state())
+    doc = build_results(folder.read_run(), ev)
+    write_json(folder.results_json, doc)
+    atomic_write_text(folder.results_csv, results_csv(doc))
+    atomic_write_text(folder.results_md, results_markdown(doc))
     if figures:
-        write_figures(out_dir, doc, ev)
+        write_figures(folder.figures, doc, ev)
     return doc
 
 
 def combine_runs(run_dirs, out_dir, *, figures=True):
     """One report over several runs on the same sets (e.g. one network per head): their accumulators side by
     side, no recomputation. Method names must be distinct across the runs."""
-    runs = [json.loads((Path(d) / RUN_FILE).read_text()) for d in run_dirs]
-    states = [Evaluation.load(Path(d) / STATE_FILE.format(suffix="")) for d in run_dirs]
+    folders = [RunFolder(d) for d in run_dirs]
+    runs = [f.read_run() for f in folders]
+    states = [Evaluation.load(f.state()) for f in folders]
     sets = states[0].set_names
     if any(ev.set_names != sets for ev in states):
         raise ValueError(f"runs on different sets cannot be combined: {[ev.set_names for ev in states]}")
@@ -99,24 +100,24 @@ def combine_runs(run_dirs, out_dir, *, figures=True):
     run = {"toolkit": runs[0]["toolkit"], "model": {str(d): r["model"] for d, r in zip(run_dirs, runs)},
            "sets": runs[0]["sets"], "methods": {m: d for r in runs for m, d in r["methods"].items()},
            "config": runs[0]["config"], "combined_from": [str(d) for d in run_dirs]}
-    out_dir = Path(out_dir)
-    write_json(out_dir / RUN_FILE, run)
-    combined.save(out_dir / STATE_FILE.format(suffix=""))
-    return write_report(out_dir, figures=figures)
+    folder = RunFolder(out_dir)
+    write_json(folder.run, run)
+    combined.save(folder.state())
+    return write_report(folder.path, figures=figures)
 
 
 def results_csv(doc):
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    writer.writerow(["method", "set", "aggregation", *METRIC_NAMES, "max_iou_threshold", "n_images", "n_id", "n_ood",
-                     "same_source_tuning", *BOUNDS])
+    writer.writerow(["method", "set", "aggregation", *METRICS, "max_iou_threshold", "n_images", "n_id", "n_ood",
+                     "same_source_tuning", *bounds()])
     for m, by_set in doc["results"].items():
         for s, r in by_set.items():
-            writer.writerow([m, s, "pooled", *(r["pooled"][k] for k in (*METRIC_NAMES, "max_iou_threshold")),
-                             "", r["n_id"], r["n_ood"], r["same_source_tuning"], *(r["pooled"][k] for k in BOUNDS)])
+            writer.writerow([m, s, "pooled", *(r["pooled"].get(k) for k in (*METRICS, "max_iou_threshold")),
+                             "", r["n_id"], r["n_ood"], r["same_source_tuning"], *(r["pooled"].get(k) for k in bounds())])
             per_image = r["per_image_mean"] or {}
-            writer.writerow([m, s, "per-image mean", *(per_image.get(k) for k in METRIC_NAMES), "",
-                             per_image.get("n_images"), "", "", r["same_source_tuning"], "", "", ""])
+            writer.writerow([m, s, "per-image mean", *(per_image.get(k) for k in METRICS), "",
+                             per_image.get("n_images"), "", "", r["same_source_tuning"], *[""] * len(bounds())])
     return buffer.getvalue()
 
 
@@ -125,9 +126,9 @@ def results_markdown(doc):
     sets = list(next(iter(doc["results"].values())))
     lines = [f"# Results ({doc['schema']}, segood {doc['toolkit']['segood_version']})", ""]
     for aggregation in ("pooled", "per_image_mean"):
-        for metric in METRIC_NAMES:
+        for metric in METRICS:
             title = "pooled over all pixels" if aggregation == "pooled" else "per-image mean"
-            lines += [f"## {LABELS[metric]} {arrow(metric)} ({title})", "",
+            lines += [f"## {METRICS[metric].label} {arrow(metric)} ({title})", "",
                       "| method | " + " | ".join(sets) + " |", "|---|" + "---:|" * len(sets)]
             for m, by_set in doc["results"].items():
                 cells = []
@@ -135,7 +136,7 @@ def results_markdown(doc):
                     value = (by_set[s][aggregation] or {}).get(metric)
                     column = [(doc["results"][o][s][aggregation] or {}).get(metric) for o in doc["results"]]
                     column = [v for v in column if v is not None]
-                    best = (max if HIGHER_IS_BETTER[metric] else min)(column) if column else None
+                    best = (max if METRICS[metric].higher_is_better else min)(column) if column else None
                     text = "–" if value is None else f"{value:.4f}"
                     flag = " †" if by_set[s]["same_source_tuning"] else ""
                     if aggregation == "pooled" and too_coarse(metric, by_set[s]["pooled"]):
@@ -149,23 +150,23 @@ def results_markdown(doc):
     if any(r["same_source_tuning"] for by_set in doc["results"].values() for r in by_set.values()):
         lines.append("† tuned on data from the same OOD source as this test set (same_source_tuning).")
     pooled = [r["pooled"] for by_set in doc["results"].values() for r in by_set.values()]
-    if any(too_coarse(metric, p) for p in pooled for metric in METRIC_NAMES):
+    if any(too_coarse(metric, p) for p in pooled for metric in METRICS):
         lines.append(f"≈ the {doc['config']['num_thresholds']} thresholds are too coarse for these scores: exact mode "
-                     f"may differ by more than {COARSE} (bounds in results.json: {', '.join(BOUNDS)}); rerun with "
+                     f"may differ by more than {COARSE} (bounds in results.json: {', '.join(bounds())}); rerun with "
                      "more thresholds, e.g. --num-thresholds 65536.")
     per_image = [f"{(r['per_image_mean'] or {}).get('n_images', 0)}" for r in doc["results"][next(iter(doc["results"]))].values()]
     lines.append(f"Per-image means average the images where a metric is defined ({', '.join(per_image)} images per set).")
     return "\n".join(lines) + "\n"
 
 
-def write_figures(out_dir, doc, ev):
-    """ROC and PR curves per set, grouped bars per metric, mean score per class, example panels (PNG)."""
+def write_figures(figures, doc, ev):
+    """ROC and PR curves per set, grouped bars per metric, mean score per class, example panels (PNG files in
+    the folder ``figures``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figures = out_dir / "figures"
     figures.mkdir(exist_ok=True)
     methods, sets = ev.method_names, ev.set_names
 
@@ -190,14 +191,15 @@ def write_figures(out_dir, doc, ev):
                 ax.legend(fontsize=7)
         _save(fig, figures / f"curves_{s}.png")
 
-    fig, axes = plt.subplots(1, len(METRIC_NAMES), figsize=(4 * len(METRIC_NAMES), 4))  # Figures 3-4
+    fig, axes = plt.subplots(1, len(METRICS), figsize=(4 * len(METRICS), 4), squeeze=False)  # Figures 3-4
+    axes = axes[0]
     width = 0.8 / max(len(methods), 1)
-    for ax, metric in zip(axes, METRIC_NAMES):
+    for ax, metric in zip(axes, METRICS):
         for k, m in enumerate(methods):
-            values = [doc["results"][m][s]["pooled"][metric] or 0.0 for s in sets]
+            values = [doc["results"][m][s]["pooled"].get(metric) or 0.0 for s in sets]
             ax.bar(np.arange(len(sets)) + k * width, values, width, label=m)
         ax.set_xticks(np.arange(len(sets)) + width * (len(methods) - 1) / 2, sets, rotation=20, fontsize=8)
-        ax.set_title(f"{LABELS[metric]} {arrow(metric)}")
+        ax.set_title(f"{METRICS[metric].label} {arrow(metric)}")
     axes[0].legend(fontsize=7)
     _save(fig, figures / "metrics.png")
 
@@ -239,12 +241,9 @@ def write_figures(out_dir, doc, ev):
 
 
 def too_coarse(metric, pooled):
-    """Whether the binning may move this pooled metric by more than COARSE (AUPRC has no bound: never)."""
-    value = pooled.get(metric)
-    bound = pooled.get({"auroc": "auroc_max_error", "fpr95": "fpr95_exact_min", "max_iou": "max_iou_exact_max"}.get(metric))
-    if value is None or bound is None:
-        return False
-    return {"auroc": bound, "fpr95": value - bound, "max_iou": bound - value}[metric] > COARSE
+    """Whether the binning may move this pooled metric by more than COARSE (a metric without a bound: never)."""
+    error = METRICS[metric].binning_error(pooled.get(metric), pooled)
+    return error is not None and error > COARSE
 
 
 def _number(value):

@@ -1,10 +1,10 @@
 """The evaluation run: every method on every set in one pass per set, resumable and shardable over ranks.
 
-One forward pass per batch feeds every single-pass method, one set of Monte-Carlo samples feeds varsum and
-mutual_info; methods with their own passes (perturbation, Mahalanobis) run theirs. Each (method, set) has a
-:class:`PixelOODAccumulator`; per-class score sums (the paper's Figure 2) and a few example frames are kept
-beside. State is saved atomically every ``save_every`` batches, so a killed run resumes to exactly the counts
-of an uninterrupted one.
+Three steps per batch: reading (:func:`read_batch`), scoring (:func:`segood.methods.schedule.score_batch`:
+one forward pass for every single-pass method, one set of Monte-Carlo samples for the dropout methods, own
+passes for perturbing methods) and accumulation (:meth:`Evaluation.process`: a :class:`PixelOODAccumulator`
+per (method, set), per-class score sums for the paper's Figure 2, a few example frames). State is saved
+atomically every ``save_every`` batches, so a killed run resumes to exactly the counts of an uninterrupted one.
 """
 
 import json
@@ -18,64 +18,22 @@ from tqdm import tqdm
 
 import segood
 from segood.data.h5 import H5SegmentationDataset
+from segood.evaluation.layout import RunFolder
 from segood.io import atomic_write_bytes
 from segood.labels import NUM_CLASSES
-from segood.methods import get_method
-from segood.methods.methods import MonteCarlo, SinglePass, served_heads
-from segood.methods.functional import monte_carlo_scores, predicted_classes
+from segood.methods import METHODS, get_method
+from segood.methods.schedule import check_methods, score_batch
+from segood.methods.methods import served_heads
 from segood.metrics import PixelOODAccumulator
-from segood.models.network import SegOutput, preprocess
+from segood.models.network import preprocess
 
-STATE_FILE = "state{suffix}.npz"
 EXAMPLES_PER_SET = 3
-
-
-class ExternalModel(torch.nn.Module):
-    """Any ``nn.Module`` returning logits (N, C, H, W) as a segood network.
-
-    Args:
-        module: the network; its output may be a tensor, or a dict / tuple whose first entry is the logits.
-        feature_layer: name of a submodule (``dict(module.named_modules())``) whose output serves as the
-            penultimate features, captured with a forward hook; then the model serves Mahalanobis too.
-        preprocess: kept for the caller's reference; segood feeds ImageNet-normalised inputs.
-    """
-
-    def __init__(self, module, feature_layer=None):
-        super().__init__()
-        self.module = module
-        self._features = None
-        self.served_heads = {"plain"}
-        if feature_layer is not None:
-            layers = dict(module.named_modules())
-            if feature_layer not in layers:
-                raise ValueError(f"no layer {feature_layer!r} in the model; some names: {list(layers)[:10]}")
-            layers[feature_layer].register_forward_hook(lambda _m, _i, out: setattr(self, "_features", out))
-            self.served_heads.add("dimreduce")
-
-    def forward(self, x):
-        out = self.module(x)
-        if isinstance(out, dict):
-            out = next(iter(out.values()))
-        elif isinstance(out, (tuple, list)):
-            out = out[0]
-        return SegOutput(out, self._features)
-
-    def penultimate(self, x):
-        if "dimreduce" not in self.served_heads:
-            raise ValueError("this model has no feature layer: pass feature_layer=... to use Mahalanobis")
-        return self(x).features
-
-
-def check_methods(model, methods):
-    for method in methods:
-        method.check(model)
 
 
 def default_methods(model):
     """Every method the model's head can serve, with default parameters (ε = 0)."""
-    from segood.methods import METHODS
-
-    return [get_method(name) for name, cls in METHODS.items() if cls.head is None or cls.head in served_heads(model)]
+    methods = [get_method(name) for name in METHODS]
+    return [m for m in methods if m.needs.head is None or m.needs.head in served_heads(model)]
 
 
 class Evaluation:
@@ -93,6 +51,30 @@ class Evaluation:
         self.images = {s: 0 for s in set_names}
         self.done = {s: 0 for s in set_names}  # frames of this rank's shard already accumulated
         self.skipped = []  # [set, frame index, reason] of unreadable frames passed over with skip_bad
+
+    def process(self, set_name, indices, batch, scores, classes=None, *, clip=False):
+        """Accumulate one batch of a set: ``batch`` holds ``image`` (N, 3, H, W), ``ood_mask`` and ``semantic``
+        (N, H, W) tensors of the frames ``indices``; ``scores`` {method: (N, H, W)}; ``classes`` the predicted
+        classes (None for score maps from elsewhere). Updates the accumulators, the per-class score sums
+        (pixels without a class go to an overflow bin, no masked copies) and the example frames."""
+        ood_mask, semantic = batch["ood_mask"], batch["semantic"]
+        device = next(iter(scores.values())).device if scores else semantic.device
+        labels = ood_mask.to(device)
+        class_index = torch.where(semantic < NUM_CLASSES, semantic, NUM_CLASSES).long().flatten().to(device)
+        self.class_count[set_name] += torch.bincount(class_index, minlength=NUM_CLASSES + 1)[:NUM_CLASSES].cpu().numpy()
+        for name, score in scores.items():
+            self.acc[(name, set_name)].update(score, labels, clip=clip)
+            self.class_sum[(name, set_name)] += torch.bincount(
+                class_index, weights=score.flatten().double(), minlength=NUM_CLASSES + 1)[:NUM_CLASSES].cpu().numpy()
+        for k, index in enumerate(indices):
+            if index < EXAMPLES_PER_SET:
+                predicted = np.full(semantic.shape[1:], 255, np.uint8) if classes is None else \
+                    classes[k].cpu().numpy().astype(np.uint8)
+                self.examples[(set_name, index)] = {
+                    "image": batch["image"][k].permute(1, 2, 0).numpy(), "ood_mask": ood_mask[k].numpy(),
+                    "semantic": semantic[k].numpy(), "classes": predicted,
+                    **{f"score_{n}": s[k].float().cpu().numpy().astype(np.float16) for n, s in scores.items()}}
+        self.images[set_name] += len(indices)
 
     def arrays(self):
         out = {"meta": np.array(json.dumps({"methods": self.method_names, "sets": self.set_names,
@@ -177,6 +159,29 @@ class Evaluation:
         return self
 
 
+def read_batch(dataset, indices, *, skip_bad=False):
+    """(items, kept indices, [(index, reason)] of unreadable frames passed over). Without ``skip_bad`` an
+    unreadable frame raises :class:`UnreadableFrame`."""
+    items, kept, bad = [], [], []
+    for i in indices:
+        try:
+            items.append(dataset[i])
+            kept.append(i)
+        except (OSError, ValueError) as err:
+            if not skip_bad:
+                raise UnreadableFrame(i, err) from None
+            bad.append((i, str(err)))
+    return items, kept, bad
+
+
+class UnreadableFrame(ValueError):
+    """A frame of a set could not be read."""
+
+    def __init__(self, index, err):
+        super().__init__(f"cannot read frame {index} ({err})")
+        self.index = index
+
+
 def run(model, sets, methods, out_dir, *, batch_size=2, device=None, num_thresholds=400, resume=False,
         save_every=20, progress=True, rank=0, world_size=1, skip_bad=False, seed=0):
     """Evaluate ``methods`` (method objects) of ``model`` on ``sets`` ({name: .h5 path}); returns the
@@ -184,18 +189,15 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, num_thresho
 
     Monte-Carlo dropout is seeded per batch from (seed, set, first frame), so a resumed run draws the same
     samples as an uninterrupted one (for the same batch size and sharding)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    folder = RunFolder(out_dir)
+    folder.path.mkdir(parents=True, exist_ok=True)
     device = device or next(model.parameters()).device
     check_methods(model, methods)
     datasets = {name: H5SegmentationDataset(path) for name, path in sets.items()}  # refuses non-segood files
-    for name, method in ((m.name, m) for m in methods):
-        if name == "mahalanobis" and method.state is None:
-            raise ValueError("mahalanobis needs its training statistics: fit it (segood evaluate --fit-set)")
     names = [m.name for m in methods]
     if len(set(names)) != len(names):
         raise ValueError(f"each method once per run, got {names}")
-    state_path = out_dir / STATE_FILE.format(suffix=f".rank{rank}" if world_size > 1 else "")
+    state_path = folder.state(rank, world_size)
     if resume and state_path.exists():
         ev = Evaluation.load(state_path)
         if ev.method_names != names or ev.set_names != list(sets):
@@ -205,10 +207,6 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, num_thresho
         ev = Evaluation(names, list(sets), num_thresholds)
     model.eval()
     PixelOODAccumulator().update(np.zeros(1, np.float32), np.zeros(1, np.uint8))  # load the numba kernel once
-    single = [m for m in methods if isinstance(m, SinglePass) and not m.params.get("epsilon")]
-    monte_carlo = [m for m in methods if isinstance(m, MonteCarlo)]
-    own_pass = [m for m in methods if m not in single and m not in monte_carlo]
-    samples = max((m.params["samples"] for m in monte_carlo), default=0)
     for set_index, (set_name, dataset) in enumerate(datasets.items()):
         shard = list(range(rank, len(dataset), world_size))[ev.done[set_name]:]
         bar = tqdm(total=len(shard), desc=f"evaluate {set_name}", unit="img", disable=not progress)
@@ -216,70 +214,28 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, num_thresho
         for start in range(0, len(shard), batch_size):
             t0 = time.perf_counter()
             indices = shard[start : start + batch_size]
-            items, kept = [], []
-            for i in indices:
-                try:
-                    items.append(dataset[i])
-                    kept.append(i)
-                except (OSError, ValueError) as err:
-                    if not skip_bad:
-                        ev.save(state_path)
-                        raise ValueError(f"{set_name}: cannot read frame {i} ({err}); what was accumulated is saved "
-                                         "in the run folder (--resume continues), or pass --skip-bad") from None
-                    ev.skipped.append([set_name, i, str(err)])
-            if not items:
-                ev.done[set_name] += len(indices)
-                continue
-            indices = kept
-            images = torch.stack([it["image"] for it in items]).to(device)
-            ood_mask = torch.stack([it["ood_mask"] for it in items]).to(device)
-            semantic = torch.stack([it["semantic"] for it in items]).to(device)
-            x = preprocess(images)
-            t1 = time.perf_counter()
-            scores = {}
-            with torch.no_grad():
-                output = model(x)
-                if output.logits.shape[1] != NUM_CLASSES:
-                    raise ValueError(f"the model predicts {output.logits.shape[1]} classes; the sets use the "
+            try:
+                items, kept, bad = read_batch(dataset, indices, skip_bad=skip_bad)
+            except UnreadableFrame as err:
+                ev.save(state_path)
+                raise ValueError(f"{set_name}: {err}; what was accumulated is saved in the run folder (--resume "
+                                 "continues), or pass --skip-bad") from None
+            ev.skipped += [[set_name, i, reason] for i, reason in bad]
+            if items:
+                batch = {key: torch.stack([it[key] for it in items]) for key in ("image", "ood_mask", "semantic")}
+                ev.seconds["data"] += time.perf_counter() - t0
+                scored = score_batch(model, preprocess(batch["image"].to(device)), methods,
+                                     mc_seed=seed * 1_000_003 + set_index * 10_007 + kept[0])
+                if scored.output.logits.shape[1] != NUM_CLASSES:
+                    raise ValueError(f"the model predicts {scored.output.logits.shape[1]} classes; the sets use the "
                                      f"{NUM_CLASSES} Cityscapes trainIds")
-                classes = predicted_classes(output.logits)
-                ev.seconds["forward"] += _lap(device, t1)
-                t2 = time.perf_counter()
-                for method in single:
-                    scores[method.name] = method.from_output(output)
-                    ev.seconds[f"score/{method.name}"] += _lap(device, t2)
-                    t2 = time.perf_counter()
-                if monte_carlo:
-                    torch.manual_seed(seed * 1_000_003 + set_index * 10_007 + indices[0])
-                    samples_logits = model.mc_logits(x, samples=samples, features=output.features)
-                    for count in sorted({method.params["samples"] for method in monte_carlo}):
-                        names = [method.name for method in monte_carlo if method.params["samples"] == count]
-                        out = monte_carlo_scores(samples_logits[:count], names)  # one pass, no classes
-                        scores.update({name: out[name] for name in names})
-                    ev.seconds[f"score/{monte_carlo[0].name}"] += _lap(device, t2)
-            for method in own_pass:
-                t2 = time.perf_counter()
-                scores[method.name] = method.score(model, x)[0]
-                ev.seconds[f"score/{method.name}"] += _lap(device, t2)
-            t3 = time.perf_counter()
-            # per-class score sums (Figure 2): pixels without a class go to an overflow bin, no masked copies
-            class_index = torch.where(semantic < NUM_CLASSES, semantic, NUM_CLASSES).long().flatten()
-            ev.class_count[set_name] += torch.bincount(class_index, minlength=NUM_CLASSES + 1)[:NUM_CLASSES].cpu().numpy()
-            for name, score in scores.items():
-                ev.acc[(name, set_name)].update(score, ood_mask)
-                ev.class_sum[(name, set_name)] += torch.bincount(
-                    class_index, weights=score.flatten().double(), minlength=NUM_CLASSES + 1)[:NUM_CLASSES].cpu().numpy()
-            for k, index in enumerate(indices):
-                if index < EXAMPLES_PER_SET:
-                    ev.examples[(set_name, index)] = {
-                        "image": items[k]["image"].permute(1, 2, 0).numpy(), "ood_mask": items[k]["ood_mask"].numpy(),
-                        "semantic": items[k]["semantic"].numpy(), "classes": classes[k].cpu().numpy().astype(np.uint8),
-                        **{f"score_{n}": s[k].float().cpu().numpy().astype(np.float16) for n, s in scores.items()}}
-            ev.seconds["accumulate"] += _lap(device, t3)
-            ev.seconds["data"] += t1 - t0
-            ev.images[set_name] += len(items)
-            ev.done[set_name] += len(shard[start : start + batch_size])
-            bar.update(len(shard[start : start + batch_size]))
+                for stage, seconds in scored.seconds.items():
+                    ev.seconds[stage] += seconds
+                t3 = time.perf_counter()
+                ev.process(set_name, kept, batch, dict(zip(names, scored.scores)), scored.classes)
+                ev.seconds["accumulate"] += _lap(device, t3)
+            ev.done[set_name] += len(indices)
+            bar.update(len(indices))
             batches_since_save += 1
             if batches_since_save >= save_every:
                 ev.save(state_path)

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
-from segood.data.h5 import read_manifest
+from segood.data.h5 import read_manifest, set_identity
 from segood.io import atomic_write_text, write_json
 from segood.leaderboard.safe import Limits, Rejected, load_npz, read_submission_files, strict_json
 from segood.leaderboard.submission import validate
-from segood.methods.tuning import set_identity
-from segood.metrics import HIGHER_IS_BETTER, METRIC_NAMES, PixelOODAccumulator, UndefinedMetricWarning
+from segood.metrics import METRICS, PixelOODAccumulator, UndefinedMetricWarning
 
 BENCHMARK_SCHEMA = "segood.benchmark/1"
 TOLERANCE = 1e-6
@@ -26,8 +25,8 @@ def make_benchmark(tracks, out, *, num_thresholds=400, score_range=(0.0, 1.0)):
     doc = {"schema": BENCHMARK_SCHEMA, "num_thresholds": int(num_thresholds),
            "score_range": [float(v) for v in score_range], "tracks": {}}
     for track, spec in tracks.items():
-        if spec["rank_by"] not in METRIC_NAMES:
-            raise ValueError(f"rank_by must be one of {METRIC_NAMES}")
+        if spec["rank_by"] not in METRICS:
+            raise ValueError(f"rank_by must be one of {sorted(METRICS)}, got {spec['rank_by']!r}")
         doc["tracks"][track] = {"rank_by": spec["rank_by"], "sets": {
             name: {"manifest_sha256": set_identity(path)["manifest_sha256"], "pixels": read_manifest(path)["pixels"]}
             for name, path in spec["sets"].items()}}
@@ -112,7 +111,7 @@ def _check(set_name, acc, claims, pixels):
         warnings.simplefilter("ignore", UndefinedMetricWarning)
         result = acc.compute()
     values = {}
-    for metric in METRIC_NAMES:
+    for metric in METRICS:
         value = None if math.isnan(result[metric]) else float(result[metric])
         claimed = claims.get(metric)
         if (value is None) != (claimed is None) or (value is not None and abs(value - claimed) > TOLERANCE):
@@ -138,7 +137,7 @@ def leaderboard(submissions_dir, benchmark_path, out_dir, limits=Limits()):
             tracks[track].append(row)
     for track, rows in tracks.items():
         metric = benchmark["tracks"][track]["rank_by"]
-        sign = -1 if HIGHER_IS_BETTER[metric] else 1
+        sign = -1 if METRICS[metric].higher_is_better else 1
         rows.sort(key=lambda r: (r["score"] is None, sign * (r["score"] or 0.0), r["name"]))
     doc = {"schema": "segood.leaderboard/1", "tracks": {
         t: {"rank_by": benchmark["tracks"][t]["rank_by"], "sets": list(benchmark["tracks"][t]["sets"]), "entries": rows}

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from segood.evaluation.report import RUN_FILE
-from segood.evaluation.runner import STATE_FILE, Evaluation
+from segood.evaluation.layout import RunFolder
+from segood.evaluation.runner import Evaluation
 from segood.leaderboard.safe import Rejected
-from segood.metrics import METRIC_NAMES
+from segood.metrics import METRICS
 
 SCHEMA = "segood.submission/1"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._+()/-]{0,79}$")
@@ -24,9 +24,9 @@ def submit(run_dir, out, *, method, name, description="", allow_same_source=Fals
 
     Refuses a method tuned on its test source unless ``allow_same_source`` (the flag then travels with it).
     """
-    run_dir = Path(run_dir)
-    run = json.loads((run_dir / RUN_FILE).read_text())
-    results = json.loads((run_dir / "results.json").read_text())["results"]
+    folder = RunFolder(run_dir)
+    run = folder.read_run()
+    results = folder.read_results()["results"]
     if method not in results:
         raise ValueError(f"the run has no method {method!r}; it has {sorted(results)}")
     if not NAME_PATTERN.match(name):
@@ -36,7 +36,7 @@ def submit(run_dir, out, *, method, name, description="", allow_same_source=Fals
     if any(same_source.values()) and not allow_same_source:
         raise ValueError(f"{method} was tuned on data from the same source as {[s for s, v in same_source.items() if v]}; "
                          "pass --allow-same-source to submit it anyway (the board will show the flag)")
-    ev = Evaluation.load(run_dir / STATE_FILE.format(suffix=""))
+    ev = Evaluation.load(folder.state())
     document = {
         "schema": SCHEMA,
         "method": {"name": name, "description": description, "run_method": method,
@@ -56,7 +56,7 @@ def submit(run_dir, out, *, method, name, description="", allow_same_source=Fals
             document["sets"][set_name] = {
                 "manifest_sha256": run["sets"][set_name]["manifest_sha256"],
                 "same_source_tuning": same_source[set_name],
-                "claims": {**{m: r["pooled"][m] for m in METRIC_NAMES}, **{c: r[c] for c in COUNTS}},
+                "claims": {**{m: r["pooled"].get(m) for m in METRICS}, **{c: r[c] for c in COUNTS}},
             }
         archive.writestr("submission.json", json.dumps(document, indent=2, allow_nan=False))
     Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -85,11 +85,12 @@ def validate(doc):
         _require(isinstance(entry.get("same_source_tuning"), bool), f"set {set_name!r}: same_source_tuning must be a bool")
         claims = entry.get("claims")
         _require(isinstance(claims, dict), f"set {set_name!r}: 'claims' must be an object")
-        for metric in METRIC_NAMES:
-            value = claims.get(metric)
+        for name, metric in METRICS.items():
+            value = claims.get(name)
             _require(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
-                                       and math.isfinite(value) and 0.0 <= value <= 1.0),
-                     f"set {set_name!r}: claimed {metric} {value!r} is not a number in [0, 1]")
+                                       and metric.in_range(value)),
+                     f"set {set_name!r}: claimed {name} {value!r} is not a number "
+                     + (f"in [{metric.range[0]:g}, {metric.range[1]:g}]" if metric.range else "(finite)"))
         for count in COUNTS:
             value = claims.get(count)
             _require(isinstance(value, int) and not isinstance(value, bool) and value >= 0,

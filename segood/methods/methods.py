@@ -2,13 +2,17 @@
 
 Every ``score(model, x)`` takes ImageNet-normalised images (N, 3, H, W) on the model's device and returns
 ``(scores, classes)``: OOD scores (N, H, W) in [0, 1], higher = more OOD, and predicted classes (N, H, W).
-Single-pass methods also score a shared forward pass (``from_output``), and the Monte-Carlo methods a shared
-set of samples (``from_samples``), so an evaluation runs each network once per image.
+A method declares how it must run (:class:`Needs`); :func:`segood.methods.schedule.score_batch` runs a batch
+of methods from those declarations, so that an evaluation runs each network once per image: single-pass
+methods score the shared forward pass (``from_output``), Monte-Carlo methods a shared set of samples
+(``from_samples``), perturbing methods a pass of their own.
 
 Input perturbation (ODIN, Mahalanobis, confidence) needs OOD data to choose ε; ε = 0, the default, means the
 method never sees OOD data before evaluation. ε is in pixel units ([0, 1] images): the step is divided by
 the normalisation's std per channel, as in the ODIN reference code.
 """
+
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -16,7 +20,7 @@ import torch.nn.functional as F
 
 from segood.labels import NUM_CLASSES
 from segood.methods import functional as fn
-from segood.models.network import _STD
+from segood.models.network import IMAGENET_STD
 
 ODIN_TEMPERATURES = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 ODIN_EPSILONS = tuple(float(e) for e in np.linspace(0.0, 0.004, 21))
@@ -28,15 +32,48 @@ def served_heads(model):
     return declared if declared is not None else {getattr(getattr(model, "config", None), "head", None)}
 
 
+@dataclass(frozen=True)
+class Needs:
+    """How a method must run; :func:`segood.methods.schedule.score_batch` schedules methods from this alone.
+
+    head: the head the network must serve (None: any). forward: scored from the shared forward pass
+    (``from_output``). samples: Monte-Carlo dropout samples of the shared features (``from_samples``).
+    fit: needs ``fit(model, loader)`` on training data first. perturbs: runs its own pass on an input perturbed
+    against ``objective`` (a gradient and a second forward), then scores that pass with ``from_output``.
+    """
+
+    head: str | None = None
+    forward: bool = False
+    samples: int = 0
+    fit: bool = False
+    perturbs: bool = False
+
+
 class Method:
-    """Base: ``head`` is the head the network must have (None: any); ``params`` what the method was run with."""
+    """Base: ``head`` is the head the network must have (None: any); ``params`` what the method was run with.
+
+    Recipe (``docs/extending.md``): subclass, set ``name`` (and ``head``), implement ``from_output(output)``
+    (or ``from_samples(logits)`` with ``samples`` in :attr:`needs`), add it to :data:`METHODS`.
+    """
 
     name = ""
     head = None
-    uses_ood_data = False
+    #: the direction of ``input perturbation``: True steps up ``objective``'s gradient, False down
+    ascend = False
 
     def __init__(self, **params):
         self.params = params
+
+    @property
+    def needs(self):
+        """:class:`Needs`: by default one shared forward pass, or a perturbed pass when ``epsilon`` > 0."""
+        perturbs = bool(self.params.get("epsilon"))
+        return Needs(head=self.head, forward=not perturbs, perturbs=perturbs)
+
+    @property
+    def ready(self):
+        """False while a method that needs a fit has none."""
+        return True
 
     def check(self, model):
         """Refuse a network without this method's head (ValueError that says which head to build)."""
@@ -50,18 +87,23 @@ class Method:
         eps = self.params.get("epsilon", 0.0)
         return {"name": self.name, "params": dict(self.params), "uses_ood_data": bool(eps) or "tuning" in self.params}
 
+    def from_output(self, output):
+        """(N, H, W) scores in [0, 1] from a forward pass (:class:`~segood.models.SegOutput`)."""
+        raise NotImplementedError(f"{type(self).__name__} is not scored from a forward pass")
 
-class SinglePass(Method):
-    """Base of the methods scored from one forward pass; subclasses define ``from_output(SegOutput)``."""
+    def objective(self, output):
+        """The scalar whose input gradient perturbs the input (``needs.perturbs``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no input perturbation")
 
-    @torch.no_grad()
     def score(self, model, x):
-        self.check(model)
-        output = model(x)
-        return self.from_output(output), fn.predicted_classes(output.logits)
+        """(scores (N, H, W), predicted classes (N, H, W)) of ImageNet-normalised images x (N, 3, H, W)."""
+        from segood.methods.schedule import score_batch
+
+        batch = score_batch(model, x, [self])
+        return batch.scores[0], batch.classes
 
 
-class MaxSoftmax(SinglePass):
+class MaxSoftmax(Method):
     """1 - max softmax (Hendrycks & Gimpel 2017). Any head."""
 
     name = "max_softmax"
@@ -70,7 +112,7 @@ class MaxSoftmax(SinglePass):
         return fn.max_softmax_from_logits(output.logits)
 
 
-class Entropy(SinglePass):
+class Entropy(Method):
     """Softmax entropy / log C (Mukhoti & Gal 2018). Any head."""
 
     name = "entropy"
@@ -79,12 +121,13 @@ class Entropy(SinglePass):
         return fn.entropy_from_logits(output.logits)
 
 
-class Odin(SinglePass):
+class Odin(Method):
     """ODIN (Liang et al. 2018): temperature T and input perturbation ε (the seed paper's eq. 4-6),
     x~ = x - ε sign(-∇_x Σ_pixels log S_ŷ(x; T)): the step that raises the max softmax, which moves ID inputs
     more than OOD ones. Any head. Grid: T in ODIN_TEMPERATURES, ε in ODIN_EPSILONS."""
 
     name = "odin"
+    ascend = True
 
     def __init__(self, temperature=1000.0, epsilon=0.0, **params):
         if not float(temperature) > 0:
@@ -92,26 +135,13 @@ class Odin(SinglePass):
         super().__init__(temperature=float(temperature), epsilon=float(epsilon), **params)
 
     def from_output(self, output):
-        if self.params["epsilon"]:
-            raise ValueError("odin with epsilon > 0 needs its own perturbed pass: call score(model, x)")
         return fn.odin(output.logits, self.params["temperature"])
 
-    def score(self, model, x):
-        if not self.params["epsilon"]:
-            return super().score(model, x)
-        self.check(model)
-        t = self.params["temperature"]
-
-        def objective(output):  # Σ_pixels log S_ŷ(x; T)
-            return (output.logits / t).log_softmax(dim=1).amax(dim=1).sum()
-
-        x_tilde = perturb(model, x, objective, self.params["epsilon"], ascend=True)
-        with torch.no_grad():
-            output = model(x_tilde)
-        return fn.odin(output.logits, t), fn.predicted_classes(output.logits)
+    def objective(self, output):  # Σ_pixels log S_ŷ(x; T)
+        return (output.logits / self.params["temperature"]).log_softmax(dim=1).amax(dim=1).sum()
 
 
-class Confidence(SinglePass):
+class Confidence(Method):
     """1 - learned confidence (DeVries & Taylor 2018); needs the ``confidence`` head. Optional perturbation
     x~ = x - ε sign(∇_x L_c), L_c = mean(-log c) (the seed paper's eq. 19), which raises the confidence."""
 
@@ -124,31 +154,22 @@ class Confidence(SinglePass):
     def from_output(self, output):
         return fn.confidence_score(output.confidence)
 
-    def score(self, model, x):
-        if not self.params["epsilon"]:
-            return super().score(model, x)
-        self.check(model)
-        x_tilde = perturb(model, x, lambda out: -torch.log(out.confidence.clamp_min(1e-12)).mean(),
-                          self.params["epsilon"], ascend=False)
-        with torch.no_grad():
-            output = model(x_tilde)
-        return fn.confidence_score(output.confidence), fn.predicted_classes(output.logits)
+    def objective(self, output):
+        return -torch.log(output.confidence.clamp_min(1e-12)).mean()
 
 
 class MonteCarlo(Method):
-    """Base of the dropout methods: T samples from ``model.mc_logits`` (encoder and decoder run once);
-    ``from_samples(logits (T, N, C, H, W))`` scores a shared set of samples."""
+    """Base of the dropout methods: T samples of the stochastic head on the shared features
+    (``model.mc_logits``); ``from_samples(logits (T, N, C, H, W))`` scores them."""
 
     head = "dropout"
 
     def __init__(self, samples=8, **params):
         super().__init__(samples=int(samples), **params)
 
-    @torch.no_grad()
-    def score(self, model, x):
-        self.check(model)
-        out = fn.monte_carlo_scores(model.mc_logits(x, samples=self.params["samples"]), (self.name, "classes"))
-        return out[self.name], out["classes"]
+    @property
+    def needs(self):
+        return Needs(head=self.head, samples=self.params["samples"])
 
     def from_samples(self, logits):
         return fn.monte_carlo_scores(logits, (self.name,))[self.name]
@@ -186,6 +207,14 @@ class Mahalanobis(Method):
         super().__init__(epsilon=float(epsilon), ridge=float(ridge), **params)
         self.state = None
         self._scoring = None  # (device, whiten, whitened means, present), derived from the state
+
+    @property
+    def needs(self):
+        return replace(super().needs, fit=True)
+
+    @property
+    def ready(self):
+        return self.state is not None
 
     @torch.no_grad()
     def fit(self, model, loader, *, progress=False):
@@ -226,19 +255,14 @@ class Mahalanobis(Method):
             self._scoring = (features.device, s["whiten"], fn.whiten_means(s["means"], s["whiten"]), s["present"])
         return fn.mahalanobis_min_distance(features.to(torch.float64), *self._scoring[1:])
 
-    def score(self, model, x):
-        self.check(model)
-        if self.state is None:
-            raise ValueError("mahalanobis needs fit(model, train_loader) (or load_state) before score()")
-        if self.params["epsilon"]:
-            x = perturb(model, x, lambda out: self._distance(out.features).clamp_max(1e30).sum(),
-                        self.params["epsilon"], ascend=False)
-        with torch.no_grad():
-            output = model(x)
-            m = self._distance(output.features)  # inf where no class was seen: sigmoid gives 1
-            v = fn.mahalanobis_score(m, self.state["m_mean"].to(m.device), self.state["m_std"].to(m.device))
-            v = F.interpolate(v[:, None].float(), size=x.shape[-2:], mode="bilinear", align_corners=False)[:, 0]
-        return v.clamp(0.0, 1.0), fn.predicted_classes(output.logits)
+    def from_output(self, output):
+        m = self._distance(output.features)  # inf where no class was seen: sigmoid gives 1
+        v = fn.mahalanobis_score(m, self.state["m_mean"].to(m.device), self.state["m_std"].to(m.device))
+        v = F.interpolate(v[:, None].float(), size=output.logits.shape[-2:], mode="bilinear", align_corners=False)
+        return v[:, 0].clamp(0.0, 1.0)
+
+    def objective(self, output):
+        return self._distance(output.features).clamp_max(1e30).sum()
 
     def state_arrays(self):
         """The fitted statistics as plain numpy arrays (``numpy.savez``-able, loaded without pickle)."""
@@ -319,7 +343,7 @@ def perturb(model, x, objective, epsilon, *, ascend):
     x = x.detach().requires_grad_(True)
     with torch.enable_grad():
         objective(model(x)).backward()
-    std = torch.tensor(_STD, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
     step = epsilon * x.grad.sign() / std
     model.zero_grad(set_to_none=True)
     return (x + step if ascend else x - step).detach()

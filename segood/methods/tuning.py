@@ -6,31 +6,17 @@ al.) shows why a method tuned on its test source must say so. Every tuned method
 an OOD source with the tuning set.
 """
 
-import hashlib
 import itertools
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from segood.data.h5 import read_manifest
-from segood.methods.methods import SinglePass, get_method
-from segood.metrics import HIGHER_IS_BETTER, METRIC_NAMES, PixelOODAccumulator
+from segood.data.h5 import set_identity
+from segood.methods.methods import get_method
+from segood.methods.schedule import score_batch
+from segood.metrics import METRICS, PixelOODAccumulator
 from segood.models.network import preprocess
-
-
-def set_identity(path):
-    """What a converted set is, for provenance: its OOD sources and a hash of its manifest's array hashes."""
-    manifest = read_manifest(path)
-    if manifest["source"] == "mix":
-        components = manifest["components"]
-        ood_sources = [c["source"] for c in components[:1]]  # mix() puts the OOD set first
-    else:
-        ood_sources = [manifest["source"]] if manifest["pixels"]["ood"] else []
-    digest = hashlib.sha256(json.dumps(manifest["sha256"], sort_keys=True).encode()).hexdigest()
-    return {"file": Path(path).name, "ood_sources": ood_sources, "manifest_sha256": digest}
 
 
 def same_source_tuning(params, test_identity):
@@ -53,17 +39,18 @@ class TuningResult:
 @torch.no_grad()
 def tune(method_name, model, loader, grid, *, metric="auroc", tuning_set=None, num_thresholds=400, progress=True):
     """Evaluate every point of ``grid`` ({param: [values]}) on the tuning ``loader`` and pick the best by
-    ``metric`` (its better direction from :data:`HIGHER_IS_BETTER`).
+    ``metric`` (a name in :data:`segood.metrics.METRICS`, which gives its better direction).
 
     Args:
         loader: batches of dicts with ``image`` (N, 3, H, W) uint8 and ``ood_mask`` (N, H, W).
         tuning_set: path of the converted tuning set (default: ``loader.dataset.path``; required when the loader's
             dataset has none), recorded in provenance.
 
-    Single-pass points without perturbation share one forward pass per batch.
+    The points are scored together (:func:`~segood.methods.schedule.score_batch`): those without perturbation
+    share one forward pass per batch.
     """
-    if metric not in METRIC_NAMES:
-        raise ValueError(f"metric must be one of {METRIC_NAMES}, got {metric!r}")
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {sorted(METRICS)}, got {metric!r}")
     points = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
     if not points:
         raise ValueError("empty grid")
@@ -73,20 +60,13 @@ def tune(method_name, model, loader, grid, *, metric="auroc", tuning_set=None, n
     for batch in tqdm(loader, desc=f"tune {method_name} ({len(points)} points)", disable=not progress):
         x = preprocess(batch["image"].to(device))
         labels = batch["ood_mask"].to(device)
-        shared = None
-        for method, acc in zip(methods, accumulators):
-            if isinstance(method, SinglePass) and not method.params.get("epsilon"):
-                method.check(model)
-                shared = shared if shared is not None else model(x)
-                scores = method.from_output(shared)
-            else:
-                scores, _ = method.score(model, x)
+        for scores, acc in zip(score_batch(model, x, methods).scores, accumulators):
             acc.update(scores, labels)
     table = []
     for params, acc in zip(points, accumulators):
         result = acc.compute()
-        table.append({**params, **{m: result[m] for m in METRIC_NAMES}})
-    sign = 1 if HIGHER_IS_BETTER[metric] else -1
+        table.append({**params, **{m: result[m] for m in METRICS}})
+    sign = 1 if METRICS[metric].higher_is_better else -1
     best_row = max(table, key=lambda row: sign * row[metric])  # the first of equals, in grid order
     path = tuning_set or getattr(getattr(loader, "dataset", None), "path", None)
     if path is None:

@@ -1,19 +1,26 @@
-"""Pixel-level OOD metrics (contract: shared/METRICS.md): a streaming binned accumulator and exact mode."""
+"""Pixel-level OOD metrics (contract: shared/METRICS.md): a streaming binned accumulator, exact mode, and the
+table of metrics (:data:`METRICS`) that reports, the CLI and the leaderboard read."""
 
 from segood.metrics.accumulator import PixelOODAccumulator
 from segood.metrics.functional import (
-    HIGHER_IS_BETTER,
     METRIC_NAMES,
+    METRICS,
+    Curve,
+    Metric,
     UndefinedMetricWarning,
     exact_metrics,
+    get_metric,
     metrics_from_counts,
 )
 
 __all__ = [
-    "HIGHER_IS_BETTER",
+    "METRICS",
     "METRIC_NAMES",
+    "Curve",
+    "Metric",
     "PixelOODAccumulator",
     "UndefinedMetricWarning",
     "exact_metrics",
+    "get_metric",
     "metrics_from_counts",
 ]

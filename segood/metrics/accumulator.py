@@ -5,7 +5,7 @@ import numpy as np
 
 from segood.metrics import _kernels
 from segood.metrics.functional import (
-    METRIC_NAMES,
+    METRICS,
     as_numpy_inputs,
     metrics_from_counts,
     raise_bad_labels,
@@ -45,6 +45,7 @@ class PixelOODAccumulator:
             raise ValueError(f"score_range must be finite with lo < hi, got {score_range!r}")
         self.num_thresholds = int(num_thresholds)
         self.score_range = (lo, hi)
+        self.metric_names = tuple(METRICS)  # the per-image sums follow the metric table of the accumulator's making
         self.per_image = bool(per_image)
         with np.errstate(over="ignore", invalid="ignore"):  # refused just below, with a clear message
             self.thresholds = np.linspace(lo, hi, self.num_thresholds)
@@ -59,7 +60,7 @@ class PixelOODAccumulator:
         self.hist = np.zeros((2, self.num_thresholds), dtype=np.int64)  # rows: ID, OOD; column = bin
         self.n_ignored = 0
         self.n_images = 0
-        self.per_image_sum = np.zeros(len(METRIC_NAMES))
+        self.per_image_sum = np.zeros(len(self.metric_names))
         self.per_image_defined = 0  # images where the per-image metrics are defined
         return self
 
@@ -89,12 +90,12 @@ class PixelOODAccumulator:
         """Add the counts of another accumulator with the same thresholds (in place); returns self."""
         if not isinstance(other, PixelOODAccumulator):
             raise TypeError(f"can only merge a PixelOODAccumulator, got {type(other).__name__}")
-        mine = (self.num_thresholds, self.score_range, self.per_image)
-        theirs = (other.num_thresholds, other.score_range, other.per_image)
+        mine = (self.num_thresholds, self.score_range, self.per_image, self.metric_names)
+        theirs = (other.num_thresholds, other.score_range, other.per_image, other.metric_names)
         if mine != theirs:
             raise ValueError(
                 "cannot merge accumulators with different configurations: "
-                f"(num_thresholds, score_range, per_image) = {mine} vs {theirs}"
+                f"(num_thresholds, score_range, per_image, metrics) = {mine} vs {theirs}"
             )
         self.hist += other.hist
         self.n_ignored += other.n_ignored
@@ -140,9 +141,9 @@ class PixelOODAccumulator:
         )
         if self.per_image:
             defined = self.per_image_defined
-            means = self.per_image_sum / defined if defined else np.full(len(METRIC_NAMES), np.nan)
+            means = self.per_image_sum / defined if defined else np.full(len(self.metric_names), np.nan)
             result["per_image_mean"] = {
-                **{name: float(v) for name, v in zip(METRIC_NAMES, means)},
+                **{name: float(v) for name, v in zip(self.metric_names, means)},
                 "n_images": int(defined),
                 "n_images_total": int(self.n_images),
             }
@@ -261,7 +262,7 @@ class PixelOODAccumulator:
         n_id, n_ood = int(fp[0]), int(tp[0])
         if n_id and n_ood:
             metrics = metrics_from_counts(self.thresholds, tp, fp, n_ood, n_id, warn=False)
-            self.per_image_sum += [metrics[name] for name in METRIC_NAMES]
+            self.per_image_sum += [metrics[name] for name in self.metric_names]
             self.per_image_defined += 1
 
 

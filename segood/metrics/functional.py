@@ -5,22 +5,126 @@ counts, so the binned accumulator and the exact (sort-based) reference share one
 """
 
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from segood.labels import ID, IGNORE, OOD
-
-METRIC_NAMES = ("auroc", "auprc", "fpr95", "max_iou")
-#: For tables: True where a larger value is better.
-HIGHER_IS_BETTER = {"auroc": True, "auprc": True, "fpr95": False, "max_iou": True}
 
 
 class UndefinedMetricWarning(UserWarning):
     """A metric is NaN because the set has no OOD or no ID pixels."""
 
 
+@dataclass(frozen=True)
+class Curve:
+    """Counts at increasing thresholds: what every metric is computed from.
+
+    thresholds: (T,) strictly increasing. tp, fp: (T,) int64, OOD / ID pixels with ``score >= thresholds[k]``.
+    n_ood, n_id: P and N (both > 0 when a metric is computed).
+    """
+
+    thresholds: np.ndarray
+    tp: np.ndarray
+    fp: np.ndarray
+    n_ood: int
+    n_id: int
+
+    @property
+    def tpr(self):
+        return self.tp / self.n_ood
+
+    @property
+    def fpr(self):
+        return self.fp / self.n_id
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A metric of the threshold curve, declared once: reports, CLI choices and the leaderboard read this.
+
+    name: key in results and ``--rank-by``. label: title in tables. higher_is_better: its direction.
+    from_curve: :class:`Curve` -> float. range: (lo, hi) of its values, None when unbounded (a claimed value
+    outside is refused). bound: the key of :meth:`PixelOODAccumulator.compute` that bounds how far exact mode
+    can be from the binned value, and bound_side how: ``"error"`` (|exact - binned| <= bound), ``"below"``
+    (exact in [bound, binned]) or ``"above"`` (exact in [binned, bound]).
+    """
+
+    name: str
+    label: str
+    higher_is_better: bool
+    from_curve: Callable
+    range: tuple | None = (0.0, 1.0)
+    bound: str | None = None
+    bound_side: str = "error"
+
+    def arrow(self):
+        return "↑" if self.higher_is_better else "↓"
+
+    def in_range(self, value):
+        """Whether ``value`` is a finite number this metric can take."""
+        lo, hi = self.range or (-np.inf, np.inf)
+        return bool(np.isfinite(value)) and lo <= value <= hi
+
+    def binning_error(self, value, pooled):
+        """How far exact mode may be from ``value``, given the bounds in ``pooled`` (None: unknown)."""
+        bound = pooled.get(self.bound) if self.bound else None
+        if value is None or bound is None:
+            return None
+        return {"error": bound, "below": value - bound, "above": bound - value}[self.bound_side]
+
+
+def auroc(curve):
+    """Area under the ROC: (0, 0) -> points in order of increasing FPR (decreasing threshold) -> (1, 1),
+    trapezoids."""
+    x = np.concatenate(([0.0], curve.fpr[::-1], [1.0]))
+    y = np.concatenate(([0.0], curve.tpr[::-1], [1.0]))
+    return float(np.sum(np.diff(x) * (y[1:] + y[:-1])) / 2)
+
+
+def auprc(curve):
+    """Average precision as a step sum over recall."""
+    tpr = curve.tpr
+    predicted = curve.tp + curve.fp
+    precision = np.divide(curve.tp, predicted, out=np.ones(curve.tp.shape), where=predicted > 0)
+    return float(np.sum((tpr - np.append(tpr[1:], 0.0)) * precision))
+
+
+def fpr_at_tpr95(curve):
+    """The smallest FPR with TPR >= 0.95, no interpolation; TPR compared in integers (20 TP >= 19 P), so no
+    rounding decides which thresholds qualify."""
+    return float(curve.fpr[20 * curve.tp >= 19 * curve.n_ood].min())
+
+
+def iou_curve(curve):
+    """TP / (TP + FP + FN) at every threshold (TP + FN = P)."""
+    return curve.tp / (curve.n_ood + curve.fp)
+
+
+def max_iou(curve):
+    return float(np.max(iou_curve(curve)))
+
+
+#: Every metric segood reports, by name. Register one by adding a :class:`Metric` (``docs/extending.md``).
+METRICS = {m.name: m for m in (
+    Metric("auroc", "AUROC", True, auroc, bound="auroc_max_error", bound_side="error"),
+    Metric("auprc", "AUPRC", True, auprc),
+    Metric("fpr95", "FPR95", False, fpr_at_tpr95, bound="fpr95_exact_min", bound_side="below"),
+    Metric("max_iou", "MaxIoU", True, max_iou, bound="max_iou_exact_max", bound_side="above"),
+)}
+METRIC_NAMES = tuple(METRICS)  #: the built-in metrics (the paper's §4); what is registered now: ``METRICS``
+
+
+def get_metric(name):
+    """The metric registered as ``name``; KeyError listing the valid names."""
+    if name not in METRICS:
+        raise KeyError(f"unknown metric {name!r}; choose one of {sorted(METRICS)}")
+    return METRICS[name]
+
+
 def metrics_from_counts(thresholds, tp, fp, n_ood, n_id, *, warn=True):
-    """AUROC, AUPRC, FPR95 and MaxIoU from counts at increasing thresholds (the paper's metrics, §4).
+    """Every registered metric (:data:`METRICS`) from counts at increasing thresholds (the paper's §4).
 
     Args:
         thresholds: float array of shape (T,), strictly increasing.
@@ -30,11 +134,10 @@ def metrics_from_counts(thresholds, tp, fp, n_ood, n_id, *, warn=True):
 
     Returns:
         dict with ``auroc`` (↑), ``auprc`` (↑, average precision as a step sum), ``fpr95`` (↓, smallest FPR
-        with TPR >= 0.95, no interpolation), ``max_iou`` (↑) and ``max_iou_threshold``; all NaN when
-        ``n_ood == 0`` or ``n_id == 0``.
+        with TPR >= 0.95, no interpolation), ``max_iou`` (↑), any other registered metric, and
+        ``max_iou_threshold`` (the lowest threshold attaining the MaxIoU); all NaN when ``n_ood == 0`` or
+        ``n_id == 0``.
     """
-    tp = np.asarray(tp, dtype=np.int64)
-    fp = np.asarray(fp, dtype=np.int64)
     n_ood, n_id = int(n_ood), int(n_id)
     if n_ood == 0 or n_id == 0:
         if warn:
@@ -45,32 +148,11 @@ def metrics_from_counts(thresholds, tp, fp, n_ood, n_id, *, warn=True):
                 UndefinedMetricWarning,
                 stacklevel=3,
             )
-        return {name: float("nan") for name in (*METRIC_NAMES, "max_iou_threshold")}
-
-    tpr = tp / n_ood
-    fpr = fp / n_id
-    # ROC: (0, 0) -> points in order of increasing FPR (decreasing threshold) -> (1, 1), trapezoids.
-    x = np.concatenate(([0.0], fpr[::-1], [1.0]))
-    y = np.concatenate(([0.0], tpr[::-1], [1.0]))
-    auroc = float(np.sum(np.diff(x) * (y[1:] + y[:-1])) / 2)
-
-    predicted = tp + fp
-    precision = np.divide(tp, predicted, out=np.ones(tp.shape), where=predicted > 0)
-    auprc = float(np.sum((tpr - np.append(tpr[1:], 0.0)) * precision))
-
-    # TPR >= 0.95 compared in integers (20 TP >= 19 P), so no rounding decides which thresholds qualify.
-    qualifying = 20 * tp >= 19 * n_ood
-    fpr95 = float(fpr[qualifying].min())
-
-    iou = tp / (n_ood + fp)  # TP / (TP + FP + FN), since TP + FN = P
-    best = int(np.argmax(iou))  # the lowest threshold attaining the maximum
-    return {
-        "auroc": auroc,
-        "auprc": auprc,
-        "fpr95": fpr95,
-        "max_iou": float(iou[best]),
-        "max_iou_threshold": float(thresholds[best]),
-    }
+        return {name: float("nan") for name in (*METRICS, "max_iou_threshold")}
+    curve = Curve(np.asarray(thresholds), np.asarray(tp, dtype=np.int64), np.asarray(fp, dtype=np.int64), n_ood, n_id)
+    result = {name: metric.from_curve(curve) for name, metric in METRICS.items()}
+    result["max_iou_threshold"] = float(curve.thresholds[int(np.argmax(iou_curve(curve)))])
+    return result
 
 
 def as_numpy_inputs(scores, labels):

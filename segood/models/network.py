@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 ARCHS = ("pspnet", "deeplabv3plus")
-_MEAN = (0.485, 0.456, 0.406)  # ImageNet statistics, as the smp encoders expect
-_STD = (0.229, 0.224, 0.225)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)  # the normalisation every input gets, as the smp encoders expect
+IMAGENET_STD = (0.229, 0.224, 0.225)
 HEADS = ("plain", "dimreduce", "dropout", "confidence")
 
 
@@ -128,8 +128,8 @@ def _upsample(logits, size):
 def preprocess(images):
     """(N, 3, H, W) uint8 RGB tensor -> float, ImageNet-normalised, on the same device."""
     x = images.float() / 255.0
-    mean = torch.tensor(_MEAN, device=x.device).view(1, 3, 1, 1)
-    std = torch.tensor(_STD, device=x.device).view(1, 3, 1, 1)
+    mean = torch.tensor(IMAGENET_MEAN, device=x.device).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD, device=x.device).view(1, 3, 1, 1)
     return (x - mean) / std
 
 

@@ -14,11 +14,10 @@ from tqdm import tqdm
 
 from segood.data.h5 import H5SegmentationDataset
 from segood.io import atomic_write_text
-from segood.labels import CLASS_NAMES, IGNORE, NUM_CLASSES
-from segood.methods.functional import predicted_classes
-from segood.metrics.segmentation import confusion_matrix, mean_iou
+from segood.labels import IGNORE, NUM_CLASSES
 from segood.models.checkpoint import read_checkpoint, save_checkpoint
 from segood.models.losses import confidence_loss
+from segood.models.miou import evaluate_miou
 from segood.models.network import build_model, preprocess
 
 
@@ -143,32 +142,6 @@ def train(config, *, resume=False, progress=True, stop_after=None):
     save_checkpoint(out / "final.pt", model, epoch=config.epochs - 1, iteration=iteration, log=log,
                     train_config=asdict(config))
     return log
-
-
-@torch.no_grad()
-def evaluate_miou(model, data, *, batch_size=4, device=None, progress=True):
-    """Per-class IoU and mIoU of ``model`` on a converted set (its ``semantic`` trainIds)."""
-    device = device or next(model.parameters()).device
-    dataset = data if isinstance(data, H5SegmentationDataset) else H5SegmentationDataset(data)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size)
-    confusion = np.zeros((NUM_CLASSES, NUM_CLASSES), np.int64)
-    was_training = model.training
-    model.eval()
-    for batch in tqdm(loader, desc="mIoU", unit="batch", disable=not progress):
-        predicted = predicted_classes(model(preprocess(batch["image"].to(device))).logits).cpu().numpy()
-        confusion += confusion_matrix(predicted, batch["semantic"].numpy(), NUM_CLASSES)
-    model.train(was_training)
-    miou, iou = mean_iou(confusion)
-    return {"miou": miou, "iou": dict(zip(CLASS_NAMES, iou.tolist())), "confusion": confusion}
-
-
-def miou_table(results):
-    """Markdown: one row per network (name -> evaluate_miou result), per-class IoU columns, mIoU last."""
-    lines = ["| network | " + " | ".join(CLASS_NAMES) + " | mIoU ↑ |", "|---|" + "---:|" * (NUM_CLASSES + 1)]
-    for name, r in results.items():
-        cells = " | ".join("–" if np.isnan(v) else f"{v:.3f}" for v in r["iou"].values())
-        lines.append(f"| {name} | {cells} | **{r['miou']:.4f}** |")
-    return "\n".join(lines) + "\n"
 
 
 def _csv(rows):

@@ -1,0 +1,76 @@
+"""The dataset adapter protocol: how a raw dataset becomes segood frames (one module, one registry line each).
+
+An adapter lists its frames (``refs``), names them (``frame_id``) and reads one (``load`` -> :class:`Sample`,
+or :class:`SkipFrame` with the reason). Everything else has a default here: the size a conversion resizes to,
+the provenance written into the set, frames dropped before loading, a summary for the manifest (e.g. SUN's
+label-map coverage) and the command-line options of ``segood convert NAME``. Adapters must be picklable:
+``segood convert --workers N`` sends them to worker processes.
+
+Recipe (``docs/extending.md``): subclass :class:`Adapter`, set ``name``, ``source`` and ``help``, implement
+the three methods, add ``"name": YourAdapter`` to :data:`segood.data.registry.ADAPTERS`.
+"""
+
+from pathlib import Path
+
+CITYSCAPES_SIZE = (1024, 2048)  # (H, W): the size every set is converted to unless told otherwise
+
+
+class Adapter:
+    """Base of every dataset adapter.
+
+    Class attributes: ``name`` (registry key and ``segood convert`` subcommand), ``source`` (the dataset's name
+    in manifests and set identities), ``help`` (one line for ``--help``: what is ID, OOD and ignore),
+    ``default_split`` (the ``--split`` default, ``None`` when the dataset has no splits).
+    Instance attributes recorded as provenance: ``split``, ``seed``, ``label_map_sha256``, ``params``.
+    """
+
+    name = source = help = ""
+    default_split = "val"
+    split = ""
+    seed = 0
+    label_map_sha256 = ""
+    params = {}
+    prefiltered = ()  # [(frame_id, reason)] of frames dropped before loading (size filter, unreadable annotations)
+
+    def refs(self):
+        """The frames to convert, in a stable order (paths, indices: anything picklable)."""
+        raise NotImplementedError
+
+    def frame_id(self, ref):
+        """A stable string naming the frame, from its source path."""
+        raise NotImplementedError
+
+    def load(self, ref):
+        """The frame as a :class:`~segood.data.common.Sample` at its native size; raise ``SkipFrame(reason)``
+        for a frame that cannot be converted."""
+        raise NotImplementedError
+
+    @property
+    def native_size(self):
+        """(H, W) a conversion resizes to by default."""
+        return CITYSCAPES_SIZE
+
+    def provenance(self):
+        """The attributes every converted set records about where its frames came from."""
+        return {"source": self.source, "split": self.split, "seed": self.seed,
+                "label_map_sha256": self.label_map_sha256, "params": dict(self.params)}
+
+    def summary(self, extras):
+        """Extra manifest entries from the ``Sample.extra`` of every converted frame (default: none)."""
+        return {}
+
+    def reports(self, summary):
+        """{file suffix: Markdown} written beside the set from :meth:`summary` (default: none)."""
+        return {}
+
+    @classmethod
+    def add_arguments(cls, parser):
+        """The options of ``segood convert NAME`` beyond the shared ones (default: the raw root and a split)."""
+        parser.add_argument("root", type=Path, help="the raw dataset folder (layouts: datasets/README.md)")
+        if cls.default_split is not None:
+            parser.add_argument("--split", default=cls.default_split, help=f"default {cls.default_split}")
+
+    @classmethod
+    def from_args(cls, args):
+        """The adapter for parsed ``segood convert NAME`` arguments."""
+        return cls(args.root, args.split) if cls.default_split is not None else cls(args.root)

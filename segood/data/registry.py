@@ -1,0 +1,18 @@
+"""Every dataset adapter by name: ``segood convert NAME``, ``tools/convert.py NAME`` and :func:`get_adapter`.
+
+A new adapter is its module plus one line here (``docs/extending.md``).
+"""
+
+from segood.data.cityscapes import Cityscapes
+from segood.data.idd import IDD
+from segood.data.noise import Noise
+from segood.data.sun import Sun
+
+ADAPTERS = {cls.name: cls for cls in (Cityscapes, IDD, Sun, Noise)}
+
+
+def get_adapter(name):
+    """The adapter class registered as ``name``; KeyError listing the valid names."""
+    if name not in ADAPTERS:
+        raise KeyError(f"unknown dataset adapter {name!r}; choose one of {sorted(ADAPTERS)}")
+    return ADAPTERS[name]

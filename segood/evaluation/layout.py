@@ -1,0 +1,46 @@
+"""The run folder: every file a run writes, named in one place.
+
+    runs/NAME/run.json            what ran: toolkit, model, sets, methods, settings (written first)
+    runs/NAME/state.npz           accumulators, per-class sums, examples (state.rankK.npz per rank under torchrun)
+    runs/NAME/results.json|.csv|.md   the report, rebuilt from the state by ``segood report``
+    runs/NAME/figures/*.png       curves, bars, per-class scores, example panels
+"""
+
+import json
+from pathlib import Path
+
+
+class RunFolder:
+    """Paths of one run folder."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.run = self.path / "run.json"
+        self.results_json = self.path / "results.json"
+        self.results_csv = self.path / "results.csv"
+        self.results_md = self.path / "results.md"
+        self.figures = self.path / "figures"
+
+    def state(self, rank=0, world_size=1):
+        """The saved evaluation state: one per rank while a sharded run is in flight, then the merged one."""
+        return self.path / (f"state.rank{rank}.npz" if world_size > 1 else "state.npz")
+
+    def read_run(self):
+        """The run description (run.json); a ValueError naming the folder when it is not a run folder."""
+        try:
+            return json.loads(self.run.read_text())
+        except FileNotFoundError:
+            raise ValueError(f"{self.path} is not a run folder (no {self.run.name}): write one with segood evaluate "
+                             "or segood score") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{self.run} is unreadable ({err}); rerun the evaluation into a new folder") from None
+
+    def read_results(self):
+        """The results document (results.json)."""
+        try:
+            return json.loads(self.results_json.read_text())
+        except FileNotFoundError:
+            raise ValueError(f"{self.path} has no {self.results_json.name}: rebuild it with segood report "
+                             f"{self.path}") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{self.results_json} is unreadable ({err}); rebuild it with segood report") from None

@@ -1,0 +1,93 @@
+"""One scoring function for a batch of methods, scheduled from what each declares (:class:`Needs`).
+
+The network's forward pass runs once and feeds every method scored from it; one set of Monte-Carlo dropout
+samples (as many as the most demanding method asks for) feeds every dropout method, those of one sample
+count in one banded pass; a method that perturbs its input gets its own gradient and forward pass.
+Evaluation, tuning and the benchmarks all score through :func:`score_batch`.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from segood.methods import functional as fn
+from segood.methods.methods import MonteCarlo, perturb
+from segood.models.predict import predicted_classes
+
+
+@dataclass
+class ScoredBatch:
+    """output: the plain forward pass (:class:`~segood.models.SegOutput`); classes: its predicted classes
+    (N, H, W); scores: one (N, H, W) tensor per method, in the order given; seconds: time per stage
+    (``forward`` and ``score/<method name>``)."""
+
+    output: object
+    classes: torch.Tensor
+    scores: list
+    seconds: dict = field(default_factory=dict)
+
+
+def check_methods(model, methods):
+    """Refuse a network without a method's head, or a method that needs a fit and has none."""
+    for method in methods:
+        method.check(model)
+        if not method.ready:
+            raise ValueError(f"{method.name} needs its training statistics: fit it on a training set first "
+                             "(segood evaluate --fit-set)")
+
+
+def score_batch(model, x, methods, *, mc_seed=None):
+    """Score ``methods`` on ImageNet-normalised images ``x`` (N, 3, H, W) on the model's device.
+
+    ``mc_seed``: seed of the dropout masks (drawn right before sampling), so that a resumed or sharded run
+    draws the samples of an uninterrupted one. Returns a :class:`ScoredBatch`.
+    """
+    check_methods(model, methods)
+    needs = [m.needs for m in methods]
+    scores = [None] * len(methods)
+    seconds = {}
+    clock = _Clock(x.device, seconds)
+    with torch.no_grad():
+        output = model(x)
+        classes = predicted_classes(output.logits)
+        clock.lap("forward")
+        for k, method in enumerate(methods):
+            if needs[k].forward:
+                scores[k] = method.from_output(output)
+                clock.lap(f"score/{method.name}")
+        sampled = [k for k, n in enumerate(needs) if n.samples]
+        if sampled:
+            if mc_seed is not None:
+                torch.manual_seed(mc_seed)
+            logits = model.mc_logits(x, samples=max(needs[k].samples for k in sampled), features=output.features)
+            for count in sorted({needs[k].samples for k in sampled}):
+                group = [k for k in sampled if needs[k].samples == count]
+                # the built-in dropout scores of one sample count share one banded pass
+                banded = [k for k in group if type(methods[k]).from_samples is MonteCarlo.from_samples]
+                if banded:
+                    out = fn.monte_carlo_scores(logits[:count], tuple(dict.fromkeys(methods[k].name for k in banded)))
+                for k in group:
+                    scores[k] = out[methods[k].name] if k in banded else methods[k].from_samples(logits[:count])
+            clock.lap(f"score/{methods[sampled[0]].name}")
+    for k, method in enumerate(methods):
+        if needs[k].perturbs:
+            x_tilde = perturb(model, x, method.objective, method.params["epsilon"], ascend=method.ascend)
+            with torch.no_grad():
+                scores[k] = method.from_output(model(x_tilde))
+            clock.lap(f"score/{method.name}")
+    return ScoredBatch(output, classes, scores, seconds)
+
+
+class _Clock:
+    """Adds the seconds since the last lap to ``seconds[stage]`` (after a CUDA synchronisation)."""
+
+    def __init__(self, device, seconds):
+        self.cuda, self.seconds, self.last = torch.device(device).type == "cuda", seconds, time.perf_counter()
+
+    def lap(self, stage):
+        if self.cuda:
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + now - self.last
+        self.last = now

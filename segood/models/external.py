@@ -1,0 +1,52 @@
+"""Models from elsewhere as segood networks: any ``nn.Module`` returning logits, or a plain smp state dict."""
+
+import torch
+
+from segood.labels import NUM_CLASSES
+from segood.models.network import SegOutput
+
+
+class ExternalModel(torch.nn.Module):
+    """Any ``nn.Module`` returning logits (N, C, H, W) as a segood network.
+
+    Args:
+        module: the network; its output may be a tensor, or a dict / tuple whose first entry is the logits.
+        feature_layer: name of a submodule (``dict(module.named_modules())``) whose output serves as the
+            penultimate features, captured with a forward hook; then the model serves Mahalanobis too.
+        preprocess: kept for the caller's reference; segood feeds ImageNet-normalised inputs.
+    """
+
+    def __init__(self, module, feature_layer=None):
+        super().__init__()
+        self.module = module
+        self._features = None
+        self.served_heads = {"plain"}
+        if feature_layer is not None:
+            layers = dict(module.named_modules())
+            if feature_layer not in layers:
+                raise ValueError(f"no layer {feature_layer!r} in the model; some names: {list(layers)[:10]}")
+            layers[feature_layer].register_forward_hook(lambda _m, _i, out: setattr(self, "_features", out))
+            self.served_heads.add("dimreduce")
+
+    def forward(self, x):
+        out = self.module(x)
+        if isinstance(out, dict):
+            out = next(iter(out.values()))
+        elif isinstance(out, (tuple, list)):
+            out = out[0]
+        return SegOutput(out, self._features)
+
+    def penultimate(self, x):
+        if "dimreduce" not in self.served_heads:
+            raise ValueError("this model has no feature layer: pass feature_layer=... to use Mahalanobis")
+        return self(x).features
+
+
+def load_smp_weights(arch, encoder, weights, *, num_classes=NUM_CLASSES):
+    """An smp model (``smp.create_model(arch, encoder)``, no encoder download) with the state dict in ``weights``
+    (read with ``weights_only=True``), wrapped as an :class:`ExternalModel`."""
+    import segmentation_models_pytorch as smp
+
+    model = smp.create_model(arch, encoder_name=encoder, encoder_weights=None, classes=num_classes)
+    model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    return ExternalModel(model)

@@ -1,0 +1,33 @@
+"""What a segmentation network predicts: classes from logits, computed band by band on CPU."""
+
+import torch
+
+# Elements of (N, C, rows, W) logits per band on CPU: 2 MiB of float32, so that a band's temporaries stay in
+# cache and are reused, instead of allocating (and page-faulting) full-size ones. Measured best of 2^16..2^21.
+_BAND_ELEMENTS = 1 << 19
+
+
+def bands(logits):
+    """Slices of the rows (dimension -2) of (..., H, W) logits to work on one at a time: all at once on a GPU."""
+    h = logits.shape[-2]
+    rows = h if logits.is_cuda or logits.numel() == 0 else max(1, _BAND_ELEMENTS // (logits.numel() // h))
+    return [slice(start, start + rows) for start in range(0, h, rows)]
+
+
+@torch.no_grad()
+def predicted_classes(logits: torch.Tensor) -> torch.Tensor:
+    """argmax over classes of (N, C, H, W) logits (the first of equal maxima, as ``torch.argmax``; a pixel with
+    a NaN logit gets class C - 1), int64.
+
+    Computed as C - max_c [z_c = max z] (C - c), band by band: on CPU about 2x faster than ``max(dim=1)`` and
+    7x faster than ``argmax``, whose index reductions over a non-innermost dimension do not vectorise.
+    """
+    n, c, h, w = logits.shape
+    classes = torch.empty(n, h, w, dtype=torch.int64, device=logits.device)
+    small = torch.uint8 if c < 256 else torch.int32  # the narrowest type that holds C
+    rank = torch.arange(c, 0, -1, dtype=small, device=logits.device).view(1, c, 1, 1)  # C - c
+    for rows in bands(logits):
+        z = logits[:, :, rows]
+        first = ((z == z.amax(dim=1, keepdim=True)) * rank).amax(dim=1)
+        torch.sub(c, first.clamp_(min=1), out=classes[:, rows])  # clamp: a NaN pixel (no max) gets C - 1
+    return classes
