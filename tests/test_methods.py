@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from segood.data.h5 import H5SegmentationDataset
+from segood.data.h5 import H5SegmentationDataset, set_identity
 from segood.methods import (METHODS, ClassFeatureStats, entropy, get_method, max_softmax, mutual_info, odin,
                             varsum)
 from segood.methods import functional
 from segood.methods.functional import mahalanobis_min_distance, whiten_means
-from segood.data.h5 import set_identity
+from segood.methods.methods import MonteCarlo, Needs
+from segood.methods.schedule import score_batch
 from segood.methods.tuning import same_source_tuning, tune
 from segood.metrics import PixelOODAccumulator
 from segood.models import build_model, predict, preprocess
@@ -162,6 +163,45 @@ def test_methods_refuse_a_network_without_their_head(name):
     model = build_model("pspnet", "resnet18", head="plain").eval()
     with pytest.raises(ValueError, match=f"needs a network with the {get_method(name).head!r} head"):
         get_method(name).score(model, torch.zeros(1, 3, 32, 32))
+
+
+class MeanMaxProb(MonteCarlo):
+    """A dropout method of its own (not one of the built-in banded ones): 1 - max of the mean softmax."""
+
+    name = "mean_max_prob"
+
+    def from_samples(self, logits):
+        return 1 - logits.softmax(dim=2).mean(dim=0).amax(dim=1)
+
+
+def test_score_batch_schedules_from_the_declared_needs(sets):
+    """One call for a batch of methods gives what each method's own passes give: the shared forward pass,
+    one set of dropout samples (the largest count, its prefixes for the smaller ones), perturbed passes."""
+    torch.manual_seed(0)
+    model = build_model("pspnet", "resnet18", head="dropout").eval()
+    x = preprocess(next(iter(loader(sets / "perlin_mixed.h5", 2)))["image"])
+    methods = [get_method("entropy"), get_method("varsum", samples=4), get_method("mutual_info", samples=2),
+               MeanMaxProb(samples=4), get_method("odin", temperature=10, epsilon=0.002)]
+    assert [m.needs for m in methods] == [Needs(forward=True), Needs("dropout", samples=4),
+                                          Needs("dropout", samples=2), Needs("dropout", samples=4),
+                                          Needs(perturbs=True)]
+    batch = score_batch(model, x, methods, mc_seed=7)
+    with torch.no_grad():
+        output = model(x)
+        torch.manual_seed(7)
+        samples = model.mc_logits(x, samples=4)
+    torch.testing.assert_close(batch.classes, output.logits.argmax(1))
+    torch.testing.assert_close(batch.scores[0], functional.entropy_from_logits(output.logits))
+    torch.testing.assert_close(batch.scores[1], varsum(samples.softmax(2)))
+    torch.testing.assert_close(batch.scores[2], mutual_info(samples[:2].softmax(2)))
+    torch.testing.assert_close(batch.scores[3], 1 - samples.softmax(2).mean(0).amax(1))
+    torch.testing.assert_close(batch.scores[4], methods[4].score(model, x)[0])
+    assert set(batch.seconds) == {"forward", "score/entropy", "score/varsum", "score/odin"}
+    plain = get_method("odin", temperature=10).score(model, x)[0]
+    assert not torch.allclose(batch.scores[4], plain)  # the perturbed pass really ran
+    assert get_method("mahalanobis").needs == Needs("dimreduce", forward=True, fit=True)
+    with pytest.raises(ValueError, match="needs its training statistics"):
+        score_batch(build_model("pspnet", "resnet18", head="dimreduce").eval(), x, [get_method("mahalanobis")])
 
 
 def test_unknown_method_lists_the_names():

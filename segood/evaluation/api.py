@@ -14,7 +14,6 @@ from segood.evaluation.runner import Evaluation, default_methods, run, run_ident
 from segood.io import write_json
 from segood.labels import NUM_CLASSES
 from segood.methods import get_method
-from segood.methods.schedule import check_methods
 from segood.models.external import ExternalModel
 from segood.models.network import SegmentationNetwork
 

@@ -2,7 +2,6 @@
 
 import io
 import json
-import math
 import re
 import zipfile
 from pathlib import Path

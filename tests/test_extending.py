@@ -1,0 +1,167 @@
+"""The three recipes of docs/extending.md: a dataset, a method and a metric, each registered inside the test,
+reach the CLI's --help, the converter / evaluation report and the leaderboard without any other file edited."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from segood.cli import build_parser, main
+from segood.data import Sample, SkipFrame
+from segood.data.adapter import Adapter
+from segood.data.h5 import H5SegmentationDataset, read_manifest
+from segood.data.registry import ADAPTERS, get_adapter
+from segood.evaluation import evaluate
+from segood.labels import ID, IGNORE, OOD
+from segood.leaderboard import leaderboard, make_benchmark, submit
+from segood.methods import METHODS, Method, get_method
+from segood.metrics import METRICS, Metric, PixelOODAccumulator, exact_metrics, get_metric
+from segood.models import build_model, preprocess
+
+from rawtrees import mixed_noise_sets
+
+
+class Squares(Adapter):
+    """A toy dataset: grey frames with one bright OOD square; frame 2 is unreadable."""
+
+    name, source, help = "squares", "squares", "grey frames with one OOD square (a test's toy)"
+    default_split = None
+
+    def __init__(self, count):
+        self.count, self.params = count, {"count": count}
+
+    @property
+    def native_size(self):
+        return (32, 32)
+
+    @classmethod
+    def add_arguments(cls, parser):
+        parser.add_argument("--count", type=int, default=4)
+
+    @classmethod
+    def from_args(cls, args):
+        return cls(args.count)
+
+    def refs(self):
+        return list(range(self.count))
+
+    def frame_id(self, index):
+        return f"square/{index}"
+
+    def load(self, index):
+        if index == 2:
+            raise SkipFrame("frame 2 is broken on purpose")
+        image = np.full((32, 32, 3), 100, np.uint8)
+        mask = np.zeros((32, 32), np.uint8)
+        mask[4 + index : 12 + index, 8:16] = OOD
+        mask[0] = IGNORE
+        image[mask == OOD] = 250
+        return Sample(image, mask, np.where(mask == ID, 0, IGNORE).astype(np.uint8), self.frame_id(index))
+
+
+def help_text(capsys, *argv):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*argv, "--help"])
+    return capsys.readouterr().out
+
+
+def test_a_registered_adapter_reaches_the_cli_and_the_converter(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(ADAPTERS, "squares", Squares)
+    assert "grey frames with one OOD square" in help_text(capsys, "convert")
+    assert "--count" in help_text(capsys, "convert", "squares")
+    assert main(["convert", "squares", "--count", "4", "--out", str(tmp_path / "sq.h5"), "--quiet"]) == 0
+    manifest = read_manifest(tmp_path / "sq.h5")
+    assert manifest["frames"] == 3 and manifest["source"] == "squares" and manifest["params"] == {"count": 4}
+    assert manifest["skipped"] == [{"frame_id": "square/2", "reason": "frame 2 is broken on purpose"}]
+    item = H5SegmentationDataset(tmp_path / "sq.h5")[1]
+    assert item["image"].shape == (3, 32, 32) and int((item["ood_mask"] == OOD).sum()) == 64
+    with pytest.raises(KeyError, match="choose one of .*squares"):
+        get_adapter("circles")
+
+
+class MaxLogitToy(Method):
+    """A toy method scored from the shared forward pass: sigmoid of minus the max logit."""
+
+    name = "toy_max_logit"
+
+    def from_output(self, output):
+        return torch.sigmoid(-output.logits.amax(dim=1))
+
+
+@pytest.fixture(scope="module")
+def sets(tmp_path_factory):
+    return mixed_noise_sets(tmp_path_factory.mktemp("extending"), kinds=("perlin",), seed=4, side=32)
+
+
+def test_a_registered_method_reaches_the_cli_and_the_report(sets, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(METHODS, "toy_max_logit", MaxLogitToy)
+    assert "toy_max_logit" in help_text(capsys, "evaluate")
+    torch.manual_seed(0)
+    model = build_model("pspnet", "resnet18").eval()
+    doc = evaluate(model, [sets / "perlin_mixed.h5"], ["toy_max_logit", "max_softmax"], tmp_path / "run",
+                   progress=False, figures=False)
+    assert "| toy_max_logit |" in (tmp_path / "run" / "results.md").read_text()
+    # the same numbers as scoring the method by hand, frame by frame
+    acc = PixelOODAccumulator(400)
+    for item in H5SegmentationDataset(sets / "perlin_mixed.h5"):
+        scores, _ = get_method("toy_max_logit").score(model, preprocess(item["image"][None]))
+        acc.update(scores, item["ood_mask"][None])
+    assert doc["results"]["toy_max_logit"]["perlin_mixed"]["pooled"]["auroc"] == acc.compute()["auroc"]
+
+
+def log_odds_auroc(curve):
+    """An unbounded toy metric: the log-odds of the AUROC."""
+    from segood.metrics.functional import auroc
+
+    value = auroc(curve)
+    return float(np.log(value / (1 - value)))
+
+
+TOY_METRIC = Metric("log_odds_auroc", "logit(AUROC)", True, log_odds_auroc, range=None)
+
+
+def test_a_registered_metric_reaches_the_cli_the_report_and_the_leaderboard(sets, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(METRICS, TOY_METRIC.name, TOY_METRIC)
+    assert "log_odds_auroc" in help_text(capsys, "benchmark")
+    assert get_metric("log_odds_auroc") is TOY_METRIC
+    scores = np.r_[np.linspace(0, 0.6, 50), np.linspace(0.3, 1, 50)]
+    labels = np.r_[np.zeros(50, np.uint8), np.ones(50, np.uint8)]
+    exact = exact_metrics(scores, labels)
+    assert exact["log_odds_auroc"] == pytest.approx(np.log(exact["auroc"] / (1 - exact["auroc"])))
+
+    torch.manual_seed(0)
+    model = build_model("pspnet", "resnet18").eval()
+    run = tmp_path / "run"
+    doc = evaluate(model, {"perlin": sets / "perlin_mixed.h5"}, ["max_softmax"], run, progress=False, figures=False)
+    value = doc["results"]["max_softmax"]["perlin"]["pooled"]["log_odds_auroc"]
+    assert value == pytest.approx(np.log(doc["results"]["max_softmax"]["perlin"]["pooled"]["auroc"] /
+                                         (1 - doc["results"]["max_softmax"]["perlin"]["pooled"]["auroc"])))
+    markdown = (run / "results.md").read_text()
+    assert "## logit(AUROC) ↑ (pooled over all pixels)" in markdown
+    assert "log_odds_auroc" in (run / "results.csv").read_text().splitlines()[0]
+
+    # the leaderboard ranks by it and accepts values outside [0, 1] (the metric is unbounded), never NaN
+    make_benchmark({"toy": {"sets": {"perlin": sets / "perlin_mixed.h5"}, "rank_by": "log_odds_auroc"}},
+                   tmp_path / "bench.json")
+    (tmp_path / "subs").mkdir()
+    submit(run, tmp_path / "subs" / "ok.zip", method="max_softmax", name="PSPNet max_softmax")
+    board = leaderboard(tmp_path / "subs", tmp_path / "bench.json", tmp_path / "board")
+    assert board["rejected"] == [] and board["tracks"]["toy"]["entries"][0]["score"] == pytest.approx(value)
+
+    from segood.leaderboard.safe import Rejected
+    from segood.leaderboard.submission import validate
+
+    claims = json.loads(_member(tmp_path / "subs" / "ok.zip", "submission.json"))
+    claims["sets"]["perlin"]["claims"]["log_odds_auroc"] = 7.5  # out of [0, 1]: fine for this metric
+    validate(claims)
+    claims["sets"]["perlin"]["claims"]["auroc"] = 1.5  # out of the AUROC's range: refused
+    with pytest.raises(Rejected, match=r"auroc 1.5 is not a number in \[0, 1\]"):
+        validate(claims)
+
+
+def _member(path, name):
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        return archive.read(name)
