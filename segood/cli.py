@@ -37,7 +37,10 @@ def _metrics(args):
 
 
 def _convert(args):
+    import warnings
+
     from segood.data import convert, mix
+    from segood.data.convert import ConversionWarning
 
     if args.dataset == "coverage":
         from segood.data.h5 import read_manifest
@@ -48,20 +51,28 @@ def _convert(args):
             raise ValueError(f"{args.set} has no coverage report: only converted SUN sets have one")
         print(coverage_markdown(rows), end="")
         return 0
-    if args.dataset == "mix":
-        manifest = mix(args.ood, args.id, args.out, seed=args.seed, id_frames=args.id_frames,
-                       overwrite=args.overwrite, progress=not args.quiet)
-    else:
-        from segood.data.registry import get_adapter
-
-        adapter = get_adapter(args.dataset).from_args(args)
-        manifest = convert(adapter, args.out, size=args.size, workers=args.workers, strict=args.strict,
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConversionWarning)  # printed below from the manifest, one line each
+        if args.dataset == "mix":
+            manifest = mix(args.ood, args.id, args.out, seed=args.seed, id_frames=args.id_frames,
                            overwrite=args.overwrite, progress=not args.quiet)
+        else:
+            from segood.data.registry import get_adapter
+
+            adapter = get_adapter(args.dataset).from_args(args)
+            manifest = convert(adapter, args.out, size=args.size, workers=args.workers, strict=args.strict,
+                               overwrite=args.overwrite, progress=not args.quiet)
     ratio = manifest["id_to_ood_ratio"]
     print(f"wrote {args.out}: {manifest['frames']} frames, {len(manifest['skipped'])} skipped; pixels "
           f"{manifest['pixels']}" + (f", ID:OOD = {ratio:.2f}:1" if ratio else ""))
     for entry in manifest["skipped"][:10]:
         print(f"  skipped {entry['frame_id']}: {entry['reason']}")
+    unused = manifest.get("unused_files", [])
+    if unused:
+        print(f"  {len(unused)} files of the raw tree not used (listed in the manifest), e.g. {unused[0]['path']}: "
+              f"{unused[0]['reason']}")
+    for message in manifest.get("warnings", ()):
+        print(f"segood convert: warning: {message}", file=sys.stderr)
     return 0
 
 
@@ -107,7 +118,7 @@ def _evaluate(args):
     doc = evaluate(model, args.sets, methods, args.out, batch_size=args.batch_size, device=device,
                    num_thresholds=args.num_thresholds, resume=args.resume, save_every=args.save_every,
                    progress=not args.quiet, skip_bad=args.skip_bad, fit_set=args.fit_set,
-                   checkpoint=args.checkpoint, feature_layer=args.feature_layer)
+                   checkpoint=args.checkpoint, feature_layer=args.feature_layer, verify=not args.no_verify)
     if doc is not None:
         print((args.out / "results.md").read_text(), end="")
         print(f"\nwrote {args.out}/results.json, results.csv, results.md and figures/")
@@ -133,7 +144,7 @@ def _score(args):
     from segood.evaluation import evaluate_score_maps
 
     evaluate_score_maps(args.scores, args.data, args.out, name=args.name, score_range=args.score_range,
-                        num_thresholds=args.num_thresholds, clip=args.clip)
+                        num_thresholds=args.num_thresholds, clip=args.clip, verify=not args.no_verify)
     print((args.out / "results.md").read_text(), end="")
     return 0
 
@@ -258,7 +269,9 @@ def build_parser():
     ev.add_argument("--num-thresholds", type=int, default=400)
     ev.add_argument("--save-every", type=int, default=20, help="batches between saved states (default 20)")
     ev.add_argument("--resume", action="store_true", help="continue a killed run from its saved state")
-    ev.add_argument("--skip-bad", action="store_true", help="skip unreadable frames instead of stopping")
+    ev.add_argument("--skip-bad", action="store_true", help="skip unreadable or corrupt frames instead of stopping")
+    ev.add_argument("--no-verify", action="store_true",
+                    help="do not check frames against their set's sha256 digests (faster; corruption goes unseen)")
     ev.add_argument("--quiet", action="store_true")
     ev.set_defaults(run=_evaluate)
 
@@ -278,6 +291,7 @@ def build_parser():
                        help="default: the file's score_range attribute")
     score.add_argument("--num-thresholds", type=int, default=400)
     score.add_argument("--clip", action="store_true", help="clip out-of-range scores instead of failing")
+    score.add_argument("--no-verify", action="store_true", help="do not check the set's frames against its digests")
     score.set_defaults(run=_score)
 
     sub_ = sub.add_parser("submit", help="package one method of a run as a leaderboard submission (zip)")

@@ -18,6 +18,8 @@ NUM_CLASSES = len(_TRAIN)  #: 19 Cityscapes train classes
 CLASS_NAMES = tuple(lab.name for lab in _TRAIN)  #: indexed by trainId
 PALETTE = np.array([lab.color for lab in _TRAIN], dtype=np.uint8)  #: (19, 3) RGB, indexed by trainId
 
+#: Every labelId of the official table (0..33; license plate's -1 never appears in labelIds files).
+OFFICIAL_LABEL_IDS = frozenset(lab.id for lab in _CITYSCAPES_LABELS if 0 <= lab.id < 256)
 #: (256,) uint8 lookup: Cityscapes labelId -> trainId (255 for every id without a train class).
 LABEL_ID_TO_TRAIN_ID = np.full(256, IGNORE, dtype=np.uint8)
 for _lab in _CITYSCAPES_LABELS:

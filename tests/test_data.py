@@ -83,7 +83,13 @@ def test_sun_map_anonymous_deleted_order_clip_and_size_filter(tmp_path):
 
 def test_sun_label_map_rules():
     m = SunLabelMap()
-    assert m.lookup("Person  Sitting crop")[1] == "default"  # "sitting" is no qualifier: an unknown name, OOD
+    # a class noun with modifiers, parts or as the head of a phrase is that class; an empty name is ignore
+    assert m.lookup("Person  Sitting crop") == ("person sitting", "modifiers", "person")
+    assert m.lookup("parked white car")[1:] == ("modifiers", "car") and m.lookup("car window")[1:] == ("part", "car")
+    assert m.lookup("pine tree")[1:] == ("head noun", "vegetation") and m.lookup("brick wall")[1] == "ambiguous"
+    assert m.lookup("toy car")[1] == "not a class" and m.values("toy car") == (1, 255)
+    assert m.lookup("  ")[1] == "empty" and m.values("") == (255, 255)
+    assert m.lookup("person with umbrella")[1] == "default"
     assert m.lookup("person occluded crop") == ("person", "class", "person")
     assert m.lookup("streetlight")[2] == "pole" and m.lookup("window")[2] == "building"
     assert m.lookup("wall")[1] == "ambiguous" and m.values("teapot") == (1, 255)

@@ -31,6 +31,7 @@ class Adapter:
     label_map_sha256 = ""
     params = {}
     prefiltered = ()  # [(frame_id, reason)] of frames dropped before loading (size filter, unreadable annotations)
+    unused_files = ()  # [(path in the raw tree, reason)] of files the adapter found and did not use
 
     def refs(self):
         """The frames to convert, in a stable order (paths, indices: anything picklable)."""
@@ -56,7 +57,8 @@ class Adapter:
                 "label_map_sha256": self.label_map_sha256, "params": dict(self.params)}
 
     def summary(self, extras):
-        """Extra manifest entries from the ``Sample.extra`` of every converted frame (default: none)."""
+        """Extra manifest entries from the ``Sample.extra`` of every converted frame (default: none). A
+        ``"warnings"`` entry (a list of sentences) is issued as warnings and printed by ``segood convert``."""
         return {}
 
     def reports(self, summary):

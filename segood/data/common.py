@@ -75,29 +75,84 @@ class SplitTree(Adapter):
         return f"{self.split}/{path.parent.name}/{self.stem(path)}"
 
 
+def decode(path, modes, what="image"):
+    """Decode an image file completely, on its stored pixel grid (an EXIF orientation tag is not applied: the
+    annotations are drawn on the stored grid). Returns the PIL image, converted to ``modes[0]`` when it is in
+    another of ``modes``.
+
+    Raises:
+        SkipFrame: the file is missing, not an image, truncated or corrupt (libjpeg and libpng would decode a
+            truncated file into a grey or black remainder with only a warning), or of another mode.
+    """
+    name = Path(path).name
+    try:
+        with Image.open(path) as image:
+            image.load()  # decodes every pixel; a truncated file raises here
+            if image.mode not in modes:
+                raise SkipFrame(f"{what} {name} has mode {image.mode}; expected {' or '.join(modes)}")
+            return image.convert(modes[0]) if image.mode != modes[0] else image.copy()
+    except FileNotFoundError:
+        raise SkipFrame(f"no {what} file {name}") from None
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        raise SkipFrame(f"cannot decode {what} {name} completely ({type(err).__name__}: {err})") from None
+
+
 def read_rgb(path):
-    """Decode an image file to (H, W, 3) uint8 RGB; :class:`SkipFrame` when it cannot be decoded."""
-    image = cv2.imread(str(path), cv2.IMREAD_COLOR)
-    if image is None:
-        raise SkipFrame(f"cannot decode image {Path(path).name}")
-    return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+    """Decode an image file to (H, W, 3) uint8 RGB; :class:`SkipFrame` when it cannot be decoded completely."""
+    return np.asarray(decode(path, ("RGB", "L", "P", "RGBA", "CMYK", "YCbCr", "LA", "PA")))
 
 
-def rasterise(polygons, height, width):
+def rasterise(polygons, height, width, names=None):
     """Paint polygons in order, later over earlier, as the Cityscapes tooling does (PIL ``polygon``).
 
     Args:
         polygons: list of point lists [(x, y), ...].
+        names: the polygons' labels, for the reasons of :class:`SkipFrame`.
 
     Returns:
         (H, W) int32: 0 where no polygon, else 1 + the index of the last polygon painted there.
+
+    Raises:
+        SkipFrame: a coordinate is NaN or infinite (a NaN passes every bounds test and paints most of a frame).
+    Coordinates far outside the frame are clipped to it geometrically first, so that PIL's integer
+    coordinates never overflow; polygons within ``FAR`` of the frame are drawn exactly as given.
     """
     canvas = Image.new("I", (width, height), 0)
     draw = ImageDraw.Draw(canvas)
     for k, points in enumerate(polygons):
+        points = np.asarray(points, dtype=np.float64).reshape(-1, 2)
+        if not np.isfinite(points).all():
+            label = f" ({names[k]!r})" if names else ""
+            raise SkipFrame(f"polygon {k}{label} has a non-finite coordinate")
+        far = FAR * max(height, width)
+        if np.abs(points).max(initial=0.0) > far:
+            points = clip_polygon(points, -1.0, -1.0, width + 1.0, height + 1.0)
         if len(points) >= 2:
-            draw.polygon([tuple(map(float, p)) for p in points], fill=k + 1)
+            draw.polygon([tuple(p) for p in points.tolist()], fill=k + 1)
     return np.asarray(canvas, dtype=np.int32)
+
+
+FAR = 4  # polygons reaching beyond FAR frame sizes are clipped to the frame before drawing
+
+
+def clip_polygon(points, x0, y0, x1, y1):
+    """Sutherland–Hodgman: the part of the polygon ``points`` (n, 2) inside the rectangle [x0, x1] × [y0, y1]."""
+    for axis, limit, keep_above in ((0, x0, True), (0, x1, False), (1, y0, True), (1, y1, False)):
+        if len(points) == 0:
+            break
+        inside = points[:, axis] >= limit if keep_above else points[:, axis] <= limit
+        out = []
+        for k in range(len(points)):
+            current, previous = points[k], points[k - 1]
+            if inside[k] != inside[k - 1]:  # the edge crosses the line: add the crossing
+                t = (limit - previous[axis]) / (current[axis] - previous[axis])
+                crossing = previous + t * (current - previous)
+                crossing[axis] = limit
+                out.append(crossing)
+            if inside[k]:
+                out.append(current)
+        points = np.array(out, dtype=np.float64).reshape(-1, 2)
+    return points
 
 
 def resize_sample(sample, size):

@@ -1,19 +1,23 @@
 """Convert a raw dataset once into a segood set (HDF5 + manifest), and mix OOD sets with ID frames."""
 
 import multiprocessing
+import warnings
 from pathlib import Path
 
-import h5py
 import numpy as np
 from tqdm import tqdm
 
 from segood.data.common import Sample, SkipFrame, resize_sample
-from segood.data.h5 import ARRAYS, SetWriter, encode, read_manifest
+from segood.data.h5 import H5SegmentationDataset, SetWriter, encode, read_manifest
 from segood.io import atomic_write_text
 
 
 class ConversionError(RuntimeError):
-    """A frame could not be converted and ``strict`` was asked for."""
+    """A frame could not be converted and ``strict`` was asked for, or no frame could be converted."""
+
+
+class ConversionWarning(UserWarning):
+    """Something in the raw data that the conversion handled by a rule but a user should know about."""
 
 
 _ADAPTER = None  # the adapter of a pool worker, set once by the pool initialiser
@@ -25,12 +29,16 @@ def _init_worker(adapter):
 
 
 def _load(job):
-    """Worker: (frame_id, EncodedFrame or None, skip reason or None)."""
+    """Worker: (frame_id, EncodedFrame or None, skip reason or None). An unexpected error (a bug, not a bad
+    frame) stops the conversion with a ConversionError that names the frame."""
     ref, size = job
+    frame_id = _ADAPTER.frame_id(ref)
     try:
-        return _ADAPTER.frame_id(ref), encode(resize_sample(_ADAPTER.load(ref), size)), None
+        return frame_id, encode(resize_sample(_ADAPTER.load(ref), size)), None
     except SkipFrame as reason:
-        return _ADAPTER.frame_id(ref), None, str(reason)
+        return frame_id, None, str(reason)
+    except Exception as err:  # noqa: BLE001 - re-raised with the frame named
+        raise ConversionError(f"{frame_id}: unexpected {type(err).__name__} while converting: {err}") from err
 
 
 def convert(adapter, out, *, size=None, workers=0, strict=False, overwrite=False, progress=True, attrs=None):
@@ -38,7 +46,10 @@ def convert(adapter, out, *, size=None, workers=0, strict=False, overwrite=False
     (default: the adapter's ``native_size``), to the set ``out``.
 
     Frames that cannot be converted are skipped and listed with their reason in the manifest, unless
-    ``strict``. ``workers`` > 0 decodes and rasterises in a process pool. Returns the manifest.
+    ``strict``. ``workers`` > 0 decodes and rasterises in a process pool. A conversion in which no frame
+    converts is an error; files of the raw tree the adapter did not use are listed under ``unused_files``;
+    the adapter's warnings (``manifest["warnings"]``) are also issued as :class:`ConversionWarning`. Nothing
+    is written unless the whole set is. Returns the manifest.
     """
     size = tuple(int(v) for v in (size or adapter.native_size))
     skipped = list(adapter.prefiltered)
@@ -64,16 +75,24 @@ def convert(adapter, out, *, size=None, workers=0, strict=False, overwrite=False
             writer.append(sample)
             if sample.extra:
                 extras.append(sample.extra)
+        if not writer.frame_ids:
+            reasons = "; ".join(f"{f}: {r}" for f, r in skipped[:3]) or "the adapter listed no frame"
+            raise ConversionError(f"no frame of {adapter.source} could be converted ({len(skipped)} skipped: "
+                                  f"{reasons}); nothing was written")
         summary = adapter.summary(extras) if extras else {}
-        for suffix, text in (adapter.reports(summary) if summary else {}).items():
-            atomic_write_text(Path(out).with_suffix(suffix), text)
-        return writer.commit(skipped, summary)
+        unused = [{"path": path, "reason": reason} for path, reason in adapter.unused_files]
+        manifest = writer.commit(skipped, {**summary, **({"unused_files": unused} if unused else {})})
     except BaseException:
         writer.abort()
         raise
     finally:
         if pool is not None:
             pool.terminate()
+    for suffix, text in (adapter.reports(summary) if summary else {}).items():
+        atomic_write_text(Path(out).with_suffix(suffix), text)
+    for message in manifest.get("warnings", ()):
+        warnings.warn(f"{out}: {message}", ConversionWarning, stacklevel=2)
+    return manifest
 
 
 def mix(ood_path, id_path, out, *, seed=0, id_frames=None, overwrite=False, progress=True):
@@ -85,22 +104,22 @@ def mix(ood_path, id_path, out, *, seed=0, id_frames=None, overwrite=False, prog
         manifest = read_manifest(path)
         sources.append({"file": str(path), "source": manifest["source"], "split": manifest["split"],
                         "frames": manifest["frames"], "sha256": manifest["sha256"]})
-    with h5py.File(ood_path, "r") as a, h5py.File(id_path, "r") as b:
-        if a["images"].shape[1:] != b["images"].shape[1:]:
-            raise ValueError(f"the sets differ in size: {a['images'].shape[1:3]} vs {b['images'].shape[1:3]}; "
-                             "convert both with the same --size")
-        n_id = len(b["frame_id"]) if id_frames is None else min(int(id_frames), len(b["frame_id"]))
-        frames = [(0, i) for i in range(len(a["frame_id"]))] + [(1, i) for i in range(n_id)]
-        order = np.random.default_rng(seed).permutation(len(frames))
-        writer = SetWriter(out, a["images"].shape[1:3], {"source": "mix", "split": "eval", "seed": seed,
-                                                         "components": sources}, overwrite=overwrite)
-        try:
-            for k in tqdm(order, desc="mix", unit="frame", disable=not progress):
-                which, i = frames[k]
-                f, source = (a, b)[which], sources[which]["source"]
-                arrays = [f[name][i] for name in ARRAYS]
-                writer.append(Sample(*arrays, f"{source}/{f['frame_id'][i].decode()}"))
-            return writer.commit()
-        except BaseException:
-            writer.abort()
-            raise
+    a, b = (H5SegmentationDataset(path) for path in (ood_path, id_path))  # frames verified as they are read
+    size_a, size_b = ((int(d.attrs["height"]), int(d.attrs["width"])) for d in (a, b))
+    if size_a != size_b:
+        raise ValueError(f"the sets differ in size: {size_a} vs {size_b}; convert both with the same --size")
+    n_id = len(b) if id_frames is None else min(int(id_frames), len(b))
+    frames = [(0, i) for i in range(len(a))] + [(1, i) for i in range(n_id)]
+    order = np.random.default_rng(seed).permutation(len(frames))
+    writer = SetWriter(out, size_a, {"source": "mix", "split": "eval", "seed": seed, "components": sources},
+                       overwrite=overwrite)
+    try:
+        for k in tqdm(order, desc="mix", unit="frame", disable=not progress):
+            which, i = frames[k]
+            item = (a, b)[which][i]
+            writer.append(Sample(item["image"].permute(1, 2, 0).numpy(), item["ood_mask"].numpy(),
+                                 item["semantic"].numpy(), f"{sources[which]['source']}/{item['frame_id']}"))
+        return writer.commit()
+    except BaseException:
+        writer.abort()
+        raise

@@ -1,14 +1,18 @@
 """Converted sets: one HDF5 file per set plus a JSON manifest beside it, and a PyTorch Dataset over them.
 
 File layout: ``images`` (N, H, W, 3) uint8 RGB, ``ood_mask`` and ``semantic`` (N, H, W) uint8, chunked one
-image per chunk and gzip-compressed, ``frame_id`` (N,) strings; attributes record the source, split,
-label-map hash, seed, size and segood version (lists and dicts as JSON strings). The manifest's ``sha256`` of each array is the sha256 of the
-per-frame sha256 digests of its raw bytes, in frame order (so workers can hash frames in parallel).
+image per chunk and gzip-compressed, ``frame_id`` (N,) strings, ``frame_sha256`` (N, 3, 32) uint8 (the
+sha256 digest of each frame's raw bytes per array) and ``manifest`` (the manifest as a JSON string);
+attributes record the source, split, label-map hash, seed, size and segood version (lists and dicts as JSON
+strings). The manifest's ``sha256`` of each array is the sha256 of its per-frame digests in frame order (so
+workers can hash frames in parallel). The manifest lives inside the set, so that the set and its manifest
+appear together with one rename; ``<set>.manifest.json`` beside it is a copy for people and tools.
 """
 
 import hashlib
 import json
 import os
+import warnings
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +21,8 @@ import h5py
 import numpy as np
 
 import segood
-from segood.io import write_json
+from segood.io import atomic_output
+from segood.labels import ID, IGNORE, OOD
 
 ARRAYS = ("images", "ood_mask", "semantic")
 FORMAT = "segood.h5set/1"
@@ -57,8 +62,9 @@ def manifest_path(path):
 class SetWriter:
     """Append samples to ``path`` atomically: all goes to a temporary file renamed on :meth:`commit`.
 
-    An interrupted conversion leaves no file that looks complete (only ``.<name>.partial``, removed on the
-    next run). Refuses an existing output unless ``overwrite``.
+    The set appears only complete and together with its manifest (embedded, and the copy beside it written
+    before the rename); any failure, a full disk included, removes the temporary files and leaves what was
+    there before. Refuses an existing output unless ``overwrite``.
     """
 
     def __init__(self, path, size, attrs, *, overwrite=False):
@@ -67,18 +73,23 @@ class SetWriter:
             raise FileExistsError(f"{self.path} exists; pass --overwrite to replace it")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = self.path.with_name(f".{self.path.name}.partial")
-        self.file = h5py.File(self.tmp, "w")
-        height, width = size
-        shapes = {"images": (height, width, 3), "ood_mask": (height, width), "semantic": (height, width)}
-        for name, shape in shapes.items():
-            self.file.create_dataset(name, shape=(0, *shape), maxshape=(None, *shape), dtype=np.uint8,
-                                     chunks=(1, *shape), compression="gzip", compression_opts=1)
-        self.file.create_dataset("frame_id", shape=(0,), maxshape=(None,), dtype=h5py.string_dtype())
-        self.attrs = {"format": FORMAT, "segood_version": segood.__version__, "height": height, "width": width,
-                      **attrs}
-        for key, value in self.attrs.items():
-            self.file.attrs[key] = json.dumps(value) if isinstance(value, (dict, list)) else value
-        self.hashes = {name: hashlib.sha256() for name in ARRAYS}
+        self.file = None
+        try:
+            self.file = h5py.File(self.tmp, "w")
+            height, width = size
+            shapes = {"images": (height, width, 3), "ood_mask": (height, width), "semantic": (height, width)}
+            for name, shape in shapes.items():
+                self.file.create_dataset(name, shape=(0, *shape), maxshape=(None, *shape), dtype=np.uint8,
+                                         chunks=(1, *shape), compression="gzip", compression_opts=1)
+            self.file.create_dataset("frame_id", shape=(0,), maxshape=(None,), dtype=h5py.string_dtype())
+            self.attrs = {"format": FORMAT, "segood_version": segood.__version__, "height": height,
+                          "width": width, **attrs}
+            for key, value in self.attrs.items():
+                self.file.attrs[key] = json.dumps(value) if isinstance(value, (dict, list)) else value
+        except BaseException:
+            self.abort()
+            raise
+        self.digests = []  # per frame: the 3 × 32 digest bytes
         self.pixels = {"id": 0, "ood": 0, "ignore": 0}
         self.frame_ids = []
 
@@ -88,42 +99,80 @@ class SetWriter:
             frame = encode(frame)
         n = len(self.frame_ids)
         for name in ARRAYS:
+            if frame.shapes[name] != self.file[name].shape[1:]:
+                raise ValueError(f"{frame.frame_id}: {name} has shape {frame.shapes[name]}, the set "
+                                 f"{self.file[name].shape[1:]}")
+        for name in ARRAYS:
             dataset = self.file[name]
-            if frame.shapes[name] != dataset.shape[1:]:
-                raise ValueError(f"{frame.frame_id}: {name} has shape {frame.shapes[name]}, the set {dataset.shape[1:]}")
             dataset.resize(n + 1, axis=0)
             dataset.id.write_direct_chunk((n,) + (0,) * (dataset.ndim - 1), frame.chunks[name])
-            self.hashes[name].update(frame.digests[name])
         self.file["frame_id"].resize(n + 1, axis=0)
         self.file["frame_id"][n] = frame.frame_id
+        self.digests.append(b"".join(frame.digests[name] for name in ARRAYS))
         for key, count in frame.pixels.items():
             self.pixels[key] += count
         self.frame_ids.append(frame.frame_id)
 
     def commit(self, skipped=(), extra=None):
-        """Close, rename into place, write the manifest; returns the manifest dict."""
-        self.file.close()
-        os.replace(self.tmp, self.path)
-        manifest = {
-            **self.attrs,
-            "file": self.path.name,
-            "frames": len(self.frame_ids),
-            "pixels": self.pixels,
-            "id_to_ood_ratio": self.pixels["id"] / self.pixels["ood"] if self.pixels["ood"] else None,
-            "sha256": {name: h.hexdigest() for name, h in self.hashes.items()},
-            "skipped": [{"frame_id": f, "reason": r} for f, r in skipped],
-            **(extra or {}),
-        }
-        write_json(manifest_path(self.path), manifest)
+        """Embed the manifest, close, and put the set and its manifest copy in place; returns the manifest."""
+        try:
+            if not self.frame_ids:
+                raise ValueError(f"{self.path}: no frame to write; an empty set is never written")
+            digests = np.frombuffer(b"".join(self.digests), np.uint8).reshape(-1, len(ARRAYS), 32)
+            manifest = {
+                **self.attrs,
+                "file": self.path.name,
+                "frames": len(self.frame_ids),
+                "pixels": self.pixels,
+                "id_to_ood_ratio": self.pixels["id"] / self.pixels["ood"] if self.pixels["ood"] else None,
+                "sha256": aggregate_sha256(digests),
+                "skipped": [{"frame_id": f, "reason": r} for f, r in skipped],
+                **(extra or {}),
+            }
+            text = json.dumps(manifest, indent=2, allow_nan=False) + "\n"
+            self.file.create_dataset("frame_sha256", data=digests)
+            self.file.create_dataset("manifest", data=text, dtype=h5py.string_dtype())
+            self.file.close()
+            with atomic_output(manifest_path(self.path)) as copy:
+                Path(copy).write_text(text)
+                os.replace(self.tmp, self.path)  # the commit point: the set with its embedded manifest
+        except BaseException:
+            self.abort()
+            raise
         return manifest
 
     def abort(self):
-        self.file.close()
+        """Remove the temporary file, whatever state it is in (a failed close on a full disk included)."""
+        try:
+            if self.file is not None:
+                self.file.close()
+        except Exception:  # noqa: BLE001 - the file is removed below either way
+            pass
         self.tmp.unlink(missing_ok=True)
 
 
+def aggregate_sha256(digests):
+    """{array: sha256 of its per-frame digests in frame order} from (N, 3, 32) digests."""
+    return {name: hashlib.sha256(digests[:, k].tobytes()).hexdigest() for k, name in enumerate(ARRAYS)}
+
+
 def read_manifest(path):
-    return json.loads(manifest_path(path).read_text())
+    """The manifest of a converted set: the copy embedded in the set (the file beside it for sets converted
+    before segood embedded it). A ValueError names the file when neither can be read."""
+    path = Path(path)
+    try:
+        with h5py.File(path, "r") as f:
+            if "manifest" in f:
+                return json.loads(f["manifest"][()])
+    except OSError as err:
+        if not path.exists():
+            raise FileNotFoundError(f"no set {path}") from None
+        raise ValueError(f"{path} is not a segood set: not a readable HDF5 file ({err}); convert the data with "
+                         "segood convert") from None
+    try:
+        return json.loads(manifest_path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path} has no readable manifest ({err}); reconvert the set") from None
 
 
 def set_identity(path):
@@ -138,6 +187,10 @@ def set_identity(path):
     return {"file": Path(path).name, "ood_sources": ood_sources, "manifest_sha256": digest}
 
 
+class CorruptFrame(ValueError):
+    """A frame of a set does not match its manifest, or holds values a set never holds."""
+
+
 class H5SegmentationDataset:
     """PyTorch Dataset over a converted set; safe with ``DataLoader(num_workers > 0)``.
 
@@ -147,20 +200,47 @@ class H5SegmentationDataset:
         path: the ``.h5`` file.
         transform: optional albumentations transform, applied jointly: ``transform(image=..., masks=[ood_mask,
             semantic])``; geometric transforms must use nearest interpolation for masks (albumentations' default).
+        verify: check every frame read against the sha256 digests of its manifest (about 5 ms per 1024×2048
+            frame), so that a corrupt or modified file is an error naming the frame, never a silent change of a
+            benchmark number. Sets converted before segood stored per-frame digests cannot be checked (a
+            warning says so). OOD mask values outside {0, 1, 255} are always an error.
 
     Items: dict with ``image`` (3, H, W) uint8 tensor, ``ood_mask`` and ``semantic`` (H, W) uint8 tensors,
-    ``frame_id`` str.
+    ``frame_id`` str. Raises :class:`CorruptFrame` (a ValueError) for a frame that fails a check.
     """
 
-    def __init__(self, path, transform=None):
+    def __init__(self, path, transform=None, *, verify=True):
         self.path, self.transform = Path(path), transform
-        with h5py.File(self.path, "r") as f:
+        try:
+            f = h5py.File(self.path, "r")
+        except OSError as err:
+            if not self.path.exists():
+                raise FileNotFoundError(f"no set {self.path}") from None
+            raise ValueError(f"{self.path} is not a segood set: not a readable HDF5 file ({err}); convert the "
+                             "data with segood convert") from None
+        with f:
             if f.attrs.get("format") != FORMAT:
                 raise ValueError(f"{self.path} is not a segood set (format {f.attrs.get('format')!r})")
             self.length = len(f["frame_id"])
             self.attrs = dict(f.attrs)
+            self.digests = None
+            if verify:
+                self.digests = self._checked_digests(f)
         self._file = None
         self._pid = None
+
+    def _checked_digests(self, f):
+        """The per-frame digests, checked against the manifest's hashes (None for sets without them)."""
+        if "frame_sha256" not in f:
+            warnings.warn(f"{self.path} was converted without per-frame digests: its frames cannot be verified; "
+                          "reconvert it with this segood to have them checked", stacklevel=3)
+            return None
+        digests = f["frame_sha256"][...]
+        manifest = json.loads(f["manifest"][()])
+        if digests.shape != (self.length, len(ARRAYS), 32) or aggregate_sha256(digests) != manifest["sha256"]:
+            raise CorruptFrame(f"{self.path}: the per-frame digests do not match the manifest's sha256: the file is "
+                               "corrupt or was modified after conversion; reconvert the set")
+        return digests
 
     def __len__(self):
         return self.length
@@ -175,8 +255,22 @@ class H5SegmentationDataset:
 
         if not -self.length <= index < self.length:
             raise IndexError(f"index {index} out of range for {self.length} frames")
+        index %= self.length
         f = self._handle()
-        image, ood_mask, semantic = (f[name][index] for name in ARRAYS)
+        arrays = [f[name][index] for name in ARRAYS]
+        frame_id = f["frame_id"][index].decode()
+        if self.digests is not None:
+            for k, (name, array) in enumerate(zip(ARRAYS, arrays)):
+                if hashlib.sha256(np.ascontiguousarray(array)).digest() != self.digests[index, k].tobytes():
+                    raise CorruptFrame(
+                        f"{self.path}: frame {index} ({frame_id}): {name} differs from the sha256 recorded at "
+                        "conversion: the file is corrupt or was modified; reconvert the set (or read it anyway with "
+                        "verify=False, --no-verify)")
+        image, ood_mask, semantic = arrays
+        if ((ood_mask > OOD) & (ood_mask != IGNORE)).any():
+            bad = sorted(set(np.unique(ood_mask).tolist()) - {ID, OOD, IGNORE})
+            raise CorruptFrame(f"{self.path}: frame {index} ({frame_id}): ood_mask holds values {bad}; a set holds "
+                               "only 0 (ID), 1 (OOD) and 255 (ignore)")
         if self.transform is not None:
             out = self.transform(image=image, masks=[ood_mask, semantic])
             image, (ood_mask, semantic) = out["image"], out["masks"]
@@ -184,7 +278,7 @@ class H5SegmentationDataset:
             "image": torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1),
             "ood_mask": torch.from_numpy(np.ascontiguousarray(ood_mask)),
             "semantic": torch.from_numpy(np.ascontiguousarray(semantic)),
-            "frame_id": f["frame_id"][index].decode(),
+            "frame_id": frame_id,
         }
 
     def __getstate__(self):  # pickled to DataLoader workers without the open handle

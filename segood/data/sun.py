@@ -23,11 +23,18 @@ SPLITS = ("tune", "eval", "all")
 
 
 class SunLabelMap:
-    """The map M loaded from ``label_maps/sun.yaml``: ``lookup(raw_name) -> (normalised, rule, class)``."""
+    """The map M loaded from ``label_maps/sun.yaml``: ``lookup(raw_name) -> (normalised, rule, class)``.
+
+    Rules, in order (the file's header explains them): ``empty`` (ignore), ``not a class`` (default),
+    ``class`` / ``ambiguous`` (a listed name), ``modifiers`` (a listed name with modifier words), ``part``
+    (a listed name followed by part words), ``head noun`` (a phrase ending in a listed name), ``default``.
+    """
 
     def __init__(self, name="sun"):
         self.data, self.sha256 = load_label_map(name)
         self.qualifiers = tuple(self.data.get("qualifiers", ()))
+        self.modifiers = set(self.data.get("modifiers", ()))
+        self.parts = set(self.data.get("parts", ()))
         self.default = self.data["default"]
         if self.default not in ("ood", "ignore"):
             raise ValueError(f"sun label map: default must be 'ood' or 'ignore', got {self.default!r}")
@@ -38,9 +45,12 @@ class SunLabelMap:
             for synonym in synonyms or ():
                 self.classes[self.normalise(synonym)] = class_name
         self.ambiguous = {self.normalise(n) for n in self.data.get("ambiguous", ())}
-        clash = self.ambiguous & set(self.classes)
-        if clash:
-            raise ValueError(f"sun label map: names both ambiguous and a class: {sorted(clash)}")
+        self.not_classes = {self.normalise(n) for n in self.data.get("not_classes", ())}
+        for other, what in ((self.ambiguous, "ambiguous"), (self.not_classes, "not_classes")):
+            clash = other & set(self.classes)
+            if clash:
+                raise ValueError(f"sun label map: names both {what} and a class: {sorted(clash)}")
+        self.targets = {**self.classes, **dict.fromkeys(self.ambiguous, _AMBIGUOUS)}
 
     def normalise(self, raw):
         """Lower case, whitespace collapsed, trailing qualifiers stripped: " Person  occluded" -> "person"."""
@@ -50,22 +60,50 @@ class SunLabelMap:
         return " ".join(words)
 
     def lookup(self, raw):
-        """(normalised name, rule, Cityscapes class or None); rule is 'class', 'ambiguous' or 'default'."""
+        """(normalised name, rule, Cityscapes class or None): the rule that decided (see the class docstring);
+        the class is None for ``ambiguous``, ``empty``, ``not a class`` and ``default``."""
         name = self.normalise(raw)
-        if name in self.classes:
-            return name, "class", self.classes[name]
-        if name in self.ambiguous:
+        if not name:
+            return name, "empty", None
+        if name in self.not_classes:
+            return name, "not a class", None
+        target, rule = self.targets.get(name), "class"
+        words = name.split(" ")
+        core = [w for w in words if w not in self.modifiers]
+        if target is None and core and len(core) < len(words):
+            target, rule = self.targets.get(" ".join(core)), "modifiers"
+        if target is None and len(core) >= 2:
+            target, rule = self._part_or_head(core)
+        if target is None:
+            return name, "default", None
+        if target is _AMBIGUOUS:
             return name, "ambiguous", None
-        return name, "default", None
+        return name, rule, target
+
+    def _part_or_head(self, words):
+        """(target, rule) of ``part`` (a listed name, then only part words) or ``head noun`` (the longest listed
+        name the phrase ends with); (None, None) when neither applies."""
+        for k in range(len(words) - 1, 0, -1):
+            lead = " ".join(words[:k])
+            if lead in self.targets and all(w in self.parts for w in words[k:]):
+                return self.targets[lead], "part"
+        for k in range(1, len(words)):
+            tail = " ".join(words[k:])
+            if tail in self.targets:
+                return self.targets[tail], "head noun"
+        return None, None
 
     def values(self, raw):
         """(ood_mask value, trainId) for a raw name."""
         _, rule, class_name = self.lookup(raw)
-        if rule == "class":
+        if class_name is not None:
             return ID, CLASS_NAMES.index(class_name)
-        if rule == "ambiguous" or self.default == "ignore":
+        if rule in ("ambiguous", "empty") or self.default == "ignore":
             return IGNORE, IGNORE
         return OOD, IGNORE
+
+
+_AMBIGUOUS = object()  # the target of the names under ``ambiguous``
 
 
 class Sun(Adapter):
@@ -83,22 +121,34 @@ class Sun(Adapter):
         if split not in SPLITS:
             raise ValueError(f"SUN split must be one of {SPLITS}, got {split!r}")
         self.root, self.split, self.seed = Path(root), split, seed
-        require_tree(self.root, EXPECTED_TREE, "Annotations/*/*/*.xml", "SUN2012")
+        require_tree(self.root, EXPECTED_TREE, "Annotations/**/*.xml", "SUN2012")
         self.label_map = SunLabelMap(label_map)
         self.label_map_sha256 = self.label_map.sha256
-        self.prefiltered = []
-        eligible = []
-        for xml_path in sorted(self.root.glob("Annotations/*/*/*.xml")):
-            frame_id = self.frame_id(xml_path)
-            try:
-                height, width = self._size(xml_path)
+        self.prefiltered, self.unused_files = [], []
+        annotations = self.root / "Annotations"
+        eligible, used_images = [], set()
+        for path in sorted(p for p in annotations.rglob("*") if p.is_file()):
+            if path.suffix != ".xml":
+                self.unused_files.append((path.relative_to(self.root).as_posix(), f"not a LabelMe annotation "
+                                                                                  f"({path.suffix or 'no suffix'})"))
+                continue
+            used_images.add(self._image_path(path))
+            try:  # the size filter reads the stored pixel grid from the image header, never trusting the XML
+                _parse(path)
+                height, width = _stored_size(self._image_path(path))
             except SkipFrame as reason:
-                self.prefiltered.append((frame_id, str(reason)))
+                self.prefiltered.append((self.frame_id(path), str(reason)))
                 continue
             if height * width <= MIN_PIXELS:
-                self.prefiltered.append((frame_id, f"{height}x{width} = {height * width} pixels <= 640x640"))
+                self.prefiltered.append((self.frame_id(path), f"{height}x{width} = {height * width} pixels <= 640x640"))
             else:
-                eligible.append(xml_path)
+                eligible.append(path)
+        for path in sorted(p for p in self.root.rglob("*") if p.is_file()):
+            relative = path.relative_to(self.root)
+            if relative.parts[0] == "Images" and path not in used_images:
+                self.unused_files.append((relative.as_posix(), "no annotation with the same relative path"))
+            elif relative.parts[0] not in ("Images", "Annotations"):
+                self.unused_files.append((relative.as_posix(), "outside Images/ and Annotations/"))
         self.tune, self.eval = split_tune_eval(eligible, seed)
 
     @classmethod
@@ -126,21 +176,14 @@ class Sun(Adapter):
     def _image_path(self, xml_path):
         return (self.root / "Images" / xml_path.relative_to(self.root / "Annotations")).with_suffix(".jpg")
 
-    def _size(self, xml_path):
-        root = _parse(xml_path)
-        rows, cols = root.findtext("imagesize/nrows"), root.findtext("imagesize/ncols")
-        if rows and cols and rows.strip().isdigit() and cols.strip().isdigit():
-            return int(rows), int(cols)
-        try:  # no size in the XML: read the image header only
-            with Image.open(self._image_path(xml_path)) as im:
-                return im.height, im.width
-        except OSError as err:
-            raise SkipFrame(f"no imagesize in the XML and the image cannot be opened ({err})") from None
-
     def load(self, xml_path):
         root = _parse(xml_path)
-        image = read_rgb(self._image_path(xml_path))
+        image = read_rgb(self._image_path(xml_path))  # the stored grid: EXIF orientation is not applied
         height, width = image.shape[:2]
+        declared = _declared_size(root)
+        if declared is not None and declared != (height, width):
+            raise SkipFrame(f"the XML's imagesize is {declared[0]}x{declared[1]} but the image is {height}x{width} "
+                            "on its stored pixel grid: the polygons would not fit the image")
         names, polygons = [], []
         for obj in root.iter("object"):
             if (obj.findtext("deleted") or "0").strip() == "1":
@@ -159,7 +202,7 @@ class Sun(Adapter):
                 polygons.append(points)  # PIL clips what lies outside the image
         if not polygons:
             raise SkipFrame("empty annotation: no kept polygon")
-        painted = rasterise(polygons, height, width)
+        painted = rasterise(polygons, height, width, names)
         values = [self.label_map.values(n) for n in names]
         ood_lut = np.array([IGNORE] + [v[0] for v in values], np.uint8)
         semantic_lut = np.array([IGNORE] + [v[1] for v in values], np.uint8)
@@ -199,7 +242,7 @@ def coverage(frame_stats):
     out = sorted(rows.values(), key=lambda r: (-r["pixels"], r["name"]))
     for row in out:
         row["raw"] = sorted(row["raw"])
-        row["mapped_to"] = row["mapped_to"] or ("ignore" if row["rule"] == "ambiguous" else "OOD")
+        row["mapped_to"] = row["mapped_to"] or ("ignore" if row["rule"] in ("ambiguous", "empty") else "OOD")
         row["pixel_share"] = row["pixels"] / total if total else 0.0
     return out
 
@@ -211,6 +254,25 @@ def coverage_markdown(rows):
         lines.append(f"| {r['name']} | {raw} | {r['rule']} | {r['mapped_to']} | {r['polygons']} | "
                      f"{r['pixel_share']:.2%} |")
     return "\n".join(lines) + "\n"
+
+
+def _stored_size(image_path):
+    """(H, W) of an image's stored pixel grid from its header (no decoding); :class:`SkipFrame` if unreadable."""
+    try:
+        with Image.open(image_path) as im:
+            return im.height, im.width
+    except FileNotFoundError:
+        raise SkipFrame(f"no image {Path(image_path).name}") from None
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        raise SkipFrame(f"cannot read the image header of {Path(image_path).name} ({err})") from None
+
+
+def _declared_size(root):
+    """(nrows, ncols) of the XML's ``imagesize``, or None when absent or not two integers."""
+    rows, cols = root.findtext("imagesize/nrows"), root.findtext("imagesize/ncols")
+    if rows and cols and rows.strip().isdigit() and cols.strip().isdigit():
+        return int(rows), int(cols)
+    return None
 
 
 def _parse(xml_path):

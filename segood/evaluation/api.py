@@ -35,7 +35,7 @@ def start_distributed(device=None):
 
 def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, device=None, num_thresholds=400,
              resume=False, save_every=20, progress=True, figures=True, skip_bad=False, fit_set=None,
-             checkpoint=None, feature_layer=None):
+             checkpoint=None, feature_layer=None, verify=True):
     """Evaluate pixel-level OOD methods of ``model`` on converted sets; writes ``out_dir`` and returns the
     results document (the content of results.json).
 
@@ -46,6 +46,8 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
         methods: None (every method the model's head serves), names, or method objects (e.g. tuned ones).
         fit_set: a converted training set to fit Mahalanobis on, when it is requested unfitted.
         checkpoint: the checkpoint file the model came from, recorded with its sha256.
+        verify: check every frame against its set's manifest as it is read (a corrupt frame is an error naming
+            it, or skipped with ``skip_bad``); False skips the check for speed.
 
     Under ``torchrun`` (an initialised process group) each rank evaluates every world_size-th frame and the
     counts are all-reduced; rank 0 writes the outputs. Results equal a single-process run exactly.
@@ -66,8 +68,7 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
         sets = dict(zip(stems, sets))
     else:
         sets = dict(sets)
-    for path in sets.values():
-        _open_set(path)
+    frames = {name: len(_open_set(path, verify)) for name, path in sets.items()}
     if methods is None:
         methods = default_methods(model)
     methods = [get_method(m) if isinstance(m, str) else m for m in methods]
@@ -82,7 +83,7 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
     description = {
         "toolkit": run_identity(),
         "model": _model_identity(model, checkpoint),
-        "sets": {name: {**set_identity(path), "frames": len(H5SegmentationDataset(path))} for name, path in sets.items()},
+        "sets": {name: {**set_identity(path), "frames": frames[name]} for name, path in sets.items()},
         "methods": {m.name: m.describe() for m in methods},
         "config": {"num_thresholds": num_thresholds, "batch_size": batch_size},
     }
@@ -93,7 +94,7 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
         write_json(folder.run, description)
     ev = run(model, sets, methods, folder.path, batch_size=batch_size, device=device, num_thresholds=num_thresholds,
              resume=resume, save_every=save_every, progress=progress and rank == 0, rank=rank, world_size=world,
-             skip_bad=skip_bad)
+             skip_bad=skip_bad, verify=verify)
     if rank != 0:
         return None
     if world > 1:
@@ -102,14 +103,14 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
 
 
 def evaluate_score_maps(scores_path, data_path, out_dir, *, name="external", score_range=None, num_thresholds=400,
-                        clip=False, figures=True):
+                        clip=False, figures=True, verify=True):
     """Evaluate per-pixel scores computed elsewhere.
 
     ``scores_path``: HDF5 with one dataset per frame id of the set (H×W float16/float32, higher = more OOD) and
     the score range as the root attribute ``score_range`` (or passed here). Missing or extra frame ids, shape
     mismatches and out-of-range values are errors that name the frames.
     """
-    dataset = _open_set(data_path)
+    dataset = _open_set(data_path, verify)
     set_name = Path(data_path).stem
     with h5py.File(scores_path, "r") as scores:
         if score_range is None:
@@ -157,12 +158,16 @@ def _check_run_folder(folder, description):
                              "choose another --out")
 
 
-def _open_set(path):
+def _open_set(path, verify=True):
     """The set as a Dataset, or a ValueError saying why the file is not a converted segood set."""
     try:
-        return H5SegmentationDataset(path)
-    except (OSError, KeyError) as err:
+        dataset = H5SegmentationDataset(path, verify=verify)
+    except KeyError as err:
         raise ValueError(f"{path} is not a segood set ({err}); convert the data with segood convert") from None
+    if len(dataset) == 0:
+        raise ValueError(f"{path} holds no frames: nothing to evaluate; check the conversion's skipped frames in "
+                         "its manifest and convert again")
+    return dataset
 
 
 def _frame_ids(path):

@@ -183,7 +183,7 @@ class UnreadableFrame(ValueError):
 
 
 def run(model, sets, methods, out_dir, *, batch_size=2, device=None, num_thresholds=400, resume=False,
-        save_every=20, progress=True, rank=0, world_size=1, skip_bad=False, seed=0):
+        save_every=20, progress=True, rank=0, world_size=1, skip_bad=False, seed=0, verify=True):
     """Evaluate ``methods`` (method objects) of ``model`` on ``sets`` ({name: .h5 path}); returns the
     :class:`Evaluation` (all-reduced over ranks). Writes ``state.npz`` (per rank) in ``out_dir``.
 
@@ -193,7 +193,7 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, num_thresho
     folder.path.mkdir(parents=True, exist_ok=True)
     device = device or next(model.parameters()).device
     check_methods(model, methods)
-    datasets = {name: H5SegmentationDataset(path) for name, path in sets.items()}  # refuses non-segood files
+    datasets = {name: H5SegmentationDataset(path, verify=verify) for name, path in sets.items()}
     names = [m.name for m in methods]
     if len(set(names)) != len(names):
         raise ValueError(f"each method once per run, got {names}")
