@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from segood.data import IDD, Cityscapes, Noise, Sun, convert, mix
-from segood.data.h5 import H5SegmentationDataset, manifest_path
+from segood.data.h5 import H5SegmentationDataset
 from segood.data.synthetic import write_cityscapes_tree, write_idd_tree, write_sun_tree
 from segood.evaluation import combine_runs, evaluate
 from segood.io import write_json
@@ -43,13 +43,14 @@ def prepare_data(data_dir, scale, seed=0, progress=True):
     """Raw trees (generated once per scale and seed) -> converted and mixed sets; returns {name: path}."""
     data_dir = Path(data_dir)
     raw = data_dir / "raw"
-    stamp = {"scale": scale, "seed": seed, "generator": 2}
-    if not (raw / "tree.json").exists() or json.loads((raw / "tree.json").read_text()) != stamp:
+    # bump "generator" when the raw trees change, "sets" when converted sets do: both are then made anew
+    stamp = {"scale": scale, "seed": seed, "generator": 3, "sets": 2}
+    fresh = not (raw / "tree.json").exists() or json.loads((raw / "tree.json").read_text()) != stamp
+    if fresh:
         write_cityscapes_tree(raw / "cityscapes", seed, (("train", scale["cs_train"]), ("val", scale["cs_val"])),
                               scale["size"])
         write_idd_tree(raw / "idd", seed + 1, scale["idd"], scale["size"])
         write_sun_tree(raw / "sun2012", seed + 2, scale["sun"])
-        write_json(raw / "tree.json", stamp)
     size = scale["size"]
     sources = {"cityscapes_train": Cityscapes(raw / "cityscapes", "train"),
                "cityscapes_val": Cityscapes(raw / "cityscapes", "val"),
@@ -61,7 +62,7 @@ def prepare_data(data_dir, scale, seed=0, progress=True):
     sets = {}
     for name, adapter in sources.items():
         path = data_dir / f"{name}.h5"
-        if not manifest_path(path).exists():
+        if fresh or not path.exists():
             convert(adapter, path, size=size, overwrite=True, progress=progress)
         sets[name] = path
     mixes = {"sun": ("sun_eval", "cityscapes_val", None), "idd": ("idd_val", "cityscapes_val", None),
@@ -69,9 +70,10 @@ def prepare_data(data_dir, scale, seed=0, progress=True):
              "tune": ("sun_tune", "cityscapes_train", scale["tune_id"])}
     for name, (ood, ident, frames) in mixes.items():
         path = data_dir / f"mixed_{name}.h5"
-        if not manifest_path(path).exists():
+        if fresh or not path.exists():
             mix(sets[ood], sets[ident], path, seed=seed, id_frames=frames, overwrite=True, progress=False)
         sets[f"mixed_{name}"] = path
+    write_json(raw / "tree.json", stamp)  # last: a run killed before this point makes everything anew
     return sets
 
 

@@ -3,6 +3,7 @@
 import json
 import os
 import tempfile
+import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -49,3 +50,25 @@ def _nan_to_none(obj):
     if isinstance(obj, (list, tuple)):
         return [_nan_to_none(v) for v in obj]
     return obj
+
+
+def read_npz(path, what):
+    """{name: array} of an ``.npz`` file, never unpickling; every failure is a ValueError naming the file.
+
+    ``what`` names the file's role in the message ("accumulator state", "evaluation state").
+    """
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as arrays:
+            return {key: arrays[key] for key in arrays.files}
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no {what} {path}") from None
+    except ValueError as err:
+        if "pickle" in str(err):  # numpy's message suggests loading it unsafely: never pass that on
+            raise ValueError(f"refusing to read {path}: the {what} holds pickled Python objects, which segood "
+                             "never loads (a pickle can run code); segood writes plain arrays only") from None
+        raise ValueError(f"{path} is not a readable {what}: corrupt array header ({err})") from None
+    except (OSError, EOFError, zipfile.BadZipFile, KeyError) as err:
+        raise ValueError(f"{path} is not a readable {what}: empty, truncated or not an npz file "
+                         f"({type(err).__name__}: {err})") from None

@@ -67,7 +67,10 @@ class IDD(SplitTree):
                 label = label[: -len("group")]
             if label not in self.train_id:
                 raise SkipFrame(f"unknown IDD label {obj.label!r}")
-            points = np.array([(p.x, p.y) for p in obj.polygon], dtype=np.float64).reshape(-1, 2)
+            try:
+                points = np.array([(p.x, p.y) for p in obj.polygon], dtype=np.float64).reshape(-1, 2)
+            except (TypeError, ValueError) as err:
+                raise SkipFrame(f"polygon {len(polygons)} ({obj.label!r}) has a non-numeric coordinate ({err})") from None
             if len(points) < 3 or points[:, 0].max() < 0 or points[:, 1].max() < 0 \
                     or points[:, 0].min() >= width or points[:, 1].min() >= height:
                 raise SkipFrame(f"polygon {len(polygons)} ({obj.label!r}) lies outside the image or has < 3 points")
@@ -75,7 +78,7 @@ class IDD(SplitTree):
             polygons.append(points)
         if not polygons:
             raise SkipFrame("empty annotation: no polygon that is not deleted")
-        painted = rasterise(polygons, height, width)
+        painted = rasterise(polygons, height, width, labels)
 
         background = self.label_map["background"]
         semantic_lut = np.array([self.train_id[background]] + [self.train_id[n] for n in labels], np.uint8)

@@ -258,10 +258,10 @@ def write_idd_tree(root, seed=1, count=24, size=(128, 256), split="val"):
 _INDOOR = {"background": ("wall", (200, 190, 170)), "floor": ("floor", (140, 100, 70)),
            "things": [("Window", (170, 210, 240)), ("door", (120, 80, 50)), ("table", (150, 110, 60)),
                       ("chair occluded", (90, 60, 40)), ("sofa", (110, 40, 60)), ("vase crop", (40, 120, 160)),
-                      ("painting", (200, 150, 40)), ("lamp", (240, 230, 150)), ("person", (180, 140, 120))]}
+                      ("painting", (200, 150, 40)), ("lamp", (240, 230, 150)), ("person sitting crop", (180, 140, 120))]}
 _OUTDOOR = {"background": ("sky", (130, 180, 230)), "floor": ("road", (90, 90, 95)),
-            "things": [("building", (160, 120, 100)), ("windows", (60, 80, 110)), ("tree", (50, 120, 50)),
-                       ("car occluded", (150, 20, 30)), (" Person ", (60, 60, 160)), ("fire hydrant", (220, 40, 30)),
+            "things": [("building", (160, 120, 100)), ("building windows", (60, 80, 110)), ("pine tree", (50, 120, 50)),
+                       ("parked car occluded", (150, 20, 30)), (" Person  walking", (60, 60, 160)), ("fire hydrant", (220, 40, 30)),
                        ("bench", (120, 90, 50)), ("sidewalk", (170, 170, 170)), ("mailbox", (30, 60, 160))]}
 
 

@@ -112,7 +112,14 @@ def evaluate_score_maps(scores_path, data_path, out_dir, *, name="external", sco
     """
     dataset = _open_set(data_path, verify)
     set_name = Path(data_path).stem
-    with h5py.File(scores_path, "r") as scores:
+    try:
+        scores_file = h5py.File(scores_path, "r")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no score file {scores_path}") from None
+    except OSError as err:
+        raise ValueError(f"{scores_path} is not a readable HDF5 score file ({err}); write one dataset of H×W scores "
+                         "per frame id") from None
+    with scores_file as scores:
         if score_range is None:
             if "score_range" not in scores.attrs:
                 raise ValueError(f"{scores_path} declares no score_range attribute: pass --score-range LO HI")

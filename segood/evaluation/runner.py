@@ -19,7 +19,7 @@ from tqdm import tqdm
 import segood
 from segood.data.h5 import H5SegmentationDataset
 from segood.evaluation.layout import RunFolder
-from segood.io import atomic_write_bytes
+from segood.io import atomic_write_bytes, read_npz
 from segood.labels import NUM_CLASSES
 from segood.methods import METHODS, get_method
 from segood.methods.schedule import check_methods, score_batch
@@ -94,21 +94,37 @@ class Evaluation:
         return out
 
     @classmethod
-    def from_arrays(cls, arrays):
-        meta = json.loads(str(arrays["meta"]))
-        ev = cls(meta["methods"], meta["sets"], meta["num_thresholds"], meta["score_range"])
-        ev.seconds, ev.images, ev.done, ev.skipped = meta["seconds"], meta["images"], meta["done"], meta["skipped"]
-        for m, s in ev.acc:
-            prefix = f"acc|{m}|{s}|"
-            ev.acc[(m, s)] = PixelOODAccumulator.from_state_dict(
-                {k[len(prefix):]: arrays[k] for k in arrays if k.startswith(prefix)})
-            ev.class_sum[(m, s)] = np.asarray(arrays[f"cls|{m}|{s}"], dtype=np.float64)
-        for s in ev.set_names:
-            ev.class_count[s] = np.asarray(arrays[f"clscount|{s}"], dtype=np.int64)
-        for key in arrays:
-            if key.startswith("ex|"):
-                _, s, i, field = key.split("|")
-                ev.examples.setdefault((s, int(i)), {})[field] = np.asarray(arrays[key])
+    def from_arrays(cls, arrays, path="the evaluation state"):
+        """Rebuild from :meth:`arrays`; every field is validated before anything is allocated from it."""
+        try:
+            meta = json.loads(str(arrays["meta"]))
+            methods, sets = [str(m) for m in meta["methods"]], [str(v) for v in meta["sets"]]
+            accumulators = {}
+            for m in methods:
+                for s in sets:
+                    prefix = f"acc|{m}|{s}|"
+                    state = {k[len(prefix):]: arrays[k] for k in arrays if k.startswith(prefix)}
+                    accumulators[(m, s)] = PixelOODAccumulator.from_state_dict(state)
+            if any((a.num_thresholds, a.score_range) != (meta["num_thresholds"], tuple(meta["score_range"]))
+                   for a in accumulators.values()):
+                raise ValueError("an accumulator's thresholds differ from the run's")
+            ev = cls(methods, sets, meta["num_thresholds"], meta["score_range"])
+            ev.acc = accumulators
+            ev.seconds, ev.images, ev.done, ev.skipped = meta["seconds"], meta["images"], meta["done"], meta["skipped"]
+            for m, s in ev.acc:
+                ev.class_sum[(m, s)] = _array(arrays[f"cls|{m}|{s}"], (NUM_CLASSES,), np.float64)
+            for s in sets:
+                ev.class_count[s] = _array(arrays[f"clscount|{s}"], (NUM_CLASSES,), np.int64)
+                if int(ev.done[s]) < 0 or int(ev.images[s]) < 0:
+                    raise ValueError(f"negative frame counts for set {s!r}")
+            for key in arrays:
+                if key.startswith("ex|"):
+                    _, s, i, field = key.split("|")
+                    ev.examples.setdefault((s, int(i)), {})[field] = np.asarray(arrays[key])
+        except KeyError as err:
+            raise ValueError(f"{path} is not a complete evaluation state: it lacks {err}") from None
+        except (ValueError, TypeError, AttributeError) as err:
+            raise ValueError(f"{path} is not a valid evaluation state: {err}") from None
         return ev
 
     def save(self, path):
@@ -118,8 +134,8 @@ class Evaluation:
 
     @classmethod
     def load(cls, path):
-        with np.load(path, allow_pickle=False) as arrays:
-            return cls.from_arrays(dict(arrays))
+        """Read a state written by :meth:`save` (never unpickles); a ValueError names the file when it is not one."""
+        return cls.from_arrays(read_npz(path, "evaluation state"), path)
 
     def merge(self, other):
         for key in self.acc:
@@ -157,6 +173,14 @@ class Evaluation:
             self.images[s] = int(round(flat[k]))
             k += 1
         return self
+
+
+def _array(value, shape, dtype):
+    """``value`` as a finite array of ``shape`` and ``dtype``, or a ValueError."""
+    array = np.asarray(value)
+    if array.shape != shape or not (np.issubdtype(array.dtype, np.number) and np.isfinite(array).all()):
+        raise ValueError(f"expected finite numbers of shape {shape}, got {array.dtype} of shape {array.shape}")
+    return array.astype(dtype)
 
 
 def read_batch(dataset, indices, *, skip_bad=False):
@@ -232,7 +256,11 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, num_thresho
                 for stage, seconds in scored.seconds.items():
                     ev.seconds[stage] += seconds
                 t3 = time.perf_counter()
-                ev.process(set_name, kept, batch, dict(zip(names, scored.scores)), scored.classes)
+                try:
+                    ev.process(set_name, kept, batch, dict(zip(names, scored.scores)), scored.classes)
+                except ValueError as err:  # e.g. a method's NaN scores: name where, keep what was accumulated
+                    ev.save(state_path)
+                    raise ValueError(f"{set_name}: frames {kept}: {err}") from None
                 ev.seconds["accumulate"] += _lap(device, t3)
             ev.done[set_name] += len(indices)
             bar.update(len(indices))

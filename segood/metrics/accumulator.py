@@ -1,8 +1,11 @@
 """PixelOODAccumulator: binned pixel-level OOD metrics over a whole set in constant memory."""
 
+import io
+
 import numba
 import numpy as np
 
+from segood.io import atomic_write_bytes, read_npz
 from segood.metrics import _kernels
 from segood.metrics.functional import (
     METRICS,
@@ -13,6 +16,7 @@ from segood.metrics.functional import (
 )
 
 STATE_FORMAT = "segood.PixelOODAccumulator/1"
+MAX_THRESHOLDS = 1 << 24  # 256 MiB of counts: beyond that a "state" is a mistake, not a configuration
 _MIN_CHUNK = 1 << 16  # pixels per thread; below this, threads cost more than they save
 
 
@@ -40,6 +44,8 @@ class PixelOODAccumulator:
             raise TypeError(f"num_thresholds must be an int, got {num_thresholds!r}")
         if num_thresholds < 2:
             raise ValueError(f"num_thresholds must be at least 2, got {num_thresholds}")
+        if num_thresholds > MAX_THRESHOLDS:
+            raise ValueError(f"num_thresholds must be at most {MAX_THRESHOLDS} (2^24), got {num_thresholds}")
         lo, hi = (float(v) for v in score_range)
         if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
             raise ValueError(f"score_range must be finite with lo < hi, got {score_range!r}")
@@ -165,36 +171,59 @@ class PixelOODAccumulator:
 
     @classmethod
     def from_state_dict(cls, state):
-        """Rebuild from :meth:`state_dict` output (or an ``np.load``-ed npz); validates every field."""
+        """Rebuild from :meth:`state_dict` output (or an ``np.load``-ed npz). Every field is checked for its
+        type, shape and range before anything is allocated from it; counts must add up without overflow."""
         missing = [k for k in cls(2).state_dict() if k not in state]
         if missing:
             raise ValueError(f"accumulator state lacks {missing}; was it written by state_dict()?")
         if str(np.asarray(state["format"])) != STATE_FORMAT:
             raise ValueError(f"unknown accumulator state format {state['format']!r}; expected {STATE_FORMAT!r}")
-        acc = cls(
-            int(state["num_thresholds"]),
-            tuple(np.asarray(state["score_range"], dtype=np.float64)),
-            per_image=bool(state["per_image"]),
-        )
+        num_thresholds = _count(state, "num_thresholds")
+        score_range = np.asarray(state["score_range"])
+        if score_range.shape != (2,) or not np.issubdtype(score_range.dtype, np.number) \
+                or np.iscomplexobj(score_range):
+            raise ValueError(f"accumulator state 'score_range' must be two real numbers (lo, hi), got "
+                             f"{score_range.dtype} of shape {score_range.shape}")
         hist = np.asarray(state["hist"])
-        if hist.shape != acc.hist.shape or not np.issubdtype(hist.dtype, np.integer) or (hist < 0).any():
-            raise ValueError(f"accumulator state 'hist' must be non-negative ints of shape {acc.hist.shape}")
+        if hist.shape != (2, num_thresholds) or not np.issubdtype(hist.dtype, np.integer):
+            raise ValueError(f"accumulator state 'hist' must be integers of shape (2, {num_thresholds}) "
+                             f"(num_thresholds), got {hist.dtype} of shape {hist.shape}")
+        if hist.size and (int(hist.min()) < 0 or int(hist.max()) > _INT64_MAX):  # compared as Python ints
+            raise ValueError("accumulator state 'hist' must hold non-negative counts within the int64 range")
+        total = int(hist.sum()) if int(hist.max(initial=0)) * hist.size <= _INT64_MAX else \
+            sum(int(v) for v in hist.ravel())
+        if total > _INT64_MAX:
+            raise ValueError(f"accumulator state 'hist' counts {total} pixels in all, beyond the int64 range")
+        acc = cls(num_thresholds, tuple(float(v) for v in score_range), per_image=bool(state["per_image"]))
         acc.hist[...] = hist
         acc.n_ignored = _count(state, "n_ignored")
         acc.n_images = _count(state, "n_images")
         acc.per_image_defined = _count(state, "per_image_defined")
-        acc.per_image_sum[...] = np.asarray(state["per_image_sum"], dtype=np.float64)
+        if acc.per_image_defined > acc.n_images:
+            raise ValueError(f"accumulator state: per_image_defined ({acc.per_image_defined}) exceeds n_images "
+                             f"({acc.n_images})")
+        per_image_sum = np.asarray(state["per_image_sum"])
+        if per_image_sum.shape != acc.per_image_sum.shape or not np.issubdtype(per_image_sum.dtype, np.floating) \
+                or not np.isfinite(per_image_sum).all():
+            raise ValueError(f"accumulator state 'per_image_sum' must be {len(acc.metric_names)} finite floats (one "
+                             f"per metric: {', '.join(acc.metric_names)}), got {per_image_sum.dtype} of shape "
+                             f"{per_image_sum.shape}")
+        acc.per_image_sum[...] = per_image_sum
         return acc
 
     def save(self, path):
-        """Write the state to an ``.npz`` file."""
-        np.savez(path, **self.state_dict())
+        """Write the state to an ``.npz`` file, atomically."""
+        buffer = io.BytesIO()
+        np.savez(buffer, **self.state_dict())
+        atomic_write_bytes(path, buffer.getvalue())
 
     @classmethod
     def load(cls, path):
-        """Read a state written by :meth:`save` (never unpickles)."""
-        with np.load(path, allow_pickle=False) as state:
-            return cls.from_state_dict(dict(state))
+        """Read a state written by :meth:`save` (never unpickles); a ValueError names the file when it is not one."""
+        try:
+            return cls.from_state_dict(read_npz(path, "accumulator state"))
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
 
     def all_reduce(self):
         """Sum the counts over all ``torch.distributed`` ranks (in place); a no-op without a process group.
@@ -296,10 +325,16 @@ def _reverse_cumsum(hist):
 
 
 def _count(state, key):
-    value = int(np.asarray(state[key]))
-    if value < 0:
-        raise ValueError(f"accumulator state {key!r} must be non-negative, got {value}")
-    return value
+    """A non-negative integer scalar of the state (an int64 value; never a float such as 400.7)."""
+    value = np.asarray(state[key])
+    if value.shape != () or not np.issubdtype(value.dtype, np.integer):
+        raise ValueError(f"accumulator state {key!r} must be an integer, got {value.dtype} of shape {value.shape}")
+    if not 0 <= int(value) <= _INT64_MAX:
+        raise ValueError(f"accumulator state {key!r} must be a non-negative int64, got {int(value)}")
+    return int(value)
+
+
+_INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 def _is_cuda(x):
@@ -311,6 +346,9 @@ def _flat_cuda(scores, labels):
 
     if not (_is_cuda(scores) and _is_cuda(labels)) or scores.device != labels.device:
         raise ValueError(f"scores and labels must be on the same device, got {scores.device} and {labels.device}")
+    if scores.dtype.is_complex:
+        raise TypeError(f"scores must be real numbers (float or integer), got dtype {scores.dtype}: take the real "
+                        "part or the magnitude first")
     if labels.dtype == torch.bool:
         labels = labels.to(torch.uint8)
     if labels.dtype.is_floating_point:

@@ -168,6 +168,10 @@ def as_numpy_inputs(scores, labels):
             "they must match pixel for pixel"
         )
     if scores.dtype not in (np.float32, np.float64):
+        if not (np.issubdtype(scores.dtype, np.floating) or np.issubdtype(scores.dtype, np.integer)
+                or scores.dtype == bool):
+            raise TypeError(f"scores must be real numbers (float or integer), got dtype {scores.dtype}"
+                            + (": take the real part or the magnitude first" if np.iscomplexobj(scores) else ""))
         scores = scores.astype(np.float64)  # exact for float16 and integers up to 2**53
     if labels.dtype != np.uint8:
         if labels.dtype == bool:

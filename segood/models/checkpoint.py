@@ -1,6 +1,9 @@
 """Checkpoints: a plain dict (format tag, version, model config, state dicts) loaded with weights_only=True."""
 
 import pickle
+import zipfile
+from dataclasses import fields, replace
+from pathlib import Path
 
 import torch
 
@@ -19,21 +22,59 @@ def save_checkpoint(path, model, **extra):
         torch.save(state, tmp)
 
 
+def safe_load(path, what="checkpoint", map_location="cpu"):
+    """``torch.load(path, weights_only=True)``: tensors and plain values only, never arbitrary pickled objects
+    (a pickle can run code). Every failure is a ValueError that names the file and what is wrong with it."""
+    path = Path(path)
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no {what} {path}") from None
+    except pickle.UnpicklingError:
+        raise ValueError(f"refusing to load {path}: the {what} holds pickled Python objects, not only tensors and "
+                         "plain values, and segood never unpickles those (a pickle can run code); save a plain "
+                         "state dict instead") from None
+    except (EOFError, RuntimeError, KeyError, IndexError, ValueError, TypeError, AttributeError, OverflowError,
+            UnicodeDecodeError, zipfile.BadZipFile, OSError) as err:
+        size = path.stat().st_size if path.is_file() else 0
+        raise ValueError(f"{path} is not a readable {what}: empty, truncated or corrupt ({size} bytes; "
+                         f"{type(err).__name__}); write it again (a training run resumes from the previous epoch's "
+                         "checkpoint only if that one is intact)") from None
+
+
 def read_checkpoint(path, map_location="cpu"):
     """The checkpoint dict, read without unpickling arbitrary objects; a clear error for anything else."""
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, AttributeError, TypeError) as err:
-        raise ValueError(f"refusing to load {path}: it needs unpickling arbitrary objects or is corrupt "
-                         f"({type(err).__name__}); segood checkpoints hold only tensors and plain values") from None
+    state = safe_load(path, "checkpoint", map_location)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ValueError(f"{path} is not a segood checkpoint (expected format {FORMAT!r})")
+    for key in ("config", "model"):
+        if not isinstance(state.get(key), dict):
+            raise ValueError(f"{path}: the checkpoint has no {key!r} dictionary; it is damaged or not segood's")
     return state
 
 
+def model_config(config, path="the checkpoint"):
+    """A :class:`ModelConfig` from a checkpoint's config dict; unknown or missing keys are a ValueError."""
+    known = {f.name for f in fields(ModelConfig)}
+    unknown = sorted(set(config) - known)
+    missing = sorted({"arch", "encoder", "num_classes", "head"} - set(config))
+    if unknown or missing:
+        raise ValueError(f"{path}: the model config " + (f"has unknown keys {unknown}" if unknown else "")
+                         + (" and " if unknown and missing else "") + (f"lacks {missing}" if missing else "")
+                         + f" (a ModelConfig has {sorted(known)}); was it written by another segood version?")
+    return ModelConfig(**config)
+
+
 def load_model(path, map_location="cpu"):
-    """(model in eval mode, checkpoint dict)."""
+    """(model in eval mode, checkpoint dict). The weights come from the file: the encoder is built without
+    fetching pretrained weights whatever ``encoder_weights`` the config records (kept in ``model.config``)."""
     state = read_checkpoint(path, map_location)
-    model = SegmentationNetwork(ModelConfig(**state["config"]))
-    model.load_state_dict(state["model"])
+    config = model_config(state["config"], path)
+    model = SegmentationNetwork(replace(config, encoder_weights=None))
+    model.config = config
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as err:
+        raise ValueError(f"{path}: the weights do not fit the network its config describes ({config.arch}, "
+                         f"{config.encoder}, head {config.head!r}): {str(err).splitlines()[0]}") from None
     return model.eval(), state

@@ -47,6 +47,15 @@ def load_smp_weights(arch, encoder, weights, *, num_classes=NUM_CLASSES):
     (read with ``weights_only=True``), wrapped as an :class:`ExternalModel`."""
     import segmentation_models_pytorch as smp
 
+    from segood.models.checkpoint import safe_load
+
     model = smp.create_model(arch, encoder_name=encoder, encoder_weights=None, classes=num_classes)
-    model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    state = safe_load(weights, "state dict")
+    if not isinstance(state, dict):
+        raise ValueError(f"{weights} holds a {type(state).__name__}, not a state dict of {arch}/{encoder}")
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        raise ValueError(f"{weights} does not fit smp {arch} with {encoder} and {num_classes} classes: "
+                         f"{str(err).splitlines()[0]}") from None
     return ExternalModel(model)

@@ -21,6 +21,10 @@ from segood.models.miou import evaluate_miou
 from segood.models.network import build_model, preprocess
 
 
+#: settings that may change between a run and its --resume: they do not change the weights
+RESUMABLE_CHANGES = ("workers", "device", "out_dir")
+
+
 @dataclass
 class TrainConfig:
     train_set: str
@@ -44,6 +48,24 @@ class TrainConfig:
     workers: int = 0
     seed: int = 0
     device: str = "auto"
+
+
+def check_resumable(saved, config, path):
+    """Refuse to resume a run with other settings than it started with (the result would mix two
+    configurations); ``RESUMABLE_CHANGES`` may differ."""
+    if not isinstance(saved, dict):
+        raise ValueError(f"{path} records no training configuration: it was not written by segood train")
+    current = asdict(config)
+    changed = sorted(k for k in set(saved) | set(current)
+                     if k not in RESUMABLE_CHANGES and _comparable(saved.get(k)) != _comparable(current.get(k)))
+    if changed:
+        shown = ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed)
+        raise ValueError(f"--resume with other settings than {path} was trained with ({shown}); resume with the "
+                         "same settings, or train into a new --out")
+
+
+def _comparable(value):
+    return list(value) if isinstance(value, tuple) else value
 
 
 def augmentation(config, epoch):
@@ -90,9 +112,14 @@ def train(config, *, resume=False, progress=True, stop_after=None):
     start_epoch, iteration, log = 0, 0, []
     if resume and (out / "last.pt").exists():
         state = read_checkpoint(out / "last.pt", map_location=device)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start_epoch, iteration, log = state["epoch"] + 1, state["iteration"], state["log"]
+        check_resumable(state.get("train_config"), config, out / "last.pt")
+        try:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            start_epoch, iteration, log = int(state["epoch"]) + 1, int(state["iteration"]), list(state["log"])
+        except (KeyError, RuntimeError, ValueError, TypeError) as err:
+            raise ValueError(f"{out / 'last.pt'} cannot be resumed from ({type(err).__name__}: {err}); start a "
+                             "new --out or drop --resume") from None
 
     steps_per_epoch = len(H5SegmentationDataset(config.train_set)) // config.batch_size
     if steps_per_epoch == 0:
