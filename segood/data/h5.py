@@ -49,8 +49,12 @@ def encode(sample):
         chunks[name] = zlib.compress(raw, _DEFLATE_LEVEL)
         digests[name] = hashlib.sha256(raw).digest()
         shapes[name] = array.shape
-    counts = np.bincount(sample.ood_mask.ravel(), minlength=256)
-    pixels = {"id": int(counts[0]), "ood": int(counts[1]), "ignore": int(counts[255])}
+    counts = np.bincount(np.asarray(sample.ood_mask, np.uint8).ravel(), minlength=256)
+    bad = [v for v in np.flatnonzero(counts).tolist() if v not in (ID, OOD, IGNORE)]
+    if bad or sample.ood_mask.dtype != np.uint8:
+        raise ValueError(f"{sample.frame_id}: the ood_mask must be uint8 with 0 (ID), 1 (OOD), 255 (ignore), got "
+                         f"{sample.ood_mask.dtype}" + (f" holding {bad}" if bad else ""))
+    pixels = {"id": int(counts[ID]), "ood": int(counts[OOD]), "ignore": int(counts[IGNORE])}
     return EncodedFrame(sample.frame_id, shapes, chunks, digests, pixels, sample.extra)
 
 

@@ -1,0 +1,422 @@
+"""Every bad file a clear error, nothing half-written, no silent corruption: one test per fault, each on a tiny
+generated tree or file, asserting the clear message (or the correct mask), that nothing is half-written and
+that the good frames around a bad one still convert."""
+
+import errno
+import io
+import pickle
+import shutil
+import socket
+import zlib
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from segood.cli import main
+from segood.data import IDD, Cityscapes, ConversionError, Sample, Sun, convert
+from segood.data.common import rasterise
+from segood.data.convert import ConversionWarning
+from segood.data.h5 import CorruptFrame, H5SegmentationDataset, SetWriter, manifest_path, read_manifest
+from segood.evaluation import evaluate
+from segood.labels import IGNORE, OOD
+from segood.metrics import PixelOODAccumulator
+from segood.models import build_model, load_model, load_smp_weights, read_checkpoint, save_checkpoint
+from segood.models.train import TrainConfig, train
+
+from rawtrees import cityscapes_tree, gradient_image, idd_json, labelme_xml, rect, write_rgb
+
+H, W = 40, 60
+
+
+def idd_frames(root, names, image_suffix=".jpg", objects=None):
+    """IDD frames (car ID, autorickshaw OOD) named ``names``; returns their image paths."""
+    objects = objects or [{"label": "car", "polygon": rect(5, 5, 24, 19), "deleted": 0},
+                          {"label": "autorickshaw", "polygon": rect(30, 10, 44, 24), "deleted": 0}]
+    paths = []
+    for k, name in enumerate(names):
+        image = root / "leftImg8bit" / "val" / "0" / f"{name}_leftImg8bit{image_suffix}"
+        write_rgb(image, gradient_image(H, W, k))
+        idd_json(root / "gtFine" / "val" / "0" / f"{name}_gtFine_polygons.json", H, W,
+                 objects if not callable(objects) else objects(k))
+        paths.append(image)
+    return paths
+
+
+def skipped(manifest):
+    return {entry["frame_id"]: entry["reason"] for entry in manifest["skipped"]}
+
+
+def nothing_written(out):
+    out = Path(out)
+    return not out.exists() and not manifest_path(out).exists() and not list(out.parent.glob(f".{out.name}*"))
+
+
+# 1. A truncated JPEG is a skipped frame with its reason (an error with strict), never a grey lower third.
+def test_truncated_jpeg_is_skipped_not_converted(tmp_path):
+    images = idd_frames(tmp_path / "idd", ["000100", "000200", "000300"])
+    data = images[1].read_bytes()
+    images[1].write_bytes(data[: len(data) * 2 // 3])
+    manifest = convert(IDD(tmp_path / "idd"), tmp_path / "x.h5", size=(H, W), progress=False)
+    assert manifest["frames"] == 2  # the good frames around the bad one
+    assert "cannot decode image 000200_leftImg8bit.jpg completely" in skipped(manifest)["val/0/000200"]
+    with pytest.raises(ConversionError, match="000200.*completely"):
+        convert(IDD(tmp_path / "idd"), tmp_path / "y.h5", size=(H, W), strict=True, progress=False)
+    assert nothing_written(tmp_path / "y.h5")
+
+
+# 2. NaN coordinates skip the frame; huge ones are clipped to the frame geometrically.
+def test_non_finite_and_huge_polygon_coordinates(tmp_path):
+    objects = {0: [{"label": "car", "polygon": [[5, 5], [float("nan"), 5], [20, 30]], "deleted": 0}],
+               1: [{"label": "car", "polygon": [[-1e12, -1e12], [1e12, -1e12], [1e12, 20.5], [-1e12, 20.5]]}],
+               2: [{"label": "car", "polygon": [[12, 3], [1e12, 3], [12, 1e12]], "deleted": 0}]}
+    idd_frames(tmp_path / "idd", ["000100", "000200", "000300"], objects=objects.get)
+    manifest = convert(IDD(tmp_path / "idd"), tmp_path / "x.h5", size=(H, W), progress=False)
+    assert "polygon 0 ('car') has a non-finite coordinate" in skipped(manifest)["val/0/000100"]
+    dataset = H5SegmentationDataset(tmp_path / "x.h5")
+    band = dataset[0]["ood_mask"].numpy()
+    expected = rasterise([[[-5, -5], [W + 5, -5], [W + 5, 20.5], [-5, 20.5]]], H, W)  # the same band, drawn small
+    assert np.array_equal(band == 0, expected == 1) and (band == 0).sum() == 21 * W
+    triangle = dataset[1]["ood_mask"].numpy() == 0  # every pixel right of x = 12 and below y = 3 is car
+    rows, cols = np.mgrid[:H, :W]
+    assert np.array_equal(triangle, (rows >= 3) & (cols >= 12))
+
+
+# 3. EXIF orientation is not applied (annotations are on the stored grid); a size mismatch is a skip.
+# 4. The SUN size filter reads the image, never the XML's claim.
+def test_sun_exif_orientation_and_size_claims(tmp_path):
+    root = tmp_path / "sun"
+    objects = [("car", rect(0, 0, 99, 299), "alice", 0), ("vase", rect(300, 400, 499, 599), "bob", 0)]
+    cases = {"rotated": ((660, 700), (660, 700), 6), "plain": ((660, 700), (660, 700), None),
+             "small_claims_big": ((600, 600), (700, 700), None), "big_claims_small": ((700, 700), (600, 600), None)}
+    for name, (size, claimed, orientation) in cases.items():
+        path = root / "Images" / "a" / "abbey" / f"{name}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        exif = Image.Exif()
+        if orientation:
+            exif[0x0112] = orientation  # "rotate 90° clockwise to display": cv2.imread would turn the image
+        Image.fromarray(gradient_image(*size)).save(path, quality=95, exif=exif)
+        (root / "Annotations" / "a" / "abbey").mkdir(parents=True, exist_ok=True)
+        (root / "Annotations" / "a" / "abbey" / f"{name}.xml").write_text(
+            labelme_xml(f"{name}.jpg", "a/abbey", objects, claimed))
+    sun = Sun(root, "all")
+    assert dict(sun.prefiltered) == {"a/abbey/small_claims_big": "600x600 = 360000 pixels <= 640x640"}
+    manifest = convert(sun, tmp_path / "x.h5", size=(660, 700), progress=False)
+    assert "imagesize is 600x600 but the image is 700x700" in skipped(manifest)["a/abbey/big_claims_small"]
+    masks = {item["frame_id"]: item["ood_mask"].numpy() for item in H5SegmentationDataset(tmp_path / "x.h5")}
+    assert np.array_equal(masks["a/abbey/rotated"], masks["a/abbey/plain"])
+    assert (masks["a/abbey/rotated"][:300, :100] == 0).all() and (masks["a/abbey/rotated"][400:600, 300:500] == 1).all()
+
+
+@pytest.fixture()
+def small_set(tmp_path):
+    """A converted Cityscapes-format set of three frames."""
+    frames = [("aachen", "000000", f"{k:06d}") for k in range(3)]
+    cityscapes_tree(tmp_path / "cs", frames=frames)
+    convert(Cityscapes(tmp_path / "cs"), tmp_path / "cs.h5", size=(32, 64), progress=False)
+    return tmp_path / "cs.h5"
+
+
+def replace_chunk(path, name, index, array):
+    with h5py.File(path, "r+") as f:
+        f[name].id.write_direct_chunk((index,) + (0,) * (f[name].ndim - 1), zlib.compress(array.tobytes()))
+
+
+# 5. A chunk replaced by valid gzip of other content is found when the set is read, naming the frame.
+def test_modified_chunk_is_found_and_named(small_set, tmp_path):
+    doctored = tmp_path / "doctored.h5"
+    shutil.copy(small_set, doctored)
+    with h5py.File(doctored, "r+") as f:  # a doctored digest table no longer matches the manifest
+        f["frame_sha256"][1, 1, 0] ^= 1
+    with pytest.raises(CorruptFrame, match="per-frame digests do not match the manifest"):
+        H5SegmentationDataset(doctored)
+    mask = H5SegmentationDataset(small_set)[1]["ood_mask"].numpy().copy()
+    mask[:5] = OOD
+    replace_chunk(small_set, "ood_mask", 1, mask)
+    dataset = H5SegmentationDataset(small_set)
+    dataset[0], dataset[2]
+    with pytest.raises(CorruptFrame, match=r"frame 1 \(val/aachen/aachen_000000_000001\): ood_mask differs"):
+        dataset[1]
+    assert (H5SegmentationDataset(small_set, verify=False)[1]["ood_mask"][:5] == OOD).all()  # skipping the check
+    model = build_model("pspnet", "resnet18").eval()
+    with pytest.raises(ValueError, match="cs: cannot read frame 1 .*ood_mask differs"):
+        evaluate(model, [small_set], ["max_softmax"], tmp_path / "run", progress=False, figures=False)
+    doc = evaluate(model, [small_set], ["max_softmax"], tmp_path / "run2", progress=False, figures=False,
+                   skip_bad=True)
+    assert [s[:2] for s in doc["skipped_frames"]] == [["cs", 1]]
+
+
+# 6. Label ids outside the official Cityscapes table are counted per id in the manifest, with a warning.
+def test_unknown_cityscapes_label_ids_are_counted_and_warned(tmp_path, capsys):
+    label_ids = cityscapes_tree(tmp_path / "cs", frames=[("aachen", "000000", "000000"), ("bonn", "000000", "000001")])
+    odd = label_ids.copy()
+    odd[0, :7] = 250
+    Image.fromarray(odd).save(tmp_path / "cs/gtFine/val/bonn/bonn_000000_000001_gtFine_labelIds.png")
+    with pytest.warns(ConversionWarning, match=r"label ids outside the official Cityscapes table.*250 \(7 pixels"):
+        manifest = convert(Cityscapes(tmp_path / "cs"), tmp_path / "x.h5", size=(32, 64), progress=False)
+    assert manifest["unknown_label_ids"] == {"250": {"pixels": 7, "frames": 1}} and manifest["frames"] == 2
+    assert main(["convert", "cityscapes", str(tmp_path / "cs"), "--out", str(tmp_path / "y.h5"), "--quiet"]) == 0
+    assert "warning: label ids outside the official Cityscapes table" in capsys.readouterr().err
+
+
+# 7. No frames: an error, nothing written; an empty set is refused by evaluate.
+def test_empty_conversions_and_sets_are_errors(tmp_path, capsys):
+    cityscapes_tree(tmp_path / "cs")
+    for label in (tmp_path / "cs" / "gtFine").rglob("*.png"):
+        label.rename(label.with_name(label.name.replace("labelIds", "color")))
+    assert main(["convert", "cityscapes", str(tmp_path / "cs"), "--out", str(tmp_path / "x.h5"), "--quiet"]) == 2
+    assert "gtFine/val/*/*_gtFine_labelIds.png" in capsys.readouterr().err and nothing_written(tmp_path / "x.h5")
+    (tmp_path / "cs" / "gtFine" / "val" / "frankfurt" / "frankfurt_000000_000294_gtFine_labelIds.png").write_bytes(b"")
+    with pytest.raises(ConversionError, match=r"no frame of cityscapes could be converted \(2 skipped: .*nothing"):
+        convert(Cityscapes(tmp_path / "cs"), tmp_path / "x.h5", progress=False)
+    assert nothing_written(tmp_path / "x.h5")
+    writer = SetWriter(tmp_path / "empty.h5", (8, 8), {"source": "test"})
+    with pytest.raises(ValueError, match="no frame to write"):
+        writer.commit()
+    assert nothing_written(tmp_path / "empty.h5")
+    with h5py.File(tmp_path / "legacy.h5", "w") as f:  # an empty set as older versions wrote them
+        f.attrs["format"] = "segood.h5set/1"
+        f.create_dataset("frame_id", shape=(0,), dtype=h5py.string_dtype())
+    with pytest.warns(UserWarning, match="without per-frame digests"), pytest.raises(ValueError, match="holds no frames"):
+        evaluate(build_model("pspnet", "resnet18"), [tmp_path / "legacy.h5"], ["max_softmax"], tmp_path / "run",
+                 progress=False)
+
+
+# 8. Unreadable checkpoints and states: one clear line naming the file, never a traceback.
+def test_unreadable_checkpoints_and_states_name_the_file(small_set, tmp_path, capsys):
+    model = build_model("pspnet", "resnet18")
+    save_checkpoint(tmp_path / "good.pt", model)
+    data = (tmp_path / "good.pt").read_bytes()
+    (tmp_path / "empty.pt").write_bytes(b"")
+    (tmp_path / "half.pt").write_bytes(data[: len(data) // 2])
+    for name in ("empty.pt", "half.pt"):
+        with pytest.raises(ValueError, match=f"{name} is not a readable checkpoint: empty, truncated or corrupt"):
+            read_checkpoint(tmp_path / name)
+
+    class Payload:
+        def __reduce__(self):
+            return (print, ("this would run",))
+
+    (tmp_path / "raw.pt").write_bytes(pickle.dumps({"weight": Payload()}))
+    with pytest.raises(ValueError, match="raw.pt: the state dict holds pickled Python objects"):
+        load_smp_weights("pspnet", "resnet18", tmp_path / "raw.pt")
+    assert main(["evaluate", "--arch", "pspnet", "--encoder", "resnet18", "--weights", str(tmp_path / "raw.pt"),
+                 "--sets", str(small_set), "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "never unpickles" in err and "weights_only" not in err and "Traceback" not in err
+
+    state = read_checkpoint(tmp_path / "good.pt")
+    state["config"]["colour"] = "blue"
+    torch.save(state, tmp_path / "odd.pt")
+    with pytest.raises(ValueError, match=r"odd.pt: the model config has unknown keys \['colour'\]"):
+        load_model(tmp_path / "odd.pt")
+
+    run = tmp_path / "run"
+    evaluate(model.eval(), [small_set], ["max_softmax"], run, progress=False, figures=False)
+    good_state = (run / "state.npz").read_bytes()
+    (run / "state.npz").write_bytes(good_state[: len(good_state) // 2])
+    assert main(["report", str(run)]) == 2
+    assert "state.npz is not a readable evaluation state: empty, truncated" in capsys.readouterr().err
+    with np.load(io.BytesIO(good_state)) as arrays:
+        without_meta = {k: arrays[k] for k in arrays.files if k != "meta"}
+    np.savez(run / "state.npz", **without_meta)
+    assert main(["report", str(run)]) == 2
+    assert "is not a complete evaluation state: it lacks 'meta'" in capsys.readouterr().err
+    huge = PixelOODAccumulator().state_dict()
+    huge["num_thresholds"] = np.array(1 << 40)
+    np.savez(tmp_path / "huge.npz", **huge)
+    assert main(["metrics", str(tmp_path / "huge.npz")]) == 2
+    assert "'hist' must be integers of shape (2, 1099511627776)" in capsys.readouterr().err
+
+
+# 9. and 10. States: counts checked before any cast; every field of the right type, shape and range.
+@pytest.mark.parametrize("field, value, message", [
+    ("hist", np.full((2, 400), 2**64 - 1, np.uint64), "non-negative counts within the int64 range"),
+    ("hist", np.full((2, 400), 2**62, np.int64), "beyond the int64 range"),
+    ("per_image_defined", np.array(5), r"per_image_defined \(5\) exceeds n_images \(0\)"),
+    ("score_range", np.array([0.0, 0.5, 1.0]), "'score_range' must be two real numbers"),
+    ("per_image_sum", np.zeros(3), "'per_image_sum' must be 4 finite floats"),
+    ("per_image_sum", np.full(4, np.nan), "'per_image_sum' must be 4 finite floats"),
+    ("num_thresholds", np.array(400.7), "'num_thresholds' must be an integer"),
+])
+def test_bad_accumulator_states_are_refused(field, value, message):
+    state = PixelOODAccumulator(400).state_dict()
+    state[field] = value
+    with pytest.raises(ValueError, match=message):
+        PixelOODAccumulator.from_state_dict(state)
+
+
+def test_complex_scores_are_refused():
+    labels = np.array([0, 1, 1], np.uint8)
+    for scores in (np.array([0.1, 0.5, 0.9]) + 0.5j, torch.tensor([0.1, 0.5, 0.9], dtype=torch.complex64)):
+        with pytest.raises(TypeError, match="scores must be real numbers .*complex"):
+            PixelOODAccumulator().update(scores, labels)
+
+
+# 11. --resume refuses another configuration, naming the keys.
+def test_resume_refuses_changed_settings(tmp_path):
+    from segood.data.synthetic import scene_batch
+
+    images, semantic, ood = scene_batch(0, 8, 64, 128)
+    writer = SetWriter(tmp_path / "train.h5", (64, 128), {"source": "synthetic", "split": "train"})
+    for k in range(len(images)):
+        writer.append(Sample(images[k], ood[k], semantic[k], f"scene/{k}"))
+    writer.commit()
+
+    def config(**kw):
+        return TrainConfig(train_set=str(tmp_path / "train.h5"), out_dir=str(tmp_path / "run"), arch="pspnet",
+                           encoder="resnet18", epochs=2, batch_size=4, crop=[64, 128], **kw)
+
+    train(config(lr=0.01), progress=False, stop_after=1)
+    with pytest.raises(ValueError, match=r"other settings than .*last.pt.*lr: 0.01 -> 0.02, seed: 0 -> 1"):
+        train(config(lr=0.02, seed=1), resume=True, progress=False)
+    with pytest.raises(ValueError, match=r"batch_size: 4 -> 2"):
+        train(replace_batch(config(lr=0.01), 2), resume=True, progress=False)
+    log = train(config(lr=0.01, workers=0), resume=True, progress=False)  # the same settings resume
+    assert [row["epoch"] for row in log] == [1, 2]
+    (tmp_path / "run" / "last.pt").write_bytes(b"")
+    with pytest.raises(ValueError, match="last.pt is not a readable checkpoint"):
+        train(config(lr=0.01), resume=True, progress=False)
+
+
+def replace_batch(config, batch_size):
+    from dataclasses import replace
+
+    return replace(config, batch_size=batch_size)
+
+
+# 12. A checkpoint's encoder_weights never makes segood fetch what the file holds.
+def test_checkpoints_never_fetch_encoder_weights(tmp_path, monkeypatch):
+    model = build_model("pspnet", "resnet18")
+    save_checkpoint(tmp_path / "m.pt", model)
+    state = read_checkpoint(tmp_path / "m.pt")
+    state["config"]["encoder_weights"] = "imagenet"
+    torch.save(state, tmp_path / "m.pt")
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("segood tried to reach the network")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    loaded, _ = load_model(tmp_path / "m.pt")
+    assert loaded.config.encoder_weights == "imagenet"
+    for a, b in zip(loaded.state_dict().values(), model.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+# 13. A failure at any point of a conversion (a full disk) leaves the old state: no partial set, no orphan.
+@pytest.mark.parametrize("where", ["append", "close", "manifest"])
+def test_failed_conversion_leaves_nothing_or_the_old_set(tmp_path, monkeypatch, where):
+    images = idd_frames(tmp_path / "idd", ["000100", "000200"])
+    assert images
+    old = convert(IDD(tmp_path / "idd"), tmp_path / "x.h5", size=(H, W), progress=False)
+    old_bytes = (tmp_path / "x.h5").read_bytes(), manifest_path(tmp_path / "x.h5").read_bytes()
+    full = OSError(errno.ENOSPC, "No space left on device")
+    calls = {"n": 0}
+
+    def fail_once(original):
+        def wrapper(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == 2 or (where != "append" and calls["n"] == 1):
+                raise full
+            return original(*args, **kwargs)
+        return wrapper
+
+    target = {"append": (SetWriter, "append"), "close": (h5py.File, "close"), "manifest": (Path, "write_text")}[where]
+    monkeypatch.setattr(*target, fail_once(getattr(*target)))
+    for out, overwrite in ((tmp_path / "new.h5", False), (tmp_path / "x.h5", True)):
+        calls["n"] = 0
+        with pytest.raises(OSError, match="No space left"):
+            convert(IDD(tmp_path / "idd"), out, size=(H, W), overwrite=overwrite, progress=False)
+    monkeypatch.undo()
+    assert nothing_written(tmp_path / "new.h5")
+    assert ((tmp_path / "x.h5").read_bytes(), manifest_path(tmp_path / "x.h5").read_bytes()) == old_bytes
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    assert read_manifest(tmp_path / "x.h5") == old
+    assert convert(IDD(tmp_path / "idd"), tmp_path / "new.h5", size=(H, W), progress=False)["frames"] == 2
+
+
+def test_the_manifest_travels_inside_the_set(small_set):
+    manifest_path(small_set).unlink()  # e.g. a copy of the .h5 alone
+    manifest = read_manifest(small_set)
+    assert manifest["frames"] == 3 and len(H5SegmentationDataset(small_set)) == 3
+
+
+# 14. Messages name the set, the frame and the file; --skip-bad passes a bad frame.
+def test_bad_mask_values_name_the_set_and_frame(small_set, tmp_path):
+    mask = H5SegmentationDataset(small_set)[2]["ood_mask"].numpy().copy()
+    mask[0, 0] = 2
+    replace_chunk(small_set, "ood_mask", 2, mask)
+    model = build_model("pspnet", "resnet18").eval()
+    with pytest.raises(ValueError, match=r"cs: cannot read frame 2 .*frame 2 \(.*\): ood_mask holds values \[2\]"):
+        evaluate(model, [small_set], ["max_softmax"], tmp_path / "a", progress=False, figures=False, verify=False)
+    doc = evaluate(model, [small_set], ["max_softmax"], tmp_path / "b", progress=False, figures=False,
+                   verify=False, skip_bad=True)
+    assert doc["skipped_frames"][0][:2] == ["cs", 2] and "holds values [2]" in doc["skipped_frames"][0][2]
+    with pytest.raises(ValueError, match="x/2: the ood_mask must be uint8 with 0 .* holding \\[2\\]"):
+        SetWriter(tmp_path / "bad.h5", (32, 64), {"source": "test"}).append(
+            Sample(np.zeros((32, 64, 3), np.uint8), mask, mask, "x/2"))
+
+
+def test_garbage_score_file_and_npz_name_the_file(small_set, tmp_path, capsys):
+    (tmp_path / "garbage.h5").write_bytes(b"not hdf5 at all")
+    assert main(["score", "--scores", str(tmp_path / "garbage.h5"), "--data", str(small_set), "--out",
+                 str(tmp_path / "run")]) == 2
+    assert f"{tmp_path / 'garbage.h5'} is not a readable HDF5 score file" in capsys.readouterr().err
+    np.savez(tmp_path / "objects.npz", hist=np.array([{"a": 1}], dtype=object))
+    assert main(["metrics", str(tmp_path / "objects.npz")]) == 2
+    err = capsys.readouterr().err
+    assert "objects.npz" in err and "pickled Python objects" in err and "allow_pickle" not in err
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_malformed_idd_coordinate_skips_the_named_frame(tmp_path, workers):
+    objects = {1: [{"label": "car", "polygon": [[5, 5], ["12,5px", 3], [20, 30]], "deleted": 0}]}
+    idd_frames(tmp_path / "idd", ["000100", "000200", "000300"], objects=lambda k: objects.get(k) or [
+        {"label": "car", "polygon": rect(5, 5, 24, 19), "deleted": 0}])
+    manifest = convert(IDD(tmp_path / "idd"), tmp_path / "x.h5", size=(H, W), workers=workers, progress=False)
+    assert manifest["frames"] == 2
+    assert "polygon 0 ('car') has a non-numeric coordinate" in skipped(manifest)["val/0/000200"]
+
+
+def test_an_unexpected_error_names_the_frame(tmp_path, monkeypatch):
+    idd_frames(tmp_path / "idd", ["000100", "000200"])
+    adapter = IDD(tmp_path / "idd")
+    monkeypatch.setattr(IDD, "load", lambda self, ref: 1 / 0)
+    with pytest.raises(ConversionError, match="val/0/000100: unexpected ZeroDivisionError"):
+        convert(adapter, tmp_path / "x.h5", size=(H, W), progress=False)
+    assert nothing_written(tmp_path / "x.h5")
+
+
+# 15. SUN is listed recursively; every file not used is recorded with the reason.
+# 16. A class noun with modifiers is that class; an empty name is ignore.
+def test_sun_listing_and_label_rules_on_a_tree(tmp_path):
+    root = tmp_path / "sun"
+    objects = [("person sitting crop", rect(0, 0, 99, 99), "alice", 0), ("", rect(200, 0, 299, 99), "bob", 0),
+               ("parked white car", rect(0, 200, 99, 299), "carol", 0), ("teapot", rect(300, 300, 399, 399), "dan", 0)]
+    for folder, name in (("c/church/outdoor", "deep"), ("a/abbey", "shallow"), ("misc", "other")):
+        write_rgb(root / "Images" / folder / f"{name}.jpg", gradient_image(660, 700))
+        (root / "Annotations" / folder).mkdir(parents=True, exist_ok=True)
+        (root / "Annotations" / folder / f"{name}.xml").write_text(labelme_xml(f"{name}.jpg", folder, objects))
+    (root / "Annotations" / "a" / "abbey" / "notes.txt").write_text("not an annotation")
+    write_rgb(root / "Images" / "a" / "abbey" / "orphan.jpg", gradient_image(8, 8))
+    (root / "README").write_text("release notes")
+    sun = Sun(root, "all")
+    assert [sun.frame_id(r) for r in sun.refs()] == ["a/abbey/shallow", "c/church/outdoor/deep", "misc/other"]
+    assert dict(sun.unused_files) == {"Annotations/a/abbey/notes.txt": "not a LabelMe annotation (.txt)",
+                                      "Images/a/abbey/orphan.jpg": "no annotation with the same relative path",
+                                      "README": "outside Images/ and Annotations/"}
+    manifest = convert(sun, tmp_path / "x.h5", size=(660, 700), progress=False)
+    assert len(manifest["unused_files"]) == 3 and manifest["frames"] == 3
+    item = H5SegmentationDataset(tmp_path / "x.h5")[0]
+    mask, semantic = item["ood_mask"].numpy(), item["semantic"].numpy()
+    assert (mask[:100, :100] == 0).all() and (semantic[:100, :100] == 11).all()  # person
+    assert (mask[:100, 200:300] == IGNORE).all()  # empty name
+    assert (mask[200:300, :100] == 0).all() and (semantic[200:300, :100] == 13).all()  # car
+    assert (mask[300:400, 300:400] == OOD).all()
+    rules = {row["name"]: row["rule"] for row in manifest["coverage"]}
+    assert rules == {"person sitting": "modifiers", "": "empty", "parked white car": "modifiers",
+                     "teapot": "default"}
