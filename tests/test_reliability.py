@@ -21,8 +21,9 @@ from segood.data import IDD, Cityscapes, ConversionError, Sample, Sun, convert
 from segood.data.common import rasterise
 from segood.data.convert import ConversionWarning
 from segood.data.h5 import CorruptFrame, H5SegmentationDataset, SetWriter, manifest_path, read_manifest
-from segood.evaluation import evaluate
+from segood.evaluation import Evaluation, evaluate
 from segood.labels import IGNORE, OOD
+from segood.methods import Method
 from segood.metrics import PixelOODAccumulator
 from segood.models import build_model, load_model, load_smp_weights, read_checkpoint, save_checkpoint
 from segood.models.train import TrainConfig, train
@@ -359,6 +360,27 @@ def test_bad_mask_values_name_the_set_and_frame(small_set, tmp_path):
     with pytest.raises(ValueError, match="x/2: the ood_mask must be uint8 with 0 .* holding \\[2\\]"):
         SetWriter(tmp_path / "bad.h5", (32, 64), {"source": "test"}).append(
             Sample(np.zeros((32, 64, 3), np.uint8), mask, mask, "x/2"))
+
+
+class NanOnSecondBatch(Method):
+    """A toy method whose scores turn NaN on the frames after the first batch."""
+
+    name = "nan_later"
+    calls = 0
+
+    def from_output(self, output):
+        NanOnSecondBatch.calls += 1
+        scores = torch.sigmoid(-output.logits.amax(dim=1))
+        return scores if NanOnSecondBatch.calls == 1 else scores * float("nan")
+
+
+def test_a_failing_batch_names_the_frames_and_never_saves_a_half_counted_state(small_set, tmp_path):
+    model = build_model("pspnet", "resnet18").eval()
+    with pytest.raises(ValueError, match=r"cs: frames \[1\]: .*NaN.*--resume continues from the last saved batch"):
+        evaluate(model, [small_set], ["max_softmax", NanOnSecondBatch()], tmp_path / "run", batch_size=1,
+                 save_every=1, progress=False, figures=False)
+    state = Evaluation.load(tmp_path / "run" / "state.npz")  # the save after batch 0, consistent
+    assert state.done == {"cs": 1} and {acc.n_images for acc in state.acc.values()} == {1}
 
 
 def test_garbage_score_file_and_npz_name_the_file(small_set, tmp_path, capsys):

@@ -258,9 +258,9 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, num_thresho
                 t3 = time.perf_counter()
                 try:
                     ev.process(set_name, kept, batch, dict(zip(names, scored.scores)), scored.classes)
-                except ValueError as err:  # e.g. a method's NaN scores: name where, keep what was accumulated
-                    ev.save(state_path)
-                    raise ValueError(f"{set_name}: frames {kept}: {err}") from None
+                except ValueError as err:  # e.g. a method's NaN scores. Not saved: this batch is half-counted,
+                    raise ValueError(f"{set_name}: frames {kept}: {err}; --resume continues from the last saved "
+                                     "batch") from None  # while the last save is consistent
                 ev.seconds["accumulate"] += _lap(device, t3)
             ev.done[set_name] += len(indices)
             bar.update(len(indices))
