@@ -12,7 +12,7 @@ from segood.cli import main
 from segood.data.h5 import H5SegmentationDataset
 from segood.evaluation import evaluate, evaluate_score_maps
 from segood.methods import get_method
-from segood.metrics import METRIC_NAMES, PixelOODAccumulator
+from segood.metrics import METRIC_NAMES, PixelOODAccumulator, make_accumulator
 from segood.models import build_model, preprocess, save_checkpoint
 
 from rawtrees import mixed_noise_sets
@@ -31,7 +31,7 @@ def dropout_model():
 
 def direct_counts(model, method, path):
     """The reference: the method scored frame by frame straight into a fresh accumulator."""
-    acc = PixelOODAccumulator()
+    acc = make_accumulator()
     dataset = H5SegmentationDataset(path)
     for i in range(len(dataset)):
         item = dataset[i]
@@ -100,11 +100,13 @@ def test_score_maps_equal_the_model_path(sets, tmp_path):
     with pytest.raises(ValueError, match=f"frame {first}: .*outside"):
         evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "bad2")
     with pytest.raises(ValueError, match="holds a different run"):  # never overwrite another run's state
-        evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "int", clip=True)
+        evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "int", clip=True,
+                            num_thresholds=400)
 
 
 def test_report_flags_values_the_binning_cannot_resolve(sets, tmp_path):
-    """Scores crowded below the first of 400 thresholds: results.md marks them ≈; 65536 thresholds resolve them."""
+    """Scores crowded below the first of 400 linear thresholds: results.md marks them ≈; the float-order grid (the
+    default) resolves them."""
     dataset = H5SegmentationDataset(sets / "perlin_mixed.h5")
     rng = np.random.default_rng(0)
     with h5py.File(tmp_path / "scores.h5", "w") as f:
@@ -113,14 +115,14 @@ def test_report_flags_values_the_binning_cannot_resolve(sets, tmp_path):
             item = dataset[i]
             ood = item["ood_mask"].numpy() == 1
             f[item["frame_id"]] = (np.where(ood, 0.002, 0.001) + rng.uniform(0, 1e-4, ood.shape)).astype(np.float32)
-    coarse = evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "coarse", figures=False)
-    pooled = coarse["results"]["external"]["perlin_mixed"]["pooled"]
-    assert pooled["auroc"] == pytest.approx(0.5) and pooled["auroc_max_error"] == pytest.approx(0.5)
+    coarse = evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "coarse", figures=False,
+                                 num_thresholds=400)
+    result = coarse["results"]["external"]["perlin_mixed"]
+    assert result["pooled"]["auroc"] == pytest.approx(0.5) and result["bounds"]["auroc"] == [0.0, 1.0]
     markdown = (tmp_path / "coarse" / "results.md").read_text()
-    assert "**0.5000** ≈" in markdown and "--num-thresholds 65536" in markdown
-    assert "auroc_max_error" in (tmp_path / "coarse" / "results.csv").read_text().splitlines()[0]
-    fine = evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "fine",
-                               num_thresholds=65536, figures=False)
+    assert "**0.5000** ≈" in markdown and "rerun on the float-order grid" in markdown
+    assert "auroc_lo,auroc_hi" in (tmp_path / "coarse" / "results.csv").read_text().splitlines()[0]
+    fine = evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "fine", figures=False)
     assert fine["results"]["external"]["perlin_mixed"]["pooled"]["auroc"] == pytest.approx(1.0)
     assert "≈" not in (tmp_path / "fine" / "results.md").read_text()
 

@@ -16,7 +16,7 @@ from segood.evaluation import evaluate
 from segood.labels import ID, IGNORE, OOD
 from segood.leaderboard import leaderboard, make_benchmark, submit
 from segood.methods import METHODS, Method, get_method
-from segood.metrics import METRICS, Metric, PixelOODAccumulator, exact_metrics, get_metric
+from segood.metrics import METRICS, Metric, exact_metrics, get_metric, make_accumulator
 from segood.models import build_model, preprocess
 
 from rawtrees import mixed_noise_sets
@@ -103,7 +103,7 @@ def test_a_registered_method_reaches_the_cli_and_the_report(sets, tmp_path, caps
                    progress=False, figures=False)
     assert "| toy_max_logit |" in (tmp_path / "run" / "results.md").read_text()
     # the same numbers as scoring the method by hand, frame by frame
-    acc = PixelOODAccumulator(400)
+    acc = make_accumulator()
     for item in H5SegmentationDataset(sets / "perlin_mixed.h5"):
         scores, _ = get_method("toy_max_logit").score(model, preprocess(item["image"][None]))
         acc.update(scores, item["ood_mask"][None])

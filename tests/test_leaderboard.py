@@ -14,6 +14,7 @@ from segood.data import H5SegmentationDataset
 from segood.evaluation import evaluate
 from segood.leaderboard import Limits, leaderboard, make_benchmark, submit
 from segood.methods.tuning import tune
+from segood.metrics import grid_spec
 from segood.models import build_model
 
 from rawtrees import mixed_noise_sets
@@ -24,12 +25,14 @@ def world(tmp_path_factory):
     """Two sets, a benchmark over them, a run of three methods and their valid submissions."""
     root = mixed_noise_sets(tmp_path_factory.mktemp("board"), seed=1)
     sets = {"perlin_mixed": root / "perlin_mixed.h5", "normal_mixed": root / "normal_mixed.h5"}
-    make_benchmark({"noise": {"sets": sets, "rank_by": "auroc"}}, root / "bench.json")
+    # the paper's linear grid here: the forgeries below edit its state; the float-order grid's board: test_float_order_board
+    make_benchmark({"noise": {"sets": sets, "rank_by": "auroc"}}, root / "bench.json", grid=grid_spec(400))
     torch.manual_seed(0)
     model = build_model("pspnet", "resnet18").eval()
     loader = torch.utils.data.DataLoader(H5SegmentationDataset(sets["perlin_mixed"]), batch_size=2)
     tuned = tune("odin", model, loader, {"temperature": [1, 1000], "epsilon": [0.0]}, progress=False).method()
-    doc = evaluate(model, sets, ["max_softmax", "entropy", tuned], root / "run", progress=False, figures=False)
+    doc = evaluate(model, sets, ["max_softmax", "entropy", tuned], root / "run", progress=False, figures=False,
+                   num_thresholds=400)
     (root / "subs").mkdir()
     for method in ("max_softmax", "entropy"):
         submit(root / "run", root / "subs" / f"{method}.zip", method=method, name=f"PSPNet {method}")
@@ -151,7 +154,7 @@ def test_cli_round_trip(world, tmp_path, capsys):
     assert main(["submit", str(root / "run"), "--method", "entropy", "--method-name", "Entropy (cli)",
                  "--out", str(tmp_path / "subs" / "e.zip")]) == 0
     assert main(["benchmark", "--track", "noise", "--sets", str(root / "perlin_mixed.h5"), str(root / "normal_mixed.h5"),
-                 "--out", str(tmp_path / "bench.json")]) == 0
+                 "--num-thresholds", "400", "--out", str(tmp_path / "bench.json")]) == 0
     assert json.loads((tmp_path / "bench.json").read_text()) == json.loads((root / "bench.json").read_text())
     assert main(["leaderboard", str(tmp_path / "subs"), "--benchmark", str(tmp_path / "bench.json"), "--out",
                  str(tmp_path / "board")]) == 0

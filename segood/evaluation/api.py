@@ -14,6 +14,8 @@ from segood.evaluation.runner import Evaluation, default_methods, run, run_ident
 from segood.io import write_json
 from segood.labels import NUM_CLASSES
 from segood.methods import get_method
+from segood.methods.methods import check_grid
+from segood.metrics import grid_spec
 from segood.models.external import ExternalModel
 from segood.models.network import SegmentationNetwork
 
@@ -33,9 +35,9 @@ def start_distributed(device=None):
     return device
 
 
-def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, device=None, num_thresholds=400,
-             resume=False, save_every=20, progress=True, figures=True, skip_bad=False, fit_set=None,
-             checkpoint=None, feature_layer=None, verify=True):
+def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, device=None, num_thresholds=None,
+             score_range=None, mantissa_bits=None, resume=False, save_every=20, progress=True, figures=True,
+             skip_bad=False, fit_set=None, checkpoint=None, feature_layer=None, verify=True):
     """Evaluate pixel-level OOD methods of ``model`` on converted sets; writes ``out_dir`` and returns the
     results document (the content of results.json).
 
@@ -46,6 +48,9 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
         methods: None (every method the model's head serves), names, or method objects (e.g. tuned ones).
         fit_set: a converted training set to fit Mahalanobis on, when it is requested unfitted.
         checkpoint: the checkpoint file the model came from, recorded with its sha256.
+        num_thresholds, score_range, mantissa_bits: the threshold grid (:func:`segood.metrics.grid_spec`): the
+            float-order grid at ``mantissa_bits`` (default 10) for scores of any real value, or, when
+            ``num_thresholds`` or ``score_range`` is given, the paper's linear grid (scores in the range).
         verify: check every frame against its set's manifest as it is read (a corrupt frame is an error naming
             it, or skipped with ``skip_bad``); False skips the check for speed.
 
@@ -72,7 +77,9 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
     if methods is None:
         methods = default_methods(model)
     methods = [get_method(m) if isinstance(m, str) else m for m in methods]
+    grid = grid_spec(num_thresholds, score_range, mantissa_bits)
     for method in methods:
+        check_grid(method, grid)
         method.check(model)
         if method.needs.fit and not method.ready:
             if fit_set is None:
@@ -85,14 +92,14 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
         "model": _model_identity(model, checkpoint),
         "sets": {name: {**set_identity(path), "frames": frames[name]} for name, path in sets.items()},
         "methods": {m.name: m.describe() for m in methods},
-        "config": {"num_thresholds": num_thresholds, "batch_size": batch_size},
+        "config": {"grid": grid, "batch_size": batch_size},
     }
     folder = RunFolder(out_dir)
     _check_run_folder(folder, description)
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
     if rank == 0:
         write_json(folder.run, description)
-    ev = run(model, sets, methods, folder.path, batch_size=batch_size, device=device, num_thresholds=num_thresholds,
+    ev = run(model, sets, methods, folder.path, batch_size=batch_size, device=device, grid=grid,
              resume=resume, save_every=save_every, progress=progress and rank == 0, rank=rank, world_size=world,
              skip_bad=skip_bad, verify=verify)
     if rank != 0:
@@ -102,13 +109,15 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
     return write_report(folder.path, figures=figures)
 
 
-def evaluate_score_maps(scores_path, data_path, out_dir, *, name="external", score_range=None, num_thresholds=400,
-                        clip=False, figures=True, verify=True):
+def evaluate_score_maps(scores_path, data_path, out_dir, *, name="external", score_range=None, num_thresholds=None,
+                        mantissa_bits=None, clip=False, figures=True, verify=True):
     """Evaluate per-pixel scores computed elsewhere.
 
-    ``scores_path``: HDF5 with one dataset per frame id of the set (H×W float16/float32, higher = more OOD) and
-    the score range as the root attribute ``score_range`` (or passed here). Missing or extra frame ids, shape
-    mismatches and out-of-range values are errors that name the frames.
+    ``scores_path``: HDF5 with one dataset per frame id of the set (H×W, any real dtype, higher = more OOD).
+    On the float-order grid (the default) any real score is binned; a declared range (``score_range``, or the
+    file's root attribute ``score_range``) is checked. With ``num_thresholds`` the paper's linear grid is used,
+    on the declared range. Missing or extra frame ids, shape mismatches and out-of-range values are errors that
+    name the frames.
     """
     dataset = _open_set(data_path, verify)
     set_name = Path(data_path).stem
@@ -120,10 +129,13 @@ def evaluate_score_maps(scores_path, data_path, out_dir, *, name="external", sco
         raise ValueError(f"{scores_path} is not a readable HDF5 score file ({err}); write one dataset of H×W scores "
                          "per frame id") from None
     with scores_file as scores:
-        if score_range is None:
-            if "score_range" not in scores.attrs:
-                raise ValueError(f"{scores_path} declares no score_range attribute: pass --score-range LO HI")
+        if score_range is None and "score_range" in scores.attrs:
             score_range = tuple(float(v) for v in scores.attrs["score_range"])
+        if num_thresholds is not None and score_range is None:
+            raise ValueError(f"{scores_path} declares no score_range attribute, which the linear grid needs: pass "
+                             "--score-range LO HI, or drop --num-thresholds (the float-order grid needs no range)")
+        linear = num_thresholds is not None
+        grid = grid_spec(num_thresholds, score_range if linear else None, None if linear else mantissa_bits)
         frame_ids = _frame_ids(data_path)
         stored = []
         scores.visititems(lambda key, obj: stored.append(key) if isinstance(obj, h5py.Dataset) else None)
@@ -131,7 +143,10 @@ def evaluate_score_maps(scores_path, data_path, out_dir, *, name="external", sco
         extra = sorted(set(stored) - set(frame_ids))
         if missing or extra:
             raise ValueError(f"score maps do not match {set_name}: missing {_some(missing)}, extra {_some(extra)}")
-        ev = Evaluation([name], [set_name], num_thresholds, score_range)
+        ev = Evaluation([name], [set_name], grid)
+        if not linear and score_range is not None:  # a declared range is checked, not a grid
+            for acc in ev.acc.values():
+                acc.score_range = tuple(score_range)
         for index, frame_id in enumerate(frame_ids):
             item = dataset[index]
             score = scores[frame_id][...]
@@ -146,9 +161,9 @@ def evaluate_score_maps(scores_path, data_path, out_dir, *, name="external", sco
     description = {"toolkit": run_identity(),
                    "model": {"score_maps": str(scores_path), "sha256": _sha256(scores_path)},
                    "sets": {set_name: {**set_identity(data_path), "frames": len(dataset)}},
-                   "methods": {name: {"name": name, "params": {"score_range": list(score_range)},
+                   "methods": {name: {"name": name, "params": {"score_range": list(score_range) if score_range else None},
                                       "uses_ood_data": None}},
-                   "config": {"num_thresholds": num_thresholds}}
+                   "config": {"grid": grid}}
     folder = RunFolder(out_dir)
     _check_run_folder(folder, description)
     write_json(folder.run, description)

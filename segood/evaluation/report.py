@@ -12,15 +12,10 @@ from segood.evaluation.runner import Evaluation
 from segood.io import atomic_write_text, write_json
 from segood.labels import CLASS_NAMES, colorize
 from segood.methods.tuning import same_source_tuning
-from segood.metrics import METRICS, UndefinedMetricWarning
+from segood.metrics import METRICS, UndefinedMetricWarning, describe_grid, grid_spec
 
 SCHEMA = "segood.results/1"
 COARSE = 0.01  # a pooled value the binning may move by more than this is flagged ≈ in results.md
-
-
-def bounds():
-    """The binning bounds of the registered metrics (see segood.metrics.accumulator.binning_bounds)."""
-    return tuple(m.bound for m in METRICS.values() if m.bound)
 
 
 def arrow(metric):
@@ -35,15 +30,17 @@ def build_results(run, ev):
         params = run["methods"][m]["params"]
         for s in ev.set_names:
             acc = ev.acc[(m, s)]
-            n_id, n_ood = (int(v) for v in acc.hist.sum(axis=1))
+            n_id, n_ood = (int(v) for v in acc.curve_counts()[1].sum(axis=1))
             with warnings.catch_warnings():  # undefined metrics are reported as null
                 warnings.simplefilter("ignore", UndefinedMetricWarning)
                 r = acc.compute() if acc.n_images else {k: float("nan") for k in (*METRICS, "max_iou_threshold")}
-            pooled = {k: _number(r.get(k, float("nan"))) for k in (*METRICS, "max_iou_threshold", *bounds())}
+            pooled = {k: _number(r.get(k, float("nan"))) for k in (*METRICS, "max_iou_threshold")}
+            bounds = {k: [_number(v) for v in r.get("bounds", {}).get(k, (float("nan"),) * 2)] for k in METRICS}
             per_image = r.get("per_image_mean")
             per_image = {k: _number(v) if isinstance(v, float) else v for k, v in per_image.items()} if per_image else None
             results[m][s] = {
                 "pooled": pooled,
+                "bounds": bounds,
                 "per_image_mean": per_image,
                 "n_id": n_id, "n_ood": n_ood, "n_ignored": int(acc.n_ignored),
                 "id_to_ood_ratio": n_id / n_ood if n_ood else None,
@@ -88,7 +85,9 @@ def combine_runs(run_dirs, out_dir, *, figures=True):
     names = [m for ev in states for m in ev.method_names]
     if len(set(names)) != len(names):
         raise ValueError(f"method names repeat across the runs: {names}")
-    combined = Evaluation(names, sets, states[0].num_thresholds, states[0].score_range)
+    if any(ev.grid != states[0].grid for ev in states):
+        raise ValueError(f"runs on different threshold grids cannot be combined: {[ev.grid for ev in states]}")
+    combined = Evaluation(names, sets, states[0].grid)
     for ev in states:
         combined.acc.update(ev.acc)
         combined.class_sum.update(ev.class_sum)
@@ -109,15 +108,17 @@ def combine_runs(run_dirs, out_dir, *, figures=True):
 def results_csv(doc):
     buffer = io.StringIO()
     writer = csv.writer(buffer)
+    bound_columns = [f"{m}_{side}" for m in METRICS for side in ("lo", "hi")]
     writer.writerow(["method", "set", "aggregation", *METRICS, "max_iou_threshold", "n_images", "n_id", "n_ood",
-                     "same_source_tuning", *bounds()])
+                     "same_source_tuning", *bound_columns])
     for m, by_set in doc["results"].items():
         for s, r in by_set.items():
             writer.writerow([m, s, "pooled", *(r["pooled"].get(k) for k in (*METRICS, "max_iou_threshold")),
-                             "", r["n_id"], r["n_ood"], r["same_source_tuning"], *(r["pooled"].get(k) for k in bounds())])
+                             "", r["n_id"], r["n_ood"], r["same_source_tuning"],
+                             *(v for m in METRICS for v in r["bounds"][m])])
             per_image = r["per_image_mean"] or {}
             writer.writerow([m, s, "per-image mean", *(per_image.get(k) for k in METRICS), "",
-                             per_image.get("n_images"), "", "", r["same_source_tuning"], *[""] * len(bounds())])
+                             per_image.get("n_images"), "", "", r["same_source_tuning"], *[""] * len(bound_columns)])
     return buffer.getvalue()
 
 
@@ -139,7 +140,7 @@ def results_markdown(doc):
                     best = (max if METRICS[metric].higher_is_better else min)(column) if column else None
                     text = "–" if value is None else f"{value:.4f}"
                     flag = " †" if by_set[s]["same_source_tuning"] else ""
-                    if aggregation == "pooled" and too_coarse(metric, by_set[s]["pooled"]):
+                    if aggregation == "pooled" and too_coarse(metric, by_set[s]):
                         flag += " ≈"
                     cells.append(f"**{text}**{flag}" if value is not None and value == best else text + flag)
                 lines.append(f"| {m} | " + " | ".join(cells) + " |")
@@ -149,11 +150,13 @@ def results_markdown(doc):
                                       for s, r in ratios.items()) + ".")
     if any(r["same_source_tuning"] for by_set in doc["results"].values() for r in by_set.values()):
         lines.append("† tuned on data from the same OOD source as this test set (same_source_tuning).")
-    pooled = [r["pooled"] for by_set in doc["results"].values() for r in by_set.values()]
-    if any(too_coarse(metric, p) for p in pooled for metric in METRICS):
-        lines.append(f"≈ the {doc['config']['num_thresholds']} thresholds are too coarse for these scores: exact mode "
-                     f"may differ by more than {COARSE} (bounds in results.json: {', '.join(bounds())}); rerun with "
-                     "more thresholds, e.g. --num-thresholds 65536.")
+    cells = [r for by_set in doc["results"].values() for r in by_set.values()]
+    if any(too_coarse(metric, r) for r in cells for metric in METRICS):
+        lines.append(f"≈ {describe_grid(grid_of_config(doc['config']))} cannot pin these values down to {COARSE}: exact mode lies within "
+                     "the bounds in results.json (\"bounds\"); " + (
+                         "rerun on the float-order grid (the default: drop --num-thresholds)."
+                         if grid_of_config(doc["config"])["kind"] == "linear" else
+                         "rerun with more --mantissa-bits."))
     per_image = [f"{(r['per_image_mean'] or {}).get('n_images', 0)}" for r in doc["results"][next(iter(doc["results"]))].values()]
     lines.append(f"Per-image means average the images where a metric is defined ({', '.join(per_image)} images per set).")
     return "\n".join(lines) + "\n"
@@ -174,7 +177,7 @@ def write_figures(figures, doc, ev):
         fig, (roc, pr) = plt.subplots(1, 2, figsize=(10, 4.2))
         for m in methods:
             acc = ev.acc[(m, s)]
-            fp, tp = np.cumsum(acc.hist[..., ::-1], axis=-1)[..., ::-1]
+            fp, tp = np.cumsum(acc.curve_counts()[1][..., ::-1], axis=-1)[..., ::-1]
             n_id, n_ood = fp[0], tp[0]
             if not (n_id and n_ood):
                 continue
@@ -225,6 +228,7 @@ def write_figures(figures, doc, ev):
             continue
         cols = 3 + len(methods)
         fig, axes = plt.subplots(len(keys), cols, figsize=(2.6 * cols, 1.6 * len(keys) + 0.4), squeeze=False)
+        limits = {m: heat_limits([ev.examples[key][f"score_{m}"] for key in keys]) for m in methods}
         for row, key in enumerate(keys):
             ex = ev.examples[key]
             truth = colorize(ex["semantic"])
@@ -232,18 +236,42 @@ def write_figures(figures, doc, ev):
             panels = [ex["image"], truth, colorize(ex["classes"])]
             panels += [ex[f"score_{m}"].astype(np.float32) for m in methods]
             titles = ["input", "ground truth (OOD white)", "prediction", *methods]
-            for ax, panel, title in zip(axes[row], panels, titles):
-                ax.imshow(panel, cmap="inferno" if panel.ndim == 2 else None, vmin=0, vmax=1)
+            ranges = [(None, None)] * 3 + [limits[m] for m in methods]
+            for ax, panel, title, (vmin, vmax) in zip(axes[row], panels, titles, ranges):
+                ax.imshow(panel, cmap="inferno" if panel.ndim == 2 else None, vmin=vmin, vmax=vmax)
                 ax.set_axis_off()
                 if row == 0:
                     ax.set_title(title, fontsize=8)
         _save(fig, figures / f"examples_{s}.png")
 
 
-def too_coarse(metric, pooled):
-    """Whether the binning may move this pooled metric by more than COARSE (a metric without a bound: never)."""
-    error = METRICS[metric].binning_error(pooled.get(metric), pooled)
-    return error is not None and error > COARSE
+def heat_limits(maps):
+    """(vmin, vmax) of a method's heat maps: [0, 1] for scores in [0, 1] (comparable across methods, as in the
+    paper's figures); the 1st and 99th percentile of the finite values for unbounded scores."""
+    values = np.concatenate([np.asarray(v, np.float64).ravel() for v in maps])
+    values = values[np.isfinite(values)]
+    if not values.size or (values.min() >= 0 and values.max() <= 1):
+        return 0.0, 1.0
+    lo, hi = np.percentile(values, [1, 99])
+    return float(lo), float(hi if hi > lo else lo + 1)
+
+
+def too_coarse(metric, result):
+    """Whether exact mode may differ from this pooled value by more than COARSE (``result``: one method and set
+    of results.json, with its ``bounds``)."""
+    value = result["pooled"].get(metric)
+    lo, hi = result.get("bounds", {}).get(metric, (None, None))
+    if value is None or lo is None or hi is None:
+        return False
+    return max(value - lo, hi - value) > COARSE
+
+
+def grid_of_config(config):
+    """The grid of a run's config (runs before the float-order grid name num_thresholds: the linear grid)."""
+    return config.get("grid") or grid_spec(config.get("num_thresholds", 400), config.get("score_range", (0.0, 1.0)))
+
+
+
 
 
 def _number(value):

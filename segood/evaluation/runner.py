@@ -24,7 +24,7 @@ from segood.labels import NUM_CLASSES
 from segood.methods import METHODS, get_method
 from segood.methods.schedule import check_methods, score_batch
 from segood.methods.methods import served_heads
-from segood.metrics import PixelOODAccumulator
+from segood.metrics import PixelOODAccumulator, accumulator_from_state, grid_of, grid_spec, make_accumulator
 from segood.models.network import preprocess
 
 EXAMPLES_PER_SET = 3
@@ -39,10 +39,10 @@ def default_methods(model):
 class Evaluation:
     """The mutable state of a run: accumulators, per-class sums, examples, timings, progress."""
 
-    def __init__(self, method_names, set_names, num_thresholds, score_range=(0.0, 1.0)):
+    def __init__(self, method_names, set_names, grid=None):
         self.method_names, self.set_names = list(method_names), list(set_names)
-        self.num_thresholds, self.score_range = num_thresholds, tuple(score_range)
-        self.acc = {(m, s): PixelOODAccumulator(num_thresholds, score_range, per_image=True) for m in method_names
+        self.grid = grid or grid_spec()
+        self.acc = {(m, s): make_accumulator(self.grid, per_image=True) for m in method_names
                     for s in set_names}
         self.class_sum = {(m, s): np.zeros(NUM_CLASSES) for m in method_names for s in set_names}
         self.class_count = {s: np.zeros(NUM_CLASSES, np.int64) for s in set_names}
@@ -73,13 +73,12 @@ class Evaluation:
                 self.examples[(set_name, index)] = {
                     "image": batch["image"][k].permute(1, 2, 0).numpy(), "ood_mask": ood_mask[k].numpy(),
                     "semantic": semantic[k].numpy(), "classes": predicted,
-                    **{f"score_{n}": s[k].float().cpu().numpy().astype(np.float16) for n, s in scores.items()}}
+                    **{f"score_{n}": s[k].float().cpu().numpy() for n, s in scores.items()}}
         self.images[set_name] += len(indices)
 
     def arrays(self):
         out = {"meta": np.array(json.dumps({"methods": self.method_names, "sets": self.set_names,
-                                            "num_thresholds": self.num_thresholds, "seconds": self.seconds,
-                                            "score_range": self.score_range,
+                                            "grid": self.grid, "seconds": self.seconds,
                                             "images": self.images, "done": self.done,
                                             "skipped": self.skipped}))}
         for (m, s), acc in self.acc.items():
@@ -104,11 +103,11 @@ class Evaluation:
                 for s in sets:
                     prefix = f"acc|{m}|{s}|"
                     state = {k[len(prefix):]: arrays[k] for k in arrays if k.startswith(prefix)}
-                    accumulators[(m, s)] = PixelOODAccumulator.from_state_dict(state)
-            if any((a.num_thresholds, a.score_range) != (meta["num_thresholds"], tuple(meta["score_range"]))
-                   for a in accumulators.values()):
-                raise ValueError("an accumulator's thresholds differ from the run's")
-            ev = cls(methods, sets, meta["num_thresholds"], meta["score_range"])
+                    accumulators[(m, s)] = accumulator_from_state(state)
+            grid = meta["grid"] if "grid" in meta else grid_spec(meta["num_thresholds"], meta["score_range"])
+            if any(grid_of(a) != grid for a in accumulators.values()):
+                raise ValueError(f"an accumulator's thresholds differ from the run's grid {grid}")
+            ev = cls(methods, sets, grid)
             ev.acc = accumulators
             ev.seconds, ev.images, ev.done, ev.skipped = meta["seconds"], meta["images"], meta["done"], meta["skipped"]
             for m, s in ev.acc:
@@ -206,7 +205,7 @@ class UnreadableFrame(ValueError):
         self.index = index
 
 
-def run(model, sets, methods, out_dir, *, batch_size=2, device=None, num_thresholds=400, resume=False,
+def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, resume=False,
         save_every=20, progress=True, rank=0, world_size=1, skip_bad=False, seed=0, verify=True):
     """Evaluate ``methods`` (method objects) of ``model`` on ``sets`` ({name: .h5 path}); returns the
     :class:`Evaluation` (all-reduced over ranks). Writes ``state.npz`` (per rank) in ``out_dir``.
@@ -224,11 +223,11 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, num_thresho
     state_path = folder.state(rank, world_size)
     if resume and state_path.exists():
         ev = Evaluation.load(state_path)
-        if ev.method_names != names or ev.set_names != list(sets):
-            raise ValueError(f"{state_path} holds a run of methods {ev.method_names} on sets {ev.set_names}, not "
-                             f"{names} on {list(sets)}: use another --out or drop --resume")
+        if ev.method_names != names or ev.set_names != list(sets) or ev.grid != (grid or grid_spec()):
+            raise ValueError(f"{state_path} holds a run of methods {ev.method_names} on sets {ev.set_names} (grid "
+                             f"{ev.grid}), not {names} on {list(sets)}: use another --out or drop --resume")
     else:
-        ev = Evaluation(names, list(sets), num_thresholds)
+        ev = Evaluation(names, list(sets), grid)
     model.eval()
     PixelOODAccumulator().update(np.zeros(1, np.float32), np.zeros(1, np.uint8))  # load the numba kernel once
     for set_index, (set_name, dataset) in enumerate(datasets.items()):

@@ -13,17 +13,18 @@ from segood.data.h5 import read_manifest, set_identity
 from segood.io import atomic_write_text, write_json
 from segood.leaderboard.safe import Limits, Rejected, load_npz, read_submission_files, strict_json
 from segood.leaderboard.submission import validate
-from segood.metrics import METRICS, PixelOODAccumulator, UndefinedMetricWarning
+from segood.metrics import (METRICS, UndefinedMetricWarning, accumulator_from_state, describe_grid, grid_spec,
+                            make_accumulator)
 
 BENCHMARK_SCHEMA = "segood.benchmark/1"
 TOLERANCE = 1e-6
 
 
-def make_benchmark(tracks, out, *, num_thresholds=400, score_range=(0.0, 1.0)):
+def make_benchmark(tracks, out, *, grid=None):
     """Write BENCH.json: ``tracks`` = {track: {"sets": {name: path of the maintainer's set}, "rank_by": metric}};
-    every submission must be binned with these thresholds, so that entries are comparable."""
-    doc = {"schema": BENCHMARK_SCHEMA, "num_thresholds": int(num_thresholds),
-           "score_range": [float(v) for v in score_range], "tracks": {}}
+    every submission must be binned on ``grid`` (:func:`segood.metrics.grid_spec`; default: the float-order
+    grid), so that entries are comparable."""
+    doc = {"schema": BENCHMARK_SCHEMA, "grid": grid or grid_spec(), "tracks": {}}
     for track, spec in tracks.items():
         if spec["rank_by"] not in METRICS:
             raise ValueError(f"rank_by must be one of {sorted(METRICS)}, got {spec['rank_by']!r}")
@@ -58,10 +59,11 @@ def judge(path, benchmark, limits=Limits()):
                 state_file = f"states/{set_name}.npz"
                 if state_file not in files:
                     raise Rejected(f"set {set_name!r}: no accumulator state {state_file}")
-                state = load_npz(files[state_file], STATE_KEYS)
-                _check_state_config(set_name, state, benchmark)
+                grid = benchmark_grid(benchmark)
+                state = load_npz(files[state_file], tuple(make_accumulator(grid).state_dict()))
+                _check_state_config(set_name, state, grid)
                 try:
-                    acc = PixelOODAccumulator.from_state_dict(state)
+                    acc = accumulator_from_state(state)
                 except (ValueError, KeyError, TypeError) as err:
                     raise Rejected(f"set {set_name!r}: invalid accumulator state ({err})") from None
                 recomputed[set_name] = _check(set_name, acc, entry["claims"], official["pixels"])
@@ -81,35 +83,46 @@ def judge(path, benchmark, limits=Limits()):
         return None, f"unreadable submission ({type(err).__name__}: {err})"
 
 
-STATE_KEYS = tuple(PixelOODAccumulator(2).state_dict())
+def benchmark_grid(benchmark):
+    """The threshold grid every submission to ``benchmark`` must use (benchmark files before the float-order
+    grid name the linear grid's num_thresholds and score_range)."""
+    if "grid" in benchmark:
+        return benchmark["grid"]
+    return grid_spec(benchmark["num_thresholds"], benchmark["score_range"])
 
 
-def _check_state_config(set_name, state, benchmark):
-    """The thresholds must be the benchmark's and the counts int64, before anything is built from them."""
+def _check_state_config(set_name, state, grid):
+    """The grid must be the benchmark's and the counts int64 of the right shape, before anything is built."""
     try:
-        num_thresholds = int(state["num_thresholds"])
-        score_range = [float(v) for v in state["score_range"]]
-    except (TypeError, ValueError):
-        raise Rejected(f"set {set_name!r}: unreadable num_thresholds / score_range") from None
-    if num_thresholds != benchmark["num_thresholds"] or score_range != benchmark["score_range"]:
-        raise Rejected(f"set {set_name!r}: binned with {num_thresholds} thresholds on {score_range}; the benchmark "
-                       f"asks for {benchmark['num_thresholds']} on {benchmark['score_range']}")
-    if state["hist"].dtype != np.int64 or state["hist"].shape != (2, num_thresholds):
-        raise Rejected(f"set {set_name!r}: counts must be int64 of shape (2, {num_thresholds})")
+        if grid["kind"] == "linear":
+            mine = {"kind": "linear", "num_thresholds": int(state["num_thresholds"]),
+                    "score_range": [float(v) for v in state["score_range"]]}
+            shape = (2, mine["num_thresholds"])
+            counts = state["hist"]
+        else:
+            mine = {"kind": "float", "mantissa_bits": int(state["mantissa_bits"])}
+            counts = state["counts"]
+            shape = (len(state["binades"]), 2, 1 << min(mine["mantissa_bits"], 30))
+    except (TypeError, ValueError, KeyError):
+        raise Rejected(f"set {set_name!r}: unreadable grid settings in the accumulator state") from None
+    if mine != grid:
+        raise Rejected(f"set {set_name!r}: binned on {describe_grid(mine)}; the benchmark asks for "
+                       f"{describe_grid(grid)}")
+    if counts.dtype != np.int64 or counts.shape != shape:
+        raise Rejected(f"set {set_name!r}: counts must be int64 of shape {shape}")
 
 
 def _check(set_name, acc, claims, pixels):
-    n_id, n_ood = (int(v) for v in acc.hist.sum(axis=1))
-    counts = {"n_id": n_id, "n_ood": n_ood, "n_ignored": int(acc.n_ignored)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        result = acc.compute()
+    counts = {"n_id": result["n_id"], "n_ood": result["n_ood"], "n_ignored": int(acc.n_ignored)}
     expected = {"n_id": pixels["id"], "n_ood": pixels["ood"], "n_ignored": pixels["ignore"]}
     if counts != expected:
         raise Rejected(f"set {set_name!r}: counts {counts} do not match the set's pixels {expected}")
     for key in counts:
         if claims[key] != counts[key]:
             raise Rejected(f"set {set_name!r}: claimed {key} {claims[key]} but the state holds {counts[key]}")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UndefinedMetricWarning)
-        result = acc.compute()
     values = {}
     for metric in METRICS:
         value = None if math.isnan(result[metric]) else float(result[metric])
@@ -123,7 +136,8 @@ def _check(set_name, acc, claims, pixels):
 def leaderboard(submissions_dir, benchmark_path, out_dir, limits=Limits()):
     """Judge every zip / folder in ``submissions_dir``; write the board; returns its JSON document."""
     benchmark = json.loads(Path(benchmark_path).read_text())
-    if benchmark.get("schema") != BENCHMARK_SCHEMA or not {"num_thresholds", "score_range", "tracks"} <= set(benchmark):
+    if benchmark.get("schema") != BENCHMARK_SCHEMA or "tracks" not in benchmark \
+            or not ({"grid"} <= set(benchmark) or {"num_thresholds", "score_range"} <= set(benchmark)):
         raise ValueError(f"{benchmark_path} is not a segood benchmark file (schema {BENCHMARK_SCHEMA!r}); write one "
                          "with segood benchmark")
     tracks = {track: [] for track in benchmark["tracks"]}

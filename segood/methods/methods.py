@@ -60,6 +60,8 @@ class Method:
     head = None
     #: the direction of ``input perturbation``: True steps up ``objective``'s gradient, False down
     ascend = False
+    #: the range of the scores (None: unbounded, for the float-order grid only)
+    score_range = (0.0, 1.0)
 
     def __init__(self, **params):
         self.params = params
@@ -194,7 +196,9 @@ class Mahalanobis(Method):
     ``fit(model, loader)`` streams the training set twice in float64 with memory independent of its size:
     pass 1 sums features, their outer products and counts per class (and location), giving μ_ci and
     Σ_c = (Σ f f^T - Σ_i n_ci μ_ci μ_ci^T) / N_c; pass 2 gives the mean μ and std s of M over the training set.
-    Score: sigmoid((M - μ) / s), bilinearly resized to the input. Optional perturbation x~ = x - ε sign(∇_x Σ M)
+    Score: the distance M itself, bilinearly resized to the input (unbounded: the float-order grid bins it as it
+    is); ``squash=True`` gives the paper's sigmoid((M - μ) / s) in [0, 1], for its linear grid (the same ranking
+    up to float32 saturation ties). Optional perturbation x~ = x - ε sign(∇_x Σ M)
     moves the input towards the nearest class mean (Lee et al.'s direction; the seed's eq. 11 prints one more
     minus sign).
     """
@@ -203,8 +207,8 @@ class Mahalanobis(Method):
     head = "dimreduce"
     STATE_KEYS = ("means", "whiten", "present", "m_mean", "m_std")
 
-    def __init__(self, epsilon=0.0, ridge=1e-6, **params):
-        super().__init__(epsilon=float(epsilon), ridge=float(ridge), **params)
+    def __init__(self, epsilon=0.0, ridge=1e-6, squash=False, **params):
+        super().__init__(epsilon=float(epsilon), ridge=float(ridge), **({"squash": True} if squash else {}), **params)
         self.state = None
         self._scoring = None  # (device, whiten, whitened means, present), derived from the state
 
@@ -256,10 +260,17 @@ class Mahalanobis(Method):
         return fn.mahalanobis_min_distance(features.to(torch.float64), *self._scoring[1:])
 
     def from_output(self, output):
-        m = self._distance(output.features)  # inf where no class was seen: sigmoid gives 1
-        v = fn.mahalanobis_score(m, self.state["m_mean"].to(m.device), self.state["m_std"].to(m.device))
+        m = self._distance(output.features)  # inf where no class was seen
+        if self.params.get("squash"):  # sigmoid gives 1 at inf
+            v = fn.mahalanobis_score(m, self.state["m_mean"].to(m.device), self.state["m_std"].to(m.device))
+        else:  # a finite stand-in for inf, far above every distance, so that interpolation never makes NaN
+            v = m.clamp_max(UNSEEN_DISTANCE)
         v = F.interpolate(v[:, None].float(), size=output.logits.shape[-2:], mode="bilinear", align_corners=False)
-        return v[:, 0].clamp(0.0, 1.0)
+        return v[:, 0].clamp(0.0, 1.0) if self.params.get("squash") else v[:, 0]
+
+    @property
+    def score_range(self):
+        return (0.0, 1.0) if self.params.get("squash") else None
 
     def objective(self, output):
         return self._distance(output.features).clamp_max(1e30).sum()
@@ -332,6 +343,21 @@ class ClassFeatureStats:
         if not present.any():
             raise ValueError("no class has more labelled pixels than the feature dimension")
         return means, whiten, present
+
+
+UNSEEN_DISTANCE = 1e30  # Mahalanobis distance where no class was seen in training
+
+
+def check_grid(method, grid):
+    """Refuse a method whose scores the grid cannot bin: the linear grid needs them in its range."""
+    if grid["kind"] != "linear":
+        return
+    lo, hi = grid["score_range"]
+    if method.score_range is None or not (lo <= method.score_range[0] and method.score_range[1] <= hi):
+        raise ValueError(f"{method.name} scores are {'unbounded' if method.score_range is None else method.score_range}"
+                         f"; the linear grid bins scores in [{lo:g}, {hi:g}] only. Use the float-order grid (the "
+                         "default: drop --num-thresholds / num_thresholds), or the method's squashing option if "
+                         "it has one (mahalanobis: squash=True, the paper's sigmoid)")
 
 
 def perturb(model, x, objective, epsilon, *, ascend):

@@ -15,7 +15,7 @@ from tqdm import tqdm
 from segood.data.h5 import set_identity
 from segood.methods.methods import get_method
 from segood.methods.schedule import score_batch
-from segood.metrics import METRICS, PixelOODAccumulator
+from segood.metrics import METRICS, make_accumulator
 from segood.models.network import preprocess
 
 
@@ -37,7 +37,7 @@ class TuningResult:
 
 
 @torch.no_grad()
-def tune(method_name, model, loader, grid, *, metric="auroc", tuning_set=None, num_thresholds=400, progress=True):
+def tune(method_name, model, loader, grid, *, metric="auroc", tuning_set=None, metric_grid=None, progress=True):
     """Evaluate every point of ``grid`` ({param: [values]}) on the tuning ``loader`` and pick the best by
     ``metric`` (a name in :data:`segood.metrics.METRICS`, which gives its better direction).
 
@@ -45,6 +45,7 @@ def tune(method_name, model, loader, grid, *, metric="auroc", tuning_set=None, n
         loader: batches of dicts with ``image`` (N, 3, H, W) uint8 and ``ood_mask`` (N, H, W).
         tuning_set: path of the converted tuning set (default: ``loader.dataset.path``; required when the loader's
             dataset has none), recorded in provenance.
+        metric_grid: the metric engine's threshold grid (:func:`segood.metrics.grid_spec`; default: float-order).
 
     The points are scored together (:func:`~segood.methods.schedule.score_batch`): those without perturbation
     share one forward pass per batch.
@@ -55,7 +56,7 @@ def tune(method_name, model, loader, grid, *, metric="auroc", tuning_set=None, n
     if not points:
         raise ValueError("empty grid")
     methods = [get_method(method_name, **p) for p in points]
-    accumulators = [PixelOODAccumulator(num_thresholds) for _ in points]
+    accumulators = [make_accumulator(metric_grid) for _ in points]
     device = next(model.parameters()).device
     for batch in tqdm(loader, desc=f"tune {method_name} ({len(points)} points)", disable=not progress):
         x = preprocess(batch["image"].to(device))

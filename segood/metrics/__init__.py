@@ -1,7 +1,9 @@
-"""Pixel-level OOD metrics (contract: shared/METRICS.md): a streaming binned accumulator, exact mode, and the
-table of metrics (:data:`METRICS`) that reports, the CLI and the leaderboard read."""
+"""Pixel-level OOD metrics: streaming accumulators on two threshold grids (the float-order grid, the default,
+for any real score; the paper's linear grid), exact mode, and the table of metrics (:data:`METRICS`) that
+reports, the CLI and the leaderboard read."""
 
 from segood.metrics.accumulator import PixelOODAccumulator
+from segood.metrics.float_order import FloatOrderAccumulator
 from segood.metrics.functional import (
     METRIC_NAMES,
     METRICS,
@@ -10,17 +12,28 @@ from segood.metrics.functional import (
     UndefinedMetricWarning,
     exact_metrics,
     get_metric,
+    metric_bounds,
     metrics_from_counts,
 )
+from segood.metrics.grids import (accumulator_from_state, describe_grid, grid_of, grid_spec, load_accumulator,
+                                  make_accumulator)
 
 __all__ = [
     "METRICS",
     "METRIC_NAMES",
     "Curve",
+    "FloatOrderAccumulator",
     "Metric",
     "PixelOODAccumulator",
     "UndefinedMetricWarning",
+    "accumulator_from_state",
+    "describe_grid",
     "exact_metrics",
     "get_metric",
+    "grid_of",
+    "grid_spec",
+    "load_accumulator",
+    "make_accumulator",
+    "metric_bounds",
     "metrics_from_counts",
 ]

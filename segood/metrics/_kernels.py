@@ -10,6 +10,7 @@ or one ulp beside it land where the literal comparison puts them.
 """
 
 import functools
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numba
@@ -228,3 +229,255 @@ def histogram_torch(scores, labels, thresholds, clip, chunk_pixels=1 << 24):
         hist += torch.bincount(lab[keep].to(torch.int64) * num_t + j, minlength=2 * num_t)
     out = torch.cat([hist, problems]).cpu().numpy()
     return out[: 2 * num_t].reshape(2, num_t), out[2 * num_t :]
+
+
+# -- float-order grid ------------------------------------------------------------------------------------------
+# A pixel's bin is the top bits of the order-preserving key of its float64 value (shared/METRICS.md, "Float-order
+# binning"): bin = key >> (52 - m), split into its binade (key >> 52: sign and exponent, 4096 of them) and m low
+# bits. Counts are kept per occupied binade: a table maps a binade to a slot of 2 x 2^m counters (ID, OOD).
+
+SIGN = np.uint64(1 << 63)
+BINADES = 4096
+
+
+@numba.njit(nogil=True, cache=True)
+def _float_order_kernel(scores, labels, m, hist, slot_of, n_slots, problems):
+    """Float-order histogram of 1-D float32/64 ``scores`` by uint8 ``labels``, added into ``hist``.
+
+    ``hist``: (slots x 2 x 2^m + 2,) int32, counts of slot s, label l, low bits b at (2 s + l) 2^m + b, then an
+    ignored and a careful scratch slot. ``slot_of``: (4096,) int32, the slot of each binade or -1. Returns
+    (hist, n_slots): ``hist`` is reallocated (twice as many slots) when a new binade finds it full. Fewer than
+    2**31 pixels per call. Adds to ``problems`` as the linear kernel does (NaN is the only bad score).
+
+    Per block of _BLOCK pixels: float64 values (-0.0 made +0.0 by adding 0.0), their bits as uint64, the key
+    (sign bit flipped for x >= 0, every bit for x < 0), then a branch-free slot per pixel: its counter if the
+    label is counted and its binade has a slot, else a scratch slot. A tight loop increments; only a block
+    that sent a pixel to the careful slot is scanned again (new binade, NaN, bad label).
+    """
+    shift = np.uint64(52 - m)
+    low_mask = np.uint64((1 << m) - 1)
+    width = np.int64(1) << m
+    values = np.empty(_BLOCK, np.float64)
+    bits = values.view(np.uint64)
+    slot = np.empty(_BLOCK, np.int64)
+    uslot = slot.view(np.uint64)  # unsigned indexing: no negative-index wraparound code, so loops vectorise
+    capacity = (hist.size - 2) // (2 * width)
+    ignored_slot = hist.size - 2
+    careful_slot = hist.size - 1
+    bad_label = bad_score = 0
+    careful_seen = hist[careful_slot]
+    for start in range(0, scores.size, _BLOCK):
+        block_scores = scores[start : start + _BLOCK]
+        block_labels = labels[start : start + _BLOCK]
+        n = block_scores.size
+        for k in range(n):
+            values[k] = np.float64(block_scores[k]) + 0.0
+        for k in range(n):  # branch-free, so it vectorises
+            u = bits[k]
+            key = u ^ ((np.uint64(0) - (u >> np.uint64(63))) | SIGN)
+            s = slot_of[key >> np.uint64(52)]
+            label = block_labels[k]
+            counted = (label <= OOD) & (s >= 0) & (values[k] == values[k])
+            index = ((2 * s + label) << m) | np.int64((key >> shift) & low_mask)
+            fallback = ignored_slot if label == IGNORE else careful_slot
+            slot[k] = index if counted else fallback
+        for k in range(n):
+            hist[uslot[k]] += 1
+        if hist[careful_slot] == careful_seen:
+            continue
+        careful_seen = hist[careful_slot]
+        block_careful = careful_slot  # the careful slot of this block's indices (a grown table moves it)
+        for k in range(n):
+            if slot[k] != block_careful:
+                continue
+            label = block_labels[k]
+            if label > OOD:
+                bad_label += 1
+                continue
+            if values[k] != values[k]:
+                bad_score += 1
+                continue
+            u = bits[k]
+            key = u ^ ((np.uint64(0) - (u >> np.uint64(63))) | SIGN)
+            binade = np.int64(key >> np.uint64(52))
+            if slot_of[binade] < 0:
+                if n_slots == capacity:  # grow: twice the slots, scratch counters moved to the new end
+                    grown = np.zeros(2 * capacity * 2 * width + 2, hist.dtype)
+                    grown[: capacity * 2 * width] = hist[: capacity * 2 * width]
+                    grown[grown.size - 2] = hist[ignored_slot]
+                    grown[grown.size - 1] = hist[careful_slot]
+                    hist = grown
+                    capacity *= 2
+                    ignored_slot = hist.size - 2
+                    careful_slot = hist.size - 1
+                slot_of[binade] = n_slots
+                n_slots += 1
+            hist[((2 * slot_of[binade] + label) << m) | np.int64((key >> shift) & low_mask)] += 1
+    problems[N_IGNORED] += hist[ignored_slot]
+    problems[N_BAD_LABEL] += bad_label
+    problems[N_BAD_SCORE] += bad_score
+    hist[ignored_slot] = hist[careful_slot] = 0
+    return hist, n_slots
+
+
+@numba.njit(nogil=True, cache=True)
+def _float32_kernel(bits, labels, m, table, problems):
+    """The float-order histogram of float32 scores (as their uint32 ``bits``), in 32-bit lanes and without a
+    table lookup: rows are (sign, float32 exponent), 512 of them, each 2 x 2^m counters (ID, OOD) of the top m
+    mantissa bits, in ``table`` ((512 x 2 x 2^m + 2,) int32, then the ignored and the careful scratch).
+    A float32 normal number's float64 key has the same mantissa bits and a binade fixed by (sign, exponent),
+    so the rows map to float64 bins afterwards (:func:`float32_rows_to_binades`). Zeros (either sign) go to
+    row 0. Subnormals, infinities, NaN and bad labels go to the careful slot: the wrapper bins them the slow way.
+    Returns (lowest, highest) row counted, so that the caller reads and clears only those rows.
+    """
+    shift = np.uint32(23 - m)
+    mm = np.uint32(m)
+    idx = np.empty(_BLOCK, np.uint32)
+    ignored_index = np.uint32(table.size - 2)
+    careful_index = np.uint32(table.size - 1)
+    lowest = np.uint32(1023)
+    highest = np.uint32(0)
+    for start in range(0, bits.size, _BLOCK):
+        block_bits = bits[start : start + _BLOCK]
+        block_labels = labels[start : start + _BLOCK]
+        n = block_bits.size
+        for k in range(n):  # branch-free, so it vectorises
+            b = block_bits[k]
+            label = np.uint32(block_labels[k])
+            magnitude = b & np.uint32(0x7FFFFFFF)
+            exponent = magnitude >> np.uint32(23)
+            zero = magnitude == np.uint32(0)
+            normal = (exponent - np.uint32(1)) < np.uint32(254)
+            row = np.uint32(0) if zero else (b >> np.uint32(31)) * np.uint32(256) + exponent
+            ok = (label <= np.uint32(OOD)) & (normal | zero)
+            index = (((row << np.uint32(1)) | label) << mm) | ((magnitude & np.uint32(0x7FFFFF)) >> shift)
+            idx[k] = index if ok else (ignored_index if label == np.uint32(IGNORE) else careful_index)
+            lowest = min(lowest, row if ok else np.uint32(1023))
+            highest = max(highest, row if ok else np.uint32(0))
+        for k in range(n):
+            table[idx[k]] += 1
+    problems[N_IGNORED] += table[ignored_index]
+    careful = table[careful_index]
+    table[ignored_index] = table[careful_index] = 0
+    return lowest, highest, careful
+
+
+def float32_rows_to_binades(rows, counts, m):
+    """(binades, counts (k, 2, 2^m)) in float64 terms from rows of :func:`_float32_kernel`: row 0 is zero
+    (binade 2048), a positive row e is binade 2048 + 896 + e, a negative one 2047 - 896 - e with its low bits
+    reversed (a negative key is the float64 bits inverted)."""
+    sign, exponent = rows // 256, rows % 256
+    binades = np.where(rows == 0, 2048, np.where(sign == 0, 2048 + 896 + exponent, 2047 - 896 - exponent))
+    counts = np.where((sign == 1)[:, None, None], counts[..., ::-1], counts)
+    order = np.argsort(binades)
+    return binades[order].astype(np.int64), counts[order].astype(np.int64)
+
+
+def _general(scores, labels, m, problems, initial_slots=8):
+    """(binades, counts) of the general kernel (any float64 or float32 scores); adds to ``problems``."""
+    hist = np.zeros(initial_slots * (2 << m) + 2, np.int32)
+    slot_of = np.full(BINADES, -1, np.int32)
+    hist, n_slots = _float_order_kernel(scores, labels, m, hist, slot_of, 0, problems)
+    counts = hist[: n_slots * (2 << m)].reshape(n_slots, 2, 1 << m)
+    return np.flatnonzero(slot_of >= 0), counts[slot_of[slot_of >= 0]]
+
+
+def _careful_float32(scores, labels, m, problems):
+    """The pixels the float32 kernel leaves to its careful slot (subnormals, infinities, NaN, bad labels),
+    binned by the general kernel."""
+    magnitude = scores.view(np.uint32) & np.uint32(0x7FFFFFFF)
+    exponent = magnitude >> np.uint32(23)
+    careful = (labels != IGNORE) & (((exponent == 0) & (magnitude != 0)) | (exponent == 255) | (labels > OOD))
+    return _general(scores[careful], labels[careful], m, problems)
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(m):
+    """This thread's float32 table for resolution m, all zero (each call clears the rows it used)."""
+    tables = _SCRATCH.__dict__.setdefault("tables", {})
+    if m not in tables:
+        tables[m] = np.zeros(512 * (2 << m) + 2, np.int32)
+    return tables[m]
+
+
+def float_histogram_numpy(scores, labels, m, threads, initial_slots=8):
+    """Run the float-order kernel on ``threads`` chunks in parallel (the float32 kernel for float32 scores with
+    m <= 14, the general one otherwise).
+
+    Returns (binades (k,) int64 sorted, counts (k, 2, 2^m) int64, problems (3,) int64): the counts of every
+    binade some pixel fell in.
+    """
+    chunks = max(threads, -(-scores.size // (1 << 30)))
+    bounds = [scores.size * c // chunks for c in range(chunks + 1)]
+    results = [None] * chunks
+    problems = np.zeros((chunks, 3), dtype=np.int64)
+    fast = scores.dtype == np.float32 and m <= 14
+
+    def work(c):
+        part = slice(bounds[c], bounds[c + 1])
+        if fast:
+            table = _scratch(m)
+            lowest, highest, careful = _float32_kernel(scores[part].view(np.uint32), labels[part], m, table,
+                                                       problems[c])
+            lowest, highest = int(lowest), int(highest)
+            rows = np.arange(lowest, highest + 1)
+            counts = table[: 512 * (2 << m)].reshape(512, 2, 1 << m)[rows]
+            table[lowest * (2 << m) : (highest + 1) * (2 << m)] = 0  # clean for the next call
+            keep = counts.any(axis=(1, 2))
+            parts = [float32_rows_to_binades(rows[keep], counts[keep], m)]
+            if careful:
+                parts.append(_careful_float32(scores[part], labels[part], m, problems[c]))
+            results[c] = merge_binades(parts)
+        else:
+            results[c] = _general(scores[part], labels[part], m, problems[c], initial_slots)
+
+    if chunks == 1:
+        work(0)
+    else:
+        list(_pool(threads).map(work, range(chunks)))
+    return merge_binades(results) + (problems.sum(axis=0),)
+
+
+def merge_binades(parts):
+    """Sum [(binades (k,), counts (k, 2, 2^m))] into (sorted union of binades, int64 counts)."""
+    binades = np.unique(np.concatenate([b for b, _ in parts])) if parts else np.zeros(0, np.int64)
+    shape = parts[0][1].shape[1:] if parts else (2, 0)
+    counts = np.zeros((binades.size, *shape), np.int64)
+    for b, c in parts:
+        counts[np.searchsorted(binades, b)] += c
+    return binades.astype(np.int64), counts
+
+
+def float_histogram_torch(scores, labels, m, chunk_pixels=1 << 24):
+    """The float-order histogram with integer torch ops on the tensors' device; one copy to the host.
+
+    The signed key k = bits ^ ((bits >> 63) & 0x7FF...F) orders like the float; the binade is (k >> 52) + 2048
+    and the low bits are the same as the unsigned key's.
+    """
+    import torch
+
+    device = scores.device
+    parts, problems = [], torch.zeros(3, dtype=torch.int64, device=device)
+    for start in range(0, scores.numel(), chunk_pixels):
+        s = scores[start : start + chunk_pixels].to(torch.float64) + 0.0
+        lab = labels[start : start + chunk_pixels]
+        ignored = lab == IGNORE
+        counted = lab <= OOD
+        bad = counted & torch.isnan(s)
+        problems[N_IGNORED] += ignored.sum()
+        problems[N_BAD_LABEL] += (~(ignored | counted)).sum()
+        problems[N_BAD_SCORE] += bad.sum()
+        keep = counted & ~bad
+        bits = s[keep].view(torch.int64)
+        key = bits ^ ((bits >> 63) & 0x7FFFFFFFFFFFFFFF)
+        binade = (key >> 52) + BINADES // 2
+        low = (key >> (52 - m)) & ((1 << m) - 1)
+        occupied, slot = torch.unique(binade, return_inverse=True)
+        index = ((slot * 2 + lab[keep].to(torch.int64)) << m) | low
+        counts = torch.bincount(index, minlength=occupied.numel() * (2 << m))
+        parts.append((occupied, counts))
+    host = [(b.cpu().numpy(), c.cpu().numpy().reshape(b.numel(), 2, 1 << m)) for b, c in parts]
+    binades, counts = merge_binades(host) if host else (np.zeros(0, np.int64), np.zeros((0, 2, 1 << m), np.int64))
+    return binades, counts, problems.cpu().numpy()

@@ -10,6 +10,7 @@ from segood.metrics import _kernels
 from segood.metrics.functional import (
     METRICS,
     as_numpy_inputs,
+    metric_bounds,
     metrics_from_counts,
     raise_bad_labels,
     raise_bad_scores,
@@ -116,6 +117,10 @@ class PixelOODAccumulator:
     def copy(self):
         return PixelOODAccumulator.from_state_dict(self.state_dict())
 
+    def curve_counts(self):
+        """(thresholds (T,), hist (2, T) int64): the ID and OOD pixels of each bin, increasing thresholds."""
+        return self.thresholds.copy(), self.hist.copy()
+
     def compute(self):
         """Metrics over every pixel seen so far (pooled counts).
 
@@ -144,6 +149,7 @@ class PixelOODAccumulator:
             fn=n_ood - tp,
             tn=n_id - fp,
             **binning_bounds(self.hist, tp, fp, n_ood, n_id),
+            bounds=metric_bounds(self.hist),
         )
         if self.per_image:
             defined = self.per_image_defined

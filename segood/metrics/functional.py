@@ -46,9 +46,8 @@ class Metric:
 
     name: key in results and ``--rank-by``. label: title in tables. higher_is_better: its direction.
     from_curve: :class:`Curve` -> float. range: (lo, hi) of its values, None when unbounded (a claimed value
-    outside is refused). bound: the key of :meth:`PixelOODAccumulator.compute` that bounds how far exact mode
-    can be from the binned value, and bound_side how: ``"error"`` (|exact - binned| <= bound), ``"below"``
-    (exact in [bound, binned]) or ``"above"`` (exact in [binned, bound]).
+    outside is refused). worst_case: the metric of the worst arrangement of pixels sharing a bin, when it is not
+    ``from_curve`` of the worst refined curve (AUPRC: OOD pixels as distinct values); see :func:`metric_bounds`.
     """
 
     name: str
@@ -56,8 +55,7 @@ class Metric:
     higher_is_better: bool
     from_curve: Callable
     range: tuple | None = (0.0, 1.0)
-    bound: str | None = None
-    bound_side: str = "error"
+    worst_case: Callable | None = None
 
     def arrow(self):
         return "↑" if self.higher_is_better else "↓"
@@ -66,13 +64,6 @@ class Metric:
         """Whether ``value`` is a finite number this metric can take."""
         lo, hi = self.range or (-np.inf, np.inf)
         return bool(np.isfinite(value)) and lo <= value <= hi
-
-    def binning_error(self, value, pooled):
-        """How far exact mode may be from ``value``, given the bounds in ``pooled`` (None: unknown)."""
-        bound = pooled.get(self.bound) if self.bound else None
-        if value is None or bound is None:
-            return None
-        return {"error": bound, "below": value - bound, "above": bound - value}[self.bound_side]
 
 
 def auroc(curve):
@@ -107,11 +98,26 @@ def max_iou(curve):
 
 
 #: Every metric segood reports, by name. Register one by adding a :class:`Metric` (``docs/extending.md``).
+def auprc_distinct_worst(refined):
+    """AUPRC of the worst arrangement with each OOD pixel a distinct value: in bin k (ID above OOD), the i-th OOD
+    pixel has precision (a + i) / (c + i), a = TP above it, c = all pixels above it; summed in closed form
+    sum_{i=1..n} (a + i) / (c + i) = n - (c - a) (psi(c + n + 1) - psi(c + 1))."""
+    tp, fp = refined.tp, refined.fp
+    a = np.append(tp[1:], 0).astype(np.float64)  # the refined curve alternates OOD groups and ID groups
+    c = a + np.append(fp[1:], 0)
+    n = (tp - np.append(tp[1:], 0)).astype(np.float64)
+    group = n > 0
+    a, c, n = a[group], c[group], n[group]
+    total = n - (c - a) * _harmonic_gap(c, n)
+    return float(np.sum(total) / refined.n_ood)
+
+
+#: Every metric segood reports, by name. Register one by adding a :class:`Metric` (``docs/extending.md``).
 METRICS = {m.name: m for m in (
-    Metric("auroc", "AUROC", True, auroc, bound="auroc_max_error", bound_side="error"),
-    Metric("auprc", "AUPRC", True, auprc),
-    Metric("fpr95", "FPR95", False, fpr_at_tpr95, bound="fpr95_exact_min", bound_side="below"),
-    Metric("max_iou", "MaxIoU", True, max_iou, bound="max_iou_exact_max", bound_side="above"),
+    Metric("auroc", "AUROC", True, auroc),
+    Metric("auprc", "AUPRC", True, auprc, worst_case=auprc_distinct_worst),
+    Metric("fpr95", "FPR95", False, fpr_at_tpr95),
+    Metric("max_iou", "MaxIoU", True, max_iou),
 )}
 METRIC_NAMES = tuple(METRICS)  #: the built-in metrics (the paper's §4); what is registered now: ``METRICS``
 
@@ -121,6 +127,59 @@ def get_metric(name):
     if name not in METRICS:
         raise KeyError(f"unknown metric {name!r}; choose one of {sorted(METRICS)}")
     return METRICS[name]
+
+
+def refined_curves(hist):
+    """(worst, best) :class:`Curve` of the two extreme orders of the pixels sharing a bin: every bin of ``hist``
+    ((2, B): ID and OOD counts per bin, increasing thresholds) split in two sub-bins, its ID pixels above its OOD
+    pixels (worst) or below them (best). The thresholds of the refined curves are their sub-bin indices."""
+    hist = np.asarray(hist, dtype=np.int64)
+    n_id, n_ood = (int(v) for v in hist.sum(axis=1))
+
+    def curve(lower):  # ``lower``: the label of each bin's lower sub-bin
+        ids, oods = np.zeros((2, 2 * hist.shape[1]), np.int64)
+        ids[int(lower != ID)::2], oods[int(lower != OOD)::2] = hist[ID], hist[OOD]
+        fp, tp = (np.cumsum(counts[::-1])[::-1] for counts in (ids, oods))
+        return Curve(np.arange(tp.size, dtype=np.float64), tp, fp, n_ood, n_id)
+
+    return curve(OOD), curve(ID)
+
+
+def metric_bounds(hist):
+    """{metric: (lo, hi)}: where the exact-mode value lies given only the binned counts ``hist`` (2, B) — between
+    the metric of the worst and of the best order of the pixels sharing a bin (the metric contract, "Error bounds
+    of binned metrics"); NaN where undefined."""
+    hist = np.asarray(hist, dtype=np.int64)
+    if not (hist.size and hist[0].sum() and hist[1].sum()):
+        return {name: (float("nan"), float("nan")) for name in METRICS}
+    worst, best = refined_curves(hist)
+    bounds = {}
+    for name, metric in METRICS.items():
+        low_side = (metric.worst_case or metric.from_curve)(worst)
+        high_side = metric.from_curve(best)
+        bounds[name] = (min(low_side, high_side), max(low_side, high_side))
+    return bounds
+
+
+def _harmonic_gap(c, n):
+    """sum_{i=1..n} 1 / (c + i) for arrays c >= 0, n >= 1: psi(c + n + 1) - psi(c + 1), as log1p and the
+    asymptotic series of psi(x) - ln(x) (after shifting x up to 20 with psi(x) = psi(x + 1) - 1 / x)."""
+    a, b = np.asarray(c, np.float64) + 1.0, np.asarray(c, np.float64) + np.asarray(n, np.float64) + 1.0
+    return np.log1p((b - a) / a) + _psi_minus_log(b) - _psi_minus_log(a)
+
+
+def _psi_minus_log(x):
+    x = np.array(x, dtype=np.float64)
+    result = np.zeros_like(x)
+    small = x < 20.0
+    shift = np.where(small, np.ceil(20.0 - x), 0.0)
+    for j in range(20):  # psi(x) - ln x = [psi(x + J) - ln(x + J)] + ln((x + J) / x) - sum_{j<J} 1 / (x + j)
+        result -= np.where(j < shift, 1.0 / (x + j), 0.0)
+    result += np.log1p(shift / x)
+    y = x + shift
+    inv2 = 1.0 / (y * y)
+    series = -0.5 / y - inv2 * (1 / 12 - inv2 * (1 / 120 - inv2 * (1 / 252 - inv2 * (1 / 240 - inv2 / 132))))
+    return result + series
 
 
 def metrics_from_counts(thresholds, tp, fp, n_ood, n_id, *, warn=True):
@@ -155,8 +214,11 @@ def metrics_from_counts(thresholds, tp, fp, n_ood, n_id, *, warn=True):
     return result
 
 
-def as_numpy_inputs(scores, labels):
+def as_numpy_inputs(scores, labels, *, keep_float32_exact=False):
     """Validate shapes and dtypes and return flat numpy views: (float32/float64 scores, uint8 labels).
+
+    Other score dtypes become float64 (exact for float16 and integers up to 2**53), or float32 with
+    ``keep_float32_exact`` where that is exact too (float16, 8- and 16-bit integers, bool).
 
     Raises:
         ValueError: on a shape mismatch. TypeError: on non-integer labels.
@@ -172,7 +234,8 @@ def as_numpy_inputs(scores, labels):
                 or scores.dtype == bool):
             raise TypeError(f"scores must be real numbers (float or integer), got dtype {scores.dtype}"
                             + (": take the real part or the magnitude first" if np.iscomplexobj(scores) else ""))
-        scores = scores.astype(np.float64)  # exact for float16 and integers up to 2**53
+        small = scores.dtype.itemsize <= 2 or scores.dtype == bool  # float16, (u)int8/16, bool: exact in float32
+        scores = scores.astype(np.float32 if keep_float32_exact and small else np.float64)
     if labels.dtype != np.uint8:
         if labels.dtype == bool:
             labels = labels.astype(np.uint8)

@@ -1,0 +1,327 @@
+"""FloatOrderAccumulator: pixel-level OOD metrics for any real-valued score, on the float-order grid.
+
+Thresholds live on the floating-point number line itself, as HdrHistogram's buckets do: a pixel's bin is the
+top bits of the order-preserving key of its float64 value, so "predicted OOD iff score >= t_b" holds by
+construction, with no score range and a relative threshold spacing of 2^-m at every magnitude (the metric
+contract, "Float-order binning"). Unbounded scores (distances, max logit, energy) need no squashing, and
+crowded scores (1e-6 next to 1e-5) are resolved as finely as scores near 1.
+"""
+
+import io
+
+import numba
+import numpy as np
+
+from segood.io import atomic_write_bytes, read_npz
+from segood.metrics import _kernels
+from segood.metrics.accumulator import _INT64_MAX, _count, _flat_cuda, _host, _is_cuda
+from segood.metrics.functional import (METRICS, as_numpy_inputs, metric_bounds, metrics_from_counts,
+                                       raise_bad_labels)
+
+STATE_FORMAT = "segood.FloatOrderAccumulator/1"
+DEFAULT_MANTISSA_BITS = 10  # float16 and 8-bit scores exact; measured fastest (README, "The metric engine")
+MAX_MANTISSA_BITS = 20
+_MIN_CHUNK = 1 << 16
+
+
+def _exact_bits(dtype):
+    """The smallest m at which every value of ``dtype`` falls alone in its bin (None: no such m up to 20)."""
+    name = str(dtype).replace("torch.", "")
+    if name == "bool":
+        return 0
+    if name in ("float16", "bfloat16"):
+        return {"float16": 10, "bfloat16": 7}[name]
+    if name.startswith(("int", "uint")):
+        info = np.iinfo(np.dtype(name))
+        return max(0, (max(-int(info.min), int(info.max)) - 1).bit_length() - 1)  # |n| <= 2^(m+1)
+    return None  # float32 would need m = 23, float64 m = 52
+
+
+def bin_thresholds(binades, low, m):
+    """t_b of bins (binade, low bits): the smallest non-NaN float64 whose bin is b (-inf for the bin of -inf)."""
+    key = (np.asarray(binades, np.uint64) << np.uint64(52)) | (np.asarray(low, np.uint64) << np.uint64(52 - m))
+    positive = key >= _kernels.SIGN
+    bits = np.where(positive, key ^ _kernels.SIGN, ~key)
+    values = bits.view(np.float64)
+    return np.where(np.isnan(values), -np.inf, values)
+
+
+class FloatOrderAccumulator:
+    """Streaming ID / OOD counts per float-order bin, for scores of any real value (the default grid).
+
+    A pixel is predicted OOD at threshold ``t_b`` iff ``float64(score) >= t_b``, exactly, for every bin b of
+    the float64 number line at m mantissa bits (``mantissa_bits``): thresholds 2^-m apart relatively, at every
+    magnitude; ±inf in the end bins. Bins are stored only for the binades (sign and exponent) that occur, so a
+    score spanning 40 binades takes 40 x 2 x 2^m counts. States add, merge when their binades differ,
+    all-reduce, save as plain arrays and resume exactly.
+
+    Args:
+        mantissa_bits: m in [1, 20] (default 10: every float16 and 8-bit value falls alone in its bin, so such
+            scores give exactly the exact-mode curve; float32 scores are resolved to 2^-10 relatively).
+        per_image: also track the per-image mean of each metric (inputs of 3 or more dimensions are batches).
+        score_range: optionally (lo, hi), the range the scores are declared to lie in: a check, not a grid.
+
+    Example:
+        >>> acc = FloatOrderAccumulator()
+        >>> acc.update(distances, ood_mask)   # any real scores, higher = more OOD
+        >>> acc.compute()["auroc"]
+    """
+
+    def __init__(self, mantissa_bits=DEFAULT_MANTISSA_BITS, *, per_image=False, score_range=None):
+        if isinstance(mantissa_bits, bool) or not isinstance(mantissa_bits, (int, np.integer)):
+            raise TypeError(f"mantissa_bits must be an int, got {mantissa_bits!r}")
+        if not 1 <= mantissa_bits <= MAX_MANTISSA_BITS:
+            raise ValueError(f"mantissa_bits must be in [1, {MAX_MANTISSA_BITS}], got {mantissa_bits}")
+        if score_range is not None:
+            lo, hi = (float(v) for v in score_range)
+            if not lo < hi:
+                raise ValueError(f"score_range must have lo < hi, got {score_range!r}")
+            score_range = (lo, hi)
+        self.mantissa_bits = int(mantissa_bits)
+        self.per_image = bool(per_image)
+        self.score_range = score_range
+        self.metric_names = tuple(METRICS)
+        self.reset()
+
+    def reset(self):
+        """Forget every count."""
+        self.binades = np.zeros(0, np.int64)  # occupied binades, increasing
+        self.counts = np.zeros((0, 2, 1 << self.mantissa_bits), np.int64)  # per binade: ID, OOD per low bits
+        self.exact = True  # every bin holds one distinct value, from the dtypes seen so far
+        self.n_ignored = 0
+        self.n_images = 0
+        self.per_image_sum = np.zeros(len(self.metric_names))
+        self.per_image_defined = 0
+        return self
+
+    def update(self, scores, labels, *, clip=False):
+        """Add pixels; the state is unchanged when this raises.
+
+        Args:
+            scores: real numbers (numpy or torch, CPU or CUDA, any float or integer dtype), any shape, higher =
+                more OOD; ±inf allowed, NaN at a counted pixel is an error.
+            labels: same shape: 0 (ID), 1 (OOD), 255 (ignore).
+            clip: has no meaning on this grid (there is no range to clip to); True is an error.
+        """
+        if clip:
+            raise ValueError("clip has no meaning on the float-order grid: every real score has a bin. Drop "
+                             "clip=True (or use the linear grid: num_thresholds / score_range)")
+        pieces = self._split_images(scores, labels)
+        results = [self._histogram(s, lab) for s, lab in pieces]  # validate all before changing state
+        for binades, counts, n_ignored, exact in results:
+            self._add(binades, counts)
+            self.n_ignored += n_ignored
+            self.exact &= exact
+            if self.per_image:
+                self.n_images += 1
+                metrics = self._metrics(binades, counts, warn=False)
+                if metrics is not None:
+                    self.per_image_sum += [metrics[name] for name in self.metric_names]
+                    self.per_image_defined += 1
+        return self
+
+    def merge(self, other):
+        """Add the counts of another accumulator with the same resolution (in place); returns self."""
+        if not isinstance(other, FloatOrderAccumulator):
+            raise TypeError(f"can only merge a FloatOrderAccumulator, got {type(other).__name__}")
+        mine = (self.mantissa_bits, self.per_image, self.score_range, self.metric_names)
+        theirs = (other.mantissa_bits, other.per_image, other.score_range, other.metric_names)
+        if mine != theirs:
+            raise ValueError("cannot merge accumulators with different configurations: (mantissa_bits, per_image, "
+                             f"score_range, metrics) = {mine} vs {theirs}")
+        self._add(other.binades, other.counts)
+        self.exact &= other.exact
+        self.n_ignored += other.n_ignored
+        self.n_images += other.n_images
+        self.per_image_sum += other.per_image_sum
+        self.per_image_defined += other.per_image_defined
+        return self
+
+    def __add__(self, other):
+        return self.copy().merge(other)
+
+    def copy(self):
+        return FloatOrderAccumulator.from_state_dict(self.state_dict())
+
+    def curve_counts(self):
+        """(thresholds (B,), hist (2, B) int64) of the occupied bins in increasing order."""
+        return self._curve_counts(self.binades, self.counts)
+
+    def compute(self):
+        """Metrics over every pixel seen so far (pooled counts), as :meth:`PixelOODAccumulator.compute`, with
+        the curves at the occupied bins' thresholds and ``bounds`` {metric: (lo, hi)}: where exact mode's
+        value lies, from the counts alone (the value itself when every bin holds one distinct value)."""
+        thresholds, hist = self.curve_counts()
+        n_id, n_ood = (int(v) for v in hist.sum(axis=1))
+        if n_id + n_ood + self.n_ignored == 0:
+            raise ValueError("the accumulator is empty: call update(scores, labels) before compute()")
+        fp, tp = _reverse_cumsum(hist)
+        result = metrics_from_counts(thresholds, tp, fp, n_ood, n_id)
+        exact = self.exact or not hist.size
+        result.update(n_id=n_id, n_ood=n_ood, n_ignored=int(self.n_ignored), thresholds=thresholds, tp=tp, fp=fp,
+                      fn=n_ood - tp, tn=n_id - fp, exact=bool(self.exact),
+                      bounds={k: (result[k], result[k]) for k in METRICS} if exact else metric_bounds(hist))
+        if self.per_image:
+            defined = self.per_image_defined
+            means = self.per_image_sum / defined if defined else np.full(len(self.metric_names), np.nan)
+            result["per_image_mean"] = {**{name: float(v) for name, v in zip(self.metric_names, means)},
+                                        "n_images": int(defined), "n_images_total": int(self.n_images)}
+        return result
+
+    def state_dict(self):
+        """The state as plain numpy arrays (``numpy.savez``-able without pickle)."""
+        lo, hi = self.score_range or (np.nan, np.nan)
+        return {
+            "format": np.array(STATE_FORMAT),
+            "mantissa_bits": np.array(self.mantissa_bits, dtype=np.int64),
+            "per_image": np.array(self.per_image),
+            "score_range": np.array([lo, hi], dtype=np.float64),
+            "exact": np.array(self.exact),
+            "binades": self.binades.copy(),
+            "counts": self.counts.copy(),
+            "n_ignored": np.array(self.n_ignored, dtype=np.int64),
+            "n_images": np.array(self.n_images, dtype=np.int64),
+            "per_image_sum": self.per_image_sum.copy(),
+            "per_image_defined": np.array(self.per_image_defined, dtype=np.int64),
+        }
+
+    @classmethod
+    def from_state_dict(cls, state):
+        """Rebuild from :meth:`state_dict` output; every field is checked before anything is built from it."""
+        missing = [k for k in cls().state_dict() if k not in state]
+        if missing:
+            raise ValueError(f"accumulator state lacks {missing}; was it written by state_dict()?")
+        if str(np.asarray(state["format"])) != STATE_FORMAT:
+            raise ValueError(f"unknown accumulator state format {state['format']!r}; expected {STATE_FORMAT!r}")
+        m = _count(state, "mantissa_bits")
+        if not 1 <= m <= MAX_MANTISSA_BITS:
+            raise ValueError(f"accumulator state 'mantissa_bits' must be in [1, {MAX_MANTISSA_BITS}], got {m}")
+        score_range = np.asarray(state["score_range"])
+        if score_range.shape != (2,) or not np.issubdtype(score_range.dtype, np.floating):
+            raise ValueError("accumulator state 'score_range' must be two floats (NaN, NaN when undeclared)")
+        binades, counts = np.asarray(state["binades"]), np.asarray(state["counts"])
+        if binades.ndim != 1 or not np.issubdtype(binades.dtype, np.integer) or binades.size > _kernels.BINADES \
+                or (binades.size and (binades.min() < 0 or binades.max() >= _kernels.BINADES
+                                      or np.any(np.diff(binades) <= 0))):
+            raise ValueError("accumulator state 'binades' must be increasing integers in [0, 4096)")
+        if counts.shape != (binades.size, 2, 1 << m) or not np.issubdtype(counts.dtype, np.integer):
+            raise ValueError(f"accumulator state 'counts' must be integers of shape ({binades.size}, 2, {1 << m}), "
+                             f"got {counts.dtype} of shape {counts.shape}")
+        if counts.size and (int(counts.min()) < 0 or int(counts.max()) > _INT64_MAX
+                            or sum(int(v) for v in counts.sum(axis=(1, 2), dtype=np.uint64)) > _INT64_MAX):
+            raise ValueError("accumulator state 'counts' must hold non-negative counts within the int64 range")
+        acc = cls(m, per_image=bool(state["per_image"]),
+                  score_range=None if np.isnan(score_range).all() else tuple(score_range))
+        acc.binades, acc.counts = binades.astype(np.int64), counts.astype(np.int64)
+        acc.exact = bool(state["exact"])
+        acc.n_ignored = _count(state, "n_ignored")
+        acc.n_images = _count(state, "n_images")
+        acc.per_image_defined = _count(state, "per_image_defined")
+        if acc.per_image_defined > acc.n_images:
+            raise ValueError(f"accumulator state: per_image_defined ({acc.per_image_defined}) exceeds n_images "
+                             f"({acc.n_images})")
+        per_image_sum = np.asarray(state["per_image_sum"])
+        if per_image_sum.shape != acc.per_image_sum.shape or not np.issubdtype(per_image_sum.dtype, np.floating) \
+                or not np.isfinite(per_image_sum).all():
+            raise ValueError(f"accumulator state 'per_image_sum' must be {len(acc.metric_names)} finite floats")
+        acc.per_image_sum[...] = per_image_sum
+        return acc
+
+    def save(self, path):
+        """Write the state to an ``.npz`` file, atomically."""
+        buffer = io.BytesIO()
+        np.savez(buffer, **self.state_dict())
+        atomic_write_bytes(path, buffer.getvalue())
+
+    def all_reduce(self):
+        """Sum the counts over all ``torch.distributed`` ranks (in place): the union of the ranks' binades is
+        agreed first (a 4096-entry presence vector), then the counts are summed as one dense tensor."""
+        import torch
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return self
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+        present = torch.zeros(_kernels.BINADES, dtype=torch.int64, device=device)
+        present[torch.from_numpy(self.binades).to(device)] = 1
+        dist.all_reduce(present)
+        union = torch.nonzero(present).flatten().cpu().numpy().astype(np.int64)
+        dense = np.zeros((union.size, 2, 1 << self.mantissa_bits), np.int64)
+        dense[np.searchsorted(union, self.binades)] = self.counts
+        scalars = np.array([self.n_ignored, self.n_images, self.per_image_defined, int(not self.exact)], np.int64)
+        tensors = [torch.from_numpy(a).to(device) for a in (dense, scalars, self.per_image_sum.copy())]
+        for tensor in tensors:
+            dist.all_reduce(tensor)
+        dense, scalars, sums = (t.cpu().numpy() for t in tensors)
+        self.binades, self.counts = union, dense
+        self.n_ignored, self.n_images, self.per_image_defined = (int(v) for v in scalars[:3])
+        self.exact = bool(scalars[3] == 0)
+        self.per_image_sum[...] = sums
+        return self
+
+    def __repr__(self):
+        n_id, n_ood = (int(v) for v in self.counts.sum(axis=(0, 2))) if self.counts.size else (0, 0)
+        return (f"FloatOrderAccumulator(mantissa_bits={self.mantissa_bits}, binades={self.binades.size}, "
+                f"n_id={n_id}, n_ood={n_ood}, n_ignored={self.n_ignored})")
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _split_images(self, scores, labels):
+        scores, labels = (x if hasattr(x, "shape") else np.asarray(x) for x in (scores, labels))
+        if tuple(scores.shape) != tuple(labels.shape):
+            raise ValueError(f"scores have shape {tuple(scores.shape)} but labels have shape {tuple(labels.shape)}; "
+                             "they must match pixel for pixel")
+        if self.per_image and len(scores.shape) >= 3:
+            return list(zip(scores, labels))
+        return [(scores, labels)]
+
+    def _histogram(self, scores, labels):
+        """(binades, counts, n_ignored, exact) of one input, validated."""
+        m = self.mantissa_bits
+        exact_bits = _exact_bits(scores.dtype)
+        exact = exact_bits is not None and m >= exact_bits
+        if _is_cuda(scores) or _is_cuda(labels):
+            scores, labels = _flat_cuda(scores, labels)
+            binades, counts, problems = _kernels.float_histogram_torch(scores, labels, m)
+        else:
+            scores, labels = as_numpy_inputs(scores, labels, keep_float32_exact=True)
+            threads = max(1, min(numba.get_num_threads(), scores.size // _MIN_CHUNK))
+            binades, counts, problems = _kernels.float_histogram_numpy(scores, labels, m, threads)
+        if problems[_kernels.N_BAD_LABEL]:
+            raise_bad_labels(_host(labels))
+        if problems[_kernels.N_BAD_SCORE]:
+            s = _host(scores)[_host(labels) <= 1].astype(np.float64)
+            raise ValueError(f"{int(np.isnan(s).sum())} of {s.size} counted pixels have NaN scores; every other "
+                             "real value, ±inf included, has a bin on the float-order grid")
+        if self.score_range is not None:
+            counted = _host(scores)[_host(labels) <= 1]
+            lo, hi = self.score_range
+            if counted.size and (counted.min() < lo or counted.max() > hi):
+                raise ValueError(f"{int(((counted < lo) | (counted > hi)).sum())} counted pixels have scores outside "
+                                 f"the declared score_range [{lo:g}, {hi:g}] (min {counted.min():.6g}, max "
+                                 f"{counted.max():.6g}); declare the range the scores really have, or none: the "
+                                 "float-order grid needs no range")
+        return binades, counts, int(problems[_kernels.N_IGNORED]), exact
+
+    def _add(self, binades, counts):
+        if not binades.size:
+            return
+        self.binades, self.counts = _kernels.merge_binades([(self.binades, self.counts), (binades, counts)])
+
+    def _curve_counts(self, binades, counts):
+        occupied = counts.any(axis=1)  # (k, 2^m): bins holding a pixel
+        rows, low = np.nonzero(occupied)
+        thresholds = bin_thresholds(binades[rows], low, self.mantissa_bits)
+        hist = counts[rows, :, low].T  # (2, B) in key order: binades increasing, low bits increasing
+        return thresholds, hist
+
+    def _metrics(self, binades, counts, warn=True):
+        thresholds, hist = self._curve_counts(binades, counts)
+        fp, tp = _reverse_cumsum(hist)
+        if not (hist.size and fp[0] and tp[0]):
+            return None
+        return metrics_from_counts(thresholds, tp, fp, int(tp[0]), int(fp[0]), warn=warn)
+
+
+def _reverse_cumsum(hist):
+    return np.cumsum(hist[..., ::-1], axis=-1)[..., ::-1]
