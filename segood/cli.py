@@ -180,6 +180,13 @@ def _leaderboard(args):
     return 0
 
 
+def positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
 def add_grid_options(parser):
     """The threshold grid: the float-order grid by default, the paper's linear grid with --num-thresholds."""
     parser.add_argument("--mantissa-bits", type=int, metavar="M",
@@ -217,7 +224,7 @@ def build_parser():
     kinds = convert.add_subparsers(dest="dataset", required=True, metavar="DATASET")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--out", type=Path, required=True, help="output .h5 (a .manifest.json is written beside)")
-    common.add_argument("--size", type=int, nargs=2, metavar=("H", "W"),
+    common.add_argument("--size", type=positive_int, nargs=2, metavar=("H", "W"),
                         help="output size (default: the dataset's, 1024 2048 for photos)")
     common.add_argument("--workers", type=int, default=0, help="decoding processes (default 0: in-process)")
     common.add_argument("--strict", action="store_true", help="fail on the first frame that cannot be converted")

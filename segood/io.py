@@ -4,6 +4,7 @@ import json
 import os
 import tempfile
 import zipfile
+import zlib
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -52,23 +53,50 @@ def _nan_to_none(obj):
     return obj
 
 
-def read_npz(path, what):
-    """{name: array} of an ``.npz`` file, never unpickling; every failure is a ValueError naming the file.
-
-    ``what`` names the file's role in the message ("accumulator state", "evaluation state").
-    """
+def read_npz(path, what, max_bytes=8 << 30):
+    """{name: array} of an ``.npz`` file, read member by member with bounds: each header is read first and at
+    most the bytes it declares (``max_bytes`` in all) are ever decompressed, object arrays (pickles) are refused.
+    Every failure is a ValueError naming the file; ``what`` names its role ("accumulator state", ...)."""
     import numpy as np
 
+    path = Path(path)
     try:
-        with np.load(path, allow_pickle=False) as arrays:
-            return {key: arrays[key] for key in arrays.files}
+        archive = zipfile.ZipFile(path)
     except FileNotFoundError:
         raise FileNotFoundError(f"no {what} {path}") from None
-    except ValueError as err:
-        if "pickle" in str(err):  # numpy's message suggests loading it unsafely: never pass that on
-            raise ValueError(f"refusing to read {path}: the {what} holds pickled Python objects, which segood "
-                             "never loads (a pickle can run code); segood writes plain arrays only") from None
-        raise ValueError(f"{path} is not a readable {what}: corrupt array header ({err})") from None
-    except (OSError, EOFError, zipfile.BadZipFile, KeyError) as err:
-        raise ValueError(f"{path} is not a readable {what}: empty, truncated or not an npz file "
-                         f"({type(err).__name__}: {err})") from None
+    except (zipfile.BadZipFile, OSError, EOFError) as err:
+        raise ValueError(f"{path} is not a readable {what}: empty, truncated or not an npz file ({err})") from None
+    arrays, total = {}, 0
+    try:
+        with archive:
+            for info in archive.infolist():
+                if not info.filename.endswith(".npy"):
+                    raise ValueError(f"member {info.filename!r} is not an array")
+                with archive.open(info) as member:
+                    version = np.lib.format.read_magic(member)
+                    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                        np.lib.format.read_array_header_2_0
+                    shape, fortran, dtype = read_header(member)
+                    if dtype.hasobject:
+                        raise _Pickled()
+                    nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+                    total += nbytes
+                    if total > max_bytes:
+                        raise ValueError(f"its arrays declare {total} bytes, more than the limit of {max_bytes}")
+                    data = member.read(nbytes + 1)
+                if len(data) != nbytes:
+                    raise ValueError(f"array {info.filename[:-4]!r} holds {len(data)} bytes where its header "
+                                     f"declares {nbytes}")
+                array = np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
+                arrays[info.filename[:-4]] = array.copy()
+    except _Pickled:
+        raise ValueError(f"refusing to read {path}: the {what} holds pickled Python objects, which segood never "
+                         "loads (a pickle can run code); segood writes plain arrays only") from None
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, MemoryError) as err:
+        raise ValueError(f"{path} is not a readable {what}: truncated or corrupt ({type(err).__name__}: {err})") \
+            from None
+    return arrays
+
+
+class _Pickled(Exception):
+    """An npz member holds object arrays."""

@@ -7,6 +7,7 @@ import io
 import pickle
 import shutil
 import socket
+import zipfile
 import zlib
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from segood.data import IDD, Cityscapes, ConversionError, Sample, Sun, convert
 from segood.data.common import rasterise
 from segood.data.convert import ConversionWarning
 from segood.data.h5 import CorruptFrame, H5SegmentationDataset, SetWriter, manifest_path, read_manifest
-from segood.evaluation import Evaluation, evaluate
+from segood.evaluation import Evaluation, evaluate, evaluate_score_maps
 from segood.labels import IGNORE, OOD
 from segood.methods import Method
 from segood.metrics import PixelOODAccumulator
@@ -235,8 +236,10 @@ def test_unreadable_checkpoints_and_states_name_the_file(small_set, tmp_path, ca
 
 # 9. and 10. States: counts checked before any cast; every field of the right type, shape and range.
 @pytest.mark.parametrize("field, value, message", [
-    ("hist", np.full((2, 400), 2**64 - 1, np.uint64), "non-negative counts within the int64 range"),
-    ("hist", np.full((2, 400), 2**62, np.int64), "beyond the int64 range"),
+    ("hist", np.full((2, 400), 2**64 - 1, np.uint64), r"non-negative counts below 2\^58"),
+    ("hist", np.full((2, 400), 2**50, np.int64), r"counts \d+ pixels in all, more than 2\^58"),
+    ("per_image", np.array("False"), "'per_image' must be a boolean"),
+    ("per_image_sum", np.array([1e9, 0.0, 0.0, 0.0]), "per_image_sum' of auroc is 1000000000.0: impossible"),
     ("per_image_defined", np.array(5), r"per_image_defined \(5\) exceeds n_images \(0\)"),
     ("score_range", np.array([0.0, 0.5, 1.0]), "'score_range' must be two real numbers"),
     ("per_image_sum", np.zeros(3), "'per_image_sum' must be 4 finite floats"),
@@ -248,6 +251,63 @@ def test_bad_accumulator_states_are_refused(field, value, message):
     state[field] = value
     with pytest.raises(ValueError, match=message):
         PixelOODAccumulator.from_state_dict(state)
+
+
+def test_states_name_their_metrics_so_registering_one_keeps_old_states_readable(monkeypatch):
+    from segood.metrics import METRICS, Metric, accumulator_from_state, make_accumulator
+
+    old = make_accumulator(per_image=True).update(np.array([[0.1, 0.9]]), np.array([[0, 1]], np.uint8)).state_dict()
+    old_style = {k: v for k, v in PixelOODAccumulator(per_image=True).update(
+        np.array([[0.1, 0.9]]), np.array([[0, 1]], np.uint8)).state_dict().items() if k != "per_image_metrics"}
+    monkeypatch.setitem(METRICS, "half_auroc", Metric("half_auroc", "AUROC/2", True, lambda c: 0.5))
+    for state in (old, old_style):  # a state of today's four metrics, and one from before states named them
+        acc = accumulator_from_state(state)
+        assert acc.metric_names == ("auroc", "auprc", "fpr95", "max_iou")
+        assert acc.compute()["per_image_mean"]["auroc"] == 1.0 and acc.compute()["half_auroc"] == 0.5
+
+
+def test_read_npz_never_decompresses_more_than_a_header_declares(tmp_path):
+    from segood.io import read_npz
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<i8", "fortran_order": False, "shape": (2, 1 << 40)})
+    with zipfile.ZipFile(tmp_path / "huge.npz", "w") as archive:
+        archive.writestr("hist.npy", header.getvalue() + b"\0" * 64)
+    with pytest.raises(ValueError, match="declare 17592186044416 bytes, more than the limit"):
+        read_npz(tmp_path / "huge.npz", "accumulator state")
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<i8", "fortran_order": False, "shape": (4,)})
+    with zipfile.ZipFile(tmp_path / "short.npz", "w") as archive:
+        archive.writestr("hist.npy", header.getvalue() + b"\0" * 16)
+    with pytest.raises(ValueError, match="holds 16 bytes where its header declares 32"):
+        read_npz(tmp_path / "short.npz", "accumulator state")
+
+
+def test_big_endian_and_complex_score_maps(small_set, tmp_path, capsys):
+    dataset = H5SegmentationDataset(small_set)
+    rng = np.random.default_rng(0)
+    maps = {dataset[i]["frame_id"]: rng.random((32, 64)).astype(np.float32) for i in range(len(dataset))}
+    for name, dtype in (("little", "<f4"), ("big", ">f4"), ("complex", np.complex64)):
+        with h5py.File(tmp_path / f"{name}.h5", "w") as f:
+            for frame_id, score in maps.items():
+                f[frame_id] = score.astype(dtype)
+    little, big = (evaluate_score_maps(tmp_path / f"{n}.h5", small_set, tmp_path / n, figures=False)
+                   for n in ("little", "big"))
+    assert little["results"]["external"]["cs"]["pooled"] == big["results"]["external"]["cs"]["pooled"]
+    assert main(["score", "--scores", str(tmp_path / "complex.h5"), "--data", str(small_set), "--out",
+                 str(tmp_path / "c")]) == 2
+    assert "scores must be real numbers" in capsys.readouterr().err
+
+
+def test_two_conversions_to_one_output_never_delete_each_other(tmp_path):
+    a = SetWriter(tmp_path / "x.h5", (8, 8), {"source": "a"})
+    b = SetWriter(tmp_path / "x.h5", (8, 8), {"source": "b"})
+    sample = Sample(np.zeros((8, 8, 3), np.uint8), np.zeros((8, 8), np.uint8), np.zeros((8, 8), np.uint8), "f")
+    a.append(sample)
+    b.append(sample)
+    b.abort()  # b's failure leaves a's work alone
+    assert a.commit()["source"] == "a" and read_manifest(tmp_path / "x.h5")["source"] == "a"
+    assert not list(tmp_path.glob(".x.h5*"))
 
 
 def test_complex_scores_are_refused():

@@ -99,6 +99,8 @@ def mix(ood_path, id_path, out, *, seed=0, id_frames=None, overwrite=False, prog
     """An evaluation set: every frame of the OOD set plus ``id_frames`` (default all) frames of the ID set
     (e.g. Cityscapes val), in a seeded order. Frame ids become ``<source>/<frame_id>``. Returns the manifest,
     whose ``id_to_ood_ratio`` is the set's ID:OOD pixel ratio (the paper: about 7.5:1 IDD, 3:1 SUN)."""
+    if id_frames is not None and int(id_frames) < 0:
+        raise ValueError(f"id_frames must be at least 0, got {id_frames}")
     sources = []
     for path in (ood_path, id_path):
         manifest = read_manifest(path)

@@ -12,6 +12,7 @@ appear together with one rename; ``<set>.manifest.json`` beside it is a copy for
 import hashlib
 import json
 import os
+import tempfile
 import warnings
 import zlib
 from dataclasses import dataclass
@@ -66,9 +67,11 @@ def manifest_path(path):
 class SetWriter:
     """Append samples to ``path`` atomically: all goes to a temporary file renamed on :meth:`commit`.
 
-    The set appears only complete and together with its manifest (embedded, and the copy beside it written
-    before the rename); any failure, a full disk included, removes the temporary files and leaves what was
-    there before. Refuses an existing output unless ``overwrite``.
+    The set appears only complete and together with its manifest: the manifest is embedded, its copy beside the
+    set is put in place first and the set's rename is the last step (readers trust the embedded one). Any
+    failure, a full disk included, removes this writer's temporary files and leaves the previous set. The
+    temporary name is unique, so two conversions to one output never touch each other's file. Refuses an
+    existing output unless ``overwrite``.
     """
 
     def __init__(self, path, size, attrs, *, overwrite=False):
@@ -76,7 +79,9 @@ class SetWriter:
         if self.path.exists() and not overwrite:
             raise FileExistsError(f"{self.path} exists; pass --overwrite to replace it")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = self.path.with_name(f".{self.path.name}.partial")
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".partial")
+        os.close(fd)  # a name of this writer's own: two conversions to one output never touch each other's file
+        self.tmp = Path(tmp)
         self.file = None
         try:
             self.file = h5py.File(self.tmp, "w")
@@ -139,7 +144,7 @@ class SetWriter:
             self.file.close()
             with atomic_output(manifest_path(self.path)) as copy:
                 Path(copy).write_text(text)
-                os.replace(self.tmp, self.path)  # the commit point: the set with its embedded manifest
+            os.replace(self.tmp, self.path)  # the commit point, and the last step: the set with its manifest
         except BaseException:
             self.abort()
             raise

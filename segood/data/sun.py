@@ -46,6 +46,7 @@ class SunLabelMap:
                 self.classes[self.normalise(synonym)] = class_name
         self.ambiguous = {self.normalise(n) for n in self.data.get("ambiguous", ())}
         self.not_classes = {self.normalise(n) for n in self.data.get("not_classes", ())}
+        self.head_nouns = {self.normalise(n) for n in self.data.get("head_nouns", ())}
         for other, what in ((self.ambiguous, "ambiguous"), (self.not_classes, "not_classes")):
             clash = other & set(self.classes)
             if clash:
@@ -65,7 +66,7 @@ class SunLabelMap:
         name = self.normalise(raw)
         if not name:
             return name, "empty", None
-        if name in self.not_classes:
+        if name in self.not_classes or (name.endswith("s") and name[:-1] in self.not_classes):
             return name, "not a class", None
         target, rule = self.targets.get(name), "class"
         words = name.split(" ")
@@ -81,16 +82,14 @@ class SunLabelMap:
         return name, rule, target
 
     def _part_or_head(self, words):
-        """(target, rule) of ``part`` (a listed name, then only part words) or ``head noun`` (the longest listed
-        name the phrase ends with); (None, None) when neither applies."""
+        """(target, rule) of ``part`` (a listed name, then only part words) or ``head noun`` (the phrase ends in
+        one of the reviewed ``head_nouns``); (None, None) when neither applies."""
         for k in range(len(words) - 1, 0, -1):
             lead = " ".join(words[:k])
             if lead in self.targets and all(w in self.parts for w in words[k:]):
                 return self.targets[lead], "part"
-        for k in range(1, len(words)):
-            tail = " ".join(words[k:])
-            if tail in self.targets:
-                return self.targets[tail], "head noun"
+        if words[-1] in self.head_nouns and words[-1] in self.targets:
+            return self.targets[words[-1]], "head noun"
         return None, None
 
     def values(self, raw):

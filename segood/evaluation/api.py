@@ -150,13 +150,14 @@ def evaluate_score_maps(scores_path, data_path, out_dir, *, name="external", sco
         for index, frame_id in enumerate(frame_ids):
             item = dataset[index]
             score = scores[frame_id][...]
+            score = score.astype(score.dtype.newbyteorder("="), copy=False)  # big-endian files too
             if score.shape != tuple(item["ood_mask"].shape):
                 raise ValueError(f"frame {frame_id}: scores of shape {score.shape}, the set's frames are "
                                  f"{tuple(item['ood_mask'].shape)}")
             batch = {key: item[key][None] for key in ("image", "ood_mask", "semantic")}
             try:
                 ev.process(set_name, [index], batch, {name: torch.from_numpy(score)[None]}, clip=clip)
-            except ValueError as err:
+            except (ValueError, TypeError) as err:
                 raise ValueError(f"frame {frame_id}: {err}") from None
     description = {"toolkit": run_identity(),
                    "model": {"score_maps": str(scores_path), "sha256": _sha256(scores_path)},

@@ -3,6 +3,7 @@
 import csv
 import io
 import math
+import re
 import warnings
 
 import numpy as np
@@ -192,7 +193,7 @@ def write_figures(figures, doc, ev):
         if roc.lines[:-1]:  # no curve where the set has no OOD or no ID pixel
             for ax in (roc, pr):
                 ax.legend(fontsize=7)
-        _save(fig, figures / f"curves_{s}.png")
+        _save(fig, figures / _file_name(f"curves_{s}.png"))
 
     fig, axes = plt.subplots(1, len(METRICS), figsize=(4 * len(METRICS), 4), squeeze=False)  # Figures 3-4
     axes = axes[0]
@@ -220,7 +221,7 @@ def write_figures(figures, doc, ev):
                       rotation=45, ha="right", fontsize=8)
         ax.set(ylabel=f"mean {m} score", title=f"Mean OOD score per class ({m})")
         ax.legend(fontsize=7)
-        _save(fig, figures / f"per_class_{m}.png")
+        _save(fig, figures / _file_name(f"per_class_{m}.png"))
 
     for s in sets:  # Figures 5-7: input | ground truth | prediction | heat map per method
         keys = sorted(k for k in ev.examples if k[0] == s)
@@ -242,7 +243,7 @@ def write_figures(figures, doc, ev):
                 ax.set_axis_off()
                 if row == 0:
                     ax.set_title(title, fontsize=8)
-        _save(fig, figures / f"examples_{s}.png")
+        _save(fig, figures / _file_name(f"examples_{s}.png"))
 
 
 def heat_limits(maps):
@@ -272,6 +273,11 @@ def grid_of_config(config):
 
 
 
+
+
+def _file_name(name):
+    """A figure's file name from method and set names: path separators and other odd characters become _."""
+    return re.sub(r"[^A-Za-z0-9._+-]", "_", name)
 
 
 def _number(value):

@@ -8,6 +8,7 @@ atomically every ``save_every`` batches, so a killed run resumes to exactly the 
 """
 
 import json
+import math
 import time
 from io import BytesIO
 from pathlib import Path
@@ -41,6 +42,9 @@ class Evaluation:
 
     def __init__(self, method_names, set_names, grid=None):
         self.method_names, self.set_names = list(method_names), list(set_names)
+        odd = [n for n in self.method_names + self.set_names if not n or "|" in n]
+        if odd:
+            raise ValueError(f"method and set names must be non-empty and free of '|' (the state's separator): {odd}")
         self.grid = grid or grid_spec()
         self.acc = {(m, s): make_accumulator(self.grid, per_image=True) for m in method_names
                     for s in set_names}
@@ -109,16 +113,25 @@ class Evaluation:
                 raise ValueError(f"an accumulator's thresholds differ from the run's grid {grid}")
             ev = cls(methods, sets, grid)
             ev.acc = accumulators
-            ev.seconds, ev.images, ev.done, ev.skipped = meta["seconds"], meta["images"], meta["done"], meta["skipped"]
+            ev.images, ev.done = (_frame_counts(meta[key], sets, key) for key in ("images", "done"))
+            if not isinstance(meta["seconds"], dict) or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                    for v in meta["seconds"].values()):
+                raise ValueError("'seconds' must map stages to non-negative seconds")
+            ev.seconds.update({str(k): float(v) for k, v in meta["seconds"].items()})
+            if not isinstance(meta["skipped"], list) or not all(
+                    isinstance(e, list) and len(e) == 3 and e[0] in sets and type(e[1]) is int for e in meta["skipped"]):
+                raise ValueError("'skipped' must list [set, frame index, reason] entries")
+            ev.skipped = meta["skipped"]
             for m, s in ev.acc:
                 ev.class_sum[(m, s)] = _array(arrays[f"cls|{m}|{s}"], (NUM_CLASSES,), np.float64)
             for s in sets:
-                ev.class_count[s] = _array(arrays[f"clscount|{s}"], (NUM_CLASSES,), np.int64)
-                if int(ev.done[s]) < 0 or int(ev.images[s]) < 0:
-                    raise ValueError(f"negative frame counts for set {s!r}")
+                ev.class_count[s] = _array(arrays[f"clscount|{s}"], (NUM_CLASSES,), np.int64, counts=True)
             for key in arrays:
                 if key.startswith("ex|"):
                     _, s, i, field = key.split("|")
+                    if s not in sets or not i.isdigit():
+                        raise ValueError(f"example {key!r} belongs to no set of the run")
                     ev.examples.setdefault((s, int(i)), {})[field] = np.asarray(arrays[key])
         except KeyError as err:
             raise ValueError(f"{path} is not a complete evaluation state: it lacks {err}") from None
@@ -174,12 +187,24 @@ class Evaluation:
         return self
 
 
-def _array(value, shape, dtype):
-    """``value`` as a finite array of ``shape`` and ``dtype``, or a ValueError."""
+def _array(value, shape, dtype, *, counts=False):
+    """``value`` as a finite array of ``shape`` and ``dtype`` (``counts``: non-negative integers), or a
+    ValueError."""
     array = np.asarray(value)
-    if array.shape != shape or not (np.issubdtype(array.dtype, np.number) and np.isfinite(array).all()):
-        raise ValueError(f"expected finite numbers of shape {shape}, got {array.dtype} of shape {array.shape}")
+    kind = np.integer if counts else np.number
+    if array.shape != shape or not (np.issubdtype(array.dtype, kind) and np.isfinite(array).all()) \
+            or (counts and (array < 0).any()):
+        raise ValueError(f"expected {'counts' if counts else 'finite numbers'} of shape {shape}, got {array.dtype} "
+                         f"of shape {array.shape}")
     return array.astype(dtype)
+
+
+def _frame_counts(value, sets, key):
+    """{set: non-negative int} for every set of the run, or a ValueError."""
+    if not isinstance(value, dict) or set(value) != set(sets) or not all(
+            type(v) is int and v >= 0 for v in value.values()):
+        raise ValueError(f"{key!r} must give a non-negative number of frames for every set {sets}")
+    return dict(value)
 
 
 def read_batch(dataset, indices, *, skip_bad=False):

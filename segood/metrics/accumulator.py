@@ -173,13 +173,14 @@ class PixelOODAccumulator:
             "n_images": np.array(self.n_images, dtype=np.int64),
             "per_image_sum": self.per_image_sum.copy(),
             "per_image_defined": np.array(self.per_image_defined, dtype=np.int64),
+            "per_image_metrics": np.array(self.metric_names, dtype=str),
         }
 
     @classmethod
     def from_state_dict(cls, state):
         """Rebuild from :meth:`state_dict` output (or an ``np.load``-ed npz). Every field is checked for its
         type, shape and range before anything is allocated from it; counts must add up without overflow."""
-        missing = [k for k in cls(2).state_dict() if k not in state]
+        missing = [k for k in cls(2).state_dict() if k not in state and k != "per_image_metrics"]
         if missing:
             raise ValueError(f"accumulator state lacks {missing}; was it written by state_dict()?")
         if str(np.asarray(state["format"])) != STATE_FORMAT:
@@ -194,27 +195,11 @@ class PixelOODAccumulator:
         if hist.shape != (2, num_thresholds) or not np.issubdtype(hist.dtype, np.integer):
             raise ValueError(f"accumulator state 'hist' must be integers of shape (2, {num_thresholds}) "
                              f"(num_thresholds), got {hist.dtype} of shape {hist.shape}")
-        if hist.size and (int(hist.min()) < 0 or int(hist.max()) > _INT64_MAX):  # compared as Python ints
-            raise ValueError("accumulator state 'hist' must hold non-negative counts within the int64 range")
-        total = int(hist.sum()) if int(hist.max(initial=0)) * hist.size <= _INT64_MAX else \
-            sum(int(v) for v in hist.ravel())
-        if total > _INT64_MAX:
-            raise ValueError(f"accumulator state 'hist' counts {total} pixels in all, beyond the int64 range")
-        acc = cls(num_thresholds, tuple(float(v) for v in score_range), per_image=bool(state["per_image"]))
+        check_counts(hist, "hist")
+        acc = cls(num_thresholds, tuple(float(v) for v in score_range), per_image=_flag(state, "per_image"))
         acc.hist[...] = hist
         acc.n_ignored = _count(state, "n_ignored")
-        acc.n_images = _count(state, "n_images")
-        acc.per_image_defined = _count(state, "per_image_defined")
-        if acc.per_image_defined > acc.n_images:
-            raise ValueError(f"accumulator state: per_image_defined ({acc.per_image_defined}) exceeds n_images "
-                             f"({acc.n_images})")
-        per_image_sum = np.asarray(state["per_image_sum"])
-        if per_image_sum.shape != acc.per_image_sum.shape or not np.issubdtype(per_image_sum.dtype, np.floating) \
-                or not np.isfinite(per_image_sum).all():
-            raise ValueError(f"accumulator state 'per_image_sum' must be {len(acc.metric_names)} finite floats (one "
-                             f"per metric: {', '.join(acc.metric_names)}), got {per_image_sum.dtype} of shape "
-                             f"{per_image_sum.shape}")
-        acc.per_image_sum[...] = per_image_sum
+        load_per_image(acc, state)
         return acc
 
     def save(self, path):
@@ -328,6 +313,50 @@ def binning_bounds(hist, tp, fp, n_ood, n_id):
 def _reverse_cumsum(hist):
     """Per-threshold counts (pixels with score >= t_k) from per-bin counts, for each row."""
     return np.cumsum(hist[..., ::-1], axis=-1)[..., ::-1]
+
+
+MAX_PIXELS = 1 << 58  # counts beyond this are no real set (and 20 x a count must stay within int64)
+
+
+def check_counts(counts, key):
+    """Non-negative integer counts whose total stays below MAX_PIXELS (compared as Python integers)."""
+    if counts.size and (int(counts.min()) < 0 or int(counts.max()) > MAX_PIXELS):
+        raise ValueError(f"accumulator state {key!r} must hold non-negative counts below 2^58")
+    total = sum(int(v) for v in counts.reshape(counts.shape[0], -1).sum(axis=1, dtype=np.uint64)) if counts.size else 0
+    if total > MAX_PIXELS:
+        raise ValueError(f"accumulator state {key!r} counts {total} pixels in all, more than 2^58")
+
+
+def load_per_image(acc, state):
+    """Validate and set the per-image fields of a state (either accumulator): counts, and sums that the
+    metrics' ranges allow; a state names the metrics of its sums (states before that: the built-in four)."""
+    from segood.metrics.functional import METRIC_NAMES
+
+    acc.n_images = _count(state, "n_images")
+    acc.per_image_defined = _count(state, "per_image_defined")
+    if acc.per_image_defined > acc.n_images:
+        raise ValueError(f"accumulator state: per_image_defined ({acc.per_image_defined}) exceeds n_images "
+                         f"({acc.n_images})")
+    names = state.get("per_image_metrics")
+    names = tuple(str(n) for n in np.asarray(names).ravel()) if names is not None else METRIC_NAMES
+    sums = np.asarray(state["per_image_sum"])
+    if sums.shape != (len(names),) or not np.issubdtype(sums.dtype, np.floating) or not np.isfinite(sums).all():
+        raise ValueError(f"accumulator state 'per_image_sum' must be {len(names)} finite floats (one per metric: "
+                         f"{', '.join(names)}), got {sums.dtype} of shape {sums.shape}")
+    n = acc.per_image_defined
+    for name, value in zip(names, sums):
+        lo, hi = (METRICS[name].range or (-np.inf, np.inf)) if name in METRICS else (-np.inf, np.inf)
+        if not (value == 0 if n == 0 else lo * n - 1e-9 <= value <= hi * n + 1e-9):
+            raise ValueError(f"accumulator state 'per_image_sum' of {name} is {value}: impossible for "
+                             f"{acc.per_image_defined} images with values in [{lo}, {hi}]")
+    acc.metric_names, acc.per_image_sum = names, sums.astype(np.float64)
+
+
+def _flag(state, key):
+    value = np.asarray(state[key])
+    if value.shape != () or value.dtype != bool:
+        raise ValueError(f"accumulator state {key!r} must be a boolean, got {value.dtype} of shape {value.shape}")
+    return bool(value)
 
 
 def _count(state, key):

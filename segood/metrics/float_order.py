@@ -14,7 +14,7 @@ import numpy as np
 
 from segood.io import atomic_write_bytes, read_npz
 from segood.metrics import _kernels
-from segood.metrics.accumulator import _INT64_MAX, _count, _flat_cuda, _host, _is_cuda
+from segood.metrics.accumulator import _count, _flag, _flat_cuda, _host, _is_cuda, check_counts, load_per_image
 from segood.metrics.functional import (METRICS, as_numpy_inputs, metric_bounds, metrics_from_counts,
                                        raise_bad_labels)
 
@@ -183,12 +183,13 @@ class FloatOrderAccumulator:
             "n_images": np.array(self.n_images, dtype=np.int64),
             "per_image_sum": self.per_image_sum.copy(),
             "per_image_defined": np.array(self.per_image_defined, dtype=np.int64),
+            "per_image_metrics": np.array(self.metric_names, dtype=str),
         }
 
     @classmethod
     def from_state_dict(cls, state):
         """Rebuild from :meth:`state_dict` output; every field is checked before anything is built from it."""
-        missing = [k for k in cls().state_dict() if k not in state]
+        missing = [k for k in cls().state_dict() if k not in state and k != "per_image_metrics"]
         if missing:
             raise ValueError(f"accumulator state lacks {missing}; was it written by state_dict()?")
         if str(np.asarray(state["format"])) != STATE_FORMAT:
@@ -207,24 +208,13 @@ class FloatOrderAccumulator:
         if counts.shape != (binades.size, 2, 1 << m) or not np.issubdtype(counts.dtype, np.integer):
             raise ValueError(f"accumulator state 'counts' must be integers of shape ({binades.size}, 2, {1 << m}), "
                              f"got {counts.dtype} of shape {counts.shape}")
-        if counts.size and (int(counts.min()) < 0 or int(counts.max()) > _INT64_MAX
-                            or sum(int(v) for v in counts.sum(axis=(1, 2), dtype=np.uint64)) > _INT64_MAX):
-            raise ValueError("accumulator state 'counts' must hold non-negative counts within the int64 range")
-        acc = cls(m, per_image=bool(state["per_image"]),
+        check_counts(counts, "counts")
+        acc = cls(m, per_image=_flag(state, "per_image"),
                   score_range=None if np.isnan(score_range).all() else tuple(score_range))
         acc.binades, acc.counts = binades.astype(np.int64), counts.astype(np.int64)
-        acc.exact = bool(state["exact"])
+        acc.exact = _flag(state, "exact")
         acc.n_ignored = _count(state, "n_ignored")
-        acc.n_images = _count(state, "n_images")
-        acc.per_image_defined = _count(state, "per_image_defined")
-        if acc.per_image_defined > acc.n_images:
-            raise ValueError(f"accumulator state: per_image_defined ({acc.per_image_defined}) exceeds n_images "
-                             f"({acc.n_images})")
-        per_image_sum = np.asarray(state["per_image_sum"])
-        if per_image_sum.shape != acc.per_image_sum.shape or not np.issubdtype(per_image_sum.dtype, np.floating) \
-                or not np.isfinite(per_image_sum).all():
-            raise ValueError(f"accumulator state 'per_image_sum' must be {len(acc.metric_names)} finite floats")
-        acc.per_image_sum[...] = per_image_sum
+        load_per_image(acc, state)
         return acc
 
     def save(self, path):

@@ -30,10 +30,13 @@ def safe_load(path, what="checkpoint", map_location="cpu"):
         return torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:
         raise FileNotFoundError(f"no {what} {path}") from None
-    except pickle.UnpicklingError:
-        raise ValueError(f"refusing to load {path}: the {what} holds pickled Python objects, not only tensors and "
-                         "plain values, and segood never unpickles those (a pickle can run code); save a plain "
-                         "state dict instead") from None
+    except pickle.UnpicklingError as err:
+        if "Weights only load failed" in str(err):  # a real pickle, with objects beyond tensors and plain values
+            raise ValueError(f"refusing to load {path}: the {what} holds pickled Python objects, not only tensors "
+                             "and plain values, and segood never unpickles those (a pickle can run code); save a "
+                             "plain state dict instead") from None
+        raise ValueError(f"{path} is not a readable {what}: not a torch file (an HTML page or another format?)") \
+            from None
     except (EOFError, RuntimeError, KeyError, IndexError, ValueError, TypeError, AttributeError, OverflowError,
             UnicodeDecodeError, zipfile.BadZipFile, OSError) as err:
         size = path.stat().st_size if path.is_file() else 0
@@ -62,6 +65,12 @@ def model_config(config, path="the checkpoint"):
         raise ValueError(f"{path}: the model config " + (f"has unknown keys {unknown}" if unknown else "")
                          + (" and " if unknown and missing else "") + (f"lacks {missing}" if missing else "")
                          + f" (a ModelConfig has {sorted(known)}); was it written by another segood version?")
+    types = {"arch": str, "encoder": str, "num_classes": int, "head": str, "dropout_p": (int, float),
+             "reduced_dim": int, "encoder_weights": (str, type(None))}
+    wrong = [k for k, v in config.items() if not isinstance(v, types[k]) or isinstance(v, bool)]
+    if wrong:
+        raise ValueError(f"{path}: the model config has values of the wrong type: "
+                         + ", ".join(f"{k}={config[k]!r}" for k in wrong))
     return ModelConfig(**config)
 
 

@@ -45,11 +45,10 @@ class ExternalModel(torch.nn.Module):
 def load_smp_weights(arch, encoder, weights, *, num_classes=NUM_CLASSES):
     """An smp model (``smp.create_model(arch, encoder)``, no encoder download) with the state dict in ``weights``
     (read with ``weights_only=True``), wrapped as an :class:`ExternalModel`."""
-    import segmentation_models_pytorch as smp
-
     from segood.models.checkpoint import safe_load
+    from segood.models.network import create_smp
 
-    model = smp.create_model(arch, encoder_name=encoder, encoder_weights=None, classes=num_classes)
+    model = create_smp(arch, encoder, num_classes)
     state = safe_load(weights, "state dict")
     if not isinstance(state, dict):
         raise ValueError(f"{weights} holds a {type(state).__name__}, not a state dict of {arch}/{encoder}")

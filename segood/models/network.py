@@ -48,8 +48,6 @@ class SegmentationNetwork(nn.Module):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        import segmentation_models_pytorch as smp
-
         if config.arch not in ARCHS:
             raise ValueError(f"unknown arch {config.arch!r}; choose one of {ARCHS}")
         if config.head not in HEADS:
@@ -57,8 +55,7 @@ class SegmentationNetwork(nn.Module):
         if not 0.0 <= config.dropout_p < 1.0:
             raise ValueError(f"dropout_p must be in [0, 1), got {config.dropout_p}")
         self.config = config
-        base = smp.create_model(config.arch, encoder_name=config.encoder, encoder_weights=config.encoder_weights,
-                                classes=config.num_classes)
+        base = create_smp(config.arch, config.encoder, config.num_classes, config.encoder_weights)
         self.encoder, self.decoder = base.encoder, base.decoder
         depth = base.segmentation_head[0].in_channels  # the decoder's output depth
         if config.head == "dimreduce":
@@ -118,6 +115,17 @@ class SegmentationNetwork(nn.Module):
         features = self.penultimate(x) if features is None else features
         low = torch.cat([self.classifier(self._dropout(features, stochastic=True)) for _ in range(samples)])
         return _upsample(low, x.shape[-2:]).view(samples, x.shape[0], low.shape[1], *x.shape[-2:])
+
+
+def create_smp(arch, encoder, num_classes, encoder_weights=None):
+    """``smp.create_model`` with a ValueError naming the unknown architecture or encoder."""
+    import segmentation_models_pytorch as smp
+
+    try:
+        return smp.create_model(arch, encoder_name=encoder, encoder_weights=encoder_weights, classes=num_classes)
+    except KeyError as err:
+        raise ValueError(f"segmentation_models_pytorch has no architecture {arch!r} with encoder {encoder!r} "
+                         f"({str(err).strip(chr(39))[:200]})") from None
 
 
 def _upsample(logits, size):

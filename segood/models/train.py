@@ -49,6 +49,11 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
 
+    def __post_init__(self):  # paths as strings: checkpoints hold plain values only
+        for key in ("train_set", "out_dir", "val_set"):
+            if getattr(self, key) is not None:
+                setattr(self, key, str(getattr(self, key)))
+
 
 def check_resumable(saved, config, path):
     """Refuse to resume a run with other settings than it started with (the result would mix two
