@@ -1,0 +1,242 @@
+"""The float-order grid against a literal reference: a pixel counts as OOD-predicted at threshold t_b iff
+float64(score) >= t_b, on adversarial data; exactness where the input allows; bounds; merges; the torch path."""
+
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from segood.metrics import FloatOrderAccumulator, accumulator_from_state, exact_metrics, make_accumulator
+from segood.metrics import _kernels
+from segood.metrics.float_order import bin_thresholds
+
+METRICS = ("auroc", "auprc", "fpr95", "max_iou")
+
+
+def literal_key(x):
+    """The order-preserving key of one float, from its bytes (the contract's definition, written out)."""
+    x = float(x) + 0.0  # -0.0 -> +0.0
+    (bits,) = struct.unpack("<Q", struct.pack("<d", x))
+    return bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | (1 << 63)
+
+
+def literal_counts(scores, labels, m):
+    """{bin: (ID, OOD)} by the literal definition, one pixel at a time."""
+    counts = {}
+    for s, lab in zip(np.ravel(scores).tolist(), np.ravel(labels).tolist()):
+        if lab == 255:
+            continue
+        b = literal_key(s) >> (52 - m)
+        counts.setdefault(b, [0, 0])[lab] += 1
+    return counts
+
+
+def check_against_literal(scores, labels, m):
+    """The accumulator's curve equals, at every occupied bin's threshold, the literal comparison."""
+    result = FloatOrderAccumulator(m).update(scores, labels).compute()
+    literal = literal_counts(scores, labels, m)
+    assert len(result["thresholds"]) == len(literal)
+    s = np.ravel(scores).astype(np.float64)
+    lab = np.ravel(labels)
+    for label, got in ((1, result["tp"]), (0, result["fp"])):  # count(s >= t) per label, for every threshold
+        ordered = np.sort(s[lab == label])
+        np.testing.assert_array_equal(got, ordered.size - np.searchsorted(ordered, result["thresholds"], "left"))
+    thresholds = bin_thresholds(np.array([b >> m for b in sorted(literal)]),
+                                np.array([b & ((1 << m) - 1) for b in sorted(literal)]), m)
+    np.testing.assert_array_equal(result["thresholds"], thresholds)
+    return result
+
+
+def test_keys_order_like_the_floats():
+    values = np.array([-np.inf, -1e300, -2.5, -1e-310, -0.0, 0.0, 5e-324, 1e-300, 0.5, 1.0, 2.0, 1e300, np.inf])
+    keys = [literal_key(v) for v in values]
+    assert keys == sorted(keys) and keys[4] == keys[5]  # -0.0 and +0.0 share a key
+
+
+@pytest.mark.parametrize("m", [1, 7, 10, 14])
+def test_adversarial_values_against_the_literal_comparison(m):
+    rng = np.random.default_rng(m)
+    special = [0.0, -0.0, np.inf, -np.inf, 5e-324, -5e-324, 2.2250738585072014e-308, 1e-45, -1e-45, 1.0, -1.0]
+    mixed = rng.standard_normal(3000) * 10.0 ** rng.integers(-30, 30, 3000)  # both signs, 60 decades
+    crowded = 10.0 ** rng.uniform(-6, -3, 3000)
+    # every bin edge of a few binades, and one float32 / float64 step either side
+    edges = bin_thresholds(np.repeat([2048 + 1020, 2048 + 1023, 1024], 64),
+                           np.tile(np.arange(64) * ((1 << m) // 64 or 1) % (1 << m), 3), m)
+    edges = edges[np.isfinite(edges)]
+    near = np.concatenate([edges, np.nextafter(edges, -np.inf), np.nextafter(edges, np.inf),
+                           edges.astype(np.float32).astype(np.float64)])
+    scores = np.concatenate([special, mixed, crowded, near])
+    labels = rng.integers(0, 2, scores.size).astype(np.uint8)
+    labels[::11] = 255
+    check_against_literal(scores, labels, m)
+    as32 = scores.astype(np.float32)  # the float32 kernel, subnormal and infinite float32 values included
+    check_against_literal(as32, labels, m)
+
+
+def test_float32_and_float64_of_the_same_values_give_the_same_counts():
+    rng = np.random.default_rng(1)
+    scores = (rng.standard_normal(200_000) * 10.0 ** rng.integers(-40, 38, 200_000)).astype(np.float32)
+    labels = rng.integers(0, 2, scores.size).astype(np.uint8)
+    a = FloatOrderAccumulator().update(scores, labels)
+    b = FloatOrderAccumulator().update(scores.astype(np.float64), labels)
+    np.testing.assert_array_equal(a.binades, b.binades)
+    np.testing.assert_array_equal(a.counts, b.counts)
+
+
+def test_every_float16_value_gives_the_exact_curve():
+    values = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    values = values[~np.isnan(values)]
+    rng = np.random.default_rng(2)
+    scores = np.repeat(values, 3)
+    labels = rng.integers(0, 2, scores.size).astype(np.uint8)
+    result = FloatOrderAccumulator(10).update(scores, labels).compute()
+    finite = np.isfinite(scores)
+    exact = exact_metrics(scores[finite].astype(np.float64), labels[finite])  # exact mode refuses infinities
+    result_finite = FloatOrderAccumulator(10).update(scores[finite], labels[finite]).compute()
+    assert result_finite["exact"] and result["exact"]
+    for metric in METRICS:
+        assert result_finite[metric] == pytest.approx(exact[metric], abs=1e-12)
+        assert result_finite["bounds"][metric] == (result_finite[metric], result_finite[metric])
+    # one bin per distinct float16 value: -0.0 and +0.0 are one value
+    assert len(result["thresholds"]) == np.unique(values.astype(np.float64)).size
+
+
+def test_bfloat16_and_8_bit_scores_are_exact_at_their_resolution():
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, 2, 5000).astype(np.uint8)
+    small = rng.integers(0, 256, 5000).astype(np.uint8)
+    result = FloatOrderAccumulator(7).update(small, labels).compute()
+    exact = exact_metrics(small.astype(np.float64), labels)
+    assert result["exact"] and all(result[k] == pytest.approx(exact[k], abs=1e-12) for k in METRICS)
+    b16 = torch.randn(5000).to(torch.bfloat16)
+    result = FloatOrderAccumulator(7).update(b16, torch.from_numpy(labels)).compute()
+    exact = exact_metrics(b16.float().numpy(), labels)
+    assert result["exact"] and all(result[k] == pytest.approx(exact[k], abs=1e-12) for k in METRICS)
+    assert not FloatOrderAccumulator(6).update(small, labels).compute()["exact"]
+
+
+def test_crowded_monte_carlo_like_scores_are_resolved_with_bounds_around_exact():
+    """ID scores with median 4e-5 and OOD a little higher: the linear grid's 400 thresholds put nearly every
+    pixel in its first bin; the float-order grid is within 1e-3 of exact mode, bounds containing it."""
+    rng = np.random.default_rng(4)
+    n = 400_000
+    labels = (rng.random(n) < 0.1).astype(np.uint8)
+    scores = np.where(labels == 1, 10 ** rng.normal(-3.6, 0.8, n), 10 ** rng.normal(-4.4, 0.8, n)).astype(np.float32)
+    exact = exact_metrics(scores, labels)
+    result = make_accumulator().update(scores, labels).compute()
+    for metric in METRICS:
+        assert abs(result[metric] - exact[metric]) < 1e-3
+        lo, hi = result["bounds"][metric]
+        assert lo - 1e-12 <= exact[metric] <= hi + 1e-12
+    linear = make_accumulator({"kind": "linear", "num_thresholds": 400, "score_range": [0.0, 1.0]})
+    assert abs(linear.update(scores, labels).compute()["fpr95"] - exact["fpr95"]) > 0.1
+
+
+def test_unbounded_scores_need_no_range():
+    rng = np.random.default_rng(5)
+    labels = rng.integers(0, 2, 10_000).astype(np.uint8)
+    distances = np.abs(rng.normal(3.0, 1.0, labels.size)) * 10.0 ** (2 * labels)  # in [0, ~1e3]
+    energy = -np.abs(rng.normal(20, 5, labels.size)) + 5 * labels  # negative values
+    for scores in (distances, energy):
+        result = FloatOrderAccumulator(14).update(scores, labels).compute()
+        exact = exact_metrics(scores, labels)
+        for metric in METRICS:
+            lo, hi = result["bounds"][metric]
+            assert lo - 1e-12 <= exact[metric] <= hi + 1e-12 and abs(result[metric] - exact[metric]) < 1e-3
+
+
+def test_merges_states_and_per_image_means():
+    rng = np.random.default_rng(6)
+    a_scores, b_scores = rng.random((2, 64, 64)), -10.0 ** rng.uniform(-20, 20, (3, 64, 64))  # disjoint binades
+    a_labels, b_labels = (rng.integers(0, 2, s.shape).astype(np.uint8) for s in (a_scores, b_scores))
+    a = FloatOrderAccumulator(per_image=True).update(a_scores, a_labels)
+    b = FloatOrderAccumulator(per_image=True).update(b_scores, b_labels)
+    whole = FloatOrderAccumulator(per_image=True).update(np.concatenate([a_scores, b_scores]),
+                                                         np.concatenate([a_labels, b_labels]))
+    merged = a + b
+    np.testing.assert_array_equal(merged.binades, whole.binades)
+    np.testing.assert_array_equal(merged.counts, whole.counts)
+    np.testing.assert_allclose(merged.per_image_sum, whole.per_image_sum)
+    restored = accumulator_from_state(merged.state_dict())
+    assert restored.compute()["auroc"] == whole.compute()["auroc"] and restored.n_images == 5
+    per_image = [FloatOrderAccumulator().update(s, lab).compute()["auroc"]
+                 for s, lab in zip(np.concatenate([a_scores, b_scores]), np.concatenate([a_labels, b_labels]))]
+    assert whole.compute()["per_image_mean"]["auroc"] == pytest.approx(np.mean(per_image), abs=1e-12)
+    with pytest.raises(ValueError, match="different configurations"):
+        FloatOrderAccumulator(10).merge(FloatOrderAccumulator(12))
+
+
+def test_torch_path_equals_the_numpy_path():
+    rng = np.random.default_rng(7)
+    scores = rng.standard_normal(50_000) * 10.0 ** rng.integers(-10, 10, 50_000)
+    scores[:5] = [0.0, -0.0, np.inf, -np.inf, 5e-324]
+    labels = rng.integers(0, 2, scores.size).astype(np.uint8)
+    labels[::7] = 255
+    for dtype in (np.float64, np.float32, np.float16):
+        with np.errstate(over="ignore"):
+            s = scores.astype(dtype)
+        want = _kernels.float_histogram_numpy(s.astype(np.float32) if dtype == np.float16 else s, labels, 10, 2)
+        got = _kernels.float_histogram_torch(torch.from_numpy(s), torch.from_numpy(labels), 10)
+        for x, y in zip(got, want):
+            np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_tensors_give_the_cpu_counts():
+    rng = np.random.default_rng(8)
+    scores = rng.standard_normal((4, 256, 256)).astype(np.float32)
+    labels = rng.integers(0, 2, scores.shape).astype(np.uint8)
+    cpu = FloatOrderAccumulator().update(scores, labels)
+    gpu = FloatOrderAccumulator().update(torch.from_numpy(scores).cuda(), torch.from_numpy(labels).cuda())
+    np.testing.assert_array_equal(cpu.counts, gpu.counts)
+
+
+def test_bad_input():
+    labels = np.array([0, 1, 1], np.uint8)
+    with pytest.raises(ValueError, match="1 of 3 counted pixels have NaN scores"):
+        FloatOrderAccumulator().update(np.array([0.1, np.nan, 0.3]), labels)
+    FloatOrderAccumulator().update(np.array([0.1, 0.2, np.nan]), np.array([0, 1, 255], np.uint8))  # ignored NaN
+    with pytest.raises(ValueError, match="clip has no meaning"):
+        FloatOrderAccumulator().update(np.array([0.1, 0.2, 0.3]), labels, clip=True)
+    with pytest.raises(ValueError, match="outside the declared score_range"):
+        FloatOrderAccumulator(score_range=(0, 1)).update(np.array([0.1, 2.0, 0.3]), labels)
+    with pytest.raises(ValueError, match="labels contain values"):
+        FloatOrderAccumulator().update(np.array([0.1, 0.2]), np.array([0, 7], np.uint8))
+    with pytest.raises(ValueError, match="mantissa_bits must be in"):
+        FloatOrderAccumulator(15)
+    state = FloatOrderAccumulator().update(np.array([0.1, 0.2, 0.3]), labels).state_dict()
+    state["binades"] = state["binades"][::-1].copy()
+    with pytest.raises(ValueError, match="'binades' must be increasing"):
+        FloatOrderAccumulator.from_state_dict(state)
+
+
+def _all_reduce_worker(rank, world_size, port, out_dir):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    rng = np.random.default_rng(rank)
+    scores = rng.random((2, 30, 30)) * 10.0 ** (10 * rank)  # the ranks occupy different binades
+    labels = rng.integers(0, 2, scores.shape).astype(np.uint8)
+    acc = FloatOrderAccumulator(per_image=True).update(scores, labels)
+    acc.save(f"{out_dir}/local{rank}.npz")
+    acc.all_reduce()
+    acc.save(f"{out_dir}/reduced{rank}.npz")
+    dist.destroy_process_group()
+
+
+def test_all_reduce_unites_the_ranks_binades(tmp_path):
+    import socket
+
+    from segood.metrics import load_accumulator
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    torch.multiprocessing.spawn(_all_reduce_worker, args=(2, port, str(tmp_path)), nprocs=2)
+    expected = load_accumulator(tmp_path / "local0.npz") + load_accumulator(tmp_path / "local1.npz")
+    for r in range(2):
+        reduced = load_accumulator(tmp_path / f"reduced{r}.npz")
+        np.testing.assert_array_equal(reduced.binades, expected.binades)
+        np.testing.assert_array_equal(reduced.counts, expected.counts)
+        assert reduced.n_images == 4
