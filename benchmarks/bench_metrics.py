@@ -4,8 +4,11 @@
 
 Every contender sees the same data: ``images`` score maps (float32, higher = more OOD, shaped like a
 max-softmax score) with uint8 OOD masks (~10% ignore). Rows print pixels/s and the ratio to the first row,
-the memory-read floor (``scores.sum() + labels.sum()``). The run also prints the error of T = 400 and
-T = 65536 against exact mode, and the peak memory of a streaming run as the number of images grows.
+the memory-read floor (``scores.sum() + labels.sum()``); every segood row includes ``compute()``. The
+float-order grid is timed at several resolutions m, on these scores in [0, 1] and on the same values spread
+over 30 binades (multiplied by 2^k, k uniform in [0, 30)), and on float64 scores. The run also prints the
+error of each grid against exact mode (and whether its bounds contain it), and the peak memory of a streaming
+run as the number of images grows.
 """
 
 import argparse
@@ -54,14 +57,26 @@ def one_run(fn):
     return time.perf_counter() - start
 
 
+def spread(scores, binades=30, seed=1):
+    """The same scores spread over ``binades`` binades (times 2^k, k uniform in [0, binades)): exact in float32."""
+    k = np.random.default_rng(seed).integers(0, binades, scores.shape)
+    return (scores * np.exp2(k).astype(np.float32)).astype(np.float32)
+
+
 def contenders(scores, labels):
-    from segood.metrics import PixelOODAccumulator
+    from segood.metrics import FloatOrderAccumulator, PixelOODAccumulator
+
+    wide = spread(scores)
+    as64 = scores.astype(np.float64)
 
     def floor():
         return scores.sum() + labels.sum()
 
     def segood(num_thresholds):
         return lambda: PixelOODAccumulator(num_thresholds).update(scores, labels).compute()
+
+    def float_order(m, data=scores):
+        return lambda: FloatOrderAccumulator(m).update(data, labels).compute()
 
     def numpy_bincount():
         keep = labels != 255
@@ -84,8 +99,15 @@ def contenders(scores, labels):
 
     return [
         ("memory-read floor: scores.sum() + labels.sum()", floor),
-        ("segood PixelOODAccumulator, T = 400", segood(400)),
-        ("segood PixelOODAccumulator, T = 65536", segood(65536)),
+        ("segood float-order grid, m = 10 (default)", float_order(10)),
+        ("segood float-order grid, m = 7", float_order(7)),
+        ("segood float-order grid, m = 12", float_order(12)),
+        ("segood float-order grid, m = 14", float_order(14)),
+        ("segood float-order grid, m = 10, scores over 30 binades", float_order(10, wide)),
+        ("segood float-order grid, m = 14, scores over 30 binades", float_order(14, wide)),
+        ("segood float-order grid, m = 10, float64 scores", float_order(10, as64)),
+        ("segood linear grid, T = 400", segood(400)),
+        ("segood linear grid, T = 65536", segood(65536)),
         ("numpy bincount histogram, T = 400 (naive binning)", numpy_bincount),
         ("scikit-learn roc_auc_score (exact)", sklearn_exact),
         ("torchmetrics binary_auroc(thresholds=400)", torchmetrics_binned),
@@ -93,24 +115,32 @@ def contenders(scores, labels):
 
 
 def accuracy(scores, labels):
-    from segood.metrics import PixelOODAccumulator, exact_metrics
+    """Absolute error against exact mode, and whether the reported bounds contain it, per grid and data."""
+    from segood.metrics import exact_metrics, grid_spec, make_accumulator
 
-    exact = exact_metrics(scores, labels)
+    names = ("auroc", "auprc", "fpr95", "max_iou")
     rows = []
-    for num_thresholds in (400, 65536):
-        binned = PixelOODAccumulator(num_thresholds).update(scores, labels).compute()
-        rows.append((num_thresholds, {m: abs(binned[m] - exact[m]) for m in ("auroc", "auprc", "fpr95", "max_iou")}))
-    return exact, rows
+    for data_name, data in (("[0, 1]", scores), ("30 binades", spread(scores))):
+        exact = exact_metrics(data, labels)
+        for grid in (grid_spec(400), grid_spec(65536), *(grid_spec(mantissa_bits=m) for m in (7, 10, 12, 14))):
+            if grid["kind"] == "linear" and data_name != "[0, 1]":
+                continue
+            binned = make_accumulator(grid).update(data, labels).compute()
+            errors = {m: abs(binned[m] - exact[m]) for m in names}
+            inside = all(binned["bounds"][m][0] - 1e-12 <= exact[m] <= binned["bounds"][m][1] + 1e-12 for m in names)
+            label = f"T = {grid['num_thresholds']}" if grid["kind"] == "linear" else f"m = {grid['mantissa_bits']}"
+            rows.append((data_name, label, errors, inside))
+    return exact_metrics(scores, labels), rows
 
 
-def streaming_peak_rss(images, height, width):
+def streaming_peak_rss(images, height, width, grid):
     """Child process: generate and accumulate one image at a time; peak RSS in MiB."""
     code = f"""
 import resource, numpy as np, sys
 sys.path.insert(0, {sys.path[0]!r})
 from bench_metrics import make_data
-from segood.metrics import PixelOODAccumulator
-acc = PixelOODAccumulator(65536)
+from segood.metrics import make_accumulator, grid_spec
+acc = make_accumulator({grid!r})
 for i in range({images}):
     acc.update(*make_data(1, {height}, {width}, seed=i))
 acc.compute()
@@ -146,14 +176,20 @@ def main():
         print(f"| {name} | {seconds:.4f} | {pixels / seconds:.3g} | {times[0] / seconds:.3g} |", flush=True)
 
     exact, rows = accuracy(scores, labels)
-    print("\n| T | " + " | ".join(f"abs error {m}" for m in rows[0][1]) + " |\n|---:|" + "---:|" * len(rows[0][1]))
-    for num_thresholds, errors in rows:
-        print(f"| {num_thresholds} | " + " | ".join(f"{e:.2e}" for e in errors.values()) + " |")
-    print("exact: " + ", ".join(f"{m} {exact[m]:.6f}" for m in ("auroc", "auprc", "fpr95", "max_iou")))
+    names = list(rows[0][2])
+    print("\n| scores | grid | " + " | ".join(f"abs error {m}" for m in names) + " | bounds contain exact |"
+          "\n|---|---|" + "---:|" * len(names) + "---|")
+    for data_name, label, errors, inside in rows:
+        print(f"| {data_name} | {label} | " + " | ".join(f"{e:.2e}" for e in errors.values()) + f" | {inside} |")
+    print("exact on [0, 1]: " + ", ".join(f"{m} {exact[m]:.6f}" for m in names))
 
-    print("\n| images streamed (one at a time, T = 65536) | peak RSS MiB |\n|---:|---:|")
+    from segood.metrics import grid_spec
+
+    print("\n| images streamed (one at a time) | float-order m = 10: peak RSS MiB | linear T = 65536: peak RSS MiB |"
+          "\n|---:|---:|---:|")
     for images in (1, 8, 32):
-        print(f"| {images} | {streaming_peak_rss(images, args.height, args.width):.0f} |", flush=True)
+        rss = [streaming_peak_rss(images, args.height, args.width, g) for g in (grid_spec(), grid_spec(65536))]
+        print(f"| {images} | {rss[0]:.0f} | {rss[1]:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

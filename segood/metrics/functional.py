@@ -106,10 +106,10 @@ def auprc_distinct_worst(refined):
     a = np.append(tp[1:], 0).astype(np.float64)  # the refined curve alternates OOD groups and ID groups
     c = a + np.append(fp[1:], 0)
     n = (tp - np.append(tp[1:], 0)).astype(np.float64)
-    group = n > 0
-    a, c, n = a[group], c[group], n[group]
-    total = n - (c - a) * _harmonic_gap(c, n)
-    return float(np.sum(total) / refined.n_ood)
+    spread = (n > 0) & (c > a)  # a group with no ID pixel above it has precision 1 throughout
+    a, c, n_spread = a[spread], c[spread], n[spread]
+    total = n[n > 0].sum() - np.sum((c - a) * _harmonic_gap(c, n_spread))
+    return float(total / refined.n_ood)
 
 
 #: Every metric segood reports, by name. Register one by adding a :class:`Metric` (``docs/extending.md``).
@@ -132,17 +132,23 @@ def get_metric(name):
 def refined_curves(hist):
     """(worst, best) :class:`Curve` of the two extreme orders of the pixels sharing a bin: every bin of ``hist``
     ((2, B): ID and OOD counts per bin, increasing thresholds) split in two sub-bins, its ID pixels above its OOD
-    pixels (worst) or below them (best). The thresholds of the refined curves are their sub-bin indices."""
+    pixels (worst) or below them (best). The thresholds of the refined curves are their sub-bin indices.
+
+    With TP_k, FP_k the counts at bin k's threshold, a bin's lower sub-bin has the point (FP_k, TP_k) either way
+    and its upper one (FP_k, TP_{k+1}) when its ID pixels sit above (worst) or (FP_{k+1}, TP_k) when its OOD
+    pixels do (best)."""
     hist = np.asarray(hist, dtype=np.int64)
     n_id, n_ood = (int(v) for v in hist.sum(axis=1))
+    fp, tp = (np.cumsum(row[::-1])[::-1] for row in hist)
+    fp_next, tp_next = np.append(fp[1:], 0), np.append(tp[1:], 0)
+    steps = np.arange(2 * tp.size, dtype=np.float64)
 
-    def curve(lower):  # ``lower``: the label of each bin's lower sub-bin
-        ids, oods = np.zeros((2, 2 * hist.shape[1]), np.int64)
-        ids[int(lower != ID)::2], oods[int(lower != OOD)::2] = hist[ID], hist[OOD]
-        fp, tp = (np.cumsum(counts[::-1])[::-1] for counts in (ids, oods))
-        return Curve(np.arange(tp.size, dtype=np.float64), tp, fp, n_ood, n_id)
+    def interleave(lower, upper):
+        return np.stack([lower, upper], axis=1).ravel()
 
-    return curve(OOD), curve(ID)
+    worst = Curve(steps, interleave(tp, tp_next), interleave(fp, fp), n_ood, n_id)
+    best = Curve(steps, interleave(tp, tp), interleave(fp, fp_next), n_ood, n_id)
+    return worst, best
 
 
 def metric_bounds(hist):
@@ -171,15 +177,15 @@ def _harmonic_gap(c, n):
 def _psi_minus_log(x):
     x = np.array(x, dtype=np.float64)
     result = np.zeros_like(x)
-    small = x < 20.0
-    shift = np.where(small, np.ceil(20.0 - x), 0.0)
-    for j in range(20):  # psi(x) - ln x = [psi(x + J) - ln(x + J)] + ln((x + J) / x) - sum_{j<J} 1 / (x + j)
-        result -= np.where(j < shift, 1.0 / (x + j), 0.0)
-    result += np.log1p(shift / x)
-    y = x + shift
-    inv2 = 1.0 / (y * y)
-    series = -0.5 / y - inv2 * (1 / 12 - inv2 * (1 / 120 - inv2 * (1 / 252 - inv2 * (1 / 240 - inv2 / 132))))
-    return result + series
+    small = np.flatnonzero(x < 20.0)  # shifted up to 20 first: psi(x) - ln x = [psi(x + J) - ln(x + J)]
+    if small.size:  # + ln((x + J) / x) - sum_{j<J} 1 / (x + j)
+        xs = x[small]
+        shift = np.ceil(20.0 - xs)
+        terms = np.arange(20.0)[None, :]
+        result[small] = np.log1p(shift / xs) - np.where(terms < shift[:, None], 1.0 / (xs[:, None] + terms), 0.0).sum(1)
+        x[small] += shift
+    inv2 = 1.0 / (x * x)
+    return result - 0.5 / x - inv2 * (1 / 12 - inv2 * (1 / 120 - inv2 * (1 / 252 - inv2 * (1 / 240 - inv2 / 132))))
 
 
 def metrics_from_counts(thresholds, tp, fp, n_ood, n_id, *, warn=True):
