@@ -11,6 +11,7 @@
 """
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -135,6 +136,7 @@ def run_demo(out_dir="runs/demo", data_dir="datasets/demo", *, seed=0, quick=Fal
             else:
                 methods.append(get_method(name))
         run_dir = out_dir / head
+        shutil.rmtree(run_dir, ignore_errors=True)  # the demo's own output of an earlier run: made anew
         evaluate(model, evaluation_sets, methods, run_dir, batch_size=8, progress=progress, figures=False,
                  checkpoint=checkpoints[head], fit_set=sets["cityscapes_train"])  # the float-order grid
         runs.append(run_dir)
