@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.segood-installed
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench gpu-check clean
 
 install: $(STAMP)
 
@@ -22,6 +22,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_metrics.py
+
+# On a machine with a CUDA GPU: prove the CUDA paths and measure them (benchmarks/gpu_check.py; <= 8 minutes).
+gpu-check: $(STAMP)
+	$(PY) benchmarks/gpu_check.py --out gpu_check.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info

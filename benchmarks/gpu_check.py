@@ -1,0 +1,346 @@
+"""The GPU check: prove segood's CUDA paths on a real device and measure them, in one command (`make gpu-check`).
+
+    python benchmarks/gpu_check.py [--out gpu_check.json] [--device cuda] [--dry-run]
+
+Part 1, correctness, each check printed as passed or failed (with what differed):
+- accumulator counts of CUDA tensors equal the CPU kernels' on both grids (linear T = 400 and 65536,
+  float-order m = 10), on scores with ties, thresholds, ±0.0, subnormals and infinities;
+- every method scored on the device equals the CPU within float tolerance, from the same weights (Monte-Carlo
+  methods from the same samples; perturbing methods on all but a 0.1% of pixels whose gradient sign flips);
+- AMP training steps (autocast + GradScaler on CUDA) give finite, falling losses;
+- `segood.evaluate` under torch.distributed in one process (NCCL on CUDA, gloo on CPU) equals a plain run.
+Part 2, throughput at 1024×2048 (batch 1, best of a few interleaved rounds):
+- forward passes of PSPNet-ResNet50/101 and DeepLabV3+-Xception65 in fp32, bf16 and fp16 autocast;
+- what every method adds to the forward pass of its network (PSPNet-ResNet50), MC dropout T = 8 against one
+  forward, all single-pass methods together;
+- the accumulators against the device's memory-read floor (8 score maps);
+- end-to-end `segood evaluate` images/s with data loading from a converted set.
+Prints one table and writes every number, and the targets (single-pass methods together <= 5% of a forward
+pass; accumulation >= 50% of the floor; MC dropout T = 8 <= 2.5x one forward), to a JSON file.
+
+``--dry-run`` runs everything on the CPU at tiny sizes in about a minute: the test suite runs it, so the
+script never rots. On one H100/H200 the full check is built to take under 8 minutes.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from torch_timing import device_name, interleaved_best_ms  # noqa: E402
+
+from segood.metrics import FloatOrderAccumulator, PixelOODAccumulator  # noqa: E402
+from segood.methods import get_method  # noqa: E402
+from segood.methods.schedule import score_batch  # noqa: E402
+from segood.models import build_model  # noqa: E402
+
+HEAD_OF = {"max_softmax": "plain", "odin": "plain", "entropy": "plain", "mahalanobis": "dimreduce",
+           "varsum": "dropout", "mutual_info": "dropout", "confidence": "confidence"}
+FULL = {"size": (1024, 2048), "check_size": (256, 512), "networks": (("pspnet", "resnet50"), ("pspnet", "resnet101"),
+        ("deeplabv3plus", "tu-xception65")), "repeat": 5, "maps": 8, "frames": 16}
+DRY = {"size": (64, 128), "check_size": (64, 128), "networks": (("pspnet", "resnet18"),), "repeat": 1, "maps": 2,
+       "frames": 4}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("gpu_check.json"))
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes: a test of this script")
+    args = parser.parse_args()
+    scale = DRY if args.dry_run else FULL
+    device = torch.device("cpu" if args.dry_run else args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("gpu_check: no CUDA device here; run with --dry-run to test the script on the CPU")
+    started = time.perf_counter()
+    report = {"device": device_name(device), "torch": torch.__version__, "dry_run": args.dry_run,
+              "checks": {}, "throughput": {}, "targets": {}}
+    work = Path(tempfile.mkdtemp(prefix="segood-gpu-check-"))
+    try:
+        for name, check in (("accumulator_counts", check_accumulators), ("methods_device_vs_cpu", check_methods),
+                            ("amp_training", check_amp_training), ("distributed_evaluate", check_distributed)):
+            try:
+                report["checks"][name] = {"passed": True, **(check(device, scale, work) or {})}
+            except Exception as err:  # noqa: BLE001 - a failed check is reported, and the rest still run
+                report["checks"][name] = {"passed": False, "why": f"{type(err).__name__}: {err}"}
+            print(f"check {name}: {'passed' if report['checks'][name]['passed'] else 'FAILED'}", flush=True)
+        report["throughput"]["forward_ms"] = time_forwards(device, scale)
+        report["throughput"]["methods"] = time_methods(device, scale)
+        report["throughput"]["accumulators"] = time_accumulators(device, scale)
+        report["throughput"]["evaluate"] = time_evaluate(device, scale, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    methods, acc = report["throughput"]["methods"], report["throughput"]["accumulators"]
+    report["targets"] = {
+        "single_pass_methods_overhead <= 0.05": methods["single_pass_together_overhead"] <= 0.05,
+        "accumulation >= 0.5 of the memory-read floor": min(acc["ratio_linear_400"], acc["ratio_float_m10"]) >= 0.5,
+        "mc_dropout_T8 <= 2.5 forwards": methods["mc_logits_T8_ratio"] <= 2.5,
+    }
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    args.out.write_text(json.dumps(report, indent=2, default=lambda v: v.item()) + "\n")  # numpy scalars
+    print(table(report))
+    print(f"wrote {args.out} ({report['seconds']} s)")
+    return 0 if all(c["passed"] for c in report["checks"].values()) else 1
+
+
+# -- part 1: correctness -------------------------------------------------------------------------------------
+
+def adversarial_scores(n, seed=0):
+    rng = np.random.default_rng(seed)
+    scores = rng.random(n).astype(np.float32)
+    scores[: n // 8] = np.round(scores[: n // 8] * 399) / 399  # on linear thresholds (ties)
+    special = np.array([0.0, -0.0, 1.0, 1e-45, 1e-38, np.float32(np.nextafter(np.float32(0.5), 1))], np.float32)
+    scores[n // 8 : n // 8 + special.size] = special
+    labels = rng.integers(0, 2, n).astype(np.uint8)
+    labels[::13] = 255
+    return scores, labels
+
+
+def check_accumulators(device, scale, work):
+    scores, labels = adversarial_scores(1 << 18)
+    wide = scores * np.float32(1e6) - np.float32(3e5)  # mixed signs for the float-order grid
+    wide[:4] = [np.inf, -np.inf, -0.0, 1e-40]
+    s, lab = torch.from_numpy(scores).to(device), torch.from_numpy(labels).to(device)
+    for num_thresholds in (400, 65536):
+        cpu = PixelOODAccumulator(num_thresholds).update(scores, labels)
+        dev = PixelOODAccumulator(num_thresholds).update(s, lab)
+        assert np.array_equal(cpu.hist, dev.hist), f"linear grid T = {num_thresholds}: device counts differ"
+    for data in (scores, wide):
+        cpu = FloatOrderAccumulator().update(data, labels)
+        dev = FloatOrderAccumulator().update(torch.from_numpy(data).to(device), lab)
+        assert np.array_equal(cpu.binades, dev.binades) and np.array_equal(cpu.counts, dev.counts), \
+            "float-order grid: device counts differ"
+    return {"pixels": int(scores.size)}
+
+
+def check_methods(device, scale, work):
+    height, width = scale["check_size"]
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, height, width)
+    worst = {}
+    for head in ("plain", "dimreduce", "dropout", "confidence"):
+        model = build_model("pspnet", "resnet18", head=head).eval()
+        names = [n for n, h in HEAD_OF.items() if h == head]
+        methods = [get_method(n) for n in names]
+        if head == "plain":
+            methods.append(get_method("odin", temperature=10, epsilon=0.002))
+        for method in methods:
+            if method.needs.fit:
+                batch = {"image": torch.randint(0, 256, (2, 3, height, width), dtype=torch.uint8),
+                         "semantic": torch.randint(0, 3, (2, height, width), dtype=torch.uint8)}
+                method.fit(model, [batch])
+        cpu = score_batch(model, x, methods).scores
+        dev = score_batch(model.to(device), x.to(device), methods).scores
+        for method, a, b in zip(methods, cpu, dev):
+            if method.needs.samples:  # the same samples on both: the dropout masks of two devices differ
+                samples = model.cpu().mc_logits(x, samples=8)
+                a, b = method.from_samples(samples), method.from_samples(samples.to(device))
+                model.to(device)
+            diff = (a - b.cpu()).abs()
+            scale_ = max(1.0, float(a.abs().max()))
+            key = method.name + (" eps" if method.needs.perturbs else "")
+            worst[key] = float(diff.max() / scale_)
+            if method.needs.perturbs:  # a gradient sign may flip where the gradient is ~0
+                assert float((diff > 1e-3 * scale_).float().mean()) <= 1e-3, f"{key}: device scores differ"
+            else:
+                assert worst[key] <= 1e-3, f"{key}: device scores differ by {worst[key]:.2e}"
+    return {"max_relative_difference": worst}
+
+
+def check_amp_training(device, scale, work):
+    from segood.data.common import Sample
+    from segood.data.h5 import SetWriter
+    from segood.data.synthetic import scene_batch
+    from segood.models.train import TrainConfig, train
+
+    height, width = scale["check_size"]
+    images, semantic, ood = scene_batch(0, 8, height, width)
+    writer = SetWriter(work / "train.h5", (height, width), {"source": "synthetic", "split": "train"})
+    for k in range(len(images)):
+        writer.append(Sample(images[k], ood[k], semantic[k], f"scene/{k}"))
+    writer.commit()
+    config = TrainConfig(train_set=str(work / "train.h5"), out_dir=str(work / "train"), arch="pspnet",
+                         encoder="resnet18", epochs=3, batch_size=4, lr=0.01, crop=[height, width],
+                         scale=[1.0, 1.0], device=str(device))
+    log = train(config, progress=False)
+    losses = [row["loss"] for row in log]
+    assert all(np.isfinite(losses)), f"non-finite losses {losses}"
+    assert losses[-1] < losses[0], f"the loss did not fall: {losses}"
+    return {"losses": losses, "amp": device.type == "cuda"}
+
+
+def make_eval_set(work, size, frames):
+    from segood.data import Noise, convert, mix
+    from segood.data.common import Sample
+    from segood.data.h5 import SetWriter
+    from segood.data.synthetic import scene_batch
+
+    path = work / f"mixed_{size[0]}x{size[1]}.h5"
+    if path.exists():
+        return path
+    images, semantic, ood = scene_batch(1, frames // 2, *size)
+    writer = SetWriter(work / f"scenes_{size[0]}.h5", size, {"source": "synthetic", "split": "val"})
+    for k in range(len(images)):
+        writer.append(Sample(images[k], ood[k], semantic[k], f"scene/{k}"))
+    writer.commit()
+    convert(Noise("perlin", frames - frames // 2, size=size), work / f"perlin_{size[0]}.h5", size=size, progress=False)
+    mix(work / f"perlin_{size[0]}.h5", work / f"scenes_{size[0]}.h5", path, progress=False)
+    return path
+
+
+def check_distributed(device, scale, work):
+    import torch.distributed as dist
+
+    from segood.evaluation import evaluate
+
+    path = make_eval_set(work, scale["check_size"], 4)
+    torch.manual_seed(0)
+    model = build_model("pspnet", "resnet18", head="dropout").eval()
+    methods = ["max_softmax", "entropy", "varsum"]
+    plain = evaluate(model, [path], methods, work / "plain", device=device, progress=False, figures=False)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        shared = evaluate(model, [path], methods, work / "dist", device=device, progress=False, figures=False)
+    finally:
+        dist.destroy_process_group()
+    for method in methods:
+        a, b = plain["results"][method], shared["results"][method]
+        assert a == b, f"{method}: the {backend} run differs from the plain run"
+    return {"backend": backend}
+
+
+# -- part 2: throughput --------------------------------------------------------------------------------------
+
+def time_forwards(device, scale):
+    height, width = scale["size"]
+    x = torch.randn(1, 3, height, width, device=device)
+    rows = {}
+    for arch, encoder in scale["networks"]:
+        torch.manual_seed(0)
+        model = build_model(arch, encoder).to(device).eval()
+        row = {}
+        for precision in ("fp32", "bf16", "fp16"):
+            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+            if device.type == "cpu" and precision == "fp16":
+                continue  # no fp16 autocast on the CPU
+
+            def forward():
+                with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                    return model(x)
+
+            row[precision] = interleaved_best_ms([forward], scale["repeat"], device)[0]
+        rows[f"{arch} {encoder}"] = row
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def time_methods(device, scale):
+    from segood.models.predict import predicted_classes
+
+    height, width = scale["size"]
+    x = torch.randn(1, 3, height, width, device=device)
+    rows, models = {}, {}
+    for name, head in HEAD_OF.items():
+        if head not in models:
+            torch.manual_seed(0)
+            models[head] = build_model("pspnet", scale["networks"][0][1], head=head).to(device).eval()
+        model, method = models[head], get_method(name)
+        if method.needs.fit:
+            batch = {"image": torch.randint(0, 256, (1, 3, height, width), dtype=torch.uint8),
+                     "semantic": torch.randint(0, 3, (1, height, width), dtype=torch.uint8)}
+            method.fit(model, [batch])
+        with torch.no_grad():
+            output = model(x)
+
+            def forward():
+                return predicted_classes(model(x).logits)
+
+            if method.needs.forward:
+                ms_forward, ms_added = interleaved_best_ms([forward, lambda: method.from_output(output)],
+                                                           scale["repeat"], device)
+            else:
+                ms_forward, ms_whole = interleaved_best_ms([forward, lambda: score_batch(model, x, [method])],
+                                                           scale["repeat"], device)
+                ms_added = ms_whole - ms_forward
+        rows[name] = {"forward_ms": ms_forward, "added_ms": ms_added, "overhead": ms_added / ms_forward}
+    model = models["dropout"]
+    with torch.no_grad():
+        one, mc = interleaved_best_ms([lambda: model(x), lambda: model.mc_logits(x, samples=8)], scale["repeat"],
+                                      device)
+    single = [n for n in rows if get_method(n).needs.forward]
+    together = sum(rows[n]["added_ms"] for n in single) / np.mean([rows[n]["forward_ms"] for n in single])
+    return {"per_method": rows, "single_pass_together_overhead": together, "mc_logits_T8_ratio": mc / one}
+
+
+def time_accumulators(device, scale):
+    height, width = scale["size"]
+    rng = np.random.default_rng(0)
+    labels = torch.from_numpy(rng.integers(0, 2, (scale["maps"], height, width)).astype(np.uint8)).to(device)
+    scores = torch.rand(scale["maps"], height, width, device=device)
+
+    def floor():
+        return scores.sum() + labels.sum()
+
+    ms = interleaved_best_ms([floor, lambda: PixelOODAccumulator(400).update(scores, labels),
+                              lambda: FloatOrderAccumulator(10).update(scores, labels)], scale["repeat"] * 3, device)
+    return {"floor_ms": ms[0], "linear_400_ms": ms[1], "float_m10_ms": ms[2], "pixels": int(scores.numel()),
+            "ratio_linear_400": ms[0] / ms[1], "ratio_float_m10": ms[0] / ms[2]}
+
+
+def time_evaluate(device, scale, work):
+    from segood.evaluation import evaluate
+
+    path = make_eval_set(work, scale["size"], scale["frames"])
+    torch.manual_seed(0)
+    model = build_model("pspnet", scale["networks"][0][1], head="dropout").to(device).eval()
+    start = time.perf_counter()
+    doc = evaluate(model, [path], None, work / "throughput", batch_size=1, device=device, progress=False,
+                   figures=False)
+    seconds = time.perf_counter() - start
+    return {"images_per_s": scale["frames"] / seconds, "methods": list(doc["results"]),
+            "ms_per_image": doc["timings"]["ms_per_image"]}
+
+
+def table(report):
+    lines = [f"## segood GPU check: {report['device']} (torch {report['torch']})" + (" — DRY RUN" if report["dry_run"]
+                                                                                      else ""), "",
+             "| check | result |", "|---|---|"]
+    lines += [f"| {name} | {'passed' if c['passed'] else 'FAILED: ' + c['why']} |" for name, c in report["checks"].items()]
+    lines += ["", "| forward ms (batch 1) | " + " | ".join(("fp32", "bf16", "fp16")) + " |", "|---|---:|---:|---:|"]
+    for net, row in report["throughput"]["forward_ms"].items():
+        lines.append(f"| {net} | " + " | ".join(f"{row[p]:.1f}" if p in row else "–" for p in ("fp32", "bf16", "fp16"))
+                     + " |")
+    methods = report["throughput"]["methods"]
+    lines += ["", "| method | forward ms | added ms | overhead |", "|---|---:|---:|---:|"]
+    lines += [f"| {n} | {r['forward_ms']:.1f} | {r['added_ms']:.1f} | {r['overhead']:.1%} |"
+              for n, r in methods["per_method"].items()]
+    acc, ev = report["throughput"]["accumulators"], report["throughput"]["evaluate"]
+    lines += ["", f"single-pass methods together: {methods['single_pass_together_overhead']:.1%} of a forward; "
+              f"mc_logits(T=8): {methods['mc_logits_T8_ratio']:.2f} forwards",
+              f"accumulators on {acc['pixels'] / 1e6:.1f} M pixels: floor {acc['floor_ms']:.2f} ms, linear T=400 "
+              f"{acc['linear_400_ms']:.2f} ms ({acc['ratio_linear_400']:.2f} of the floor), float-order m=10 "
+              f"{acc['float_m10_ms']:.2f} ms ({acc['ratio_float_m10']:.2f})",
+              f"segood evaluate (dropout head: {', '.join(ev['methods'])}): {ev['images_per_s']:.2f} images/s", "",
+              "| target | met |", "|---|---|"]
+    lines += [f"| {t} | {'yes' if ok else 'NO'} |" for t, ok in report["targets"].items()]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    sys.exit(main())
