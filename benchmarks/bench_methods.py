@@ -19,7 +19,8 @@ from segood.models import build_model
 
 ROWS = [("max_softmax", {}), ("entropy", {}), ("odin", {"temperature": 1000}),
         ("odin", {"temperature": 1000, "epsilon": 0.002}), ("confidence", {}), ("mahalanobis", {}),
-        ("varsum", {"samples": 8}), ("mutual_info", {"samples": 8})]
+        ("varsum", {"samples": 8}), ("mutual_info", {"samples": 8}), ("max_logit", {}), ("energy", {}), ("sml", {}),
+        ("sml", {"boundary_suppression": True, "smoothing": True})]
 
 
 def main():

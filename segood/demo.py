@@ -33,7 +33,7 @@ FULL = {"size": (128, 256), "cs_train": 160, "cs_val": 32, "idd": 24, "sun": 32,
 QUICK = {"size": (64, 128), "cs_train": 12, "cs_val": 4, "idd": 4, "sun": 4, "noise": 2, "tune_id": 4}
 TRAIN = {"arch": "pspnet", "encoder": "mobilenet_v2", "epochs": 12, "batch_size": 8, "lr": 0.02,
          "scale": [0.75, 1.5]}
-METHODS_BY_HEAD = {"plain": ["max_softmax", "odin", "entropy"], "dimreduce": ["mahalanobis"],
+METHODS_BY_HEAD = {"plain": ["max_softmax", "odin", "entropy", "max_logit", "energy", "sml"], "dimreduce": ["mahalanobis"],
                    "dropout": ["varsum", "mutual_info"], "confidence": ["confidence"]}
 
 

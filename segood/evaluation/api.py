@@ -45,7 +45,8 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
         model: a segood network, or any ``nn.Module`` returning logits (N, 19, H, W) (wrapped in
             :class:`ExternalModel`; ``feature_layer`` names the layer whose output Mahalanobis models).
         sets: {name: path of a converted .h5 set} (or a list of paths, named by their stems).
-        methods: None (every method the model's head serves), names, or method objects (e.g. tuned ones).
+        methods: None (every method the model's head serves; those needing a fit only with ``fit_set``), names,
+            or method objects (e.g. tuned ones).
         fit_set: a converted training set to fit Mahalanobis on, when it is requested unfitted.
         checkpoint: the checkpoint file the model came from, recorded with its sha256.
         num_thresholds, score_range, mantissa_bits: the threshold grid (:func:`segood.metrics.grid_spec`): the
@@ -75,7 +76,7 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
         sets = dict(sets)
     frames = {name: len(_open_set(path, verify)) for name, path in sets.items()}
     if methods is None:
-        methods = default_methods(model)
+        methods = default_methods(model, fitted=fit_set is not None)
     methods = [get_method(m) if isinstance(m, str) else m for m in methods]
     grid = grid_spec(num_thresholds, score_range, mantissa_bits)
     for method in methods:

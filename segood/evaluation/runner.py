@@ -31,10 +31,12 @@ from segood.models.network import preprocess
 EXAMPLES_PER_SET = 3
 
 
-def default_methods(model):
-    """Every method the model's head can serve, with default parameters (ε = 0)."""
+def default_methods(model, *, fitted=True):
+    """Every method the model's head can serve, with default parameters (ε = 0); without ``fitted`` (no
+    training set to fit on), only the methods that need no fit."""
     methods = [get_method(name) for name in METHODS]
-    return [m for m in methods if m.needs.head is None or m.needs.head in served_heads(model)]
+    return [m for m in methods if (m.needs.head is None or m.needs.head in served_heads(model))
+            and (fitted or not m.needs.fit)]
 
 
 class Evaluation:

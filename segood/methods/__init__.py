@@ -2,9 +2,11 @@
 :mod:`segood.methods.methods`, fair tuning in :mod:`segood.methods.tuning`."""
 
 from segood.methods.functional import entropy, max_softmax, mutual_info, odin, varsum
-from segood.methods.methods import (METHODS, ClassFeatureStats, ODIN_EPSILONS, ODIN_TEMPERATURES, Confidence, Entropy, Mahalanobis,
-                                    MaxSoftmax, Method, MutualInfo, Odin, VarSum, get_method, perturb)
+from segood.methods.methods import (METHODS, ClassFeatureStats, ODIN_EPSILONS, ODIN_TEMPERATURES, Confidence, Energy, Entropy,
+                                    Mahalanobis, MaxLogit, MaxSoftmax, Method, MutualInfo, Odin, StandardizedMaxLogit,
+                                    VarSum, get_method, perturb)
 
-__all__ = ["METHODS", "ClassFeatureStats", "ODIN_EPSILONS", "ODIN_TEMPERATURES", "Confidence", "Entropy", "Mahalanobis", "MaxSoftmax",
+__all__ = ["METHODS", "ClassFeatureStats", "ODIN_EPSILONS", "ODIN_TEMPERATURES", "Confidence", "Energy", "Entropy",
+           "Mahalanobis", "MaxLogit", "MaxSoftmax", "StandardizedMaxLogit",
            "Method", "MutualInfo", "Odin", "VarSum", "entropy", "get_method", "max_softmax", "mutual_info", "odin",
            "perturb", "varsum"]

@@ -1,10 +1,11 @@
-"""Pure per-pixel OOD score formulas. Every score is (N, H, W) in [0, 1], higher = more OOD, mapped into
-[0, 1] by a stated bound (never by an ad-hoc constant). No network in here: tensors in, tensors out. The
+"""Pure per-pixel OOD score formulas, (N, H, W), higher = more OOD: the paper's in [0, 1] by a stated bound (never
+by an ad-hoc constant); today's baselines (max logit, energy, standardized max logit) unbounded. No network in here: tensors in, tensors out. The
 logit forms and ``predicted_classes`` run without autograd (they write into preallocated outputs)."""
 
 import math
 
 import torch
+import torch.nn.functional as F
 
 from segood.models.predict import bands, predicted_classes
 
@@ -178,3 +179,66 @@ def mahalanobis_score(distance, mean, std):
 
 def _entropy(probs, dim):
     return -(probs * torch.log(probs.clamp_min(torch.finfo(probs.dtype).tiny))).sum(dim=dim)
+
+
+@torch.no_grad()
+def max_logit(logits: torch.Tensor) -> torch.Tensor:
+    """-max_c f_c (Hendrycks et al. 2022, "Scaling out-of-distribution detection for real-world settings").
+    Unbounded: the float-order grid bins it as it is."""
+    return logits.amax(dim=1).neg_()
+
+
+@torch.no_grad()
+def energy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """-T logsumexp(f / T) (Liu et al. 2020, "Energy-based out-of-distribution detection"). Unbounded."""
+    return torch.logsumexp(logits / temperature, dim=1).mul_(-temperature)
+
+
+def standardized_max_logit(logits, means, stds):
+    """-(max_c f_c - mu_k) / sigma_k with k the predicted class (Jung et al. 2021, "Standardized max logits").
+    ``means``, ``stds``: (C,) statistics of the max logit over training pixels predicted as each class."""
+    top, classes = logits.max(dim=1)
+    return (top - means[classes]).div_(stds[classes]).neg_(), classes
+
+
+def class_boundaries(classes):
+    """(N, 1, H, W) float: 1 where a 3x3 window holds more than one predicted class (dilation != erosion)."""
+    c = classes[:, None].float()
+    return (F.max_pool2d(c, 3, 1, 1) != -F.max_pool2d(-c, 3, 1, 1)).float()
+
+
+def dilate_diamond(mask, radius):
+    """Dilation of a (N, 1, H, W) 0/1 mask by a diamond of ``radius`` (``radius`` steps of a 3x3 cross)."""
+    cross = torch.tensor([[0.0, 1.0, 0.0], [1.0, 1.0, 1.0], [0.0, 1.0, 0.0]], device=mask.device).view(1, 1, 3, 3)
+    for _ in range(radius):
+        mask = (F.conv2d(mask, cross, padding=1) > 0).float()
+    return mask
+
+
+def boundary_suppression(scores, classes, width=4, iterations=4):
+    """SML's boundary suppression (Jung et al. 2021, §3.3): in ``iterations`` steps over class boundaries
+    dilated by ``width - 1, width - 2, ..., 0``, a boundary pixel takes the mean of the non-boundary pixels of
+    its 3x3 window (replicate padding), where there is one. scores (N, H, W), classes (N, H, W)."""
+    boundary = class_boundaries(classes)
+    out = scores[:, None].float()
+    ones = torch.ones(1, 1, 3, 3, device=scores.device)
+    step = width // iterations
+    for i in range(iterations):
+        region = dilate_diamond(boundary, 0 if i == iterations - 1 else width - step * i - 1)
+        keep = 1.0 - region
+        total = F.conv2d(F.pad(out * keep, (1, 1, 1, 1), mode="replicate"), ones)
+        count = F.conv2d(F.pad(keep, (1, 1, 1, 1), mode="replicate"), ones)
+        average = torch.where(count > 0, total / count.clamp_min(1.0), out)
+        out = torch.where(region > 0, average, out)
+    return out[:, 0]
+
+
+def dilated_smoothing(scores, size=7, sigma=1.0, dilation=6):
+    """SML's dilated smoothing: a ``size`` x ``size`` Gaussian (``sigma``) with dilation ``dilation``,
+    replicate padding. scores (N, H, W)."""
+    axis = torch.arange(size, dtype=torch.float64, device=scores.device) - (size - 1) / 2
+    kernel = torch.exp(-(axis[:, None] ** 2 + axis[None, :] ** 2) / (2 * sigma**2))
+    kernel = (kernel / kernel.sum()).float().view(1, 1, size, size)
+    pad = dilation * (size // 2)
+    x = F.pad(scores[:, None].float(), (pad, pad, pad, pad), mode="replicate")
+    return F.conv2d(x, kernel, dilation=dilation)[:, 0]

@@ -160,6 +160,105 @@ class Confidence(Method):
         return -torch.log(output.confidence.clamp_min(1e-12)).mean()
 
 
+class MaxLogit(Method):
+    """-max_c f_c (Hendrycks et al. 2022). Any head; unbounded (the float-order grid)."""
+
+    name = "max_logit"
+    score_range = None
+
+    def from_output(self, output):
+        return fn.max_logit(output.logits)
+
+
+class Energy(Method):
+    """Energy -T logsumexp(f / T) (Liu et al. 2020). Any head; unbounded."""
+
+    name = "energy"
+    score_range = None
+
+    def __init__(self, temperature=1.0, **params):
+        if not float(temperature) > 0:
+            raise ValueError(f"the energy temperature must be positive, got {temperature}")
+        super().__init__(temperature=float(temperature), **params)
+
+    def from_output(self, output):
+        return fn.energy(output.logits, self.params["temperature"])
+
+
+class StandardizedMaxLogit(Method):
+    """Standardized max logit (Jung et al. 2021): -(max_c f_c - mu_k) / sigma_k for the predicted class k, with
+    mu_k, sigma_k the mean and std of the max logit over training pixels predicted as k (``fit``). Optional, as
+    in its paper: ``boundary_suppression`` (class boundaries take their non-boundary neighbours' mean, width 4
+    in 4 steps) and ``smoothing`` (a 7x7 Gaussian, sigma 1, dilation 6). Any head; unbounded."""
+
+    name = "sml"
+    score_range = None
+    STATE_KEYS = ("means", "stds")
+
+    def __init__(self, boundary_suppression=False, smoothing=False, **params):
+        super().__init__(**({"boundary_suppression": True} if boundary_suppression else {}),
+                         **({"smoothing": True} if smoothing else {}), **params)
+        self.state = None
+
+    @property
+    def needs(self):
+        return replace(super().needs, fit=True)
+
+    @property
+    def ready(self):
+        return self.state is not None
+
+    @torch.no_grad()
+    def fit(self, model, loader, *, progress=False):
+        """Per-class mean and std of the max logit over the pixels of ``loader`` (batches with ``image``)
+        predicted as each class, in float64; a class never predicted gets mean 0 and std 1."""
+        from tqdm import tqdm
+
+        from segood.models.network import preprocess
+
+        self.check(model)
+        device = next(model.parameters()).device
+        sums = None
+        for batch in tqdm(loader, desc="sml fit", disable=not progress):
+            logits = model(preprocess(batch["image"].to(device))).logits
+            top, classes = logits.max(dim=1)
+            c = logits.shape[1]
+            if sums is None:
+                sums = torch.zeros(3, c, dtype=torch.float64, device=device)
+            top, classes = top.double().flatten(), classes.flatten()
+            sums[0] += torch.bincount(classes, minlength=c)
+            sums[1] += torch.bincount(classes, weights=top, minlength=c)
+            sums[2] += torch.bincount(classes, weights=top * top, minlength=c)
+        if sums is None:
+            raise ValueError("sml.fit: the loader was empty")
+        count = sums[0].clamp_min(1)
+        means = sums[1] / count
+        stds = (sums[2] / count - means**2).clamp_min(0).sqrt()
+        seen = sums[0] > 1
+        self.state = {"means": torch.where(seen, means, 0.0).cpu(),
+                      "stds": torch.where(seen & (stds > 0), stds, 1.0).cpu()}
+        return self
+
+    def from_output(self, output):
+        means, stds = (self.state[k].to(output.logits.device, output.logits.dtype) for k in self.STATE_KEYS)
+        scores, classes = fn.standardized_max_logit(output.logits, means, stds)
+        if self.params.get("boundary_suppression"):
+            scores = fn.boundary_suppression(scores, classes)
+        if self.params.get("smoothing"):
+            scores = fn.dilated_smoothing(scores)
+        return scores
+
+    def state_arrays(self):
+        return {k: v.cpu().numpy() for k, v in self.state.items()}
+
+    def load_state(self, arrays):
+        missing = [k for k in self.STATE_KEYS if k not in arrays]
+        if missing:
+            raise ValueError(f"sml state lacks {missing}")
+        self.state = {k: torch.as_tensor(np.asarray(arrays[k], np.float64)) for k in self.STATE_KEYS}
+        return self
+
+
 class MonteCarlo(Method):
     """Base of the dropout methods: T samples of the stochastic head on the shared features
     (``model.mc_logits``); ``from_samples(logits (T, N, C, H, W))`` scores them."""
@@ -375,7 +474,8 @@ def perturb(model, x, objective, epsilon, *, ascend):
     return (x + step if ascend else x - step).detach()
 
 
-METHODS = {cls.name: cls for cls in (MaxSoftmax, Odin, Mahalanobis, Confidence, Entropy, VarSum, MutualInfo)}
+METHODS = {cls.name: cls for cls in (MaxSoftmax, Odin, Mahalanobis, Confidence, Entropy, VarSum, MutualInfo, MaxLogit,
+                                     Energy, StandardizedMaxLogit)}
 
 
 def get_method(name, **params):
