@@ -243,7 +243,7 @@ def time_forwards(device, scale):
 
             row[precision] = interleaved_best_ms([forward], scale["repeat"], device)[0]
         rows[f"{arch} {encoder}"] = row
-        del model
+        model = None  # free it before the next network
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rows

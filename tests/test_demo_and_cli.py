@@ -56,7 +56,7 @@ def test_reduced_demo_end_to_end_with_the_shipped_checkpoints(tmp_path, capsys):
     assert "| mahalanobis | sun |" in capsys.readouterr().out
     doc = json.loads((tmp_path / "run/results.json").read_text())
     assert set(doc["results"]) == {"max_softmax", "odin", "entropy", "mahalanobis", "varsum", "mutual_info",
-                                   "confidence"}
+                                   "confidence", "max_logit", "energy", "sml"}
     for by_set in doc["results"].values():
         assert set(by_set) == {"sun", "idd", "perlin", "normal"}
         for r in by_set.values():

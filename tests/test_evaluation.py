@@ -12,7 +12,7 @@ from segood.cli import main
 from segood.data.h5 import H5SegmentationDataset
 from segood.evaluation import evaluate, evaluate_score_maps
 from segood.methods import get_method
-from segood.metrics import METRIC_NAMES, PixelOODAccumulator, make_accumulator
+from segood.metrics import METRIC_NAMES, make_accumulator
 from segood.models import build_model, preprocess, save_checkpoint
 
 from rawtrees import mixed_noise_sets

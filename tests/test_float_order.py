@@ -194,7 +194,7 @@ def test_cuda_tensors_give_the_cpu_counts():
 
 def test_bad_input():
     labels = np.array([0, 1, 1], np.uint8)
-    with pytest.raises(ValueError, match="1 of 3 counted pixels have NaN scores"):
+    with pytest.raises(ValueError, match="1 counted pixels have NaN scores"):
         FloatOrderAccumulator().update(np.array([0.1, np.nan, 0.3]), labels)
     FloatOrderAccumulator().update(np.array([0.1, 0.2, np.nan]), np.array([0, 1, 255], np.uint8))  # ignored NaN
     with pytest.raises(ValueError, match="clip has no meaning"):
@@ -240,3 +240,35 @@ def test_all_reduce_unites_the_ranks_binades(tmp_path):
         np.testing.assert_array_equal(reduced.binades, expected.binades)
         np.testing.assert_array_equal(reduced.counts, expected.counts)
         assert reduced.n_images == 4
+
+
+def test_an_interrupted_update_leaves_the_scratch_table_clean(monkeypatch):
+    real = _kernels._float32_kernel
+
+    def interrupted(*args):
+        real(*args)
+        raise KeyboardInterrupt
+
+    rng = np.random.default_rng(9)
+    big = rng.random(100_000).astype(np.float32)
+    monkeypatch.setattr(_kernels, "_float32_kernel", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        FloatOrderAccumulator().update(big, np.zeros(big.size, np.uint8))
+    monkeypatch.undo()
+    result = FloatOrderAccumulator().update(np.array([0.25, 0.75], np.float32), np.array([0, 1], np.uint8)).compute()
+    assert (result["n_id"], result["n_ood"]) == (1, 1)
+
+
+def test_forged_counts_that_wrap_around_are_refused():
+    state = FloatOrderAccumulator().update(np.array([0.25, 0.75]), np.array([0, 1], np.uint8)).state_dict()
+    counts = np.zeros((64, 2, 1 << 10), np.int64)
+    counts[:, 0, 0] = 1 << 58
+    state.update(binades=np.arange(2100, 2164, dtype=np.int64), counts=counts)
+    with pytest.raises(ValueError, match="pixels in all, more than 2\\^58"):
+        FloatOrderAccumulator.from_state_dict(state)
+
+
+def test_a_declared_range_is_checked_in_float64():
+    with pytest.raises(ValueError, match="1 counted pixels have scores outside the declared score_range"):
+        FloatOrderAccumulator(score_range=(0.0, 0.1)).update(np.array([0.1, 0.05], np.float32),
+                                                             np.array([0, 1], np.uint8))

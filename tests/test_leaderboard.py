@@ -159,3 +159,20 @@ def test_cli_round_trip(world, tmp_path, capsys):
     assert main(["leaderboard", str(tmp_path / "subs"), "--benchmark", str(tmp_path / "bench.json"), "--out",
                  str(tmp_path / "board")]) == 0
     assert "| 1 | Entropy (cli) |" in capsys.readouterr().out
+
+
+def test_submissions_from_before_states_named_their_metrics_are_judged(world, tmp_path):
+    root, _ = world
+    good = root / "subs" / "entropy.zip"
+    (tmp_path / "subs").mkdir()
+    with zipfile.ZipFile(good) as z:
+        for set_name in ("perlin_mixed", "normal_mixed"):
+            state = dict(np.load(io.BytesIO(z.read(f"states/{set_name}.npz"))))
+            state.pop("per_image_metrics")
+            old = io.BytesIO()
+            np.savez(old, **state)
+            source = tmp_path / "subs" / "old.zip" if set_name == "normal_mixed" else good
+            replace_member(source, tmp_path / "tmp.zip", f"states/{set_name}.npz", old.getvalue())
+            (tmp_path / "tmp.zip").replace(tmp_path / "subs" / "old.zip")
+    board = leaderboard(tmp_path / "subs", root / "bench.json", tmp_path / "board")
+    assert board["rejected"] == [] and len(board["tracks"]["noise"]["entries"]) == 1

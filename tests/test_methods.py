@@ -14,7 +14,7 @@ from segood.methods.functional import mahalanobis_min_distance, whiten_means
 from segood.methods.methods import MonteCarlo, Needs
 from segood.methods.schedule import score_batch
 from segood.methods.tuning import same_source_tuning, tune
-from segood.metrics import PixelOODAccumulator, make_accumulator
+from segood.metrics import make_accumulator
 from segood.models import build_model, predict, preprocess
 
 from rawtrees import mixed_noise_sets

@@ -4,6 +4,7 @@ that the good frames around a bad one still convert."""
 
 import errno
 import io
+import json
 import pickle
 import shutil
 import socket
@@ -502,3 +503,29 @@ def test_sun_listing_and_label_rules_on_a_tree(tmp_path):
     rules = {row["name"]: row["rule"] for row in manifest["coverage"]}
     assert rules == {"person sitting": "modifiers", "": "empty", "parked white car": "modifiers",
                      "teapot": "default"}
+
+
+def test_infinite_scores_report_and_resume(small_set, tmp_path):
+    dataset = H5SegmentationDataset(small_set)
+    with h5py.File(tmp_path / "inf.h5", "w") as f:
+        for i in range(len(dataset)):
+            score = np.random.default_rng(i).random((32, 64)).astype(np.float32)
+            score[0, 0], score[5, 5] = np.inf, -np.inf
+            f[dataset[i]["frame_id"]] = score
+    doc = evaluate_score_maps(tmp_path / "inf.h5", small_set, tmp_path / "run", figures=False)
+    assert doc["results"]["external"]["cs"]["n_id"] > 0
+    assert Evaluation.load(tmp_path / "run" / "state.npz").images == {"cs": 3}  # reloadable
+
+
+def test_a_bad_grid_writes_nothing_and_old_run_files_still_resume(small_set, tmp_path):
+    model = build_model("pspnet", "resnet18").eval()
+    with pytest.raises(ValueError, match="mantissa_bits must be in"):
+        evaluate(model, [small_set], ["max_softmax"], tmp_path / "bad", mantissa_bits=20, progress=False)
+    assert not (tmp_path / "bad" / "run.json").exists()
+    evaluate(model, [small_set], ["max_softmax"], tmp_path / "old", num_thresholds=400, progress=False,
+             figures=False)
+    run = json.loads((tmp_path / "old" / "run.json").read_text())
+    run["config"] = {"num_thresholds": 400, "batch_size": 2}  # as runs before the float-order grid wrote it
+    (tmp_path / "old" / "run.json").write_text(json.dumps(run))
+    evaluate(model, [small_set], ["max_softmax"], tmp_path / "old", num_thresholds=400, resume=True,
+             progress=False, figures=False)

@@ -15,7 +15,8 @@ from segood.io import write_json
 from segood.labels import NUM_CLASSES
 from segood.methods import get_method
 from segood.methods.methods import check_grid
-from segood.metrics import grid_spec
+from segood.evaluation.report import grid_of_config
+from segood.metrics import grid_spec, make_accumulator
 from segood.models.external import ExternalModel
 from segood.models.network import SegmentationNetwork
 
@@ -79,6 +80,7 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
         methods = default_methods(model, fitted=fit_set is not None)
     methods = [get_method(m) if isinstance(m, str) else m for m in methods]
     grid = grid_spec(num_thresholds, score_range, mantissa_bits)
+    make_accumulator(grid)  # a bad grid is refused before anything is written
     for method in methods:
         check_grid(method, grid)
         method.check(model)
@@ -137,6 +139,10 @@ def evaluate_score_maps(scores_path, data_path, out_dir, *, name="external", sco
                              "--score-range LO HI, or drop --num-thresholds (the float-order grid needs no range)")
         linear = num_thresholds is not None
         grid = grid_spec(num_thresholds, score_range if linear else None, None if linear else mantissa_bits)
+        make_accumulator(grid)
+        if clip and not linear:
+            raise ValueError("clip has no meaning on the float-order grid (every real score has a bin): drop "
+                             "--clip, or use the linear grid with --num-thresholds")
         frame_ids = _frame_ids(data_path)
         stored = []
         scores.visititems(lambda key, obj: stored.append(key) if isinstance(obj, h5py.Dataset) else None)
@@ -177,6 +183,9 @@ def _check_run_folder(folder, description):
     """Refuse an output folder that holds a different run (another model, sets, methods or settings)."""
     if folder.run.exists():
         previous = folder.read_run()
+        config = previous.get("config") or {}  # runs before the float-order grid name num_thresholds: the linear grid
+        previous["config"] = {**{k: v for k, v in config.items() if k not in ("num_thresholds", "score_range")},
+                              "grid": grid_of_config(config)}
         if any(_comparable(previous.get(k)) != _comparable(description[k]) for k in ("model", "sets", "methods", "config")):
             raise ValueError(f"{folder.path} holds a different run (another model, sets, methods or settings); "
                              "choose another --out")

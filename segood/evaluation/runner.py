@@ -70,8 +70,9 @@ class Evaluation:
         self.class_count[set_name] += torch.bincount(class_index, minlength=NUM_CLASSES + 1)[:NUM_CLASSES].cpu().numpy()
         for name, score in scores.items():
             self.acc[(name, set_name)].update(score, labels, clip=clip)
+            weights = torch.nan_to_num(score.flatten().double(), nan=0.0, posinf=0.0, neginf=0.0)  # ±inf scores: 0
             self.class_sum[(name, set_name)] += torch.bincount(
-                class_index, weights=score.flatten().double(), minlength=NUM_CLASSES + 1)[:NUM_CLASSES].cpu().numpy()
+                class_index, weights=weights, minlength=NUM_CLASSES + 1)[:NUM_CLASSES].cpu().numpy()
         for k, index in enumerate(indices):
             if index < EXAMPLES_PER_SET:
                 predicted = np.full(semantic.shape[1:], 255, np.uint8) if classes is None else \

@@ -60,7 +60,8 @@ def judge(path, benchmark, limits=Limits()):
                 if state_file not in files:
                     raise Rejected(f"set {set_name!r}: no accumulator state {state_file}")
                 grid = benchmark_grid(benchmark)
-                state = load_npz(files[state_file], tuple(make_accumulator(grid).state_dict()))
+                state = load_npz(files[state_file], tuple(make_accumulator(grid).state_dict()),
+                                 optional=("per_image_metrics",))  # states before they named their metrics
                 _check_state_config(set_name, state, grid)
                 try:
                     acc = accumulator_from_state(state)

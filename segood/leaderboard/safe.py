@@ -97,13 +97,14 @@ def strict_json(data, limits=Limits()):
         raise Rejected(f"submission.json is not valid JSON ({err})") from None
 
 
-def load_npz(data, keys, max_bytes=16 << 20):
-    """{name: array} of npz bytes holding exactly ``keys``, each at most ``max_bytes`` uncompressed; never
-    unpickles (object arrays are refused). Sizes are checked before anything is decompressed."""
+def load_npz(data, keys, max_bytes=16 << 20, optional=()):
+    """{name: array} of npz bytes holding exactly ``keys`` (and any of ``optional``), each at most ``max_bytes``
+    uncompressed; never unpickles (object arrays are refused). Sizes are checked before anything is decompressed."""
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             names = {info.filename[:-4]: info for info in archive.infolist() if info.filename.endswith(".npy")}
-            if set(names) != set(keys) or len(archive.infolist()) != len(keys):
+            required = set(keys) - set(optional)
+            if not required <= set(names) <= set(keys) or len(archive.infolist()) != len(names):
                 raise Rejected(f"an accumulator state holds {sorted(names)}; expected exactly {sorted(keys)}")
             for name, info in names.items():
                 if info.file_size > max_bytes:

@@ -13,7 +13,7 @@ import torch
 from tqdm import tqdm
 
 from segood.data.h5 import set_identity
-from segood.methods.methods import get_method
+from segood.methods.methods import check_grid, get_method
 from segood.methods.schedule import score_batch
 from segood.metrics import METRICS, make_accumulator
 from segood.models.network import preprocess
@@ -56,6 +56,8 @@ def tune(method_name, model, loader, grid, *, metric="auroc", tuning_set=None, m
     if not points:
         raise ValueError("empty grid")
     methods = [get_method(method_name, **p) for p in points]
+    for method in methods:
+        check_grid(method, metric_grid or {"kind": "float"})
     accumulators = [make_accumulator(metric_grid) for _ in points]
     device = next(model.parameters()).device
     for batch in tqdm(loader, desc=f"tune {method_name} ({len(points)} points)", disable=not progress):

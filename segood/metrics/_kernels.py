@@ -321,22 +321,23 @@ def _float_order_kernel(scores, labels, m, hist, slot_of, n_slots, problems):
 
 
 @numba.njit(nogil=True, cache=True)
-def _float32_kernel(bits, labels, m, table, problems):
+def _float32_kernel(bits, labels, m, table, occupied, problems):
     """The float-order histogram of float32 scores (as their uint32 ``bits``), in 32-bit lanes and without a
     table lookup: rows are (sign, float32 exponent), 512 of them, each 2 x 2^m counters (ID, OOD) of the top m
     mantissa bits, in ``table`` ((512 x 2 x 2^m + 2,) int32, then the ignored and the careful scratch).
     A float32 normal number's float64 key has the same mantissa bits and a binade fixed by (sign, exponent),
     so the rows map to float64 bins afterwards (:func:`float32_rows_to_binades`). Zeros (either sign) go to
     row 0. Subnormals, infinities, NaN and bad labels go to the careful slot: the wrapper bins them the slow way.
-    Returns (lowest, highest) row counted, so that the caller reads and clears only those rows.
+    Marks in ``occupied`` (513 bytes; entry 512 for the scratch slots) the rows it counted in, so that the
+    caller reads and clears only those.
+    Returns the number of careful pixels.
     """
     shift = np.uint32(23 - m)
     mm = np.uint32(m)
     idx = np.empty(_BLOCK, np.uint32)
     ignored_index = np.uint32(table.size - 2)
     careful_index = np.uint32(table.size - 1)
-    lowest = np.uint32(1023)
-    highest = np.uint32(0)
+    rows_per_index = np.uint32(m + 1)
     for start in range(0, bits.size, _BLOCK):
         block_bits = bits[start : start + _BLOCK]
         block_labels = labels[start : start + _BLOCK]
@@ -352,14 +353,13 @@ def _float32_kernel(bits, labels, m, table, problems):
             ok = (label <= np.uint32(OOD)) & (normal | zero)
             index = (((row << np.uint32(1)) | label) << mm) | ((magnitude & np.uint32(0x7FFFFF)) >> shift)
             idx[k] = index if ok else (ignored_index if label == np.uint32(IGNORE) else careful_index)
-            lowest = min(lowest, row if ok else np.uint32(1023))
-            highest = max(highest, row if ok else np.uint32(0))
         for k in range(n):
             table[idx[k]] += 1
+            occupied[idx[k] >> rows_per_index] = 1  # the scratch indices mark entry 512
     problems[N_IGNORED] += table[ignored_index]
     careful = table[careful_index]
     table[ignored_index] = table[careful_index] = 0
-    return lowest, highest, careful
+    return careful
 
 
 def float32_rows_to_binades(rows, counts, m):
@@ -395,10 +395,10 @@ _SCRATCH = threading.local()
 
 
 def _scratch(m):
-    """This thread's float32 table for resolution m, all zero (each call clears the rows it used)."""
+    """This thread's float32 table for resolution m and its row marks, all zero (each call clears what it used)."""
     tables = _SCRATCH.__dict__.setdefault("tables", {})
     if m not in tables:
-        tables[m] = np.zeros(512 * (2 << m) + 2, np.int32)
+        tables[m] = (np.zeros(512 * (2 << m) + 2, np.int32), np.zeros(513, np.uint8))
     return tables[m]
 
 
@@ -418,13 +418,17 @@ def float_histogram_numpy(scores, labels, m, threads, initial_slots=8):
     def work(c):
         part = slice(bounds[c], bounds[c + 1])
         if fast:
-            table = _scratch(m)
-            lowest, highest, careful = _float32_kernel(scores[part].view(np.uint32), labels[part], m, table,
-                                                       problems[c])
-            lowest, highest = int(lowest), int(highest)
-            rows = np.arange(lowest, highest + 1)
-            counts = table[: 512 * (2 << m)].reshape(512, 2, 1 << m)[rows]
-            table[lowest * (2 << m) : (highest + 1) * (2 << m)] = 0  # clean for the next call
+            table, occupied = _scratch(m)
+            rows_view = table[: 512 * (2 << m)].reshape(512, 2, 1 << m)
+            try:
+                careful = _float32_kernel(scores[part].view(np.uint32), labels[part], m, table, occupied,
+                                          problems[c])
+                rows = np.flatnonzero(occupied[:512])
+                counts = rows_view[rows]  # a copy
+            finally:  # clean for the next call, whatever happened (an interrupt included)
+                rows_view[np.flatnonzero(occupied[:512])] = 0
+                table[-2:] = 0
+                occupied[:] = 0
             keep = counts.any(axis=(1, 2))
             parts = [float32_rows_to_binades(rows[keep], counts[keep], m)]
             if careful:

@@ -322,7 +322,7 @@ def check_counts(counts, key):
     """Non-negative integer counts whose total stays below MAX_PIXELS (compared as Python integers)."""
     if counts.size and (int(counts.min()) < 0 or int(counts.max()) > MAX_PIXELS):
         raise ValueError(f"accumulator state {key!r} must hold non-negative counts below 2^58")
-    total = sum(int(v) for v in counts.reshape(counts.shape[0], -1).sum(axis=1, dtype=np.uint64)) if counts.size else 0
+    total = sum(int(v) for v in counts.ravel()) if counts.size else 0  # Python ints: no wraparound
     if total > MAX_PIXELS:
         raise ValueError(f"accumulator state {key!r} counts {total} pixels in all, more than 2^58")
 

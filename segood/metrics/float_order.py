@@ -12,7 +12,7 @@ import io
 import numba
 import numpy as np
 
-from segood.io import atomic_write_bytes, read_npz
+from segood.io import atomic_write_bytes
 from segood.metrics import _kernels
 from segood.metrics.accumulator import _count, _flag, _flat_cuda, _host, _is_cuda, check_counts, load_per_image
 from segood.metrics.functional import (METRICS, as_numpy_inputs, metric_bounds, metrics_from_counts,
@@ -209,6 +209,11 @@ class FloatOrderAccumulator:
             raise ValueError(f"accumulator state 'counts' must be integers of shape ({binades.size}, 2, {1 << m}), "
                              f"got {counts.dtype} of shape {counts.shape}")
         check_counts(counts, "counts")
+        nan_bins = np.zeros(counts.shape[0::2], bool)  # bins whose keys are NaN patterns hold nothing
+        nan_bins[binades == 0, :-1] = True
+        nan_bins[binades == _kernels.BINADES - 1, 1:] = True
+        if counts.any(axis=1)[nan_bins].any():
+            raise ValueError("accumulator state 'counts' holds pixels in bins of NaN keys, where no score can fall")
         acc = cls(m, per_image=_flag(state, "per_image"),
                   score_range=None if np.isnan(score_range).all() else tuple(score_range))
         acc.binades, acc.counts = binades.astype(np.int64), counts.astype(np.int64)
@@ -280,17 +285,15 @@ class FloatOrderAccumulator:
         if problems[_kernels.N_BAD_LABEL]:
             raise_bad_labels(_host(labels))
         if problems[_kernels.N_BAD_SCORE]:
-            s = _host(scores)[_host(labels) <= 1].astype(np.float64)
-            raise ValueError(f"{int(np.isnan(s).sum())} of {s.size} counted pixels have NaN scores; every other "
-                             "real value, ±inf included, has a bin on the float-order grid")
+            raise ValueError(f"{int(problems[_kernels.N_BAD_SCORE])} counted pixels have NaN scores; every other real "
+                             "value, ±inf included, has a bin on the float-order grid")
         if self.score_range is not None:
-            counted = _host(scores)[_host(labels) <= 1]
             lo, hi = self.score_range
-            if counted.size and (counted.min() < lo or counted.max() > hi):
-                raise ValueError(f"{int(((counted < lo) | (counted > hi)).sum())} counted pixels have scores outside "
-                                 f"the declared score_range [{lo:g}, {hi:g}] (min {counted.min():.6g}, max "
-                                 f"{counted.max():.6g}); declare the range the scores really have, or none: the "
-                                 "float-order grid needs no range")
+            low, high, outside = _counted_extent(scores, labels, lo, hi)
+            if outside:
+                raise ValueError(f"{outside} counted pixels have scores outside the declared score_range [{lo:g}, "
+                                 f"{hi:g}] (min {low:.9g}, max {high:.9g}); declare the range the scores really have, "
+                                 "or none: the float-order grid needs no range")
         return binades, counts, int(problems[_kernels.N_IGNORED]), exact
 
     def _add(self, binades, counts):
@@ -311,6 +314,21 @@ class FloatOrderAccumulator:
         if not (hist.size and fp[0] and tp[0]):
             return None
         return metrics_from_counts(thresholds, tp, fp, int(tp[0]), int(fp[0]), warn=warn)
+
+
+def _counted_extent(scores, labels, lo, hi):
+    """(min, max, how many outside [lo, hi]) of the counted pixels' scores, in float64, where the scores are
+    (no copy of a device tensor to the host)."""
+    counted = scores[labels <= 1]
+    if type(counted).__module__.startswith("torch"):
+        counted = counted.double()
+        if not counted.numel():
+            return 0.0, 0.0, 0
+        return counted.min().item(), counted.max().item(), int(((counted < lo) | (counted > hi)).sum())
+    counted = counted.astype(np.float64, copy=False)
+    if not counted.size:
+        return 0.0, 0.0, 0
+    return float(counted.min()), float(counted.max()), int(np.count_nonzero((counted < lo) | (counted > hi)))
 
 
 def _reverse_cumsum(hist):
