@@ -160,6 +160,36 @@ class Confidence(Method):
         return -torch.log(output.confidence.clamp_min(1e-12)).mean()
 
 
+class Fitted(Method):
+    """Base of the methods fitted on training data (``fit(model, loader)``); their statistics are plain arrays
+    named by ``STATE_KEYS`` (``state_arrays`` / ``load_state``: ``numpy.savez``-able, loaded without pickle)."""
+
+    STATE_KEYS = ()
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.state = None
+
+    @property
+    def needs(self):
+        return replace(super().needs, fit=True)
+
+    @property
+    def ready(self):
+        return self.state is not None
+
+    def state_arrays(self):
+        """The fitted statistics as plain numpy arrays."""
+        return {k: v.cpu().numpy() for k, v in self.state.items()}
+
+    def load_state(self, arrays):
+        missing = [k for k in self.STATE_KEYS if k not in arrays]
+        if missing:
+            raise ValueError(f"{self.name} state lacks {missing}")
+        self.state = {k: torch.as_tensor(np.asarray(arrays[k])) for k in self.STATE_KEYS}
+        return self
+
+
 class MaxLogit(Method):
     """-max_c f_c (Hendrycks et al. 2022). Any head; unbounded (the float-order grid)."""
 
@@ -185,7 +215,7 @@ class Energy(Method):
         return fn.energy(output.logits, self.params["temperature"])
 
 
-class StandardizedMaxLogit(Method):
+class StandardizedMaxLogit(Fitted):
     """Standardized max logit (Jung et al. 2021): -(max_c f_c - mu_k) / sigma_k for the predicted class k, with
     mu_k, sigma_k the mean and std of the max logit over training pixels predicted as k (``fit``). Optional, as
     in its paper: ``boundary_suppression`` (class boundaries take their non-boundary neighbours' mean, width 4
@@ -198,15 +228,6 @@ class StandardizedMaxLogit(Method):
     def __init__(self, boundary_suppression=False, smoothing=False, **params):
         super().__init__(**({"boundary_suppression": True} if boundary_suppression else {}),
                          **({"smoothing": True} if smoothing else {}), **params)
-        self.state = None
-
-    @property
-    def needs(self):
-        return replace(super().needs, fit=True)
-
-    @property
-    def ready(self):
-        return self.state is not None
 
     @torch.no_grad()
     def fit(self, model, loader, *, progress=False):
@@ -248,16 +269,6 @@ class StandardizedMaxLogit(Method):
             scores = fn.dilated_smoothing(scores)
         return scores
 
-    def state_arrays(self):
-        return {k: v.cpu().numpy() for k, v in self.state.items()}
-
-    def load_state(self, arrays):
-        missing = [k for k in self.STATE_KEYS if k not in arrays]
-        if missing:
-            raise ValueError(f"sml state lacks {missing}")
-        self.state = {k: torch.as_tensor(np.asarray(arrays[k], np.float64)) for k in self.STATE_KEYS}
-        return self
-
 
 class MonteCarlo(Method):
     """Base of the dropout methods: T samples of the stochastic head on the shared features
@@ -288,7 +299,7 @@ class MutualInfo(MonteCarlo):
     name = "mutual_info"
 
 
-class Mahalanobis(Method):
+class Mahalanobis(Fitted):
     """Mahalanobis distance to per-location class means under one covariance per class (Lee et al. 2018,
     as adapted by the seed paper, eq. 7-12), on the 32-d features of the ``dimreduce`` head.
 
@@ -308,16 +319,7 @@ class Mahalanobis(Method):
 
     def __init__(self, epsilon=0.0, ridge=1e-6, squash=False, **params):
         super().__init__(epsilon=float(epsilon), ridge=float(ridge), **({"squash": True} if squash else {}), **params)
-        self.state = None
         self._scoring = None  # (device, whiten, whitened means, present), derived from the state
-
-    @property
-    def needs(self):
-        return replace(super().needs, fit=True)
-
-    @property
-    def ready(self):
-        return self.state is not None
 
     @torch.no_grad()
     def fit(self, model, loader, *, progress=False):
@@ -374,15 +376,8 @@ class Mahalanobis(Method):
     def objective(self, output):
         return self._distance(output.features).clamp_max(1e30).sum()
 
-    def state_arrays(self):
-        """The fitted statistics as plain numpy arrays (``numpy.savez``-able, loaded without pickle)."""
-        return {k: v.cpu().numpy() for k, v in self.state.items()}
-
     def load_state(self, arrays):
-        missing = [k for k in self.STATE_KEYS if k not in arrays]
-        if missing:
-            raise ValueError(f"mahalanobis state lacks {missing}")
-        self.state = {k: torch.as_tensor(np.asarray(arrays[k])) for k in self.STATE_KEYS}
+        super().load_state(arrays)
         self._scoring = None
         return self
 

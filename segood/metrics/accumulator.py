@@ -21,7 +21,42 @@ MAX_THRESHOLDS = 1 << 24  # 256 MiB of counts: beyond that a "state" is a mistak
 _MIN_CHUNK = 1 << 16  # pixels per thread; below this, threads cost more than they save
 
 
-class PixelOODAccumulator:
+class _Streaming:
+    """What both accumulators share: adding, copying, saving, per-image splitting and per-image bookkeeping."""
+
+    def __add__(self, other):
+        return self.copy().merge(other)
+
+    def copy(self):
+        return type(self).from_state_dict(self.state_dict())
+
+    def save(self, path):
+        """Write the state to an ``.npz`` file, atomically."""
+        buffer = io.BytesIO()
+        np.savez(buffer, **self.state_dict())
+        atomic_write_bytes(path, buffer.getvalue())
+
+    def _merge_per_image(self, other):
+        self.n_ignored += other.n_ignored
+        self.n_images += other.n_images
+        self.per_image_sum += other.per_image_sum
+        self.per_image_defined += other.per_image_defined
+        return self
+
+    def _split_images(self, scores, labels):
+        """[(scores, labels)] per image with ``per_image``, else the whole input as one piece."""
+        scores, labels = (x if hasattr(x, "shape") else np.asarray(x) for x in (scores, labels))
+        if tuple(scores.shape) != tuple(labels.shape):
+            raise ValueError(
+                f"scores have shape {tuple(scores.shape)} but labels have shape {tuple(labels.shape)}; "
+                "they must match pixel for pixel"
+            )
+        if self.per_image and len(scores.shape) >= 3:
+            return list(zip(scores, labels))
+        return [(scores, labels)]
+
+
+class PixelOODAccumulator(_Streaming):
     """Streaming TP/FP/FN/TN counts at ``numpy.linspace(lo, hi, num_thresholds)`` (the paper's §4).
 
     A pixel is predicted OOD at threshold ``t_k`` iff ``float64(score) >= t_k``; the counts equal that
@@ -105,17 +140,7 @@ class PixelOODAccumulator:
                 f"(num_thresholds, score_range, per_image, metrics) = {mine} vs {theirs}"
             )
         self.hist += other.hist
-        self.n_ignored += other.n_ignored
-        self.n_images += other.n_images
-        self.per_image_sum += other.per_image_sum
-        self.per_image_defined += other.per_image_defined
-        return self
-
-    def __add__(self, other):
-        return self.copy().merge(other)
-
-    def copy(self):
-        return PixelOODAccumulator.from_state_dict(self.state_dict())
+        return self._merge_per_image(other)
 
     def curve_counts(self):
         """(thresholds (T,), hist (2, T) int64): the ID and OOD pixels of each bin, increasing thresholds."""
@@ -202,12 +227,6 @@ class PixelOODAccumulator:
         load_per_image(acc, state)
         return acc
 
-    def save(self, path):
-        """Write the state to an ``.npz`` file, atomically."""
-        buffer = io.BytesIO()
-        np.savez(buffer, **self.state_dict())
-        atomic_write_bytes(path, buffer.getvalue())
-
     @classmethod
     def load(cls, path):
         """Read a state written by :meth:`save` (never unpickles); a ValueError names the file when it is not one."""
@@ -247,18 +266,6 @@ class PixelOODAccumulator:
         )
 
     # -- internals ---------------------------------------------------------------------------------
-
-    def _split_images(self, scores, labels):
-        """[(scores, labels)] per image with ``per_image``, else the whole input as one piece."""
-        scores, labels = (x if hasattr(x, "shape") else np.asarray(x) for x in (scores, labels))
-        if tuple(scores.shape) != tuple(labels.shape):
-            raise ValueError(
-                f"scores have shape {tuple(scores.shape)} but labels have shape {tuple(labels.shape)}; "
-                "they must match pixel for pixel"
-            )
-        if self.per_image and len(scores.shape) >= 3:
-            return list(zip(scores, labels))
-        return [(scores, labels)]
 
     def _histogram(self, scores, labels, clip):
         """Validated histogram of one input: ((2, T) int64, number of ignored pixels)."""

@@ -7,14 +7,12 @@ contract, "Float-order binning"). Unbounded scores (distances, max logit, energy
 crowded scores (1e-6 next to 1e-5) are resolved as finely as scores near 1.
 """
 
-import io
-
 import numba
 import numpy as np
 
-from segood.io import atomic_write_bytes
 from segood.metrics import _kernels
-from segood.metrics.accumulator import _count, _flag, _flat_cuda, _host, _is_cuda, check_counts, load_per_image
+from segood.metrics.accumulator import (_count, _flag, _flat_cuda, _host, _is_cuda, _Streaming, check_counts,
+                                        load_per_image)
 from segood.metrics.functional import (METRICS, as_numpy_inputs, metric_bounds, metrics_from_counts,
                                        raise_bad_labels)
 
@@ -46,7 +44,7 @@ def bin_thresholds(binades, low, m):
     return np.where(np.isnan(values), -np.inf, values)
 
 
-class FloatOrderAccumulator:
+class FloatOrderAccumulator(_Streaming):
     """Streaming ID / OOD counts per float-order bin, for scores of any real value (the default grid).
 
     A pixel is predicted OOD at threshold ``t_b`` iff ``float64(score) >= t_b``, exactly, for every bin b of
@@ -131,17 +129,7 @@ class FloatOrderAccumulator:
                              f"score_range, metrics) = {mine} vs {theirs}")
         self._add(other.binades, other.counts)
         self.exact &= other.exact
-        self.n_ignored += other.n_ignored
-        self.n_images += other.n_images
-        self.per_image_sum += other.per_image_sum
-        self.per_image_defined += other.per_image_defined
-        return self
-
-    def __add__(self, other):
-        return self.copy().merge(other)
-
-    def copy(self):
-        return FloatOrderAccumulator.from_state_dict(self.state_dict())
+        return self._merge_per_image(other)
 
     def curve_counts(self):
         """(thresholds (B,), hist (2, B) int64) of the occupied bins in increasing order."""
@@ -222,12 +210,6 @@ class FloatOrderAccumulator:
         load_per_image(acc, state)
         return acc
 
-    def save(self, path):
-        """Write the state to an ``.npz`` file, atomically."""
-        buffer = io.BytesIO()
-        np.savez(buffer, **self.state_dict())
-        atomic_write_bytes(path, buffer.getvalue())
-
     def all_reduce(self):
         """Sum the counts over all ``torch.distributed`` ranks (in place): the union of the ranks' binades is
         agreed first (a 4096-entry presence vector), then the counts are summed as one dense tensor."""
@@ -260,15 +242,6 @@ class FloatOrderAccumulator:
                 f"n_id={n_id}, n_ood={n_ood}, n_ignored={self.n_ignored})")
 
     # -- internals ---------------------------------------------------------------------------------
-
-    def _split_images(self, scores, labels):
-        scores, labels = (x if hasattr(x, "shape") else np.asarray(x) for x in (scores, labels))
-        if tuple(scores.shape) != tuple(labels.shape):
-            raise ValueError(f"scores have shape {tuple(scores.shape)} but labels have shape {tuple(labels.shape)}; "
-                             "they must match pixel for pixel")
-        if self.per_image and len(scores.shape) >= 3:
-            return list(zip(scores, labels))
-        return [(scores, labels)]
 
     def _histogram(self, scores, labels):
         """(binades, counts, n_ignored, exact) of one input, validated."""
