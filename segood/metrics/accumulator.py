@@ -36,6 +36,16 @@ class _Streaming:
         np.savez(buffer, **self.state_dict())
         atomic_write_bytes(path, buffer.getvalue())
 
+    def _shared_state(self):
+        """The state entries both accumulators have: ignored pixels and the per-image bookkeeping."""
+        return {
+            "n_ignored": np.array(self.n_ignored, dtype=np.int64),
+            "n_images": np.array(self.n_images, dtype=np.int64),
+            "per_image_sum": self.per_image_sum.copy(),
+            "per_image_defined": np.array(self.per_image_defined, dtype=np.int64),
+            "per_image_metrics": np.array(self.metric_names, dtype=str),
+        }
+
     def _merge_per_image(self, other):
         self.n_ignored += other.n_ignored
         self.n_images += other.n_images
@@ -194,11 +204,7 @@ class PixelOODAccumulator(_Streaming):
             "score_range": np.array(self.score_range, dtype=np.float64),
             "per_image": np.array(self.per_image),
             "hist": self.hist.copy(),
-            "n_ignored": np.array(self.n_ignored, dtype=np.int64),
-            "n_images": np.array(self.n_images, dtype=np.int64),
-            "per_image_sum": self.per_image_sum.copy(),
-            "per_image_defined": np.array(self.per_image_defined, dtype=np.int64),
-            "per_image_metrics": np.array(self.metric_names, dtype=str),
+            **self._shared_state(),
         }
 
     @classmethod

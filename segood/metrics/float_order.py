@@ -167,11 +167,7 @@ class FloatOrderAccumulator(_Streaming):
             "exact": np.array(self.exact),
             "binades": self.binades.copy(),
             "counts": self.counts.copy(),
-            "n_ignored": np.array(self.n_ignored, dtype=np.int64),
-            "n_images": np.array(self.n_images, dtype=np.int64),
-            "per_image_sum": self.per_image_sum.copy(),
-            "per_image_defined": np.array(self.per_image_defined, dtype=np.int64),
-            "per_image_metrics": np.array(self.metric_names, dtype=str),
+            **self._shared_state(),
         }
 
     @classmethod
