@@ -1,0 +1,130 @@
+"""Component-level metrics as SegmentMeIfYouCan defines them (Chan et al. 2021), streamed frame by frame.
+
+For a binary prediction (score >= threshold) of one frame, with ignore pixels removed from both:
+- ground-truth components: 8-connected components of the OOD pixels; those smaller than ``min_gt`` pixels become
+  ignore. Predicted components: 8-connected components of the prediction; those smaller than ``min_pred`` are
+  dropped. Presets: ``anomaly`` (min_pred 500, min_gt 100) and ``obstacle`` (50, 10);
+- sIoU of a ground-truth component k: with K the union of the predicted components that touch k and A(k) the
+  pixels of K in other ground-truth components, sIoU(k) = |k ∩ K| / |(k ∪ K) \\ A(k)| (0 when none touches k);
+- PPV of a predicted component c: |c ∩ OOD| / |c|;
+- for tau in 0.25, 0.30, ..., 0.75: TP = ground-truth components with sIoU >= tau, FN = the others, FP = predicted
+  components with PPV < tau, summed over the set; F1_tau = 2 TP / (2 TP + FN + FP); F1* = their mean.
+
+Memory is constant: per tau three counts, and the sums behind the mean sIoU and mean PPV. One frame's work is two
+``cv2.connectedComponentsWithStats`` calls and one contingency table between the two labelings.
+"""
+
+import cv2
+import numpy as np
+
+from segood.labels import IGNORE, OOD
+
+PRESETS = {"anomaly": {"min_pred": 500, "min_gt": 100}, "obstacle": {"min_pred": 50, "min_gt": 10}}
+TAUS = tuple(round(0.25 + 0.05 * k, 2) for k in range(11))
+
+
+def frame_components(prediction, ood_mask, *, min_pred, min_gt):
+    """(sIoU per ground-truth component, PPV per predicted component) of one frame.
+
+    Args:
+        prediction: (H, W) bool, predicted OOD. ood_mask: (H, W) uint8, 0 ID / 1 OOD / 255 ignore.
+    """
+    ood_mask = np.asarray(ood_mask)
+    valid = ood_mask != IGNORE
+    n_gt, gt_labels, gt_stats, _ = cv2.connectedComponentsWithStats((ood_mask == OOD).view(np.uint8), connectivity=8)
+    small = np.flatnonzero(gt_stats[:, cv2.CC_STAT_AREA] < min_gt)
+    small = small[small > 0]
+    if small.size:  # small ground-truth components become ignore, in both the truth and the prediction
+        lut = np.zeros(n_gt, bool)
+        lut[small] = True
+        valid &= ~lut[gt_labels]
+        keep = np.flatnonzero(~lut)
+        renumber = np.zeros(n_gt, np.int32)
+        renumber[keep] = np.arange(keep.size)
+        gt_labels = renumber[gt_labels]
+        n_gt = keep.size
+    predicted = (np.asarray(prediction, bool) & valid).view(np.uint8)
+    n_pred, pred_labels, pred_stats, _ = cv2.connectedComponentsWithStats(predicted, connectivity=8)
+    kept = np.flatnonzero(pred_stats[:, cv2.CC_STAT_AREA] >= min_pred)
+    kept = kept[kept > 0]
+    renumber = np.zeros(n_pred, np.int32)
+    renumber[kept] = np.arange(1, kept.size + 1)
+    pred_labels = renumber[pred_labels]
+    # contingency[k, c]: pixels of ground-truth component k (0: none) in predicted component c (0: none)
+    contingency = np.bincount((gt_labels.astype(np.int64) * (kept.size + 1) + pred_labels).ravel(),
+                              minlength=n_gt * (kept.size + 1)).reshape(n_gt, kept.size + 1)[:, 1:]
+    area_pred = contingency.sum(axis=0)
+    in_truth = contingency[1:]  # (ground-truth components, predicted components)
+    touches = in_truth > 0
+    inter = in_truth.sum(axis=1)  # |k ∩ K|: k's pixels in the predicted components touching it
+    union_area = touches @ area_pred  # |K|
+    other = touches @ in_truth.sum(axis=0) - inter  # |A(k)|: K's pixels in other ground-truth components
+    area_gt = np.bincount(gt_labels.ravel(), minlength=n_gt)[1:]
+    denominator = area_gt + union_area - inter - other
+    siou = np.divide(inter, denominator, out=np.zeros(n_gt - 1), where=denominator > 0)
+    ppv = np.divide(in_truth.sum(axis=0), area_pred, out=np.zeros(kept.size), where=area_pred > 0)
+    return siou, ppv
+
+
+class ComponentAccumulator:
+    """Streaming component-level metrics at one score ``threshold`` (a pixel is predicted OOD iff its score
+    >= threshold), for a ``preset`` (``anomaly`` or ``obstacle``) or explicit ``min_pred`` / ``min_gt``.
+
+    ``threshold_source`` says where the threshold came from, and travels with the results: ``"committed"`` (chosen
+    on a tuning set, the default and the honest choice) or ``"oracle"`` (the best on the test set itself, as
+    SMIYC's own evaluation does; always reported as such).
+    """
+
+    def __init__(self, threshold, preset="anomaly", *, min_pred=None, min_gt=None, threshold_source="committed"):
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+        if threshold_source not in ("committed", "oracle"):
+            raise ValueError(f"threshold_source must be 'committed' or 'oracle', got {threshold_source!r}")
+        self.threshold = float(threshold)
+        self.min_pred = PRESETS[preset]["min_pred"] if min_pred is None else int(min_pred)
+        self.min_gt = PRESETS[preset]["min_gt"] if min_gt is None else int(min_gt)
+        self.preset, self.threshold_source = preset, threshold_source
+        self.tp = np.zeros(len(TAUS), np.int64)
+        self.fn = np.zeros(len(TAUS), np.int64)
+        self.fp = np.zeros(len(TAUS), np.int64)
+        self.siou_sum = self.ppv_sum = 0.0
+        self.n_gt = self.n_pred = self.n_frames = 0
+
+    def update(self, scores, labels):
+        """Add frames: ``scores`` (H, W) or (N, H, W) real numbers (numpy or torch), ``labels`` the OOD masks."""
+        scores, labels = (x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x) for x in (scores, labels))
+        if scores.shape != labels.shape or scores.ndim not in (2, 3):
+            raise ValueError(f"scores {scores.shape} and labels {labels.shape} must be (H, W) or (N, H, W) alike")
+        for score, label in zip(*((scores, labels) if scores.ndim == 3 else ([scores], [labels]))):
+            siou, ppv = frame_components(score >= self.threshold, label, min_pred=self.min_pred, min_gt=self.min_gt)
+            taus = np.array(TAUS)[:, None]
+            self.tp += (siou[None] >= taus).sum(axis=1)
+            self.fn += (siou[None] < taus).sum(axis=1)
+            self.fp += (ppv[None] < taus).sum(axis=1)
+            self.siou_sum += float(siou.sum())
+            self.ppv_sum += float(ppv.sum())
+            self.n_gt += siou.size
+            self.n_pred += ppv.size
+            self.n_frames += 1
+        return self
+
+    def compute(self):
+        """mean sIoU, mean PPV, F1 at 0.25 / 0.50 / 0.75, F1* (NaN where undefined), the counts per tau, the
+        threshold and where it came from."""
+        denominator = 2 * self.tp + self.fn + self.fp
+        f1 = np.divide(2 * self.tp, denominator, out=np.full(len(TAUS), np.nan), where=denominator > 0)
+        return {"siou": self.siou_sum / self.n_gt if self.n_gt else float("nan"),
+                "ppv": self.ppv_sum / self.n_pred if self.n_pred else float("nan"),
+                "f1_25": float(f1[0]), "f1_50": float(f1[5]), "f1_75": float(f1[10]), "f1_star": float(np.mean(f1)),
+                "taus": list(TAUS), "tp": self.tp.tolist(), "fn": self.fn.tolist(), "fp": self.fp.tolist(),
+                "n_gt_components": self.n_gt, "n_pred_components": self.n_pred, "n_frames": self.n_frames,
+                "threshold": self.threshold, "threshold_source": self.threshold_source,
+                "min_pred": self.min_pred, "min_gt": self.min_gt}
+
+
+def best_f1_threshold(result):
+    """The pixel threshold of best pixel F1 = 2 TP / (2 TP + FP + FN) from a pixel accumulator's ``compute()``
+    (the lowest of equals): SMIYC's choice on its test set; on a tuning set, a committed threshold."""
+    tp, fp, fn = (np.asarray(result[k], np.float64) for k in ("tp", "fp", "fn"))
+    f1 = np.divide(2 * tp, 2 * tp + fp + fn, out=np.zeros_like(tp), where=(2 * tp + fp + fn) > 0)
+    return float(np.asarray(result["thresholds"])[int(np.argmax(f1))])

@@ -1,0 +1,144 @@
+"""Component-level metrics against a naive reference written from the definition (scipy-free: a flood fill),
+on hand-drawn cases and random ones."""
+
+import numpy as np
+import pytest
+
+from segood.labels import IGNORE, OOD
+from segood.metrics import FloatOrderAccumulator
+from segood.metrics.components import TAUS, ComponentAccumulator, best_f1_threshold, frame_components
+
+
+def naive_components(mask):
+    """8-connected components of a bool mask by flood fill: a list of boolean masks."""
+    seen = np.zeros(mask.shape, bool)
+    out = []
+    h, w = mask.shape
+    for y0, x0 in zip(*np.nonzero(mask)):
+        if seen[y0, x0]:
+            continue
+        component = np.zeros(mask.shape, bool)
+        stack = [(y0, x0)]
+        seen[y0, x0] = True
+        while stack:
+            y, x = stack.pop()
+            component[y, x] = True
+            for dy in (-1, 0, 1):
+                for dx in (-1, 0, 1):
+                    yy, xx = y + dy, x + dx
+                    if 0 <= yy < h and 0 <= xx < w and mask[yy, xx] and not seen[yy, xx]:
+                        seen[yy, xx] = True
+                        stack.append((yy, xx))
+        out.append(component)
+    return out
+
+
+def naive_frame(prediction, ood_mask, min_pred, min_gt):
+    valid = ood_mask != IGNORE
+    truth = [k for k in naive_components(ood_mask == OOD)]
+    for k in truth:
+        if k.sum() < min_gt:
+            valid &= ~k
+    truth = [k for k in truth if k.sum() >= min_gt]
+    predicted = [c for c in naive_components(prediction & valid) if c.sum() >= min_pred]
+    ood = np.zeros(ood_mask.shape, bool)
+    for k in truth:
+        ood |= k
+    siou = []
+    for k in truth:
+        touching = [c for c in predicted if (c & k).any()]
+        if not touching:
+            siou.append(0.0)
+            continue
+        union_pred = np.any(touching, axis=0)
+        others = union_pred & ood & ~k
+        siou.append((k & union_pred).sum() / ((k | union_pred) & ~others).sum())
+    ppv = [(c & ood).sum() / c.sum() for c in predicted]
+    return np.array(siou), np.array(ppv)
+
+
+def check(prediction, ood_mask, min_pred=1, min_gt=1):
+    got = frame_components(prediction, ood_mask, min_pred=min_pred, min_gt=min_gt)
+    want = naive_frame(prediction, ood_mask, min_pred, min_gt)
+    for g, w in zip(got, want):  # component order may differ: compare sorted values
+        np.testing.assert_allclose(np.sort(g), np.sort(w), rtol=1e-12)
+    return got
+
+
+def test_hand_drawn_cases():
+    truth = np.zeros((20, 30), np.uint8)
+    truth[2:6, 2:6] = OOD  # A: 16 px
+    truth[2:6, 10:14] = OOD  # B: 16 px
+    truth[14:18, 20:28] = OOD  # C: 32 px, nothing predicts it
+    truth[0, 29] = OOD  # a 1-px component: ignore with min_gt 2
+    truth[10, :] = IGNORE
+    prediction = np.zeros(truth.shape, bool)
+    prediction[3:5, 4:12] = True  # one predicted component touching A and B
+    prediction[12:14, 0:3] = True  # one touching nothing
+    prediction[9:12, 25:28] = True  # crosses the ignore row: split in two by it
+    siou, ppv = check(prediction, truth, min_gt=2)
+    # A: |A ∩ K| = 4, K = 16 px of which 4 in B (= A(k)): (16 + 16 - 4 - 4) = 24 -> 4/24
+    assert sorted(siou.tolist()) == pytest.approx(sorted([4 / 24, 4 / 24, 0.0]))
+    assert sorted(ppv.tolist()) == pytest.approx(sorted([8 / 16, 0.0, 0.0, 0.0]))
+    siou, ppv = check(prediction, truth, min_pred=7, min_gt=2)  # only the 16-px component survives
+    assert ppv.tolist() == [0.5]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_frames_equal_the_naive_reference(seed):
+    rng = np.random.default_rng(seed)
+    truth = np.zeros((40, 50), np.uint8)
+    for _ in range(rng.integers(1, 6)):
+        y, x, h, w = rng.integers(0, 35), rng.integers(0, 45), rng.integers(1, 12), rng.integers(1, 12)
+        truth[y : y + h, x : x + w] = OOD
+    truth[rng.random(truth.shape) < 0.05] = IGNORE
+    scores = rng.random(truth.shape) + 0.6 * (truth == OOD)
+    for min_pred, min_gt in ((1, 1), (5, 3), (20, 10)):
+        check(scores > 0.9, truth, min_pred, min_gt)
+
+
+def test_accumulator_pools_counts_over_frames():
+    rng = np.random.default_rng(1)
+    frames = []
+    for _ in range(3):
+        truth = np.zeros((40, 50), np.uint8)
+        truth[5:15, 5:20] = OOD
+        truth[25:35, 30:45] = OOD
+        scores = rng.random(truth.shape) * 0.5 + 0.5 * (truth == OOD)
+        frames.append((scores, truth))
+    acc = ComponentAccumulator(0.6, min_pred=5, min_gt=5)
+    siou_all, ppv_all = [], []
+    for scores, truth in frames:
+        acc.update(scores, truth)
+        siou, ppv = naive_frame(scores >= 0.6, truth, 5, 5)
+        siou_all += siou.tolist()
+        ppv_all += ppv.tolist()
+    result = acc.compute()
+    tp = [sum(s >= t for s in siou_all) for t in TAUS]
+    fn = [sum(s < t for s in siou_all) for t in TAUS]
+    fp = [sum(p < t for p in ppv_all) for t in TAUS]
+    assert (result["tp"], result["fn"], result["fp"]) == (tp, fn, fp)
+    f1 = [2 * a / (2 * a + b + c) for a, b, c in zip(tp, fn, fp)]
+    assert result["f1_star"] == pytest.approx(np.mean(f1)) and result["f1_50"] == pytest.approx(f1[5])
+    assert result["siou"] == pytest.approx(np.mean(siou_all)) and result["ppv"] == pytest.approx(np.mean(ppv_all))
+    assert result["threshold_source"] == "committed" and result["n_frames"] == 3
+    obstacle = ComponentAccumulator(0.5, "obstacle")
+    assert (obstacle.min_pred, obstacle.min_gt) == (50, 10) and np.isnan(obstacle.compute()["f1_star"])
+
+
+def test_best_f1_threshold_is_the_pixel_f1_maximiser():
+    rng = np.random.default_rng(2)
+    labels = (rng.random(5000) < 0.2).astype(np.uint8)
+    scores = rng.random(5000) + 0.5 * labels
+    result = FloatOrderAccumulator(14).update(scores, labels).compute()
+    t = best_f1_threshold(result)
+    candidates = np.unique(scores)
+
+    def f1(threshold):
+        predicted = scores >= threshold
+        tp = np.sum(predicted & (labels == 1))
+        return 2 * tp / (2 * tp + np.sum(predicted & (labels == 0)) + np.sum(~predicted & (labels == 1)))
+
+    assert f1(t) >= max(f1(c) for c in candidates) - 1e-3  # binning at 2^-14 relative
+    with pytest.raises(ValueError, match="unknown preset"):
+        ComponentAccumulator(0.5, "road")
