@@ -1,6 +1,7 @@
 """The ``segood`` command line: ``segood SUBCOMMAND --help`` for each."""
 
 import argparse
+import json
 import sys
 
 import segood
@@ -114,11 +115,23 @@ def _evaluate(args):
     else:
         raise ValueError("give --checkpoint, or --arch, --encoder and --weights for a plain smp state dict")
     methods = None if args.methods == ["all"] else [get_method(name) for name in args.methods]
+    components = None
+    if args.components:
+        if not args.component_thresholds:
+            raise ValueError("--components needs --component-thresholds FILE.json: {method: threshold} chosen on a "
+                             "tuning set (or {method: {set: threshold}} with --oracle-thresholds)")
+        try:
+            thresholds = json.loads(args.component_thresholds.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{args.component_thresholds} is not a readable JSON file of thresholds ({err})") from None
+        components = {"preset": args.components, "thresholds": thresholds,
+                      "source": "oracle" if args.oracle_thresholds else "committed"}
     doc = evaluate(model, args.sets, methods, args.out, batch_size=args.batch_size, device=device,
                    num_thresholds=args.num_thresholds, mantissa_bits=args.mantissa_bits, resume=args.resume,
                    save_every=args.save_every,
                    progress=not args.quiet, skip_bad=args.skip_bad, fit_set=args.fit_set,
-                   checkpoint=args.checkpoint, feature_layer=args.feature_layer, verify=not args.no_verify)
+                   checkpoint=args.checkpoint, feature_layer=args.feature_layer, verify=not args.no_verify,
+                   components=components)
     if doc is not None:
         print((args.out / "results.md").read_text(), end="")
         print(f"\nwrote {args.out}/results.json, results.csv, results.md and figures/")
@@ -289,6 +302,12 @@ def build_parser():
     ev.add_argument("--save-every", type=int, default=20, help="batches between saved states (default 20)")
     ev.add_argument("--resume", action="store_true", help="continue a killed run from its saved state")
     ev.add_argument("--skip-bad", action="store_true", help="skip unreadable or corrupt frames instead of stopping")
+    ev.add_argument("--components", choices=("anomaly", "obstacle"),
+                    help="also the component-level metrics of SegmentMeIfYouCan with this preset's size filters")
+    ev.add_argument("--component-thresholds", type=Path, metavar="FILE",
+                    help="JSON {method: threshold} chosen on a tuning set (or {method: {set: threshold}})")
+    ev.add_argument("--oracle-thresholds", action="store_true",
+                    help="the thresholds were chosen on the test sets themselves: marked ORACLE in every report")
     ev.add_argument("--no-verify", action="store_true",
                     help="do not check frames against their set's sha256 digests (faster; corruption goes unseen)")
     ev.add_argument("--quiet", action="store_true")

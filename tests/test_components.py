@@ -142,3 +142,56 @@ def test_best_f1_threshold_is_the_pixel_f1_maximiser():
     assert f1(t) >= max(f1(c) for c in candidates) - 1e-3  # binning at 2^-14 relative
     with pytest.raises(ValueError, match="unknown preset"):
         ComponentAccumulator(0.5, "road")
+
+
+def test_component_metrics_in_an_evaluation_equal_the_accumulator(tmp_path):
+    import torch
+
+    from rawtrees import mixed_noise_sets
+    from segood.data.h5 import H5SegmentationDataset
+    from segood.evaluation import Evaluation, evaluate
+    from segood.models import build_model, preprocess
+
+    sets = mixed_noise_sets(tmp_path / "sets", kinds=("perlin",), seed=2, side=64)
+    torch.manual_seed(0)
+    model = build_model("pspnet", "resnet18").eval()
+    components = {"preset": "obstacle", "thresholds": {"entropy": 0.001}, "source": "committed"}
+    doc = evaluate(model, [sets / "perlin_mixed.h5"], ["entropy", "max_softmax"], tmp_path / "run",
+                   components=components, batch_size=2, progress=False, figures=False)
+    got = doc["results"]["entropy"]["perlin_mixed"]["components"]
+    reference = ComponentAccumulator(0.001, "obstacle")
+    for item in H5SegmentationDataset(sets / "perlin_mixed.h5"):
+        from segood.methods import get_method
+
+        reference.update(get_method("entropy").score(model, preprocess(item["image"][None]))[0], item["ood_mask"][None])
+    want = reference.compute()
+    assert got["tp"] == want["tp"] and got["fp"] == want["fp"] and got["n_frames"] == reference.n_frames == 4
+    assert "components" not in doc["results"]["max_softmax"]["perlin_mixed"]  # no threshold given for it
+    assert "## Component-level metrics (SMIYC" in (tmp_path / "run" / "results.md").read_text()
+    restored = Evaluation.load(tmp_path / "run" / "state.npz")  # saved and reloaded with the run
+    assert restored.comp[("entropy", "perlin_mixed")].compute()["tp"] == want["tp"]
+    with pytest.raises(ValueError, match="components must be"):
+        evaluate(model, [sets / "perlin_mixed.h5"], ["entropy"], tmp_path / "bad", components={"preset": "road",
+                                                                                             "thresholds": {}})
+
+
+def test_component_metrics_from_the_command_line(tmp_path, capsys):
+    import json
+
+    import torch
+
+    from rawtrees import mixed_noise_sets
+    from segood.cli import main
+    from segood.models import build_model, save_checkpoint
+
+    sets = mixed_noise_sets(tmp_path / "sets", kinds=("perlin",), seed=2, side=64)
+    torch.manual_seed(0)
+    save_checkpoint(tmp_path / "m.pt", build_model("pspnet", "resnet18"))
+    (tmp_path / "t.json").write_text(json.dumps({"entropy": {"perlin_mixed": 0.001}}))
+    base = ["evaluate", "--checkpoint", str(tmp_path / "m.pt"), "--sets", str(sets / "perlin_mixed.h5"),
+            "--methods", "entropy", "--quiet", "--components", "obstacle"]
+    assert main([*base, "--out", str(tmp_path / "a")]) == 2
+    assert "--components needs --component-thresholds" in capsys.readouterr().err
+    assert main([*base, "--component-thresholds", str(tmp_path / "t.json"), "--oracle-thresholds",
+                 "--out", str(tmp_path / "b")]) == 0
+    assert "thresholds oracle: ORACLE, chosen on the test set itself" in capsys.readouterr().out

@@ -10,7 +10,7 @@ import torch
 from segood.data.h5 import H5SegmentationDataset, set_identity
 from segood.evaluation.layout import RunFolder
 from segood.evaluation.report import write_report
-from segood.evaluation.runner import Evaluation, default_methods, run, run_identity
+from segood.evaluation.runner import Evaluation, component_spec, default_methods, run, run_identity
 from segood.io import write_json
 from segood.labels import NUM_CLASSES
 from segood.methods import get_method
@@ -38,7 +38,7 @@ def start_distributed(device=None):
 
 def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, device=None, num_thresholds=None,
              score_range=None, mantissa_bits=None, resume=False, save_every=20, progress=True, figures=True,
-             skip_bad=False, fit_set=None, checkpoint=None, feature_layer=None, verify=True):
+             skip_bad=False, fit_set=None, checkpoint=None, feature_layer=None, verify=True, components=None):
     """Evaluate pixel-level OOD methods of ``model`` on converted sets; writes ``out_dir`` and returns the
     results document (the content of results.json).
 
@@ -55,6 +55,9 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
             ``num_thresholds`` or ``score_range`` is given, the paper's linear grid (scores in the range).
         verify: check every frame against its set's manifest as it is read (a corrupt frame is an error naming
             it, or skipped with ``skip_bad``); False skips the check for speed.
+        components: component-level metrics (SegmentMeIfYouCan's) in the same pass: {"preset": "anomaly" or
+            "obstacle", "thresholds": {method: threshold, or {set: threshold}}, "source": "committed" (the
+            default: thresholds chosen on a tuning set) or "oracle" (chosen on each test set itself)}.
 
     Under ``torchrun`` (an initialised process group) each rank evaluates every world_size-th frame and the
     counts are all-reduced; rank 0 writes the outputs. Results equal a single-process run exactly.
@@ -81,6 +84,7 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
     methods = [get_method(m) if isinstance(m, str) else m for m in methods]
     grid = grid_spec(num_thresholds, score_range, mantissa_bits)
     make_accumulator(grid)  # a bad grid is refused before anything is written
+    components = component_spec(components)
     for method in methods:
         check_grid(method, grid)
         method.check(model)
@@ -95,7 +99,7 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
         "model": _model_identity(model, checkpoint),
         "sets": {name: {**set_identity(path), "frames": frames[name]} for name, path in sets.items()},
         "methods": {m.name: m.describe() for m in methods},
-        "config": {"grid": grid, "batch_size": batch_size},
+        "config": {"grid": grid, "batch_size": batch_size, **({"components": components} if components else {})},
     }
     folder = RunFolder(out_dir)
     _check_run_folder(folder, description)
@@ -104,7 +108,7 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
         write_json(folder.run, description)
     ev = run(model, sets, methods, folder.path, batch_size=batch_size, device=device, grid=grid,
              resume=resume, save_every=save_every, progress=progress and rank == 0, rank=rank, world_size=world,
-             skip_bad=skip_bad, verify=verify)
+             skip_bad=skip_bad, verify=verify, components=components)
     if rank != 0:
         return None
     if world > 1:

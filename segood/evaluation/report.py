@@ -47,6 +47,9 @@ def build_results(run, ev):
                 "id_to_ood_ratio": n_id / n_ood if n_ood else None,
                 "same_source_tuning": same_source_tuning(params, run["sets"][s]),
             }
+            if (m, s) in ev.comp:
+                results[m][s]["components"] = {k: _number(v) if isinstance(v, float) else v
+                                               for k, v in ev.comp[(m, s)].compute().items()}
             counts = ev.class_count[s]
             means = np.divide(ev.class_sum[(m, s)], counts, out=np.full(len(counts), np.nan), where=counts > 0)
             per_class[m][s] = {name: (None if np.isnan(v) else float(v)) for name, v in zip(CLASS_NAMES, means)}
@@ -146,6 +149,7 @@ def results_markdown(doc):
                     cells.append(f"**{text}**{flag}" if value is not None and value == best else text + flag)
                 lines.append(f"| {m} | " + " | ".join(cells) + " |")
             lines.append("")
+    lines += component_markdown(doc, sets)
     ratios = {s: doc["results"][next(iter(doc["results"]))][s]["id_to_ood_ratio"] for s in sets}
     lines.append("Sets: " + ", ".join(f"{s} (ID:OOD = {r:.2f}:1)" if r else f"{s} (no OOD pixels)"
                                       for s, r in ratios.items()) + ".")
@@ -244,6 +248,26 @@ def write_figures(figures, doc, ev):
                 if row == 0:
                     ax.set_title(title, fontsize=8)
         _save(fig, figures / _file_name(f"examples_{s}.png"))
+
+
+def component_markdown(doc, sets):
+    """A table of the component-level metrics (sIoU / PPV / F1*) per method and set, when the run has them."""
+    cells = {(m, s): r[s].get("components") for m, r in doc["results"].items() for s in sets}
+    present = [c for c in cells.values() if c]
+    if not present:
+        return []
+    source = {c["threshold_source"] for c in present}
+    title = (f"## Component-level metrics (SMIYC; ground truth >= {present[0]['min_gt']} px, predictions >= "
+             f"{present[0]['min_pred']} px; thresholds {' and '.join(sorted(source))}"
+             + (": ORACLE, chosen on the test set itself" if "oracle" in source else "") + ")")
+    lines = [title, "", "sIoU / PPV / F1* per method and set.", "",
+             "| method | " + " | ".join(sets) + " |", "|---|" + "---:|" * len(sets)]
+    for m in doc["results"]:
+        row = [cells[(m, s)] for s in sets]
+        if any(row):
+            lines.append(f"| {m} | " + " | ".join("–" if not c else " / ".join(
+                "–" if c[k] is None else f"{c[k]:.3f}" for k in ("siou", "ppv", "f1_star")) for c in row) + " |")
+    return lines + [""]
 
 
 def heat_limits(maps):

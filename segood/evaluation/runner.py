@@ -26,6 +26,7 @@ from segood.methods import METHODS, get_method
 from segood.methods.schedule import check_methods, score_batch
 from segood.methods.methods import served_heads
 from segood.metrics import PixelOODAccumulator, accumulator_from_state, grid_of, grid_spec, make_accumulator
+from segood.metrics.components import PRESETS, ComponentAccumulator
 from segood.models.network import preprocess
 
 EXAMPLES_PER_SET = 3
@@ -42,12 +43,17 @@ def default_methods(model, *, fitted=True):
 class Evaluation:
     """The mutable state of a run: accumulators, per-class sums, examples, timings, progress."""
 
-    def __init__(self, method_names, set_names, grid=None):
+    def __init__(self, method_names, set_names, grid=None, components=None):
         self.method_names, self.set_names = list(method_names), list(set_names)
         odd = [n for n in self.method_names + self.set_names if not n or "|" in n]
         if odd:
             raise ValueError(f"method and set names must be non-empty and free of '|' (the state's separator): {odd}")
         self.grid = grid or grid_spec()
+        self.components = components  # None, or {"preset", "thresholds": {method: t or {set: t}}, "source"}
+        self.comp = {(m, s): ComponentAccumulator(component_threshold(components, m, s), components["preset"],
+                                                  threshold_source=components["source"])
+                     for m in method_names for s in set_names
+                     if components and component_threshold(components, m, s) is not None}
         self.acc = {(m, s): make_accumulator(self.grid, per_image=True) for m in method_names
                     for s in set_names}
         self.class_sum = {(m, s): np.zeros(NUM_CLASSES) for m in method_names for s in set_names}
@@ -70,6 +76,8 @@ class Evaluation:
         self.class_count[set_name] += torch.bincount(class_index, minlength=NUM_CLASSES + 1)[:NUM_CLASSES].cpu().numpy()
         for name, score in scores.items():
             self.acc[(name, set_name)].update(score, labels, clip=clip)
+            if (name, set_name) in self.comp:
+                self.comp[(name, set_name)].update(score, ood_mask)
             weights = torch.nan_to_num(score.flatten().double(), nan=0.0, posinf=0.0, neginf=0.0)  # ±inf scores: 0
             self.class_sum[(name, set_name)] += torch.bincount(
                 class_index, weights=weights, minlength=NUM_CLASSES + 1)[:NUM_CLASSES].cpu().numpy()
@@ -85,13 +93,17 @@ class Evaluation:
 
     def arrays(self):
         out = {"meta": np.array(json.dumps({"methods": self.method_names, "sets": self.set_names,
-                                            "grid": self.grid, "seconds": self.seconds,
+                                            "grid": self.grid, "components": self.components,
+                                            "seconds": self.seconds,
                                             "images": self.images, "done": self.done,
                                             "skipped": self.skipped}))}
         for (m, s), acc in self.acc.items():
             for key, value in acc.state_dict().items():
                 out[f"acc|{m}|{s}|{key}"] = value
             out[f"cls|{m}|{s}"] = self.class_sum[(m, s)]
+        for (m, s), comp in self.comp.items():
+            for key, value in comp.state_arrays().items():
+                out[f"comp|{m}|{s}|{key}"] = value
         for s, count in self.class_count.items():
             out[f"clscount|{s}"] = count
         for (s, i), example in self.examples.items():
@@ -114,8 +126,10 @@ class Evaluation:
             grid = meta["grid"] if "grid" in meta else grid_spec(meta["num_thresholds"], meta["score_range"])
             if any(grid_of(a) != grid for a in accumulators.values()):
                 raise ValueError(f"an accumulator's thresholds differ from the run's grid {grid}")
-            ev = cls(methods, sets, grid)
+            ev = cls(methods, sets, grid, meta.get("components"))
             ev.acc = accumulators
+            for (m, s), comp in ev.comp.items():
+                comp.load_state({k: arrays[f"comp|{m}|{s}|{k}"] for k in ("taus", "sums", "counts")})
             ev.images, ev.done = (_frame_counts(meta[key], sets, key) for key in ("images", "done"))
             if not isinstance(meta["seconds"], dict) or not all(
                     isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
@@ -131,7 +145,7 @@ class Evaluation:
             for s in sets:
                 ev.class_count[s] = _array(arrays[f"clscount|{s}"], (NUM_CLASSES,), np.int64, counts=True)
             for key in arrays:
-                if key.startswith("ex|"):
+                if key.startswith("ex|") and key.count("|") == 3:
                     _, s, i, field = key.split("|")
                     if s not in sets or not i.isdigit():
                         raise ValueError(f"example {key!r} belongs to no set of the run")
@@ -156,6 +170,8 @@ class Evaluation:
         for key in self.acc:
             self.acc[key].merge(other.acc[key])
             self.class_sum[key] += other.class_sum[key]
+        for key, comp in self.comp.items():
+            comp.merge(other.comp[key])
         for s in self.set_names:
             self.class_count[s] += other.class_count[s]
             self.images[s] += other.images[s]
@@ -187,7 +203,36 @@ class Evaluation:
         for s in self.set_names:
             self.images[s] = int(round(flat[k]))
             k += 1
+        for comp in self.comp.values():  # counts and sums of the component metrics (float64 holds them exactly)
+            arrays = comp.state_arrays()
+            tensor = torch.from_numpy(np.concatenate([arrays["taus"].ravel(), arrays["counts"]]).astype(np.float64))
+            sums = torch.from_numpy(arrays["sums"]).to(device)
+            tensor = tensor.to(device)
+            dist.all_reduce(tensor)
+            dist.all_reduce(sums)
+            counts = np.rint(tensor.cpu().numpy()).astype(np.int64)
+            comp.load_state({"taus": counts[:-3].reshape(3, -1), "counts": counts[-3:], "sums": sums.cpu().numpy()})
         return self
+
+
+def component_spec(components):
+    """The component-metrics spec of a run, checked: {"preset": "anomaly" | "obstacle", "thresholds": {method:
+    threshold, or {set: threshold}}, "source": "committed" (chosen on a tuning set; the default) or "oracle"
+    (chosen on each test set itself, e.g. with segood.metrics.components.best_f1_threshold)}."""
+    if components is None:
+        return None
+    preset, thresholds = components.get("preset", "anomaly"), components.get("thresholds")
+    source = components.get("source", "committed")
+    if preset not in PRESETS or source not in ("committed", "oracle") or not isinstance(thresholds, dict):
+        raise ValueError(f"components must be {{'preset': one of {sorted(PRESETS)}, 'thresholds': {{method: threshold "
+                         f"or {{set: threshold}}}}, 'source': 'committed' or 'oracle'}}, got {components!r}")
+    return {"preset": preset, "thresholds": thresholds, "source": source}
+
+
+def component_threshold(components, method, set_name):
+    """The threshold of ``method`` on ``set_name`` (None: no component metrics for it)."""
+    value = components["thresholds"].get(method) if components else None
+    return value.get(set_name) if isinstance(value, dict) else value
 
 
 def _array(value, shape, dtype, *, counts=False):
@@ -234,7 +279,7 @@ class UnreadableFrame(ValueError):
 
 
 def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, resume=False,
-        save_every=20, progress=True, rank=0, world_size=1, skip_bad=False, seed=0, verify=True):
+        save_every=20, progress=True, rank=0, world_size=1, skip_bad=False, seed=0, verify=True, components=None):
     """Evaluate ``methods`` (method objects) of ``model`` on ``sets`` ({name: .h5 path}); returns the
     :class:`Evaluation` (all-reduced over ranks). Writes ``state.npz`` (per rank) in ``out_dir``.
 
@@ -255,7 +300,7 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, 
             raise ValueError(f"{state_path} holds a run of methods {ev.method_names} on sets {ev.set_names} (grid "
                              f"{ev.grid}), not {names} on {list(sets)}: use another --out or drop --resume")
     else:
-        ev = Evaluation(names, list(sets), grid)
+        ev = Evaluation(names, list(sets), grid, components)
     model.eval()
     PixelOODAccumulator().update(np.zeros(1, np.float32), np.zeros(1, np.uint8))  # load the numba kernel once
     for set_index, (set_name, dataset) in enumerate(datasets.items()):

@@ -108,6 +108,31 @@ class ComponentAccumulator:
             self.n_frames += 1
         return self
 
+    def merge(self, other):
+        """Add another accumulator's counts (same threshold and sizes); returns self."""
+        if (self.threshold, self.min_pred, self.min_gt) != (other.threshold, other.min_pred, other.min_gt):
+            raise ValueError("cannot merge component accumulators with different thresholds or size filters")
+        for key in ("tp", "fn", "fp", "siou_sum", "ppv_sum", "n_gt", "n_pred", "n_frames"):
+            setattr(self, key, getattr(self, key) + getattr(other, key))
+        return self
+
+    def state_arrays(self):
+        """The counts as plain arrays: (3, 11) int64 TP / FN / FP per tau, the two sums, the three counts."""
+        return {"taus": np.stack([self.tp, self.fn, self.fp]), "sums": np.array([self.siou_sum, self.ppv_sum]),
+                "counts": np.array([self.n_gt, self.n_pred, self.n_frames], np.int64)}
+
+    def load_state(self, arrays):
+        """Restore :meth:`state_arrays` output, checked (shapes, non-negative integer counts, finite sums)."""
+        taus, sums, counts = (np.asarray(arrays[k]) for k in ("taus", "sums", "counts"))
+        if taus.shape != (3, len(TAUS)) or counts.shape != (3,) or sums.shape != (2,) \
+                or not (np.issubdtype(taus.dtype, np.integer) and np.issubdtype(counts.dtype, np.integer)) \
+                or (taus < 0).any() or (counts < 0).any() or not np.isfinite(sums).all():
+            raise ValueError("a component state must hold (3, 11) and (3,) non-negative counts and 2 finite sums")
+        self.tp, self.fn, self.fp = (taus[k].astype(np.int64) for k in range(3))
+        self.siou_sum, self.ppv_sum = (float(v) for v in sums)
+        self.n_gt, self.n_pred, self.n_frames = (int(v) for v in counts)
+        return self
+
     def compute(self):
         """mean sIoU, mean PPV, F1 at 0.25 / 0.50 / 0.75, F1* (NaN where undefined), the counts per tau, the
         threshold and where it came from."""
