@@ -1,4 +1,6 @@
-"""Private histogram kernels: plain arrays in, counts out. The public wrapper validates and converts.
+"""Private histogram kernels: plain arrays in, counts out. The public wrappers validate and convert.
+
+The linear grid's kernels come first, the float-order grid's after them.
 
 Both kernels put every counted pixel in bin ``j`` = (number of thresholds ``t`` with ``float64(score) >= t``)
 - 1, so the pixel is predicted OOD at thresholds ``0..j`` and the per-threshold counts are reverse cumulative
@@ -403,8 +405,8 @@ def _scratch(m):
 
 
 def float_histogram_numpy(scores, labels, m, threads, initial_slots=8):
-    """Run the float-order kernel on ``threads`` chunks in parallel (the float32 kernel for float32 scores with
-    m <= 14, the general one otherwise).
+    """Run the float-order kernels on ``threads`` chunks in parallel: the float32 kernel for float32 scores, the
+    general one (a binade lookup per pixel) for float64.
 
     Returns (binades (k,) int64 sorted, counts (k, 2, 2^m) int64, problems (3,) int64): the counts of every
     binade some pixel fell in.
