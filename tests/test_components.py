@@ -195,3 +195,22 @@ def test_component_metrics_from_the_command_line(tmp_path, capsys):
     assert main([*base, "--component-thresholds", str(tmp_path / "t.json"), "--oracle-thresholds",
                  "--out", str(tmp_path / "b")]) == 0
     assert "thresholds oracle: ORACLE, chosen on the test set itself" in capsys.readouterr().out
+
+
+def test_combined_runs_keep_their_component_metrics(tmp_path):
+    import torch
+
+    from rawtrees import mixed_noise_sets
+    from segood.evaluation import combine_runs, evaluate
+    from segood.models import build_model
+
+    sets = mixed_noise_sets(tmp_path / "sets", kinds=("perlin",), seed=2, side=64)
+    torch.manual_seed(0)
+    model = build_model("pspnet", "resnet18").eval()
+    runs = []
+    for method in ("entropy", "max_softmax"):
+        runs.append(tmp_path / method)
+        evaluate(model, [sets / "perlin_mixed.h5"], [method], runs[-1], progress=False, figures=False,
+                 components={"preset": "obstacle", "thresholds": {method: 0.001}})
+    doc = combine_runs(runs, tmp_path / "combined", figures=False)
+    assert all("components" in doc["results"][m]["perlin_mixed"] for m in ("entropy", "max_softmax"))

@@ -91,9 +91,14 @@ def combine_runs(run_dirs, out_dir, *, figures=True):
         raise ValueError(f"method names repeat across the runs: {names}")
     if any(ev.grid != states[0].grid for ev in states):
         raise ValueError(f"runs on different threshold grids cannot be combined: {[ev.grid for ev in states]}")
-    combined = Evaluation(names, sets, states[0].grid)
+    specs = [ev.components for ev in states if ev.components]
+    if len({(c["preset"], c["source"]) for c in specs}) > 1:
+        raise ValueError("runs whose component metrics differ in preset or threshold source cannot be combined")
+    components = {**specs[0], "thresholds": {m: t for c in specs for m, t in c["thresholds"].items()}} if specs else None
+    combined = Evaluation(names, sets, states[0].grid, components)
     for ev in states:
         combined.acc.update(ev.acc)
+        combined.comp.update(ev.comp)
         combined.class_sum.update(ev.class_sum)
         for key, example in ev.examples.items():
             combined.examples.setdefault(key, {}).update(example)
