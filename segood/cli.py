@@ -101,19 +101,45 @@ def _miou(args):
     return 0
 
 
+def _model(args):
+    from segood.models import load_model, load_smp_weights
+
+    if args.checkpoint:
+        return load_model(args.checkpoint)[0]
+    if args.weights and args.arch and args.encoder:
+        return load_smp_weights(args.arch, args.encoder, args.weights)
+    raise ValueError("give --checkpoint, or --arch, --encoder and --weights for a plain smp state dict")
+
+
+def _export(args):
+    import torch
+
+    from segood.data.h5 import H5SegmentationDataset
+    from segood.evaluation.exchange import export_scores
+    from segood.methods import get_method
+
+    model = _model(args)
+    methods = [get_method(name) for name in args.methods]
+    for method in methods:
+        if method.needs.fit:
+            if not args.fit_set:
+                raise ValueError(f"{method.name} needs its training statistics: pass --fit-set")
+            method.fit(model, torch.utils.data.DataLoader(H5SegmentationDataset(args.fit_set), batch_size=2),
+                       progress=not args.quiet)
+    written = export_scores(model, {p.stem: p for p in args.sets}, methods, args.out, layout=args.layout,
+                            batch_size=args.batch_size, device=args.device, progress=not args.quiet)
+    for (method, set_name), path in written.items():
+        print(f"{method} on {set_name}: {path}")
+    return 0
+
+
 def _evaluate(args):
     from segood.evaluation import evaluate
     from segood.evaluation.api import start_distributed
     from segood.methods import get_method
-    from segood.models import load_model, load_smp_weights
 
     device = start_distributed(args.device)
-    if args.checkpoint:
-        model, _ = load_model(args.checkpoint)
-    elif args.weights and args.arch and args.encoder:
-        model = load_smp_weights(args.arch, args.encoder, args.weights)
-    else:
-        raise ValueError("give --checkpoint, or --arch, --encoder and --weights for a plain smp state dict")
+    model = _model(args)
     methods = None if args.methods == ["all"] else [get_method(name) for name in args.methods]
     components = None
     if args.components:
@@ -313,6 +339,24 @@ def build_parser():
     ev.add_argument("--quiet", action="store_true")
     ev.set_defaults(run=_evaluate)
 
+    export = sub.add_parser("export", help="score sets with methods and write the score maps (segood, SMIYC or "
+                                           "Fishyscapes layout)")
+    export.add_argument("--checkpoint", type=Path, help="a segood checkpoint")
+    export.add_argument("--arch", help="with --encoder and --weights: a plain smp model and its state dict")
+    export.add_argument("--encoder")
+    export.add_argument("--weights", type=Path)
+    export.add_argument("--sets", type=Path, nargs="+", required=True, help="converted sets (.h5)")
+    export.add_argument("--methods", nargs="+", required=True, choices=list(METHODS), metavar="METHOD")
+    export.add_argument("--fit-set", type=Path, help="converted training set for the methods that need a fit")
+    export.add_argument("--layout", choices=("segood", "smiyc", "fishyscapes"), default="segood",
+                        help="segood: OUT/<method>/<set>.h5 (segood score reads it); smiyc: OUT/anomaly_p/<method>/"
+                             "<set>/<fid>.hdf5; fishyscapes: OUT/<method>/<set>/<fid>_anomaly.npy")
+    export.add_argument("--out", type=Path, required=True)
+    export.add_argument("--batch-size", type=int, default=2)
+    export.add_argument("--device")
+    export.add_argument("--quiet", action="store_true")
+    export.set_defaults(run=_export)
+
     report = sub.add_parser("report", help="rebuild a run's tables and figures from its saved state")
     report.add_argument("run_dir", type=Path, metavar="RUN", help="a run folder written by segood evaluate")
     report.add_argument("--combine", type=Path, nargs="+", metavar="RUN",
@@ -321,7 +365,9 @@ def build_parser():
     report.set_defaults(run=_report)
 
     score = sub.add_parser("score", help="evaluate per-pixel score maps computed elsewhere (HDF5)")
-    score.add_argument("--scores", type=Path, required=True, help="HDF5: one H×W dataset per frame id")
+    score.add_argument("--scores", type=Path, required=True,
+                       help="segood's HDF5 (one H×W dataset per frame id), or a folder of SMIYC <fid>.hdf5 or "
+                            "Fishyscapes <fid>_anomaly.npy files")
     score.add_argument("--data", type=Path, required=True, help="the converted set the scores belong to")
     score.add_argument("--out", type=Path, required=True)
     score.add_argument("--name", default="external", help="the method's name in the tables")

@@ -8,6 +8,7 @@ import h5py
 import torch
 
 from segood.data.h5 import H5SegmentationDataset, set_identity
+from segood.evaluation.exchange import ScoreMaps
 from segood.evaluation.layout import RunFolder
 from segood.evaluation.report import write_report
 from segood.evaluation.runner import Evaluation, component_spec, default_methods, run, run_identity
@@ -120,48 +121,34 @@ def evaluate_score_maps(scores_path, data_path, out_dir, *, name="external", sco
                         mantissa_bits=None, clip=False, figures=True, verify=True):
     """Evaluate per-pixel scores computed elsewhere.
 
-    ``scores_path``: HDF5 with one dataset per frame id of the set (H×W, any real dtype, higher = more OOD).
-    On the float-order grid (the default) any real score is binned; a declared range (``score_range``, or the
-    file's root attribute ``score_range``) is checked. With ``num_thresholds`` the paper's linear grid is used,
-    on the declared range. Missing or extra frame ids, shape mismatches and out-of-range values are errors that
-    name the frames.
+    ``scores_path``: the score maps of every frame of the set (H×W, any real dtype, higher = more OOD) in one of
+    the layouts of :mod:`segood.evaluation.exchange`: segood's HDF5 file (one dataset per frame id), a folder of
+    SegmentMeIfYouCan's ``<fid>.hdf5`` files or of Fishyscapes' ``<fid>_anomaly.npy`` files. On the float-order
+    grid (the default) any real score is binned; a declared range (``score_range``, or the segood file's root
+    attribute ``score_range``) is checked. With ``num_thresholds`` the paper's linear grid is used, on the
+    declared range. Missing, extra or unreadable frames, shape mismatches and out-of-range values are errors that
+    name the frames and files.
     """
     dataset = _open_set(data_path, verify)
     set_name = Path(data_path).stem
-    try:
-        scores_file = h5py.File(scores_path, "r")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"no score file {scores_path}") from None
-    except OSError as err:
-        raise ValueError(f"{scores_path} is not a readable HDF5 score file ({err}); write one dataset of H×W scores "
-                         "per frame id") from None
-    with scores_file as scores:
-        if score_range is None and "score_range" in scores.attrs:
-            score_range = tuple(float(v) for v in scores.attrs["score_range"])
+    with ScoreMaps(scores_path, _frame_ids(data_path)) as maps:
+        score_range = score_range or maps.score_range
         if num_thresholds is not None and score_range is None:
-            raise ValueError(f"{scores_path} declares no score_range attribute, which the linear grid needs: pass "
-                             "--score-range LO HI, or drop --num-thresholds (the float-order grid needs no range)")
+            raise ValueError(f"{scores_path} declares no score_range, which the linear grid needs: pass --score-range "
+                             "LO HI, or drop --num-thresholds (the float-order grid needs no range)")
         linear = num_thresholds is not None
         grid = grid_spec(num_thresholds, score_range if linear else None, None if linear else mantissa_bits)
         make_accumulator(grid)
         if clip and not linear:
             raise ValueError("clip has no meaning on the float-order grid (every real score has a bin): drop "
                              "--clip, or use the linear grid with --num-thresholds")
-        frame_ids = _frame_ids(data_path)
-        stored = []
-        scores.visititems(lambda key, obj: stored.append(key) if isinstance(obj, h5py.Dataset) else None)
-        missing = sorted(set(frame_ids) - set(stored))
-        extra = sorted(set(stored) - set(frame_ids))
-        if missing or extra:
-            raise ValueError(f"score maps do not match {set_name}: missing {_some(missing)}, extra {_some(extra)}")
         ev = Evaluation([name], [set_name], grid)
         if not linear and score_range is not None:  # a declared range is checked, not a grid
             for acc in ev.acc.values():
                 acc.score_range = tuple(score_range)
-        for index, frame_id in enumerate(frame_ids):
+        for index, frame_id in enumerate(maps.frame_ids):
             item = dataset[index]
-            score = scores[frame_id][...]
-            score = score.astype(score.dtype.newbyteorder("="), copy=False)  # big-endian files too
+            score = maps[frame_id]
             if score.shape != tuple(item["ood_mask"].shape):
                 raise ValueError(f"frame {frame_id}: scores of shape {score.shape}, the set's frames are "
                                  f"{tuple(item['ood_mask'].shape)}")
@@ -171,7 +158,8 @@ def evaluate_score_maps(scores_path, data_path, out_dir, *, name="external", sco
             except (ValueError, TypeError) as err:
                 raise ValueError(f"frame {frame_id}: {err}") from None
     description = {"toolkit": run_identity(),
-                   "model": {"score_maps": str(scores_path), "sha256": _sha256(scores_path)},
+                   "model": {"score_maps": str(scores_path), "layout": maps.layout,
+                             "sha256": _sha256(scores_path)},
                    "sets": {set_name: {**set_identity(data_path), "frames": len(dataset)}},
                    "methods": {name: {"name": name, "params": {"score_range": list(score_range) if score_range else None},
                                       "uses_ood_data": None}},
@@ -238,10 +226,15 @@ def _weights_sha256(model):
 
 
 def _sha256(path):
+    """sha256 of a file, or of a folder's files (names and contents, in sorted order)."""
+    path = Path(path)
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    for file in sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]:
+        if path.is_dir():
+            digest.update(file.relative_to(path).as_posix().encode())
+        with open(file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
     return digest.hexdigest()
 
 

@@ -1,0 +1,175 @@
+"""Score maps in and out: segood's own file, SegmentMeIfYouCan's inference output and Fishyscapes' layout.
+
+Layouts (``LAYOUTS``), for the frames of one converted set:
+- ``segood``: one HDF5 file, one H×W dataset per frame id of the set (optional root attribute ``score_range``);
+- ``smiyc``: a folder of ``<fid>.hdf5`` files with the H×W scores in the dataset ``value`` (float16), as
+  SegmentMeIfYouCan's ``Evaluation.save_output`` writes them under ``outputs/anomaly_p/<method>/<dataset>/``;
+- ``fishyscapes``: a folder of ``<fid>_anomaly.npy`` files (H×W), as the Fishyscapes server expects.
+In the two folder layouts ``<fid>`` is the last component of segood's frame id (``val/x/frame_7`` -> ``frame_7``).
+Every missing, extra, unreadable or misshapen file is an error that names the frame and the path.
+"""
+
+from contextlib import ExitStack
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+from tqdm import tqdm
+
+LAYOUTS = ("segood", "smiyc", "fishyscapes")
+_SUFFIX = {"smiyc": ".hdf5", "fishyscapes": "_anomaly.npy"}
+
+
+def file_ids(frame_ids):
+    """{frame id: the name it has in the folder layouts}; a ValueError when two frames would share a name."""
+    names = {f: f.rsplit("/", 1)[-1] for f in frame_ids}
+    seen = {}
+    for frame_id, name in names.items():
+        if name in seen:
+            raise ValueError(f"frames {seen[name]!r} and {frame_id!r} would share the file name {name!r}: the folder "
+                             "layouts name files by the last part of the frame id; use the segood layout")
+        seen[name] = frame_id
+    return names
+
+
+def detect_layout(path):
+    """The layout of ``path``: a file is segood's; a folder is SMIYC's (``*.hdf5``) or Fishyscapes' (``*_anomaly.npy``)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no score file or folder {path}")
+    if path.is_file():
+        return "segood"
+    if any(path.glob("*_anomaly.npy")):
+        return "fishyscapes"
+    if any(path.glob("*.hdf5")):
+        return "smiyc"
+    raise ValueError(f"{path} holds neither <fid>.hdf5 files (SegmentMeIfYouCan) nor <fid>_anomaly.npy files "
+                     "(Fishyscapes)")
+
+
+class ScoreMaps:
+    """Read access to the score maps of one set's frames in any layout: ``maps[frame_id]`` -> (H, W) array in
+    native byte order; ``score_range`` a declared range or None. Use as a context manager."""
+
+    def __init__(self, path, frame_ids):
+        self.path, self.layout = Path(path), detect_layout(path)
+        self.frame_ids = list(frame_ids)
+        self.score_range, self.file = None, None
+        if self.layout == "segood":
+            try:
+                self.file = h5py.File(self.path, "r")
+            except OSError as err:
+                raise ValueError(f"{self.path} is not a readable HDF5 score file ({err}); write one dataset of H×W "
+                                 "scores per frame id") from None
+            if "score_range" in self.file.attrs:
+                self.score_range = tuple(float(v) for v in self.file.attrs["score_range"])
+            stored = []
+            self.file.visititems(lambda key, obj: stored.append(key) if isinstance(obj, h5py.Dataset) else None)
+        else:
+            self.names = file_ids(self.frame_ids)
+            suffix = _SUFFIX[self.layout]
+            stored_names = {p.name[: -len(suffix)] for p in self.path.glob(f"*{suffix}")}
+            by_name = {n: f for f, n in self.names.items()}
+            stored = [by_name.get(n, f"{n}{suffix}") for n in stored_names]
+        missing = sorted(set(self.frame_ids) - set(stored))
+        extra = sorted(set(stored) - set(self.frame_ids))
+        if missing or extra:
+            self.close()
+            raise ValueError(f"the score maps in {self.path} do not match the set: missing {_some(missing)}, extra "
+                             f"{_some(extra)}")
+
+    def __getitem__(self, frame_id):
+        if self.layout == "segood":
+            score = self.file[frame_id][...]
+        else:
+            path = self.path / f"{self.names[frame_id]}{_SUFFIX[self.layout]}"
+            try:
+                if self.layout == "smiyc":
+                    with h5py.File(path, "r") as f:
+                        score = f["value"][...]
+                else:
+                    score = np.load(path, allow_pickle=False)
+            except (OSError, KeyError, ValueError, EOFError) as err:
+                raise ValueError(f"frame {frame_id}: {path} is not a readable {self.layout} score file "
+                                 f"({type(err).__name__}: {str(err)[:200]})") from None
+        if score.ndim != 2:
+            raise ValueError(f"frame {frame_id}: the scores in {self.path} have shape {score.shape}, not (H, W)")
+        return score.astype(score.dtype.newbyteorder("="), copy=False)  # big-endian files too
+
+    def close(self):
+        if self.file is not None:
+            self.file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=2, device=None, progress=True):
+    """Score every frame of ``sets`` ({name: converted set}) with ``methods`` and write the maps in ``layout``:
+    ``segood``: ``out_dir/<method>/<set>.h5``; ``smiyc``: ``out_dir/anomaly_p/<method>/<set>/<fid>.hdf5``
+    (float16, dataset ``value``); ``fishyscapes``: ``out_dir/<method>/<set>/<fid>_anomaly.npy`` (float32).
+    Every file is written atomically. Returns {(method, set): path written}."""
+    from segood.data.h5 import H5SegmentationDataset
+    from segood.io import atomic_output
+    from segood.methods.schedule import check_methods, score_batch
+    from segood.models.network import preprocess
+
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; choose one of {LAYOUTS}")
+    out_dir = Path(out_dir)
+    device = device or next(model.parameters()).device
+    model = model.to(device).eval()
+    check_methods(model, methods)
+    written = {}
+    for set_name, path in sets.items():
+        dataset = H5SegmentationDataset(path)
+        frame_ids = [dataset[i]["frame_id"] for i in range(len(dataset))] if layout != "segood" else None
+        names = file_ids(frame_ids) if frame_ids else None
+        targets = {m.name: _target(out_dir, layout, m.name, set_name) for m in methods}
+        with ExitStack() as stack:  # on an error the segood layout's temporary files are removed, nothing renamed
+            files = {}
+            if layout == "segood":
+                for m in methods:
+                    files[m.name] = stack.enter_context(h5py.File(stack.enter_context(atomic_output(targets[m.name])),
+                                                                  "w"))
+            loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size)
+            for batch in tqdm(loader, desc=f"export {set_name}", unit="batch", disable=not progress):
+                scored = score_batch(model, preprocess(batch["image"].to(device)), methods)
+                for method, scores in zip(methods, scored.scores):
+                    for frame_id, score in zip(batch["frame_id"], scores.float().cpu().numpy()):
+                        if layout == "segood":
+                            files[method.name].create_dataset(frame_id, data=score, compression="gzip",
+                                                              compression_opts=1)
+                        else:
+                            _write_file(layout, targets[method.name] / f"{names[frame_id]}{_SUFFIX[layout]}", score)
+        written.update({(m.name, set_name): targets[m.name] for m in methods})
+    return written
+
+
+def _target(out_dir, layout, method, set_name):
+    if layout == "segood":
+        return out_dir / method / f"{set_name}.h5"
+    if layout == "smiyc":
+        return out_dir / "anomaly_p" / method / set_name
+    return out_dir / method / set_name
+
+
+def _write_file(layout, path, score):
+    """One frame's file of a folder layout, written atomically."""
+    from segood.io import atomic_output
+
+    with atomic_output(path) as tmp:
+        if layout == "smiyc":
+            with h5py.File(tmp, "w") as f:
+                f.create_dataset("value", data=score.astype(np.float16), compression="gzip", compression_opts=9)
+        else:
+            with open(tmp, "wb") as f:
+                np.save(f, score.astype(np.float32), allow_pickle=False)
+
+
+def _some(names):
+    return "none" if not names else ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")

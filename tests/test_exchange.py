@@ -1,0 +1,76 @@
+"""Score maps in and out: export in each layout, score it back, and get the numbers of the run itself (segood,
+Fishyscapes) or of its float16-rounded scores (SMIYC stores float16); bad files named."""
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from segood.cli import main
+from segood.data.h5 import H5SegmentationDataset
+from segood.evaluation import evaluate, evaluate_score_maps
+from segood.evaluation.exchange import export_scores, file_ids
+from segood.methods import get_method
+from segood.metrics import make_accumulator
+from segood.models import build_model, preprocess, save_checkpoint
+
+from rawtrees import mixed_noise_sets
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = mixed_noise_sets(tmp_path_factory.mktemp("exchange"), kinds=("perlin",), seed=3)
+    torch.manual_seed(0)
+    model = build_model("pspnet", "resnet18").eval()
+    return root, model
+
+
+@pytest.mark.parametrize("layout", ["segood", "smiyc", "fishyscapes"])
+def test_export_then_score_round_trips(world, tmp_path, layout):
+    root, model = world
+    sets = {"perlin_mixed": root / "perlin_mixed.h5"}
+    written = export_scores(model, sets, [get_method("entropy"), get_method("max_logit")], tmp_path / "out",
+                            layout=layout, progress=False)
+    run = evaluate(model, sets, ["entropy", "max_logit"], tmp_path / "run", progress=False, figures=False)
+    for method in ("entropy", "max_logit"):
+        got = evaluate_score_maps(written[(method, "perlin_mixed")], sets["perlin_mixed"], tmp_path / f"s_{method}",
+                                  name=method, figures=False)["results"][method]["perlin_mixed"]["pooled"]
+        if layout == "smiyc":  # float16 files: equal to the run's scores rounded to float16
+            want = make_accumulator()
+            for item in H5SegmentationDataset(sets["perlin_mixed"]):
+                score = get_method(method).score(model, preprocess(item["image"][None]))[0]
+                want.update(score.half(), item["ood_mask"][None])
+            want = want.compute()
+        else:
+            want = run["results"][method]["perlin_mixed"]["pooled"]
+        for metric in ("auroc", "auprc", "fpr95", "max_iou"):
+            assert got[metric] == pytest.approx(want[metric], abs=1e-12)
+
+
+def test_folder_layouts_name_missing_extra_and_bad_files(world, tmp_path):
+    root, model = world
+    sets = {"perlin_mixed": root / "perlin_mixed.h5"}
+    out = export_scores(model, sets, [get_method("entropy")], tmp_path / "fishy", layout="fishyscapes",
+                        progress=False)[("entropy", "perlin_mixed")]
+    files = sorted(out.glob("*_anomaly.npy"))
+    files[0].rename(out / "somewhere_else_anomaly.npy")
+    with pytest.raises(ValueError, match=r"missing .*extra somewhere_else_anomaly.npy"):
+        evaluate_score_maps(out, sets["perlin_mixed"], tmp_path / "a")
+    (out / "somewhere_else_anomaly.npy").rename(files[0])
+    files[1].write_bytes(b"not an npy file")
+    with pytest.raises(ValueError, match=f"{files[1].name} is not a readable fishyscapes score file"):
+        evaluate_score_maps(out, sets["perlin_mixed"], tmp_path / "b")
+    with pytest.raises(ValueError, match="would share the file name"):
+        file_ids(["a/x", "b/x"])
+
+
+def test_export_and_score_from_the_command_line(world, tmp_path):
+    root, model = world
+    save_checkpoint(tmp_path / "m.pt", model)
+    assert main(["export", "--checkpoint", str(tmp_path / "m.pt"), "--sets", str(root / "perlin_mixed.h5"),
+                 "--methods", "entropy", "--layout", "smiyc", "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    folder = tmp_path / "out" / "anomaly_p" / "entropy" / "perlin_mixed"
+    with h5py.File(next(folder.glob("*.hdf5")), "r") as f:
+        assert f["value"].dtype == np.float16
+    assert main(["score", "--scores", str(folder), "--data", str(root / "perlin_mixed.h5"), "--out",
+                 str(tmp_path / "run")]) == 0
