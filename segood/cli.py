@@ -8,12 +8,14 @@ import segood
 
 
 def _demo(args):
-    from segood.demo import run_demo, summary_table
+    from segood.demo import COMPONENT_PRESET, component_table, run_demo, summary_table
 
     doc = run_demo(args.out, args.data, seed=args.seed, quick=args.quick, retrain=args.retrain,
                    progress=not args.quiet)
     table = summary_table(doc)
     print(table, end="")
+    print(f"\nComponent-level metrics (SMIYC, {COMPONENT_PRESET} preset), thresholds committed on the tuning set:\n")
+    print(component_table(doc), end="")
     print(f"\n† tuned on the SUN tune split, the same source as the sun test set. Full report: {args.out}/results.md, "
           f"figures in {args.out}/figures/, one run per head in {args.out}/<head>/. {doc['demo_seconds']} s.")
     if "≈" in table:

@@ -53,7 +53,8 @@ def test_confusion_matrix_and_miou_against_a_loop():
 def test_reduced_demo_end_to_end_with_the_shipped_checkpoints(tmp_path, capsys):
     code = main(["demo", "--quick", "--out", str(tmp_path / "run"), "--data", str(tmp_path / "data"), "--quiet"])
     assert code == 0
-    assert "| mahalanobis | sun |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| mahalanobis | sun |" in out and "Component-level metrics (SMIYC, obstacle preset)" in out
     doc = json.loads((tmp_path / "run/results.json").read_text())
     assert set(doc["results"]) == {"max_softmax", "odin", "entropy", "mahalanobis", "varsum", "mutual_info",
                                    "confidence", "max_logit", "energy", "sml"}
@@ -62,6 +63,7 @@ def test_reduced_demo_end_to_end_with_the_shipped_checkpoints(tmp_path, capsys):
         for r in by_set.values():
             assert all(0.0 <= r["pooled"][m] <= 1.0 for m in ("auroc", "auprc", "fpr95", "max_iou"))
             assert r["n_ood"] > 0 and r["n_id"] > 0
+            assert r["components"]["threshold_source"] == "committed" and r["components"]["min_pred"] == 50
     assert doc["results"]["odin"]["sun"]["same_source_tuning"] and not doc["results"]["odin"]["idd"]["same_source_tuning"]
     assert (tmp_path / "run/figures/metrics.png").stat().st_size > 10_000
 
