@@ -120,7 +120,7 @@ EXPECTED_REASONS = {
     "forged.zip": "claimed auroc 0.999 but the counts give",
     "tampered.zip": "do not match the set's pixels",
     "wrong_hash.zip": "another version of the set",
-    "pickle.zip": "needs unpickling",
+    "pickle.zip": "holds pickled objects",
     "pickle_member.zip": "unexpected members",
     "traversal.zip": "climbs out of the archive",
     "bomb.zip": "zip bomb",
@@ -158,7 +158,7 @@ def test_cli_round_trip(world, tmp_path, capsys):
     assert json.loads((tmp_path / "bench.json").read_text()) == json.loads((root / "bench.json").read_text())
     assert main(["leaderboard", str(tmp_path / "subs"), "--benchmark", str(tmp_path / "bench.json"), "--out",
                  str(tmp_path / "board")]) == 0
-    assert "| 1 | Entropy (cli) |" in capsys.readouterr().out
+    assert "| 1 | Entropy \\(cli\\) |" in capsys.readouterr().out
 
 
 def test_submissions_from_before_states_named_their_metrics_are_judged(world, tmp_path):
@@ -176,3 +176,57 @@ def test_submissions_from_before_states_named_their_metrics_are_judged(world, tm
             (tmp_path / "tmp.zip").replace(tmp_path / "subs" / "old.zip")
     board = leaderboard(tmp_path / "subs", root / "bench.json", tmp_path / "board")
     assert board["rejected"] == [] and len(board["tracks"]["noise"]["entries"]) == 1
+
+
+def test_hostile_strings_forged_flags_and_malformed_files(world, tmp_path):
+    """Issue 18's forgeries: every one rejected with what is wrong, or shown harmlessly."""
+    import subprocess
+    import sys
+
+    root, _ = world
+    good = root / "subs" / "entropy.zip"
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    # control characters (ESC/OSC/BEL, bidi) in the file name and a Markdown link in the method's name
+    rebuild(good, subs / "evil\x1b]0;owned\x07\u202e.zip", edit=lambda d: d["method"].update(name="Entropy (x)"))
+    rebuild(good, subs / "linked.zip", edit=lambda d: d["method"].update(description="[click](http://x.y)"))
+    # the same-source flag flipped off although the tuning provenance names the test set's source
+    def flip(d):
+        d["method"]["params"]["tuning"] = {"set": {"ood_sources": ["perlin_noise"]}}
+        for entry in d["sets"].values():
+            entry["same_source_tuning"] = False
+    rebuild(good, subs / "flipped.zip", edit=flip)
+    raw = zipfile.ZipFile(good).read("submission.json").decode()
+    replace_member(good, subs / "dupkeys.zip", "submission.json", raw.replace('{', '{"schema": "x", ', 1).encode())
+    replace_member(good, subs / "deep.zip", "submission.json", ("[" * 40 + "]" * 40).encode())
+    with zipfile.ZipFile(good) as a, zipfile.ZipFile(subs / "crc.zip", "w") as b:  # stored: bytes flipped below
+        for info in a.infolist():
+            b.writestr(info.filename, a.read(info))
+    data = bytearray((subs / "crc.zip").read_bytes())
+    at = data.find(b'"schema"')
+    data[at + 2] ^= 1
+    (subs / "crc.zip").write_bytes(bytes(data))
+    with zipfile.ZipFile(good) as z:
+        state = dict(np.load(io.BytesIO(z.read("states/perlin_mixed.npz"))))
+    state["hist"] = np.full_like(state["hist"], 2**62)  # sums that wrap around int64
+    wrapped = io.BytesIO()
+    np.savez(wrapped, **state)
+    replace_member(good, subs / "wrap.zip", "states/perlin_mixed.npz", wrapped.getvalue())
+    board = leaderboard(subs, root / "bench.json", tmp_path / "board")
+    reasons = {r["file"]: r["reason"] for r in board["rejected"]}
+    assert "repeats the keys ['schema']" in reasons["dupkeys.zip"]
+    assert "nests deeper than" in reasons["deep.zip"]
+    assert "is corrupt" in reasons["crc.zip"] and "CRC" in reasons["crc.zip"]
+    assert "below 2^58" in reasons["wrap.zip"]
+    entries = {e["file"]: e for e in board["tracks"]["noise"]["entries"]}
+    assert entries["flipped.zip"]["same_source_tuning"]
+    evil = next(name for name in entries if name.startswith("evil"))
+    assert "\x1b" not in evil and "\u202e" not in evil and "\x07" not in evil
+    markdown = (tmp_path / "board" / "leaderboard.md").read_text()
+    assert "\x1b" not in markdown
+    assert "[click](http" not in markdown
+    assert len({e["sha256"] for e in entries.values()}) == len(entries)  # entries told apart by content hash
+    assert entries["linked.zip"]["sha256"] in markdown
+    run = subprocess.run([sys.executable, "-c", "import sys, segood.leaderboard; print('torch' in sys.modules)"],
+                         capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "False"  # judging never imports torch

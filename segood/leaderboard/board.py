@@ -1,9 +1,11 @@
 """Judging a folder of submissions against a benchmark: recompute, never believe; one bad file never stops
 the board. Outputs leaderboard.md, leaderboard.json and a self-contained index.html."""
 
+import hashlib
 import html
 import json
 import math
+import unicodedata
 import warnings
 from pathlib import Path
 
@@ -29,8 +31,9 @@ def make_benchmark(tracks, out, *, grid=None):
         if spec["rank_by"] not in METRICS:
             raise ValueError(f"rank_by must be one of {sorted(METRICS)}, got {spec['rank_by']!r}")
         doc["tracks"][track] = {"rank_by": spec["rank_by"], "sets": {
-            name: {"manifest_sha256": set_identity(path)["manifest_sha256"], "pixels": read_manifest(path)["pixels"]}
-            for name, path in spec["sets"].items()}}
+            name: {"manifest_sha256": identity["manifest_sha256"], "ood_sources": identity["ood_sources"],
+                   "pixels": read_manifest(path)["pixels"]}
+            for name, path in spec["sets"].items() for identity in [set_identity(path)]}}
     write_json(out, doc)
     return doc
 
@@ -71,17 +74,43 @@ def judge(path, benchmark, limits=Limits()):
             rank_by = spec["rank_by"]
             values = [r[rank_by] for r in recomputed.values()]
             rows[track] = {
-                "name": doc["method"]["name"], "description": doc["method"].get("description", ""),
-                "file": Path(path).name, "uses_ood_data": doc["method"].get("uses_ood_data", False),
-                "same_source_tuning": any(doc["sets"][s]["same_source_tuning"] for s in spec["sets"]),
+                "name": shown(doc["method"]["name"]), "description": shown(doc["method"].get("description", "")),
+                "file": shown(Path(path).name), "sha256": _content_hash(files),
+                "uses_ood_data": doc["method"].get("uses_ood_data", False),
+                "same_source_tuning": any(_same_source(doc, s, official) for s, official in spec["sets"].items()),
                 "score": None if any(v is None for v in values) else sum(values) / len(values),
                 "sets": recomputed,
             }
         return rows, None
     except Rejected as reason:
-        return None, str(reason)
+        return None, shown(str(reason))
     except Exception as err:  # a board must survive whatever a stranger uploads
-        return None, f"unreadable submission ({type(err).__name__}: {err})"
+        return None, shown(f"unreadable submission ({type(err).__name__}: {err})")
+
+
+def _same_source(doc, set_name, official):
+    """Whether the method was tuned on an OOD source of the set: derived from its tuning provenance and the
+    benchmark's record of the set's OOD sources, never taken from the submission's own flag (benchmarks written
+    before they recorded sources: the flag, or the provenance, whichever says so)."""
+    tuning = (doc["method"].get("params") or {}).get("tuning") if isinstance(doc["method"].get("params"), dict) else None
+    tuned_on = set((((tuning or {}).get("set") or {}).get("ood_sources") or []) if isinstance(tuning, dict) else [])
+    if "ood_sources" in official:
+        return bool(tuned_on & set(official["ood_sources"]))
+    return bool(doc["sets"][set_name]["same_source_tuning"]) or bool(tuned_on)
+
+
+def _content_hash(files):
+    """The first 12 hex digits of the sha256 of a submission's members (names and bytes, in sorted order)."""
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        digest.update(name.encode() + b"\0" + files[name])
+    return digest.hexdigest()[:12]
+
+
+def shown(text):
+    """A submitted string made safe to show anywhere: control, format (bidi, zero-width) and other non-printing
+    characters become U+FFFD, so nothing can retitle or clear a terminal or reorder a line."""
+    return "".join("\ufffd" if unicodedata.category(ch).startswith("C") else ch for ch in str(text))
 
 
 def benchmark_grid(benchmark):
@@ -146,7 +175,7 @@ def leaderboard(submissions_dir, benchmark_path, out_dir, limits=Limits()):
     for path in sorted(Path(submissions_dir).iterdir()):
         rows, reason = judge(path, benchmark, limits)
         if reason:
-            rejected.append({"file": path.name, "reason": reason})
+            rejected.append({"file": shown(path.name), "reason": reason})
             continue
         for track, row in rows.items():
             tracks[track].append(row)
@@ -173,11 +202,12 @@ def board_markdown(doc):
     for track, t in doc["tracks"].items():
         metric = t["rank_by"]
         lines += [f"## {track} — ranked by mean {metric} over {', '.join(t['sets'])}", "",
-                  "| rank | method | score | " + " | ".join(t["sets"]) + " | notes |",
-                  "|---:|---|---:|" + "---:|" * len(t["sets"]) + "---|"]
+                  "| rank | method | score | " + " | ".join(t["sets"]) + " | notes | file (sha256) |",
+                  "|---:|---|---:|" + "---:|" * len(t["sets"]) + "---|---|"]
         for k, row in enumerate(t["entries"], 1):
             cells = " | ".join(_fmt(row["sets"][s][metric]) for s in t["sets"])
-            lines.append(f"| {k} | {_md(row['name'])} | {_fmt(row['score'])} | {cells} | {_md(_flags(row))} |")
+            lines.append(f"| {k} | {_md(row['name'])} | {_fmt(row['score'])} | {cells} | {_md(_flags(row))} | "
+                         f"{_md(row['file'])} ({row['sha256']}) |")
         lines.append("")
     if doc["rejected"]:
         lines += ["## Rejected", "", "| file | reason |", "|---|---|"]
@@ -195,11 +225,12 @@ def board_html(doc):
     for track, t in doc["tracks"].items():
         metric = t["rank_by"]
         parts.append(f"<h2>{esc(track)} — ranked by mean {esc(metric)}</h2><table class='sortable'><thead><tr>"
-                     + "".join(f"<th>{esc(h)}</th>" for h in ["rank", "method", "score", *t["sets"], "notes"])
+                     + "".join(f"<th>{esc(h)}</th>" for h in ["rank", "method", "score", *t["sets"], "notes",
+                                                              "file (sha256)"])
                      + "</tr></thead><tbody>")
         for k, row in enumerate(t["entries"], 1):
             cells = [str(k), row["name"], _fmt(row["score"]), *(_fmt(row["sets"][s][metric]) for s in t["sets"]),
-                     _flags(row)]
+                     _flags(row), f"{row['file']} ({row['sha256']})"]
             parts.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")
         parts.append("</tbody></table>")
     if doc["rejected"]:
@@ -223,4 +254,8 @@ def _fmt(value):
 
 
 def _md(text):
-    return html.escape(str(text)).replace("|", "\\|")
+    """Markdown-safe: HTML escaped and every character with a Markdown meaning backslash-escaped (no live links)."""
+    text = html.escape(shown(text))
+    for ch in "\\`*_[]()!#|~":
+        text = text.replace(ch, "\\" + ch)
+    return text

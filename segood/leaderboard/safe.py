@@ -4,6 +4,7 @@ import io
 import json
 import stat
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -48,8 +49,12 @@ def read_submission_files(path, limits=Limits()):
             if info.file_size > limits.member_bytes or (info.compress_size and
                                                          info.file_size > limits.ratio * info.compress_size > 0):
                 raise Rejected(f"member {name!r} would expand to {info.file_size} bytes: over the limits (zip bomb?)")
-            with archive.open(info) as member:  # never trust the declared size: read at most the limit
-                data = member.read(limits.member_bytes + 1)
+            try:
+                with archive.open(info) as member:  # never trust the declared size: read at most the limit
+                    data = member.read(limits.member_bytes + 1)
+            except (zipfile.BadZipFile, zlib.error, EOFError) as err:
+                raise Rejected(f"member {name!r} is corrupt ({err}): a CRC mismatch or damaged compressed data") \
+                    from None
             if len(data) > limits.member_bytes:
                 raise Rejected(f"member {name!r} expands beyond {limits.member_bytes} bytes (zip bomb?)")
             total += len(data)
@@ -91,10 +96,33 @@ def strict_json(data, limits=Limits()):
     def refuse(constant):
         raise Rejected(f"submission.json contains {constant}, which is not a number")
 
+    def no_duplicates(pairs):
+        keys = [k for k, _ in pairs]
+        repeated = sorted({k for k in keys if keys.count(k) > 1})
+        if repeated:
+            raise Rejected(f"submission.json repeats the keys {repeated[:5]} in one object: which one counts is "
+                           "undefined, so none does")
+        return dict(pairs)
+
     try:
-        return json.loads(data.decode("utf-8"), parse_constant=refuse)
+        doc = json.loads(data.decode("utf-8"), parse_constant=refuse, object_pairs_hook=no_duplicates)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise Rejected(f"submission.json is not valid JSON ({err})") from None
+    except RecursionError:
+        raise Rejected(f"submission.json nests deeper than {MAX_DEPTH} levels") from None
+    if _depth(doc) > MAX_DEPTH:
+        raise Rejected(f"submission.json nests deeper than {MAX_DEPTH} levels")
+    return doc
+
+
+MAX_DEPTH = 16  # a submission's JSON is a few levels deep
+
+
+def _depth(value, level=1):
+    if level > MAX_DEPTH:
+        return level
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return max((_depth(child, level + 1) for child in children), default=level)
 
 
 def load_npz(data, keys, max_bytes=16 << 20, optional=()):
@@ -112,6 +140,8 @@ def load_npz(data, keys, max_bytes=16 << 20, optional=()):
         with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
             return {key: arrays[key] for key in arrays.files}
     except ValueError as err:
-        raise Rejected(f"an accumulator state needs unpickling ({err}); states hold plain arrays only") from None
+        if "pickle" in str(err):
+            raise Rejected("an accumulator state holds pickled objects; states hold plain arrays only") from None
+        raise Rejected(f"an accumulator state holds a malformed array ({err})") from None
     except (OSError, EOFError, zipfile.BadZipFile) as err:
         raise Rejected(f"an accumulator state is not a readable npz file ({err})") from None

@@ -8,8 +8,6 @@ from pathlib import Path
 
 import numpy as np
 
-from segood.evaluation.layout import RunFolder
-from segood.evaluation.runner import Evaluation
 from segood.leaderboard.safe import Rejected
 from segood.metrics import METRICS
 
@@ -23,6 +21,9 @@ def submit(run_dir, out, *, method, name, description="", allow_same_source=Fals
 
     Refuses a method tuned on its test source unless ``allow_same_source`` (the flag then travels with it).
     """
+    from segood.evaluation.layout import RunFolder  # here, so that judging submissions never imports torch
+    from segood.evaluation.runner import Evaluation
+
     folder = RunFolder(run_dir)
     run = folder.read_run()
     results = folder.read_results()["results"]
