@@ -1,4 +1,4 @@
-"""Tiny raw dataset trees in the exact published layouts (shared/FORMATS.md), with known contents."""
+"""Tiny raw dataset trees in the exact published layouts (datasets/README.md), with known contents."""
 
 import json
 from pathlib import Path

@@ -35,16 +35,16 @@ class Adapter:
 
     def refs(self):
         """The frames to convert, in a stable order (paths, indices: anything picklable)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement refs()")
 
     def frame_id(self, ref):
         """A stable string naming the frame, from its source path."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement frame_id(ref)")
 
     def load(self, ref):
         """The frame as a :class:`~segood.data.common.Sample` at its native size; raise ``SkipFrame(reason)``
         for a frame that cannot be converted."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement load(ref)")
 
     @property
     def native_size(self):

@@ -184,6 +184,12 @@ def read_manifest(path):
         raise ValueError(f"{path} has no readable manifest ({err}); reconvert the set") from None
 
 
+def frame_ids(path):
+    """The frame ids of a converted set, in order, without reading any frame."""
+    with h5py.File(path, "r") as f:
+        return [s.decode() for s in f["frame_id"][...]]
+
+
 def set_identity(path):
     """What a converted set is, for provenance: its OOD sources and a hash of its manifest's array hashes."""
     manifest = read_manifest(path)

@@ -191,7 +191,7 @@ def scene_batch(seed, count, height=96, width=192, *, ood_fraction=0.0):
     return tuple(np.stack(parts) for parts in zip(*scenes))
 
 
-# -- raw dataset trees in the published layouts (shared/FORMATS.md), for the demo and the tests ----------------
+# -- raw dataset trees in the published layouts (datasets/README.md), for the demo and the tests ---------------
 
 #: trainId -> the first Cityscapes labelId with that trainId (255 -> 0, "unlabeled")
 TRAIN_TO_LABEL_ID = np.zeros(256, np.uint8)

@@ -4,19 +4,17 @@ import hashlib
 import json
 from pathlib import Path
 
-import h5py
 import torch
 
-from segood.data.h5 import H5SegmentationDataset, set_identity
+from segood.data.h5 import H5SegmentationDataset, frame_ids, set_identity
 from segood.evaluation.exchange import ScoreMaps
 from segood.evaluation.layout import RunFolder
-from segood.evaluation.report import write_report
+from segood.evaluation.report import grid_of_config, write_report
 from segood.evaluation.runner import Evaluation, component_spec, default_methods, run, run_identity
 from segood.io import write_json
 from segood.labels import NUM_CLASSES
 from segood.methods import get_method
 from segood.methods.methods import check_grid
-from segood.evaluation.report import grid_of_config
 from segood.metrics import grid_spec, make_accumulator
 from segood.models.external import ExternalModel
 from segood.models.network import SegmentationNetwork
@@ -131,7 +129,7 @@ def evaluate_score_maps(scores_path, data_path, out_dir, *, name="external", sco
     """
     dataset = _open_set(data_path, verify)
     set_name = Path(data_path).stem
-    with ScoreMaps(scores_path, _frame_ids(data_path)) as maps:
+    with ScoreMaps(scores_path, frame_ids(data_path)) as maps:
         score_range = score_range or maps.score_range
         if num_thresholds is not None and score_range is None:
             raise ValueError(f"{scores_path} declares no score_range, which the linear grid needs: pass --score-range "
@@ -193,11 +191,6 @@ def _open_set(path, verify=True):
         raise ValueError(f"{path} holds no frames: nothing to evaluate; check the conversion's skipped frames in "
                          "its manifest and convert again")
     return dataset
-
-
-def _frame_ids(path):
-    with h5py.File(path, "r") as f:
-        return [s.decode() for s in f["frame_id"][...]]
 
 
 def _some(names):

@@ -113,7 +113,7 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
     ``segood``: ``out_dir/<method>/<set>.h5``; ``smiyc``: ``out_dir/anomaly_p/<method>/<set>/<fid>.hdf5``
     (float16, dataset ``value``); ``fishyscapes``: ``out_dir/<method>/<set>/<fid>_anomaly.npy`` (float32).
     Every file is written atomically. Returns {(method, set): path written}."""
-    from segood.data.h5 import H5SegmentationDataset
+    from segood.data.h5 import H5SegmentationDataset, frame_ids
     from segood.io import atomic_output
     from segood.methods.schedule import check_methods, score_batch
     from segood.models.network import preprocess
@@ -127,8 +127,7 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
     written = {}
     for set_name, path in sets.items():
         dataset = H5SegmentationDataset(path)
-        frame_ids = [dataset[i]["frame_id"] for i in range(len(dataset))] if layout != "segood" else None
-        names = file_ids(frame_ids) if frame_ids else None
+        names = file_ids(frame_ids(path)) if layout != "segood" else None
         targets = {m.name: _target(out_dir, layout, m.name, set_name) for m in methods}
         with ExitStack() as stack:  # on an error the segood layout's temporary files are removed, nothing renamed
             files = {}

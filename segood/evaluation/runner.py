@@ -2,8 +2,8 @@
 
 Three steps per batch: reading (:func:`read_batch`), scoring (:func:`segood.methods.schedule.score_batch`:
 one forward pass for every single-pass method, one set of Monte-Carlo samples for the dropout methods, own
-passes for perturbing methods) and accumulation (:meth:`Evaluation.process`: a :class:`PixelOODAccumulator`
-per (method, set), per-class score sums for the paper's Figure 2, a few example frames). State is saved
+passes for perturbing methods) and accumulation (:meth:`Evaluation.process`: an accumulator on the run's
+threshold grid per (method, set), per-class score sums for the paper's Figure 2, a few example frames). State is saved
 atomically every ``save_every`` batches, so a killed run resumes to exactly the counts of an uninterrupted one.
 """
 
@@ -25,7 +25,7 @@ from segood.labels import NUM_CLASSES
 from segood.methods import METHODS, get_method
 from segood.methods.schedule import check_methods, score_batch
 from segood.methods.methods import served_heads
-from segood.metrics import PixelOODAccumulator, accumulator_from_state, grid_of, grid_spec, make_accumulator
+from segood.metrics import accumulator_from_state, grid_of, grid_spec, make_accumulator
 from segood.metrics.components import PRESETS, ComponentAccumulator
 from segood.models.network import preprocess
 
@@ -78,7 +78,7 @@ class Evaluation:
             self.acc[(name, set_name)].update(score, labels, clip=clip)
             if (name, set_name) in self.comp:
                 self.comp[(name, set_name)].update(score, ood_mask)
-            weights = torch.nan_to_num(score.flatten().double(), nan=0.0, posinf=0.0, neginf=0.0)  # ±inf scores: 0
+            weights = score.flatten().to(torch.float64, copy=True).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)  # ±inf: 0
             self.class_sum[(name, set_name)] += torch.bincount(
                 class_index, weights=weights, minlength=NUM_CLASSES + 1)[:NUM_CLASSES].cpu().numpy()
         for k, index in enumerate(indices):
@@ -302,7 +302,7 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, 
     else:
         ev = Evaluation(names, list(sets), grid, components)
     model.eval()
-    PixelOODAccumulator().update(np.zeros(1, np.float32), np.zeros(1, np.uint8))  # load the numba kernel once
+    make_accumulator(ev.grid).update(np.zeros(1, np.float32), np.zeros(1, np.uint8))  # load the grid's kernel once
     for set_index, (set_name, dataset) in enumerate(datasets.items()):
         shard = list(range(rank, len(dataset), world_size))[ev.done[set_name]:]
         bar = tqdm(total=len(shard), desc=f"evaluate {set_name}", unit="img", disable=not progress)

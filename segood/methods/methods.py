@@ -1,7 +1,9 @@
-"""The seven pixel-level OOD methods of the seed paper (Table 1, Appendix A) as scorers on a segood network.
+"""The seven pixel-level OOD methods of the seed paper (Table 1, Appendix A) and today's three baselines (max
+logit, energy, standardized max logit) as scorers on a segood network.
 
 Every ``score(model, x)`` takes ImageNet-normalised images (N, 3, H, W) on the model's device and returns
-``(scores, classes)``: OOD scores (N, H, W) in [0, 1], higher = more OOD, and predicted classes (N, H, W).
+``(scores, classes)``: OOD scores (N, H, W), higher = more OOD (in [0, 1] where ``score_range`` says so,
+unbounded where it is None), and predicted classes (N, H, W).
 A method declares how it must run (:class:`Needs`); :func:`segood.methods.schedule.score_batch` runs a batch
 of methods from those declarations, so that an evaluation runs each network once per image: single-pass
 methods score the shared forward pass (``from_output``), Monte-Carlo methods a shared set of samples

@@ -46,6 +46,26 @@ class _Streaming:
             "per_image_metrics": np.array(self.metric_names, dtype=str),
         }
 
+    def _check_mergeable(self, other, fields):
+        """Refuse to merge another kind of accumulator, or one whose ``fields`` (its grid), per-image setting or
+        metrics differ."""
+        if not isinstance(other, type(self)):
+            raise TypeError(f"can only merge a {type(self).__name__}, got {type(other).__name__}")
+        fields = (*fields, "per_image", "metric_names")
+        mine, theirs = (tuple(getattr(acc, f) for f in fields) for acc in (self, other))
+        if mine != theirs:
+            raise ValueError(f"cannot merge accumulators with different configurations: ({', '.join(fields)}) = "
+                             f"{mine} vs {theirs}")
+
+    def _add_image(self, thresholds, hist):
+        """Per-image bookkeeping for one image's counts: its metrics, where it has ID and OOD pixels."""
+        self.n_images += 1
+        fp, tp = _reverse_cumsum(hist)
+        if hist.size and fp[0] and tp[0]:
+            metrics = metrics_from_counts(thresholds, tp, fp, int(tp[0]), int(fp[0]), warn=False)
+            self.per_image_sum += [metrics[name] for name in self.metric_names]
+            self.per_image_defined += 1
+
     def _merge_per_image(self, other):
         self.n_ignored += other.n_ignored
         self.n_images += other.n_images
@@ -135,20 +155,12 @@ class PixelOODAccumulator(_Streaming):
             self.hist += hist
             self.n_ignored += n_ignored
             if self.per_image:
-                self._add_image(hist)
+                self._add_image(self.thresholds, hist)
         return self
 
     def merge(self, other):
         """Add the counts of another accumulator with the same thresholds (in place); returns self."""
-        if not isinstance(other, PixelOODAccumulator):
-            raise TypeError(f"can only merge a PixelOODAccumulator, got {type(other).__name__}")
-        mine = (self.num_thresholds, self.score_range, self.per_image, self.metric_names)
-        theirs = (other.num_thresholds, other.score_range, other.per_image, other.metric_names)
-        if mine != theirs:
-            raise ValueError(
-                "cannot merge accumulators with different configurations: "
-                f"(num_thresholds, score_range, per_image, metrics) = {mine} vs {theirs}"
-            )
+        self._check_mergeable(other, ("num_thresholds", "score_range"))
         self.hist += other.hist
         return self._merge_per_image(other)
 
@@ -288,15 +300,6 @@ class PixelOODAccumulator(_Streaming):
         if problems[_kernels.N_BAD_SCORE]:
             raise_bad_scores(_host(scores), _host(labels), lo, hi, clip)
         return hist, int(problems[_kernels.N_IGNORED])
-
-    def _add_image(self, hist):
-        self.n_images += 1
-        fp, tp = _reverse_cumsum(hist)
-        n_id, n_ood = int(fp[0]), int(tp[0])
-        if n_id and n_ood:
-            metrics = metrics_from_counts(self.thresholds, tp, fp, n_ood, n_id, warn=False)
-            self.per_image_sum += [metrics[name] for name in self.metric_names]
-            self.per_image_defined += 1
 
 
 def binning_bounds(hist, tp, fp, n_ood, n_id):

@@ -11,8 +11,8 @@ import numba
 import numpy as np
 
 from segood.metrics import _kernels
-from segood.metrics.accumulator import (_count, _flag, _flat_cuda, _host, _is_cuda, _Streaming, check_counts,
-                                        load_per_image)
+from segood.metrics.accumulator import (_count, _flag, _flat_cuda, _host, _is_cuda, _reverse_cumsum, _Streaming,
+                                        check_counts, load_per_image)
 from segood.metrics.functional import (METRICS, as_numpy_inputs, metric_bounds, metrics_from_counts,
                                        raise_bad_labels)
 
@@ -111,22 +111,12 @@ class FloatOrderAccumulator(_Streaming):
             self.n_ignored += n_ignored
             self.exact &= exact
             if self.per_image:
-                self.n_images += 1
-                metrics = self._metrics(binades, counts, warn=False)
-                if metrics is not None:
-                    self.per_image_sum += [metrics[name] for name in self.metric_names]
-                    self.per_image_defined += 1
+                self._add_image(*self._curve_counts(binades, counts))
         return self
 
     def merge(self, other):
         """Add the counts of another accumulator with the same resolution (in place); returns self."""
-        if not isinstance(other, FloatOrderAccumulator):
-            raise TypeError(f"can only merge a FloatOrderAccumulator, got {type(other).__name__}")
-        mine = (self.mantissa_bits, self.per_image, self.score_range, self.metric_names)
-        theirs = (other.mantissa_bits, other.per_image, other.score_range, other.metric_names)
-        if mine != theirs:
-            raise ValueError("cannot merge accumulators with different configurations: (mantissa_bits, per_image, "
-                             f"score_range, metrics) = {mine} vs {theirs}")
+        self._check_mergeable(other, ("mantissa_bits", "score_range"))
         self._add(other.binades, other.counts)
         self.exact &= other.exact
         return self._merge_per_image(other)
@@ -277,13 +267,6 @@ class FloatOrderAccumulator(_Streaming):
         hist = counts[rows, :, low].T  # (2, B) in key order: binades increasing, low bits increasing
         return thresholds, hist
 
-    def _metrics(self, binades, counts, warn=True):
-        thresholds, hist = self._curve_counts(binades, counts)
-        fp, tp = _reverse_cumsum(hist)
-        if not (hist.size and fp[0] and tp[0]):
-            return None
-        return metrics_from_counts(thresholds, tp, fp, int(tp[0]), int(fp[0]), warn=warn)
-
 
 def _counted_extent(scores, labels, lo, hi):
     """(min, max, how many outside [lo, hi]) of the counted pixels' scores, in float64, where the scores are
@@ -298,7 +281,3 @@ def _counted_extent(scores, labels, lo, hi):
     if not counted.size:
         return 0.0, 0.0, 0
     return float(counted.min()), float(counted.max()), int(np.count_nonzero((counted < lo) | (counted > hi)))
-
-
-def _reverse_cumsum(hist):
-    return np.cumsum(hist[..., ::-1], axis=-1)[..., ::-1]
