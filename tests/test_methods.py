@@ -116,7 +116,7 @@ def reference_min_distance(features, means, whiten, present):
 
 @pytest.mark.parametrize("distance_elements", [1 << 19, 3 * 4 * 5])  # one step; steps of one location
 def test_mahalanobis_distance_equals_the_definition(distance_elements, monkeypatch):
-    monkeypatch.setattr(functional, "_DISTANCE_ELEMENTS", distance_elements)
+    monkeypatch.setattr(functional, "_DISTANCE_ELEMENTS", {"cpu": distance_elements})
     rng = np.random.default_rng(2)
     n, d, h, w, c = 3, 5, 4, 3, 4
     features = torch.from_numpy(rng.normal(size=(n, d, h, w)))

@@ -195,8 +195,19 @@ def histogram_numpy(scores, labels, thresholds, clip, threads):
     return hist[:, : 2 * num_t].sum(axis=0, dtype=np.int64).reshape(2, num_t), problems.sum(axis=0)
 
 
+def _torch_problems(lab, counted, nan):
+    """(3,) int64 device tensor: ignored pixels, pixels of no known label, counted pixels with a NaN score."""
+    import torch
+
+    per_label = torch.bincount(lab, minlength=256)  # one pass over the labels for both label counts
+    return torch.stack([per_label[IGNORE], per_label[OOD + 1 : IGNORE].sum(), (counted & nan).sum()])
+
+
 def histogram_torch(scores, labels, thresholds, clip, chunk_pixels=1 << 24):
     """The same histogram with torch ops on the tensors' own device (no copy of the scores to the host).
+
+    A pixel that is not counted goes to one extra bin that is dropped at the end, so no step compacts the
+    arrays (which would wait for the device) and the device does a fixed number of passes.
 
     Args:
         scores: 1-D float tensor. labels: 1-D uint8 tensor on the same device.
@@ -210,26 +221,22 @@ def histogram_torch(scores, labels, thresholds, clip, chunk_pixels=1 << 24):
     num_t = thresholds.size
     t = torch.as_tensor(thresholds, dtype=torch.float64, device=device)
     lo, hi = float(thresholds[0]), float(thresholds[-1])
-    hist = torch.zeros(2 * num_t, dtype=torch.int64, device=device)
+    hist = torch.zeros(2 * num_t + 1, dtype=torch.int64, device=device)
     problems = torch.zeros(3, dtype=torch.int64, device=device)
     for start in range(0, scores.numel(), chunk_pixels):
         s = scores[start : start + chunk_pixels].to(torch.float64)
         lab = labels[start : start + chunk_pixels]
-        ignored = lab == IGNORE
         counted = lab <= OOD
-        problems[N_IGNORED] += ignored.sum()
-        problems[N_BAD_LABEL] += (~(ignored | counted)).sum()
         if clip:
-            bad = counted & torch.isnan(s)
+            nan = torch.isnan(s)
             s = s.clamp(lo, hi)  # in float64, so a clamped score equals t_0 / t_{T-1} exactly
         else:
-            bad = counted & ~((s >= lo) & (s <= hi))
-        problems[N_BAD_SCORE] += bad.sum()
-        keep = counted & ~bad
+            nan = ~((s >= lo) & (s <= hi))  # out of range (NaN included) is a bad score here
+        problems += _torch_problems(lab, counted, nan)
         # bucketize(right=True) = number of thresholds <= s; minus one is the bin.
-        j = torch.bucketize(s[keep], t, right=True) - 1
-        hist += torch.bincount(lab[keep].to(torch.int64) * num_t + j, minlength=2 * num_t)
-    out = torch.cat([hist, problems]).cpu().numpy()
+        j = torch.bucketize(s, t, right=True) - 1 + lab.to(torch.int64) * num_t
+        hist += torch.bincount(torch.where(counted & ~nan, j, 2 * num_t), minlength=2 * num_t + 1)
+    out = torch.cat([hist[:-1], problems]).cpu().numpy()
     return out[: 2 * num_t].reshape(2, num_t), out[2 * num_t :]
 
 
@@ -460,29 +467,28 @@ def float_histogram_torch(scores, labels, m, chunk_pixels=1 << 24):
     """The float-order histogram with integer torch ops on the tensors' device; one copy to the host.
 
     The signed key k = bits ^ ((bits >> 63) & 0x7FF...F) orders like the float; the binade is (k >> 52) + 2048
-    and the low bits are the same as the unsigned key's.
+    and the low bits are the same as the unsigned key's. Occupied binades come from a 4096-bin count (no sort);
+    a pixel that is not counted goes to one extra bin that is dropped (no compaction, no wait for the device).
     """
     import torch
 
     device = scores.device
     parts, problems = [], torch.zeros(3, dtype=torch.int64, device=device)
     for start in range(0, scores.numel(), chunk_pixels):
-        s = scores[start : start + chunk_pixels].to(torch.float64) + 0.0
+        s = scores[start : start + chunk_pixels].to(torch.float64) + 0.0  # -0.0 becomes +0.0
         lab = labels[start : start + chunk_pixels]
-        ignored = lab == IGNORE
-        counted = lab <= OOD
-        bad = counted & torch.isnan(s)
-        problems[N_IGNORED] += ignored.sum()
-        problems[N_BAD_LABEL] += (~(ignored | counted)).sum()
-        problems[N_BAD_SCORE] += bad.sum()
-        keep = counted & ~bad
-        bits = s[keep].view(torch.int64)
-        key = bits ^ ((bits >> 63) & 0x7FFFFFFFFFFFFFFF)
-        binade = (key >> 52) + BINADES // 2
-        low = (key >> (52 - m)) & ((1 << m) - 1)
-        occupied, slot = torch.unique(binade, return_inverse=True)
-        index = ((slot * 2 + lab[keep].to(torch.int64)) << m) | low
-        counts = torch.bincount(index, minlength=occupied.numel() * (2 << m))
+        counted, nan = lab <= OOD, torch.isnan(s)
+        problems += _torch_problems(lab, counted, nan)
+        keep = counted & ~nan
+        bits = s.view(torch.int64)
+        index = ((bits ^ ((bits >> 63) & 0x7FFFFFFFFFFFFFFF)) >> (52 - m)) + (BINADES // 2 << m)  # >= 0
+        binade = torch.where(keep, index >> m, BINADES)
+        occupied = torch.bincount(binade, minlength=BINADES + 1)[:BINADES].nonzero()[:, 0]
+        dump = occupied.numel() * (2 << m)
+        base = torch.full((BINADES + 1,), dump, dtype=torch.int64, device=device)
+        base[occupied] = torch.arange(occupied.numel(), device=device) * (2 << m)
+        low = torch.where(keep, (index & ((1 << m) - 1)) + (lab.to(torch.int64) << m), 0)
+        counts = torch.bincount(base[binade] + low, minlength=dump + 1)[:-1]
         parts.append((occupied, counts))
     host = [(b.cpu().numpy(), c.cpu().numpy().reshape(b.numel(), 2, 1 << m)) for b, c in parts]
     binades, counts = merge_binades(host) if host else (np.zeros(0, np.int64), np.zeros((0, 2, 1 << m), np.int64))
