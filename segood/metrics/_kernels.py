@@ -199,8 +199,8 @@ def _torch_problems(lab, counted, nan):
     """(3,) int64 device tensor: ignored pixels, pixels of no known label, counted pixels with a NaN score."""
     import torch
 
-    per_label = torch.bincount(lab, minlength=256)  # one pass over the labels for both label counts
-    return torch.stack([per_label[IGNORE], per_label[OOD + 1 : IGNORE].sum(), (counted & nan).sum()])
+    ignored = (lab == IGNORE).sum()  # reductions: a bincount of two labels serialises on the device's atomics
+    return torch.stack([ignored, (~counted).sum() - ignored, (counted & nan).sum()])
 
 
 def histogram_torch(scores, labels, thresholds, clip, chunk_pixels=1 << 24):
