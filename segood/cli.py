@@ -194,8 +194,11 @@ def _score(args):
 def _submit(args):
     from segood.leaderboard import submit
 
+    if args.run_dir is not None and args.method is None:
+        raise ValueError("--method names the run's method to submit")
     doc = submit(args.run_dir, args.out, method=args.method, name=args.method_name, description=args.description,
-                 allow_same_source=args.allow_same_source)
+                 allow_same_source=args.allow_same_source, score_maps=dict(args.scores or ()),
+                 uses_ood_data=args.uses_ood_data)
     print(f"wrote {args.out}: {doc['method']['name']} on {', '.join(doc['sets'])}")
     return 0
 
@@ -205,7 +208,9 @@ def _benchmark(args):
 
     from segood.metrics import grid_spec
 
-    make_benchmark({args.track: {"sets": {p.stem: p for p in args.sets}, "rank_by": args.rank_by}}, args.out,
+    sets = {p.stem: p for p in args.sets}
+    make_benchmark({args.track: {"sets": sets, "rank_by": args.rank_by, "private": args.private or [],
+                                 "verified_only": args.verified_only}}, args.out,
                    grid=grid_spec(args.num_thresholds, None, args.mantissa_bits))
     print(f"wrote {args.out}")
     return 0
@@ -219,6 +224,15 @@ def _leaderboard(args):
     print((args.out / "leaderboard.md").read_text(), end="")
     print(f"\n{accepted} entries, {len(doc['rejected'])} rejected; wrote {args.out}/index.html")
     return 0
+
+
+def set_and_path(text):
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"{text!r}: write SET=FILE, e.g. road_anomaly=exports/energy/road_anomaly.h5")
+    from pathlib import Path
+
+    return name, Path(path)
 
 
 def positive_int(text):
@@ -382,8 +396,12 @@ def build_parser():
     score.set_defaults(run=_score)
 
     sub_ = sub.add_parser("submit", help="package one method of a run as a leaderboard submission (zip)")
-    sub_.add_argument("run_dir", type=Path, metavar="RUN")
-    sub_.add_argument("--method", required=True, help="the run's method to submit")
+    sub_.add_argument("run_dir", type=Path, metavar="RUN", nargs="?",
+                      help="a run folder (its accumulator states); optional when --scores gives every set")
+    sub_.add_argument("--method", help="the run's method to submit")
+    sub_.add_argument("--scores", type=set_and_path, action="append", metavar="SET=FILE",
+                      help="score maps of a set (segood export's file) for the verified track; repeatable")
+    sub_.add_argument("--uses-ood-data", action="store_true", help="without a run: the method saw OOD data")
     sub_.add_argument("--method-name", required=True, help="its name on the board")
     sub_.add_argument("--description", default="")
     sub_.add_argument("--allow-same-source", action="store_true", help="submit a method tuned on its test source")
@@ -393,6 +411,9 @@ def build_parser():
     bench = sub.add_parser("benchmark", help="write a benchmark file (a track of official sets) for a leaderboard")
     bench.add_argument("--track", required=True)
     bench.add_argument("--sets", type=Path, nargs="+", required=True, help="the maintainer's converted sets")
+    bench.add_argument("--private", nargs="+", metavar="SET", help="sets (by file stem) whose masks stay private: "
+                       "entered with score maps only; a public copy without masks is written beside --out")
+    bench.add_argument("--verified-only", action="store_true", help="rank only entries scored here from maps")
     bench.add_argument("--rank-by", default="auroc", choices=list(METRICS), help=f"one of {', '.join(METRICS)}")
     add_grid_options(bench)
     bench.add_argument("--out", type=Path, required=True)

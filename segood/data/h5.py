@@ -190,6 +190,22 @@ def frame_ids(path):
         return [s.decode() for s in f["frame_id"][...]]
 
 
+def ood_masks(path):
+    """Yield (frame id, ood_mask) of a converted set in order, each checked against its conversion digest;
+    reads no image and needs no torch (the leaderboard scores submitted maps with it)."""
+    with h5py.File(path, "r") as f:
+        digests = f["frame_sha256"][...] if "frame_sha256" in f else None
+        if digests is None or aggregate_sha256(digests) != json.loads(f["manifest"][()])["sha256"]:
+            raise CorruptFrame(f"{path}: no per-frame digests matching the manifest; reconvert the set")
+        k = ARRAYS.index("ood_mask")
+        for index, frame_id in enumerate(f["frame_id"][...]):
+            mask = f["ood_mask"][index]
+            if hashlib.sha256(np.ascontiguousarray(mask)).digest() != digests[index, k].tobytes():
+                raise CorruptFrame(f"{path}: frame {index} ({frame_id.decode()}): ood_mask differs from the sha256 "
+                                   "recorded at conversion; reconvert the set")
+            yield frame_id.decode(), mask
+
+
 def set_identity(path):
     """What a converted set is, for provenance: its OOD sources and a hash of its manifest's array hashes."""
     manifest = read_manifest(path)

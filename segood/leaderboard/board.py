@@ -5,15 +5,18 @@ import hashlib
 import html
 import json
 import math
+import tempfile
 import unicodedata
 import warnings
 from pathlib import Path
 
 import numpy as np
 
-from segood.data.h5 import read_manifest, set_identity
+from segood.data.h5 import frame_ids, ood_masks, read_manifest, set_identity
+from segood.labels import IGNORE
 from segood.io import atomic_write_text, write_json
-from segood.leaderboard.safe import Limits, Rejected, load_npz, read_submission_files, strict_json
+from segood.leaderboard.maps import map_member, read_maps
+from segood.leaderboard.safe import Limits, Rejected, is_map, load_npz, read_submission_files, strict_json
 from segood.leaderboard.submission import validate
 from segood.metrics import (METRICS, UndefinedMetricWarning, accumulator_from_state, describe_grid, grid_spec,
                             make_accumulator)
@@ -23,69 +26,160 @@ TOLERANCE = 1e-6
 
 
 def make_benchmark(tracks, out, *, grid=None):
-    """Write BENCH.json: ``tracks`` = {track: {"sets": {name: path of the maintainer's set}, "rank_by": metric}};
-    every submission must be binned on ``grid`` (:func:`segood.metrics.grid_spec`; default: the float-order
-    grid), so that entries are comparable."""
+    """Write BENCH.json: ``tracks`` = {track: {"sets": {name: path of the maintainer's set}, "rank_by": metric,
+    "private": [names of sets whose masks stay private], "verified_only": bool}}; every submission must be binned
+    on ``grid`` (:func:`segood.metrics.grid_spec`; default: the float-order grid), so that entries are comparable.
+
+    A private set is scored only from submitted score maps (the verified track); beside BENCH.json goes its public
+    copy ``<name>.public.h5`` (the images, every mask pixel ignore) to export maps from. BENCH.json records each
+    set's path, frame ids and size, so it stays with the maintainer; the frame ids are what submitters need."""
     doc = {"schema": BENCHMARK_SCHEMA, "grid": grid or grid_spec(), "tracks": {}}
     for track, spec in tracks.items():
         if spec["rank_by"] not in METRICS:
             raise ValueError(f"rank_by must be one of {sorted(METRICS)}, got {spec['rank_by']!r}")
-        doc["tracks"][track] = {"rank_by": spec["rank_by"], "sets": {
-            name: {"manifest_sha256": identity["manifest_sha256"], "ood_sources": identity["ood_sources"],
-                   "pixels": read_manifest(path)["pixels"]}
-            for name, path in spec["sets"].items() for identity in [set_identity(path)]}}
+        private = set(spec.get("private", ()))
+        if not private <= set(spec["sets"]):
+            raise ValueError(f"private sets {sorted(private - set(spec['sets']))} are not sets of track {track!r}")
+        doc["tracks"][track] = {"rank_by": spec["rank_by"], "verified_only": bool(spec.get("verified_only")),
+                                "sets": {name: _official(name, Path(path), name in private)
+                                         for name, path in spec["sets"].items()}}
+        for name in sorted(private):
+            write_public_set(spec["sets"][name], Path(out).parent / f"{name}.public.h5")
     write_json(out, doc)
     return doc
 
 
-def judge(path, benchmark, limits=Limits()):
-    """One submission: (accepted entries {track: row}, None) or (None, reason). Never raises for bad input."""
+def _official(name, path, private):
+    identity, manifest = set_identity(path), read_manifest(path)
+    return {"manifest_sha256": identity["manifest_sha256"], "ood_sources": identity["ood_sources"],
+            "pixels": manifest["pixels"], "private": private, "path": str(path.resolve()),
+            "size": _size(path),
+            "frame_ids": frame_ids(path)}
+
+
+def write_public_set(path, out):
+    """A copy of a converted set with its images and frame ids, and every mask pixel ignore (255)."""
+    import h5py
+
+    from segood.data.common import Sample
+    from segood.data.h5 import SetWriter
+
+    with h5py.File(path, "r") as f:
+        writer = SetWriter(out, _size(path), {"source": "public copy", "split": f"{Path(path).stem} (masks private)"},
+                           overwrite=True)
+        try:
+            for index, frame_id in enumerate(frame_ids(path)):
+                image = f["images"][index]
+                hidden = np.full(image.shape[:2], IGNORE, np.uint8)
+                writer.append(Sample(image, hidden, hidden, frame_id))
+        except BaseException:
+            writer.abort()
+            raise
+        writer.commit()
+
+
+def _size(path):
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        return [int(f.attrs["height"]), int(f.attrs["width"])]
+
+
+def judge(path, benchmark, limits=Limits(), masks=None):
+    """One submission: (accepted entries {track: row}, None) or (None, reason). Never raises for bad input.
+
+    ``masks``: {set path: [(frame id, ood_mask)]}, a cache of the maintainer's masks shared by one board's
+    submissions (filled on first use); score maps are scored against them here, never believed."""
+    with tempfile.TemporaryDirectory(prefix="segood-judge-") as spill:
+        try:
+            return _judge(path, benchmark, limits, masks if masks is not None else {}, spill), None
+        except Rejected as reason:
+            return None, shown(str(reason))
+        except Exception as err:  # a board must survive whatever a stranger uploads
+            return None, shown(f"unreadable submission ({type(err).__name__}: {err})")
+
+
+def _judge(path, benchmark, limits, masks, spill):
+    files = read_submission_files(path, limits, spill)
+    if "submission.json" not in files:
+        raise Rejected("no submission.json at the top of the submission")
+    unexpected = [n for n in files if n != "submission.json" and not is_map(n)
+                  and not (n.startswith("states/") and n.endswith(".npz"))]
+    if unexpected:
+        raise Rejected(f"unexpected members {unexpected[:3]}: only submission.json, states/*.npz and scores/*.h5 "
+                       "are read")
+    known = {map_member(s) for t in benchmark["tracks"].values() for s in t["sets"]}
+    foreign = sorted(n for n in files if is_map(n) and n not in known)
+    if foreign:
+        raise Rejected(f"{foreign[0]}: the benchmark has no such set; maps are read only for its own sets")
+    doc = strict_json(files["submission.json"], limits)
+    validate(doc)
+    grid = benchmark_grid(benchmark)
+    rows = {}
+    for track, spec in benchmark["tracks"].items():
+        recomputed, verified = {}, []
+        for set_name, official in spec["sets"].items():
+            entry = doc["sets"].get(set_name)
+            if entry is None:
+                raise Rejected(f"track {track}: no results for set {set_name!r}")
+            if "scores" in entry:
+                recomputed[set_name] = _verified(set_name, files, official, grid, masks)
+                verified.append(set_name)
+            elif official.get("private"):
+                raise Rejected(f"set {set_name!r} keeps its masks private: submit its score maps "
+                               f"({map_member(set_name)}, written by segood submit --scores)")
+            else:
+                recomputed[set_name] = _self_reported(set_name, entry, files, official, grid)
+        if spec.get("verified_only") and len(verified) < len(spec["sets"]):
+            raise Rejected(f"track {track} ranks verified entries only: submit score maps for "
+                           f"{sorted(set(spec['sets']) - set(verified))}")
+        rank_by = spec["rank_by"]
+        values = [r[rank_by] for r in recomputed.values()]
+        rows[track] = {
+            "name": shown(doc["method"]["name"]), "description": shown(doc["method"].get("description", "")),
+            "file": shown(Path(path).name), "sha256": _content_hash(files),
+            "verified": len(verified) == len(spec["sets"]),
+            "uses_ood_data": doc["method"].get("uses_ood_data", False),
+            "same_source_tuning": any(_same_source(doc, s, official) for s, official in spec["sets"].items()),
+            "score": None if any(v is None for v in values) else sum(values) / len(values),
+            "sets": recomputed,
+        }
+    return rows
+
+
+def _self_reported(set_name, entry, files, official, grid):
+    """Metrics recomputed from a submitted accumulator state, checked against the claims and the set's pixels."""
+    if entry["manifest_sha256"] != official["manifest_sha256"]:
+        raise Rejected(f"set {set_name!r}: evaluated on another version of the set (manifest hash "
+                       f"{entry['manifest_sha256'][:12]}…, the benchmark's {official['manifest_sha256'][:12]}…)")
+    state_file = f"states/{set_name}.npz"
+    if state_file not in files:
+        raise Rejected(f"set {set_name!r}: no accumulator state {state_file}")
+    state = load_npz(files[state_file], tuple(make_accumulator(grid).state_dict()),
+                     optional=("per_image_metrics",))  # states before they named their metrics
+    _check_state_config(set_name, state, grid)
     try:
-        files = read_submission_files(path, limits)
-        if "submission.json" not in files:
-            raise Rejected("no submission.json at the top of the submission")
-        unexpected = [n for n in files if n != "submission.json" and not (n.startswith("states/") and n.endswith(".npz"))]
-        if unexpected:
-            raise Rejected(f"unexpected members {unexpected[:3]}: only submission.json and states/*.npz are read")
-        doc = strict_json(files["submission.json"], limits)
-        validate(doc)
-        rows = {}
-        for track, spec in benchmark["tracks"].items():
-            recomputed = {}
-            for set_name, official in spec["sets"].items():
-                entry = doc["sets"].get(set_name)
-                if entry is None:
-                    raise Rejected(f"track {track}: no results for set {set_name!r}")
-                if entry["manifest_sha256"] != official["manifest_sha256"]:
-                    raise Rejected(f"set {set_name!r}: evaluated on another version of the set (manifest hash "
-                                   f"{entry['manifest_sha256'][:12]}…, the benchmark's {official['manifest_sha256'][:12]}…)")
-                state_file = f"states/{set_name}.npz"
-                if state_file not in files:
-                    raise Rejected(f"set {set_name!r}: no accumulator state {state_file}")
-                grid = benchmark_grid(benchmark)
-                state = load_npz(files[state_file], tuple(make_accumulator(grid).state_dict()),
-                                 optional=("per_image_metrics",))  # states before they named their metrics
-                _check_state_config(set_name, state, grid)
-                try:
-                    acc = accumulator_from_state(state)
-                except (ValueError, KeyError, TypeError) as err:
-                    raise Rejected(f"set {set_name!r}: invalid accumulator state ({err})") from None
-                recomputed[set_name] = _check(set_name, acc, entry["claims"], official["pixels"])
-            rank_by = spec["rank_by"]
-            values = [r[rank_by] for r in recomputed.values()]
-            rows[track] = {
-                "name": shown(doc["method"]["name"]), "description": shown(doc["method"].get("description", "")),
-                "file": shown(Path(path).name), "sha256": _content_hash(files),
-                "uses_ood_data": doc["method"].get("uses_ood_data", False),
-                "same_source_tuning": any(_same_source(doc, s, official) for s, official in spec["sets"].items()),
-                "score": None if any(v is None for v in values) else sum(values) / len(values),
-                "sets": recomputed,
-            }
-        return rows, None
-    except Rejected as reason:
-        return None, shown(str(reason))
-    except Exception as err:  # a board must survive whatever a stranger uploads
-        return None, shown(f"unreadable submission ({type(err).__name__}: {err})")
+        acc = accumulator_from_state(state)
+    except (ValueError, KeyError, TypeError) as err:
+        raise Rejected(f"set {set_name!r}: invalid accumulator state ({err})") from None
+    return _check(set_name, acc, entry["claims"], official["pixels"])
+
+
+def _verified(set_name, files, official, grid, masks):
+    """Metrics computed here from submitted score maps and the maintainer's own masks, on the benchmark's grid."""
+    member = map_member(set_name)
+    if member not in files:
+        raise Rejected(f"set {set_name!r}: no score maps {member}")
+    if official["path"] not in masks:
+        masks[official["path"]] = list(ood_masks(official["path"]))
+    frames = [(frame_id, *official["size"]) for frame_id in official["frame_ids"]]
+    acc = make_accumulator(grid)
+    for (frame_id, scores), (_, mask) in zip(read_maps(files[member], frames), masks[official["path"]]):
+        try:
+            acc.update(scores, mask)
+        except (ValueError, TypeError) as err:
+            raise Rejected(f"set {set_name!r}, frame {frame_id}: {err}") from None
+    return _values(acc)[1]
 
 
 def _same_source(doc, set_name, official):
@@ -103,7 +197,13 @@ def _content_hash(files):
     """The first 12 hex digits of the sha256 of a submission's members (names and bytes, in sorted order)."""
     digest = hashlib.sha256()
     for name in sorted(files):
-        digest.update(name.encode() + b"\0" + files[name])
+        digest.update(name.encode() + b"\0")
+        if isinstance(files[name], Path):  # a score-map file, read in pieces
+            with open(files[name], "rb") as f:
+                while piece := f.read(1 << 20):
+                    digest.update(piece)
+        else:
+            digest.update(files[name])
     return digest.hexdigest()[:12]
 
 
@@ -142,10 +242,16 @@ def _check_state_config(set_name, state, grid):
         raise Rejected(f"set {set_name!r}: counts must be int64 of shape {shape}")
 
 
-def _check(set_name, acc, claims, pixels):
+def _values(acc):
+    """(the accumulator's result, {metric: value or None where undefined})."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UndefinedMetricWarning)
         result = acc.compute()
+    return result, {metric: None if math.isnan(result[metric]) else float(result[metric]) for metric in METRICS}
+
+
+def _check(set_name, acc, claims, pixels):
+    result, values = _values(acc)
     counts = {"n_id": result["n_id"], "n_ood": result["n_ood"], "n_ignored": int(acc.n_ignored)}
     expected = {"n_id": pixels["id"], "n_ood": pixels["ood"], "n_ignored": pixels["ignore"]}
     if counts != expected:
@@ -153,13 +259,10 @@ def _check(set_name, acc, claims, pixels):
     for key in counts:
         if claims[key] != counts[key]:
             raise Rejected(f"set {set_name!r}: claimed {key} {claims[key]} but the state holds {counts[key]}")
-    values = {}
-    for metric in METRICS:
-        value = None if math.isnan(result[metric]) else float(result[metric])
+    for metric, value in values.items():
         claimed = claims.get(metric)
         if (value is None) != (claimed is None) or (value is not None and abs(value - claimed) > TOLERANCE):
             raise Rejected(f"set {set_name!r}: claimed {metric} {claimed} but the counts give {value}")
-        values[metric] = value
     return values
 
 
@@ -170,10 +273,11 @@ def leaderboard(submissions_dir, benchmark_path, out_dir, limits=Limits()):
             or not ({"grid"} <= set(benchmark) or {"num_thresholds", "score_range"} <= set(benchmark)):
         raise ValueError(f"{benchmark_path} is not a segood benchmark file (schema {BENCHMARK_SCHEMA!r}); write one "
                          "with segood benchmark")
+    _check_official_sets(benchmark)
     tracks = {track: [] for track in benchmark["tracks"]}
-    rejected = []
+    rejected, masks = [], {}
     for path in sorted(Path(submissions_dir).iterdir()):
-        rows, reason = judge(path, benchmark, limits)
+        rows, reason = judge(path, benchmark, limits, masks)
         if reason:
             rejected.append({"file": shown(path.name), "reason": reason})
             continue
@@ -193,8 +297,18 @@ def leaderboard(submissions_dir, benchmark_path, out_dir, limits=Limits()):
     return doc
 
 
+def _check_official_sets(benchmark):
+    """The maintainer's sets must still be the ones the benchmark was written for (a ValueError otherwise)."""
+    for spec in benchmark["tracks"].values():
+        for name, official in spec["sets"].items():
+            if "path" in official and set_identity(official["path"])["manifest_sha256"] != official["manifest_sha256"]:
+                raise ValueError(f"set {name} at {official['path']} is not the one the benchmark was written for: "
+                                 "its manifest changed; write the benchmark again with segood benchmark")
+
+
 def _flags(row):
-    return ("OOD data used; " if row["uses_ood_data"] else "") + ("same-source tuning" if row["same_source_tuning"] else "")
+    return ("verified; " if row.get("verified") else "self-reported; ") + (
+        "OOD data used; " if row["uses_ood_data"] else "") + ("same-source tuning" if row["same_source_tuning"] else "")
 
 
 def board_markdown(doc):

@@ -22,10 +22,18 @@ class Limits:
     json_bytes: int = 1 << 20  # submission.json
     members: int = 1000
     ratio: int = 200  # uncompressed / compressed size beyond which a member is a bomb
+    map_bytes: int = 4 << 30  # one score-map file (scores/<set>.h5), written to disk rather than held in memory
 
 
-def read_submission_files(path, limits=Limits()):
-    """{relative name: bytes} of a submission zip or folder, refusing anything unsafe."""
+def is_map(name):
+    """Whether a member is a score-map file (``scores/<set>.h5``), which is spilled to disk, not read into memory."""
+    return name.startswith("scores/") and name.endswith(".h5") and name.count("/") == 1
+
+
+def read_submission_files(path, limits=Limits(), spill=None):
+    """{relative name: bytes} of a submission zip or folder, refusing anything unsafe. Score-map members
+    (:func:`is_map`) are {name: Path} instead: a folder's own file, or a zip member copied into the folder
+    ``spill`` (at most ``limits.map_bytes``, whatever the zip declares)."""
     path = Path(path)
     if path.is_dir():
         return _read_folder(path, limits)
@@ -46,6 +54,9 @@ def read_submission_files(path, limits=Limits()):
                 continue
             if name in files:
                 raise Rejected(f"duplicate member name {name!r}")
+            if is_map(name) and spill is not None:
+                files[name] = _spill(archive, info, name, Path(spill), limits.map_bytes)
+                continue
             if info.file_size > limits.member_bytes or (info.compress_size and
                                                          info.file_size > limits.ratio * info.compress_size > 0):
                 raise Rejected(f"member {name!r} would expand to {info.file_size} bytes: over the limits (zip bomb?)")
@@ -64,12 +75,36 @@ def read_submission_files(path, limits=Limits()):
         return files
 
 
+def _spill(archive, info, name, spill, max_bytes):
+    """Copy one zip member to ``spill`` in bounded pieces; returns its path."""
+    if info.file_size > max_bytes:
+        raise Rejected(f"member {name!r} would expand to {info.file_size} bytes, over the limit {max_bytes}")
+    target = spill / name.replace("/", "_")
+    written = 0
+    try:
+        with archive.open(info) as member, open(target, "wb") as out:
+            while piece := member.read(1 << 20):
+                written += len(piece)
+                if written > max_bytes:
+                    raise Rejected(f"member {name!r} expands beyond {max_bytes} bytes (zip bomb?)")
+                out.write(piece)
+    except (zipfile.BadZipFile, zlib.error, EOFError) as err:
+        raise Rejected(f"member {name!r} is corrupt ({err}): a CRC mismatch or damaged compressed data") from None
+    return target
+
+
 def _read_folder(path, limits):
     files, total = {}, 0
     for file in sorted(path.rglob("*")):
         if file.is_symlink():
             raise Rejected(f"{file.relative_to(path)} is a symbolic link")
         if not file.is_file():
+            continue
+        name = file.relative_to(path).as_posix()
+        if is_map(name):
+            if file.stat().st_size > limits.map_bytes:
+                raise Rejected(f"{name}: {file.stat().st_size} bytes, over the limit {limits.map_bytes}")
+            files[name] = file
             continue
         size = file.stat().st_size
         total += size

@@ -3,11 +3,13 @@
 import io
 import json
 import re
+import tempfile
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
+from segood.leaderboard.maps import map_member
 from segood.leaderboard.safe import Rejected
 from segood.metrics import METRICS
 
@@ -16,11 +18,59 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._+()/-]{0,79}$")
 COUNTS = ("n_id", "n_ood", "n_ignored")
 
 
-def submit(run_dir, out, *, method, name, description="", allow_same_source=False):
+def submit(run_dir, out, *, method=None, name, description="", allow_same_source=False, score_maps=None,
+           uses_ood_data=False):
     """Package ``method`` of the run in ``run_dir`` as a submission zip ``out``; returns the submission dict.
 
-    Refuses a method tuned on its test source unless ``allow_same_source`` (the flag then travels with it).
+    ``score_maps`` = {set name: score file in the segood layout (``segood export``)} adds per-pixel maps for the
+    verified track, stored as float16 in ``scores/<set>.h5``: the board scores them against its own masks (for
+    sets whose masks are private, the only way to enter). Without ``run_dir`` a submission holds maps only
+    (``uses_ood_data`` is then declared here). Refuses a method tuned on its test source unless
+    ``allow_same_source`` (the flag then travels with it).
     """
+    if not NAME_PATTERN.match(name):
+        raise ValueError(f"method name {name!r}: use 1-80 letters, digits, spaces and ._+()/- (starting with a letter "
+                         "or digit)")
+    score_maps = dict(score_maps or {})
+    if run_dir is None and not score_maps:
+        raise ValueError("nothing to submit: give a run (its accumulator states) or score maps (--scores SET=FILE)")
+    document = ({"schema": SCHEMA, "method": {"name": name, "description": description, "params": {},
+                                               "uses_ood_data": bool(uses_ood_data)}, "sets": {}}
+                if run_dir is None else None)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        if run_dir is not None:
+            document = _add_states(archive, run_dir, method, name, description, allow_same_source, skip=score_maps)
+        for set_name, path in score_maps.items():
+            _add_float16_maps(archive, map_member(set_name), path)
+            previous = document["sets"].get(set_name, {})
+            document["sets"][set_name] = {"scores": map_member(set_name),
+                                          "same_source_tuning": previous.get("same_source_tuning", False)}
+        archive.writestr("submission.json", json.dumps(document, indent=2, allow_nan=False))
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_bytes(buffer.getvalue())
+    return document
+
+
+def _add_float16_maps(archive, member, path):
+    """Store a float16 copy of a segood-layout score file (one dataset per frame id) as ``member``."""
+    import h5py
+
+    from segood.leaderboard.maps import write_maps
+
+    try:
+        source = h5py.File(path, "r")
+    except OSError as err:
+        raise ValueError(f"{path} is not a readable HDF5 score file ({err}); write it with segood export") from None
+    with source, tempfile.TemporaryDirectory() as tmp:
+        ids = []
+        source.visititems(lambda key, obj: ids.append(key) if isinstance(obj, h5py.Dataset) else None)
+        write_maps(source, ids, Path(tmp) / "maps.h5")
+        archive.write(Path(tmp) / "maps.h5", member, compress_type=zipfile.ZIP_STORED)  # lzf inside already
+
+
+def _add_states(archive, run_dir, method, name, description, allow_same_source, skip):
+    """Write the run's accumulator states (but for the sets in ``skip``) and return the submission document."""
     from segood.evaluation.layout import RunFolder  # here, so that judging submissions never imports torch
     from segood.evaluation.runner import Evaluation
 
@@ -29,9 +79,6 @@ def submit(run_dir, out, *, method, name, description="", allow_same_source=Fals
     results = folder.read_results()["results"]
     if method not in results:
         raise ValueError(f"the run has no method {method!r}; it has {sorted(results)}")
-    if not NAME_PATTERN.match(name):
-        raise ValueError(f"method name {name!r}: use 1-80 letters, digits, spaces and ._+()/- (starting with a letter "
-                         "or digit)")
     same_source = {s: r["same_source_tuning"] for s, r in results[method].items()}
     if any(same_source.values()) and not allow_same_source:
         raise ValueError(f"{method} was tuned on data from the same source as {[s for s, v in same_source.items() if v]}; "
@@ -46,21 +93,16 @@ def submit(run_dir, out, *, method, name, description="", allow_same_source=Fals
         "toolkit": run["toolkit"],
         "sets": {},
     }
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for set_name, r in results[method].items():
-            state = ev.acc[(method, set_name)].state_dict()
-            npz = io.BytesIO()
-            np.savez(npz, **state)
-            archive.writestr(f"states/{set_name}.npz", npz.getvalue())
-            document["sets"][set_name] = {
-                "manifest_sha256": run["sets"][set_name]["manifest_sha256"],
-                "same_source_tuning": same_source[set_name],
-                "claims": {**{m: r["pooled"].get(m) for m in METRICS}, **{c: r[c] for c in COUNTS}},
-            }
-        archive.writestr("submission.json", json.dumps(document, indent=2, allow_nan=False))
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_bytes(buffer.getvalue())
+    for set_name, r in results[method].items():
+        document["sets"][set_name] = {"manifest_sha256": run["sets"][set_name]["manifest_sha256"],
+                                      "same_source_tuning": same_source[set_name]}
+        if set_name in skip:
+            continue
+        npz = io.BytesIO()
+        np.savez(npz, **ev.acc[(method, set_name)].state_dict())
+        archive.writestr(f"states/{set_name}.npz", npz.getvalue())
+        document["sets"][set_name]["claims"] = {**{m: r["pooled"].get(m) for m in METRICS},
+                                                **{c: r[c] for c in COUNTS}}
     return document
 
 
@@ -80,6 +122,12 @@ def validate(doc):
     _require(isinstance(sets, dict) and sets, "'sets' must be a non-empty object")
     for set_name, entry in sets.items():
         _require(isinstance(entry, dict), f"set {set_name!r}: must be an object")
+        _require(isinstance(entry.get("same_source_tuning", False), bool),
+                 f"set {set_name!r}: same_source_tuning must be a bool")
+        if "scores" in entry:  # the verified track: maps, scored by the board; no claims
+            _require(entry["scores"] == map_member(set_name),
+                     f"set {set_name!r}: 'scores' must name {map_member(set_name)!r}")
+            continue
         _require(isinstance(entry.get("manifest_sha256"), str) and re.fullmatch(r"[0-9a-f]{64}", entry["manifest_sha256"])
                  is not None, f"set {set_name!r}: manifest_sha256 must be 64 hex digits")
         _require(isinstance(entry.get("same_source_tuning"), bool), f"set {set_name!r}: same_source_tuning must be a bool")

@@ -1,0 +1,100 @@
+"""The verified track: score maps from strangers, read safely and scored here against the maintainer's masks.
+
+A submission's ``scores/<set>.h5`` holds one float16 H×W dataset per frame id of the benchmark's set (the
+``segood`` layout of :mod:`segood.evaluation.exchange`, in float16). Before any score is read the file's
+structure is checked: hard links only (no soft or external links), no virtual datasets or external storage,
+filters gzip / lzf / none, exactly the benchmark's frame ids, each of its frame's shape and float16. Memory
+stays bounded by one frame; NaN scores are refused. Nothing here imports torch.
+"""
+
+import h5py
+import numpy as np
+
+from segood.leaderboard.safe import Rejected
+
+ALLOWED_FILTERS = {h5py.h5z.FILTER_DEFLATE: "gzip", h5py.h5z.FILTER_LZF: "lzf"}
+
+
+def map_member(set_name):
+    """The name of a set's score-map file inside a submission."""
+    return f"scores/{set_name}.h5"
+
+
+def write_maps(maps, frame_ids, out):
+    """Write ``maps[frame_id]`` (H×W, any real dtype) for every frame id to ``out`` as float16 HDF5, lzf-compressed
+    (what a verified submission carries); scores beyond float16's range become ±inf, which the float-order grid
+    bins at its ends."""
+    with h5py.File(out, "w") as f:
+        for frame_id in frame_ids:
+            with np.errstate(over="ignore"):
+                f.create_dataset(frame_id, data=np.asarray(maps[frame_id]).astype(np.float16), compression="lzf")
+
+
+def read_maps(path, frames, max_objects=100_000):
+    """Yield (frame id, float16 H×W scores) for ``frames`` = [(frame id, H, W)] from a submitted file, in order,
+    after checking its whole structure. Raises :class:`Rejected` naming what is wrong."""
+    try:
+        f = h5py.File(path, "r")
+    except OSError as err:
+        raise Rejected(f"{path.name}: not a readable HDF5 file ({err})") from None
+    with f:
+        datasets = _check_structure(f, frames, max_objects)
+        for frame_id, height, width in frames:
+            dataset = datasets[frame_id]
+            if dataset.shape != (height, width):
+                raise Rejected(f"frame {frame_id}: scores of shape {dataset.shape}, the frame is ({height}, {width})")
+            scores = dataset[...]
+            nan = int(np.isnan(scores).sum())
+            if nan:
+                raise Rejected(f"frame {frame_id}: {nan} NaN scores; every pixel needs a score (±inf are allowed)")
+            yield frame_id, scores
+
+
+def _check_structure(f, frames, max_objects):
+    """{frame id: dataset} once every link, object, dtype and filter of the file has been checked."""
+    links = []
+
+    def visit(name, link):  # a returned reason stops the visit (an exception cannot cross HDF5's C callback)
+        if len(links) >= max_objects:
+            return f"the score file holds more than {max_objects} objects"
+        if not isinstance(link, h5py.HardLink):
+            return f"{name!r} is a {type(link).__name__}: score files may hold hard links only"
+        links.append(name)
+        return None
+
+    reason = f.visititems_links(visit)
+    if reason:
+        raise Rejected(reason)
+    expected = [frame_id for frame_id, _, _ in frames]
+    groups = {prefix for frame_id in expected for prefix in _prefixes(frame_id)}
+    stored = {name for name in links if f.get(name, getclass=True) is h5py.Dataset}
+    strays = [name for name in links if name not in stored and name not in groups]
+    missing, extra = sorted(set(expected) - stored), sorted(stored - set(expected)) + strays
+    if missing or extra:
+        raise Rejected(f"the score file has {len(stored)} maps for the set's {len(expected)} frames: missing "
+                       f"{_some(missing)}, extra {_some(extra)}")
+    datasets = {}
+    for frame_id in expected:
+        dataset = f[frame_id]
+        if dataset.is_virtual or dataset.external:
+            raise Rejected(f"frame {frame_id}: a virtual dataset or external storage; store the scores in the file")
+        if dataset.dtype != np.float16:
+            raise Rejected(f"frame {frame_id}: scores of dtype {dataset.dtype}; verified maps are float16")
+        plist = dataset.id.get_create_plist()
+        for k in range(plist.get_nfilters()):
+            code, _, _, name = plist.get_filter(k)
+            if code not in ALLOWED_FILTERS:
+                raise Rejected(f"frame {frame_id}: HDF5 filter {name.decode(errors='replace')!r} ({code}); only "
+                               f"{', '.join(ALLOWED_FILTERS.values())} or none are read")
+        datasets[frame_id] = dataset
+    return datasets
+
+
+def _prefixes(frame_id):
+    parts = frame_id.split("/")
+    return ["/".join(parts[:k]) for k in range(1, len(parts))]
+
+
+def _some(names):
+    return "none" if not names else ", ".join(repr(n) for n in names[:3]) + (
+        f" and {len(names) - 3} more" if len(names) > 3 else "")
