@@ -159,11 +159,27 @@ def _evaluate(args):
                    save_every=args.save_every,
                    progress=not args.quiet, skip_bad=args.skip_bad, fit_set=args.fit_set,
                    checkpoint=args.checkpoint, feature_layer=args.feature_layer, verify=not args.no_verify,
-                   components=components)
+                   components=components, **_analysis_options(args))
     if doc is not None:
         print((args.out / "results.md").read_text(), end="")
         print(f"\nwrote {args.out}/results.json, results.csv, results.md and figures/")
     return 0
+
+
+def _analysis_options(args):
+    from segood.metrics.bootstrap import Bootstrap
+
+    return {"bootstrap": Bootstrap(args.resamples, args.seed) if args.resamples else None,
+            "commit_on": args.commit_on}
+
+
+def add_analysis_options(parser):
+    parser.add_argument("--commit-on", metavar="SET", help="a set of the run (by name) to commit thresholds on by "
+                        "each rule (tpr95, balanced_accuracy, f1, iou), applied unchanged to every set; without it "
+                        "the tables show oracle thresholds, named so")
+    parser.add_argument("--resamples", type=int, default=1000, help="image-level bootstrap resamples for the "
+                        "intervals and paired comparisons (default 1000; 0: none)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
 
 
 def _report(args):
@@ -173,9 +189,9 @@ def _report(args):
         from segood.evaluation import combine_runs
 
         out = args.out or args.run_dir.with_name(args.run_dir.name + "_combined")
-        combine_runs([args.run_dir, *args.combine], out)
+        combine_runs([args.run_dir, *args.combine], out, **_analysis_options(args))
     else:
-        write_report(args.run_dir)
+        write_report(args.run_dir, **_analysis_options(args))
         out = args.run_dir
     print((out / "results.md").read_text(), end="")
     return 0
@@ -352,6 +368,7 @@ def build_parser():
                     help="the thresholds were chosen on the test sets themselves: marked ORACLE in every report")
     ev.add_argument("--no-verify", action="store_true",
                     help="do not check frames against their set's sha256 digests (faster; corruption goes unseen)")
+    add_analysis_options(ev)
     ev.add_argument("--quiet", action="store_true")
     ev.set_defaults(run=_evaluate)
 
@@ -378,6 +395,7 @@ def build_parser():
     report.add_argument("--combine", type=Path, nargs="+", metavar="RUN",
                         help="more runs on the same sets (e.g. one per head) to report side by side")
     report.add_argument("--out", type=Path, help="with --combine: the combined report's folder")
+    add_analysis_options(report)
     report.set_defaults(run=_report)
 
     score = sub.add_parser("score", help="evaluate per-pixel score maps computed elsewhere (HDF5)")

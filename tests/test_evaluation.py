@@ -121,7 +121,7 @@ def test_report_flags_values_the_binning_cannot_resolve(sets, tmp_path):
     result = coarse["results"]["external"]["perlin_mixed"]
     assert result["pooled"]["auroc"] == pytest.approx(0.5) and result["bounds"]["auroc"] == [0.0, 1.0]
     markdown = (tmp_path / "coarse" / "results.md").read_text()
-    assert "**0.5000** ≈" in markdown and "rerun on the float-order grid" in markdown
+    assert "**0.5000** [0.500, 0.500] ≈" in markdown and "rerun on the float-order grid" in markdown
     assert "auroc_lo,auroc_hi" in (tmp_path / "coarse" / "results.csv").read_text().splitlines()[0]
     fine = evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "fine", figures=False)
     assert fine["results"]["external"]["perlin_mixed"]["pooled"]["auroc"] == pytest.approx(1.0)

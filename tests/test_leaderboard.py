@@ -90,7 +90,11 @@ def bad_submissions(root, folder):
     rebuild(good, folder / "forged.zip", edit=lambda d: d["sets"]["perlin_mixed"]["claims"].update(auroc=0.999))
     with zipfile.ZipFile(good) as z:
         state = dict(np.load(io.BytesIO(z.read("states/perlin_mixed.npz"))))
-    state["hist"] = state["hist"] * 2  # counts that do not match the set's pixels
+    inconsistent = io.BytesIO()  # per-image counts that do not add up to the pooled ones
+    np.savez(inconsistent, **{**state, "image_counts": state["image_counts"] * 2})
+    replace_member(good, folder / "inconsistent.zip", "states/perlin_mixed.npz", inconsistent.getvalue())
+    state["hist"] = state["hist"] * 2  # counts that do not match the set's pixels (the per-image ones agree)
+    state["image_counts"] = state["image_counts"] * 2
     tampered = io.BytesIO()
     np.savez(tampered, **state)
     replace_member(good, folder / "tampered.zip", "states/perlin_mixed.npz", tampered.getvalue())
@@ -119,6 +123,7 @@ def bad_submissions(root, folder):
 EXPECTED_REASONS = {
     "forged.zip": "claimed auroc 0.999 but the counts give",
     "tampered.zip": "do not match the set's pixels",
+    "inconsistent.zip": "the per-image counts sum to",
     "wrong_hash.zip": "another version of the set",
     "pickle.zip": "holds pickled objects",
     "pickle_member.zip": "unexpected members",

@@ -16,6 +16,7 @@ from segood.labels import NUM_CLASSES
 from segood.methods import get_method
 from segood.methods.methods import check_grid
 from segood.metrics import grid_spec, make_accumulator
+from segood.metrics.bootstrap import Bootstrap
 from segood.models.external import ExternalModel
 from segood.models.network import SegmentationNetwork
 
@@ -37,7 +38,8 @@ def start_distributed(device=None):
 
 def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, device=None, num_thresholds=None,
              score_range=None, mantissa_bits=None, resume=False, save_every=20, progress=True, figures=True,
-             skip_bad=False, fit_set=None, checkpoint=None, feature_layer=None, verify=True, components=None):
+             skip_bad=False, fit_set=None, checkpoint=None, feature_layer=None, verify=True, components=None,
+             bootstrap=Bootstrap(), commit_on=None):
     """Evaluate pixel-level OOD methods of ``model`` on converted sets; writes ``out_dir`` and returns the
     results document (the content of results.json).
 
@@ -57,6 +59,7 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
         components: component-level metrics (SegmentMeIfYouCan's) in the same pass: {"preset": "anomaly" or
             "obstacle", "thresholds": {method: threshold, or {set: threshold}}, "source": "committed" (the
             default: thresholds chosen on a tuning set) or "oracle" (chosen on each test set itself)}.
+        bootstrap, commit_on: the report's intervals and committed thresholds (:func:`write_report`).
 
     Under ``torchrun`` (an initialised process group) each rank evaluates every world_size-th frame and the
     counts are all-reduced; rank 0 writes the outputs. Results equal a single-process run exactly.
@@ -112,7 +115,7 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
         return None
     if world > 1:
         ev.save(folder.state())
-    return write_report(folder.path, figures=figures)
+    return write_report(folder.path, figures=figures, bootstrap=bootstrap, commit_on=commit_on)
 
 
 def evaluate_score_maps(scores_path, data_path, out_dir, *, name="external", score_range=None, num_thresholds=None,

@@ -8,12 +8,14 @@ import warnings
 
 import numpy as np
 
+from segood.evaluation.analysis import committed, runtime, significance
 from segood.evaluation.layout import RunFolder
 from segood.evaluation.runner import Evaluation
 from segood.io import atomic_write_text, write_json
 from segood.labels import CLASS_NAMES, colorize
 from segood.methods.tuning import same_source_tuning
 from segood.metrics import METRICS, UndefinedMetricWarning, describe_grid, grid_spec
+from segood.metrics.bootstrap import Bootstrap
 
 SCHEMA = "segood.results/1"
 COARSE = 0.01  # a pooled value the binning may move by more than this is flagged ≈ in results.md
@@ -23,8 +25,12 @@ def arrow(metric):
     return METRICS[metric].arrow()
 
 
-def build_results(run, ev):
-    """The results.json document from the run description and the (all-reduced) evaluation state."""
+def build_results(run, ev, *, bootstrap=Bootstrap(), commit_on=None):
+    """The results.json document from the run description and the (all-reduced) evaluation state: pooled and
+    per-image metrics with bootstrap intervals (``bootstrap``; None: none) and tied ranks, thresholds committed on
+    the set ``commit_on`` (and the oracle ones, named so), and runtime per method."""
+    cells, comparisons, described = significance(ev, bootstrap) if bootstrap else ({}, {}, None)
+    thresholds = committed(ev, commit_on)
     results, per_class = {}, {}
     for m in ev.method_names:
         results[m], per_class[m] = {}, {}
@@ -46,6 +52,8 @@ def build_results(run, ev):
                 "n_id": n_id, "n_ood": n_ood, "n_ignored": int(acc.n_ignored),
                 "id_to_ood_ratio": n_id / n_ood if n_ood else None,
                 "same_source_tuning": same_source_tuning(params, run["sets"][s]),
+                **cells.get((m, s), {}),
+                **thresholds[(m, s)],
             }
             if (m, s) in ev.comp:
                 results[m][s]["components"] = {k: _number(v) if isinstance(v, float) else v
@@ -55,16 +63,20 @@ def build_results(run, ev):
             per_class[m][s] = {name: (None if np.isnan(v) else float(v)) for name, v in zip(CLASS_NAMES, means)}
     images = sum(ev.images.values())
     timings = {"images": images,
-               "ms_per_image": {k: 1e3 * v / images for k, v in ev.seconds.items()} if images else {}}
+               "ms_per_image": {k: 1e3 * v / images for k, v in ev.seconds.items()} if images else {},
+               "per_method": runtime(ev)}
     return {"schema": SCHEMA, **run, "results": results, "per_class_mean_score": per_class, "timings": timings,
-            "skipped_frames": ev.skipped}
+            "skipped_frames": ev.skipped, "bootstrap": described, "comparisons": comparisons,
+            "commit_on": commit_on}
 
 
-def write_report(out_dir, *, figures=True):
-    """(Re)write results.json, results.csv, results.md and the figures of ``out_dir`` from its state."""
+def write_report(out_dir, *, figures=True, bootstrap=Bootstrap(), commit_on=None):
+    """(Re)write results.json, results.csv, results.md and the figures of ``out_dir`` from its state, with
+    bootstrap intervals (``bootstrap``: resamples and seed; None: none) and thresholds committed on the set
+    ``commit_on``."""
     folder = RunFolder(out_dir)
     ev = Evaluation.load(folder.state())
-    doc = build_results(folder.read_run(), ev)
+    doc = build_results(folder.read_run(), ev, bootstrap=bootstrap, commit_on=commit_on)
     write_json(folder.results_json, doc)
     atomic_write_text(folder.results_csv, results_csv(doc))
     atomic_write_text(folder.results_md, results_markdown(doc))
@@ -73,7 +85,7 @@ def write_report(out_dir, *, figures=True):
     return doc
 
 
-def combine_runs(run_dirs, out_dir, *, figures=True):
+def combine_runs(run_dirs, out_dir, *, figures=True, bootstrap=Bootstrap(), commit_on=None):
     """One report over several runs on the same sets (e.g. one network per head): their accumulators side by
     side, no recomputation. Method names must be distinct across the runs."""
     folders = [RunFolder(d) for d in run_dirs]
@@ -111,7 +123,7 @@ def combine_runs(run_dirs, out_dir, *, figures=True):
     folder = RunFolder(out_dir)
     write_json(folder.run, run)
     combined.save(folder.state())
-    return write_report(folder.path, figures=figures)
+    return write_report(folder.path, figures=figures, bootstrap=bootstrap, commit_on=commit_on)
 
 
 def results_csv(doc):
@@ -147,14 +159,20 @@ def results_markdown(doc):
                     column = [(doc["results"][o][s][aggregation] or {}).get(metric) for o in doc["results"]]
                     column = [v for v in column if v is not None]
                     best = (max if METRICS[metric].higher_is_better else min)(column) if column else None
+                    ranks = (doc.get("comparisons") or {}).get(s, {}).get("ranks", {}).get(metric)
+                    top = ranks[m] == 1 if ranks and aggregation == "pooled" else value is not None and value == best
                     text = "–" if value is None else f"{value:.4f}"
                     flag = " †" if by_set[s]["same_source_tuning"] else ""
                     if aggregation == "pooled" and too_coarse(metric, by_set[s]):
                         flag += " ≈"
-                    cells.append(f"**{text}**{flag}" if value is not None and value == best else text + flag)
+                    interval = (by_set[s].get("intervals" if aggregation == "pooled" else "per_image_intervals")
+                                or {}).get(metric)
+                    if value is not None and interval and interval[0] is not None:
+                        flag = f" [{interval[0]:.3f}, {interval[1]:.3f}]" + flag
+                    cells.append(f"**{text}**{flag}" if top else text + flag)
                 lines.append(f"| {m} | " + " | ".join(cells) + " |")
             lines.append("")
-    lines += component_markdown(doc, sets)
+    lines += committed_markdown(doc, sets) + runtime_markdown(doc) + component_markdown(doc, sets)
     ratios = {s: doc["results"][next(iter(doc["results"]))][s]["id_to_ood_ratio"] for s in sets}
     lines.append("Sets: " + ", ".join(f"{s} (ID:OOD = {r:.2f}:1)" if r else f"{s} (no OOD pixels)"
                                       for s, r in ratios.items()) + ".")
@@ -167,6 +185,13 @@ def results_markdown(doc):
                          "rerun on the float-order grid (the default: drop --num-thresholds)."
                          if grid_of_config(doc["config"])["kind"] == "linear" else
                          "rerun with more --mantissa-bits."))
+    if doc.get("bootstrap"):
+        b = doc["bootstrap"]
+        lines.append(f"[lo, hi]: {b['confidence']:.0%} image-level bootstrap intervals ({b['resamples']} resamples, "
+                     f"seed {b['seed']}). Bold: the best value, and every value not significantly worse than it "
+                     "(paired bootstrap of the methods on the same resamples; intervals of the difference that "
+                     "include 0 are ties). The resampled counts use a coarse grid (16 bins per binade): "
+                     "\"coarsening\" in results.json bounds how far that moves a value.")
     per_image = [f"{(r['per_image_mean'] or {}).get('n_images', 0)}" for r in doc["results"][next(iter(doc["results"]))].values()]
     lines.append(f"Per-image means average the images where a metric is defined ({', '.join(per_image)} images per set).")
     return "\n".join(lines) + "\n"
@@ -210,7 +235,11 @@ def write_figures(figures, doc, ev):
     for ax, metric in zip(axes, METRICS):
         for k, m in enumerate(methods):
             values = [doc["results"][m][s]["pooled"].get(metric) or 0.0 for s in sets]
-            ax.bar(np.arange(len(sets)) + k * width, values, width, label=m)
+            intervals = [(doc["results"][m][s].get("intervals") or {}).get(metric) or [None, None] for s in sets]
+            errors = np.array([[v - lo, hi - v] if lo is not None else [0.0, 0.0]
+                               for v, (lo, hi) in zip(values, intervals)]).T
+            ax.bar(np.arange(len(sets)) + k * width, values, width, label=m, yerr=np.clip(errors, 0, None),
+                   capsize=2, error_kw={"linewidth": 0.8})
         ax.set_xticks(np.arange(len(sets)) + width * (len(methods) - 1) / 2, sets, rotation=20, fontsize=8)
         ax.set_title(f"{METRICS[metric].label} {arrow(metric)}")
     axes[0].legend(fontsize=7)
@@ -253,6 +282,41 @@ def write_figures(figures, doc, ev):
                 if row == 0:
                     ax.set_title(title, fontsize=8)
         _save(fig, figures / _file_name(f"examples_{s}.png"))
+
+
+def committed_markdown(doc, sets):
+    """TPR / FPR / balanced accuracy at thresholds committed on the tuning set (or, named so, oracle ones)."""
+    key = "committed" if doc.get("commit_on") else "oracle"
+    first = doc["results"][next(iter(doc["results"]))][sets[0]]
+    title = (f"chosen on {doc['commit_on']}, applied unchanged to every set" if key == "committed" else
+             "ORACLE: chosen on each test set itself (pass --commit-on SET to commit them on a tuning set)")
+    lines = []
+    for rule in first[key]:
+        lines += [f"## At the {rule} threshold ({title})", "", "TPR / FPR / balanced accuracy.", "",
+                  "| method | " + " | ".join(sets) + " |", "|---|" + "---:|" * len(sets)]
+        for m, by_set in doc["results"].items():
+            cells = []
+            for s in sets:
+                at = by_set[s][key][rule]
+                cells.append("–" if at["tpr"] is None else f"{at['tpr']:.3f} / {at['fpr']:.3f} / "
+                                                           f"{at['balanced_accuracy']:.3f}")
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
+def runtime_markdown(doc):
+    """Inference (the shared forward pass) and each method's scoring, apart."""
+    per_method = (doc.get("timings") or {}).get("per_method")
+    if not per_method:
+        return []
+    lines = ["## Runtime: inference and scoring apart", "",
+             "| method | inference ms / image | scoring ms / image | inference ms / MP | scoring ms / MP |",
+             "|---|---:|---:|---:|---:|"]
+    lines += [f"| {m} | {t['inference_ms_per_image']:.1f} | {t['scoring_ms_per_image']:.1f} | "
+              f"{t['inference_ms_per_megapixel']:.1f} | {t['scoring_ms_per_megapixel']:.1f} |"
+              for m, t in per_method.items()]
+    return lines + [""]
 
 
 def component_markdown(doc, sets):

@@ -13,13 +13,14 @@ from pathlib import Path
 import numpy as np
 
 from segood.data.h5 import frame_ids, ood_masks, read_manifest, set_identity
-from segood.labels import IGNORE
 from segood.io import atomic_write_text, write_json
+from segood.labels import IGNORE
 from segood.leaderboard.maps import map_member, read_maps
 from segood.leaderboard.safe import Limits, Rejected, is_map, load_npz, read_submission_files, strict_json
 from segood.leaderboard.submission import validate
 from segood.metrics import (METRICS, UndefinedMetricWarning, accumulator_from_state, describe_grid, grid_spec,
                             make_accumulator)
+from segood.metrics.accumulator import OPTIONAL_STATE
 
 BENCHMARK_SCHEMA = "segood.benchmark/1"
 TOLERANCE = 1e-6
@@ -156,7 +157,7 @@ def _self_reported(set_name, entry, files, official, grid):
     if state_file not in files:
         raise Rejected(f"set {set_name!r}: no accumulator state {state_file}")
     state = load_npz(files[state_file], tuple(make_accumulator(grid).state_dict()),
-                     optional=("per_image_metrics",))  # states before they named their metrics
+                     optional=OPTIONAL_STATE)
     _check_state_config(set_name, state, grid)
     try:
         acc = accumulator_from_state(state)

@@ -7,6 +7,7 @@ import numpy as np
 
 from segood.io import atomic_write_bytes, read_npz
 from segood.metrics import _kernels
+from segood.metrics.bootstrap import ImageCounts
 from segood.metrics.functional import (
     METRICS,
     as_numpy_inputs,
@@ -17,6 +18,8 @@ from segood.metrics.functional import (
 )
 
 STATE_FORMAT = "segood.PixelOODAccumulator/1"
+# state arrays that older states lack: the names of the per-image metrics, the per-image counts (bootstrap)
+OPTIONAL_STATE = ("per_image_metrics", "image_offsets", "image_keys", "image_counts", "image_values")
 MAX_THRESHOLDS = 1 << 24  # 256 MiB of counts: beyond that a "state" is a mistake, not a configuration
 _MIN_CHUNK = 1 << 16  # pixels per thread; below this, threads cost more than they save
 
@@ -44,6 +47,7 @@ class _Streaming:
             "per_image_sum": self.per_image_sum.copy(),
             "per_image_defined": np.array(self.per_image_defined, dtype=np.int64),
             "per_image_metrics": np.array(self.metric_names, dtype=str),
+            **self.images.arrays(),
         }
 
     def _check_mergeable(self, other, fields):
@@ -61,17 +65,33 @@ class _Streaming:
         """Per-image bookkeeping for one image's counts: its metrics, where it has ID and OOD pixels."""
         self.n_images += 1
         fp, tp = _reverse_cumsum(hist)
+        values = np.full(len(self.metric_names), np.nan)
         if hist.size and fp[0] and tp[0]:
             metrics = metrics_from_counts(thresholds, tp, fp, int(tp[0]), int(fp[0]), warn=False)
-            self.per_image_sum += [metrics[name] for name in self.metric_names]
+            values = np.array([metrics[name] for name in self.metric_names])
+            self.per_image_sum += values
             self.per_image_defined += 1
+        self.images.add(thresholds, hist, values)
 
     def _merge_per_image(self, other):
         self.n_ignored += other.n_ignored
         self.n_images += other.n_images
         self.per_image_sum += other.per_image_sum
         self.per_image_defined += other.per_image_defined
+        self.images.extend(other.images)
         return self
+
+    def _gather_images(self):
+        """Every rank's per-image counts, in rank order, on every rank (torch.distributed, between our own
+        processes: the objects are plain arrays)."""
+        import torch.distributed as dist
+
+        parts = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, self.images.arrays())
+        images = ImageCounts(len(self.metric_names))
+        for arrays in parts:
+            images.extend(ImageCounts.from_arrays(arrays, len(self.metric_names)))
+        self.images = images
 
     def _split_images(self, scores, labels):
         """[(scores, labels)] per image with ``per_image``, else the whole input as one piece."""
@@ -134,6 +154,7 @@ class PixelOODAccumulator(_Streaming):
         self.n_images = 0
         self.per_image_sum = np.zeros(len(self.metric_names))
         self.per_image_defined = 0  # images where the per-image metrics are defined
+        self.images = ImageCounts(len(self.metric_names))  # per image: coarse counts and metrics (bootstrap)
         return self
 
     def update(self, scores, labels, *, clip=False):
@@ -223,7 +244,7 @@ class PixelOODAccumulator(_Streaming):
     def from_state_dict(cls, state):
         """Rebuild from :meth:`state_dict` output (or an ``np.load``-ed npz). Every field is checked for its
         type, shape and range before anything is allocated from it; counts must add up without overflow."""
-        missing = [k for k in cls(2).state_dict() if k not in state and k != "per_image_metrics"]
+        missing = [k for k in cls(2).state_dict() if k not in state and k not in OPTIONAL_STATE]
         if missing:
             raise ValueError(f"accumulator state lacks {missing}; was it written by state_dict()?")
         if str(np.asarray(state["format"])) != STATE_FORMAT:
@@ -269,6 +290,7 @@ class PixelOODAccumulator(_Streaming):
         sums = torch.from_numpy(self.per_image_sum.copy()).to(device)
         dist.all_reduce(counts)
         dist.all_reduce(sums)
+        self._gather_images()
         counts = counts.cpu().numpy()
         self.hist[...] = counts[: self.hist.size].reshape(self.hist.shape)
         self.n_ignored, self.n_images, self.per_image_defined = (int(v) for v in counts[self.hist.size :])
@@ -366,6 +388,15 @@ def load_per_image(acc, state):
             raise ValueError(f"accumulator state 'per_image_sum' of {name} is {value}: impossible for "
                              f"{acc.per_image_defined} images with values in [{lo}, {hi}]")
     acc.metric_names, acc.per_image_sum = names, sums.astype(np.float64)
+    acc.images = ImageCounts(len(names))
+    if "image_offsets" in state:  # states before per-image counts have none: they cannot be bootstrapped
+        acc.images = ImageCounts.from_arrays(state, len(names))
+        if len(acc.images) not in (0, acc.n_images):
+            raise ValueError(f"accumulator state holds counts of {len(acc.images)} images but n_images is {acc.n_images}")
+        pooled = tuple(int(v) for v in acc.curve_counts()[1].sum(axis=1))
+        if len(acc.images) and acc.images.totals() != pooled:
+            raise ValueError(f"accumulator state: the per-image counts sum to {acc.images.totals()} (ID, OOD) "
+                             f"pixels, the pooled counts to {pooled}")
 
 
 def _flag(state, key):

@@ -11,8 +11,9 @@ import numba
 import numpy as np
 
 from segood.metrics import _kernels
-from segood.metrics.accumulator import (_count, _flag, _flat_cuda, _host, _is_cuda, _reverse_cumsum, _Streaming,
-                                        check_counts, load_per_image)
+from segood.metrics.bootstrap import ImageCounts
+from segood.metrics.accumulator import (OPTIONAL_STATE, _count, _flag, _flat_cuda, _host, _is_cuda, _reverse_cumsum,
+                                        _Streaming, check_counts, load_per_image)
 from segood.metrics.functional import (METRICS, as_numpy_inputs, metric_bounds, metrics_from_counts,
                                        raise_bad_labels)
 
@@ -90,6 +91,7 @@ class FloatOrderAccumulator(_Streaming):
         self.n_images = 0
         self.per_image_sum = np.zeros(len(self.metric_names))
         self.per_image_defined = 0
+        self.images = ImageCounts(len(self.metric_names))  # per image: coarse counts and metrics (bootstrap)
         return self
 
     def update(self, scores, labels, *, clip=False):
@@ -163,7 +165,7 @@ class FloatOrderAccumulator(_Streaming):
     @classmethod
     def from_state_dict(cls, state):
         """Rebuild from :meth:`state_dict` output; every field is checked before anything is built from it."""
-        missing = [k for k in cls().state_dict() if k not in state and k != "per_image_metrics"]
+        missing = [k for k in cls().state_dict() if k not in state and k not in OPTIONAL_STATE]
         if missing:
             raise ValueError(f"accumulator state lacks {missing}; was it written by state_dict()?")
         if str(np.asarray(state["format"])) != STATE_FORMAT:
@@ -215,6 +217,7 @@ class FloatOrderAccumulator(_Streaming):
         tensors = [torch.from_numpy(a).to(device) for a in (dense, scalars, self.per_image_sum.copy())]
         for tensor in tensors:
             dist.all_reduce(tensor)
+        self._gather_images()
         dense, scalars, sums = (t.cpu().numpy() for t in tensors)
         self.binades, self.counts = union, dense
         self.n_ignored, self.n_images, self.per_image_defined = (int(v) for v in scalars[:3])

@@ -1,0 +1,147 @@
+"""Is the win real? Per-image coarse counts, bootstrap intervals, paired comparisons and committed thresholds,
+each against a literal computation."""
+
+import math
+
+import numpy as np
+import pytest
+
+from segood.metrics import FloatOrderAccumulator, PixelOODAccumulator, exact_metrics
+from segood.metrics.bootstrap import Bootstrap, ImageCounts, coarse_keys, compare, resampled_metrics, tied_ranks
+from segood.metrics.thresholds import RULES, at_threshold, commit
+
+
+def images(n, d, seed, pixels=300, ood=0.3):
+    """n images of iid scores: ID ~ N(0, 1), OOD ~ N(d, 1) (pooled AUROC = Phi(d / sqrt 2)), with ignore pixels."""
+    rng = np.random.default_rng(seed)
+    labels = (rng.random((n, pixels)) < ood).astype(np.uint8)
+    labels[:, :7] = 255
+    scores = rng.normal(size=(n, pixels)) + d * (labels == 1)
+    return scores, labels
+
+
+def accumulate(scores, labels, acc=None):
+    acc = acc or FloatOrderAccumulator(per_image=True)
+    for s, lab in zip(scores, labels):
+        acc.update(s[None], lab[None])
+    return acc
+
+
+def coarse(scores):
+    """The literal coarse score of each pixel: its coarse float-order key (what the per-image counts bin)."""
+    return coarse_keys(scores).astype(np.float64)
+
+
+def test_per_image_counts_are_the_pixels_coarse_bins():
+    scores, labels = images(5, 1.0, 0)
+    scores[2, 10:20] = [0.0, -0.0, 1e-300, -1e-300, np.inf, -np.inf, 3e38, -3e38, 5e-324, 2.0]
+    acc = accumulate(scores, labels)
+    for k, (s, lab) in enumerate(zip(scores, labels)):
+        keys, counts = acc.images.keys[k], acc.images.counts[k]
+        expected_keys, inverse = np.unique(coarse_keys(s[lab <= 1]), return_inverse=True)
+        expected = np.zeros((expected_keys.size, 2), np.int64)
+        np.add.at(expected, (inverse, lab[lab <= 1]), 1)
+        np.testing.assert_array_equal(keys, expected_keys)
+        np.testing.assert_array_equal(counts, expected)
+
+
+def test_a_resample_equals_the_literal_pool_of_the_drawn_images():
+    scores, labels = images(12, 0.8, 1)
+    acc = accumulate(scores, labels)
+    weights = Bootstrap(5, seed=3).weights(12)
+    got = resampled_metrics(acc.images, weights)
+    for r, row in enumerate(weights.astype(int)):
+        drawn = np.repeat(np.arange(12), row)  # image k drawn row[k] times
+        literal = exact_metrics(coarse(scores[drawn]), labels[drawn])
+        for name in ("auroc", "auprc", "fpr95", "max_iou"):
+            assert got[name][r] == pytest.approx(literal[name], abs=1e-12), (name, r)
+
+
+def test_intervals_cover_the_true_auroc_at_about_their_nominal_rate():
+    d, covered, runs = 1.0, 0, 60
+    truth = 0.5 * (1 + math.erf(d / 2))  # Phi(d / sqrt 2)
+    for run in range(runs):
+        acc = accumulate(*images(25, d, 100 + run, pixels=120))
+        lo, hi = compare({"m": acc.images}, Bootstrap(200, seed=run))["intervals"]["m"]["auroc"]
+        covered += lo <= truth <= hi
+    assert 0.85 <= covered / runs <= 1.0, covered
+
+
+def test_the_paired_bootstrap_finds_a_planted_difference_and_not_a_null_one():
+    scores, labels = images(30, 1.0, 7)
+    noise = np.random.default_rng(8).normal(size=scores.shape)
+    strong = accumulate(scores, labels)
+    weak = accumulate(scores + 1.2 * noise, labels)  # the same images, a noisier detector
+    same = accumulate(scores + 0.01 * noise, labels)  # a detector indistinguishable from the first
+    found = compare({"strong": strong.images, "weak": weak.images, "same": same.images}, Bootstrap(300, seed=0))
+    assert found["significant"]["auroc"]["strong"]["weak"] and found["p_better"]["auroc"]["strong"]["weak"] > 0.99
+    assert not found["significant"]["auroc"]["strong"]["same"]
+    assert found["p_better"]["fpr95"]["strong"]["weak"] > 0.95  # lower is better: the sign follows the metric
+    pooled = {m: acc.compute()["auroc"] for m, acc in (("strong", strong), ("weak", weak), ("same", same))}
+    ranks = tied_ranks(pooled, found["significant"]["auroc"], True)
+    assert ranks["weak"] == 3 and ranks["strong"] == ranks["same"] == 1
+
+
+def test_tied_ranks_by_hand():
+    significant = {a: {b: {("a", "c"), ("b", "c"), ("a", "d"), ("b", "d")}.__contains__((a, b)) for b in "abcd"}
+                   for a in "abcd"}
+    assert tied_ranks({"a": 0.9, "b": 0.89, "c": 0.7, "d": 0.69, "e": None}, significant, True) == \
+        {"a": 1, "b": 1, "c": 3, "d": 3, "e": None}
+
+
+def test_per_image_counts_survive_states_merges_and_refuse_forgeries():
+    scores, labels = images(6, 1.0, 2)
+    whole = accumulate(scores, labels)
+    halves = accumulate(scores[:3], labels[:3]).merge(accumulate(scores[3:], labels[3:]))
+    for acc in (halves, type(whole).from_state_dict(whole.state_dict())):
+        for name in ("image_offsets", "image_keys", "image_counts", "image_values"):
+            np.testing.assert_array_equal(acc.state_dict()[name], whole.state_dict()[name])
+    linear = accumulate(scores, labels, PixelOODAccumulator(400, (-6.0, 7.0), per_image=True))
+    assert len(PixelOODAccumulator.from_state_dict(linear.state_dict()).images) == 6
+    state = whole.state_dict()
+    for forged, reason in ((dict(image_keys=state["image_keys"][::-1].copy()), "must increase"),
+                           (dict(image_offsets=state["image_offsets"][:-1]), "image_offsets"),
+                           (dict(image_counts=state["image_counts"] * 2), "sum to"),
+                           (dict(image_values=np.full_like(state["image_values"], np.inf)), "image_values")):
+        with pytest.raises(ValueError, match=reason):
+            FloatOrderAccumulator.from_state_dict({**state, **forged})
+    old = {k: v for k, v in state.items() if not k.startswith("image_")}  # a state from before: no intervals
+    assert len(FloatOrderAccumulator.from_state_dict(old).images) == 0
+    with pytest.raises(ValueError, match="no per-image counts"):
+        compare({"m": ImageCounts(4)})
+
+
+def literal_rates(scores, labels, t):
+    counted = labels <= 1
+    predicted = scores >= t
+    tp = int((predicted & (labels == 1)).sum())
+    fp = int((predicted & (labels == 0)).sum())
+    n_ood, n_id = int((labels == 1).sum()), int((labels == 0).sum())
+    assert counted.sum() == n_ood + n_id
+    return {"tpr": tp / n_ood, "fpr": fp / n_id, "precision": tp / (tp + fp) if tp + fp else np.nan,
+            "balanced_accuracy": (tp / n_ood + 1 - fp / n_id) / 2, "f1": 2 * tp / (tp + n_ood + fp),
+            "iou": tp / (n_ood + fp)}
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_committed_thresholds_equal_a_literal_computation(rule):
+    tune_scores, tune_labels = images(8, 1.0, 4)
+    test_scores, test_labels = images(8, 0.5, 5)
+    tune = FloatOrderAccumulator().update(tune_scores, tune_labels).compute()
+    t = commit(tune, rule)
+    candidates = np.unique(tune_scores[tune_labels <= 1])  # a literal search over every distinct score
+    rates = [literal_rates(tune_scores, tune_labels, c) for c in candidates]
+    if rule == "tpr95":
+        best = max(c for c, r in zip(candidates, rates) if r["tpr"] >= 0.95)
+        assert literal_rates(tune_scores, tune_labels, t)["tpr"] >= 0.95
+        assert literal_rates(tune_scores, tune_labels, best)["fpr"] == pytest.approx(
+            literal_rates(tune_scores, tune_labels, t)["fpr"], abs=2e-3)  # t is a bin edge at or below best
+    else:
+        best = max(r[rule] for r in rates)
+        assert literal_rates(tune_scores, tune_labels, t)[rule] == pytest.approx(best, abs=2e-3)
+    got = at_threshold(FloatOrderAccumulator().update(test_scores, test_labels).compute(), t)
+    expected = literal_rates(test_scores, test_labels, t)
+    for name, value in expected.items():
+        assert got[name] == pytest.approx(value, abs=1e-12, nan_ok=True), name
+    with pytest.raises(ValueError, match="unknown threshold rule"):
+        commit(tune, "accuracy")
