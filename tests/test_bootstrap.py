@@ -145,3 +145,44 @@ def test_committed_thresholds_equal_a_literal_computation(rule):
         assert got[name] == pytest.approx(value, abs=1e-12, nan_ok=True), name
     with pytest.raises(ValueError, match="unknown threshold rule"):
         commit(tune, "accuracy")
+
+
+def test_a_run_reports_intervals_ranks_committed_thresholds_and_runtime(tmp_path, capsys):
+    import torch
+
+    from segood.cli import main
+    from segood.evaluation import evaluate
+    from segood.evaluation.runner import Evaluation
+    from segood.models import build_model
+
+    from rawtrees import mixed_noise_sets
+
+    root = mixed_noise_sets(tmp_path, seed=2)
+    sets = {"perlin_mixed": root / "perlin_mixed.h5", "normal_mixed": root / "normal_mixed.h5"}
+    torch.manual_seed(0)
+    doc = evaluate(build_model("pspnet", "resnet18").eval(), sets, ["max_softmax", "entropy"], tmp_path / "run",
+                   progress=False, commit_on="perlin_mixed", bootstrap=Bootstrap(200, seed=1))
+    ev = Evaluation.load(tmp_path / "run" / "state.npz")
+    for m in ("max_softmax", "entropy"):
+        tuned = ev.acc[(m, "perlin_mixed")].compute()
+        for s in sets:
+            r = doc["results"][m][s]
+            lo, hi = r["intervals"]["auroc"]
+            assert 0 <= lo <= hi <= 1 and r["coarsening"]["auroc"] >= 0
+            for rule in RULES:
+                chosen = r["committed"][rule]
+                assert chosen["chosen_on"] == "perlin_mixed" and chosen["threshold"] == commit(tuned, rule)
+                expected = at_threshold(ev.acc[(m, s)].compute(), chosen["threshold"])
+                assert {k: chosen[k] for k in expected} == {k: None if np.isnan(v) else v for k, v in expected.items()}
+                assert r["oracle"][rule]["chosen_on"] == "oracle (this set)"
+        assert doc["timings"]["per_method"][m]["scoring_ms_per_image"] >= 0
+    assert set(doc["comparisons"]["normal_mixed"]["ranks"]["auroc"]) == {"max_softmax", "entropy"}
+    assert doc["bootstrap"]["resamples"] == 200 and doc["bootstrap"]["seed"] == 1
+    markdown = (tmp_path / "run" / "results.md").read_text()
+    assert "At the tpr95 threshold (chosen on perlin_mixed" in markdown and "inference ms / image" in markdown
+    assert (tmp_path / "run" / "figures" / "metrics.png").exists()
+    assert main(["report", str(tmp_path / "run"), "--resamples", "0"]) == 0  # no intervals; oracle, named so
+    assert "ORACLE: chosen on each test set itself" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="not a set of the run"):
+        evaluate(build_model("pspnet", "resnet18").eval(), sets, ["entropy"], tmp_path / "run2", progress=False,
+                 figures=False, commit_on="sun")
