@@ -124,3 +124,78 @@ def mixed_noise_sets(root, kinds=("perlin", "normal"), noise_frames=2, cityscape
                 progress=False)
         mix(root / f"{kind}.h5", root / "cs.h5", root / f"{kind}_mixed.h5", progress=False)
     return root
+
+
+def write_label(path, values, *, gamma=None, palette=False):
+    """Write (H, W) uint8 label values as an 8-bit PNG; ``gamma`` adds a gAMA chunk (as LostAndFound's PNGs
+    have), ``palette`` stores it as a palette image (mode P) whose colours are not the values."""
+    from PIL import Image
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    values = np.ascontiguousarray(values, np.uint8)
+    image = Image.frombytes("P" if palette else "L", values.shape[::-1], values.tobytes())
+    if palette:
+        image.putpalette([255 - v for v in range(256) for _ in range(3)])
+    image.save(path)
+    if gamma is not None:
+        add_gamma_chunk(path, gamma)
+
+
+def add_gamma_chunk(path, gamma):
+    """Insert a gAMA chunk (gamma × 100000) after a PNG's IHDR, as a decoder that applied it would see."""
+    import struct
+    import zlib
+
+    data = Path(path).read_bytes()
+    end_of_ihdr = 8 + 8 + 13 + 4
+    body = b"gAMA" + struct.pack(">I", int(round(gamma * 100000)))
+    chunk = struct.pack(">I", 4) + body + struct.pack(">I", zlib.crc32(body))
+    Path(path).write_bytes(data[:end_of_ihdr] + chunk + data[end_of_ihdr:])
+
+
+def write_webp(path, image):
+    """Lossless WebP (RoadObstacle21, Road Anomaly), so that the decoded pixels are exactly ``image``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    assert cv2.imwrite(str(path), np.ascontiguousarray(image[..., ::-1]), [cv2.IMWRITE_WEBP_QUALITY, 101])
+
+
+def smiyc_labels(height, width, k):
+    """Road (0) below the middle, an obstacle (1), a void region (255) and a stray value (7, also ignore)."""
+    label = np.full((height, width), 255, np.uint8)
+    label[height // 2:] = 0
+    label[height // 2 + 2: height // 2 + 5, 5 + k: 12 + k] = 1
+    label[-2:, :3] = 7
+    return label
+
+
+def smiyc_tree(root, track, frames, height=24, width=40):
+    """A SMIYC track folder (``dataset_AnomalyTrack`` or ``dataset_ObstacleTrack``) with ``frames`` (fid,
+    labelled) in order; labelled frames get a label PNG and its colour rendering beside it. Returns
+    {fid: (image, label or None)}."""
+    root = Path(root)
+    suffix = ".webp" if track == "dataset_ObstacleTrack" else ".jpg"
+    out = {}
+    for k, (fid, labelled) in enumerate(frames):
+        image = gradient_image(height, width, k)
+        if suffix == ".webp":
+            write_webp(root / "images" / f"{fid}.webp", image)
+        else:
+            write_rgb(root / "images" / f"{fid}.jpg", image)
+            image = decoded(root / "images" / f"{fid}.jpg")  # what the lossy JPEG holds
+        label = None
+        if labelled:
+            label = smiyc_labels(height, width, k)
+            write_label(root / "labels_masks" / f"{fid}_labels_semantic.png", label)
+            write_rgb(root / "labels_masks" / f"{fid}_labels_semantic_color.png", np.stack([label * 100] * 3, -1))
+        out[fid] = (image, label)
+    return out
+
+
+def decoded(path):
+    """The RGB pixels a lossy file holds, decoded as segood decodes it (Pillow)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))

@@ -6,9 +6,10 @@ A new adapter is its module plus one line here (``docs/extending.md``).
 from segood.data.cityscapes import Cityscapes
 from segood.data.idd import IDD
 from segood.data.noise import Noise
+from segood.data.smiyc import RoadAnomaly21, RoadObstacle21
 from segood.data.sun import Sun
 
-ADAPTERS = {cls.name: cls for cls in (Cityscapes, IDD, Sun, Noise)}
+ADAPTERS = {cls.name: cls for cls in (Cityscapes, IDD, Sun, Noise, RoadAnomaly21, RoadObstacle21)}
 
 
 def get_adapter(name):

@@ -18,7 +18,7 @@ import torch
 from tqdm import tqdm
 
 import segood
-from segood.data.h5 import H5SegmentationDataset
+from segood.data.h5 import H5SegmentationDataset, require_labels
 from segood.evaluation.layout import RunFolder
 from segood.io import atomic_write_bytes, read_npz
 from segood.labels import NUM_CLASSES
@@ -289,6 +289,8 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, 
     folder.path.mkdir(parents=True, exist_ok=True)
     device = device or next(model.parameters()).device
     check_methods(model, methods)
+    for path in sets.values():
+        require_labels(path)
     datasets = {name: H5SegmentationDataset(path, verify=verify) for name, path in sets.items()}
     names = [m.name for m in methods]
     if len(set(names)) != len(names):
