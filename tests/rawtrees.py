@@ -199,3 +199,89 @@ def decoded(path):
 
     with Image.open(path) as image:
         return np.asarray(image.convert("RGB"))
+
+
+def laf_labels(height, width, k):
+    """Every rule of LostAndFound's labelIds: 0 ignore, 1 free space, 2..200 objects (31: a "non-hazard" id,
+    still OOD), 201 and 255 ignore."""
+    label = np.zeros((height, width), np.uint8)
+    label[height // 2:] = 1
+    label[height // 2 + 1: height // 2 + 4, 3 + k: 9 + k] = 2 + k
+    label[-3:, -6:-3] = 31
+    label[-2:, -2:] = 200
+    label[1, 1:4] = 201
+    label[2, 1:4] = 255
+    return label
+
+
+LAF_FRAMES = {  # split folder -> fids
+    "train": ["01_Hanns_Klemm_Str_45_000000_000080", "02_Hanns_Klemm_Str_44_000001_000120"],
+    "test": ["01_Hanns_Klemm_Str_45_000006_000070", "02_Hanns_Klemm_Str_44_000015_000200",
+             "04_Maurener_Weg_8_000002_000140", "04_Maurener_Weg_8_000003_000190",
+             "10_Schlossberg_9_000004_000030", "15_Rechbergstr_Deckenpfronn_000000_000010"],
+}
+LAF_EMPTY = "04_Maurener_Weg_8_000003_000190"  # a test frame whose label is all 0 (no ID, no OOD pixel)
+
+
+def laf_tree(root, height=16, width=32):
+    """LostAndFound with gAMA chunks in every PNG (images and labels), instanceIds and colour files beside the
+    labels; one test label all 0. Returns {fid: (image, label)}."""
+    root = Path(root)
+    out = {}
+    for folder, fids in LAF_FRAMES.items():
+        for k, fid in enumerate(fids):
+            scene = fid[: -len("_000000_000000")]
+            image = gradient_image(height, width, 10 + k)
+            image_path = root / "leftImg8bit" / folder / scene / f"{fid}_leftImg8bit.png"
+            write_rgb(image_path, image)
+            add_gamma_chunk(image_path, 0.45455)
+            label = np.zeros((height, width), np.uint8) if fid == LAF_EMPTY else laf_labels(height, width, k)
+            labels = root / "gtCoarse" / folder / scene
+            write_label(labels / f"{fid}_gtCoarse_labelIds.png", label, gamma=0.45455)
+            write_label(labels / f"{fid}_gtCoarse_instanceIds.png", label // 2)
+            write_rgb(labels / f"{fid}_gtCoarse_color.png", np.stack([label] * 3, -1))
+            out[fid] = (image, label)
+    return out
+
+
+def fishyscapes_laf_tree(root, laf_frames, height=16, width=32):
+    """Flat ``<NNNN>_<fid>_labels.png`` over LostAndFound frames (0 ID, 1 OOD, 255 ignore, one stray 9); one
+    label names a frame LostAndFound does not have. Returns {frame id: label}."""
+    root = Path(root)
+    out = {}
+    for k, fid in enumerate(list(laf_frames) + ["07_Nowhere_000000_000000"]):
+        label = np.zeros((height, width), np.uint8)
+        label[3:6, 4 + k: 9 + k] = 1
+        label[:2] = 255
+        label[-1, -1] = 9
+        write_label(root / f"{k:04d}_{fid}_labels.png", label)
+        out[f"{k:04d}_{fid}"] = label
+    (root / "README.txt").write_text("Fishyscapes Lost & Found\n")
+    return out
+
+
+def fishyscapes_static_tree(root, cityscapes_root, cityscapes_ids, height=32, width=64):
+    """Flat ``<NNNN>_<cityscapes id>_labels.png`` + ``_rgb.npz`` int16 overlays (that push values past 0 and
+    255) over Cityscapes val frames; the last id's overlay is float (refused). Returns {frame id: (image,
+    label)} with the expected image = clip(Cityscapes image + overlay)."""
+    from PIL import Image
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for k, cs_id in enumerate(cityscapes_ids):
+        city = cs_id.split("_")[0]
+        with Image.open(Path(cityscapes_root) / "leftImg8bit/val" / city / f"{cs_id}_leftImg8bit.png") as im:
+            base = np.asarray(im.convert("RGB")).astype(np.int64)
+        overlay = np.zeros((height, width, 3), np.int16)
+        overlay[4:12, 8:20] = 300
+        overlay[14:20, 30:40] = -300
+        overlay[22:26, 2:4] = np.arange(-12, 12, dtype=np.int16).reshape(4, 2, 3)
+        label = np.zeros((height, width), np.uint8)
+        label[4:12, 8:20] = 1
+        label[:2] = 255
+        frame_id = f"{k:04d}_{cs_id}"
+        write_label(root / f"{frame_id}_labels.png", label)
+        np.savez(root / f"{frame_id}_rgb.npz", rgb=overlay if k < len(cityscapes_ids) - 1 else overlay * 0.5)
+        out[frame_id] = (np.clip(base + overlay, 0, 255).astype(np.uint8), label)
+    return out

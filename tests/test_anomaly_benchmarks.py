@@ -7,11 +7,14 @@ import pytest
 
 from segood.cli import main
 from segood.data import ConversionError, convert, read_manifest
+from segood.data.convert import ConversionWarning
 from segood.data.h5 import UnlabelledFrames, require_labels
-from segood.data.registry import ADAPTERS
+from segood.data.lostandfound import LostAndFound
+from segood.data.registry import ADAPTERS, get_adapter
 from segood.data.smiyc import RoadAnomaly21, RoadObstacle21
 
-from rawtrees import smiyc_tree
+from rawtrees import (LAF_EMPTY, LAF_FRAMES, cityscapes_tree, fishyscapes_laf_tree, fishyscapes_static_tree,
+                      laf_tree, smiyc_tree)
 
 
 def read_set(path):
@@ -104,8 +107,84 @@ def test_smiyc_layout_errors_and_split_names(tmp_path):
 
 
 def test_every_new_adapter_is_registered_with_a_convert_command(capsys):
-    for name in ("smiyc_anomaly", "smiyc_obstacle"):
+    for name in ("smiyc_anomaly", "smiyc_obstacle", "lostandfound", "fishyscapes_laf", "fishyscapes_static"):
         assert name in ADAPTERS
         with pytest.raises(SystemExit):
             main(["convert", name, "--help"])
-        assert "--split" in capsys.readouterr().out
+        assert "--split" in capsys.readouterr().out or ADAPTERS[name].default_split is None
+
+
+def laf_expected(label):
+    ood = np.full(label.shape, 255, np.uint8)
+    ood[label == 1] = 0
+    ood[(label >= 2) & (label <= 200)] = 1
+    return ood, np.where(label == 1, 0, 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize("split", ["train", "test", "testNoKnown"])
+def test_lostandfound_splits_rules_and_gamma(tmp_path, split):
+    frames = laf_tree(tmp_path / "laf")
+    manifest = convert(LostAndFound(tmp_path / "laf", split), tmp_path / "laf.h5", size=(16, 32), progress=False)
+    arrays, frame_ids = read_set(tmp_path / "laf.h5")
+    folder = "train" if split == "train" else "test"
+    expected = sorted(LAF_FRAMES[folder])
+    if split == "testNoKnown":
+        expected = ["02_Hanns_Klemm_Str_44_000015_000200", "04_Maurener_Weg_8_000002_000140"]
+        unused = {u["path"].split("/")[-1]: u["reason"] for u in manifest["unused_files"]}
+        assert unused == {
+            "01_Hanns_Klemm_Str_45_000006_000070_leftImg8bit.png": "testNoKnown leaves out frames with known classes "
+                                                                   "(bicycles)",
+            "10_Schlossberg_9_000004_000030_leftImg8bit.png": "testNoKnown leaves out frames with known classes "
+                                                              "(bicycles)",
+            "15_Rechbergstr_Deckenpfronn_000000_000010_leftImg8bit.png": "testNoKnown leaves out frames with known "
+                                                                         "classes (children)",
+            f"{LAF_EMPTY}_leftImg8bit.png": "testNoKnown leaves out frames whose label has no ID and no OOD pixel"}
+    assert frame_ids == [f"{folder}/{fid}" for fid in expected]
+    for k, fid in enumerate(expected):
+        image, label = frames[fid]
+        ood, semantic = laf_expected(label)
+        if fid != LAF_EMPTY:
+            assert (label == 31).any() and (ood[label == 31] == 1).all()  # a "non-hazard" id is OOD too
+        np.testing.assert_array_equal(arrays["images"][k], image)  # raw values: the gAMA chunk is not applied
+        np.testing.assert_array_equal(arrays["ood_mask"][k], ood)
+        np.testing.assert_array_equal(arrays["semantic"][k], semantic)
+
+
+def test_fishyscapes_lost_and_found_takes_images_from_lostandfound(tmp_path):
+    frames = laf_tree(tmp_path / "laf")
+    fids = [LAF_FRAMES["train"][0], LAF_FRAMES["test"][1]]
+    labels = fishyscapes_laf_tree(tmp_path / "fs_laf", fids)
+    adapter = get_adapter("fishyscapes_laf")(tmp_path / "fs_laf", tmp_path / "laf")
+    with pytest.warns(ConversionWarning, match="Fishyscapes label values outside its published table became ignore: 9"):
+        manifest = convert(adapter, tmp_path / "fs.h5", size=(16, 32), progress=False)
+    arrays, frame_ids = read_set(tmp_path / "fs.h5")
+    assert frame_ids == [f"0000_{fids[0]}", f"0001_{fids[1]}"]
+    assert manifest["skipped"] == [{"frame_id": "0002_07_Nowhere_000000_000000", "reason":
+                                    "no LostAndFound image 07_Nowhere_000000_000000_leftImg8bit.png in "
+                                    "leftImg8bit/train or test"}]
+    for k, (frame_id, fid) in enumerate(zip(frame_ids, fids)):
+        label = labels[frame_id]
+        np.testing.assert_array_equal(arrays["images"][k], frames[fid][0])
+        expected = np.where(label == 9, 255, label)  # 9 is no Fishyscapes value: ignore, and warned about
+        np.testing.assert_array_equal(arrays["ood_mask"][k], expected)
+        assert (arrays["semantic"][k] == 255).all()
+    assert manifest["unknown_label_values"] == {"9": {"pixels": 2, "frames": 2}}
+    assert manifest["unused_files"] == [{"path": "README.txt", "reason": "not a frame file of this layout"}]
+    assert manifest["params"] == {"lostandfound_root": str(tmp_path / "laf")}
+
+
+def test_fishyscapes_static_rebuilds_the_image_from_cityscapes_and_the_overlay(tmp_path):
+    cityscapes_tree(tmp_path / "cs")
+    ids = ["frankfurt_000000_000294", "lindau_000001_000019"]
+    frames = fishyscapes_static_tree(tmp_path / "static", tmp_path / "cs", ids)
+    assert main(["convert", "fishyscapes_static", str(tmp_path / "static"), "--cityscapes-root",
+                 str(tmp_path / "cs"), "--out", str(tmp_path / "st.h5"), "--size", "32", "64", "--quiet"]) == 0
+    arrays, frame_ids = read_set(tmp_path / "st.h5")
+    manifest = read_manifest(tmp_path / "st.h5")
+    assert frame_ids == ["0000_frankfurt_000000_000294"]
+    assert "float64" in manifest["skipped"][0]["reason"] and manifest["skipped"][0]["frame_id"].startswith("0001_")
+    image, label = frames["0000_frankfurt_000000_000294"]
+    assert (image[4:12, 8:20] == 255).all() and (image[14:20, 30:40] == 0).all()  # clipped, not wrapped
+    np.testing.assert_array_equal(arrays["images"][0], image)
+    np.testing.assert_array_equal(arrays["ood_mask"][0], label)
+    assert "unused_files" not in manifest  # the overlays belong to their frames
