@@ -285,3 +285,84 @@ def fishyscapes_static_tree(root, cityscapes_root, cityscapes_ids, height=32, wi
         np.savez(root / f"{frame_id}_rgb.npz", rgb=overlay if k < len(cityscapes_ids) - 1 else overlay * 0.5)
         out[frame_id] = (np.clip(base + overlay, 0, 255).astype(np.uint8), label)
     return out
+
+
+def streethazards_labels(height, width, k):
+    """Every StreetHazards value 1..14 in a band each, the anomaly (14) in a block, and a stray 0 and 15."""
+    label = np.repeat(np.arange(1, 15, dtype=np.uint8)[None], height, 0).repeat(width // 14 + 1, 1)[:, :width]
+    label = np.ascontiguousarray(label)
+    label[2:5, 3 + k: 8 + k] = 14
+    label[0, 0], label[0, 1] = 0, 15
+    return label
+
+
+STREETHAZARDS_FRAMES = {"training": [("t1", "0")], "validation": [("t3", "12")],
+                        "test": [("t5", "100"), ("t6", "3")]}
+
+
+def streethazards_tree(root, height=12, width=28):
+    """StreetHazards' two top folders; returns {frame id: (image, label)}."""
+    root = Path(root)
+    out = {}
+    for split, frames in STREETHAZARDS_FRAMES.items():
+        top = root / ("test" if split == "test" else "train")
+        for k, (town, n) in enumerate(frames):
+            image, label = gradient_image(height, width, 20 + k), streethazards_labels(height, width, k)
+            write_rgb(top / "images" / split / town / f"{n}.png", image)
+            write_label(top / "annotations" / split / town / f"{n}.png", label)
+            out[f"{split}/{town}/{n}"] = (image, label)
+    return out
+
+
+BDD_FRAMES = {  # (bdd split, id) -> anomaly classes drawn in it
+    ("train", "0004a4c0-d4dff0ad"): (), ("train", "00054602-3bf57337"): (17,),
+    ("val", "7d06fefd-f7be05a6"): (16, 18), ("val", "7d128593-0ccfea4c"): (),
+}
+
+
+def bdd_tree(root, height=12, width=20):
+    """BDD100K seg: JPEG images, ``_train_id.png`` labels (0..15 stripes, anomaly blocks, 255 void, a stray 40),
+    a ``color_labels`` folder beside them and an image without a label. Returns {frame id: (image, label)}."""
+    root = Path(root) / "seg"
+    out = {}
+    for k, ((split, bdd_id), anomalies) in enumerate(BDD_FRAMES.items()):
+        label = (np.arange(width, dtype=np.uint8)[None].repeat(height, 0) % 16).astype(np.uint8)
+        for j, c in enumerate(anomalies):
+            label[2 + 4 * j: 5 + 4 * j, 4:9] = c
+        label[-1] = 255
+        label[0, 0] = 40
+        write_rgb(root / "images" / split / f"{bdd_id}.jpg", gradient_image(height, width, 30 + k))
+        write_label(root / "labels" / split / f"{bdd_id}_train_id.png", label)
+        write_rgb(root / "color_labels" / split / f"{bdd_id}_train_color.png", np.stack([label] * 3, -1))
+        out[f"{split}/{bdd_id}"] = (decoded(root / "images" / split / f"{bdd_id}.jpg"), label)
+    write_rgb(root / "images" / "val" / "ffffffff-00000000.jpg", gradient_image(height, width))
+    return out
+
+
+def road_anomaly_tree(root, height=18, width=32):
+    """Road Anomaly: frame_list.json naming three frames (WebP, JPEG, WebP whose label was drawn at twice the
+    size), a frame folder it does not name. Returns {name: (image, label at the image's size)}."""
+    root = Path(root)
+    frames = root / "frames"
+    names = ["animals01_Guiyang_Rhinoceros.jpg", "cones02_road.webp", "rocks03_big.webp"]
+    out = {}
+    for k, name in enumerate(names):
+        stem = name.rsplit(".", 1)[0]
+        image = gradient_image(height, width, 40 + k)
+        label = np.zeros((height, width), np.uint8)
+        label[5:11, 6 + k: 15 + k] = 2
+        if name.endswith(".webp"):
+            write_webp(frames / name, image)
+        else:
+            write_rgb(frames / name, image)
+            image = decoded(frames / name)
+        stored = label.repeat(2, 0).repeat(2, 1) if k == 2 else label
+        if k == 1:
+            stored = stored.copy()
+            stored[0, :3] = 1  # no Road Anomaly value: ignore, and warned about
+            label = stored
+        write_label(frames / f"{stem}.labels" / "labels_semantic.png", stored)
+        out[stem] = (image, label)
+    write_webp(frames / "extra09_unlisted.webp", gradient_image(height, width))
+    (root / "frame_list.json").write_text(json.dumps(names))
+    return out

@@ -9,12 +9,15 @@ from segood.cli import main
 from segood.data import ConversionError, convert, read_manifest
 from segood.data.convert import ConversionWarning
 from segood.data.h5 import UnlabelledFrames, require_labels
+from segood.data.bdd_anomaly import BDDAnomaly
 from segood.data.lostandfound import LostAndFound
 from segood.data.registry import ADAPTERS, get_adapter
+from segood.data.road_anomaly import RoadAnomaly
 from segood.data.smiyc import RoadAnomaly21, RoadObstacle21
+from segood.data.streethazards import StreetHazards
 
-from rawtrees import (LAF_EMPTY, LAF_FRAMES, cityscapes_tree, fishyscapes_laf_tree, fishyscapes_static_tree,
-                      laf_tree, smiyc_tree)
+from rawtrees import (LAF_EMPTY, LAF_FRAMES, bdd_tree, cityscapes_tree, fishyscapes_laf_tree, fishyscapes_static_tree,
+                      laf_tree, road_anomaly_tree, smiyc_tree, streethazards_tree, write_label, write_rgb, write_webp)
 
 
 def read_set(path):
@@ -107,7 +110,8 @@ def test_smiyc_layout_errors_and_split_names(tmp_path):
 
 
 def test_every_new_adapter_is_registered_with_a_convert_command(capsys):
-    for name in ("smiyc_anomaly", "smiyc_obstacle", "lostandfound", "fishyscapes_laf", "fishyscapes_static"):
+    for name in ("smiyc_anomaly", "smiyc_obstacle", "lostandfound", "fishyscapes_laf", "fishyscapes_static",
+                 "streethazards", "bdd_anomaly", "road_anomaly"):
         assert name in ADAPTERS
         with pytest.raises(SystemExit):
             main(["convert", name, "--help"])
@@ -188,3 +192,91 @@ def test_fishyscapes_static_rebuilds_the_image_from_cityscapes_and_the_overlay(t
     np.testing.assert_array_equal(arrays["images"][0], image)
     np.testing.assert_array_equal(arrays["ood_mask"][0], label)
     assert "unused_files" not in manifest  # the overlays belong to their frames
+
+
+@pytest.mark.parametrize("unlabeled", ["ignore", "id"])
+def test_streethazards_splits_and_its_own_classes(tmp_path, unlabeled):
+    frames = streethazards_tree(tmp_path / "sh")
+    for split in ("training", "validation", "test"):
+        adapter = StreetHazards(tmp_path / "sh", split, unlabeled=unlabeled)
+        with pytest.warns(ConversionWarning, match="StreetHazards label values outside .*: 0 .*15"):
+            manifest = convert(adapter, tmp_path / f"{split}.h5", size=(12, 28), overwrite=True, progress=False)
+        arrays, frame_ids = read_set(tmp_path / f"{split}.h5")
+        assert frame_ids == sorted(f for f in frames if f.startswith(split + "/"))
+        assert manifest["params"] == {"unlabeled": unlabeled}
+        for k, frame_id in enumerate(frame_ids):
+            image, label = frames[frame_id]
+            ood = np.full(label.shape, 255)  # the benchmark's definition, written out
+            ood[(label >= 2) & (label <= 13)] = 0
+            ood[label == 14] = 1
+            if unlabeled == "id":
+                ood[label == 1] = 0
+            cityscapes = {2: 2, 3: 4, 5: 11, 6: 5, 7: 0, 8: 0, 9: 1, 10: 8, 11: 13, 12: 3, 13: 7}
+            semantic = np.vectorize(lambda v: cityscapes.get(v, 255))(label)
+            np.testing.assert_array_equal(arrays["images"][k], image)
+            np.testing.assert_array_equal(arrays["ood_mask"][k], ood)
+            np.testing.assert_array_equal(arrays["semantic"][k], semantic)
+    assert StreetHazards(tmp_path / "sh").native_size == (720, 1280)
+
+
+def test_bdd_anomaly_test_set_is_the_frames_with_anomaly_classes(tmp_path):
+    frames = bdd_tree(tmp_path / "bdd")
+    with pytest.warns(ConversionWarning, match="40"):
+        manifest = convert(BDDAnomaly(tmp_path / "bdd", "test"), tmp_path / "t.h5", size=(12, 20), progress=False)
+    arrays, frame_ids = read_set(tmp_path / "t.h5")
+    assert frame_ids == ["train/00054602-3bf57337", "val/7d06fefd-f7be05a6"]
+    for k, frame_id in enumerate(frame_ids):
+        image, label = frames[frame_id]
+        ood = np.where(label <= 15, 0, np.where(np.isin(label, (16, 17, 18)), 1, 255))
+        np.testing.assert_array_equal(arrays["images"][k], image)
+        np.testing.assert_array_equal(arrays["ood_mask"][k], ood)
+        np.testing.assert_array_equal(arrays["semantic"][k], np.where(label == 40, 255, label))
+        assert (arrays["ood_mask"][k] == 1).any()
+    assert {"path": "seg/color_labels/", "reason": "colour renderings of the labels: never read"} \
+        in manifest["unused_files"]
+    assert {"path": "seg/images/val/ffffffff-00000000.jpg", "reason": "no label file"} in manifest["unused_files"]
+    for split, expected in (("train", ["train/0004a4c0-d4dff0ad"]), ("val", ["val/7d128593-0ccfea4c"])):
+        with pytest.warns(ConversionWarning):
+            convert(BDDAnomaly(tmp_path / "bdd", split), tmp_path / f"{split}.h5", size=(12, 20), progress=False)
+        assert read_set(tmp_path / f"{split}.h5")[1] == expected
+
+
+def test_road_anomaly_frame_list_webp_and_rescaled_labels(tmp_path):
+    frames = road_anomaly_tree(tmp_path / "ra")
+    with pytest.warns(ConversionWarning) as caught:
+        manifest = convert(RoadAnomaly(tmp_path / "ra"), tmp_path / "ra.h5", size=(18, 32), progress=False)
+    messages = " ".join(str(w.message) for w in caught)
+    assert "values outside its published table became ignore: 1 (3 pixels in 1 frames)" in messages
+    assert "1 labels were drawn at another resolution" in messages
+    arrays, frame_ids = read_set(tmp_path / "ra.h5")
+    assert frame_ids == ["animals01_Guiyang_Rhinoceros", "cones02_road", "rocks03_big"]
+    for k, frame_id in enumerate(frame_ids):
+        image, label = frames[frame_id]
+        np.testing.assert_array_equal(arrays["images"][k], image)
+        np.testing.assert_array_equal(arrays["ood_mask"][k], np.where(label == 0, 0, np.where(label == 2, 1, 255)))
+    assert manifest["rescaled_labels"] == [{"frame_id": "rocks03_big", "from": [36, 64], "to": [18, 32]}]
+    assert manifest["unused_files"] == [{"path": "frames/extra09_unlisted.webp",
+                                         "reason": "not named in frame_list.json"}]
+
+
+def test_webp_is_decoded_by_the_declared_dependency(tmp_path):
+    """Pillow (declared in setup.cfg) decodes WebP exactly: the RoadObstacle21 and Road Anomaly images."""
+    from segood.data.common import read_rgb, require_webp
+
+    require_webp()
+    image = np.random.default_rng(0).integers(0, 256, (9, 13, 3), dtype=np.uint8)
+    write_webp(tmp_path / "x.webp", image)
+    np.testing.assert_array_equal(read_rgb(tmp_path / "x.webp"), image)
+
+
+def test_labels_are_raw_values_palette_indices_and_no_gamma(tmp_path):
+    from segood.data.common import SkipFrame, read_label
+
+    values = np.arange(60, dtype=np.uint8).reshape(6, 10)
+    write_label(tmp_path / "g.png", values, gamma=0.45455)
+    write_label(tmp_path / "p.png", values, palette=True)
+    np.testing.assert_array_equal(read_label(tmp_path / "g.png"), values)
+    np.testing.assert_array_equal(read_label(tmp_path / "p.png"), values)  # indices, not the palette's colours
+    write_rgb(tmp_path / "c.png", np.zeros((4, 4, 3), np.uint8))
+    with pytest.raises(SkipFrame, match="has mode RGB; expected single-channel"):
+        read_label(tmp_path / "c.png")
