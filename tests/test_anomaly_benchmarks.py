@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from segood.cli import main
-from segood.data import ConversionError, convert, read_manifest
+from segood.data import Cityscapes, ConversionError, convert, mix, read_manifest
 from segood.data.convert import ConversionWarning
 from segood.data.h5 import UnlabelledFrames, require_labels
 from segood.data.bdd_anomaly import BDDAnomaly
@@ -280,3 +280,14 @@ def test_labels_are_raw_values_palette_indices_and_no_gamma(tmp_path):
     write_rgb(tmp_path / "c.png", np.zeros((4, 4, 3), np.uint8))
     with pytest.raises(SkipFrame, match="has mode RGB; expected single-channel"):
         read_label(tmp_path / "c.png")
+
+
+def test_mixing_keeps_the_unlabelled_frames_listed(tmp_path):
+    smiyc_tree(tmp_path / "track", "dataset_AnomalyTrack", ANOMALY_FRAMES)
+    cityscapes_tree(tmp_path / "cs", height=24, width=40)
+    convert(RoadAnomaly21(tmp_path / "track", "test"), tmp_path / "test.h5", size=(24, 40), progress=False)
+    convert(Cityscapes(tmp_path / "cs", "val"), tmp_path / "cs.h5", size=(24, 40), progress=False)
+    manifest = mix(tmp_path / "test.h5", tmp_path / "cs.h5", tmp_path / "mixed.h5", progress=False)
+    assert manifest["unlabelled_frames"] == ["smiyc_roadanomaly21/cow0007", "smiyc_roadanomaly21/zebra0001"]
+    with pytest.raises(UnlabelledFrames):
+        require_labels(tmp_path / "mixed.h5")
