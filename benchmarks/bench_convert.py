@@ -108,7 +108,8 @@ def make_benchmark_trees(root, frames):
         write_label(root / f"bdd/seg/labels/val/bench-{k:04d}_train_id.png", np.where(label == 1, 17, label))
         image, label = scene(720, 1280)
         write_webp(root / f"road_anomaly/frames/bench{k:02d}.webp", image)
-        write_label(root / f"road_anomaly/frames/bench{k:02d}.labels/labels_semantic.png", label * 2)
+        write_label(root / f"road_anomaly/frames/bench{k:02d}.labels/labels_semantic.png",
+                    np.where(label == 1, 2, 0).astype(np.uint8))  # Road Anomaly has no ignore value
     (root / "road_anomaly/frame_list.json").write_text(json.dumps([f"bench{k:02d}.webp" for k in range(frames)]))
 
 
