@@ -191,7 +191,10 @@ class UnlabelledFrames(ValueError):
 def require_labels(path):
     """Refuse to evaluate a set listing ``unlabelled_frames`` (e.g. a benchmark's test split): its masks are all
     ignore, so every metric would be computed on the labelled frames alone, or on nothing."""
-    unlabelled = read_manifest(path).get("unlabelled_frames") or []
+    try:
+        unlabelled = read_manifest(path).get("unlabelled_frames") or []
+    except ValueError:  # a set older than its embedded manifest: it cannot list frames without labels
+        return
     if unlabelled:
         shown = ", ".join(unlabelled[:3]) + (f" and {len(unlabelled) - 3} more" if len(unlabelled) > 3 else "")
         raise UnlabelledFrames(

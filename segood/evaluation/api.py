@@ -188,10 +188,10 @@ def _open_set(path, verify=True):
         dataset = H5SegmentationDataset(path, verify=verify)
     except KeyError as err:
         raise ValueError(f"{path} is not a segood set ({err}); convert the data with segood convert") from None
-    require_labels(path)
     if len(dataset) == 0:
         raise ValueError(f"{path} holds no frames: nothing to evaluate; check the conversion's skipped frames in "
                          "its manifest and convert again")
+    require_labels(path)
     return dataset
 
 

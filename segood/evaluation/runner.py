@@ -289,9 +289,9 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, 
     folder.path.mkdir(parents=True, exist_ok=True)
     device = device or next(model.parameters()).device
     check_methods(model, methods)
+    datasets = {name: H5SegmentationDataset(path, verify=verify) for name, path in sets.items()}
     for path in sets.values():
         require_labels(path)
-    datasets = {name: H5SegmentationDataset(path, verify=verify) for name, path in sets.items()}
     names = [m.name for m in methods]
     if len(set(names)) != len(names):
         raise ValueError(f"each method once per run, got {names}")
