@@ -4,8 +4,11 @@
 
 Writes generated raw trees in the published layouts (driving scenes with sensor noise, so that decoding and
 compression see photo-like content): Cityscapes (PNG + labelIds, 1024x2048), IDD (JPEG + polygon JSON,
-1080x1920) and SUN (JPEG + LabelMe XML, 900x1200). Prints frames/s of ``convert`` in-process and with a
-2-process pool, then frames/s of reading the Cityscapes set through ``H5SegmentationDataset`` with a
+1080x1920), SUN (JPEG + LabelMe XML, 900x1200) and today's anomaly benchmarks at their published sizes:
+RoadAnomaly21 (JPEG, 1024x2048), RoadObstacle21 (WebP, 1080x1920), LostAndFound (PNG with gAMA chunks,
+1024x2048), Fishyscapes Lost & Found (labels over those LostAndFound frames), Fishyscapes Static (Cityscapes
+frame + int16 overlay .npz), StreetHazards (PNG, 720x1280), BDD-Anomaly (JPEG, 720x1280) and Road Anomaly (WebP,
+720x1280). Prints frames/s of ``convert`` in-process and with a 2-process pool (``--only NAME`` for some rows), then frames/s of reading the Cityscapes set through ``H5SegmentationDataset`` with a
 DataLoader of 0, 1 and 2 workers, with the per-frame sha256 check and without it (``verify=False``).
 """
 
@@ -21,11 +24,12 @@ import numpy as np
 import torch
 
 from segood.data import IDD, Cityscapes, H5SegmentationDataset, Sun, convert
+from segood.data.registry import get_adapter
 from segood.data.synthetic import driving_scene
 from segood.labels import LABEL_ID_TO_TRAIN_ID
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from rawtrees import labelme_xml, rect, write_rgb  # noqa: E402
+from rawtrees import add_gamma_chunk, labelme_xml, rect, write_label, write_rgb, write_webp  # noqa: E402
 
 
 def make_trees(root, frames):
@@ -59,6 +63,56 @@ def make_trees(root, frames):
             labelme_xml(f"sun_{k:04d}.jpg", "a/alley", sun_objects, (900, 1200)))
 
 
+def make_benchmark_trees(root, frames):
+    """The anomaly benchmarks' trees: photo-like images, labels with ID, OOD and ignore regions."""
+    rng = np.random.default_rng(1)
+
+    def scene(height, width):
+        image, semantic, _ = driving_scene(rng, height, width)
+        label = np.where(semantic == 0, 0, 255).astype(np.uint8)  # road ID, the rest ignore
+        label[height * 2 // 3: height * 2 // 3 + height // 20, width // 3: width // 3 + width // 15] = 1
+        return image, label
+
+    laf_fids = []
+    for k in range(frames):
+        image, label = scene(1024, 2048)
+        write_rgb(root / f"ra21/images/validation{k:04d}.jpg", image)
+        write_label(root / f"ra21/labels_masks/validation{k:04d}_labels_semantic.png", label)
+        image, label = scene(1080, 1920)
+        write_webp(root / f"ro21/images/gravel_{k:03d}.webp", image)
+        write_label(root / f"ro21/labels_masks/gravel_{k:03d}_labels_semantic.png", label)
+
+        image, label = scene(1024, 2048)
+        fid = f"04_Maurener_Weg_8_{k:06d}_000100"
+        laf_fids.append(fid)
+        path = root / f"laf/leftImg8bit/test/04_Maurener_Weg_8/{fid}_leftImg8bit.png"
+        write_rgb(path, image)
+        add_gamma_chunk(path, 0.45455)
+        laf_label = np.where(label == 0, 1, np.where(label == 1, 12, 0)).astype(np.uint8)
+        write_label(root / f"laf/gtCoarse/test/04_Maurener_Weg_8/{fid}_gtCoarse_labelIds.png", laf_label,
+                    gamma=0.45455)
+        write_label(root / f"fs_laf/{k:04d}_{fid}_labels.png", label)
+
+        (root / "fs_static").mkdir(parents=True, exist_ok=True)
+        overlay = np.zeros((1024, 2048, 3), np.int16)
+        overlay[700:800, 900:1100] = rng.integers(-200, 200, (100, 200, 3))
+        np.savez_compressed(root / f"fs_static/{k:04d}_bench_000000_{k:06d}_rgb.npz", rgb=overlay)
+        write_label(root / f"fs_static/{k:04d}_bench_000000_{k:06d}_labels.png", label)
+
+        image, label = scene(720, 1280)
+        write_rgb(root / f"streethazards/test/images/test/t5/{k}.png", image)
+        write_label(root / f"streethazards/test/annotations/test/t5/{k}.png",
+                    np.where(label == 0, 8, np.where(label == 1, 14, 1)).astype(np.uint8))
+        image, label = scene(720, 1280)
+        write_rgb(root / f"bdd/seg/images/val/bench-{k:04d}.jpg", image)
+        write_label(root / f"bdd/seg/labels/val/bench-{k:04d}_train_id.png", np.where(label == 1, 17, label))
+        image, label = scene(720, 1280)
+        write_webp(root / f"road_anomaly/frames/bench{k:02d}.webp", image)
+        write_label(root / f"road_anomaly/frames/bench{k:02d}.labels/labels_semantic.png",
+                    np.where(label == 1, 2, 0).astype(np.uint8))  # Road Anomaly has no ignore value
+    (root / "road_anomaly/frame_list.json").write_text(json.dumps([f"bench{k:02d}.webp" for k in range(frames)]))
+
+
 def timed(fn):
     start = time.perf_counter()
     fn()
@@ -69,14 +123,29 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--frames", type=int, default=8)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/segood-bench"))
+    parser.add_argument("--only", nargs="+", help="only the rows whose name contains one of these words")
     args = parser.parse_args()
     shutil.rmtree(args.workdir, ignore_errors=True)
     make_trees(args.workdir, args.frames)
+    make_benchmark_trees(args.workdir, args.frames)
 
-    adapters = {"Cityscapes (PNG)": lambda: Cityscapes(args.workdir / "cs", "val"),
-                "IDD (JPEG + JSON)": lambda: IDD(args.workdir / "idd", "val"),
-                "SUN (JPEG + XML)": lambda: Sun(args.workdir / "sun", "all")}
-    print(f"{args.frames} frames per source, output 1024x2048\n")
+    w = args.workdir
+    adapters = {"Cityscapes (PNG)": lambda: Cityscapes(w / "cs", "val"),
+                "IDD (JPEG + JSON)": lambda: IDD(w / "idd", "val"),
+                "SUN (JPEG + XML)": lambda: Sun(w / "sun", "all"),
+                "smiyc_anomaly (JPEG 1024x2048)": lambda: get_adapter("smiyc_anomaly")(w / "ra21", "validation"),
+                "smiyc_obstacle (WebP 1080x1920)": lambda: get_adapter("smiyc_obstacle")(w / "ro21", "test"),
+                "lostandfound (PNG + gAMA)": lambda: get_adapter("lostandfound")(w / "laf", "test"),
+                "fishyscapes_laf (labels + LostAndFound PNG)": lambda: get_adapter("fishyscapes_laf")(w / "fs_laf",
+                                                                                                     w / "laf"),
+                "fishyscapes_static (Cityscapes PNG + npz)": lambda: get_adapter("fishyscapes_static")(w / "fs_static",
+                                                                                                     w / "cs"),
+                "streethazards (PNG 720x1280)": lambda: get_adapter("streethazards")(w / "streethazards", "test"),
+                "bdd_anomaly (JPEG 720x1280)": lambda: get_adapter("bdd_anomaly")(w / "bdd", "test"),
+                "road_anomaly (WebP 720x1280)": lambda: get_adapter("road_anomaly")(w / "road_anomaly")}
+    if args.only:
+        adapters = {k: v for k, v in adapters.items() if any(word in k for word in args.only)}
+    print(f"{args.frames} frames per source, output at each adapter's native size (1024x2048 unless named)\n")
     print("| source | frames/s, in-process | frames/s, --workers 2 | ratio |\n|---|---:|---:|---:|")
     for name, make in adapters.items():
         seconds = []
@@ -86,6 +155,8 @@ def main():
         n = len(make().refs())
         print(f"| {name} | {n / seconds[0]:.2f} | {n / seconds[1]:.2f} | {seconds[0] / seconds[1]:.2f} |", flush=True)
 
+    if args.only:
+        return
     cs = args.workdir / "cs.h5"
     convert(Cityscapes(args.workdir / "cs", "val"), cs, progress=False)
     datasets = {True: H5SegmentationDataset(cs), False: H5SegmentationDataset(cs, verify=False)}

@@ -124,3 +124,245 @@ def mixed_noise_sets(root, kinds=("perlin", "normal"), noise_frames=2, cityscape
                 progress=False)
         mix(root / f"{kind}.h5", root / "cs.h5", root / f"{kind}_mixed.h5", progress=False)
     return root
+
+
+def write_label(path, values, *, gamma=None, palette=False):
+    """Write (H, W) uint8 label values as an 8-bit PNG; ``gamma`` adds a gAMA chunk (as LostAndFound's PNGs
+    have), ``palette`` stores it as a palette image (mode P) whose colours are not the values."""
+    from PIL import Image
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    values = np.ascontiguousarray(values, np.uint8)
+    image = Image.frombytes("P" if palette else "L", values.shape[::-1], values.tobytes())
+    if palette:
+        image.putpalette([255 - v for v in range(256) for _ in range(3)])
+    image.save(path)
+    if gamma is not None:
+        add_gamma_chunk(path, gamma)
+
+
+def add_gamma_chunk(path, gamma):
+    """Insert a gAMA chunk (gamma × 100000) after a PNG's IHDR, as a decoder that applied it would see."""
+    import struct
+    import zlib
+
+    data = Path(path).read_bytes()
+    end_of_ihdr = 8 + 8 + 13 + 4
+    body = b"gAMA" + struct.pack(">I", int(round(gamma * 100000)))
+    chunk = struct.pack(">I", 4) + body + struct.pack(">I", zlib.crc32(body))
+    Path(path).write_bytes(data[:end_of_ihdr] + chunk + data[end_of_ihdr:])
+
+
+def write_webp(path, image):
+    """Lossless WebP (RoadObstacle21, Road Anomaly), so that the decoded pixels are exactly ``image``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    assert cv2.imwrite(str(path), np.ascontiguousarray(image[..., ::-1]), [cv2.IMWRITE_WEBP_QUALITY, 101])
+
+
+def smiyc_labels(height, width, k):
+    """Road (0) below the middle, an obstacle (1), a void region (255) and a stray value (7, also ignore)."""
+    label = np.full((height, width), 255, np.uint8)
+    label[height // 2:] = 0
+    label[height // 2 + 2: height // 2 + 5, 5 + k: 12 + k] = 1
+    label[-2:, :3] = 7
+    return label
+
+
+def smiyc_tree(root, track, frames, height=24, width=40):
+    """A SMIYC track folder (``dataset_AnomalyTrack`` or ``dataset_ObstacleTrack``) with ``frames`` (fid,
+    labelled) in order; labelled frames get a label PNG and its colour rendering beside it. Returns
+    {fid: (image, label or None)}."""
+    root = Path(root)
+    suffix = ".webp" if track == "dataset_ObstacleTrack" else ".jpg"
+    out = {}
+    for k, (fid, labelled) in enumerate(frames):
+        image = gradient_image(height, width, k)
+        if suffix == ".webp":
+            write_webp(root / "images" / f"{fid}.webp", image)
+        else:
+            write_rgb(root / "images" / f"{fid}.jpg", image)
+            image = decoded(root / "images" / f"{fid}.jpg")  # what the lossy JPEG holds
+        label = None
+        if labelled:
+            label = smiyc_labels(height, width, k)
+            write_label(root / "labels_masks" / f"{fid}_labels_semantic.png", label)
+            write_rgb(root / "labels_masks" / f"{fid}_labels_semantic_color.png", np.stack([label * 100] * 3, -1))
+        out[fid] = (image, label)
+    return out
+
+
+def decoded(path):
+    """The RGB pixels a lossy file holds, decoded as segood decodes it (Pillow)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+def laf_labels(height, width, k):
+    """Every rule of LostAndFound's labelIds: 0 ignore, 1 free space, 2..200 objects (31: a "non-hazard" id,
+    still OOD), 201 and 255 ignore."""
+    label = np.zeros((height, width), np.uint8)
+    label[height // 2:] = 1
+    label[height // 2 + 1: height // 2 + 4, 3 + k: 9 + k] = 2 + k
+    label[-3:, -6:-3] = 31
+    label[-2:, -2:] = 200
+    label[1, 1:4] = 201
+    label[2, 1:4] = 255
+    return label
+
+
+LAF_FRAMES = {  # split folder -> fids
+    "train": ["01_Hanns_Klemm_Str_45_000000_000080", "02_Hanns_Klemm_Str_44_000001_000120"],
+    "test": ["01_Hanns_Klemm_Str_45_000006_000070", "02_Hanns_Klemm_Str_44_000015_000200",
+             "04_Maurener_Weg_8_000002_000140", "04_Maurener_Weg_8_000003_000190",
+             "10_Schlossberg_9_000004_000030", "15_Rechbergstr_Deckenpfronn_000000_000010"],
+}
+LAF_EMPTY = "04_Maurener_Weg_8_000003_000190"  # a test frame whose label is all 0 (no ID, no OOD pixel)
+
+
+def laf_tree(root, height=16, width=32):
+    """LostAndFound with gAMA chunks in every PNG (images and labels), instanceIds and colour files beside the
+    labels; one test label all 0. Returns {fid: (image, label)}."""
+    root = Path(root)
+    out = {}
+    for folder, fids in LAF_FRAMES.items():
+        for k, fid in enumerate(fids):
+            scene = fid[: -len("_000000_000000")]
+            image = gradient_image(height, width, 10 + k)
+            image_path = root / "leftImg8bit" / folder / scene / f"{fid}_leftImg8bit.png"
+            write_rgb(image_path, image)
+            add_gamma_chunk(image_path, 0.45455)
+            label = np.zeros((height, width), np.uint8) if fid == LAF_EMPTY else laf_labels(height, width, k)
+            labels = root / "gtCoarse" / folder / scene
+            write_label(labels / f"{fid}_gtCoarse_labelIds.png", label, gamma=0.45455)
+            write_label(labels / f"{fid}_gtCoarse_instanceIds.png", label // 2)
+            write_rgb(labels / f"{fid}_gtCoarse_color.png", np.stack([label] * 3, -1))
+            out[fid] = (image, label)
+    return out
+
+
+def fishyscapes_laf_tree(root, laf_frames, height=16, width=32):
+    """Flat ``<NNNN>_<fid>_labels.png`` over LostAndFound frames (0 ID, 1 OOD, 255 ignore, one stray 9); one
+    label names a frame LostAndFound does not have. Returns {frame id: label}."""
+    root = Path(root)
+    out = {}
+    for k, fid in enumerate(list(laf_frames) + ["07_Nowhere_000000_000000"]):
+        label = np.zeros((height, width), np.uint8)
+        label[3:6, 4 + k: 9 + k] = 1
+        label[:2] = 255
+        label[-1, -1] = 9
+        write_label(root / f"{k:04d}_{fid}_labels.png", label)
+        out[f"{k:04d}_{fid}"] = label
+    (root / "README.txt").write_text("Fishyscapes Lost & Found\n")
+    return out
+
+
+def fishyscapes_static_tree(root, cityscapes_root, cityscapes_ids, height=32, width=64):
+    """Flat ``<NNNN>_<cityscapes id>_labels.png`` + ``_rgb.npz`` int16 overlays (that push values past 0 and
+    255) over Cityscapes val frames; the last id's overlay is float (refused). Returns {frame id: (image,
+    label)} with the expected image = clip(Cityscapes image + overlay)."""
+    from PIL import Image
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for k, cs_id in enumerate(cityscapes_ids):
+        city = cs_id.split("_")[0]
+        with Image.open(Path(cityscapes_root) / "leftImg8bit/val" / city / f"{cs_id}_leftImg8bit.png") as im:
+            base = np.asarray(im.convert("RGB")).astype(np.int64)
+        overlay = np.zeros((height, width, 3), np.int16)
+        overlay[4:12, 8:20] = 300
+        overlay[14:20, 30:40] = -300
+        overlay[22:26, 2:4] = np.arange(-12, 12, dtype=np.int16).reshape(4, 2, 3)
+        label = np.zeros((height, width), np.uint8)
+        label[4:12, 8:20] = 1
+        label[:2] = 255
+        frame_id = f"{k:04d}_{cs_id}"
+        write_label(root / f"{frame_id}_labels.png", label)
+        np.savez(root / f"{frame_id}_rgb.npz", rgb=overlay if k < len(cityscapes_ids) - 1 else overlay * 0.5)
+        out[frame_id] = (np.clip(base + overlay, 0, 255).astype(np.uint8), label)
+    return out
+
+
+def streethazards_labels(height, width, k):
+    """Every StreetHazards value 1..14 in a band each, the anomaly (14) in a block, and a stray 0 and 15."""
+    label = np.repeat(np.arange(1, 15, dtype=np.uint8)[None], height, 0).repeat(width // 14 + 1, 1)[:, :width]
+    label = np.ascontiguousarray(label)
+    label[2:5, 3 + k: 8 + k] = 14
+    label[0, 0], label[0, 1] = 0, 15
+    return label
+
+
+STREETHAZARDS_FRAMES = {"training": [("t1", "0")], "validation": [("t3", "12")],
+                        "test": [("t5", "100"), ("t6", "3")]}
+
+
+def streethazards_tree(root, height=12, width=28):
+    """StreetHazards' two top folders; returns {frame id: (image, label)}."""
+    root = Path(root)
+    out = {}
+    for split, frames in STREETHAZARDS_FRAMES.items():
+        top = root / ("test" if split == "test" else "train")
+        for k, (town, n) in enumerate(frames):
+            image, label = gradient_image(height, width, 20 + k), streethazards_labels(height, width, k)
+            write_rgb(top / "images" / split / town / f"{n}.png", image)
+            write_label(top / "annotations" / split / town / f"{n}.png", label)
+            out[f"{split}/{town}/{n}"] = (image, label)
+    return out
+
+
+BDD_FRAMES = {  # (bdd split, id) -> anomaly classes drawn in it
+    ("train", "0004a4c0-d4dff0ad"): (), ("train", "00054602-3bf57337"): (17,),
+    ("val", "7d06fefd-f7be05a6"): (16, 18), ("val", "7d128593-0ccfea4c"): (),
+}
+
+
+def bdd_tree(root, height=12, width=20):
+    """BDD100K seg: JPEG images, ``_train_id.png`` labels (0..15 stripes, anomaly blocks, 255 void, a stray 40),
+    a ``color_labels`` folder beside them and an image without a label. Returns {frame id: (image, label)}."""
+    root = Path(root) / "seg"
+    out = {}
+    for k, ((split, bdd_id), anomalies) in enumerate(BDD_FRAMES.items()):
+        label = (np.arange(width, dtype=np.uint8)[None].repeat(height, 0) % 16).astype(np.uint8)
+        for j, c in enumerate(anomalies):
+            label[2 + 4 * j: 5 + 4 * j, 4:9] = c
+        label[-1] = 255
+        label[0, 0] = 40
+        write_rgb(root / "images" / split / f"{bdd_id}.jpg", gradient_image(height, width, 30 + k))
+        write_label(root / "labels" / split / f"{bdd_id}_train_id.png", label)
+        write_rgb(root / "color_labels" / split / f"{bdd_id}_train_color.png", np.stack([label] * 3, -1))
+        out[f"{split}/{bdd_id}"] = (decoded(root / "images" / split / f"{bdd_id}.jpg"), label)
+    write_rgb(root / "images" / "val" / "ffffffff-00000000.jpg", gradient_image(height, width))
+    return out
+
+
+def road_anomaly_tree(root, height=18, width=32):
+    """Road Anomaly: frame_list.json naming three frames (WebP, JPEG, WebP whose label was drawn at twice the
+    size), a frame folder it does not name. Returns {name: (image, label at the image's size)}."""
+    root = Path(root)
+    frames = root / "frames"
+    names = ["animals01_Guiyang_Rhinoceros.jpg", "cones02_road.webp", "rocks03_big.webp"]
+    out = {}
+    for k, name in enumerate(names):
+        stem = name.rsplit(".", 1)[0]
+        image = gradient_image(height, width, 40 + k)
+        label = np.zeros((height, width), np.uint8)
+        label[5:11, 6 + k: 15 + k] = 2
+        if name.endswith(".webp"):
+            write_webp(frames / name, image)
+        else:
+            write_rgb(frames / name, image)
+            image = decoded(frames / name)
+        stored = label.repeat(2, 0).repeat(2, 1) if k == 2 else label
+        if k == 1:
+            stored = stored.copy()
+            stored[0, :3] = 1  # no Road Anomaly value: ignore, and warned about
+            label = stored
+        write_label(frames / f"{stem}.labels" / "labels_semantic.png", stored)
+        out[stem] = (image, label)
+    write_webp(frames / "extra09_unlisted.webp", gradient_image(height, width))
+    (root / "frame_list.json").write_text(json.dumps(names))
+    return out

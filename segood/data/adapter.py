@@ -2,7 +2,7 @@
 
 An adapter lists its frames (``refs``), names them (``frame_id``) and reads one (``load`` -> :class:`Sample`,
 or :class:`SkipFrame` with the reason). Everything else has a default here: the size a conversion resizes to,
-the provenance written into the set, frames dropped before loading, a summary for the manifest (e.g. SUN's
+frames without public labels (``has_labels``), the provenance written into the set, frames dropped before loading, a summary for the manifest (e.g. SUN's
 label-map coverage) and the command-line options of ``segood convert NAME``. Adapters must be picklable:
 ``segood convert --workers N`` sends them to worker processes.
 
@@ -40,6 +40,12 @@ class Adapter:
     def frame_id(self, ref):
         """A stable string naming the frame, from its source path."""
         raise NotImplementedError(f"{type(self).__name__} must implement frame_id(ref)")
+
+    def has_labels(self, ref):
+        """False for a frame without public labels (e.g. a benchmark's test frame): it is converted with an
+        all-ignore mask, listed under the manifest's ``unlabelled_frames``, and can be scored and exported but
+        never evaluated. Default: every frame has labels."""
+        return True
 
     def load(self, ref):
         """The frame as a :class:`~segood.data.common.Sample` at its native size; raise ``SkipFrame(reason)``

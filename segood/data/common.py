@@ -11,6 +11,7 @@ import yaml
 from PIL import Image, ImageDraw
 
 from segood.data.adapter import Adapter
+from segood.labels import ID, IGNORE, OOD
 
 # label_maps/ sits beside the package in a checkout (editable install) and in <prefix>/share/segood otherwise.
 _LABEL_MAP_DIRS = (Path(__file__).resolve().parents[2] / "label_maps", Path(sys.prefix) / "share/segood/label_maps")
@@ -177,3 +178,82 @@ def load_label_map(name):
             raise FileNotFoundError(f"label map {name!r} not found in {[str(d) for d in _LABEL_MAP_DIRS]}")
     data = path.read_bytes()
     return yaml.safe_load(data), hashlib.sha256(data).hexdigest()
+
+
+def read_label(path, what="label image"):
+    """Decode a single-channel 8-bit label PNG to (H, W) uint8 raw values.
+
+    The stored values are returned as they are: a palette image gives its indices (never the palette's
+    colours), and a gAMA chunk (LostAndFound's PNGs carry one) is not applied. :class:`SkipFrame` when the
+    file is missing, cannot be decoded completely, or is not single-channel 8-bit (e.g. a colour rendering).
+    """
+    name = Path(path).name
+    try:
+        with Image.open(path) as image:
+            image.load()
+            if image.mode not in ("L", "P"):
+                raise SkipFrame(f"{what} {name} has mode {image.mode}; expected single-channel 8-bit (L or P)")
+            return np.array(image, dtype=np.uint8)
+    except FileNotFoundError:
+        raise SkipFrame(f"no {what} file {name}") from None
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        raise SkipFrame(f"cannot decode {what} {name} completely ({type(err).__name__}: {err})") from None
+
+
+_ROLES = {"id": ID, "ood": OOD, "ignore": IGNORE}
+
+
+class LabelTable:
+    """Declarative label rules of a dataset whose labels are values in a PNG: raw value -> ``ood_mask`` value
+    and -> ``semantic`` (Cityscapes trainId), as two (256,) lookup tables applied by indexing.
+
+    Args:
+        rules: {value or (low, high) inclusive range: role} or {...: (role, trainId)}; role is "id", "ood" or
+            "ignore"; a trainId of None (or no trainId) is 255.
+        name: the dataset, for warnings.
+    Values no rule names are *unknown*: ignore in both arrays, counted per frame and warned about in the
+    manifest (:meth:`summary`), never silently given a meaning.
+    """
+
+    def __init__(self, rules, name):
+        self.name = name
+        self.ood = np.full(256, IGNORE, np.uint8)
+        self.semantic = np.full(256, IGNORE, np.uint8)
+        self.known = np.zeros(256, bool)
+        for key, rule in rules.items():
+            role, train_id = (rule, None) if isinstance(rule, str) else rule
+            low, high = key if isinstance(key, tuple) else (key, key)
+            self.ood[low:high + 1] = _ROLES[role]
+            self.semantic[low:high + 1] = IGNORE if train_id is None else train_id
+            self.known[low:high + 1] = True
+        self.sha256 = hashlib.sha256(self.ood.tobytes() + self.semantic.tobytes()).hexdigest()
+
+    def apply(self, raw):
+        """(ood_mask, semantic, extra) for (H, W) uint8 raw values; extra names unknown values or is None."""
+        counts = np.bincount(raw.ravel(), minlength=256)
+        unknown = {int(v): int(counts[v]) for v in np.flatnonzero(counts * ~self.known)}
+        return self.ood[raw], self.semantic[raw], ({"unknown_label_values": unknown} if unknown else None)
+
+    def summary(self, extras):
+        """Manifest entries: pixels and frames per unknown value, and a warning, or nothing."""
+        pixels, frames = {}, {}
+        for extra in extras:
+            for value, count in extra.get("unknown_label_values", {}).items():
+                pixels[value] = pixels.get(value, 0) + count
+                frames[value] = frames.get(value, 0) + 1
+        if not pixels:
+            return {}
+        unknown = {str(v): {"pixels": pixels[v], "frames": frames[v]} for v in sorted(pixels)}
+        shown = ", ".join(f"{v} ({u['pixels']} pixels in {u['frames']} frames)" for v, u in unknown.items())
+        return {"unknown_label_values": unknown,
+                "warnings": [f"{self.name} label values outside its published table became ignore: {shown}; are "
+                             "these the label files (not colour renderings or another release)?"]}
+
+
+def require_webp():
+    """Raise an ImportError saying how to fix it when Pillow cannot decode WebP (SMIYC, Road Anomaly)."""
+    from PIL import features
+
+    if not features.check("webp"):
+        raise ImportError("this Pillow cannot decode WebP images; install a Pillow wheel built with libwebp "
+                          "(pip install --force-reinstall 'pillow>=10')")

@@ -49,13 +49,15 @@ def convert(adapter, out, *, size=None, workers=0, strict=False, overwrite=False
     ``strict``. ``workers`` > 0 decodes and rasterises in a process pool. A conversion in which no frame
     converts is an error; files of the raw tree the adapter did not use are listed under ``unused_files``;
     the adapter's warnings (``manifest["warnings"]``) are also issued as :class:`ConversionWarning`. Nothing
-    is written unless the whole set is. Returns the manifest.
+    is written unless the whole set is. Frames without public labels (``adapter.has_labels``) are listed under
+    ``unlabelled_frames``: such a set can be scored and exported, never evaluated. Returns the manifest.
     """
     size = tuple(int(v) for v in (size or adapter.native_size))
     skipped = list(adapter.prefiltered)
     if strict and skipped:
         raise ConversionError(f"{skipped[0][0]}: {skipped[0][1]} (and {len(skipped) - 1} more)")
     refs = adapter.refs()
+    unlabelled = {adapter.frame_id(ref) for ref in refs if not adapter.has_labels(ref)}
     attrs = {**adapter.provenance(), "resize": list(size), **(attrs or {})}
     writer = SetWriter(out, size, attrs, overwrite=overwrite)
     jobs = [(ref, size) for ref in refs]
@@ -72,6 +74,9 @@ def convert(adapter, out, *, size=None, workers=0, strict=False, overwrite=False
                     raise ConversionError(f"{frame_id}: {reason}")
                 skipped.append((frame_id, reason))
                 continue
+            if frame_id in unlabelled and sample.pixels["id"] + sample.pixels["ood"]:
+                raise ConversionError(f"{frame_id}: {type(adapter).__name__} says the frame has no labels but "
+                                      "its mask is not all ignore (a bug in the adapter)")
             writer.append(sample)
             if sample.extra:
                 extras.append(sample.extra)
@@ -81,7 +86,9 @@ def convert(adapter, out, *, size=None, workers=0, strict=False, overwrite=False
                                   f"{reasons}); nothing was written")
         summary = adapter.summary(extras) if extras else {}
         unused = [{"path": path, "reason": reason} for path, reason in adapter.unused_files]
-        manifest = writer.commit(skipped, {**summary, **({"unused_files": unused} if unused else {})})
+        unlabelled = [f for f in writer.frame_ids if f in unlabelled]
+        manifest = writer.commit(skipped, {**summary, **({"unused_files": unused} if unused else {}),
+                                           **({"unlabelled_frames": unlabelled} if unlabelled else {})})
     except BaseException:
         writer.abort()
         raise
@@ -101,9 +108,10 @@ def mix(ood_path, id_path, out, *, seed=0, id_frames=None, overwrite=False, prog
     whose ``id_to_ood_ratio`` is the set's ID:OOD pixel ratio (the paper: about 7.5:1 IDD, 3:1 SUN)."""
     if id_frames is not None and int(id_frames) < 0:
         raise ValueError(f"id_frames must be at least 0, got {id_frames}")
-    sources = []
+    sources, unlabelled = [], []
     for path in (ood_path, id_path):
         manifest = read_manifest(path)
+        unlabelled += [f"{manifest['source']}/{f}" for f in manifest.get("unlabelled_frames", ())]
         sources.append({"file": str(path), "source": manifest["source"], "split": manifest["split"],
                         "frames": manifest["frames"], "sha256": manifest["sha256"]})
     a, b = (H5SegmentationDataset(path) for path in (ood_path, id_path))  # frames verified as they are read
@@ -121,7 +129,7 @@ def mix(ood_path, id_path, out, *, seed=0, id_frames=None, overwrite=False, prog
             item = (a, b)[which][i]
             writer.append(Sample(item["image"].permute(1, 2, 0).numpy(), item["ood_mask"].numpy(),
                                  item["semantic"].numpy(), f"{sources[which]['source']}/{item['frame_id']}"))
-        return writer.commit()
+        return writer.commit(extra={"unlabelled_frames": unlabelled} if unlabelled else None)
     except BaseException:
         writer.abort()
         raise

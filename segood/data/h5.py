@@ -184,6 +184,25 @@ def read_manifest(path):
         raise ValueError(f"{path} has no readable manifest ({err}); reconvert the set") from None
 
 
+class UnlabelledFrames(ValueError):
+    """A set holding frames without public labels was given to an evaluation."""
+
+
+def require_labels(path):
+    """Refuse to evaluate a set listing ``unlabelled_frames`` (e.g. a benchmark's test split): its masks are all
+    ignore, so every metric would be computed on the labelled frames alone, or on nothing."""
+    try:
+        unlabelled = read_manifest(path).get("unlabelled_frames") or []
+    except ValueError:  # a set older than its embedded manifest: it cannot list frames without labels
+        return
+    if unlabelled:
+        shown = ", ".join(unlabelled[:3]) + (f" and {len(unlabelled) - 3} more" if len(unlabelled) > 3 else "")
+        raise UnlabelledFrames(
+            f"{path} holds {len(unlabelled)} frames without public labels ({shown}): they can be scored and "
+            "exported (segood export) for the benchmark's server, never evaluated here; convert a split with "
+            "labels (e.g. --split validation) to evaluate")
+
+
 def frame_ids(path):
     """The frame ids of a converted set, in order, without reading any frame."""
     with h5py.File(path, "r") as f:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from segood.data.h5 import H5SegmentationDataset, frame_ids, set_identity
+from segood.data.h5 import H5SegmentationDataset, frame_ids, require_labels, set_identity
 from segood.evaluation.exchange import ScoreMaps
 from segood.evaluation.layout import RunFolder
 from segood.evaluation.report import grid_of_config, write_report
@@ -185,7 +185,8 @@ def _check_run_folder(folder, description):
 
 
 def _open_set(path, verify=True):
-    """The set as a Dataset, or a ValueError saying why the file is not a converted segood set."""
+    """The set as a Dataset, or a ValueError saying why the file is not a converted segood set (or holds frames
+    without public labels)."""
     try:
         dataset = H5SegmentationDataset(path, verify=verify)
     except KeyError as err:
@@ -193,6 +194,7 @@ def _open_set(path, verify=True):
     if len(dataset) == 0:
         raise ValueError(f"{path} holds no frames: nothing to evaluate; check the conversion's skipped frames in "
                          "its manifest and convert again")
+    require_labels(path)
     return dataset
 
 

@@ -18,7 +18,7 @@ import torch
 from tqdm import tqdm
 
 import segood
-from segood.data.h5 import H5SegmentationDataset
+from segood.data.h5 import H5SegmentationDataset, require_labels
 from segood.evaluation.layout import RunFolder
 from segood.io import atomic_write_bytes, read_npz
 from segood.labels import NUM_CLASSES
@@ -290,6 +290,8 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, 
     device = device or next(model.parameters()).device
     check_methods(model, methods)
     datasets = {name: H5SegmentationDataset(path, verify=verify) for name, path in sets.items()}
+    for path in sets.values():
+        require_labels(path)
     names = [m.name for m in methods]
     if len(set(names)) != len(names):
         raise ValueError(f"each method once per run, got {names}")

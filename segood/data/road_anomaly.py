@@ -1,0 +1,85 @@
+"""Road Anomaly (Lis et al. 2019): 60 web images of unusual road hazards. Labels 0 ID, 2 OOD (the dataset has no
+ignore value; any other value becomes ignore and is warned about); ``semantic`` is 255 everywhere. Some labels
+were drawn at another resolution and rescaled: they are resized to the image with nearest neighbour, and the
+manifest lists those frames (``rescaled_labels``) with a warning."""
+
+import json
+from pathlib import Path
+
+import cv2
+
+from segood.data.adapter import Adapter
+from segood.data.common import LabelTable, Sample, SkipFrame, read_label, read_rgb, require_tree, require_webp
+
+EXPECTED_TREE = """\
+<root>/frame_list.json
+<root>/frames/<name>.webp   (or .jpg)
+<root>/frames/<name>.labels/labels_semantic.png"""
+LABELS = LabelTable({0: "id", 2: "ood"}, "Road Anomaly")
+IMAGE_SUFFIXES = (".webp", ".jpg")
+
+
+class RoadAnomaly(Adapter):
+    """The frames named in ``frame_list.json``, in its order; files in ``frames/`` it does not name are listed
+    under ``unused_files``."""
+
+    name, source = "road_anomaly", "road_anomaly"
+    help = "Road Anomaly (Lis et al. 2019): 0 ID, 2 OOD; labels of another size resized nearest (listed)"
+    default_split = None
+    split = "test"
+    label_map_sha256 = LABELS.sha256
+
+    def __init__(self, root):
+        self.root = Path(root)
+        require_tree(self.root, EXPECTED_TREE, "frame_list.json", "Road Anomaly")
+        try:
+            names = json.loads((self.root / "frame_list.json").read_text())
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{self.root / 'frame_list.json'} is not a JSON list of frame names ({err})") from None
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ValueError(f"{self.root / 'frame_list.json'} must hold a JSON list of frame names")
+        self.stems = list(dict.fromkeys(_stem(n) for n in names))
+        frames = self.root / "frames"
+        if any(frames.glob("*.webp")):
+            require_webp()
+        self.unused_files = []
+        listed = set(self.stems)
+        for path in sorted(frames.iterdir()) if frames.is_dir() else ():
+            stem = path.name[: -len(".labels")] if path.is_dir() and path.name.endswith(".labels") else _stem(path.name)
+            if stem not in listed:
+                self.unused_files.append((f"frames/{path.name}", "not named in frame_list.json"))
+
+    def refs(self):
+        return list(self.stems)
+
+    def frame_id(self, stem):
+        return stem
+
+    def load(self, stem):
+        frames = self.root / "frames"
+        image_path = next((frames / f"{stem}{s}" for s in IMAGE_SUFFIXES if (frames / f"{stem}{s}").is_file()), None)
+        if image_path is None:
+            raise SkipFrame(f"no image {stem}.webp or {stem}.jpg")
+        raw = read_label(frames / f"{stem}.labels" / "labels_semantic.png")
+        image = read_rgb(image_path)
+        extra = {}
+        if raw.shape != image.shape[:2]:
+            extra["rescaled_label"] = {"frame_id": stem, "from": list(raw.shape), "to": list(image.shape[:2])}
+            raw = cv2.resize(raw, image.shape[1::-1], interpolation=cv2.INTER_NEAREST)
+        ood_mask, semantic, unknown = LABELS.apply(raw)
+        return Sample(image, ood_mask, semantic, stem, {**extra, **(unknown or {})} or None)
+
+    def summary(self, extras):
+        out = LABELS.summary(extras)
+        rescaled = [e["rescaled_label"] for e in extras if "rescaled_label" in e]
+        if rescaled:
+            out["rescaled_labels"] = rescaled
+            out["warnings"] = out.get("warnings", []) + [
+                f"{len(rescaled)} labels were drawn at another resolution and resized to their image with nearest "
+                f"neighbour: {', '.join(r['frame_id'] for r in rescaled[:5])}"]
+        return out
+
+
+def _stem(name):
+    """A frame name without its image suffix ('animals01_x.jpg' -> 'animals01_x')."""
+    return next((name[: -len(s)] for s in IMAGE_SUFFIXES if name.endswith(s)), name)

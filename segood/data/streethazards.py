@@ -1,0 +1,86 @@
+"""StreetHazards (Hendrycks et al., CAOS benchmark): synthetic CARLA frames, 1280x720, labels 1..14.
+
+ood_mask, as the benchmark defines it: 2..13 (its own 12 classes and "other") ID, 14 (anomaly) OOD, 1
+(unlabeled) ignore; ``--unlabeled id`` counts unlabeled as ID as the original evaluation does (which also
+averages per image: segood's numbers are pooled over all pixels, say so when comparing). ``semantic`` holds
+Cityscapes trainIds for the classes that have a Cityscapes counterpart (building, fence, pedestrian -> person,
+pole, road line -> road, road, sidewalk, vegetation, car, wall, traffic sign) and 255 for unlabeled, other and
+anomaly. Values outside 1..14 become ignore and are warned about."""
+
+from pathlib import Path
+
+from segood.data.adapter import Adapter
+from segood.data.common import LabelTable, Sample, SkipFrame, read_label, read_rgb, require_tree
+
+EXPECTED_TREE = """\
+<root>/train/images/{training,validation}/<town>/<n>.png   + <root>/train/annotations/<same path>
+<root>/test/images/test/<town>/<n>.png                     + <root>/test/annotations/test/<same path>"""
+SPLITS = {"training": "train", "validation": "train", "test": "test"}  # split -> top folder
+CLASSES = {  # StreetHazards value -> (ood role, Cityscapes trainId or None)
+    2: ("id", 2),     # building
+    3: ("id", 4),     # fence
+    4: ("id", None),  # other
+    5: ("id", 11),    # pedestrian -> person
+    6: ("id", 5),     # pole
+    7: ("id", 0),     # road line -> road
+    8: ("id", 0),     # road
+    9: ("id", 1),     # sidewalk
+    10: ("id", 8),    # vegetation
+    11: ("id", 13),   # car
+    12: ("id", 3),    # wall
+    13: ("id", 7),    # traffic sign
+    14: "ood",        # anomaly
+}
+TABLES = {unlabeled: LabelTable({1: unlabeled, **CLASSES}, "StreetHazards") for unlabeled in ("ignore", "id")}
+
+
+class StreetHazards(Adapter):
+    """Frames of ``training``, ``validation`` or ``test``, listed from the images (``<split>/<town>/<n>``)."""
+
+    name, source = "streethazards", "streethazards"
+    help = "StreetHazards: its 13 classes ID, anomaly (14) OOD, unlabeled ignore (--unlabeled id: ID)"
+    default_split = "test"
+
+    def __init__(self, root, split="test", *, unlabeled="ignore"):
+        if split not in SPLITS:
+            raise ValueError(f"StreetHazards split must be one of {tuple(SPLITS)}, got {split!r}")
+        if unlabeled not in TABLES:
+            raise ValueError(f"unlabeled must be 'ignore' or 'id', got {unlabeled!r}")
+        self.root, self.split = Path(root), split
+        self.top = self.root / SPLITS[split]
+        require_tree(self.root, EXPECTED_TREE, f"{SPLITS[split]}/images/{split}/*/*.png", f"StreetHazards ({split})")
+        self.table = TABLES[unlabeled]
+        self.label_map_sha256 = self.table.sha256
+        self.params = {"unlabeled": unlabeled}
+
+    @property
+    def native_size(self):
+        return (720, 1280)
+
+    @classmethod
+    def add_arguments(cls, parser):
+        super().add_arguments(parser)
+        parser.add_argument("--unlabeled", choices=("ignore", "id"), default="ignore",
+                            help="what unlabeled (1) pixels are: ignore (default) or ID (the original evaluation)")
+
+    @classmethod
+    def from_args(cls, args):
+        return cls(args.root, args.split, unlabeled=args.unlabeled)
+
+    def refs(self):
+        return sorted((self.top / "images" / self.split).glob("*/*.png"))
+
+    def frame_id(self, path):
+        return f"{self.split}/{path.parent.name}/{path.stem}"
+
+    def load(self, path):
+        label_path = self.top / "annotations" / self.split / path.parent.name / path.name
+        raw = read_label(label_path)
+        image = read_rgb(path)
+        if raw.shape != image.shape[:2]:
+            raise SkipFrame(f"image {image.shape[:2]} and labels {raw.shape} differ in size")
+        ood_mask, semantic, extra = self.table.apply(raw)
+        return Sample(image, ood_mask, semantic, self.frame_id(path), extra)
+
+    def summary(self, extras):
+        return self.table.summary(extras)

@@ -1,0 +1,293 @@
+"""Today's anomaly-segmentation benchmarks (SMIYC, LostAndFound, Fishyscapes, StreetHazards, BDD-Anomaly,
+Road Anomaly) on tiny raw trees in their published layouts, with their gotchas, checked pixel for pixel."""
+
+import h5py
+import numpy as np
+import pytest
+
+from segood.cli import main
+from segood.data import Cityscapes, ConversionError, convert, mix, read_manifest
+from segood.data.convert import ConversionWarning
+from segood.data.h5 import UnlabelledFrames, require_labels
+from segood.data.bdd_anomaly import BDDAnomaly
+from segood.data.lostandfound import LostAndFound
+from segood.data.registry import ADAPTERS, get_adapter
+from segood.data.road_anomaly import RoadAnomaly
+from segood.data.smiyc import RoadAnomaly21, RoadObstacle21
+from segood.data.streethazards import StreetHazards
+
+from rawtrees import (LAF_EMPTY, LAF_FRAMES, bdd_tree, cityscapes_tree, fishyscapes_laf_tree, fishyscapes_static_tree,
+                      laf_tree, road_anomaly_tree, smiyc_tree, streethazards_tree, write_label, write_rgb, write_webp)
+
+
+def read_set(path):
+    with h5py.File(path, "r") as f:
+        return {k: f[k][...] for k in ("images", "ood_mask", "semantic")}, [s.decode() for s in f["frame_id"]]
+
+
+def smiyc_expected(label):
+    """The rule written out: 0 -> ID, 1 -> OOD, every other value -> ignore."""
+    return np.where(label == 0, 0, np.where(label == 1, 1, 255)).astype(np.uint8)
+
+
+ANOMALY_FRAMES = [("validation0000", True), ("validation0001", True), ("zebra0001", False), ("cow0007", False)]
+OBSTACLE_FRAMES = [("validation_1", True), ("validation_19", True), ("validation_25", True), ("validation_30", True),
+                   ("gravel_000", False), ("curvy-street_003", False), ("driveway_001", False),
+                   ("snowstorm1_000", False), ("snowstorm2_004", False), ("marsbase_000", False)]
+
+
+@pytest.mark.parametrize("split, expected", [
+    ("validation", ["validation0000", "validation0001"]), ("test", ["cow0007", "zebra0001"]),
+    ("all", ["cow0007", "validation0000", "validation0001", "zebra0001"])])
+def test_smiyc_anomaly_splits_labels_and_unlabelled_test_frames(tmp_path, split, expected):
+    frames = smiyc_tree(tmp_path / "dataset_AnomalyTrack", "dataset_AnomalyTrack", ANOMALY_FRAMES)
+    adapter = RoadAnomaly21(tmp_path / "dataset_AnomalyTrack", split)
+    manifest = convert(adapter, tmp_path / "a.h5", size=(24, 40), progress=False)
+    arrays, frame_ids = read_set(tmp_path / "a.h5")
+    assert frame_ids == expected
+    for k, fid in enumerate(frame_ids):
+        image, label = frames[fid]
+        np.testing.assert_array_equal(arrays["images"][k], image)
+        if label is None:
+            assert (arrays["ood_mask"][k] == 255).all()
+        else:
+            np.testing.assert_array_equal(arrays["ood_mask"][k], smiyc_expected(label))
+        assert (arrays["semantic"][k] == 255).all()
+    assert manifest.get("unlabelled_frames", []) == [f for f in expected if frames[f][1] is None]
+    unused = {u["path"]: u["reason"] for u in manifest["unused_files"]}
+    assert unused["labels_masks/validation0000_labels_semantic_color.png"].startswith("not a label file")
+    if split == "validation":
+        assert unused["images/zebra0001.jpg"] == "a test frame (the split is validation)"
+
+
+def test_frames_without_labels_can_be_exported_never_evaluated(tmp_path):
+    smiyc_tree(tmp_path / "track", "dataset_AnomalyTrack", ANOMALY_FRAMES)
+    convert(RoadAnomaly21(tmp_path / "track", "all"), tmp_path / "all.h5", size=(24, 40), progress=False)
+    convert(RoadAnomaly21(tmp_path / "track", "validation"), tmp_path / "val.h5", size=(24, 40), progress=False)
+    require_labels(tmp_path / "val.h5")
+    with pytest.raises(UnlabelledFrames, match=r"2 frames without public labels \(cow0007, zebra0001\).*exported"):
+        require_labels(tmp_path / "all.h5")
+    from segood.evaluation.api import _open_set
+    with pytest.raises(UnlabelledFrames, match="never evaluated"):
+        _open_set(tmp_path / "all.h5")
+
+
+@pytest.mark.parametrize("split, expected", [
+    ("validation", ["validation_1", "validation_30"]),
+    ("test", ["curvy-street_003", "gravel_000"]),
+    ("night", ["driveway_001"]),
+    ("snowstorm", ["snowstorm1_000", "snowstorm2_004"]),
+    ("all", ["curvy-street_003", "driveway_001", "gravel_000", "snowstorm1_000", "snowstorm2_004"])])
+def test_smiyc_obstacle_scene_splits_from_webp(tmp_path, split, expected):
+    frames = smiyc_tree(tmp_path / "dataset_ObstacleTrack", "dataset_ObstacleTrack", OBSTACLE_FRAMES)
+    adapter = RoadObstacle21(tmp_path / "dataset_ObstacleTrack", split)
+    assert adapter.native_size == (1080, 1920)
+    manifest = convert(adapter, tmp_path / "o.h5", size=(24, 40), progress=False)
+    arrays, frame_ids = read_set(tmp_path / "o.h5")
+    assert frame_ids == expected
+    for k, fid in enumerate(frame_ids):
+        image, label = frames[fid]
+        np.testing.assert_array_equal(arrays["images"][k], image)  # lossless WebP, decoded exactly
+        expected_mask = np.full((24, 40), 255) if label is None else smiyc_expected(label)
+        np.testing.assert_array_equal(arrays["ood_mask"][k], expected_mask)
+    unused = {u["path"]: u["reason"] for u in manifest["unused_files"]}
+    assert "none of RoadObstacle21's" in unused["images/marsbase_000.webp"]
+    if split == "validation":
+        assert unused["images/validation_19.webp"] == "left out of SMIYC's RoadObstacle21 validation split"
+        assert "validation_25" not in " ".join(frame_ids)
+        assert "unlabelled_frames" not in manifest
+
+
+def test_smiyc_layout_errors_and_split_names(tmp_path):
+    smiyc_tree(tmp_path / "dataset_ObstacleTrack", "dataset_ObstacleTrack", OBSTACLE_FRAMES[:1])
+    with pytest.raises(FileNotFoundError, match=r"images/<fid>\.jpg"):
+        RoadAnomaly21(tmp_path / "dataset_ObstacleTrack")
+    with pytest.raises(ValueError, match="night"):
+        RoadObstacle21(tmp_path / "dataset_ObstacleTrack", "val")
+    (tmp_path / "dataset_ObstacleTrack/labels_masks/validation_1_labels_semantic.png").unlink()
+    with pytest.raises(ConversionError, match="no label file validation_1_labels_semantic.png for a validation frame"):
+        convert(RoadObstacle21(tmp_path / "dataset_ObstacleTrack"), tmp_path / "x.h5", size=(8, 8), progress=False)
+
+
+def test_every_new_adapter_is_registered_with_a_convert_command(capsys):
+    for name in ("smiyc_anomaly", "smiyc_obstacle", "lostandfound", "fishyscapes_laf", "fishyscapes_static",
+                 "streethazards", "bdd_anomaly", "road_anomaly"):
+        assert name in ADAPTERS
+        with pytest.raises(SystemExit):
+            main(["convert", name, "--help"])
+        assert "--split" in capsys.readouterr().out or ADAPTERS[name].default_split is None
+
+
+def laf_expected(label):
+    ood = np.full(label.shape, 255, np.uint8)
+    ood[label == 1] = 0
+    ood[(label >= 2) & (label <= 200)] = 1
+    return ood, np.where(label == 1, 0, 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize("split", ["train", "test", "testNoKnown"])
+def test_lostandfound_splits_rules_and_gamma(tmp_path, split):
+    frames = laf_tree(tmp_path / "laf")
+    manifest = convert(LostAndFound(tmp_path / "laf", split), tmp_path / "laf.h5", size=(16, 32), progress=False)
+    arrays, frame_ids = read_set(tmp_path / "laf.h5")
+    folder = "train" if split == "train" else "test"
+    expected = sorted(LAF_FRAMES[folder])
+    if split == "testNoKnown":
+        expected = ["02_Hanns_Klemm_Str_44_000015_000200", "04_Maurener_Weg_8_000002_000140"]
+        unused = {u["path"].split("/")[-1]: u["reason"] for u in manifest["unused_files"]}
+        assert unused == {
+            "01_Hanns_Klemm_Str_45_000006_000070_leftImg8bit.png": "testNoKnown leaves out frames with known classes "
+                                                                   "(bicycles)",
+            "10_Schlossberg_9_000004_000030_leftImg8bit.png": "testNoKnown leaves out frames with known classes "
+                                                              "(bicycles)",
+            "15_Rechbergstr_Deckenpfronn_000000_000010_leftImg8bit.png": "testNoKnown leaves out frames with known "
+                                                                         "classes (children)",
+            f"{LAF_EMPTY}_leftImg8bit.png": "testNoKnown leaves out frames whose label has no ID and no OOD pixel"}
+    assert frame_ids == [f"{folder}/{fid}" for fid in expected]
+    for k, fid in enumerate(expected):
+        image, label = frames[fid]
+        ood, semantic = laf_expected(label)
+        if fid != LAF_EMPTY:
+            assert (label == 31).any() and (ood[label == 31] == 1).all()  # a "non-hazard" id is OOD too
+        np.testing.assert_array_equal(arrays["images"][k], image)  # raw values: the gAMA chunk is not applied
+        np.testing.assert_array_equal(arrays["ood_mask"][k], ood)
+        np.testing.assert_array_equal(arrays["semantic"][k], semantic)
+
+
+def test_fishyscapes_lost_and_found_takes_images_from_lostandfound(tmp_path):
+    frames = laf_tree(tmp_path / "laf")
+    fids = [LAF_FRAMES["train"][0], LAF_FRAMES["test"][1]]
+    labels = fishyscapes_laf_tree(tmp_path / "fs_laf", fids)
+    adapter = get_adapter("fishyscapes_laf")(tmp_path / "fs_laf", tmp_path / "laf")
+    with pytest.warns(ConversionWarning, match="Fishyscapes label values outside its published table became ignore: 9"):
+        manifest = convert(adapter, tmp_path / "fs.h5", size=(16, 32), progress=False)
+    arrays, frame_ids = read_set(tmp_path / "fs.h5")
+    assert frame_ids == [f"0000_{fids[0]}", f"0001_{fids[1]}"]
+    assert manifest["skipped"] == [{"frame_id": "0002_07_Nowhere_000000_000000", "reason":
+                                    "no LostAndFound image 07_Nowhere_000000_000000_leftImg8bit.png in "
+                                    "leftImg8bit/train or test"}]
+    for k, (frame_id, fid) in enumerate(zip(frame_ids, fids)):
+        label = labels[frame_id]
+        np.testing.assert_array_equal(arrays["images"][k], frames[fid][0])
+        expected = np.where(label == 9, 255, label)  # 9 is no Fishyscapes value: ignore, and warned about
+        np.testing.assert_array_equal(arrays["ood_mask"][k], expected)
+        assert (arrays["semantic"][k] == 255).all()
+    assert manifest["unknown_label_values"] == {"9": {"pixels": 2, "frames": 2}}
+    assert manifest["unused_files"] == [{"path": "README.txt", "reason": "not a frame file of this layout"}]
+    assert manifest["params"] == {"lostandfound_root": str(tmp_path / "laf")}
+
+
+def test_fishyscapes_static_rebuilds_the_image_from_cityscapes_and_the_overlay(tmp_path):
+    cityscapes_tree(tmp_path / "cs")
+    ids = ["frankfurt_000000_000294", "lindau_000001_000019"]
+    frames = fishyscapes_static_tree(tmp_path / "static", tmp_path / "cs", ids)
+    assert main(["convert", "fishyscapes_static", str(tmp_path / "static"), "--cityscapes-root",
+                 str(tmp_path / "cs"), "--out", str(tmp_path / "st.h5"), "--size", "32", "64", "--quiet"]) == 0
+    arrays, frame_ids = read_set(tmp_path / "st.h5")
+    manifest = read_manifest(tmp_path / "st.h5")
+    assert frame_ids == ["0000_frankfurt_000000_000294"]
+    assert "float64" in manifest["skipped"][0]["reason"] and manifest["skipped"][0]["frame_id"].startswith("0001_")
+    image, label = frames["0000_frankfurt_000000_000294"]
+    assert (image[4:12, 8:20] == 255).all() and (image[14:20, 30:40] == 0).all()  # clipped, not wrapped
+    np.testing.assert_array_equal(arrays["images"][0], image)
+    np.testing.assert_array_equal(arrays["ood_mask"][0], label)
+    assert "unused_files" not in manifest  # the overlays belong to their frames
+
+
+@pytest.mark.parametrize("unlabeled", ["ignore", "id"])
+def test_streethazards_splits_and_its_own_classes(tmp_path, unlabeled):
+    frames = streethazards_tree(tmp_path / "sh")
+    for split in ("training", "validation", "test"):
+        adapter = StreetHazards(tmp_path / "sh", split, unlabeled=unlabeled)
+        with pytest.warns(ConversionWarning, match="StreetHazards label values outside .*: 0 .*15"):
+            manifest = convert(adapter, tmp_path / f"{split}.h5", size=(12, 28), overwrite=True, progress=False)
+        arrays, frame_ids = read_set(tmp_path / f"{split}.h5")
+        assert frame_ids == sorted(f for f in frames if f.startswith(split + "/"))
+        assert manifest["params"] == {"unlabeled": unlabeled}
+        for k, frame_id in enumerate(frame_ids):
+            image, label = frames[frame_id]
+            ood = np.full(label.shape, 255)  # the benchmark's definition, written out
+            ood[(label >= 2) & (label <= 13)] = 0
+            ood[label == 14] = 1
+            if unlabeled == "id":
+                ood[label == 1] = 0
+            cityscapes = {2: 2, 3: 4, 5: 11, 6: 5, 7: 0, 8: 0, 9: 1, 10: 8, 11: 13, 12: 3, 13: 7}
+            semantic = np.vectorize(lambda v: cityscapes.get(v, 255))(label)
+            np.testing.assert_array_equal(arrays["images"][k], image)
+            np.testing.assert_array_equal(arrays["ood_mask"][k], ood)
+            np.testing.assert_array_equal(arrays["semantic"][k], semantic)
+    assert StreetHazards(tmp_path / "sh").native_size == (720, 1280)
+
+
+def test_bdd_anomaly_test_set_is_the_frames_with_anomaly_classes(tmp_path):
+    frames = bdd_tree(tmp_path / "bdd")
+    with pytest.warns(ConversionWarning, match="40"):
+        manifest = convert(BDDAnomaly(tmp_path / "bdd", "test"), tmp_path / "t.h5", size=(12, 20), progress=False)
+    arrays, frame_ids = read_set(tmp_path / "t.h5")
+    assert frame_ids == ["train/00054602-3bf57337", "val/7d06fefd-f7be05a6"]
+    for k, frame_id in enumerate(frame_ids):
+        image, label = frames[frame_id]
+        ood = np.where(label <= 15, 0, np.where(np.isin(label, (16, 17, 18)), 1, 255))
+        np.testing.assert_array_equal(arrays["images"][k], image)
+        np.testing.assert_array_equal(arrays["ood_mask"][k], ood)
+        np.testing.assert_array_equal(arrays["semantic"][k], np.where(label == 40, 255, label))
+        assert (arrays["ood_mask"][k] == 1).any()
+    assert {"path": "seg/color_labels/", "reason": "colour renderings of the labels: never read"} \
+        in manifest["unused_files"]
+    assert {"path": "seg/images/val/ffffffff-00000000.jpg", "reason": "no label file"} in manifest["unused_files"]
+    for split, expected in (("train", ["train/0004a4c0-d4dff0ad"]), ("val", ["val/7d128593-0ccfea4c"])):
+        with pytest.warns(ConversionWarning):
+            convert(BDDAnomaly(tmp_path / "bdd", split), tmp_path / f"{split}.h5", size=(12, 20), progress=False)
+        assert read_set(tmp_path / f"{split}.h5")[1] == expected
+
+
+def test_road_anomaly_frame_list_webp_and_rescaled_labels(tmp_path):
+    frames = road_anomaly_tree(tmp_path / "ra")
+    with pytest.warns(ConversionWarning) as caught:
+        manifest = convert(RoadAnomaly(tmp_path / "ra"), tmp_path / "ra.h5", size=(18, 32), progress=False)
+    messages = " ".join(str(w.message) for w in caught)
+    assert "values outside its published table became ignore: 1 (3 pixels in 1 frames)" in messages
+    assert "1 labels were drawn at another resolution" in messages
+    arrays, frame_ids = read_set(tmp_path / "ra.h5")
+    assert frame_ids == ["animals01_Guiyang_Rhinoceros", "cones02_road", "rocks03_big"]
+    for k, frame_id in enumerate(frame_ids):
+        image, label = frames[frame_id]
+        np.testing.assert_array_equal(arrays["images"][k], image)
+        np.testing.assert_array_equal(arrays["ood_mask"][k], np.where(label == 0, 0, np.where(label == 2, 1, 255)))
+    assert manifest["rescaled_labels"] == [{"frame_id": "rocks03_big", "from": [36, 64], "to": [18, 32]}]
+    assert manifest["unused_files"] == [{"path": "frames/extra09_unlisted.webp",
+                                         "reason": "not named in frame_list.json"}]
+
+
+def test_webp_is_decoded_by_the_declared_dependency(tmp_path):
+    """Pillow (declared in setup.cfg) decodes WebP exactly: the RoadObstacle21 and Road Anomaly images."""
+    from segood.data.common import read_rgb, require_webp
+
+    require_webp()
+    image = np.random.default_rng(0).integers(0, 256, (9, 13, 3), dtype=np.uint8)
+    write_webp(tmp_path / "x.webp", image)
+    np.testing.assert_array_equal(read_rgb(tmp_path / "x.webp"), image)
+
+
+def test_labels_are_raw_values_palette_indices_and_no_gamma(tmp_path):
+    from segood.data.common import SkipFrame, read_label
+
+    values = np.arange(60, dtype=np.uint8).reshape(6, 10)
+    write_label(tmp_path / "g.png", values, gamma=0.45455)
+    write_label(tmp_path / "p.png", values, palette=True)
+    np.testing.assert_array_equal(read_label(tmp_path / "g.png"), values)
+    np.testing.assert_array_equal(read_label(tmp_path / "p.png"), values)  # indices, not the palette's colours
+    write_rgb(tmp_path / "c.png", np.zeros((4, 4, 3), np.uint8))
+    with pytest.raises(SkipFrame, match="has mode RGB; expected single-channel"):
+        read_label(tmp_path / "c.png")
+
+
+def test_mixing_keeps_the_unlabelled_frames_listed(tmp_path):
+    smiyc_tree(tmp_path / "track", "dataset_AnomalyTrack", ANOMALY_FRAMES)
+    cityscapes_tree(tmp_path / "cs", height=24, width=40)
+    convert(RoadAnomaly21(tmp_path / "track", "test"), tmp_path / "test.h5", size=(24, 40), progress=False)
+    convert(Cityscapes(tmp_path / "cs", "val"), tmp_path / "cs.h5", size=(24, 40), progress=False)
+    manifest = mix(tmp_path / "test.h5", tmp_path / "cs.h5", tmp_path / "mixed.h5", progress=False)
+    assert manifest["unlabelled_frames"] == ["smiyc_roadanomaly21/cow0007", "smiyc_roadanomaly21/zebra0001"]
+    with pytest.raises(UnlabelledFrames):
+        require_labels(tmp_path / "mixed.h5")
