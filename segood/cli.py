@@ -113,6 +113,17 @@ def _model(args):
     raise ValueError("give --checkpoint, or --arch, --encoder and --weights for a plain smp state dict")
 
 
+def _protocol(args):
+    from segood.evaluation.protocol import cross_source
+
+    doc = cross_source(_model(args), {p.stem: p for p in args.tune_sets}, {p.stem: p for p in args.test_sets},
+                       args.methods, args.out, rule=args.rule, metric=args.metric, batch_size=args.batch_size,
+                       device=args.device, fit_set=args.fit_set, resume=args.resume, progress=not args.quiet)
+    print((args.out / "protocol.md").read_text(), end="")
+    print(f"\nwrote {args.out}/protocol.json and protocol.md ({len(doc['tuning_sets'])} tuning sets)")
+    return 0
+
+
 def _export(args):
     import torch
 
@@ -272,6 +283,7 @@ def build_parser():
     from segood.data.registry import ADAPTERS
     from segood.methods import METHODS
     from segood.metrics import METRICS
+    from segood.metrics.thresholds import RULES as THRESHOLD_RULES
     from segood.models import ARCHS, HEADS
 
     parser = argparse.ArgumentParser(prog="segood", description=segood.__doc__)
@@ -371,6 +383,25 @@ def build_parser():
     add_analysis_options(ev)
     ev.add_argument("--quiet", action="store_true")
     ev.set_defaults(run=_evaluate)
+
+    proto = sub.add_parser("protocol", help="the cross-source protocol: tune and commit thresholds on each tuning "
+                                            "set, test on every test set; a matrix per method and its headline")
+    proto.add_argument("--checkpoint", type=Path, help="a segood checkpoint")
+    proto.add_argument("--arch", help="with --encoder and --weights: a plain smp model and its state dict")
+    proto.add_argument("--encoder")
+    proto.add_argument("--weights", type=Path)
+    proto.add_argument("--tune-sets", type=Path, nargs="+", required=True, help="converted tuning sets, one per source")
+    proto.add_argument("--test-sets", type=Path, nargs="+", required=True, help="converted test sets")
+    proto.add_argument("--methods", nargs="+", required=True, choices=list(METHODS), metavar="METHOD")
+    proto.add_argument("--rule", default="tpr95", choices=list(THRESHOLD_RULES), help="threshold rule (default tpr95)")
+    proto.add_argument("--metric", default="auroc", choices=list(METRICS), help="the matrix's metric (default auroc)")
+    proto.add_argument("--fit-set", type=Path, help="converted training set for the methods that need a fit")
+    proto.add_argument("--out", type=Path, required=True)
+    proto.add_argument("--batch-size", type=int, default=2)
+    proto.add_argument("--device")
+    proto.add_argument("--resume", action="store_true", help="continue the evaluations of a killed protocol")
+    proto.add_argument("--quiet", action="store_true")
+    proto.set_defaults(run=_protocol)
 
     export = sub.add_parser("export", help="score sets with methods and write the score maps (segood, SMIYC or "
                                            "Fishyscapes layout)")

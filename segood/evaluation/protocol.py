@@ -1,0 +1,106 @@
+"""The cross-source protocol (OD-test's): tune on one OOD source, test on the others.
+
+For each tuning set S, every method's hyperparameters (those with a grid) are tuned on S and its thresholds
+committed on S; it is then evaluated on every test set T. A cell (S, T) is *same-source* when S and T share an
+OOD source; the headline of a method is the mean over the other cells, where neither its hyperparameters nor its
+threshold saw the test's outliers.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+
+from segood.data.h5 import H5SegmentationDataset, set_identity
+from segood.evaluation.api import evaluate
+from segood.io import atomic_write_text, write_json
+from segood.methods import get_method
+from segood.methods.tuning import tune
+from segood.metrics import METRICS
+from segood.metrics.thresholds import RULES
+
+SCHEMA = "segood.protocol/1"
+#: hyperparameter grids tuned per source (methods without one are used as they are)
+GRIDS = {"odin": {"temperature": [1, 10, 100, 1000], "epsilon": [0.0]}}
+
+
+def cross_source(model, tuning_sets, test_sets, methods, out_dir, *, grids=None, rule="tpr95", metric="auroc",
+                 batch_size=2, device=None, fit_set=None, resume=False, progress=True):
+    """Run the protocol; writes ``out_dir/<S>/`` (one evaluation per tuning set, resumable), ``protocol.json`` and
+    ``protocol.md``, and returns the protocol document.
+
+    Args:
+        tuning_sets, test_sets: {name: converted set}. methods: method names.
+        grids: {method: {param: [values]}} (default :data:`GRIDS`). rule: how thresholds are committed
+            (:data:`segood.metrics.thresholds.RULES`). metric: the threshold-free metric of the matrix.
+    """
+    grids = GRIDS if grids is None else grids
+    if rule not in RULES:
+        raise ValueError(f"unknown threshold rule {rule!r}; choose one of {', '.join(RULES)}")
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+    clash = sorted(set(tuning_sets) & set(test_sets))
+    if clash:
+        raise ValueError(f"sets {clash} are named both as tuning and as test sets: a tuning set is a held-out split; "
+                         "name its own test split differently")
+    sources = {name: set(set_identity(path)["ood_sources"]) for name, path in {**tuning_sets, **test_sets}.items()}
+    out_dir = Path(out_dir)
+    cells = {m: {} for m in methods}
+    tuned_params = {m: {} for m in methods}
+    for s, path in tuning_sets.items():
+        loader = torch.utils.data.DataLoader(H5SegmentationDataset(path), batch_size=batch_size)
+        tuned = [tune(m, model, loader, grids[m], metric=metric, tuning_set=path, progress=progress).method()
+                 if m in grids else get_method(m) for m in methods]
+        doc = evaluate(model, {s: path, **test_sets}, tuned, out_dir / s, batch_size=batch_size, device=device,
+                       fit_set=fit_set, resume=resume and (out_dir / s / "run.json").exists(), progress=progress,
+                       figures=False, bootstrap=None, commit_on=s)
+        for method in tuned:
+            m = method.name
+            tuned_params[m][s] = {k: v for k, v in method.params.items() if k != "tuning"}
+            cells[m][s] = {t: {metric: doc["results"][m][t]["pooled"][metric],
+                               **doc["results"][m][t]["committed"][rule],
+                               "same_source": bool(sources[s] & sources[t])} for t in test_sets}
+    headline = {m: _headline(cells[m], metric) for m in methods}
+    document = {"schema": SCHEMA, "metric": metric, "rule": rule, "tuning_sets": list(tuning_sets),
+                "test_sets": list(test_sets), "ood_sources": {k: sorted(v) for k, v in sources.items()},
+                "grids": {m: grids[m] for m in methods if m in grids}, "tuned_params": tuned_params,
+                "cells": cells, "headline": headline}
+    write_json(out_dir / "protocol.json", document)
+    atomic_write_text(out_dir / "protocol.md", protocol_markdown(document))
+    return document
+
+
+def _headline(by_source, metric):
+    """Means over the cells that are not same-source (None where there are none, or a value is undefined)."""
+    other = [cell for row in by_source.values() for cell in row.values() if not cell["same_source"]]
+    out = {"cells": len(other)}
+    for key in (metric, "balanced_accuracy", "tpr", "fpr"):
+        values = [c[key] for c in other]
+        out[key] = sum(values) / len(values) if values and None not in values else None
+    return out
+
+
+def protocol_markdown(doc):
+    metric, rule = doc["metric"], doc["rule"]
+    label = METRICS[metric].label
+    lines = [f"# Cross-source protocol ({label}; thresholds committed by {rule} on the tuning set)", "",
+             f"Headline: the mean over the cells whose tuning and test sets share no OOD source (cells marked † do "
+             "and are left out).", "",
+             f"| method | headline {label} | headline balanced accuracy | cells |", "|---|---:|---:|---:|"]
+    for m, h in doc["headline"].items():
+        lines.append(f"| {m} | {_fmt(h[metric])} | {_fmt(h['balanced_accuracy'])} | {h['cells']} |")
+    for m, by_source in doc["cells"].items():
+        lines += ["", f"## {m}: {label} / balanced accuracy at the committed threshold", "",
+                  "| tuned on ↓ tested on → | " + " | ".join(doc["test_sets"]) + " |",
+                  "|---|" + "---:|" * len(doc["test_sets"])]
+        for s, row in by_source.items():
+            params = doc["tuned_params"][m].get(s)
+            name = f"{s} ({json.dumps(params)[1:-1]})" if params else s
+            lines.append(f"| {name} | " + " | ".join(
+                f"{_fmt(c[metric])} / {_fmt(c['balanced_accuracy'])}" + (" †" if c["same_source"] else "")
+                for c in row.values()) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(value):
+    return "–" if value is None else f"{value:.4f}"

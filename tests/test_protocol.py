@@ -1,0 +1,77 @@
+"""The cross-source protocol: tune and commit on each source, test on every other; same-source cells flagged."""
+
+import json
+
+import pytest
+import torch
+
+from segood.cli import main
+from segood.data.h5 import H5SegmentationDataset
+from segood.evaluation import evaluate
+from segood.evaluation.protocol import GRIDS, cross_source
+from segood.methods.tuning import tune
+from segood.models import build_model
+
+from rawtrees import mixed_noise_sets
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    tune_root = mixed_noise_sets(tmp_path_factory.mktemp("tune"), seed=4)
+    test_root = mixed_noise_sets(tmp_path_factory.mktemp("test"), seed=5)
+    tuning = {"perlin_tune": tune_root / "perlin_mixed.h5", "normal_tune": tune_root / "normal_mixed.h5"}
+    tests = {"perlin_test": test_root / "perlin_mixed.h5", "normal_test": test_root / "normal_mixed.h5"}
+    return tuning, tests
+
+
+def model():
+    torch.manual_seed(0)
+    return build_model("pspnet", "resnet18").eval()
+
+
+def test_the_matrix_flags_same_source_cells_and_equals_direct_evaluations(sources, tmp_path):
+    tuning, tests = sources
+    doc = cross_source(model(), tuning, tests, ["odin", "entropy"], tmp_path / "p", progress=False)
+    for m in ("odin", "entropy"):
+        for s in tuning:
+            for t in tests:
+                assert doc["cells"][m][s][t]["same_source"] == (s.split("_")[0] == t.split("_")[0])
+        off = [c for row in doc["cells"][m].values() for c in row.values() if not c["same_source"]]
+        assert doc["headline"][m]["cells"] == 2
+        assert doc["headline"][m]["auroc"] == pytest.approx(sum(c["auroc"] for c in off) / 2)
+    # a cell is the evaluation of the method tuned on its tuning set, at the threshold committed there
+    loader = torch.utils.data.DataLoader(H5SegmentationDataset(tuning["normal_tune"]), batch_size=2)
+    odin = tune("odin", model(), loader, GRIDS["odin"], tuning_set=tuning["normal_tune"], progress=False).method()
+    direct = evaluate(model(), {"normal_tune": tuning["normal_tune"], **tests}, [odin], tmp_path / "direct",
+                      progress=False, figures=False, bootstrap=None, commit_on="normal_tune")
+    cell = doc["cells"]["odin"]["normal_tune"]["perlin_test"]
+    assert cell["auroc"] == direct["results"]["odin"]["perlin_test"]["pooled"]["auroc"]
+    assert cell["threshold"] == direct["results"]["odin"]["perlin_test"]["committed"]["tpr95"]["threshold"]
+    assert doc["tuned_params"]["odin"]["normal_tune"] == {k: odin.params[k] for k in ("temperature", "epsilon")}
+    markdown = (tmp_path / "p" / "protocol.md").read_text()
+    assert "†" in markdown and "headline" in markdown
+    assert json.loads((tmp_path / "p" / "protocol.json").read_text())["headline"] == doc["headline"]
+
+
+def test_bad_protocols_are_refused(sources, tmp_path):
+    tuning, tests = sources
+    with pytest.raises(ValueError, match="both as tuning and as test"):
+        cross_source(model(), tuning, {**tests, "perlin_tune": tests["perlin_test"]}, ["entropy"], tmp_path)
+    with pytest.raises(ValueError, match="unknown threshold rule"):
+        cross_source(model(), tuning, tests, ["entropy"], tmp_path, rule="accuracy")
+
+
+def test_cli_protocol(sources, tmp_path, capsys):
+    import shutil
+
+    from segood.models import save_checkpoint
+
+    tuning, tests = sources
+    named = []  # the CLI names sets by their file stems: tuning and test files need their own names
+    for name, path in {**tuning, **tests}.items():
+        shutil.copy(path, tmp_path / f"{name}.h5")
+        named.append(str(tmp_path / f"{name}.h5"))
+    save_checkpoint(tmp_path / "model.pt", model())
+    assert main(["protocol", "--checkpoint", str(tmp_path / "model.pt"), "--tune-sets", *named[:2], "--test-sets",
+                 *named[2:], "--methods", "entropy", "--out", str(tmp_path / "p"), "--quiet"]) == 0
+    assert "Cross-source protocol" in capsys.readouterr().out
