@@ -14,6 +14,8 @@ def _demo(args):
                    progress=not args.quiet)
     table = summary_table(doc)
     print(table, end="")
+    b = doc["bootstrap"]
+    print(f"(lo–hi): {b['confidence']:.0%} image-level bootstrap intervals ({b['resamples']} resamples, seed {b['seed']}).")
     print(f"\nComponent-level metrics (SMIYC, {COMPONENT_PRESET} preset), thresholds committed on the tuning set:\n")
     print(component_table(doc), end="")
     print(f"\n† tuned on the SUN tune split, the same source as the sun test set. Full report: {args.out}/results.md, "

@@ -159,7 +159,8 @@ def run_demo(out_dir="runs/demo", data_dir="datasets/demo", *, seed=0, quick=Fal
 
 
 def summary_table(doc):
-    """Pooled metrics, one row per method and set: the table ``segood demo`` prints."""
+    """Pooled metrics with their 95% bootstrap intervals, one row per method and set: the table ``segood demo``
+    prints."""
     from segood.evaluation.report import too_coarse
     from segood.metrics import METRICS
 
@@ -168,10 +169,16 @@ def summary_table(doc):
     for method, by_set in doc["results"].items():
         for set_name, r in by_set.items():
             cells = " | ".join("–" if r["pooled"][m] is None
-                               else f"{r['pooled'][m]:.3f}" + " ≈" * too_coarse(m, r) for m in METRICS)
+                               else f"{r['pooled'][m]:.3f}" + _interval(r, m) + " ≈" * too_coarse(m, r)
+                               for m in METRICS)
             flag = " †" if r["same_source_tuning"] else ""
             lines.append(f"| {method}{flag} | {set_name} | {cells} |")
     return "\n".join(lines) + "\n"
+
+
+def _interval(result, metric):
+    lo, hi = (result.get("intervals") or {}).get(metric) or (None, None)
+    return "" if lo is None else f" ({lo:.2f}–{hi:.2f})"
 
 
 def component_table(doc):

@@ -108,7 +108,7 @@ def test_per_image_counts_survive_states_merges_and_refuse_forgeries():
     old = {k: v for k, v in state.items() if not k.startswith("image_")}  # a state from before: no intervals
     assert len(FloatOrderAccumulator.from_state_dict(old).images) == 0
     with pytest.raises(ValueError, match="no per-image counts"):
-        compare({"m": ImageCounts(4)})
+        compare({"m": ImageCounts(("auroc",))})
 
 
 def literal_rates(scores, labels, t):

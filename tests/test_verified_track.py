@@ -201,3 +201,25 @@ def test_a_changed_maintainer_set_stops_the_board(world, tmp_path):
     (tmp_path / "bench.json").write_text(json.dumps(bench))
     with pytest.raises(ValueError, match="not the one the benchmark was written for"):
         leaderboard(root / "subs", tmp_path / "bench.json", tmp_path / "board")
+
+
+def test_verified_entries_get_intervals_and_share_ranks_only_when_not_significantly_different(world, tmp_path):
+    from segood.data.h5 import ood_masks
+    from segood.leaderboard.maps import write_maps
+
+    root, sets, _ = world
+    rng = np.random.default_rng(0)
+    masks = dict(ood_masks(sets["perlin_mixed"]))
+    informed = {f: (m == 1) + rng.normal(0, 0.8, m.shape) for f, m in masks.items()}  # a good detector
+    noise = {f: rng.normal(0, 1, m.shape) for f, m in masks.items()}  # a useless one
+    (tmp_path / "subs").mkdir()
+    for name, maps in (("good", informed), ("good again", informed), ("noise", noise)):
+        write_maps(maps, list(maps), tmp_path / "maps.h5")
+        submit(None, tmp_path / "subs" / f"{name}.zip", name=name, score_maps={"perlin_mixed": tmp_path / "maps.h5"})
+    board = leaderboard(tmp_path / "subs", root / "bench" / "bench.json", tmp_path / "board")
+    entries = {e["name"]: e for e in board["tracks"]["private"]["entries"]}
+    assert entries["good"]["rank"] == entries["good again"]["rank"] == 1 and entries["noise"]["rank"] == 3
+    for entry in entries.values():
+        lo, hi = entry["interval"]
+        assert lo <= entry["score"] <= hi
+    assert "image-level bootstrap interval" in (tmp_path / "board" / "leaderboard.md").read_text()

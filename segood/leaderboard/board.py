@@ -21,6 +21,7 @@ from segood.leaderboard.submission import validate
 from segood.metrics import (METRICS, UndefinedMetricWarning, accumulator_from_state, describe_grid, grid_spec,
                             make_accumulator)
 from segood.metrics.accumulator import OPTIONAL_STATE
+from segood.metrics.bootstrap import Bootstrap, resampled_metrics, tied_ranks
 
 BENCHMARK_SCHEMA = "segood.benchmark/1"
 TOLERANCE = 1e-6
@@ -118,19 +119,19 @@ def _judge(path, benchmark, limits, masks, spill):
     grid = benchmark_grid(benchmark)
     rows = {}
     for track, spec in benchmark["tracks"].items():
-        recomputed, verified = {}, []
+        recomputed, verified, images = {}, [], {}
         for set_name, official in spec["sets"].items():
             entry = doc["sets"].get(set_name)
             if entry is None:
                 raise Rejected(f"track {track}: no results for set {set_name!r}")
             if "scores" in entry:
-                recomputed[set_name] = _verified(set_name, files, official, grid, masks)
+                recomputed[set_name], images[set_name] = _verified(set_name, files, official, grid, masks)
                 verified.append(set_name)
             elif official.get("private"):
                 raise Rejected(f"set {set_name!r} keeps its masks private: submit its score maps "
                                f"({map_member(set_name)}, written by segood submit --scores)")
             else:
-                recomputed[set_name] = _self_reported(set_name, entry, files, official, grid)
+                recomputed[set_name], images[set_name] = _self_reported(set_name, entry, files, official, grid)
         if spec.get("verified_only") and len(verified) < len(spec["sets"]):
             raise Rejected(f"track {track} ranks verified entries only: submit score maps for "
                            f"{sorted(set(spec['sets']) - set(verified))}")
@@ -144,6 +145,7 @@ def _judge(path, benchmark, limits, masks, spill):
             "same_source_tuning": any(_same_source(doc, s, official) for s, official in spec["sets"].items()),
             "score": None if any(v is None for v in values) else sum(values) / len(values),
             "sets": recomputed,
+            "_images": images,  # per-image counts, for the intervals (not written out)
         }
     return rows
 
@@ -163,7 +165,7 @@ def _self_reported(set_name, entry, files, official, grid):
         acc = accumulator_from_state(state)
     except (ValueError, KeyError, TypeError) as err:
         raise Rejected(f"set {set_name!r}: invalid accumulator state ({err})") from None
-    return _check(set_name, acc, entry["claims"], official["pixels"])
+    return _check(set_name, acc, entry["claims"], official["pixels"]), acc.images
 
 
 def _verified(set_name, files, official, grid, masks):
@@ -174,13 +176,13 @@ def _verified(set_name, files, official, grid, masks):
     if official["path"] not in masks:
         masks[official["path"]] = list(ood_masks(official["path"]))
     frames = [(frame_id, *official["size"]) for frame_id in official["frame_ids"]]
-    acc = make_accumulator(grid)
+    acc = make_accumulator(grid, per_image=True)
     for (frame_id, scores), (_, mask) in zip(read_maps(files[member], frames), masks[official["path"]]):
         try:
-            acc.update(scores, mask)
+            acc.update(scores[None], mask[None])
         except (ValueError, TypeError) as err:
             raise Rejected(f"set {set_name!r}, frame {frame_id}: {err}") from None
-    return _values(acc)[1]
+    return _values(acc)[1], acc.images
 
 
 def _same_source(doc, set_name, official):
@@ -267,8 +269,11 @@ def _check(set_name, acc, claims, pixels):
     return values
 
 
-def leaderboard(submissions_dir, benchmark_path, out_dir, limits=Limits()):
-    """Judge every zip / folder in ``submissions_dir``; write the board; returns its JSON document."""
+def leaderboard(submissions_dir, benchmark_path, out_dir, limits=Limits(), bootstrap=Bootstrap()):
+    """Judge every zip / folder in ``submissions_dir``; write the board; returns its JSON document. Each entry's
+    score gets an image-level bootstrap interval where its per-image counts cover every frame (``bootstrap``;
+    None: none), and verified entries, scored here frame by frame, are compared pairwise: one not significantly
+    worse than a better one shares its rank."""
     benchmark = json.loads(Path(benchmark_path).read_text())
     if benchmark.get("schema") != BENCHMARK_SCHEMA or "tracks" not in benchmark \
             or not ({"grid"} <= set(benchmark) or {"num_thresholds", "score_range"} <= set(benchmark)):
@@ -288,7 +293,8 @@ def leaderboard(submissions_dir, benchmark_path, out_dir, limits=Limits()):
         metric = benchmark["tracks"][track]["rank_by"]
         sign = -1 if METRICS[metric].higher_is_better else 1
         rows.sort(key=lambda r: (r["score"] is None, sign * (r["score"] or 0.0), r["name"]))
-    doc = {"schema": "segood.leaderboard/1", "tracks": {
+        _intervals_and_ties(rows, benchmark["tracks"][track], bootstrap)
+    doc = {"schema": "segood.leaderboard/1", "bootstrap": vars(bootstrap) if bootstrap else None, "tracks": {
         t: {"rank_by": benchmark["tracks"][t]["rank_by"], "sets": list(benchmark["tracks"][t]["sets"]), "entries": rows}
         for t, rows in tracks.items()}, "rejected": rejected}
     out_dir = Path(out_dir)
@@ -296,6 +302,36 @@ def leaderboard(submissions_dir, benchmark_path, out_dir, limits=Limits()):
     atomic_write_text(out_dir / "leaderboard.md", board_markdown(doc))
     atomic_write_text(out_dir / "index.html", board_html(doc))
     return doc
+
+
+def _intervals_and_ties(rows, spec, settings):
+    """Set each row's ``interval`` (of its score, the mean over the sets of the rank_by metric) and ``rank``; drop
+    the per-image counts. The same resampled images serve every entry, so verified entries (the board's own
+    per-frame counts, in frame order) are paired; self-reported counts may come in another order (sharded runs),
+    so they get intervals but never a tie."""
+    metric, sets = spec["rank_by"], list(spec["sets"])
+    samples = {}
+    if settings:
+        weights = {s: Bootstrap(settings.resamples, settings.seed + k, settings.confidence).weights(
+            len(spec["sets"][s].get("frame_ids", ())) or 1) for k, s in enumerate(sets)}
+        for k, row in enumerate(rows):
+            images = row["_images"]
+            if row["score"] is not None and all(len(images[s]) == len(weights[s][0]) for s in sets):
+                samples[k] = np.mean([resampled_metrics(images[s], weights[s], (metric,))[metric] for s in sets],
+                                     axis=0)
+    sign = 1.0 if METRICS[metric].higher_is_better else -1.0
+    paired = [k for k in samples if rows[k]["verified"]]
+    significant = {a: {b: True for b in range(len(rows))} for a in range(len(rows))}
+    for a in paired:
+        for b in paired:
+            if a != b:
+                lo, hi = settings.interval(sign * (samples[a] - samples[b]))
+                significant[a][b] = lo is not None and (lo > 0 or hi < 0)
+    ranks = tied_ranks({k: row["score"] for k, row in enumerate(rows)}, significant, METRICS[metric].higher_is_better)
+    for k, row in enumerate(rows):
+        del row["_images"]
+        row["interval"] = settings.interval(samples[k]) if k in samples else None
+        row["rank"] = ranks[k]
 
 
 def _check_official_sets(benchmark):
@@ -321,9 +357,11 @@ def board_markdown(doc):
                   "|---:|---|---:|" + "---:|" * len(t["sets"]) + "---|---|"]
         for k, row in enumerate(t["entries"], 1):
             cells = " | ".join(_fmt(row["sets"][s][metric]) for s in t["sets"])
-            lines.append(f"| {k} | {_md(row['name'])} | {_fmt(row['score'])} | {cells} | {_md(_flags(row))} | "
+            lines.append(f"| {_rank(row, k)} | {_md(row['name'])} | {_score(row)} | {cells} | {_md(_flags(row))} | "
                          f"{_md(row['file'])} ({row['sha256']}) |")
         lines.append("")
+    if doc.get("bootstrap"):
+        lines += [_INTERVAL_NOTE.format(**doc["bootstrap"]), ""]
     if doc["rejected"]:
         lines += ["## Rejected", "", "| file | reason |", "|---|---|"]
         lines += [f"| {_md(r['file'])} | {_md(r['reason'])} |" for r in doc["rejected"]]
@@ -344,7 +382,7 @@ def board_html(doc):
                                                               "file (sha256)"])
                      + "</tr></thead><tbody>")
         for k, row in enumerate(t["entries"], 1):
-            cells = [str(k), row["name"], _fmt(row["score"]), *(_fmt(row["sets"][s][metric]) for s in t["sets"]),
+            cells = [_rank(row, k), row["name"], _score(row), *(_fmt(row["sets"][s][metric]) for s in t["sets"]),
                      _flags(row), f"{row['file']} ({row['sha256']})"]
             parts.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")
         parts.append("</tbody></table>")
@@ -362,6 +400,21 @@ document.querySelectorAll('table.sortable th').forEach((th, col) => th.addEventL
 }));
 </script></body></html>""")
     return "".join(parts) + "\n"
+
+
+_INTERVAL_NOTE = ("[lo, hi]: {confidence:.0%} image-level bootstrap interval of the score ({resamples} resamples, seed "
+                  "{seed}). Verified entries not significantly worse than a better one (paired bootstrap) share "
+                  "its rank; self-reported entries are never tied (their images may come in another order).")
+
+
+def _rank(row, position):
+    return str(row.get("rank") or position)
+
+
+def _score(row):
+    interval = row.get("interval")
+    return _fmt(row["score"]) + (f" [{interval[0]:.4f}, {interval[1]:.4f}]" if interval and interval[0] is not None
+                                 else "")
 
 
 def _fmt(value):

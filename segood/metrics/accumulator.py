@@ -88,9 +88,9 @@ class _Streaming:
 
         parts = [None] * dist.get_world_size()
         dist.all_gather_object(parts, self.images.arrays())
-        images = ImageCounts(len(self.metric_names))
+        images = ImageCounts(self.metric_names)
         for arrays in parts:
-            images.extend(ImageCounts.from_arrays(arrays, len(self.metric_names)))
+            images.extend(ImageCounts.from_arrays(arrays, self.metric_names))
         self.images = images
 
     def _split_images(self, scores, labels):
@@ -154,7 +154,7 @@ class PixelOODAccumulator(_Streaming):
         self.n_images = 0
         self.per_image_sum = np.zeros(len(self.metric_names))
         self.per_image_defined = 0  # images where the per-image metrics are defined
-        self.images = ImageCounts(len(self.metric_names))  # per image: coarse counts and metrics (bootstrap)
+        self.images = ImageCounts(self.metric_names)  # per image: coarse counts and metrics (bootstrap)
         return self
 
     def update(self, scores, labels, *, clip=False):
@@ -388,9 +388,9 @@ def load_per_image(acc, state):
             raise ValueError(f"accumulator state 'per_image_sum' of {name} is {value}: impossible for "
                              f"{acc.per_image_defined} images with values in [{lo}, {hi}]")
     acc.metric_names, acc.per_image_sum = names, sums.astype(np.float64)
-    acc.images = ImageCounts(len(names))
+    acc.images = ImageCounts(names)
     if "image_offsets" in state:  # states before per-image counts have none: they cannot be bootstrapped
-        acc.images = ImageCounts.from_arrays(state, len(names))
+        acc.images = ImageCounts.from_arrays(state, names)
         if len(acc.images) not in (0, acc.n_images):
             raise ValueError(f"accumulator state holds counts of {len(acc.images)} images but n_images is {acc.n_images}")
         pooled = tuple(int(v) for v in acc.curve_counts()[1].sum(axis=1))

@@ -30,8 +30,8 @@ class ImageCounts:
     """Per image: its counts on the coarse grid (keys increasing, counts (b, 2) ID/OOD) and its metric values
     (NaN where undefined). Plain arrays in and out; mergeable by concatenation."""
 
-    def __init__(self, n_metrics):
-        self.n_metrics = n_metrics
+    def __init__(self, names):
+        self.names = tuple(names)  # the metrics of the values' columns
         self.keys, self.counts, self.values = [], [], []
 
     def __len__(self):
@@ -45,7 +45,7 @@ class ImageCounts:
         occupied = counts.any(axis=1)
         self.keys.append(keys[starts][occupied].astype(np.int32))
         self.counts.append(counts[occupied])
-        self.values.append(np.asarray(values, np.float64).reshape(self.n_metrics))
+        self.values.append(np.asarray(values, np.float64).reshape(len(self.names)))
 
     def extend(self, other):
         self.keys += other.keys
@@ -58,10 +58,10 @@ class ImageCounts:
         return {"image_offsets": np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
                 "image_keys": np.concatenate(self.keys) if self.keys else np.zeros(0, np.int32),
                 "image_counts": np.concatenate(self.counts) if self.counts else np.zeros((0, 2), np.int64),
-                "image_values": np.array(self.values, np.float64).reshape(len(self.values), self.n_metrics)}
+                "image_values": np.array(self.values, np.float64).reshape(len(self.values), len(self.names))}
 
     @classmethod
-    def from_arrays(cls, state, n_metrics):
+    def from_arrays(cls, state, names):
         """Rebuild from :meth:`arrays`; every field checked (offsets, increasing keys, counts, value shapes)."""
         offsets, keys = np.asarray(state["image_offsets"]), np.asarray(state["image_keys"])
         counts, values = np.asarray(state["image_counts"]), np.asarray(state["image_values"])
@@ -72,12 +72,12 @@ class ImageCounts:
         if keys.ndim != 1 or not np.issubdtype(keys.dtype, np.integer) or counts.shape != (keys.size, 2) \
                 or not np.issubdtype(counts.dtype, np.integer):
             raise ValueError("accumulator state 'image_keys' / 'image_counts' must be integers of shapes (b,), (b, 2)")
-        if values.shape != (n, n_metrics) or not np.issubdtype(values.dtype, np.floating) or np.isinf(values).any():
-            raise ValueError(f"accumulator state 'image_values' must be finite floats or NaN of shape ({n}, {n_metrics})")
+        if values.shape != (n, len(names)) or not np.issubdtype(values.dtype, np.floating) or np.isinf(values).any():
+            raise ValueError(f"accumulator state 'image_values' must be finite floats or NaN of shape ({n}, {len(names)})")
         from segood.metrics.accumulator import check_counts  # (it imports this module)
 
         check_counts(counts, "image_counts")
-        images = cls(n_metrics)
+        images = cls(names)
         for k in range(n):
             part = slice(offsets[k], offsets[k + 1])
             if np.any(np.diff(keys[part]) <= 0):
@@ -124,8 +124,9 @@ class Bootstrap:
         return [float(v) for v in np.percentile(samples, [tail, 100 - tail])]
 
 
-def resampled_metrics(images, weights, names=tuple(METRICS)):
+def resampled_metrics(images, weights, names=None):
     """{metric: (resamples,) pooled values} of the coarse counts pooled with each row of ``weights``."""
+    names = tuple(METRICS) if names is None else names  # (the registry as it is now: metrics may be added)
     keys, dense = images.dense()
     pooled = np.rint(weights @ dense.reshape(len(images), -1)).astype(np.int64).reshape(len(weights), keys.size, 2)
     tails = np.cumsum(pooled[:, ::-1], axis=1)[:, ::-1]  # (R, U, 2): pixels with score >= each coarse threshold
@@ -141,13 +142,14 @@ def resampled_metrics(images, weights, names=tuple(METRICS)):
 
 
 def resampled_means(images, weights, names):
-    """{metric: (resamples,) per-image means over the drawn images where the metric is defined}."""
-    values = np.array(images.values).reshape(len(images), len(names))
+    """{metric: (resamples,) per-image means over the drawn images where the metric is defined}, for the metrics
+    of ``names`` the images hold values of."""
+    values = np.array(images.values).reshape(len(images), len(images.names))
     defined = ~np.isnan(values)
     sums, counts = weights @ np.where(defined, values, 0.0), weights @ defined
     with np.errstate(invalid="ignore", divide="ignore"):
         means = sums / counts
-    return {name: means[:, k] for k, name in enumerate(names)}
+    return {name: means[:, k] for k, name in enumerate(images.names) if name in names}
 
 
 def coarsening(images):
@@ -162,7 +164,7 @@ def coarsening(images):
     return {name: float(max(values[name] - lo, hi - values[name])) for name, (lo, hi) in metric_bounds(hist).items()}
 
 
-def compare(per_method, settings=Bootstrap(), metric_names=tuple(METRICS)):
+def compare(per_method, settings=Bootstrap(), metric_names=None):
     """Intervals and paired comparisons of the methods of one set.
 
     Args:
@@ -173,6 +175,7 @@ def compare(per_method, settings=Bootstrap(), metric_names=tuple(METRICS)):
         "coarsening": {method: {metric: bound}}, "p_better": {metric: {a: {b: P(a beats b)}}},
         "significant": {metric: {a: {b: whether the interval of a - b excludes 0}}}}
     """
+    metric_names = tuple(METRICS) if metric_names is None else metric_names
     sizes = {len(images) for images in per_method.values()}
     if len(sizes) != 1:
         raise ValueError(f"the methods of one set must hold the same images for paired resampling, got {sizes}")

@@ -91,7 +91,7 @@ class FloatOrderAccumulator(_Streaming):
         self.n_images = 0
         self.per_image_sum = np.zeros(len(self.metric_names))
         self.per_image_defined = 0
-        self.images = ImageCounts(len(self.metric_names))  # per image: coarse counts and metrics (bootstrap)
+        self.images = ImageCounts(self.metric_names)  # per image: coarse counts and metrics (bootstrap)
         return self
 
     def update(self, scores, labels, *, clip=False):
