@@ -186,3 +186,14 @@ def test_a_run_reports_intervals_ranks_committed_thresholds_and_runtime(tmp_path
     with pytest.raises(ValueError, match="not a set of the run"):
         evaluate(build_model("pspnet", "resnet18").eval(), sets, ["entropy"], tmp_path / "run2", progress=False,
                  figures=False, commit_on="sun")
+
+
+def test_the_coarsening_bias_is_shifted_away_given_the_fine_values():
+    scores, labels = images(40, 0.7, 11)
+    scores = 10 + 0.4 * scores  # crowded in two binades: 64 coarse bins, where FPR95 read coarsely drifts upwards
+    acc = accumulate(scores, labels)
+    fine = {k: acc.compute()[k] for k in ("auroc", "auprc", "fpr95", "max_iou")}
+    found = compare({"m": acc.images}, Bootstrap(300, seed=2), points={"m": fine})["intervals"]["m"]
+    for name, value in fine.items():
+        lo, hi = found[name]
+        assert lo <= value <= hi, (name, lo, value, hi)

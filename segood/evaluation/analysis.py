@@ -20,10 +20,10 @@ def significance(ev, settings=Bootstrap()):
         images = {m: ev.acc[(m, s)].images for m in ev.method_names}
         if any(len(i) == 0 or len(i) != ev.acc[(m, s)].n_images for m, i in images.items()):
             continue
-        found = compare(images, settings)
+        pooled = {m: _pooled(ev.acc[(m, s)]) for m in ev.method_names}
+        found = compare(images, settings, points=pooled)
         for m in ev.method_names:
             cells[(m, s)] = {key: found[key][m] for key in ("intervals", "per_image_intervals", "coarsening")}
-        pooled = {m: _pooled(ev.acc[(m, s)]) for m in ev.method_names}
         comparisons[s] = {
             "ranks": {k: tied_ranks({m: pooled[m][k] for m in pooled}, found["significant"][k],
                                     METRICS[k].higher_is_better) for k in METRICS},
