@@ -14,8 +14,9 @@ The file lists requirements, each a comparison and the cells it covers, e.g. the
         methods: [entropy]
         sets: [sun]                   # default: every set of the run
 
-A cell is one (set, corruption, severity[, method]) of the run's results.json; a value that is undefined there
-(e.g. AUROC on a set without OOD pixels) fails, since nothing was shown.
+A cell is one (set, corruption, severity[, method]) of the run's results.json: ``up_to_severity`` covers the run's
+levels up to it, ``severities`` names levels the run must have. A value that is undefined there (e.g. AUROC on a
+set without OOD pixels) fails, since nothing was shown.
 """
 
 import re
@@ -69,24 +70,21 @@ def parse_requirements(doc, source="requirements"):
                              "question")
         if "severities" in item and "up_to_severity" in item:
             raise ValueError(f"{where}: give severities or up_to_severity, not both")
-        severities = item.get("severities") or list(range(1, int(item.get("up_to_severity", 5)) + 1))
-        if not all(isinstance(s, int) and 1 <= s <= 5 for s in severities):
-            raise ValueError(f"{where}: severities must be levels 1-5, got {severities}")
+        severities, up_to = item.get("severities"), item.get("up_to_severity", 5)
+        if not (isinstance(severities, list) and severities or severities is None) or not all(
+                type(v) is int and 1 <= v <= 5 for v in [*(severities or []), up_to]):
+            raise ValueError(f"{where}: severities must be a list of levels 1-5 and up_to_severity a level, got "
+                             f"{severities!r} and {up_to!r}")
         lists = {key: item.get(key) for key in ("corruptions", "methods", "sets")}
         for key, names in lists.items():
             if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
                 raise ValueError(f"{where}: {key} must be a list of names, got {names!r}")
-        parsed.append({"name": str(item.get("name") or _default_name(item, metric, op, value, question, severities)),
+        scope = f"severities {severities}" if severities else f"severity <= {up_to}"
+        extra = " (corruption as OOD)" if question == "corruption_as_ood" else ""
+        parsed.append({"name": str(item.get("name") or f"{metric} {op} {value:g}{extra}, {scope}"),
                        "metric": metric, "op": op, "value": value, "question": question, "severities": severities,
-                       **lists})
+                       "up_to_severity": up_to, **lists})
     return parsed
-
-
-def _default_name(item, metric, op, value, question, severities):
-    scope = f"severity <= {max(severities)}" if severities == list(range(1, max(severities) + 1)) else \
-        f"severities {severities}"
-    extra = " (corruption as OOD)" if question == "corruption_as_ood" else ""
-    return f"{metric} {op} {value:g}{extra}, {scope}"
 
 
 def check_requirements(doc, requirements):
@@ -101,8 +99,11 @@ def check_requirements(doc, requirements):
         corruptions = req["corruptions"] or run["corruptions"]
         segmentation = req["metric"] in SEGMENTATION_METRICS
         methods = [None] if segmentation else (req["methods"] or list(doc["methods"]))
+        levels = req["severities"] or [v for v in run["severities"] if v <= req["up_to_severity"]]
+        if not levels:
+            raise ValueError(f"requirement {req['name']!r} covers no severity of the run ({run['severities']})")
         for kind, names, have in (("sets", sets, doc["corrupted"]), ("corruptions", corruptions, run["corruptions"]),
-                                  ("severities", req["severities"], run["severities"]),
+                                  ("severities", levels, run["severities"]),
                                   ("methods", [] if segmentation else methods, doc["methods"])):
             missing = [n for n in names if n not in have]
             if missing:
@@ -111,7 +112,7 @@ def check_requirements(doc, requirements):
         failing, cells = [], 0
         for s in sets:
             for c in corruptions:
-                for level in req["severities"]:
+                for level in levels:
                     cell = doc["corrupted"][s][c][str(level)]
                     for m in methods:
                         if segmentation:
