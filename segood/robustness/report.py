@@ -80,8 +80,8 @@ def write_figures(figures, doc, ev):
     spec = doc["robustness"]
     corruptions, levels = spec["corruptions"], spec["severities"]
     methods = list(doc["methods"])
-    cols = min(5, len(corruptions))
-    rows = -(-len(corruptions) // cols)
+    rows = -(-len(corruptions) // 5)  # at most 5 panels a row, the rows filled evenly
+    cols = -(-len(corruptions) // rows)
 
     def panels(path, title, lines_of, ylabel):
         """One panel per corruption: x = severity (0 = clean), one line per entry of ``lines_of(cells, clean)``."""
