@@ -195,9 +195,45 @@ def add_analysis_options(parser):
     parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
 
 
+def _robustness(args):
+    from segood.evaluation.api import start_distributed
+    from segood.methods import get_method
+    from segood.robustness.suite import robustness
+
+    device = start_distributed(args.device)
+    model = _model(args)
+    methods = None if args.methods == ["all"] else [get_method(name) for name in args.methods]
+    doc = robustness(model, args.sets, methods, args.out, corruptions=args.corruptions, severities=args.severities,
+                     seed=args.seed, requirements=args.requirements, batch_size=args.batch_size, device=device,
+                     num_thresholds=args.num_thresholds, mantissa_bits=args.mantissa_bits, resume=args.resume,
+                     save_every=args.save_every, progress=not args.quiet, skip_bad=args.skip_bad,
+                     fit_set=args.fit_set, checkpoint=args.checkpoint, feature_layer=args.feature_layer,
+                     verify=not args.no_verify)
+    if doc is None:
+        return 0
+    print(f"wrote {args.out}/results.json, results.md and figures/")
+    if "approval" in doc:
+        print((args.out / "approval.md").read_text(), end="")
+        return 0 if doc["approval"]["passed"] else 1
+    return 0
+
+
+def _approve(args):
+    from segood.robustness.suite import write_robustness_report
+
+    doc = write_robustness_report(args.run_dir, figures=False, requirements=args.requirements)
+    print((args.run_dir / "approval.md").read_text(), end="")
+    return 0 if doc["approval"]["passed"] else 1
+
+
 def _report(args):
     from segood.evaluation import write_report
+    from segood.robustness.suite import is_robustness_run, write_robustness_report
 
+    if not args.combine and is_robustness_run(args.run_dir):
+        write_robustness_report(args.run_dir)
+        print((args.run_dir / "results.md").read_text(), end="")
+        return 0
     if args.combine:
         from segood.evaluation import combine_runs
 
@@ -287,6 +323,7 @@ def build_parser():
     from segood.metrics import METRICS
     from segood.metrics.thresholds import RULES as THRESHOLD_RULES
     from segood.models import ARCHS, HEADS
+    from segood.robustness import corruption_names
 
     parser = argparse.ArgumentParser(prog="segood", description=segood.__doc__)
     parser.add_argument("--version", action="version", version=f"segood {segood.__version__}")
@@ -404,6 +441,41 @@ def build_parser():
     proto.add_argument("--resume", action="store_true", help="continue the evaluations of a killed protocol")
     proto.add_argument("--quiet", action="store_true")
     proto.set_defaults(run=_protocol)
+
+
+    rob = sub.add_parser("robustness", help="evaluate under corruptions at 5 severities: OOD metrics, mIoU, "
+                                            "calibration, type approval")
+    rob.add_argument("--checkpoint", type=Path, help="a segood checkpoint")
+    rob.add_argument("--arch", help="with --encoder and --weights: a plain smp model and its state dict")
+    rob.add_argument("--encoder")
+    rob.add_argument("--weights", type=Path)
+    rob.add_argument("--feature-layer", help="for external models: the layer Mahalanobis models")
+    rob.add_argument("--sets", type=Path, nargs="+", required=True, help="converted evaluation sets (.h5)")
+    rob.add_argument("--methods", nargs="+", default=["all"], choices=["all", *METHODS], metavar="METHOD",
+                     help="method names, or all (default: every method the head serves)")
+    rob.add_argument("--corruptions", nargs="+", choices=corruption_names(), metavar="CORRUPTION",
+                     help=f"default all: {', '.join(corruption_names())}")
+    rob.add_argument("--severities", type=int, nargs="+", default=[1, 2, 3, 4, 5], choices=[1, 2, 3, 4, 5],
+                     metavar="LEVEL", help="levels 1-5 (default all)")
+    rob.add_argument("--seed", type=int, default=0, help="seed of the corruptions (per frame, corruption, level)")
+    rob.add_argument("--requirements", type=Path, metavar="FILE.yaml",
+                     help="type-approval requirements: pass/fail table in approval.md; exit status 1 on FAIL")
+    rob.add_argument("--fit-set", type=Path, help="converted training set to fit Mahalanobis on")
+    rob.add_argument("--out", type=Path, required=True, help="run folder, e.g. runs/NAME")
+    rob.add_argument("--batch-size", type=int, default=2)
+    rob.add_argument("--device", help="cpu, cuda, cuda:1 (default: the model's)")
+    add_grid_options(rob)
+    rob.add_argument("--save-every", type=int, default=20, help="batches between saved states (default 20)")
+    rob.add_argument("--resume", action="store_true", help="continue a killed run from its saved state")
+    rob.add_argument("--skip-bad", action="store_true", help="skip unreadable or corrupt frames instead of stopping")
+    rob.add_argument("--no-verify", action="store_true", help="do not check frames against their set's digests")
+    rob.add_argument("--quiet", action="store_true")
+    rob.set_defaults(run=_robustness)
+
+    approve = sub.add_parser("approve", help="check a robustness run against type-approval requirements (YAML)")
+    approve.add_argument("run_dir", type=Path, metavar="RUN", help="a run folder written by segood robustness")
+    approve.add_argument("requirements", type=Path, metavar="FILE.yaml")
+    approve.set_defaults(run=_approve)
 
     export = sub.add_parser("export", help="score sets with methods and write the score maps (segood, SMIYC or "
                                            "Fishyscapes layout)")

@@ -64,8 +64,21 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
     Under ``torchrun`` (an initialised process group) each rank evaluates every world_size-th frame and the
     counts are all-reduced; rank 0 writes the outputs. Results equal a single-process run exactly.
     """
-    import torch.distributed as dist
+    model, sets, methods, grid, components, description = prepare(
+        model, sets, methods, batch_size=batch_size, device=device, num_thresholds=num_thresholds,
+        score_range=score_range, mantissa_bits=mantissa_bits, progress=progress, fit_set=fit_set,
+        checkpoint=checkpoint, feature_layer=feature_layer, verify=verify, components=components)
+    ev = execute(model, sets, methods, out_dir, description, batch_size=batch_size, device=device, grid=grid,
+                 resume=resume, save_every=save_every, progress=progress, skip_bad=skip_bad, verify=verify,
+                 components=components)
+    return None if ev is None else write_report(out_dir, figures=figures, bootstrap=bootstrap, commit_on=commit_on)
 
+
+def prepare(model, sets, methods=None, *, batch_size=2, device=None, num_thresholds=None, score_range=None,
+            mantissa_bits=None, progress=True, fit_set=None, checkpoint=None, feature_layer=None, verify=True,
+            components=None):
+    """What :func:`evaluate` (and ``segood robustness``) run, checked before anything is written: (model, sets
+    {name: path}, method objects (fitted), grid, components spec, the run description for run.json)."""
     if not isinstance(model, (SegmentationNetwork, ExternalModel)):
         model = ExternalModel(model, feature_layer)
     elif isinstance(model, SegmentationNetwork) and model.config.num_classes != NUM_CLASSES:
@@ -103,19 +116,27 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
         "methods": {m.name: m.describe() for m in methods},
         "config": {"grid": grid, "batch_size": batch_size, **({"components": components} if components else {})},
     }
+    return model, sets, methods, grid, components, description
+
+
+def execute(model, sets, methods, out_dir, description, **options):
+    """Run into ``out_dir``: refuse a folder that holds another run, write run.json (rank 0), evaluate (sharded
+    under torchrun, :func:`segood.evaluation.runner.run` with ``options``) and save the merged state. Returns the
+    :class:`Evaluation` on rank 0, None on the other ranks."""
+    import torch.distributed as dist
+
     folder = RunFolder(out_dir)
     _check_run_folder(folder, description)
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
     if rank == 0:
         write_json(folder.run, description)
-    ev = run(model, sets, methods, folder.path, batch_size=batch_size, device=device, grid=grid,
-             resume=resume, save_every=save_every, progress=progress and rank == 0, rank=rank, world_size=world,
-             skip_bad=skip_bad, verify=verify, components=components)
+    progress = options.pop("progress", True) and rank == 0
+    ev = run(model, sets, methods, folder.path, progress=progress, rank=rank, world_size=world, **options)
     if rank != 0:
         return None
     if world > 1:
         ev.save(folder.state())
-    return write_report(folder.path, figures=figures, bootstrap=bootstrap, commit_on=commit_on)
+    return ev
 
 
 def evaluate_score_maps(scores_path, data_path, out_dir, *, name="external", score_range=None, num_thresholds=None,

@@ -26,7 +26,9 @@ from segood.methods import METHODS, get_method
 from segood.methods.schedule import check_methods, score_batch
 from segood.methods.methods import served_heads
 from segood.metrics import accumulator_from_state, grid_of, grid_spec, make_accumulator
+from segood.metrics.calibration import CalibrationAccumulator
 from segood.metrics.components import PRESETS, ComponentAccumulator
+from segood.metrics.segmentation import confusion_matrix
 from segood.models.network import preprocess
 
 EXAMPLES_PER_SET = 3
@@ -43,8 +45,15 @@ def default_methods(model, *, fitted=True):
 class Evaluation:
     """The mutable state of a run: accumulators, per-class sums, examples, timings, progress."""
 
-    def __init__(self, method_names, set_names, grid=None, components=None):
+    def __init__(self, method_names, set_names, grid=None, components=None, *, quality=False,
+                 examples=(EXAMPLES_PER_SET, None)):
+        """``quality``: also the network's segmentation quality per set (confusion matrix for mIoU, calibration
+        of its softmax); ``examples``: (frames kept per set, their largest width or None) for the figures."""
         self.method_names, self.set_names = list(method_names), list(set_names)
+        self.quality = bool(quality)
+        self.example_count, self.example_width = examples
+        self.confusion = {s: np.zeros((NUM_CLASSES, NUM_CLASSES), np.int64) for s in set_names} if quality else {}
+        self.calibration = {s: CalibrationAccumulator() for s in set_names} if quality else {}
         odd = [n for n in self.method_names + self.set_names if not n or "|" in n]
         if odd:
             raise ValueError(f"method and set names must be non-empty and free of '|' (the state's separator): {odd}")
@@ -64,12 +73,18 @@ class Evaluation:
         self.done = {s: 0 for s in set_names}  # frames of this rank's shard already accumulated
         self.skipped = []  # [set, frame index, reason] of unreadable frames passed over with skip_bad
 
-    def process(self, set_name, indices, batch, scores, classes=None, *, clip=False):
+    def process(self, set_name, indices, batch, scores, classes=None, *, clip=False, logits=None):
         """Accumulate one batch of a set: ``batch`` holds ``image`` (N, 3, H, W), ``ood_mask`` and ``semantic``
         (N, H, W) tensors of the frames ``indices``; ``scores`` {method: (N, H, W)}; ``classes`` the predicted
-        classes (None for score maps from elsewhere). Updates the accumulators, the per-class score sums
-        (pixels without a class go to an overflow bin, no masked copies) and the example frames."""
+        classes (None for score maps from elsewhere); ``logits`` (N, C, H, W), needed with ``quality``. Updates
+        the accumulators, the per-class score sums (pixels without a class go to an overflow bin, no masked
+        copies), the segmentation quality and the example frames."""
         ood_mask, semantic = batch["ood_mask"], batch["semantic"]
+        if self.quality:
+            if logits is None or classes is None:
+                raise ValueError("an evaluation with quality=True needs the network's logits and classes")
+            self.confusion[set_name] += confusion_matrix(classes.cpu().numpy(), semantic.numpy(), NUM_CLASSES)
+            self.calibration[set_name].update(torch.softmax(logits.float(), dim=1), semantic.to(logits.device))
         device = next(iter(scores.values())).device if scores else semantic.device
         labels = ood_mask.to(device)
         class_index = torch.where(semantic < NUM_CLASSES, semantic, NUM_CLASSES).long().flatten().to(device)
@@ -82,13 +97,14 @@ class Evaluation:
             self.class_sum[(name, set_name)] += torch.bincount(
                 class_index, weights=weights, minlength=NUM_CLASSES + 1)[:NUM_CLASSES].cpu().numpy()
         for k, index in enumerate(indices):
-            if index < EXAMPLES_PER_SET:
+            if index < self.example_count:
                 predicted = np.full(semantic.shape[1:], 255, np.uint8) if classes is None else \
                     classes[k].cpu().numpy().astype(np.uint8)
-                self.examples[(set_name, index)] = {
+                step = -(-semantic.shape[-1] // self.example_width) if self.example_width else 1  # keep every step-th
+                self.examples[(set_name, index)] = {key: np.ascontiguousarray(value[::step, ::step]) for key, value in {
                     "image": batch["image"][k].permute(1, 2, 0).numpy(), "ood_mask": ood_mask[k].numpy(),
                     "semantic": semantic[k].numpy(), "classes": predicted,
-                    **{f"score_{n}": s[k].float().cpu().numpy() for n, s in scores.items()}}
+                    **{f"score_{n}": s[k].float().cpu().numpy() for n, s in scores.items()}}.items()}
         self.images[set_name] += len(indices)
 
     def arrays(self):
@@ -96,7 +112,13 @@ class Evaluation:
                                             "grid": self.grid, "components": self.components,
                                             "seconds": self.seconds,
                                             "images": self.images, "done": self.done,
-                                            "skipped": self.skipped}))}
+                                            "skipped": self.skipped, "quality": self.quality,
+                                            "examples": [self.example_count, self.example_width]}))}
+        for s, confusion in self.confusion.items():
+            out[f"confusion|{s}"] = confusion
+        for s, calibration in self.calibration.items():
+            for key, value in calibration.state_dict().items():
+                out[f"cal|{s}|{key}"] = value
         for (m, s), acc in self.acc.items():
             for key, value in acc.state_dict().items():
                 out[f"acc|{m}|{s}|{key}"] = value
@@ -126,8 +148,17 @@ class Evaluation:
             grid = meta["grid"] if "grid" in meta else grid_spec(meta["num_thresholds"], meta["score_range"])
             if any(grid_of(a) != grid for a in accumulators.values()):
                 raise ValueError(f"an accumulator's thresholds differ from the run's grid {grid}")
-            ev = cls(methods, sets, grid, meta.get("components"))
+            examples = meta.get("examples", [EXAMPLES_PER_SET, None])
+            if not (isinstance(examples, list) and len(examples) == 2 and type(examples[0]) is int
+                    and (examples[1] is None or type(examples[1]) is int and examples[1] > 0)):
+                raise ValueError("'examples' must be [frames per set, width or null]")
+            ev = cls(methods, sets, grid, meta.get("components"), quality=meta.get("quality") is True,
+                     examples=tuple(examples))
             ev.acc = accumulators
+            for s in ev.confusion:
+                ev.confusion[s] = _array(arrays[f"confusion|{s}"], (NUM_CLASSES, NUM_CLASSES), np.int64, counts=True)
+                ev.calibration[s] = CalibrationAccumulator.from_state_dict(
+                    {k: arrays[f"cal|{s}|{k}"] for k in ("format", "count", "correct", "confidence", "brier")})
             for (m, s), comp in ev.comp.items():
                 comp.load_state({k: arrays[f"comp|{m}|{s}|{k}"] for k in ("taus", "sums", "counts")})
             ev.images, ev.done = (_frame_counts(meta[key], sets, key) for key in ("images", "done"))
@@ -175,6 +206,9 @@ class Evaluation:
         for s in self.set_names:
             self.class_count[s] += other.class_count[s]
             self.images[s] += other.images[s]
+        for s in self.confusion:
+            self.confusion[s] += other.confusion[s]
+            self.calibration[s].merge(other.calibration[s])
         self.examples.update(other.examples)
         return self
 
@@ -203,6 +237,17 @@ class Evaluation:
         for s in self.set_names:
             self.images[s] = int(round(flat[k]))
             k += 1
+        for s in self.confusion:  # the segmentation quality: counts (exact in float64 below 2^53) and sums
+            cal = self.calibration[s]
+            tensor = torch.from_numpy(np.concatenate([self.confusion[s].ravel(), cal.count, cal.correct]).astype(
+                np.float64)).to(device)
+            sums = torch.from_numpy(np.append(cal.confidence, cal.brier)).to(device)
+            dist.all_reduce(tensor)
+            dist.all_reduce(sums)
+            counts, sums = np.rint(tensor.cpu().numpy()).astype(np.int64), sums.cpu().numpy()
+            self.confusion[s] = counts[: NUM_CLASSES**2].reshape(NUM_CLASSES, NUM_CLASSES)
+            cal.count[...], cal.correct[...] = counts[NUM_CLASSES**2 :].reshape(2, -1)
+            cal.confidence[...], cal.brier = sums[:-1], float(sums[-1])
         for comp in self.comp.values():  # counts and sums of the component metrics (float64 holds them exactly)
             arrays = comp.state_arrays()
             tensor = torch.from_numpy(np.concatenate([arrays["taus"].ravel(), arrays["counts"]]).astype(np.float64))
@@ -279,9 +324,12 @@ class UnreadableFrame(ValueError):
 
 
 def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, resume=False,
-        save_every=20, progress=True, rank=0, world_size=1, skip_bad=False, seed=0, verify=True, components=None):
-    """Evaluate ``methods`` (method objects) of ``model`` on ``sets`` ({name: .h5 path}); returns the
-    :class:`Evaluation` (all-reduced over ranks). Writes ``state.npz`` (per rank) in ``out_dir``.
+        save_every=20, progress=True, rank=0, world_size=1, skip_bad=False, seed=0, verify=True, components=None,
+        quality=False, examples=(EXAMPLES_PER_SET, None)):
+    """Evaluate ``methods`` (method objects) of ``model`` on ``sets`` ({name: .h5 path, or a Dataset of segood
+    items such as :class:`segood.robustness.CorruptedSet`}); returns the :class:`Evaluation` (all-reduced over
+    ranks). Writes ``state.npz`` (per rank) in ``out_dir``. ``quality`` and ``examples``: see
+    :class:`Evaluation`.
 
     Monte-Carlo dropout is seeded per batch from (seed, set, first frame), so a resumed run draws the same
     samples as an uninterrupted one (for the same batch size and sharding)."""
@@ -289,20 +337,23 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, 
     folder.path.mkdir(parents=True, exist_ok=True)
     device = device or next(model.parameters()).device
     check_methods(model, methods)
-    datasets = {name: H5SegmentationDataset(path, verify=verify) for name, path in sets.items()}
+    datasets = {name: path if hasattr(path, "__getitem__") and not isinstance(path, (str, Path)) else
+                H5SegmentationDataset(path, verify=verify) for name, path in sets.items()}
     for path in sets.values():
-        require_labels(path)
+        if isinstance(path, (str, Path)):  # (datasets built elsewhere, e.g. corrupted on the fly, check their own)
+            require_labels(path)
     names = [m.name for m in methods]
     if len(set(names)) != len(names):
         raise ValueError(f"each method once per run, got {names}")
     state_path = folder.state(rank, world_size)
     if resume and state_path.exists():
         ev = Evaluation.load(state_path)
-        if ev.method_names != names or ev.set_names != list(sets) or ev.grid != (grid or grid_spec()):
+        if ev.method_names != names or ev.set_names != list(sets) or ev.grid != (grid or grid_spec()) \
+                or ev.quality != quality:
             raise ValueError(f"{state_path} holds a run of methods {ev.method_names} on sets {ev.set_names} (grid "
                              f"{ev.grid}), not {names} on {list(sets)}: use another --out or drop --resume")
     else:
-        ev = Evaluation(names, list(sets), grid, components)
+        ev = Evaluation(names, list(sets), grid, components, quality=quality, examples=examples)
     model.eval()
     make_accumulator(ev.grid).update(np.zeros(1, np.float32), np.zeros(1, np.uint8))  # load the grid's kernel once
     for set_index, (set_name, dataset) in enumerate(datasets.items()):
@@ -331,7 +382,8 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, 
                     ev.seconds[stage] += seconds
                 t3 = time.perf_counter()
                 try:
-                    ev.process(set_name, kept, batch, dict(zip(names, scored.scores)), scored.classes)
+                    ev.process(set_name, kept, batch, dict(zip(names, scored.scores)), scored.classes,
+                               logits=scored.output.logits if quality else None)
                 except ValueError as err:  # e.g. a method's NaN scores. Not saved: this batch is half-counted,
                     raise ValueError(f"{set_name}: frames {kept}: {err}; --resume continues from the last saved "
                                      "batch") from None  # while the last save is consistent

@@ -1,0 +1,148 @@
+"""CalibrationAccumulator: pixel-level calibration of a segmentation network's softmax, in constant memory.
+
+Expected calibration error (Guo et al., "On Calibration of Modern Neural Networks", ICML 2017) over 15
+equal-width confidence bins, and the multi-class Brier score (Brier 1950), pooled over every pixel with a class.
+The state is additive counts and sums (plain arrays), so shards, ranks and resumed runs merge like the OOD
+accumulators.
+"""
+
+import io
+
+import numpy as np
+
+from segood.io import atomic_write_bytes, read_npz
+from segood.labels import IGNORE
+
+STATE_FORMAT = "segood.CalibrationAccumulator/1"
+NUM_BINS = 15
+
+
+class CalibrationAccumulator:
+    """Streaming ECE (``num_bins`` equal-width bins of the top-class confidence, bin k = (k/B, (k+1)/B], the
+    first closed at 0) and Brier score over pixels whose target is a class (255 = no class, skipped).
+
+    ECE = sum_k n_k / n |accuracy_k - mean confidence_k|, in [0, 1], lower is better. Brier = mean over pixels of
+    sum_c (p_c - [c = target])^2, in [0, 2], lower is better. The predicted class is the first of equal maxima
+    (as :func:`segood.models.predict.predicted_classes`).
+
+    Example:
+        >>> acc = CalibrationAccumulator()
+        >>> acc.update(torch.softmax(logits, 1), semantic)   # (N, C, H, W) probabilities, (N, H, W) trainIds
+        >>> acc.compute()["ece"]
+    """
+
+    def __init__(self, num_bins=NUM_BINS):
+        if isinstance(num_bins, bool) or not isinstance(num_bins, (int, np.integer)) or num_bins < 1:
+            raise ValueError(f"num_bins must be a positive int, got {num_bins!r}")
+        self.num_bins = int(num_bins)
+        self.reset()
+
+    def reset(self):
+        self.count = np.zeros(self.num_bins, np.int64)  # pixels per confidence bin
+        self.correct = np.zeros(self.num_bins, np.int64)  # of which predicted right
+        self.confidence = np.zeros(self.num_bins, np.float64)  # sum of their confidences
+        self.brier = 0.0  # sum over pixels of the squared error of the probability vector
+        return self
+
+    def update(self, probs, target):
+        """Add pixels.
+
+        Args:
+            probs: (N, C, H, W) class probabilities (a softmax), numpy or torch (CPU or CUDA).
+            target: (N, H, W) integer classes 0..C-1, or 255 (no class, skipped).
+        """
+        import torch
+
+        probs, target = torch.as_tensor(probs), torch.as_tensor(target)
+        if probs.ndim != 4 or target.shape != (probs.shape[0], *probs.shape[2:]):
+            raise ValueError(f"probs must be (N, C, H, W) and target (N, H, W), got {tuple(probs.shape)} and "
+                             f"{tuple(target.shape)}")
+        probs, target = probs.float(), target.to(probs.device).long()
+        num_classes = probs.shape[1]
+        keep = target != IGNORE
+        if bool(((target < 0) | (target >= num_classes))[keep].any()):
+            raise ValueError(f"target classes must be in 0..{num_classes - 1} or 255 (no class)")
+        if not bool(torch.isfinite(probs).all()):
+            raise ValueError("probs hold NaN or infinite values; pass a softmax of finite logits")
+        confidence = probs.amax(dim=1)
+        rank = torch.arange(num_classes, 0, -1, device=probs.device).view(1, -1, 1, 1)
+        predicted = num_classes - ((probs == confidence[:, None]) * rank).amax(dim=1)  # the first maximum
+        safe = torch.where(keep, target, 0)
+        p_true = probs.gather(1, safe[:, None])[:, 0]
+        brier = (probs.double() ** 2).sum(dim=1) - 2 * p_true.double() + 1  # sum_c (p_c - y_c)^2
+        confidence, hit, brier = confidence[keep].double(), (predicted == target)[keep], brier[keep]
+        bins = (torch.ceil(confidence * self.num_bins).long() - 1).clamp_(0, self.num_bins - 1)
+        self.count += torch.bincount(bins, minlength=self.num_bins).cpu().numpy()
+        self.correct += torch.bincount(bins[hit], minlength=self.num_bins).cpu().numpy()
+        self.confidence += torch.bincount(bins, weights=confidence, minlength=self.num_bins).cpu().numpy()
+        self.brier += float(brier.sum())
+        return self
+
+    def merge(self, other):
+        """Add another accumulator's counts (in place); returns self."""
+        if not isinstance(other, CalibrationAccumulator) or other.num_bins != self.num_bins:
+            raise ValueError(f"can only merge a CalibrationAccumulator with {self.num_bins} bins, got {other!r}")
+        self.count += other.count
+        self.correct += other.correct
+        self.confidence += other.confidence
+        self.brier += other.brier
+        return self
+
+    def compute(self):
+        """{"ece", "brier", "accuracy", "n_pixels", "bins": {"count", "accuracy", "confidence"} per bin}; NaN
+        metrics when no pixel has a class."""
+        n = int(self.count.sum())
+        nan = float("nan")
+        with np.errstate(invalid="ignore", divide="ignore"):
+            accuracy = self.correct / self.count
+            confidence = self.confidence / self.count
+        gaps = np.where(self.count > 0, np.abs(accuracy - confidence), 0.0)
+        return {"ece": float(np.dot(self.count, gaps) / n) if n else nan,
+                "brier": self.brier / n if n else nan,
+                "accuracy": float(self.correct.sum() / n) if n else nan,
+                "n_pixels": n,
+                "bins": {"count": self.count.tolist(), "accuracy": accuracy.tolist(), "confidence": confidence.tolist()}}
+
+    def state_dict(self):
+        """The state as plain numpy arrays (``numpy.savez``-able without pickle)."""
+        return {"format": np.array(STATE_FORMAT), "count": self.count.copy(), "correct": self.correct.copy(),
+                "confidence": self.confidence.copy(), "brier": np.array(self.brier)}
+
+    @classmethod
+    def from_state_dict(cls, state):
+        """Rebuild from :meth:`state_dict`; every field is checked."""
+        try:
+            if str(np.asarray(state["format"])) != STATE_FORMAT:
+                raise ValueError(f"unknown calibration state format {state['format']!r}; expected {STATE_FORMAT!r}")
+            count, correct = (np.asarray(state[k]) for k in ("count", "correct"))
+            confidence, brier = np.asarray(state["confidence"]), np.asarray(state["brier"])
+        except KeyError as err:
+            raise ValueError(f"calibration state lacks {err}") from None
+        if count.ndim != 1 or not count.size or correct.shape != count.shape or confidence.shape != count.shape \
+                or brier.shape != () or not all(np.issubdtype(a.dtype, np.integer) for a in (count, correct)) \
+                or not all(np.issubdtype(a.dtype, np.floating) for a in (confidence, brier)):
+            raise ValueError("calibration state: count and correct must be integers and confidence floats, one per "
+                             "bin, and brier a float")
+        if (count < 0).any() or (correct < 0).any() or (correct > count).any() or not np.isfinite(confidence).all() \
+                or (confidence < 0).any() or (confidence > count + 1e-6 * count).any() \
+                or not 0 <= float(brier) <= 2 * count.sum() + 1e-6:
+            raise ValueError("calibration state: counts, confidence sums or the Brier sum are impossible")
+        acc = cls(len(count))
+        acc.count[...], acc.correct[...], acc.confidence[...] = count, correct, confidence
+        acc.brier = float(brier)
+        return acc
+
+    def save(self, path):
+        buffer = io.BytesIO()
+        np.savez(buffer, **self.state_dict())
+        atomic_write_bytes(path, buffer.getvalue())
+
+    @classmethod
+    def load(cls, path):
+        try:
+            return cls.from_state_dict(read_npz(path, "calibration state"))
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
+
+    def __repr__(self):
+        return f"CalibrationAccumulator(num_bins={self.num_bins}, n_pixels={int(self.count.sum())})"

@@ -1,0 +1,305 @@
+"""Corruptions of driving frames at five severities, built from albumentations.
+
+A corruption is a name of the severity table (``severities.yaml``, shipped in the package): its parameters at
+levels 1-5 are data, read by :func:`severity_table`; the code below only says which albumentations transform each
+name is. Every corruption is deterministic per (seed, frame id, corruption, severity) on every machine: its
+random draws are seeded from a sha256 of the four (:func:`frame_seed`), never from Python's salted ``hash``.
+
+Photometric corruptions change the image only. Geometric ones (:data:`GEOMETRIC`) move the image and the masks
+together, the masks with nearest-neighbour interpolation so that a label is never blended; pixels the transform
+invents (the corners a rotation or perspective brings in) are ignore (255) in both masks, and pixels that leave
+the frame are gone with their labels. The robustness seed's ten (Heindrich 2020, §3.1.1) come first, then the
+issue's night, motion blur, JPEG and sun flare.
+"""
+
+import functools
+import hashlib
+from importlib import resources
+
+import albumentations as A
+import cv2
+import numpy as np
+import yaml
+
+from segood.labels import IGNORE
+
+SEVERITIES = (1, 2, 3, 4, 5)
+REFERENCE_ROWS = 1024  #: the "px" lengths of the table are pixels of a frame of this many rows
+GEOMETRIC = frozenset({"perspective", "rotation", "crop"})
+
+
+@functools.cache
+def severity_table():
+    """{corruption: {parameter: [value at level 1, ..., level 5]}} from the shipped ``severities.yaml``, checked:
+    every corruption has a transform below and five values per parameter."""
+    table = yaml.safe_load(resources.files("segood.robustness").joinpath("severities.yaml").read_text())
+    if set(table) != set(_BUILDERS):
+        raise ValueError(f"severities.yaml lists {sorted(table)}, the code builds {sorted(_BUILDERS)}: they must agree")
+    for name, params in table.items():
+        bad = [p for p, values in params.items() if not isinstance(values, list) or len(values) != len(SEVERITIES)]
+        if bad:
+            raise ValueError(f"severities.yaml: {name}: parameters {bad} need one value per level {SEVERITIES}")
+    return table
+
+
+def corruption_names():
+    """Every corruption, in the table's order."""
+    return tuple(severity_table())
+
+
+def check_corruption(name, severity=None):
+    """Refuse an unknown corruption or level with a message listing the valid ones."""
+    if name not in severity_table():
+        raise KeyError(f"unknown corruption {name!r}; choose from {', '.join(severity_table())}")
+    if severity is not None and (isinstance(severity, bool) or severity not in SEVERITIES):
+        raise ValueError(f"severity of {name} must be one of {SEVERITIES} (1 mild, 5 strong), got {severity!r}")
+
+
+def level_params(name, severity):
+    """{parameter: value} of ``name`` at ``severity`` (1-5)."""
+    check_corruption(name, severity)
+    return {key: values[severity - 1] for key, values in severity_table()[name].items()}
+
+
+def frame_seed(seed, frame_id, name, severity):
+    """The 32-bit seed of one frame's corruption: the same on every machine and Python process."""
+    key = f"segood.robustness/{int(seed)}/{frame_id}/{name}/{int(severity)}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
+
+
+def build(name, severity, height, width):
+    """The albumentations transform of ``name`` at ``severity`` for frames of ``height`` x ``width`` (unseeded)."""
+    check_corruption(name, severity)
+    return _BUILDERS[name](level_params(name, severity), height / REFERENCE_ROWS, (height, width))
+
+
+def corrupt(image, masks=(), *, name, severity, seed=0, frame_id=""):
+    """Corrupt one frame.
+
+    Args:
+        image: (H, W, 3) uint8 RGB.
+        masks: label maps of shape (H, W) (e.g. the ood_mask and the semantic trainIds), moved with the image by
+            geometric corruptions (nearest neighbour; invented pixels 255) and returned unchanged otherwise.
+        name, severity: a corruption of :func:`corruption_names` and a level 1-5.
+        seed, frame_id: with ``name`` and ``severity``, what the random draws depend on (:func:`frame_seed`).
+
+    Returns:
+        (image (H, W, 3) uint8, [masks]).
+    """
+    image = np.ascontiguousarray(image)
+    if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
+        raise ValueError(f"image must be (H, W, 3) uint8 RGB, got {image.dtype} of shape {image.shape}")
+    masks = [np.ascontiguousarray(m) for m in masks]
+    if any(m.shape != image.shape[:2] for m in masks):
+        raise ValueError(f"masks must be {image.shape[:2]} like the image, got {[m.shape for m in masks]}")
+    transform = build(name, severity, *image.shape[:2])
+    out = A.Compose([transform], seed=frame_seed(seed, frame_id, name, severity), strict=True)(
+        image=image, masks=masks)
+    return out["image"], [np.asarray(m) for m in out["masks"]]
+
+
+class CorruptedSet:
+    """A set (any Dataset of segood items: ``image`` (3, H, W) uint8 tensor, ``ood_mask``, ``semantic``,
+    ``frame_id``) seen through one corruption at one severity, corrupted on the fly as frames are read."""
+
+    def __init__(self, dataset, name, severity, *, seed=0):
+        check_corruption(name, severity)
+        self.dataset, self.name, self.severity, self.seed = dataset, name, severity, seed
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        import torch
+
+        item = self.dataset[index]
+        image, (ood_mask, semantic) = corrupt(
+            item["image"].permute(1, 2, 0).numpy(), [item["ood_mask"].numpy(), item["semantic"].numpy()],
+            name=self.name, severity=self.severity, seed=self.seed, frame_id=item["frame_id"])
+        return {**item, "image": torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1),
+                "ood_mask": torch.from_numpy(ood_mask), "semantic": torch.from_numpy(semantic)}
+
+
+# -- the transforms ---------------------------------------------------------------------------------------------
+# Each builder takes one level's parameters, the frame's scale (rows / 1024) and (H, W); the random draws that are
+# left (positions, directions, noise) come from the seeded Compose around it.
+
+def _px(value, scale, odd=False):
+    n = max(1, round(value * scale))
+    return n + 1 - n % 2 if odd else n
+
+
+def _noise(p, scale, size):
+    return A.GaussNoise(std_range=(p["std"], p["std"]), p=1)
+
+
+def _grey(p, scale, size):
+    return A.ColorJitter(brightness=(1, 1), contrast=(1, 1), saturation=(1 - p["f"], 1 - p["f"]), hue=(0, 0), p=1)
+
+
+def _snow(p, scale, size):
+    return A.RandomSnow(snow_point_range=(p["snow_point"], p["snow_point"]), brightness_coeff=p["brightness"],
+                        method="bleach", p=1)
+
+
+def _rain(p, scale, size):
+    return A.RandomRain(rain_type=p["rain_type"], brightness_coefficient=p["brightness"],
+                        drop_length=_px(p["drop_length_px"], scale), blur_value=3, p=1)
+
+
+def _fog(p, scale, size):
+    return Fog(p["f"], p=1)
+
+
+def _perspective(p, scale, size):
+    return A.Perspective(scale=(p["scale"], p["scale"]), keep_size=True, fit_output=False,
+                         mask_interpolation=cv2.INTER_NEAREST, border_mode=cv2.BORDER_CONSTANT, fill=0,
+                         fill_mask=IGNORE, p=1)
+
+
+def _blur(p, scale, size):
+    sigma = p["sigma_px"] * scale
+    size = 2 * int(np.ceil(3 * sigma)) + 1  # the kernel reaches 3 sigma (OpenCV's own choice drops small sigmas)
+    return A.GaussianBlur(sigma_limit=(sigma, sigma), blur_limit=(size, size), p=1)
+
+
+def _rotation(p, scale, size):
+    d = float(p["degrees"])
+    return A.OneOf([A.Rotate(limit=(a, a), border_mode=cv2.BORDER_CONSTANT, fill=0, fill_mask=IGNORE,
+                             mask_interpolation=cv2.INTER_NEAREST, p=1) for a in (-d, d)], p=1)
+
+
+def _crop(p, scale, size):
+    height, width = size
+    share = p["keep"] ** 2
+    return A.RandomResizedCrop(size=(height, width), scale=(share, share), ratio=(width / height,) * 2,
+                               mask_interpolation=cv2.INTER_NEAREST, p=1)
+
+
+def _reflection(p, scale, size):
+    return Reflection(_px(p["side_px"], scale), p=1)
+
+
+def _night(p, scale, size):
+    gamma = 100 * p["gamma"]
+    return A.Sequential([A.MultiplicativeNoise(multiplier=(p["gain"], p["gain"]), p=1),
+                         A.RandomGamma(gamma_limit=(gamma, gamma), p=1),
+                         A.GaussNoise(std_range=(p["noise_std"], p["noise_std"]), p=1)], p=1)
+
+
+def _motion_blur(p, scale, size):
+    length = max(3, _px(p["length_px"], scale, odd=True))
+    return A.MotionBlur(blur_limit=(length, length), allow_shifted=False, p=1)
+
+
+def _jpeg(p, scale, size):
+    return A.ImageCompression(compression_type="jpeg", quality_range=(p["quality"], p["quality"]), p=1)
+
+
+def _sun_flare(p, scale, size):
+    return A.RandomSunFlare(flare_roi=(0, 0, 1, 0.5), src_radius=_px(p["radius_px"], scale),
+                            num_flare_circles_range=(p["circles"], p["circles"] + 1), method="overlay", p=1)
+
+
+class Fog(A.ImageOnlyTransform):
+    """The robustness seed's fog: (1 - f) image + f cloud, the cloud a smooth light-grey noise field (a coarse
+    random grid, 8 cells high, upsampled bicubically to the frame). albumentations' RandomFog was measured and
+    passed over: its density barely grows with its coefficient (contrast 40.8 -> 40.1 from 0.3 to 0.7 on the
+    demo's frames) and it copies the frame once per fog particle."""
+
+    def __init__(self, f, p=1.0):
+        super().__init__(p=p)
+        self.f = float(f)
+
+    def get_params_dependent_on_data(self, params, data):
+        height, width = params["shape"][:2]
+        cells = (8, max(1, round(8 * width / height)))
+        return {"cloud": self.random_generator.uniform(0.65, 1.0, (cells[0] + 1, cells[1] + 1)).astype(np.float32)}
+
+    def apply(self, img, cloud=None, **params):
+        height, width = img.shape[:2]
+        cloud = 255.0 * cv2.resize(cloud, (width, height), interpolation=cv2.INTER_CUBIC)
+        out = (1 - self.f) * img.astype(np.float32) + self.f * cloud[..., None]
+        return np.clip(out, 0, 255).astype(np.uint8)
+
+    def get_transform_init_args_names(self):
+        return ("f",)
+
+
+class Reflection(A.ImageOnlyTransform):
+    """The robustness seed's reflection: a white square of ``side`` pixels, blurred with a Gaussian of sigma
+    side / 4 into a soft blob, added at a random place (its centre uniform over the frame)."""
+
+    def __init__(self, side, p=1.0):
+        super().__init__(p=p)
+        self.side = int(side)
+
+    def get_params_dependent_on_data(self, params, data):
+        height, width = params["shape"][:2]
+        return {"centre": (self.py_random.uniform(0, height), self.py_random.uniform(0, width))}
+
+    def apply(self, img, centre=(0, 0), **params):
+        sigma = self.side / 4
+        reach = int(np.ceil(self.side / 2 + 3 * sigma))  # the blob is 0 beyond this distance from the centre
+        y0, x0 = (int(round(c)) for c in centre)
+        patch = np.zeros((2 * reach + 1, 2 * reach + 1), np.float32)
+        half = self.side // 2
+        patch[reach - half : reach - half + self.side, reach - half : reach - half + self.side] = 255.0
+        patch = cv2.GaussianBlur(patch, (0, 0), sigma)
+        top, left = y0 - reach, x0 - reach
+        rows = slice(max(top, 0), min(top + patch.shape[0], img.shape[0]))
+        cols = slice(max(left, 0), min(left + patch.shape[1], img.shape[1]))
+        out = img.copy()
+        region = out[rows, cols].astype(np.float32) + patch[rows.start - top : rows.stop - top,
+                                                            cols.start - left : cols.stop - left, None]
+        out[rows, cols] = np.clip(region, 0, 255).astype(np.uint8)
+        return out
+
+    def get_transform_init_args_names(self):
+        return ("side",)
+
+
+_BUILDERS = {"noise": _noise, "grey": _grey, "snow": _snow, "rain": _rain, "fog": _fog, "perspective": _perspective,
+             "blur": _blur, "rotation": _rotation, "crop": _crop, "reflection": _reflection, "night": _night,
+             "motion_blur": _motion_blur, "jpeg": _jpeg, "sun_flare": _sun_flare}
+
+
+def severity_markdown():
+    """The severity table as Markdown: one row per corruption, its parameters at each level."""
+    lines = ["| corruption | " + " | ".join(f"level {s}" for s in SEVERITIES) + " |", "|---|" + "---|" * len(SEVERITIES)]
+    for name, params in severity_table().items():
+        cells = [", ".join(f"{key} {values[k]}" for key, values in params.items()) for k in range(len(SEVERITIES))]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def contact_sheet(image, path=None, *, names=None, severities=SEVERITIES, seed=0, frame_id="", width=2.4):
+    """A figure of one frame under every corruption (rows) at every severity (columns), the clean frame first,
+    so that a reader sees what "fog 4" means. Written to ``path`` (PNG) when given; returns the figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(names or corruption_names())
+    for name in names:
+        check_corruption(name)
+    height, wide = image.shape[:2]
+    cols = 1 + len(severities)
+    fig, axes = plt.subplots(len(names), cols, squeeze=False,
+                             figsize=(width * cols, width * height / wide * len(names) + 0.6))
+    for row, name in enumerate(names):
+        panels = [image] + [corrupt(image, name=name, severity=s, seed=seed, frame_id=frame_id)[0] for s in severities]
+        for col, (ax, panel) in enumerate(zip(axes[row], panels)):
+            ax.imshow(panel)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if row == 0:
+                ax.set_title("clean" if col == 0 else f"severity {severities[col - 1]}", fontsize=9)
+            if col == 0:
+                ax.set_ylabel(name, fontsize=9)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+    return fig

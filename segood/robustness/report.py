@@ -1,0 +1,150 @@
+"""Tables and figures of a robustness run: each metric against severity, a panel per corruption, a line per
+method; corrupted example frames with their heat maps; the contact sheet of the severities."""
+
+import numpy as np
+
+from segood.evaluation.report import _file_name, _save, heat_limits
+from segood.labels import colorize
+from segood.metrics import METRICS
+from segood.robustness.approval import approval_markdown
+from segood.robustness.corruptions import contact_sheet, severity_markdown
+
+QUALITY = {"miou": ("mIoU", "↑"), "ece": ("ECE (15 bins)", "↓"), "brier": ("Brier", "↓")}
+OOD_SHOWN = ("auroc", "fpr95")  # the OOD metrics tabulated and drawn per corruption (results.json holds all)
+
+
+def _fmt(value):
+    return "–" if value is None else f"{value:.3f}"
+
+
+def _mean(values):
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else None
+
+
+def results_markdown(doc):
+    """Per set: the network's mIoU / ECE / Brier per corruption and severity, then per OOD metric and question
+    a summary (mean over corruptions, one row per method) and one table per method."""
+    spec, levels = doc["robustness"], [str(s) for s in doc["robustness"]["severities"]]
+    head = "| corruption | clean | " + " | ".join(f"severity {s}" for s in levels) + " |"
+    rule = "|---|" + "---:|" * (len(levels) + 1)
+    lines = [f"# Robustness ({doc['schema']}, segood {doc['toolkit']['segood_version']})", "",
+             f"{len(spec['corruptions'])} corruptions at severities {', '.join(levels)}, each frame corrupted on the "
+             f"fly, seeded per (frame, corruption, severity) with seed {spec['seed']}. (a) corrupted ID stays ID: "
+             "the methods on the corrupted set's own OOD and ID pixels. (b) corruption as OOD: the clean frames' ID "
+             "pixels as ID, the corrupted frames' ID pixels as OOD (clean column: not defined).", ""]
+    methods = list(doc["methods"])
+    for s, by_corruption in doc["corrupted"].items():
+        clean = doc["clean"][s]
+        lines += [f"## Set {s}", ""]
+        for key, (label, arrow) in QUALITY.items():
+            lines += [f"### Network: {label} {arrow}", "", head, rule]
+            for c, cells in by_corruption.items():
+                lines.append(f"| {c} | {_fmt(clean['segmentation'][key])} | "
+                             + " | ".join(_fmt(cells[level]["segmentation"][key]) for level in levels) + " |")
+            lines.append("")
+        for question, title in (("ood", "(a) corrupted ID stays ID"), ("as_ood", "(b) corruption as OOD")):
+            for metric in OOD_SHOWN if question == "ood" else ("auroc",):
+                label = f"{METRICS[metric].label} {METRICS[metric].arrow()}"
+                lines += [f"### {title}: {label}, mean over corruptions", "",
+                          "| method | clean | " + " | ".join(f"severity {v}" for v in levels) + " |", rule]
+                for m in methods:
+                    first = _fmt(clean["ood"][m][metric]) if question == "ood" else "–"
+                    means = [_mean([cells[level][question][m][metric] for cells in by_corruption.values()])
+                             for level in levels]
+                    lines.append(f"| {m} | {first} | " + " | ".join(_fmt(v) for v in means) + " |")
+                lines.append("")
+                for m in methods:
+                    lines += [f"#### {title}: {label}, {m}", "", head, rule]
+                    for c, cells in by_corruption.items():
+                        first = _fmt(clean["ood"][m][metric]) if question == "ood" else "–"
+                        lines.append(f"| {c} | {first} | "
+                                     + " | ".join(_fmt(cells[level][question][m][metric]) for level in levels) + " |")
+                    lines.append("")
+    if "approval" in doc:
+        lines += [approval_markdown(doc["approval"])]
+    lines += ["## Severity levels", "", severity_markdown()]
+    return "\n".join(lines) + "\n"
+
+
+def write_figures(figures, doc, ev):
+    """Metric-against-severity panels per set, example frames per set and corruption, the contact sheet."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from segood.robustness.suite import condition_name
+
+    figures.mkdir(exist_ok=True)
+    spec = doc["robustness"]
+    corruptions, levels = spec["corruptions"], spec["severities"]
+    methods = list(doc["methods"])
+    rows = -(-len(corruptions) // 5)  # at most 5 panels a row, the rows filled evenly
+    cols = -(-len(corruptions) // rows)
+
+    def panels(path, title, lines_of, ylabel):
+        """One panel per corruption: x = severity (0 = clean), one line per entry of ``lines_of(cells, clean)``."""
+        fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows + 0.5), squeeze=False, sharey=True)
+        for ax, c in zip(axes.ravel(), corruptions):
+            for label, clean_value, values in lines_of(c):
+                x = ([0] if clean_value is not None else []) + levels
+                y = ([clean_value] if clean_value is not None else []) + values
+                ax.plot(x, [np.nan if v is None else v for v in y], marker="o", markersize=3, label=label)
+            ax.set_title(c, fontsize=9)
+            ax.set_xticks([0, *levels])
+            ax.grid(alpha=0.3)
+        for ax in axes.ravel()[len(corruptions):]:
+            ax.set_axis_off()
+        for ax in axes[:, 0]:
+            ax.set_ylabel(ylabel, fontsize=8)
+        for ax in axes[-1]:
+            ax.set_xlabel("severity (0 = clean)", fontsize=8)
+        axes[0, 0].legend(fontsize=7)
+        fig.suptitle(title, fontsize=10)
+        _save(fig, path)
+
+    for s, by_corruption in doc["corrupted"].items():
+        clean = doc["clean"][s]
+        for question, metrics, what in (("ood", OOD_SHOWN, "corrupted ID stays ID"),
+                                        ("as_ood", ("auroc",), "corruption as OOD")):
+            for metric in metrics:
+                label = f"{METRICS[metric].label} {METRICS[metric].arrow()}"
+                panels(figures / _file_name(f"{question}_{metric}_{s}.png"), f"{label}: {what} ({s})",
+                       lambda c, q=question, k=metric: [
+                           (m, clean["ood"][m][k] if q == "ood" else None,
+                            [by_corruption[c][str(v)][q][m][k] for v in levels]) for m in methods], label)
+        panels(figures / _file_name(f"network_{s}.png"), f"the network under corruption ({s})",
+               lambda c: [(f"{QUALITY[k][0]} {QUALITY[k][1]}", clean["segmentation"][k],
+                           [by_corruption[c][str(v)]["segmentation"][k] for v in levels]) for k in QUALITY], "")
+
+        for c in corruptions:  # example frames: clean and each severity; input | truth | prediction | heat maps
+            keys = [(s, 0)] + [(condition_name(s, c, v), 0) for v in levels]
+            keys = [k for k in keys if k in ev.examples]
+            if not keys:
+                continue
+            ncols = 3 + len(methods)
+            first = ev.examples[keys[0]]["image"]
+            fig, axes = plt.subplots(len(keys), ncols, squeeze=False,
+                                     figsize=(2.2 * ncols, 2.2 * first.shape[0] / first.shape[1] * len(keys) + 0.5))
+            limits = {m: heat_limits([ev.examples[k][f"score_{m}"] for k in keys]) for m in methods}
+            for row, key in enumerate(keys):
+                ex = ev.examples[key]
+                truth = colorize(ex["semantic"])
+                truth[ex["ood_mask"] == 1] = 255
+                panels_ = [ex["image"], truth, colorize(ex["classes"])] + [ex[f"score_{m}"] for m in methods]
+                ranges = [(None, None)] * 3 + [limits[m] for m in methods]
+                for col, (ax, panel, (lo, hi)) in enumerate(zip(axes[row], panels_, ranges)):
+                    ax.imshow(panel, cmap="inferno" if panel.ndim == 2 else None, vmin=lo, vmax=hi)
+                    ax.set_xticks([])
+                    ax.set_yticks([])
+                    if row == 0:
+                        ax.set_title(["input", "ground truth (OOD white)", "prediction", *methods][col], fontsize=8)
+                    if col == 0:
+                        ax.set_ylabel("clean" if row == 0 else f"{c} {levels[row - 1]}", fontsize=8)
+            _save(fig, figures / _file_name(f"examples_{s}_{c}.png"))
+
+    first = next(iter(doc["corrupted"]))
+    if (first, 0) in ev.examples:  # what each level looks like, on the first frame of the first set
+        contact_sheet(ev.examples[(first, 0)]["image"], figures / "contact_sheet.png", names=corruptions,
+                      severities=levels, seed=spec["seed"])

@@ -1,0 +1,173 @@
+"""``segood robustness``: every method and the network itself on test frames corrupted on the fly.
+
+Each set is evaluated clean and under every (corruption, severity) as a set of its own, "SET@CORRUPTION-LEVEL"
+(:class:`~segood.robustness.CorruptedSet`), through evaluate's runner: one forward pass per frame feeds every
+method, the network's mIoU and calibration (:class:`~segood.metrics.calibration.CalibrationAccumulator`) are
+accumulated beside the OOD counts, the state is saved every few batches (``resume``) and sharded under torchrun.
+The report answers the robustness seed's two questions per corruption and severity:
+
+(a) corrupted ID stays ID: do the methods still separate the set's OOD pixels from its ID pixels, and what
+    happens to mIoU and calibration? (the OOD metrics of the corrupted set itself);
+(b) corruption as OOD: are corrupted frames flagged? The ID pixels of the clean frames are the negatives and the
+    ID pixels of the corrupted frames the positives (the seed's "transformed in-distribution as OOD"); built
+    from the two sets' counts (:func:`corruption_as_ood`), with no forward pass of its own.
+"""
+
+import warnings
+
+import numpy as np
+
+from segood.data.h5 import H5SegmentationDataset
+from segood.evaluation.api import execute, prepare
+from segood.evaluation.layout import RunFolder
+from segood.evaluation.runner import Evaluation
+from segood.io import write_json
+from segood.metrics import METRICS, UndefinedMetricWarning, accumulator_from_state
+from segood.metrics.segmentation import mean_iou
+from segood.robustness.corruptions import SEVERITIES, check_corruption, corruption_names, severity_table
+
+SCHEMA = "segood.robustness/1"
+EXAMPLE_WIDTH = 512  # example frames kept in the state at most this wide: one per set and condition
+
+
+def condition_name(set_name, corruption, severity):
+    """The name of a set under a corruption at a severity in the run's state: "sun@fog-3"."""
+    return f"{set_name}@{corruption}-{severity}"
+
+
+def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corruptions=None, severities=SEVERITIES,
+               seed=0, requirements=None, batch_size=2, device=None, num_thresholds=None, score_range=None,
+               mantissa_bits=None, resume=False, save_every=20, progress=True, figures=True, skip_bad=False,
+               fit_set=None, checkpoint=None, feature_layer=None, verify=True):
+    """Evaluate ``methods`` of ``model`` on ``sets`` clean and under ``corruptions`` (default: all of the severity
+    table) at ``severities``; writes ``out_dir`` (results.json, results.md, figures/) and returns the results
+    document. Arguments as :func:`segood.evaluate`; ``seed`` seeds the corruptions (per frame, corruption and
+    severity); ``requirements``: type-approval requirements (a YAML path, or parsed ones) checked at the end."""
+    from segood.robustness.approval import load_requirements
+
+    corruptions = list(corruptions or corruption_names())
+    severities = sorted(set(severities))
+    for name in corruptions:
+        check_corruption(name)
+    for level in severities:
+        check_corruption(corruptions[0], level)
+    if requirements is not None and not isinstance(requirements, list):
+        requirements = load_requirements(requirements)  # a bad file fails before the run, not after it
+    model, sets, methods, grid, _, description = prepare(
+        model, sets, methods, batch_size=batch_size, device=device, num_thresholds=num_thresholds,
+        score_range=score_range, mantissa_bits=mantissa_bits, progress=progress, fit_set=fit_set,
+        checkpoint=checkpoint, feature_layer=feature_layer, verify=verify)
+    description["config"]["robustness"] = {"corruptions": corruptions, "severities": severities, "seed": int(seed),
+                                           "levels": {c: severity_table()[c] for c in corruptions}}
+    conditions = {}
+    for set_name, path in sets.items():
+        clean = H5SegmentationDataset(path, verify=verify)
+        conditions[set_name] = clean
+        for corruption in corruptions:
+            for level in severities:
+                conditions[condition_name(set_name, corruption, level)] = _corrupted(clean, corruption, level, seed)
+    ev = execute(model, conditions, methods, out_dir, description, batch_size=batch_size, device=device, grid=grid,
+                 resume=resume, save_every=save_every, progress=progress, skip_bad=skip_bad, verify=verify,
+                 quality=True, examples=(1, EXAMPLE_WIDTH))
+    return None if ev is None else write_robustness_report(out_dir, figures=figures, requirements=requirements)
+
+
+def _corrupted(dataset, corruption, severity, seed):
+    from segood.robustness.corruptions import CorruptedSet
+
+    return CorruptedSet(dataset, corruption, severity, seed=seed)
+
+
+def is_robustness_run(out_dir):
+    """Whether ``out_dir`` holds a run of ``segood robustness`` (its run.json names the corruptions)."""
+    return "robustness" in RunFolder(out_dir).read_run().get("config", {})
+
+
+def corruption_as_ood(clean, corrupted):
+    """Question (b) as an accumulator: the clean set's ID pixels are ID, the corrupted set's ID pixels are OOD
+    (both sets' OOD pixels are left out), on the grid both accumulators share. Pooled counts only."""
+    return _relabel(clean, 0, None).merge(_relabel(corrupted, None, 0))
+
+
+def _relabel(acc, id_row, ood_row):
+    """A copy of ``acc`` whose ID counts are its row ``id_row`` and OOD counts its row ``ood_row`` (None: none),
+    without per-image bookkeeping."""
+    state = acc.state_dict()
+    key, axis = ("hist", 0) if "hist" in state else ("counts", 1)  # linear grid: (2, T); float-order: (B, 2, 2^m)
+    counts = state[key]
+    empty = np.zeros_like(np.take(counts, 0, axis))
+    state[key] = np.stack([empty if r is None else np.take(counts, r, axis) for r in (id_row, ood_row)], axis=axis)
+    state.update(n_ignored=np.array(0, np.int64), n_images=np.array(0, np.int64),
+                 per_image_sum=np.zeros_like(state["per_image_sum"]), per_image_defined=np.array(0, np.int64))
+    return accumulator_from_state(state)
+
+
+def pooled_metrics(acc):
+    """{metric: value or None (undefined)} of an accumulator's pooled counts, with n_id and n_ood."""
+    n_id, n_ood = (int(v) for v in acc.curve_counts()[1].sum(axis=1))
+    if not n_id + n_ood:
+        return {**dict.fromkeys(METRICS), "n_id": 0, "n_ood": 0}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        result = acc.compute()
+    return {**{k: _number(result[k]) for k in METRICS}, "n_id": n_id, "n_ood": n_ood}
+
+
+def segmentation_quality(ev, set_name):
+    """{"miou", "accuracy", "ece", "brier", "n_pixels"} of the network on one set of a quality evaluation."""
+    confusion = ev.confusion[set_name]
+    miou, _ = mean_iou(confusion)
+    calibration = ev.calibration[set_name].compute()
+    total = int(confusion.sum())
+    return {"miou": _number(miou), "accuracy": float(np.trace(confusion) / total) if total else None,
+            "ece": _number(calibration["ece"]), "brier": _number(calibration["brier"]), "n_pixels": total}
+
+
+def robustness_results(run, ev):
+    """The results document of a robustness run from its description and (all-reduced) state."""
+    spec = run["config"]["robustness"]
+    clean, corrupted = {}, {}
+    for s in run["sets"]:
+        clean[s] = {"ood": {m: pooled_metrics(ev.acc[(m, s)]) for m in ev.method_names},
+                    "segmentation": segmentation_quality(ev, s)}
+        corrupted[s] = {}
+        for c in spec["corruptions"]:
+            corrupted[s][c] = {}
+            for level in spec["severities"]:
+                k = condition_name(s, c, level)
+                corrupted[s][c][str(level)] = {
+                    "ood": {m: pooled_metrics(ev.acc[(m, k)]) for m in ev.method_names},
+                    "as_ood": {m: pooled_metrics(corruption_as_ood(ev.acc[(m, s)], ev.acc[(m, k)]))
+                               for m in ev.method_names},
+                    "segmentation": segmentation_quality(ev, k)}
+    images = sum(ev.images.values())
+    timings = {"images": images,
+               "ms_per_image": {k: 1e3 * v / images for k, v in ev.seconds.items()} if images else {}}
+    return {"schema": SCHEMA, **run, "robustness": spec, "clean": clean, "corrupted": corrupted, "timings": timings,
+            "skipped_frames": ev.skipped}
+
+
+def write_robustness_report(out_dir, *, figures=True, requirements=None):
+    """(Re)write results.json, results.md (and approval.md with ``requirements``) and the figures of a robustness
+    run from its saved state; returns the results document."""
+    from segood.io import atomic_write_text
+    from segood.robustness.approval import approval_markdown, check_requirements, load_requirements
+    from segood.robustness.report import results_markdown, write_figures
+
+    folder = RunFolder(out_dir)
+    ev = Evaluation.load(folder.state())
+    doc = robustness_results(folder.read_run(), ev)
+    if requirements is not None:
+        if not isinstance(requirements, list):
+            requirements = load_requirements(requirements)
+        doc["approval"] = check_requirements(doc, requirements)
+        atomic_write_text(folder.path / "approval.md", approval_markdown(doc["approval"]))
+    write_json(folder.results_json, doc)
+    atomic_write_text(folder.results_md, results_markdown(doc))
+    if figures:
+        write_figures(folder.figures, doc, ev)
+    return doc
+
+
+def _number(value):
+    return None if value is None or (isinstance(value, float) and np.isnan(value)) else float(value)

@@ -1,0 +1,83 @@
+"""Type-approval checks on a hand-made robustness result."""
+
+import pytest
+
+from segood.robustness.approval import approval_markdown, check_requirements, load_requirements, parse_requirements
+
+
+def cell(auroc_a, auroc_b, miou, ece=0.05):
+    return {"ood": {"entropy": {"auroc": auroc_a, "fpr95": 0.2}, "max_softmax": {"auroc": auroc_a - 0.01, "fpr95": 0.3}},
+            "as_ood": {"entropy": {"auroc": auroc_b}, "max_softmax": {"auroc": auroc_b}},
+            "segmentation": {"miou": miou, "ece": ece, "brier": 0.2, "accuracy": 0.9}}
+
+
+# AUROC falls with severity, fog faster; mIoU falls below 0.60 for fog from severity 3; one undefined value
+RESULT = {
+    "methods": {"entropy": {}, "max_softmax": {}},
+    "robustness": {"corruptions": ["fog", "blur"], "severities": [1, 2, 3, 4, 5]},
+    "corrupted": {"sun": {
+        "fog": {str(s): cell(0.97 - 0.04 * s, 0.5 + 0.08 * s, 0.72 - 0.05 * s) for s in range(1, 6)},
+        "blur": {str(s): cell(0.96 - 0.01 * s, 0.5 + 0.02 * s, 0.70 - 0.01 * s) for s in range(1, 6)}}},
+}
+RESULT["corrupted"]["sun"]["blur"]["2"]["ood"]["entropy"]["auroc"] = None
+
+
+def test_the_seeds_criteria_name_the_failing_cells():
+    requirements = parse_requirements({"requirements": [{"require": "auroc >= 0.90", "up_to_severity": 3},
+                                                        {"require": "miou >= 0.60", "up_to_severity": 3}]})
+    result = check_requirements(RESULT, requirements)
+    assert not result["passed"]
+    auroc, miou = result["requirements"]
+    # AUROC: fog 0.93 / 0.89 / 0.85 (entropy), 0.92 / 0.88 / 0.84 (max_softmax); blur fine but entropy's undefined
+    assert auroc["cells"] == 2 * 3 * 2 and not auroc["passed"]
+    assert {(f["corruption"], f["severity"], f["method"]) for f in auroc["failing"]} == {
+        ("fog", 2, "entropy"), ("fog", 3, "entropy"), ("fog", 2, "max_softmax"), ("fog", 3, "max_softmax"),
+        ("blur", 2, "entropy")}
+    # mIoU: fog 0.67 / 0.62 / 0.57: only fog 3 fails
+    assert miou["cells"] == 6 and [(f["corruption"], f["severity"], f["method"]) for f in miou["failing"]] == [
+        ("fog", 3, None)]
+    assert miou["failing"][0]["value"] == pytest.approx(0.57)
+    md = approval_markdown(result)
+    assert "## Type approval: FAIL" in md
+    assert "| miou >= 0.6, severity <= 3 | 6 | **FAIL** | fog 3 / sun: 0.570 |" in md
+    assert "blur 2 / entropy / sun: undefined" in md
+
+
+def test_passing_requirements_and_the_corruption_as_ood_question(tmp_path):
+    path = tmp_path / "req.yaml"
+    path.write_text("requirements:\n"
+                    "  - require: auroc >= 0.60\n    question: corruption_as_ood\n    severities: [3, 4, 5]\n"
+                    "    corruptions: [fog]\n"
+                    "  - name: calibrated\n    require: ece <= 0.1\n"
+                    "  - require: fpr95 < 0.35\n    methods: [max_softmax]\n    corruptions: [blur]\n")
+    result = check_requirements(RESULT, load_requirements(path))
+    assert result["passed"] and [r["cells"] for r in result["requirements"]] == [3 * 2, 10, 5]
+    assert "## Type approval: PASS" in approval_markdown(result) and "| calibrated | 10 | pass | – |" in \
+        approval_markdown(result)
+    failing = check_requirements(RESULT, parse_requirements(
+        {"requirements": [{"require": "auroc > 0.80", "question": "corruption_as_ood", "corruptions": ["fog"]}]}))
+    # fog as OOD: AUROC 0.58, 0.66, 0.74, 0.82, 0.90 for both methods
+    assert [f["severity"] for f in failing["requirements"][0]["failing"]] == [1, 1, 2, 2, 3, 3]
+
+
+@pytest.mark.parametrize("doc, message", [
+    ({"requirements": [{"require": "auroc = 0.9"}]}, "cannot read 'auroc = 0.9'"),
+    ({"requirements": [{"require": "iou >= 0.9"}]}, "unknown metric 'iou'"),
+    ({"requirements": [{"require": "miou >= 0.6", "methods": ["entropy"]}]}, "takes no methods"),
+    ({"requirements": [{"require": "auroc >= 0.9", "question": "what"}]}, "question must be one of"),
+    ({"requirements": [{"require": "auroc >= 0.9", "severity": 3}]}, "unknown fields \\['severity'\\]"),
+    ({"requirements": [{"require": "auroc >= 0.9", "severities": [0, 6]}]}, "a list of levels 1-5"),
+    ({"require": "auroc >= 0.9"}, "expected 'requirements:'"),
+])
+def test_bad_requirements_are_clear_errors(doc, message):
+    with pytest.raises(ValueError, match=message):
+        parse_requirements(doc)
+
+
+def test_names_the_run_lacks_are_errors():
+    with pytest.raises(ValueError, match=r"the run has no corruptions \['snow'\]"):
+        check_requirements(RESULT, parse_requirements({"requirements": [{"require": "miou >= 0.5",
+                                                                         "corruptions": ["snow"]}]}))
+    with pytest.raises(ValueError, match=r"the run has no methods \['odin'\]"):
+        check_requirements(RESULT, parse_requirements({"requirements": [{"require": "auroc >= 0.5",
+                                                                         "methods": ["odin"]}]}))

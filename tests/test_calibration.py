@@ -1,0 +1,101 @@
+"""CalibrationAccumulator against a naive per-pixel reference; merge, split and save invariance."""
+
+import numpy as np
+import pytest
+import torch
+
+from segood.metrics.calibration import CalibrationAccumulator
+
+
+def naive(probs, target, num_bins=15):
+    """The literal definitions, pixel by pixel: ECE over bins (k/B, (k+1)/B] (the first closed at 0), Brier."""
+    probs, target = np.asarray(probs, np.float64), np.asarray(target)
+    members = [[] for _ in range(num_bins)]
+    brier, n = 0.0, 0
+    for i in range(probs.shape[0]):
+        for y in range(probs.shape[2]):
+            for x in range(probs.shape[3]):
+                t = int(target[i, y, x])
+                if t == 255:
+                    continue
+                p = probs[i, :, y, x]
+                confidence = float(np.float32(p.max()))
+                predicted = int(np.argmax(p))  # the first maximum
+                k = next(k for k in range(num_bins) if confidence <= (k + 1) / num_bins or k == num_bins - 1)
+                members[k].append((confidence, predicted == t))
+                brier += sum((p[c] - (c == t)) ** 2 for c in range(len(p)))
+                n += 1
+    ece = sum(len(m) / n * abs(np.mean([h for _, h in m]) - np.mean([c for c, _ in m])) for m in members if m)
+    return ece, brier / n
+
+
+def random_case(seed, n=2, c=5, h=6, w=7, sharp=3.0):
+    rng = np.random.default_rng(seed)
+    probs = torch.softmax(torch.from_numpy(rng.normal(0, sharp, (n, c, h, w))).float(), dim=1)
+    target = rng.integers(0, c, (n, h, w))
+    target[rng.random((n, h, w)) < 0.2] = 255
+    return probs, torch.from_numpy(target)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ece_and_brier_equal_the_naive_reference(seed):
+    probs, target = random_case(seed)
+    got = CalibrationAccumulator().update(probs, target).compute()
+    ece, brier = naive(probs.numpy(), target.numpy())
+    assert got["ece"] == pytest.approx(ece, abs=1e-6) and got["brier"] == pytest.approx(brier, abs=1e-6)
+    assert got["n_pixels"] == int((target != 255).sum())
+
+
+def test_edges_and_ties():
+    # confidences exactly on bin edges (k/15 falls in bin k-1), ties between classes (the first one wins), 1.0
+    probs = torch.tensor([[1.0, 0.0], [0.5, 0.5], [2 / 3, 1 / 3], [0.2, 0.8]]).T.reshape(1, 2, 1, 4)
+    target = torch.tensor([[[0, 1, 0, 1]]])
+    got = CalibrationAccumulator().update(probs, target).compute()
+    ece, brier = naive(probs.numpy(), target.numpy())
+    assert got["ece"] == pytest.approx(ece, abs=1e-7) and got["brier"] == pytest.approx(brier, abs=1e-7)
+    assert got["bins"]["count"][14] == 1 and got["bins"]["count"][7] == 1 and sum(got["bins"]["count"]) == 4
+    assert got["bins"]["accuracy"][7] == 0.0  # the tie at 0.5 predicts class 0, the target is 1
+
+
+def test_perfectly_confident_and_right_is_zero_and_all_ignored_is_undefined():
+    probs = torch.zeros(1, 3, 2, 2)
+    probs[:, 1] = 1
+    assert CalibrationAccumulator().update(probs, torch.ones(1, 2, 2, dtype=torch.long)).compute()["ece"] == 0.0
+    empty = CalibrationAccumulator().update(probs, torch.full((1, 2, 2), 255)).compute()
+    assert np.isnan(empty["ece"]) and np.isnan(empty["brier"]) and empty["n_pixels"] == 0
+
+
+def test_split_merge_and_saved_state_equal_one_pass(tmp_path):
+    probs, target = random_case(7, n=4)
+    whole = CalibrationAccumulator().update(probs, target)
+    parts = [CalibrationAccumulator().update(probs[i : i + 1], target[i : i + 1]) for i in range(4)]
+    merged = parts[0]
+    for part in parts[1:]:
+        merged.merge(part)
+    for key in ("count", "correct"):
+        assert (getattr(merged, key) == getattr(whole, key)).all()
+    assert merged.compute()["ece"] == pytest.approx(whole.compute()["ece"], abs=1e-12)
+    assert merged.compute()["brier"] == pytest.approx(whole.compute()["brier"], abs=1e-12)
+    whole.save(tmp_path / "cal.npz")
+    loaded = CalibrationAccumulator.load(tmp_path / "cal.npz")
+    assert loaded.compute()["ece"] == whole.compute()["ece"] and loaded.compute()["brier"] == whole.compute()["brier"]
+    with np.load(tmp_path / "cal.npz", allow_pickle=False) as f:
+        assert {k: f[k].dtype.kind for k in f.files} == {"format": "U", "count": "i", "correct": "i",
+                                                        "confidence": "f", "brier": "f"}
+
+
+def test_bad_inputs_and_states_are_clear_errors():
+    probs, target = random_case(0)
+    with pytest.raises(ValueError, match=r"probs must be \(N, C, H, W\)"):
+        CalibrationAccumulator().update(probs[0], target)
+    with pytest.raises(ValueError, match="target classes must be in 0..4 or 255"):
+        CalibrationAccumulator().update(probs, torch.full_like(target, 7))
+    with pytest.raises(ValueError, match="NaN"):
+        CalibrationAccumulator().update(probs * float("nan"), target)
+    state = CalibrationAccumulator().update(probs, target).state_dict()
+    with pytest.raises(ValueError, match="impossible"):
+        CalibrationAccumulator.from_state_dict({**state, "correct": state["count"] + 1})
+    with pytest.raises(ValueError, match="lacks 'brier'"):
+        CalibrationAccumulator.from_state_dict({k: v for k, v in state.items() if k != "brier"})
+    with pytest.raises(ValueError, match="15 bins"):
+        CalibrationAccumulator().merge(CalibrationAccumulator(10))

@@ -1,0 +1,191 @@
+"""``segood robustness`` end to end on a tiny generated set and a tiny real network, against direct computations."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from segood.cli import main
+from segood.data.h5 import H5SegmentationDataset
+from segood.evaluation import evaluate
+from segood.methods import get_method
+from segood.metrics import METRIC_NAMES, exact_metrics, make_accumulator
+from segood.metrics.calibration import CalibrationAccumulator
+from segood.metrics.segmentation import confusion_matrix, mean_iou
+from segood.models import build_model, preprocess, save_checkpoint
+from segood.robustness import CorruptedSet
+from segood.robustness.suite import corruption_as_ood, robustness
+
+from rawtrees import mixed_noise_sets
+
+METHODS = ["max_softmax", "entropy"]
+OPTIONS = {"corruptions": ["fog", "rotation"], "severities": [1, 3], "seed": 4, "batch_size": 1, "progress": False}
+
+
+@pytest.fixture(scope="module")
+def sets(tmp_path_factory):
+    return mixed_noise_sets(tmp_path_factory.mktemp("robustness_sets"), kinds=("perlin",), noise_frames=2,
+                            cityscapes_frames=2)
+
+
+@pytest.fixture(scope="module")
+def whole(sets, tmp_path_factory):
+    out = tmp_path_factory.mktemp("robustness_run") / "run"
+    requirements = out.parent / "req.yaml"
+    requirements.write_text("requirements:\n  - require: auroc >= 0.0\n    up_to_severity: 3\n"
+                            "  - require: miou >= 0.99\n    corruptions: [fog]\n")
+    return out, robustness(model(), [sets / "perlin_mixed.h5"], METHODS, out, requirements=requirements, **OPTIONS)
+
+
+def model():
+    torch.manual_seed(0)
+    return build_model("pspnet", "resnet18", head="plain").eval()
+
+
+def direct(net, dataset):
+    """The reference, frame by frame: each method's accumulator, the confusion matrix, the calibration, and the
+    scores and labels themselves."""
+    accs = {m: make_accumulator() for m in METHODS}
+    confusion, calibration, frames = np.zeros((19, 19), np.int64), CalibrationAccumulator(), []
+    for i in range(len(dataset)):
+        item = dataset[i]
+        x = preprocess(item["image"][None])
+        with torch.no_grad():
+            logits = net(x).logits
+        scores = {m: get_method(m).score(net, x)[0] for m in METHODS}
+        for m in METHODS:
+            accs[m].update(scores[m], item["ood_mask"][None])
+        confusion += confusion_matrix(logits.argmax(1)[0].numpy(), item["semantic"].numpy(), 19)
+        calibration.update(torch.softmax(logits, 1), item["semantic"][None])
+        frames.append((scores, item["ood_mask"].numpy()))
+    return accs, confusion, calibration, frames
+
+
+def test_every_cell_equals_a_direct_computation(sets, whole):
+    out, doc = whole
+    net = model()
+    clean = H5SegmentationDataset(sets / "perlin_mixed.h5")
+    ref_clean = direct(net, clean)
+    for corruption in ("fog", "rotation"):
+        for level in (1, 3):
+            accs, confusion, calibration, frames = direct(net, CorruptedSet(clean, corruption, level, seed=4))
+            cell = doc["corrupted"]["perlin_mixed"][corruption][str(level)]
+            for m in METHODS:  # (a): the corrupted set's own OOD and ID pixels
+                reference = accs[m].compute()
+                for metric in METRIC_NAMES:
+                    assert cell["ood"][m][metric] == pytest.approx(reference[metric], abs=1e-12)
+                # (b): clean ID pixels negative, corrupted ID pixels positive, straight from the pixels
+                scores = np.concatenate([f[0][m].numpy().ravel() for f in ref_clean[3]]
+                                        + [f[0][m].numpy().ravel() for f in frames])
+                labels = np.concatenate([np.where(f[1] == 0, 0, 255).ravel() for f in ref_clean[3]]
+                                        + [np.where(f[1] == 0, 1, 255).ravel() for f in frames]).astype(np.uint8)
+                pooled = make_accumulator().update(scores, labels).compute()
+                for metric in METRIC_NAMES:
+                    assert cell["as_ood"][m][metric] == pytest.approx(pooled[metric], abs=1e-12)
+                exact = exact_metrics(scores[labels != 255], labels[labels != 255])
+                assert cell["as_ood"][m]["auroc"] == pytest.approx(exact["auroc"], abs=2e-3)
+            assert cell["segmentation"]["miou"] == pytest.approx(mean_iou(confusion)[0], abs=1e-12)
+            assert cell["segmentation"]["ece"] == pytest.approx(calibration.compute()["ece"], abs=1e-9)
+            assert cell["segmentation"]["brier"] == pytest.approx(calibration.compute()["brier"], abs=1e-9)
+    # the clean set is what segood evaluate reports
+    plain = evaluate(model(), [sets / "perlin_mixed.h5"], METHODS, out.parent / "plain", batch_size=1,
+                     progress=False, figures=False)
+    for m in METHODS:
+        for metric in METRIC_NAMES:
+            assert doc["clean"]["perlin_mixed"]["ood"][m][metric] == plain["results"][m]["perlin_mixed"]["pooled"][metric]
+
+
+def test_report_files_figures_and_approval(whole):
+    out, doc = whole
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["schema"] == "segood.robustness/1" and saved["robustness"]["severities"] == [1, 3]
+    assert saved["config"]["robustness"]["levels"]["fog"] == {"f": [0.3, 0.4, 0.5, 0.6, 0.7]}
+    assert saved["approval"]["requirements"][0]["passed"] and not saved["approval"]["passed"]
+    assert [(f["corruption"], f["severity"]) for f in saved["approval"]["requirements"][1]["failing"]] == [
+        ("fog", 1), ("fog", 3)]
+    md = (out / "results.md").read_text()
+    assert "### Network: mIoU ↑" in md and "(b) corruption as OOD: AUROC ↑, mean over corruptions" in md
+    assert "## Type approval: FAIL" in md and "| fog | f 0.3 |" in md
+    figures = {p.name for p in (out / "figures").iterdir()}
+    assert {"ood_auroc_perlin_mixed.png", "ood_fpr95_perlin_mixed.png", "as_ood_auroc_perlin_mixed.png",
+            "network_perlin_mixed.png", "examples_perlin_mixed_fog.png", "examples_perlin_mixed_rotation.png",
+            "contact_sheet.png"} <= figures
+    assert all((out / "figures" / f).stat().st_size > 5000 for f in figures)
+    # the rotation corrupts the masks too: its invented corners are ignore, counted as such
+    assert doc["corrupted"]["perlin_mixed"]["rotation"]["3"]["ood"]["entropy"]["n_id"] < \
+        doc["clean"]["perlin_mixed"]["ood"]["entropy"]["n_id"]
+    # rebuilt from the saved state alone; re-checked against other requirements
+    (out / "results.json").unlink()
+    assert main(["report", str(out)]) == 0 and json.loads((out / "results.json").read_text())["corrupted"] == \
+        saved["corrupted"]
+    passing = out.parent / "pass.yaml"
+    passing.write_text("requirements:\n  - require: brier <= 2\n")
+    assert main(["approve", str(out), str(passing)]) == 0
+    assert main(["approve", str(out), str(out.parent / "req.yaml")]) == 1
+
+
+def killed_after(net, calls_allowed):
+    original, calls = net.forward, []
+
+    def forward(x):
+        calls.append(1)
+        if len(calls) > calls_allowed:
+            raise KeyboardInterrupt
+        return original(x)
+
+    return forward
+
+
+def test_resume_after_a_kill_equals_an_uninterrupted_run(sets, whole, tmp_path, monkeypatch):
+    _, doc = whole
+    net = model()
+    original = net.forward
+    monkeypatch.setattr(net, "forward", killed_after(net, 9))  # dies in the third of five sets
+    with pytest.raises(KeyboardInterrupt):
+        robustness(net, [sets / "perlin_mixed.h5"], METHODS, tmp_path / "killed", save_every=1, figures=False,
+                   **OPTIONS)
+    monkeypatch.setattr(net, "forward", original)
+    resumed = robustness(net, [sets / "perlin_mixed.h5"], METHODS, tmp_path / "killed", resume=True, figures=False,
+                         **OPTIONS)
+    assert resumed["corrupted"] == doc["corrupted"] and resumed["clean"] == doc["clean"]
+    assert resumed["timings"]["images"] == doc["timings"]["images"] == 4 * 5
+    with pytest.raises(ValueError, match="holds a different run"):  # other corruptions: not this run's state
+        robustness(net, [sets / "perlin_mixed.h5"], METHODS, tmp_path / "killed", resume=True,
+                   **{**OPTIONS, "corruptions": ["blur"]})
+
+
+def test_cli_and_clear_errors(sets, tmp_path):
+    net = model()
+    save_checkpoint(tmp_path / "m.pt", net)
+    assert main(["robustness", "--checkpoint", str(tmp_path / "m.pt"), "--sets", str(sets / "perlin_mixed.h5"),
+                 "--methods", "entropy", "--corruptions", "jpeg", "--severities", "5", "--out", str(tmp_path / "c"),
+                 "--quiet"]) == 0
+    doc = json.loads((tmp_path / "c/results.json").read_text())
+    assert list(doc["corrupted"]["perlin_mixed"]) == ["jpeg"] and list(doc["corrupted"]["perlin_mixed"]["jpeg"]) == ["5"]
+    with pytest.raises(KeyError, match="unknown corruption 'smog'"):
+        robustness(net, [sets / "perlin_mixed.h5"], METHODS, tmp_path / "e", corruptions=["smog"])
+    with pytest.raises(ValueError, match="severity of fog must be one of"):
+        robustness(net, [sets / "perlin_mixed.h5"], METHODS, tmp_path / "e", corruptions=["fog"], severities=[6])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("requirements:\n  - require: auroc = 1\n")
+    with pytest.raises(ValueError, match="cannot read 'auroc = 1'"):  # before any frame is evaluated
+        robustness(net, [sets / "perlin_mixed.h5"], METHODS, tmp_path / "e", requirements=bad)
+    assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.parametrize("grid", [{"kind": "float", "mantissa_bits": 10},
+                                  {"kind": "linear", "num_thresholds": 64, "score_range": [0.0, 1.0]}])
+def test_corruption_as_ood_equals_relabelled_pixels(grid):
+    rng = np.random.default_rng(0)
+    clean_scores, corrupted_scores = rng.random((2, 50)), rng.random((2, 50)) * 0.5 + 0.4
+    clean_labels, corrupted_labels = rng.choice([0, 1, 255], (2, 50)), rng.choice([0, 1, 255], (2, 50))
+    clean = make_accumulator(grid, per_image=True).update(clean_scores, clean_labels.astype(np.uint8))
+    corrupted = make_accumulator(grid, per_image=True).update(corrupted_scores, corrupted_labels.astype(np.uint8))
+    reference = make_accumulator(grid).update(
+        np.concatenate([clean_scores.ravel(), corrupted_scores.ravel()]),
+        np.concatenate([np.where(clean_labels == 0, 0, 255).ravel(),
+                        np.where(corrupted_labels == 0, 1, 255).ravel()]).astype(np.uint8))
+    got = corruption_as_ood(clean, corrupted)
+    assert (got.curve_counts()[1] == reference.curve_counts()[1]).all()
+    assert got.compute()["auroc"] == reference.compute()["auroc"]
