@@ -99,6 +99,8 @@ def _relabel(acc, id_row, ood_row):
     state[key] = np.stack([empty if r is None else np.take(counts, r, axis) for r in (id_row, ood_row)], axis=axis)
     state.update(n_ignored=np.array(0, np.int64), n_images=np.array(0, np.int64),
                  per_image_sum=np.zeros_like(state["per_image_sum"]), per_image_defined=np.array(0, np.int64))
+    for name in ("image_offsets", "image_keys", "image_counts", "image_values"):  # (no per-image counts either)
+        state.pop(name, None)
     return accumulator_from_state(state)
 
 
