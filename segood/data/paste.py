@@ -239,6 +239,9 @@ def render(image, source, polygon, scale, offset, box, mask, blend):
         context = image[np.ix_(rows, cols)]  # the frame around the object, edges replicated past the frame
         clone_mask = np.zeros(context.shape[:2], np.uint8)
         clone_mask[pad:pad + h, pad:pad + w][mask] = 255
+        # OpenCV keeps the domain's outermost pixels as they are (the boundary condition): one pixel wider, every
+        # pasted pixel is solved for (and a domain under 3 pixels across, which OpenCV refuses, cannot occur)
+        clone_mask = cv2.dilate(clone_mask, np.ones((3, 3), np.uint8))
         bx, by, bw, bh = cv2.boundingRect(clone_mask)  # OpenCV centres the mask's bounding box on this point:
         cloned = cv2.seamlessClone(warped, context, clone_mask, (bx + bw // 2, by + bh // 2), cv2.NORMAL_CLONE)
         region[mask] = cloned[pad:pad + h, pad:pad + w][mask]  # with same-size canvases, nothing moves
