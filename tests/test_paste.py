@@ -80,36 +80,41 @@ def test_polygon_mask_on_random_polygons():
 
 
 def expected_masks(adapter, ref, pastes):
-    """The frame's own labels with every recorded paste rasterised by the literal loop, in order."""
+    """The frame's own labels with every recorded paste rasterised by the literal loop, in order; and how many
+    pastes a later one covers in part."""
     frame = Cityscapes(adapter.frames.root, adapter.split).load(ref)
     ood_mask, semantic = frame.ood_mask.copy(), frame.semantic.copy()
     objects = {o.key: o for o in adapter.ood_objects + adapter.id_objects}
+    overlapped = 0
     for paste in pastes:
         obj = objects[paste["object"]]
         points = np.asarray(obj.polygon) * paste["scale"] + paste["offset"]
         mask = reference_mask(points, *ood_mask.shape)
+        overlapped += paste["pixels"] < mask.sum()
         ood_mask[mask] = OOD if paste["role"] == "ood" else ID
         semantic[mask] = IGNORE if paste["role"] == "ood" else CLASS_NAMES.index(paste["class"])
         assert paste["pixels"] <= mask.sum()
-    return frame, ood_mask, semantic
+    return frame, ood_mask, semantic, overlapped
 
 
 @pytest.mark.parametrize("objects", ["demo", "sun"])
 def test_masks_are_the_pasted_polygons_pixel_for_pixel(trees, objects):
-    adapter = Paste(trees / "cs", "val", "demo" if objects == "demo" else trees / "sun", per_frame=3, negatives=1,
+    adapter = Paste(trees / "cs", "val", "demo" if objects == "demo" else trees / "sun", per_frame=5, negatives=2,
                     seed=5)
     assert adapter.ood_objects and adapter.id_objects
-    roles = set()
+    roles, overlapped = set(), 0
     for ref in adapter.refs():
         sample = adapter.load(ref)
         pastes = sample.extra["pastes"]
         roles |= {p["role"] for p in pastes}
-        frame, ood_mask, semantic = expected_masks(adapter, ref, pastes)
+        frame, ood_mask, semantic, overlaps = expected_masks(adapter, ref, pastes)
+        overlapped += overlaps
         np.testing.assert_array_equal(sample.ood_mask, ood_mask)
         np.testing.assert_array_equal(sample.semantic, semantic)
         changed = (sample.ood_mask != frame.ood_mask) | (sample.semantic != frame.semantic)
         assert sum(p["pixels"] for p in pastes) >= changed.sum() > 0  # a paste over its own class changes none
     assert roles == {"ood", "id"}
+    assert overlapped > 0  # so the order in which pastes win was checked too
 
 
 def test_placement_on_the_ground_scaled_by_distance_below_the_horizon(trees):
