@@ -8,7 +8,8 @@ compression see photo-like content): Cityscapes (PNG + labelIds, 1024x2048), IDD
 RoadAnomaly21 (JPEG, 1024x2048), RoadObstacle21 (WebP, 1080x1920), LostAndFound (PNG with gAMA chunks,
 1024x2048), Fishyscapes Lost & Found (labels over those LostAndFound frames), Fishyscapes Static (Cityscapes
 frame + int16 overlay .npz), StreetHazards (PNG, 720x1280), BDD-Anomaly (JPEG, 720x1280) and Road Anomaly (WebP,
-720x1280). Prints frames/s of ``convert`` in-process and with a 2-process pool (``--only NAME`` for some rows), then frames/s of reading the Cityscapes set through ``H5SegmentationDataset`` with a
+720x1280), and pasted-object sets (``paste``: the SUN objects onto the Cityscapes frames, two OOD objects and
+one ID negative per frame, each blending). Prints frames/s of ``convert`` in-process and with a 2-process pool (``--only NAME`` for some rows), then frames/s of reading the Cityscapes set through ``H5SegmentationDataset`` with a
 DataLoader of 0, 1 and 2 workers, with the per-frame sha256 check and without it (``verify=False``).
 """
 
@@ -142,7 +143,13 @@ def main():
                                                                                                      w / "cs"),
                 "streethazards (PNG 720x1280)": lambda: get_adapter("streethazards")(w / "streethazards", "test"),
                 "bdd_anomaly (JPEG 720x1280)": lambda: get_adapter("bdd_anomaly")(w / "bdd", "test"),
-                "road_anomaly (WebP 720x1280)": lambda: get_adapter("road_anomaly")(w / "road_anomaly")}
+                "road_anomaly (WebP 720x1280)": lambda: get_adapter("road_anomaly")(w / "road_anomaly"),
+                **{f"paste (SUN objects onto Cityscapes PNG, --blend {blend})":
+                   (lambda blend=blend: get_adapter("paste")(w / "cs", "val", w / "sun", blend=blend, per_frame=2,
+                                                             negatives=1)) for blend in ("none", "feather", "seamless")},
+                "paste (demo objects, --blend seamless)": lambda: get_adapter("paste")(w / "cs", "val", "demo",
+                                                                                       blend="seamless", per_frame=2,
+                                                                                       negatives=1)}
     if args.only:
         adapters = {k: v for k, v in adapters.items() if any(word in k for word in args.only)}
     print(f"{args.frames} frames per source, output at each adapter's native size (1024x2048 unless named)\n")

@@ -1,13 +1,15 @@
 """The embedded default benchmark: the whole paper pipeline on generated data, on a laptop CPU in minutes.
 
 1. Generate raw trees in the published layouts (Cityscapes, IDD, SUN2012; ``segood.data.synthetic``), cached in
-   ``datasets/demo/raw``; make Perlin and normal noise sets.
+   ``datasets/demo/raw``; make Perlin and normal noise sets, and a pasted-object set (generated objects pasted
+   onto the Cityscapes-format val frames, ``segood.data.paste``, in the spirit of Fishyscapes Static).
 2. Convert them with the real converters and mix each OOD set with Cityscapes-format val frames (as the paper
-   does); the tuning set is the SUN tune split mixed with Cityscapes-format train frames.
+   does; the pasted-object set already holds those frames); the tuning set is the SUN tune split mixed with
+   Cityscapes-format train frames.
 3. Load the shipped checkpoints (one small PSPNet per head, ``checkpoints/demo_*.pt``) or, with ``retrain``,
    train them with the project's own training code.
 4. Tune ODIN's temperature on the tuning set only (ε = 0), fit Mahalanobis on the training split, evaluate all
-   seven methods on the four sets, and combine the four runs into one report.
+   seven methods on the five sets, and combine the four runs into one report.
 """
 
 import json
@@ -19,6 +21,7 @@ import torch
 
 from segood.data import IDD, Cityscapes, Noise, Sun, convert, mix
 from segood.data.h5 import H5SegmentationDataset
+from segood.data.paste import Paste
 from segood.data.synthetic import write_cityscapes_tree, write_idd_tree, write_sun_tree
 from segood.evaluation import Evaluation, combine_runs, evaluate
 from segood.evaluation.layout import RunFolder
@@ -38,6 +41,8 @@ TRAIN = {"arch": "pspnet", "encoder": "mobilenet_v2", "epochs": 12, "batch_size"
 # The demo's frames are 128x256: SMIYC's obstacle size filters (50 / 10 px) suit them; the anomaly track's
 # (500 / 100 px) are for 1024x2048.
 COMPONENT_PRESET = "obstacle"
+#: The pasted-object set: two generated OOD objects and one ID negative (a car or a person) per val frame, feathered
+PASTE = {"objects": "demo", "blend": "feather", "per_frame": 2, "negatives": 1}
 METHODS_BY_HEAD = {"plain": ["max_softmax", "odin", "entropy", "max_logit", "energy", "sml"], "dimreduce": ["mahalanobis"],
                    "dropout": ["varsum", "mutual_info"], "confidence": ["confidence"]}
 
@@ -61,7 +66,8 @@ def prepare_data(data_dir, scale, seed=0, progress=True):
                "sun_tune": Sun(raw / "sun2012", "tune", seed=seed),
                "sun_eval": Sun(raw / "sun2012", "eval", seed=seed),
                "perlin": Noise("perlin", scale["noise"], size=size, seed=seed),
-               "normal": Noise("normal", scale["noise"], size=size, seed=seed)}
+               "normal": Noise("normal", scale["noise"], size=size, seed=seed),
+               "paste": Paste(raw / "cityscapes", "val", seed=seed, **PASTE)}
     sets = {}
     for name, adapter in sources.items():
         path = data_dir / f"{name}.h5"
@@ -128,6 +134,7 @@ def run_demo(out_dir="runs/demo", data_dir="datasets/demo", *, seed=0, quick=Fal
     checkpoints = demo_checkpoints(sets, retrain=retrain, directory=checkpoints_dir,
                                    epochs=2 if quick else None, progress=progress)
     evaluation_sets = {name: sets[f"mixed_{name}"] for name in ("sun", "idd", "perlin", "normal")}
+    evaluation_sets["paste"] = sets["paste"]  # pasted onto the val frames: ID and OOD pixels in every frame
     tune_loader = torch.utils.data.DataLoader(H5SegmentationDataset(sets["mixed_tune"]), batch_size=8)
     out_dir = Path(out_dir)
     runs = []

@@ -59,7 +59,7 @@ def test_reduced_demo_end_to_end_with_the_shipped_checkpoints(tmp_path, capsys):
     assert set(doc["results"]) == {"max_softmax", "odin", "entropy", "mahalanobis", "varsum", "mutual_info",
                                    "confidence", "max_logit", "energy", "sml"}
     for by_set in doc["results"].values():
-        assert set(by_set) == {"sun", "idd", "perlin", "normal"}
+        assert set(by_set) == {"sun", "idd", "perlin", "normal", "paste"}
         for r in by_set.values():
             assert all(0.0 <= r["pooled"][m] <= 1.0 for m in ("auroc", "auprc", "fpr95", "max_iou"))
             assert r["n_ood"] > 0 and r["n_id"] > 0

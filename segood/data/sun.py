@@ -183,22 +183,8 @@ class Sun(Adapter):
         if declared is not None and declared != (height, width):
             raise SkipFrame(f"the XML's imagesize is {declared[0]}x{declared[1]} but the image is {height}x{width} "
                             "on its stored pixel grid: the polygons would not fit the image")
-        names, polygons = [], []
-        for obj in root.iter("object"):
-            if (obj.findtext("deleted") or "0").strip() == "1":
-                continue
-            polygon = obj.find("polygon")
-            if polygon is None:
-                continue
-            if (polygon.findtext("username") or "").strip().lower() == "anonymous":
-                continue  # the paper: validity not confirmed
-            try:
-                points = [(float(pt.findtext("x")), float(pt.findtext("y"))) for pt in polygon.iter("pt")]
-            except (TypeError, ValueError):
-                raise SkipFrame(f"polygon {len(polygons)} has a non-numeric point") from None
-            if len(points) >= 3:
-                names.append(obj.findtext("name") or "")
-                polygons.append(points)  # PIL clips what lies outside the image
+        kept = kept_polygons(root)
+        names, polygons = [name for name, _ in kept], [points for _, points in kept]  # PIL clips what lies outside
         if not polygons:
             raise SkipFrame("empty annotation: no kept polygon")
         painted = rasterise(polygons, height, width, names)
@@ -209,6 +195,28 @@ class Sun(Adapter):
         stats = [(raw, *self.label_map.lookup(raw), int(px)) for raw, px in zip(names, pixels)]
         return Sample(image, ood_lut[painted], semantic_lut[painted], self.frame_id(xml_path),
                       {"polygons": stats, "pixels": height * width})
+
+
+def kept_polygons(annotation):
+    """[(raw name, [(x, y), ...])] of the polygons a LabelMe annotation keeps, in file order: deleted objects,
+    objects without a polygon, polygons submitted by ``anonymous`` (the paper: validity not confirmed) and
+    polygons of fewer than 3 points are left out. :class:`SkipFrame` when a point is not numeric."""
+    kept = []
+    for obj in annotation.iter("object"):
+        if (obj.findtext("deleted") or "0").strip() == "1":
+            continue
+        polygon = obj.find("polygon")
+        if polygon is None:
+            continue
+        if (polygon.findtext("username") or "").strip().lower() == "anonymous":
+            continue
+        try:
+            points = [(float(pt.findtext("x")), float(pt.findtext("y"))) for pt in polygon.iter("pt")]
+        except (TypeError, ValueError):
+            raise SkipFrame(f"polygon {len(kept)} has a non-numeric point") from None
+        if len(points) >= 3:
+            kept.append((obj.findtext("name") or "", points))
+    return kept
 
 
 def split_tune_eval(refs, seed):

@@ -319,6 +319,53 @@ def write_sun_tree(root, seed=2, count=32, size=(720, 960), small=2):
         xml_path.write_text("".join(parts))
 
 
+# Objects to paste (``segood convert paste --objects demo``): (name, colour); names go through label_maps/sun.yaml
+_PASTE_OOD = [("fire hydrant", (220, 40, 30)), ("mailbox", (30, 60, 160)), ("traffic cone", (250, 120, 20)),
+              ("sofa", (110, 40, 60)), ("suitcase", (60, 140, 150)), ("dog", (150, 110, 70)), ("barrel", (40, 110, 60)),
+              ("armchair", (170, 150, 40))]
+_PASTE_ID = [("car", None), ("person", None)]
+
+
+def paste_objects(seed=0, count=24):
+    """Polygon-annotated objects for the paste generator: ``count`` (name, polygon [(x, y), ...], image (h, w, 3)
+    uint8 RGB) with the polygon in the image's pixel coordinates; most are novel things (striped or
+    speckled blobs named fire hydrant, mailbox, traffic cone, ...), every fourth a car or a person (ID
+    negatives). Deterministic per seed."""
+    rng = np.random.default_rng(seed)
+    objects = []
+    for k in range(count):
+        name, colour = _PASTE_ID[(k // 4) % 2] if k % 4 == 3 else _PASTE_OOD[int(rng.integers(len(_PASTE_OOD)))]
+        height, width = int(rng.integers(40, 96)), int(rng.integers(40, 96))
+        cy, cx = height / 2, width / 2
+        if name == "car":  # a body with a cabin
+            height = int(width * rng.uniform(0.5, 0.7))
+            points = [(2, height - 3), (2, height * 0.45), (width * 0.25, height * 0.4), (width * 0.35, 2), (width * 0.7, 2),
+                      (width * 0.8, height * 0.4), (width - 3, height * 0.45), (width - 3, height - 3)]
+            colour = rng.uniform(20, 230, 3)
+        elif name == "person":  # a head above a tapering body
+            width = int(height * rng.uniform(0.3, 0.4))
+            points = [(cx - width * 0.12, 2), (cx + width * 0.12, 2), (cx + width * 0.15, height * 0.15),
+                      (width - 2, height * 0.25), (width * 0.7, height - 2), (width * 0.3, height - 2),
+                      (1, height * 0.25), (cx - width * 0.15, height * 0.15)]
+            colour = rng.uniform(20, 200, 3)
+        else:  # a star-convex blob of 6 to 10 vertices
+            n = int(rng.integers(6, 11))
+            u = np.sort(rng.uniform(0, 4, n))  # around a square's perimeter, normalised: directions without
+            side, f = u.astype(int), u % 1       # trigonometry (the same bytes on every machine)
+            dx = np.choose(side, [np.ones(n), 1 - 2 * f, -np.ones(n), -1 + 2 * f])
+            dy = np.choose(side, [-1 + 2 * f, np.ones(n), 1 - 2 * f, -np.ones(n)])
+            radii = rng.uniform(0.55, 1.0, n) / np.sqrt(dx * dx + dy * dy)
+            points = list(zip(cx + (cx - 2) * radii * dx, cy + (cy - 2) * radii * dy))
+        image = np.empty((height, width, 3), np.float32)
+        image[:] = np.asarray(colour, np.float32) * rng.uniform(0.8, 1.2)
+        if k % 2:  # stripes
+            image[(np.add.outer(np.arange(height), np.arange(width)) // 4) % 2 == 1] *= 0.5
+        image += rng.normal(0, 10, image.shape)
+        points = [(round(float(x), 2), round(float(y), 2)) for x, y in points]
+        objects.append((name, points, np.clip(image, 0, 255).astype(np.uint8)))
+    return objects
+
+
 def tree_sha256(root):
     """sha256 over the sorted relative paths and bytes of every file under ``root`` (determinism checks)."""
     digest = hashlib.sha256()
