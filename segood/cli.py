@@ -186,6 +186,16 @@ def _analysis_options(args):
             "commit_on": args.commit_on}
 
 
+def add_model_options(parser):
+    from pathlib import Path
+
+    parser.add_argument("--checkpoint", type=Path, help="a segood checkpoint")
+    parser.add_argument("--arch", help="with --encoder and --weights: a plain smp model and its state dict "
+                                       "(any smp architecture name, e.g. pspnet, deeplabv3plus)")
+    parser.add_argument("--encoder")
+    parser.add_argument("--weights", type=Path)
+
+
 def add_analysis_options(parser):
     parser.add_argument("--commit-on", metavar="SET", help="a set of the run (by name) to commit thresholds on by "
                         "each rule (tpr95, balanced_accuracy, f1, iou), applied unchanged to every set; without it "
@@ -394,11 +404,7 @@ def build_parser():
     miou.set_defaults(run=_miou)
 
     ev = sub.add_parser("evaluate", help="evaluate OOD methods of a model on converted sets; tables and figures")
-    ev.add_argument("--checkpoint", type=Path, help="a segood checkpoint")
-    ev.add_argument("--arch", help="with --encoder and --weights: a plain smp model and its state dict "
-                                   "(any smp architecture name, e.g. pspnet, deeplabv3plus)")
-    ev.add_argument("--encoder")
-    ev.add_argument("--weights", type=Path)
+    add_model_options(ev)
     ev.add_argument("--feature-layer", help="for external models: the layer Mahalanobis models")
     ev.add_argument("--sets", type=Path, nargs="+", required=True, help="converted evaluation sets (.h5)")
     ev.add_argument("--methods", nargs="+", default=["all"], choices=["all", *METHODS], metavar="METHOD",
@@ -425,10 +431,7 @@ def build_parser():
 
     proto = sub.add_parser("protocol", help="the cross-source protocol: tune and commit thresholds on each tuning "
                                             "set, test on every test set; a matrix per method and its headline")
-    proto.add_argument("--checkpoint", type=Path, help="a segood checkpoint")
-    proto.add_argument("--arch", help="with --encoder and --weights: a plain smp model and its state dict")
-    proto.add_argument("--encoder")
-    proto.add_argument("--weights", type=Path)
+    add_model_options(proto)
     proto.add_argument("--tune-sets", type=Path, nargs="+", required=True, help="converted tuning sets, one per source")
     proto.add_argument("--test-sets", type=Path, nargs="+", required=True, help="converted test sets")
     proto.add_argument("--methods", nargs="+", required=True, choices=list(METHODS), metavar="METHOD")
@@ -442,13 +445,9 @@ def build_parser():
     proto.add_argument("--quiet", action="store_true")
     proto.set_defaults(run=_protocol)
 
-
     rob = sub.add_parser("robustness", help="evaluate under corruptions at 5 severities: OOD metrics, mIoU, "
                                             "calibration, type approval")
-    rob.add_argument("--checkpoint", type=Path, help="a segood checkpoint")
-    rob.add_argument("--arch", help="with --encoder and --weights: a plain smp model and its state dict")
-    rob.add_argument("--encoder")
-    rob.add_argument("--weights", type=Path)
+    add_model_options(rob)
     rob.add_argument("--feature-layer", help="for external models: the layer Mahalanobis models")
     rob.add_argument("--sets", type=Path, nargs="+", required=True, help="converted evaluation sets (.h5)")
     rob.add_argument("--methods", nargs="+", default=["all"], choices=["all", *METHODS], metavar="METHOD",
@@ -479,10 +478,7 @@ def build_parser():
 
     export = sub.add_parser("export", help="score sets with methods and write the score maps (segood, SMIYC or "
                                            "Fishyscapes layout)")
-    export.add_argument("--checkpoint", type=Path, help="a segood checkpoint")
-    export.add_argument("--arch", help="with --encoder and --weights: a plain smp model and its state dict")
-    export.add_argument("--encoder")
-    export.add_argument("--weights", type=Path)
+    add_model_options(export)
     export.add_argument("--sets", type=Path, nargs="+", required=True, help="converted sets (.h5)")
     export.add_argument("--methods", nargs="+", required=True, choices=list(METHODS), metavar="METHOD")
     export.add_argument("--fit-set", type=Path, help="converted training set for the methods that need a fit")
