@@ -32,6 +32,8 @@ def parse_targets(pairs):
     worst-case set would be ambiguous)."""
     targets = []
     for pair in pairs:
+        if isinstance(pair, str) and "=" not in pair:
+            raise ValueError(f"target {pair!r}: write METHOD=CHECKPOINT, e.g. energy=checkpoints/demo_plain.pt")
         method, checkpoint = pair.split("=", 1) if isinstance(pair, str) else pair
         targets.append((str(method), Path(checkpoint)))
     names = [m for m, _ in targets]
