@@ -179,6 +179,21 @@ def _evaluate(args):
     return 0
 
 
+def _attack(args):
+    from segood.attack.run import attack
+    from segood.attack.search import SearchConfig
+
+    config = SearchConfig(args.budget, args.temperature, args.step, args.seed)
+    attack(args.target, args.frames, args.out, objects=args.objects, label_map=args.label_map, blend=args.blend,
+           height_ratio=args.height_ratio, config=config, standard=args.standard, fit_set=args.fit_set,
+           max_frames=args.max_frames, resume=args.resume, progress=not args.quiet, figures=not args.no_figures,
+           device=args.device)
+    print((args.out / "attack.md").read_text(), end="")
+    print(f"\nwrote {args.out}/attack.json, attack.md, sets/ (worst_<method>.h5, random_<network>.h5), eval/ and "
+          "figures/")
+    return 0
+
+
 def _analysis_options(args):
     from segood.metrics.bootstrap import Bootstrap
 
@@ -428,6 +443,34 @@ def build_parser():
     add_analysis_options(ev)
     ev.add_argument("--quiet", action="store_true")
     ev.set_defaults(run=_evaluate)
+
+    from segood.data.paste import BLENDS, HEIGHT_RATIO
+
+    att = sub.add_parser("attack", help="search each method's worst-case pasted objects (adversarial OOD "
+                                        "distributions), write them as sets, and evaluate every method on each")
+    att.add_argument("--target", nargs="+", required=True, metavar="METHOD=CHECKPOINT",
+                     help="the methods to attack, each with its network, e.g. energy=checkpoints/demo_plain.pt")
+    att.add_argument("--frames", type=Path, required=True,
+                     help="a converted set of clean ID frames with road or sidewalk (e.g. Cityscapes val)")
+    att.add_argument("--out", type=Path, required=True, help="the attack's folder, e.g. runs/attack")
+    att.add_argument("--objects", default="demo", help="outlines to paste: a SUN2012 root or 'demo' (default)")
+    att.add_argument("--label-map", default="sun", help="which objects are OOD (default label_maps/sun.yaml)")
+    att.add_argument("--blend", choices=BLENDS, default="feather", help="default feather")
+    att.add_argument("--height-ratio", type=float, nargs=2, default=HEIGHT_RATIO, metavar=("LOW", "HIGH"),
+                     help="pasted height / distance of its base below the horizon (default %(default)s)")
+    att.add_argument("--budget", type=positive_int, default=100, help="network passes per frame and method (default 100)")
+    att.add_argument("--temperature", type=float, default=0.1,
+                     help="of the energy in units of the method's ID score spread (default 0.1)")
+    att.add_argument("--step", type=float, default=0.1, help="proposal std in the unit cube (default 0.1)")
+    att.add_argument("--seed", type=int, default=0, help="with the frame id and the method, seeds each chain")
+    att.add_argument("--max-frames", type=positive_int, help="attack the first N frames only")
+    att.add_argument("--standard", type=Path, help="a standard OOD set evaluated beside (e.g. the demo's paste.h5)")
+    att.add_argument("--fit-set", type=Path, help="converted training set to fit sml and mahalanobis on")
+    att.add_argument("--device", help="cpu, cuda (default: cpu)")
+    att.add_argument("--resume", action="store_true", help="continue a killed attack from its per-frame states")
+    att.add_argument("--no-figures", action="store_true")
+    att.add_argument("--quiet", action="store_true")
+    att.set_defaults(run=_attack)
 
     proto = sub.add_parser("protocol", help="the cross-source protocol: tune and commit thresholds on each tuning "
                                             "set, test on every test set; a matrix per method and its headline")

@@ -179,31 +179,42 @@ def place(polygon, ground, horizon, rng, height_ratio):
     centred) on a ground pixel drawn uniformly below the horizon, its height ``ratio * (base row - horizon)``
     with ratio drawn uniformly from ``height_ratio``; None when ``TRIES`` placements are all rejected (too small,
     too wide, empty, or a footprint mostly off the ground)."""
-    height, width = ground.shape
     ys, xs = np.nonzero(ground[horizon + 1:])
     if len(ys) == 0:
         return None
     ys = ys + horizon + 1
+    for _ in range(TRIES):
+        k = int(rng.integers(len(ys)))
+        placement = place_at(polygon, ground, horizon, (float(xs[k]), float(ys[k])),
+                             float(rng.uniform(*height_ratio)))
+        if placement is not None:
+            return placement
+    return None
+
+
+def place_at(polygon, ground, horizon, base, ratio):
+    """The placement of ``polygon`` with its base at ``base`` = (x, y) and its height ``ratio * (y - horizon)``,
+    as :func:`place` returns it; None when that placement breaks a rule (too small, too wide, empty, or a
+    footprint mostly off the ground). The attack's search space (``segood.attack.space``) places with it."""
+    height, width = ground.shape
+    base_x, base_y = float(base[0]), float(base[1])
     points = np.asarray(polygon, np.float64)
     left, right = points[:, 0].min(), points[:, 0].max()
     top, bottom = points[:, 1].min(), points[:, 1].max()
-    for _ in range(TRIES):
-        k = int(rng.integers(len(ys)))
-        base_x, base_y = float(xs[k]), float(ys[k])
-        pasted_height = float(rng.uniform(*height_ratio)) * (base_y - horizon)
-        scale = pasted_height / (bottom - top)
-        if pasted_height < max(4.0, MIN_HEIGHT * height) or (right - left) * scale > MAX_WIDTH * width:
-            continue
-        offset = (base_x - scale * (left + right) / 2, base_y - scale * bottom)
-        placed = polygon_mask(points * scale + offset, height, width)
-        if placed is None:
-            continue
-        (x0, y0), mask = placed
-        rows = np.arange(y0, y0 + mask.shape[0])[:, None]
-        foot = mask & (rows >= base_y - max(1.0, FOOTPRINT * pasted_height))
-        on_ground = ground[y0:y0 + mask.shape[0], x0:x0 + mask.shape[1]][foot]
-        if on_ground.size and on_ground.mean() >= MIN_GROUND:
-            return scale, offset, (base_x, base_y), (x0, y0), mask
+    pasted_height = float(ratio) * (base_y - horizon)
+    scale = pasted_height / (bottom - top)
+    if pasted_height < max(4.0, MIN_HEIGHT * height) or (right - left) * scale > MAX_WIDTH * width:
+        return None
+    offset = (base_x - scale * (left + right) / 2, base_y - scale * bottom)
+    placed = polygon_mask(points * scale + offset, height, width)
+    if placed is None:
+        return None
+    (x0, y0), mask = placed
+    rows = np.arange(y0, y0 + mask.shape[0])[:, None]
+    foot = mask & (rows >= base_y - max(1.0, FOOTPRINT * pasted_height))
+    on_ground = ground[y0:y0 + mask.shape[0], x0:x0 + mask.shape[1]][foot]
+    if on_ground.size and on_ground.mean() >= MIN_GROUND:
+        return scale, offset, (base_x, base_y), (x0, y0), mask
     return None
 
 

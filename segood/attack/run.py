@@ -1,0 +1,157 @@
+"""``segood attack``: search each target method's worst case, write the sets, evaluate the transfer matrix and
+write the report.
+
+Layout of ``out_dir``: ``state/<method>/<frame>.json`` (the searches' per-frame states, for ``resume``),
+``calibration/<network>.json``, ``sets/worst_<method>.h5`` and ``sets/random_<network>.h5`` (converted sets
+with manifests), ``eval/<network>/`` (the evaluation runs), ``figures/worst_<method>.png``, ``attack.json``
+(the document) and ``attack.md`` (the report).
+"""
+
+import hashlib
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from segood.attack.constraints import ood_only
+from segood.attack.report import example_figure, markdown
+from segood.attack.search import SearchConfig, Target, calibrate, search_set
+from segood.attack.sets import transfer_matrix, write_set
+from segood.attack.space import Scene, SearchSpace
+from segood.data.h5 import H5SegmentationDataset, set_identity
+from segood.data.paste import HEIGHT_RATIO, demo_objects, sun_objects
+from segood.data.sun import SunLabelMap
+from segood.io import atomic_write_text, write_json
+from segood.methods import get_method
+from segood.models import load_model
+
+
+def parse_targets(pairs):
+    """[(method, checkpoint)] from ``METHOD=CHECKPOINT`` texts or pairs; a method named twice is refused (its
+    worst-case set would be ambiguous)."""
+    targets = []
+    for pair in pairs:
+        if isinstance(pair, str) and "=" not in pair:
+            raise ValueError(f"target {pair!r}: write METHOD=CHECKPOINT, e.g. energy=checkpoints/demo_plain.pt")
+        method, checkpoint = pair.split("=", 1) if isinstance(pair, str) else pair
+        targets.append((str(method), Path(checkpoint)))
+    names = [m for m, _ in targets]
+    if len(set(names)) != len(names) or not names:
+        raise ValueError(f"each target method is named once (METHOD=CHECKPOINT), got {names}")
+    return targets
+
+
+def attack(targets, frames, out_dir, *, objects="demo", label_map="sun", blend="feather",
+           height_ratio=HEIGHT_RATIO, config=SearchConfig(), standard=None, fit_set=None, max_frames=None,
+           resume=False, progress=True, figures=True, device=None):
+    """Search every target's worst case on the clean frames of ``frames`` and evaluate every method on every set.
+
+    Args:
+        targets: [(method name, checkpoint path)] or ``METHOD=CHECKPOINT`` texts (:func:`parse_targets`).
+        frames: a converted set of clean ID frames with road or sidewalk (e.g. Cityscapes val).
+        objects: the outlines and pixels to paste: ``"demo"`` or a SUN2012 root; ``label_map`` says which are OOD.
+        config: :class:`SearchConfig` (budget of network passes per frame, temperature, step, seed).
+        standard: a converted standard OOD set evaluated beside (e.g. the demo's pasted-object set).
+        fit_set: a converted training set to fit the methods that need it (sml, mahalanobis).
+        max_frames: the first frames only.
+        resume: continue a killed run in ``out_dir`` from its per-frame states.
+
+    Returns the document written to ``attack.json``.
+    """
+    out = Path(out_dir)
+    if (out / "state").exists() and not resume:
+        raise ValueError(f"{out} holds an attack; pass resume=True (--resume) to continue it, or choose another --out")
+    targets = parse_targets(targets)
+    dataset = H5SegmentationDataset(frames)
+    count = len(dataset) if max_frames is None else min(int(max_frames), len(dataset))
+    scenes = [Scene.from_item(dataset[i]) for i in range(count)]
+    labels = SunLabelMap(label_map)
+    bank, _, _ = demo_objects(labels) if str(objects) == "demo" else sun_objects(objects, labels)
+    space = SearchSpace(ood_only(bank, labels), ObjectImages(), blend=blend, height_ratio=height_ratio)
+    base = {"config": config.to_dict(), "space": space.describe(), "label_map": label_map,
+            "label_map_sha256": labels.sha256, "frames": {**set_identity(frames), "count": count}}
+
+    networks = {}  # name: (model, [methods], checkpoint)
+    for method_name, checkpoint in targets:
+        name = checkpoint.stem
+        if name not in networks:
+            model, _ = load_model(checkpoint)
+            networks[name] = (model.to(device) if device else model, [], checkpoint)
+        networks[name][1].append(get_method(method_name))
+    for name, (model, methods, _) in networks.items():
+        for method in methods:
+            method.check(model)
+            if method.needs.fit and not method.ready:
+                if fit_set is None:
+                    raise ValueError(f"{method.name} needs its training statistics: pass fit_set (--fit-set)")
+                method.fit(model, torch.utils.data.DataLoader(H5SegmentationDataset(fit_set), batch_size=4))
+
+    started = time.perf_counter()
+    calibration, doc_targets, set_paths, passes = {}, {}, {}, 0
+    for name, (model, methods, checkpoint) in networks.items():
+        calibration[name] = calibrate(model, methods, scenes, seed=config.seed)
+        write_json(out / "calibration" / f"{name}.json", calibration[name])
+        network = {"name": name, "checkpoint": str(checkpoint), "sha256": _sha256(checkpoint)}
+        for method in methods:
+            identity = {**base, "network": network, "method": method.describe(),
+                        "fit_set": None if fit_set is None or not method.needs.fit else set_identity(fit_set)}
+            target = Target(model, method, threshold=calibration[name]["weakest_inlier"],
+                            scale=calibration[name]["score_std"][method.name])
+            records = search_set(target, space, scenes, config, out / "state" / method.name, identity=identity,
+                                 progress=progress, desc=f"attack {method.name} ({name})")
+            passes += sum(r["passes"] for r in records)
+            extra = {**identity, "weakest_inlier": target.threshold, "energy_unit": target.scale}
+            path = out / "sets" / f"worst_{method.name}.h5"
+            write_set(path, space, scenes, records, labels, attrs={"seed": config.seed}, extra=extra, overwrite=True)
+            random_path = out / "sets" / f"random_{name}.h5"
+            if name not in {t["network"] for t in doc_targets.values()}:  # the starts: the same for the network's methods
+                write_set(random_path, space, scenes, records, labels, state="start", attrs={"seed": config.seed},
+                          extra={k: v for k, v in extra.items() if k != "method"}, overwrite=True)
+                set_paths[random_path.stem] = random_path
+            set_paths[path.stem] = path
+            found = [r for r in records if r["found"]]
+            doc_targets[method.name] = {
+                "network": name, "set": path.stem, "random_set": random_path.stem, "frames": len(found),
+                "mean_score_start": sum(r["start"]["score"] for r in found) / max(len(found), 1),
+                "mean_score_found": sum(r["score"] for r in found) / max(len(found), 1)}
+    search_seconds = time.perf_counter() - started
+
+    started = time.perf_counter()
+    sets = {**({"standard": Path(standard)} if standard else {}), **set_paths}
+    shutil.rmtree(out / "eval", ignore_errors=True)  # the evaluation is derived: made anew from the sets
+    matrix = transfer_matrix(networks, sets, out / "eval", progress=progress)
+    evaluation_seconds = time.perf_counter() - started
+    doc = {"config": config.to_dict(), "frames": count, "space": space.describe(),
+           "networks": {n: {"weakest_inlier": c["weakest_inlier"], "score_std": c["score_std"]}
+                        for n, c in calibration.items()},
+           "targets": doc_targets, "sets": {k: str(v) for k, v in sets.items()}, "matrix": matrix,
+           "passes": passes, "search_seconds": search_seconds, "evaluation_seconds": evaluation_seconds}
+    write_json(out / "attack.json", doc)
+    atomic_write_text(out / "attack.md", markdown(doc))
+    if figures:
+        for name, (model, methods, _) in networks.items():
+            for method in methods:
+                example_figure(out / "figures" / f"worst_{method.name}.png", model, method,
+                               set_paths[f"worst_{method.name}"], mc_seed=config.seed)
+    return doc
+
+
+class ObjectImages:
+    """An object's (h, w, 3) uint8 pixels: its array, or its SUN2012 image read once and kept."""
+
+    def __init__(self):
+        self.cache = {}
+
+    def __call__(self, obj):
+        if isinstance(obj.image, str):
+            from segood.data.common import read_rgb
+
+            if obj.image not in self.cache:
+                self.cache[obj.image] = read_rgb(obj.image)
+            return self.cache[obj.image]
+        return obj.image
+
+
+def _sha256(path):
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

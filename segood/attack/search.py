@@ -1,0 +1,175 @@
+"""The search: Metropolis MCMC with a temperature over the search space, lowering a method's OOD score over the
+pasted region, within a budget of network passes per frame.
+
+The energy of a point is the target method's mean score over its pasted pixels, divided by the spread (standard
+deviation) of the method's scores over the ID pixels of the clean frames, so that one temperature means the same
+for bounded and unbounded scores (the adversarial-distributions paper standardises on inliers and uses T = 0.1).
+A chain starts at the first draw of the uniform sampler that is feasible (placed on the ground, passing the
+zero-inlier filter); a proposal moves one dimension (:meth:`SearchSpace.propose`); an infeasible proposal is
+rejected (infinite energy, the paper's barrier), a feasible one accepted with probability
+min(1, exp(-(E' - E) / T)). The frame's worst case is the chain's lowest-energy state: every state it visits
+is feasible, so the found sample satisfies the constraints by construction.
+
+Budget: every rendered candidate costs one network pass (``score_batch`` on one image); a placement that breaks
+the ground rules costs none, and proposals stop at ``MAX_DRAWS_PER_PASS`` times the budget. Each chain draws
+from generators seeded with (seed, frame id, method) (:func:`segood.data.paste.frame_rng`): the start from
+(seed, frame id) alone, so that the methods of one network start from the same random sample, the proposals
+and the dropout masks also from the method. A finished frame's state is written atomically to its own file; a
+killed run continues with the unfinished frames and ends with the same result.
+"""
+
+import json
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from segood.attack.constraints import confidence_map, passes_filter, region_confidence, weakest_inlier
+from segood.data.paste import frame_rng
+from segood.io import write_json
+from segood.labels import ID
+from segood.methods.schedule import score_batch
+from segood.models.network import preprocess
+
+MAX_DRAWS_PER_PASS = 10
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """budget: network passes per frame and method; temperature: of the standardised energy; step: the proposal's
+    standard deviation in the unit cube; seed: with the frame id and the method, seeds each chain."""
+
+    budget: int = 100
+    temperature: float = 0.1
+    step: float = 0.1
+    seed: int = 0
+
+    def __post_init__(self):
+        if int(self.budget) < 1 or not self.temperature > 0 or not 0 < self.step <= 1:
+            raise ValueError(f"the search needs budget >= 1, temperature > 0 and 0 < step <= 1, got {self}")
+
+    def to_dict(self):
+        return asdict(self)
+
+
+def _image_tensor(image, device):
+    return preprocess(torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None].to(device))
+
+
+def _mc_seed(seed, frame_id, stream):
+    return int(frame_rng(seed, f"mc/{stream}/{frame_id}").integers(2**31))
+
+
+def calibrate(model, methods, scenes, *, seed=0):
+    """One pass over the clean frames: the network's per-frame ID confidence (mean max-softmax over ID pixels),
+    its weakest inlier, and each method's score spread over the ID pixels (the energy's unit).
+
+    Returns {"frame_confidence": [...], "weakest_inlier": float, "score_std": {method name: float}}.
+    """
+    device = next(model.parameters()).device
+    sums = {m.name: np.zeros(3) for m in methods}  # count, sum, sum of squares (float64)
+    confidences = []
+    for scene in scenes:
+        batch = score_batch(model, _image_tensor(scene.image, device), methods,
+                            mc_seed=_mc_seed(seed, scene.frame_id, "calibrate"))
+        ids = torch.from_numpy(scene.ood_mask == ID).to(device)
+        confidences.append(float(confidence_map(batch.output.logits)[0][ids].mean()) if ids.any() else None)
+        for method, score in zip(methods, batch.scores):
+            values = score[0][ids].double()
+            sums[method.name] += [values.numel(), float(values.sum()), float((values * values).sum())]
+    spread = {}
+    for name, (n, s, ss) in sums.items():
+        std = math.sqrt(max(ss / n - (s / n) ** 2, 0.0)) if n else 0.0
+        spread[name] = std if std > 0 else 1.0  # a constant score: energies in its own units
+    return {"frame_confidence": confidences, "weakest_inlier": weakest_inlier(confidences), "score_std": spread}
+
+
+class Target:
+    """One method of one network, scored on candidates: energy (standardised mean score over the pasted region)
+    and the region's confidence (the zero-inlier filter's measure), from one network pass."""
+
+    def __init__(self, model, method, *, threshold, scale):
+        self.model, self.method, self.threshold, self.scale = model, method, float(threshold), float(scale)
+        self.device = next(model.parameters()).device
+
+    def evaluate(self, candidate, mc_seed=None):
+        """(mean score over the region, its confidence) of a :class:`~segood.attack.space.Candidate`."""
+        batch = score_batch(self.model, _image_tensor(candidate.image, self.device), [self.method], mc_seed=mc_seed)
+        region = torch.from_numpy(candidate.region).to(self.device)
+        return float(batch.scores[0][0][region].double().mean()), region_confidence(batch.output.logits, candidate.region)
+
+
+def search_frame(target, space, scene, config):
+    """Run one chain on one scene. Returns the frame's record: ``found`` (False with a ``reason`` when no feasible
+    start was drawn within the budget), ``u`` / ``score`` / ``confidence`` of the lowest-energy state,
+    ``start`` (the chain's first state: a random feasible sample), ``passes``, ``proposals``, ``accepted``."""
+    name = target.method.name
+    start_rng = frame_rng(config.seed, f"start/{scene.frame_id}")
+    rng = frame_rng(config.seed, f"chain/{name}/{scene.frame_id}")
+    mc_base = _mc_seed(config.seed, scene.frame_id, name)
+    passes = draws = proposals = accepted = 0
+    limit = MAX_DRAWS_PER_PASS * config.budget
+
+    def visit(u):
+        nonlocal passes
+        candidate = space.render(scene, u)
+        if candidate is None:
+            return None
+        score, confidence = target.evaluate(candidate, mc_seed=mc_base + passes)
+        passes += 1
+        return (u, score, confidence) if passes_filter(confidence, target.threshold) else None
+
+    state = None
+    while state is None and passes < config.budget and draws < limit:
+        draws += 1
+        state = visit(space.sample(start_rng))
+    if state is None:
+        return {"frame_id": scene.frame_id, "found": False, "passes": passes,
+                "reason": f"no feasible start in {passes} passes ({draws} draws)"}
+    start = best = state
+    while passes < config.budget and draws < limit:
+        draws += 1
+        proposals += 1
+        proposed = visit(space.propose(state[0], rng, config.step))
+        if proposed is None:
+            continue
+        rise = (proposed[1] - state[1]) / target.scale
+        if rise <= 0 or rng.random() < math.exp(-rise / config.temperature):
+            state, accepted = proposed, accepted + 1
+            if state[1] < best[1]:
+                best = state
+    record = lambda s: {"u": [float(v) for v in s[0]], "score": s[1], "confidence": s[2]}  # noqa: E731
+    return {"frame_id": scene.frame_id, "found": True, **record(best), "start": record(start), "passes": passes,
+            "proposals": proposals, "accepted": accepted}
+
+
+def search_set(target, space, scenes, config, state_dir, *, identity, progress=True, desc=None):
+    """Search every scene, one chain each; a finished frame's record goes atomically to
+    ``state_dir/<index>.json`` with ``identity`` (what the run is), and a frame whose file exists is read back
+    instead of searched (ValueError when it belongs to another run). Returns the records in scene order."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    identity = _comparable(identity)
+    records = []
+    bar = tqdm(total=len(scenes) * config.budget, desc=desc or f"attack {target.method.name}", unit="pass",
+               disable=not progress)
+    with bar:
+        for index, scene in enumerate(scenes):
+            path = state_dir / f"{index:06d}.json"
+            if path.exists():
+                saved = json.loads(path.read_text())
+                if saved.get("identity") != identity or saved["record"]["frame_id"] != scene.frame_id:
+                    raise ValueError(f"{path} belongs to another attack (other networks, methods, frames or "
+                                     "settings); choose another --out")
+                record = saved["record"]
+            else:
+                record = search_frame(target, space, scene, config)
+                write_json(path, {"identity": identity, "record": record})
+            records.append(record)
+            bar.update(config.budget)
+    return records
+
+
+def _comparable(obj):
+    return json.loads(json.dumps(obj, sort_keys=True, default=str))

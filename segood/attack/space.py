@@ -1,0 +1,180 @@
+"""The search space of the attack: one OOD object pasted on the ground of a clean frame, as a point of the unit
+cube [0, 1]^D.
+
+Each dimension decodes to one parameter (:data:`DIMENSIONS`): which OOD object's outline (from the paste
+generator's bank: SUN2012 or the demo's objects, only those the label map calls OOD), its fill (the object's own
+pixels, fractal Perlin noise, normal noise, or a flat colour; ``segood.data.noise``), the fill's pattern seed,
+Perlin frequency and roughness, mean colour (r, g, b), contrast, brightness, and the placement: base position
+(x across the frame, y between the horizon and the bottom) and height over the base's distance below the horizon,
+as the paste generator scales objects (``segood.data.paste.place_at``). The pasted pixels are composited by the
+paste generator's :func:`~segood.data.paste.render` with its blending; masks never pass through interpolation.
+
+The sampler is uniform on the cube; the proposal kernel moves one dimension, chosen uniformly, by a Gaussian
+step reflected at 0 and 1 (symmetric, so the Metropolis ratio needs no Hastings correction), as the
+adversarial-distributions paper's sampler moves one latent dimension at a time.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from segood.data.noise import normal_image, perlin_image
+from segood.data.paste import BLENDS, GROUND, HEIGHT_RATIO, ground_horizon, place_at, render
+from segood.labels import IGNORE, OOD
+
+TEXTURES = ("object", "perlin", "normal", "flat")
+PATTERNS = 16  # fill seeds: the pattern dimension picks one of these
+FREQUENCY = (1.0, 8.0)  # Perlin lattice cells across the object (log scale)
+ROUGHNESS = (0.3, 0.8)  # Perlin persistence; normal noise's sigma is half of it
+BRIGHTNESS = (0.5, 1.5)
+#: The dimensions of the unit cube, in order.
+DIMENSIONS = ("object", "texture", "pattern", "frequency", "roughness", "red", "green", "blue", "contrast",
+              "brightness", "x", "y", "height_ratio")
+
+
+@dataclass(frozen=True)
+class Scene:
+    """A clean frame to paste onto: image (H, W, 3) uint8, ood_mask and semantic (H, W) uint8, its ground
+    (road and sidewalk) and horizon row."""
+
+    frame_id: str
+    image: np.ndarray
+    ood_mask: np.ndarray
+    semantic: np.ndarray
+    ground: np.ndarray
+    horizon: int
+
+    @classmethod
+    def from_item(cls, item):
+        """A Scene from an :class:`~segood.data.h5.H5SegmentationDataset` item; ValueError when the frame holds
+        OOD pixels (the attack pastes onto clean ID frames) or no road or sidewalk."""
+        image = item["image"].permute(1, 2, 0).numpy()
+        ood_mask, semantic = item["ood_mask"].numpy(), item["semantic"].numpy()
+        if (ood_mask == OOD).any():
+            raise ValueError(f"{item['frame_id']} holds OOD pixels: the attack pastes onto clean ID frames "
+                             "(e.g. a converted Cityscapes val split)")
+        ground = np.isin(semantic, GROUND)
+        horizon = ground_horizon(ground)
+        if horizon is None:
+            raise ValueError(f"{item['frame_id']}: no road or sidewalk to paste onto")
+        return cls(item["frame_id"], image, ood_mask, semantic, ground, horizon)
+
+
+@dataclass
+class Candidate:
+    """A rendered point: image, ood_mask, semantic (H, W(, 3)) uint8, ``region`` (H, W) bool (the pasted
+    pixels), ``params`` (the decoded parameters)."""
+
+    image: np.ndarray
+    ood_mask: np.ndarray
+    semantic: np.ndarray
+    region: np.ndarray
+    params: dict
+
+
+class SearchSpace:
+    """Points of [0, 1]^D (D = len(DIMENSIONS)) and how they render onto a :class:`Scene`.
+
+    Args:
+        objects: the OOD :class:`~segood.data.paste.PasteObject` bank (outlines and own pixels).
+        object_image: callable returning an object's (h, w, 3) uint8 image (``Paste.object_image``).
+        blend: the paste generator's blending (``none``, ``feather``, ``seamless``).
+        height_ratio: (low, high) of the pasted height over the base's distance below the horizon.
+    """
+
+    def __init__(self, objects, object_image, *, blend="feather", height_ratio=HEIGHT_RATIO):
+        if not objects:
+            raise ValueError("the search space needs at least one OOD object to take outlines from")
+        if blend not in BLENDS:
+            raise ValueError(f"blend must be one of {BLENDS}, got {blend!r}")
+        self.objects, self.object_image = list(objects), object_image
+        self.blend, self.height_ratio = blend, tuple(float(v) for v in height_ratio)
+        self.dims = len(DIMENSIONS)
+
+    def describe(self):
+        """The space's definition, for manifests."""
+        return {"dimensions": list(DIMENSIONS), "textures": list(TEXTURES), "patterns": PATTERNS,
+                "frequency": list(FREQUENCY), "roughness": list(ROUGHNESS), "brightness": list(BRIGHTNESS),
+                "height_ratio": list(self.height_ratio), "blend": self.blend,
+                "objects": [o.key for o in self.objects]}
+
+    def sample(self, rng):
+        """A point drawn uniformly from the cube: (D,) float64."""
+        return rng.random(self.dims)
+
+    def propose(self, u, rng, step):
+        """``u`` with one dimension (uniform) moved by N(0, step²), reflected into [0, 1]: a symmetric kernel."""
+        v = np.array(u, np.float64)
+        d = int(rng.integers(self.dims))
+        v[d] = reflect(v[d] + step * rng.standard_normal())
+        return v
+
+    def decode(self, u):
+        """The parameters of point ``u``: a dict of plain values (the manifest's per-frame record)."""
+        u = np.asarray(u, np.float64)
+        if u.shape != (self.dims,) or not ((u >= 0) & (u <= 1)).all():
+            raise ValueError(f"a point of the search space is {self.dims} numbers in [0, 1], got {u!r}")
+        v = dict(zip(DIMENSIONS, u.tolist()))
+        obj = self.objects[_pick(v["object"], len(self.objects))]
+        lo, hi = self.height_ratio
+        return {"object": obj.key, "name": obj.name, "texture": TEXTURES[_pick(v["texture"], len(TEXTURES))],
+                "pattern": _pick(v["pattern"], PATTERNS),
+                "frequency": FREQUENCY[0] * (FREQUENCY[1] / FREQUENCY[0]) ** v["frequency"],
+                "roughness": ROUGHNESS[0] + (ROUGHNESS[1] - ROUGHNESS[0]) * v["roughness"],
+                "colour": [255.0 * v["red"], 255.0 * v["green"], 255.0 * v["blue"]], "contrast": v["contrast"],
+                "brightness": BRIGHTNESS[0] + (BRIGHTNESS[1] - BRIGHTNESS[0]) * v["brightness"],
+                "x": v["x"], "y": v["y"], "height_ratio": lo + (hi - lo) * v["height_ratio"],
+                "u": u.tolist()}
+
+    def fill(self, params, obj):
+        """The object's source image re-filled by ``params``: (h, w, 3) uint8 at the object's own size."""
+        source = self.object_image(obj)
+        h, w = source.shape[:2]
+        rng = np.random.default_rng([params["pattern"], h, w])
+        texture = params["texture"]
+        if texture == "object":
+            own = source.astype(np.float64)
+            pattern = (own - own.mean(axis=(0, 1))) / 127.5
+        elif texture == "perlin":
+            frequency = max(1, int(round(params["frequency"])))
+            pattern = perlin_image(rng, h, w, frequency, 3, params["roughness"]) / 127.5 - 1.0
+        elif texture == "normal":
+            pattern = normal_image(rng, h, w, params["roughness"] / 2) / 127.5 - 1.0
+        else:
+            pattern = np.zeros((h, w, 3))
+        colour = np.asarray(params["colour"], np.float64)
+        pixels = (colour + params["contrast"] * 127.5 * pattern) * params["brightness"]
+        return np.clip(np.rint(pixels), 0, 255).astype(np.uint8)
+
+    def render(self, scene, u):
+        """The :class:`Candidate` of point ``u`` on ``scene``, or None when its placement breaks the paste
+        generator's rules (too small, too wide, or a footprint mostly off road and sidewalk)."""
+        params = self.decode(u)
+        obj = next(o for o in self.objects if o.key == params["object"])
+        height, width = scene.ground.shape
+        top = scene.horizon + 1
+        base = (params["x"] * (width - 1), top + params["y"] * (height - 1 - top))
+        placement = place_at(obj.polygon, scene.ground, scene.horizon, base, params["height_ratio"])
+        if placement is None:
+            return None
+        scale, offset, base, (x0, y0), mask = placement
+        image = scene.image.copy()
+        render(image, self.fill(params, obj), obj.polygon, scale, offset, (x0, y0), mask, self.blend)
+        region = np.zeros((height, width), bool)
+        region[y0:y0 + mask.shape[0], x0:x0 + mask.shape[1]] = mask
+        ood_mask, semantic = scene.ood_mask.copy(), scene.semantic.copy()
+        ood_mask[region], semantic[region] = OOD, IGNORE
+        params.update(base=[float(base[0]), float(base[1])], scale=float(scale), pixels=int(region.sum()))
+        return Candidate(image, ood_mask, semantic, region, params)
+
+
+def reflect(value):
+    """``value`` folded into [0, 1] by reflection at 0 and 1 (period 2)."""
+    value = abs(float(value)) % 2.0
+    return 2.0 - value if value > 1.0 else value
+
+
+def _pick(value, count):
+    """The discrete choice in range(count) of a coordinate in [0, 1]."""
+    return min(int(value * count), count - 1)
+

@@ -1,0 +1,240 @@
+"""The attack (issue #21): the search space renders inside the pasted region only, the weakest inlier against a
+literal loop, the search lowers the target's score on a tiny network, every found sample satisfies the
+constraints, sets are reproducible per seed, a killed run resumes to the same sets, and the command line."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from segood.attack import DIMENSIONS, Scene, SearchConfig, SearchSpace, calibrate, check_content, ood_only
+from segood.attack.constraints import passes_filter, weakest_inlier
+from segood.attack.run import attack, parse_targets
+from segood.attack.search import Target, search_frame
+from segood.attack.space import reflect
+from segood.cli import main
+from segood.data import Cityscapes, convert, read_manifest
+from segood.data.h5 import H5SegmentationDataset
+from segood.data.paste import demo_objects
+from segood.data.sun import SunLabelMap
+from segood.data.synthetic import write_cityscapes_tree
+from segood.labels import ID, IGNORE, OOD
+from segood.methods import get_method
+from segood.models import build_model, save_checkpoint
+from segood.models.network import preprocess
+
+SIZE = (64, 128)
+FRAMES = 3
+BUDGET = 12
+TARGETS = ("max_logit", "entropy")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """Clean frames, a tiny network (random PSPNet, seeded) saved as a checkpoint, the label map and the space."""
+    root = tmp_path_factory.mktemp("attack")
+    write_cityscapes_tree(root / "cs", 0, (("val", FRAMES),), SIZE)
+    convert(Cityscapes(root / "cs", "val"), root / "val.h5", size=SIZE, progress=False)
+    torch.manual_seed(0)
+    model = build_model("pspnet", "resnet18").eval()
+    save_checkpoint(root / "tiny.pt", model)
+    labels = SunLabelMap("sun")
+    bank, _, _ = demo_objects(labels)
+    space = SearchSpace(ood_only(bank, labels), lambda o: o.image)
+    dataset = H5SegmentationDataset(root / "val.h5")
+    scenes = [Scene.from_item(dataset[i]) for i in range(len(dataset))]
+    return {"root": root, "model": model, "labels": labels, "bank": bank, "space": space, "scenes": scenes}
+
+
+@pytest.fixture(scope="module")
+def run(world):
+    """One attack of both targets, seed 0."""
+    out = world["root"] / "run"
+    doc = attack([f"{m}={world['root'] / 'tiny.pt'}" for m in TARGETS], world["root"] / "val.h5", out,
+                 config=SearchConfig(budget=BUDGET), progress=False, figures=True)
+    return out, doc
+
+
+def test_reflect_against_a_literal_fold():
+    def slow(value):  # bounce between the walls, one wall at a time
+        while not 0.0 <= value <= 1.0:
+            value = -value if value < 0 else 2.0 - value
+        return value
+
+    for value in (-2.7, -1.0, -0.3, 0.0, 0.4, 1.0, 1.25, 2.0, 3.6, 5.01):
+        assert reflect(value) == pytest.approx(slow(value), abs=1e-12)
+
+
+def test_sampler_and_proposal_stay_in_the_cube_and_move_one_dimension(world):
+    space, rng = world["space"], np.random.default_rng(0)
+    assert space.dims == len(DIMENSIONS)
+    for _ in range(200):
+        u = space.sample(rng)
+        v = space.propose(u, rng, 0.3)
+        assert ((u >= 0) & (u <= 1)).all() and ((v >= 0) & (v <= 1)).all()
+        assert (u != v).sum() <= 1
+    with pytest.raises(ValueError, match="numbers in \\[0, 1\\]"):
+        space.decode(np.full(space.dims, 1.5))
+
+
+@pytest.mark.parametrize("texture", [0.1, 0.3, 0.6, 0.9])  # object, perlin, normal, flat
+def test_render_changes_the_region_only_and_labels_it_ood(world, texture):
+    space, scene = world["space"], world["scenes"][0]
+    rng = np.random.default_rng(1)
+    rendered = 0
+    for _ in range(40):
+        u = space.sample(rng)
+        u[DIMENSIONS.index("texture")] = texture
+        candidate = space.render(scene, u)
+        if candidate is None:
+            continue
+        rendered += 1
+        region = candidate.region
+        assert region.any() and candidate.params["pixels"] == region.sum()
+        assert (candidate.ood_mask[region] == OOD).all() and (candidate.semantic[region] == IGNORE).all()
+        assert (candidate.ood_mask[~region] == scene.ood_mask[~region]).all()
+        assert (candidate.image[~region] == scene.image[~region]).all()  # blending stays inside the polygon
+        again = space.render(scene, u)
+        assert (again.image == candidate.image).all()  # deterministic
+    assert rendered >= 5
+
+
+def test_weakest_inlier_against_a_literal_loop(world):
+    model, scenes = world["model"], world["scenes"]
+    measured = calibrate(model, [get_method("max_logit")], scenes)
+    per_frame = []
+    for scene in scenes:  # softmax by hand in float64, mean over the ID pixels, one frame at a time
+        x = preprocess(torch.from_numpy(scene.image).permute(2, 0, 1)[None])
+        with torch.no_grad():
+            logits = model(x).logits[0].double().numpy()
+        e = np.exp(logits - logits.max(axis=0))
+        top = (e / e.sum(axis=0)).max(axis=0)
+        per_frame.append(top[scene.ood_mask == ID].mean())
+    assert measured["frame_confidence"] == pytest.approx(per_frame, abs=1e-5)
+    assert measured["weakest_inlier"] == pytest.approx(min(per_frame), abs=1e-5)
+    assert weakest_inlier([0.9, None, 0.7, 0.8]) == 0.7
+    with pytest.raises(ValueError, match="undefined"):
+        weakest_inlier([None])
+    assert passes_filter(0.69, 0.7) and not passes_filter(0.7, 0.7)
+
+
+def test_only_objects_the_label_map_calls_ood(world):
+    kept = ood_only(world["bank"], world["labels"])
+    assert kept and len(kept) < len(world["bank"])  # the demo bank's cars and persons are left out
+    assert all(world["labels"].values(o.name)[0] == OOD for o in kept)
+    with pytest.raises(ValueError, match="not OOD under the label map"):
+        check_content("car", world["labels"])
+
+
+def test_the_search_lowers_the_target_score(world):
+    model, space, scenes = world["model"], world["space"], world["scenes"]
+    method = get_method("max_logit")
+    cal = calibrate(model, [method], scenes)
+    target = Target(model, method, threshold=cal["weakest_inlier"], scale=cal["score_std"]["max_logit"])
+    records = [search_frame(target, space, scene, SearchConfig(budget=25)) for scene in scenes]
+    assert all(r["found"] and r["passes"] <= 25 for r in records)
+    assert all(r["score"] <= r["start"]["score"] for r in records)
+    assert sum(r["score"] < r["start"]["score"] for r in records) >= 2  # a search that moves finds lower scores
+    assert np.mean([r["score"] for r in records]) < np.mean([r["start"]["score"] for r in records])
+
+
+def test_every_found_sample_satisfies_the_constraints(world, run):
+    out, doc = run
+    model, labels = world["model"], world["labels"]
+    threshold = doc["networks"]["tiny"]["weakest_inlier"]
+    for method in TARGETS:
+        path = out / "sets" / f"worst_{method}.h5"
+        manifest = read_manifest(path)
+        assert manifest["attack"]["config"] == {"budget": BUDGET, "temperature": 0.1, "step": 0.1, "seed": 0}
+        assert len(manifest["found"]) + len(manifest["skipped"]) == FRAMES
+        dataset = H5SegmentationDataset(path)
+        clean = {s.frame_id: s for s in world["scenes"]}
+        for k, found in enumerate(manifest["found"]):
+            item = dataset[k]
+            assert found["frame_id"] == item["frame_id"]
+            assert labels.values(found["name"])[0] == OOD  # no ID class of the label map
+            region = item["ood_mask"].numpy() == OOD
+            assert region.sum() == found["pixels"] > 0
+            scene = clean[item["frame_id"]]
+            assert (item["image"].permute(1, 2, 0).numpy()[~region] == scene.image[~region]).all()
+            with torch.no_grad():  # the zero-inlier filter, recomputed from the written frame
+                logits = model(preprocess(item["image"][None])).logits
+            confidence = float(torch.softmax(logits, 1).amax(1)[0][torch.from_numpy(region)].mean())
+            assert confidence < threshold
+            assert confidence == pytest.approx(found["confidence"], abs=1e-5)
+            score = get_method(method).score(model, preprocess(item["image"][None]))[0][0][torch.from_numpy(region)]
+            assert float(score.double().mean()) == pytest.approx(found["score"], rel=1e-5, abs=1e-6)
+            assert found["passes"] <= BUDGET
+
+
+def test_report_transfer_matrix_and_figures(run):
+    out, doc = run
+    assert set(doc["matrix"]) == set(TARGETS)
+    for method in TARGETS:
+        assert set(doc["matrix"][method]) == {"worst_max_logit", "worst_entropy", "random_tiny"}
+        for cell in doc["matrix"][method].values():
+            assert 0.0 <= cell["auroc"] <= 1.0 and 0.0 <= cell["fpr95"] <= 1.0
+        assert (out / "figures" / f"worst_{method}.png").stat().st_size > 0
+        assert doc["targets"][method]["mean_score_found"] <= doc["targets"][method]["mean_score_start"]
+    text = (out / "attack.md").read_text()
+    assert "| worst max_logit |" in text and "Transfer matrix" in text
+    assert json.loads((out / "attack.json").read_text())["passes"] == doc["passes"] <= FRAMES * BUDGET * 2
+
+
+def test_sets_are_reproducible_per_seed(world, run):
+    out, _ = run
+    again = world["root"] / "again"
+    attack([f"max_logit={world['root'] / 'tiny.pt'}"], world["root"] / "val.h5", again,
+           config=SearchConfig(budget=BUDGET), progress=False, figures=False)
+    other = world["root"] / "other_seed"
+    attack([f"max_logit={world['root'] / 'tiny.pt'}"], world["root"] / "val.h5", other,
+           config=SearchConfig(budget=BUDGET, seed=1), progress=False, figures=False)
+    sha = {name: read_manifest(folder / "sets" / "worst_max_logit.h5")["sha256"]
+           for name, folder in (("first", out), ("again", again), ("other", other))}
+    assert sha["first"] == sha["again"]
+    assert sha["first"] != sha["other"]
+
+
+def test_a_killed_run_resumes_to_the_same_sets(world, run):
+    out, _ = run
+    resumed = world["root"] / "resumed"
+    (resumed / "state" / "max_logit").mkdir(parents=True)
+    shutil.copy(out / "state" / "max_logit" / "000001.json", resumed / "state" / "max_logit")  # one frame done
+    targets = [f"max_logit={world['root'] / 'tiny.pt'}"]
+    with pytest.raises(ValueError, match="holds an attack"):
+        attack(targets, world["root"] / "val.h5", resumed, config=SearchConfig(budget=BUDGET), progress=False)
+    attack(targets, world["root"] / "val.h5", resumed, config=SearchConfig(budget=BUDGET), progress=False,
+           figures=False, resume=True)
+    assert (read_manifest(resumed / "sets" / "worst_max_logit.h5")["sha256"]
+            == read_manifest(out / "sets" / "worst_max_logit.h5")["sha256"])
+    with pytest.raises(ValueError, match="belongs to another attack"):  # other settings never mix in
+        attack(targets, world["root"] / "val.h5", resumed, config=SearchConfig(budget=BUDGET + 1), progress=False,
+               figures=False, resume=True)
+
+
+def test_targets_and_frames_are_checked(world):
+    with pytest.raises(ValueError, match="METHOD=CHECKPOINT"):
+        parse_targets(["energy"])
+    with pytest.raises(ValueError, match="named once"):
+        parse_targets(["energy=a.pt", "energy=b.pt"])
+    with pytest.raises(ValueError, match="budget >= 1"):
+        SearchConfig(budget=0)
+    item = H5SegmentationDataset(world["root"] / "val.h5")[0]
+    item["ood_mask"][:2] = OOD
+    with pytest.raises(ValueError, match="clean ID frames"):
+        Scene.from_item(item)
+
+
+def test_command_line(world, capsys):
+    out = world["root"] / "cli"
+    code = main(["attack", "--target", f"energy={world['root'] / 'tiny.pt'}", "--frames",
+                 str(world["root"] / "val.h5"), "--out", str(out), "--budget", "4", "--max-frames", "2", "--quiet",
+                 "--no-figures"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "| energy | tiny |" in printed and (out / "sets" / "worst_energy.h5").exists()
+    assert main(["attack", "--target", "energy", "--frames", str(world["root"] / "val.h5"), "--out",
+                 str(world["root"] / "bad")]) == 2
+    assert "METHOD=CHECKPOINT" in capsys.readouterr().err
