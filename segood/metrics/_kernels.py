@@ -337,9 +337,10 @@ def _float32_kernel(bits, labels, m, table, occupied, problems):
     A float32 normal number's float64 key has the same mantissa bits and a binade fixed by (sign, exponent),
     so the rows map to float64 bins afterwards (:func:`float32_rows_to_binades`). Zeros (either sign) go to
     row 0. Subnormals, infinities, NaN and bad labels go to the careful slot: the wrapper bins them the slow way.
-    Marks in ``occupied`` (512 bytes) every row between the lowest and the highest row each block counted in (a
-    superset of the rows counted in, found by a reduction in the vectorised loop: a mark per pixel cost a fifth
-    of the kernel's time), so that the caller reads and clears only those.
+    Marks in ``occupied`` (512 bytes) the zero row and every row between the lowest and the highest other row
+    each block counted in (a superset of the rows counted in, from reductions in the vectorised loop: a mark
+    per pixel cost a fifth of the kernel's time), so that the caller reads and clears only those; scores of
+    both signs in one block mark the rows between (at most all 512, a 4 MiB read and clear per call).
     Returns the number of careful pixels.
     """
     shift = np.uint32(23 - m)
@@ -351,7 +352,7 @@ def _float32_kernel(bits, labels, m, table, occupied, problems):
         block_bits = bits[start : start + _BLOCK]
         block_labels = labels[start : start + _BLOCK]
         n = block_bits.size
-        lowest, highest = np.uint32(511), np.uint32(0)
+        zeros, lowest, highest = np.uint32(0), np.uint32(511), np.uint32(0)
         for k in range(n):  # branch-free, so it vectorises
             b = block_bits[k]
             label = np.uint32(block_labels[k])
@@ -363,10 +364,12 @@ def _float32_kernel(bits, labels, m, table, occupied, problems):
             ok = (label <= np.uint32(OOD)) & (normal | zero)
             index = (((row << np.uint32(1)) | label) << mm) | ((magnitude & np.uint32(0x7FFFFF)) >> shift)
             idx[k] = index if ok else (ignored_index if label == np.uint32(IGNORE) else careful_index)
-            lowest = min(lowest, row if ok else np.uint32(511))
-            highest = max(highest, row if ok else np.uint32(0))
+            zeros |= np.uint32(ok & zero)  # zero apart, so that zeros among values near 1 mark two rows, not 127
+            lowest = min(lowest, row if ok & normal else np.uint32(511))
+            highest = max(highest, row if ok & normal else np.uint32(0))
         for k in range(n):
             table[idx[k]] += 1
+        occupied[0] |= zeros
         for row in range(lowest, highest + 1):
             occupied[row] = 1
     problems[N_IGNORED] += table[ignored_index]
