@@ -211,6 +211,20 @@ def add_model_options(parser):
     parser.add_argument("--weights", type=Path)
 
 
+def add_run_options(parser):
+    """What a run into a folder takes (segood evaluate and segood robustness)."""
+    from pathlib import Path
+
+    parser.add_argument("--fit-set", type=Path, help="converted training set to fit Mahalanobis on")
+    parser.add_argument("--out", type=Path, required=True, help="run folder, e.g. runs/NAME")
+    parser.add_argument("--batch-size", type=int, default=2)
+    parser.add_argument("--device", help="cpu, cuda, cuda:1 (default: the model's)")
+    add_grid_options(parser)
+    parser.add_argument("--save-every", type=int, default=20, help="batches between saved states (default 20)")
+    parser.add_argument("--resume", action="store_true", help="continue a killed run from its saved state")
+    parser.add_argument("--skip-bad", action="store_true", help="skip unreadable or corrupt frames instead of stopping")
+
+
 def add_analysis_options(parser):
     parser.add_argument("--commit-on", metavar="SET", help="a set of the run (by name) to commit thresholds on by "
                         "each rule (tpr95, balanced_accuracy, f1, iou), applied unchanged to every set; without it "
@@ -424,14 +438,7 @@ def build_parser():
     ev.add_argument("--sets", type=Path, nargs="+", required=True, help="converted evaluation sets (.h5)")
     ev.add_argument("--methods", nargs="+", default=["all"], choices=["all", *METHODS], metavar="METHOD",
                     help=f"method names ({', '.join(METHODS)}), or all (default: every method the head serves)")
-    ev.add_argument("--fit-set", type=Path, help="converted training set to fit Mahalanobis on")
-    ev.add_argument("--out", type=Path, required=True, help="run folder, e.g. runs/NAME")
-    ev.add_argument("--batch-size", type=int, default=2)
-    ev.add_argument("--device", help="cpu, cuda, cuda:1 (default: the model's)")
-    add_grid_options(ev)
-    ev.add_argument("--save-every", type=int, default=20, help="batches between saved states (default 20)")
-    ev.add_argument("--resume", action="store_true", help="continue a killed run from its saved state")
-    ev.add_argument("--skip-bad", action="store_true", help="skip unreadable or corrupt frames instead of stopping")
+    add_run_options(ev)
     ev.add_argument("--components", choices=("anomaly", "obstacle"),
                     help="also the component-level metrics of SegmentMeIfYouCan with this preset's size filters")
     ev.add_argument("--component-thresholds", type=Path, metavar="FILE",
@@ -502,14 +509,7 @@ def build_parser():
     rob.add_argument("--seed", type=int, default=0, help="seed of the corruptions (per frame, corruption, level)")
     rob.add_argument("--requirements", type=Path, metavar="FILE.yaml",
                      help="type-approval requirements: pass/fail table in approval.md; exit status 1 on FAIL")
-    rob.add_argument("--fit-set", type=Path, help="converted training set to fit Mahalanobis on")
-    rob.add_argument("--out", type=Path, required=True, help="run folder, e.g. runs/NAME")
-    rob.add_argument("--batch-size", type=int, default=2)
-    rob.add_argument("--device", help="cpu, cuda, cuda:1 (default: the model's)")
-    add_grid_options(rob)
-    rob.add_argument("--save-every", type=int, default=20, help="batches between saved states (default 20)")
-    rob.add_argument("--resume", action="store_true", help="continue a killed run from its saved state")
-    rob.add_argument("--skip-bad", action="store_true", help="skip unreadable or corrupt frames instead of stopping")
+    add_run_options(rob)
     rob.add_argument("--no-verify", action="store_true", help="do not check frames against their set's digests")
     rob.add_argument("--quiet", action="store_true")
     rob.set_defaults(run=_robustness)

@@ -1,4 +1,5 @@
-"""Tiny raw dataset trees in the exact published layouts (datasets/README.md), with known contents."""
+"""Tiny raw dataset trees in the exact published layouts (datasets/README.md), with known contents; and a
+simulated kill for the resume tests."""
 
 import json
 from pathlib import Path
@@ -366,3 +367,16 @@ def road_anomaly_tree(root, height=18, width=32):
     write_webp(frames / "extra09_unlisted.webp", gradient_image(height, width))
     (root / "frame_list.json").write_text(json.dumps(names))
     return out
+
+
+def killed_after(model, calls_allowed):
+    """The model's forward, dying with KeyboardInterrupt at call ``calls_allowed + 1`` (a simulated kill)."""
+    original, calls = model.forward, []
+
+    def forward(x):
+        calls.append(1)
+        if len(calls) > calls_allowed:
+            raise KeyboardInterrupt
+        return original(x)
+
+    return forward

@@ -15,7 +15,7 @@ from segood.methods import get_method
 from segood.metrics import METRIC_NAMES, make_accumulator
 from segood.models import build_model, preprocess, save_checkpoint
 
-from rawtrees import mixed_noise_sets
+from rawtrees import killed_after, mixed_noise_sets
 
 
 @pytest.fixture(scope="module")
@@ -126,19 +126,6 @@ def test_report_flags_values_the_binning_cannot_resolve(sets, tmp_path):
     fine = evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "fine", figures=False)
     assert fine["results"]["external"]["perlin_mixed"]["pooled"]["auroc"] == pytest.approx(1.0)
     assert "≈" not in (tmp_path / "fine" / "results.md").read_text()
-
-
-def killed_after(model, calls_allowed):
-    """The model's forward, dying with KeyboardInterrupt at call ``calls_allowed + 1`` (a simulated kill)."""
-    original, calls = model.forward, []
-
-    def forward(x):
-        calls.append(1)
-        if len(calls) > calls_allowed:
-            raise KeyboardInterrupt
-        return original(x)
-
-    return forward
 
 
 @pytest.mark.parametrize("methods,batch_size", [(["entropy"], 2), (["max_softmax", "varsum", "mutual_info"], 1)])

@@ -17,7 +17,7 @@ from segood.models import build_model, preprocess, save_checkpoint
 from segood.robustness import CorruptedSet
 from segood.robustness.suite import corruption_as_ood, robustness
 
-from rawtrees import mixed_noise_sets
+from rawtrees import killed_after, mixed_noise_sets
 
 METHODS = ["max_softmax", "entropy"]
 OPTIONS = {"corruptions": ["fog", "rotation"], "severities": [1, 3], "seed": 4, "batch_size": 1, "progress": False}
@@ -123,18 +123,6 @@ def test_report_files_figures_and_approval(whole):
     passing.write_text("requirements:\n  - require: brier <= 2\n")
     assert main(["approve", str(out), str(passing)]) == 0
     assert main(["approve", str(out), str(out.parent / "req.yaml")]) == 1
-
-
-def killed_after(net, calls_allowed):
-    original, calls = net.forward, []
-
-    def forward(x):
-        calls.append(1)
-        if len(calls) > calls_allowed:
-            raise KeyboardInterrupt
-        return original(x)
-
-    return forward
 
 
 def test_resume_after_a_kill_equals_an_uninterrupted_run(sets, whole, tmp_path, monkeypatch):
