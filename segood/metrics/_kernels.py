@@ -500,3 +500,96 @@ def float_histogram_torch(scores, labels, m, chunk_pixels=1 << 24):
     host = [(b.cpu().numpy(), c.cpu().numpy().reshape(b.numel(), 2, 1 << m)) for b, c in parts]
     binades, counts = merge_binades(host) if host else (np.zeros(0, np.int64), np.zeros((0, 2, 1 << m), np.int64))
     return binades, counts, problems.cpu().numpy()
+
+
+# -- bounds of the built-in metrics ----------------------------------------------------------------------------
+# The same numbers as functional.metric_bounds' generic path (the metrics of the two refined curves, built as
+# arrays), in one pass over the bins without building them: compute() pays this per call.
+
+@numba.njit(cache=True)
+def _psi_minus_log(x):
+    result = 0.0
+    if x < 20.0:  # psi(x) - ln x = [psi(x + J) - ln(x + J)] + ln((x + J) / x) - sum_{j<J} 1 / (x + j)
+        shift = np.ceil(20.0 - x)
+        result = np.log1p(shift / x)
+        for j in range(int(shift)):
+            result -= 1.0 / (x + j)
+        x += shift
+    inv2 = 1.0 / (x * x)
+    return result - 0.5 / x - inv2 * (1 / 12 - inv2 * (1 / 120 - inv2 * (1 / 252 - inv2 * (1 / 240 - inv2 / 132))))
+
+
+@numba.njit(cache=True)
+def builtin_bounds(tp, fp, n_ood, n_id):
+    """(8,) float64: (lo, hi) of AUROC, AUPRC, FPR95 and MaxIoU between the worst and the best order of the
+    pixels sharing a bin, from the counts ``tp``, ``fp`` (B,) at increasing thresholds (pixels >= t_k).
+
+    The worst curve has, per bin k, the points (TP_k, FP_k) and (TP_{k+1}, FP_k); the best (TP_k, FP_k) and
+    (TP_k, FP_{k+1}) (TP_B = FP_B = 0). Each metric is evaluated as its definition in functional.py does: the
+    trapezoid ROC area from (0, 0) to (1, 1), the AUPRC step sum (the worst curve's with distinct OOD values, in
+    closed form), the smallest FPR with 20 TP >= 19 P, the largest TP / (P + FP)."""
+    b = tp.size
+    m = 2 * b
+    p, n = float(n_ood), float(n_id)
+    out = np.empty(8)
+    for curve in range(2):  # 0: worst, 1: best
+        area = 0.0
+        x_prev, y_prev = 0.0, 0.0  # the ROC walk from (0, 0), thresholds decreasing
+        for i in range(m - 1, -1, -1):
+            k = i // 2
+            upper = i % 2 == 1
+            t_next = tp[k + 1] if k + 1 < b else 0
+            f_next = fp[k + 1] if k + 1 < b else 0
+            t = (t_next if curve == 0 else tp[k]) if upper else tp[k]
+            f = (fp[k] if curve == 0 else f_next) if upper else fp[k]
+            x, y = f / n, t / p
+            area += (x - x_prev) * (y + y_prev)
+            x_prev, y_prev = x, y
+        area += (1.0 - x_prev) * (1.0 + y_prev)
+        auprc = 0.0
+        fpr95 = np.inf
+        best_iou = -np.inf
+        for i in range(m):
+            k = i // 2
+            upper = i % 2 == 1
+            t_next = tp[k + 1] if k + 1 < b else 0
+            f_next = fp[k + 1] if k + 1 < b else 0
+            t = (t_next if curve == 0 else tp[k]) if upper else tp[k]
+            f = (fp[k] if curve == 0 else f_next) if upper else fp[k]
+            j = i + 1  # the next point (0, 0 past the end)
+            kj = j // 2
+            if j >= m:
+                t2, f2 = 0, 0
+            elif j % 2 == 1:
+                t2n = tp[kj + 1] if kj + 1 < b else 0
+                f2n = fp[kj + 1] if kj + 1 < b else 0
+                t2 = t2n if curve == 0 else tp[kj]
+                f2 = fp[kj] if curve == 0 else f2n
+            else:
+                t2, f2 = tp[kj], fp[kj]
+            if curve == 0:  # distinct OOD values: the i-th of a group has precision (a + i) / (c + i)
+                group = t - t2
+                if group > 0:
+                    auprc += group
+                    gap = f2
+                    if gap > 0:
+                        c = float(t2 + f2)
+                        auprc -= gap * (np.log1p(group / (c + 1.0)) + _psi_minus_log(c + group + 1.0)
+                                        - _psi_minus_log(c + 1.0))
+            else:
+                predicted = t + f
+                precision = t / predicted if predicted > 0 else 1.0
+                auprc += (t / p - t2 / p) * precision
+            if 20 * t >= 19 * n_ood:
+                fpr95 = min(fpr95, f / n)
+            best_iou = max(best_iou, t / (p + f))
+        if curve == 0:
+            auprc /= p
+        values = (area / 2, auprc, fpr95, best_iou)
+        for q in range(4):
+            if curve == 0:
+                out[2 * q] = values[q]
+            else:
+                lo, hi = out[2 * q], values[q]
+                out[2 * q], out[2 * q + 1] = min(lo, hi), max(lo, hi)
+    return out
