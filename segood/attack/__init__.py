@@ -2,7 +2,8 @@
 
 ``space`` (the search space: OOD outlines with parametric fills, colour, brightness and placement, as points
 of the unit cube), ``constraints`` (the zero-inlier space: OOD objects of the label map only, and the filter
-against content the network explains as well as its weakest inlier), ``search`` (Metropolis MCMC with a
+against content the network explains as well as its weakest inlier), ``generator`` (the optional learned fill: a
+small autoencoder over the bank's OOD object crops whose decoder's latent joins the cube), ``search`` (Metropolis MCMC with a
 temperature, a budget of network passes, resumable), ``sets`` (the worst-case sets, the transfer matrix and its
 report); ``segood attack`` runs them all.
 """

@@ -12,8 +12,8 @@ The network (:class:`Autoencoder`): three stride-2 convolutions (16, 32, 64 chan
 ``tanh`` latent of ``latent`` numbers after a batch norm (the paper's FC-BN-Tanh: the latent space is the cube
 [-1, 1]^latent; without the norm, a bank of a few dozen objects drives the tanh into saturation within a few
 epochs and every crop decodes to the mean), and back through a linear layer and three transposed convolutions to
-a sigmoid RGB image in [0, 1]. The decoder has no norm: it is a pure function of z. Trained (:func:`train`) by Adam on the mean squared error over the crop,
-seeded (weights and batch order from ``seed``), on the CPU.
+a sigmoid RGB image in [0, 1]. The decoder has no norm: it is a pure function of z. Trained (:func:`train`) by
+Adam on the mean squared error over the crop, seeded (weights and batch order from ``seed``), on the CPU.
 
 Files (:func:`save_generator`, :func:`load_generator`): a plain dict (format tag, settings, state dict, the
 training's record) written atomically with ``torch.save`` and read with ``torch.load(weights_only=True)``;

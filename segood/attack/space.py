@@ -6,7 +6,8 @@ generator's bank: SUN2012 or the demo's objects, only those the label map calls 
 pixels, fractal Perlin noise, normal noise, or a flat colour; ``segood.data.noise``), the fill's pattern seed,
 Perlin frequency and roughness, mean colour (r, g, b), contrast, brightness, and the placement: base position
 (x across the frame, y between the horizon and the bottom) and height over the base's distance below the horizon,
-as the paste generator scales objects (``segood.data.paste.place_at``).
+as the paste generator scales objects (``segood.data.paste.place_at``). The pasted pixels are composited by the
+paste generator's :func:`~segood.data.paste.render` with its blending; masks never pass through interpolation.
 
 With a generator (:mod:`segood.attack.generator`, an autoencoder over the bank's OOD object crops) the space gains
 one more fill, ``learned``: the decoder's image for a latent z, stretched over the object's bounding box and
@@ -14,8 +15,7 @@ used as the object's own pixels are (its mean replaced by the colour dimensions,
 contrast). The latent's ``latent`` numbers are appended to the cube as dimensions ``z0``, ``z1``, ... mapped
 linearly to the decoder's latent cube [-1, 1] (z = 2u - 1: the paper's search space Z = [-1, 1]^D_z), so the same
 proposals move them, one dimension at a time (the paper's latent search). Without a generator the space, its
-decoding and its description are exactly those above, so earlier sets stay reproducible. The pasted pixels are composited by the
-paste generator's :func:`~segood.data.paste.render` with its blending; masks never pass through interpolation.
+decoding and its description are exactly those above, so earlier sets stay reproducible.
 
 The sampler is uniform on the cube; the proposal kernel moves one dimension, chosen uniformly, by a Gaussian
 step reflected at 0 and 1 (symmetric, so the Metropolis ratio needs no Hastings correction), as the
