@@ -187,10 +187,21 @@ def _attack(args):
     attack(args.target, args.frames, args.out, objects=args.objects, label_map=args.label_map, blend=args.blend,
            height_ratio=args.height_ratio, config=config, standard=args.standard, fit_set=args.fit_set,
            max_frames=args.max_frames, resume=args.resume, progress=not args.quiet, figures=not args.no_figures,
-           device=args.device)
+           device=args.device, generator=args.generator)
     print((args.out / "attack.md").read_text(), end="")
     print(f"\nwrote {args.out}/attack.json, attack.md, sets/ (worst_<method>.h5, random_<network>.h5), eval/ and "
           "figures/")
+    return 0
+
+
+def _attack_generator(args):
+    from segood.attack.run import train_generator
+
+    record = train_generator(args.out, objects=args.objects, label_map=args.label_map, latent=args.latent,
+                             epochs=args.epochs, seed=args.seed, progress=not args.quiet)
+    print(f"wrote {args.out}: {record['crops']} OOD object crops, latent {args.latent}, {record['epochs']} epochs, "
+          f"reconstruction loss {record['loss'][0]:.4f} -> {record['final_loss']:.4f} (mean squared error, "
+          f"0-1 scale), {record['seconds']:.1f} s")
     return 0
 
 
@@ -475,9 +486,22 @@ def build_parser():
     att.add_argument("--fit-set", type=Path, help="converted training set to fit sml and mahalanobis on")
     att.add_argument("--device", help="cpu, cuda (default: cpu)")
     att.add_argument("--resume", action="store_true", help="continue a killed attack from its per-frame states")
+    att.add_argument("--generator", type=Path,
+                     help="a generator (segood attack-generator): adds the 'learned' fill and its latent dimensions")
     att.add_argument("--no-figures", action="store_true")
     att.add_argument("--quiet", action="store_true")
     att.set_defaults(run=_attack)
+
+    gen = sub.add_parser("attack-generator", help="train the attack's learned fill: a small autoencoder over the "
+                                                  "OOD object crops of the paste bank (its decoder is searched)")
+    gen.add_argument("--out", type=Path, required=True, help="the generator file, e.g. runs/generator.pt")
+    gen.add_argument("--objects", default="demo", help="the objects to learn: a SUN2012 root or 'demo' (default)")
+    gen.add_argument("--label-map", default="sun", help="which objects are OOD (default label_maps/sun.yaml)")
+    gen.add_argument("--latent", type=positive_int, default=16, help="latent size (default 16)")
+    gen.add_argument("--epochs", type=positive_int, default=200, help="passes over the crops (default 200)")
+    gen.add_argument("--seed", type=int, default=0, help="seeds the weights and the batch order")
+    gen.add_argument("--quiet", action="store_true")
+    gen.set_defaults(run=_attack_generator)
 
     proto = sub.add_parser("protocol", help="the cross-source protocol: tune and commit thresholds on each tuning "
                                             "set, test on every test set; a matrix per method and its headline")

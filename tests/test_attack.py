@@ -1,6 +1,8 @@
 """The attack (issue #21): the search space renders inside the pasted region only, the weakest inlier against a
 literal loop, the search lowers the target's score on a tiny network, every found sample satisfies the
-constraints, sets are reproducible per seed, a killed run resumes to the same sets, and the command line."""
+constraints, sets are reproducible per seed, a killed run resumes to the same sets, and the command line; the
+learned fill: crops against a literal point-in-polygon test, training deterministic per seed and lowering the
+loss, the generator file's round trip and refusals, the fill inside the region only, the search with it."""
 
 import json
 import shutil
@@ -11,6 +13,7 @@ import torch
 
 from segood.attack import DIMENSIONS, Scene, SearchConfig, SearchSpace, calibrate, check_content, ood_only
 from segood.attack.constraints import passes_filter, weakest_inlier
+from segood.attack.generator import load_generator, object_crops, reconstruction_loss, save_generator, train
 from segood.attack.run import attack, parse_targets
 from segood.attack.search import Target, search_frame
 from segood.attack.space import reflect
@@ -142,31 +145,37 @@ def test_the_search_lowers_the_target_score(world):
 
 def test_every_found_sample_satisfies_the_constraints(world, run):
     out, doc = run
+    for method in TARGETS:
+        check_found_samples(world, out, doc, method)
+
+
+def check_found_samples(world, out, doc, method):
+    """Every frame of ``method``'s worst-case set: an OOD object of the label map, the clean frame outside the
+    region, the zero-inlier filter and the score recomputed from the written frame."""
     model, labels = world["model"], world["labels"]
     threshold = doc["networks"]["tiny"]["weakest_inlier"]
-    for method in TARGETS:
-        path = out / "sets" / f"worst_{method}.h5"
-        manifest = read_manifest(path)
-        assert manifest["attack"]["config"] == {"budget": BUDGET, "temperature": 0.1, "step": 0.1, "seed": 0}
-        assert len(manifest["found"]) + len(manifest["skipped"]) == FRAMES
-        dataset = H5SegmentationDataset(path)
-        clean = {s.frame_id: s for s in world["scenes"]}
-        for k, found in enumerate(manifest["found"]):
-            item = dataset[k]
-            assert found["frame_id"] == item["frame_id"]
-            assert labels.values(found["name"])[0] == OOD  # no ID class of the label map
-            region = item["ood_mask"].numpy() == OOD
-            assert region.sum() == found["pixels"] > 0
-            scene = clean[item["frame_id"]]
-            assert (item["image"].permute(1, 2, 0).numpy()[~region] == scene.image[~region]).all()
-            with torch.no_grad():  # the zero-inlier filter, recomputed from the written frame
-                logits = model(preprocess(item["image"][None])).logits
-            confidence = float(torch.softmax(logits, 1).amax(1)[0][torch.from_numpy(region)].mean())
-            assert confidence < threshold
-            assert confidence == pytest.approx(found["confidence"], abs=1e-5)
-            score = get_method(method).score(model, preprocess(item["image"][None]))[0][0][torch.from_numpy(region)]
-            assert float(score.double().mean()) == pytest.approx(found["score"], rel=1e-5, abs=1e-6)
-            assert found["passes"] <= BUDGET
+    path = out / "sets" / f"worst_{method}.h5"
+    manifest = read_manifest(path)
+    assert manifest["attack"]["config"] == {"budget": BUDGET, "temperature": 0.1, "step": 0.1, "seed": 0}
+    assert len(manifest["found"]) + len(manifest["skipped"]) == FRAMES
+    dataset = H5SegmentationDataset(path)
+    clean = {s.frame_id: s for s in world["scenes"]}
+    for k, found in enumerate(manifest["found"]):
+        item = dataset[k]
+        assert found["frame_id"] == item["frame_id"]
+        assert labels.values(found["name"])[0] == OOD  # no ID class of the label map
+        region = item["ood_mask"].numpy() == OOD
+        assert region.sum() == found["pixels"] > 0
+        scene = clean[item["frame_id"]]
+        assert (item["image"].permute(1, 2, 0).numpy()[~region] == scene.image[~region]).all()
+        with torch.no_grad():  # the zero-inlier filter, recomputed from the written frame
+            logits = model(preprocess(item["image"][None])).logits
+        confidence = float(torch.softmax(logits, 1).amax(1)[0][torch.from_numpy(region)].mean())
+        assert confidence < threshold
+        assert confidence == pytest.approx(found["confidence"], abs=1e-5)
+        score = get_method(method).score(model, preprocess(item["image"][None]))[0][0][torch.from_numpy(region)]
+        assert float(score.double().mean()) == pytest.approx(found["score"], rel=1e-5, abs=1e-6)
+        assert found["passes"] <= BUDGET
 
 
 def test_report_transfer_matrix_and_figures(run):
@@ -238,3 +247,182 @@ def test_command_line(world, capsys):
     assert main(["attack", "--target", "energy", "--frames", str(world["root"] / "val.h5"), "--out",
                  str(world["root"] / "bad")]) == 2
     assert "METHOD=CHECKPOINT" in capsys.readouterr().err
+
+
+# The learned fill: a small autoencoder over the bank's OOD object crops, its decoder searched over a latent cube.
+
+GENERATOR_EPOCHS = 40
+
+
+@pytest.fixture(scope="module")
+def generator(world):
+    """A generator trained on the demo bank's OOD crops (seed 0), saved to a file."""
+    images, masks = object_crops(world["space"].objects, lambda o: o.image)
+    model, record = train(images, latent=8, epochs=GENERATOR_EPOCHS, seed=0, progress=False)
+    path = world["root"] / "generator.pt"
+    save_generator(path, model, record)
+    return {"model": model, "record": record, "path": path, "images": images, "masks": masks}
+
+
+def test_object_crops_against_a_literal_point_in_polygon(world, generator):
+    from matplotlib.path import Path as PolygonPath
+
+    images, masks = generator["images"], generator["masks"]
+    objects = world["space"].objects
+    assert images.shape == (len(objects), 3, 32, 32) and images.dtype == np.float32
+    assert 0.0 <= images.min() and images.max() <= 1.0
+    for obj, image, mask in zip(objects, images, masks):
+        points = np.asarray(obj.polygon)
+        x0, y0 = np.floor(points.min(axis=0)).clip(0)
+        x1, y1 = np.ceil(points.max(axis=0)) + 1
+        x1, y1 = min(x1, obj.image.shape[1]), min(y1, obj.image.shape[0])
+        # each crop pixel's centre, mapped back to the source's pixel coordinates, tested against the polygon
+        cx = x0 + (np.arange(32) + 0.5) * (x1 - x0) / 32 - 0.5
+        cy = y0 + (np.arange(32) + 0.5) * (y1 - y0) / 32 - 0.5
+        centres = np.stack(np.meshgrid(cx, cy), -1).reshape(-1, 2)
+        slow = PolygonPath(points).contains_points(centres).reshape(32, 32)
+        assert (slow != mask).mean() <= 0.02  # pixels exactly on an edge may go either way
+        outside = image[:, ~mask]  # one colour outside the object: its mean inside
+        assert np.allclose(outside, image[:, mask].mean(axis=1, keepdims=True), atol=1e-6)
+
+
+def test_generator_training_is_deterministic_per_seed_and_lowers_the_loss(generator):
+    images, record = generator["images"], generator["record"]
+    again, record_again = train(images, latent=8, epochs=GENERATOR_EPOCHS, seed=0, progress=False)
+    other, _ = train(images, latent=8, epochs=GENERATOR_EPOCHS, seed=1, progress=False)
+    first = generator["model"].state_dict()
+    assert all(torch.equal(first[k], v) for k, v in again.state_dict().items())
+    assert record_again["loss"] == record["loss"]
+    assert not all(torch.equal(first[k], v) for k, v in other.state_dict().items())
+    assert len(record["loss"]) == GENERATOR_EPOCHS and record["crops"] == len(images)
+    assert record["loss"][-1] < 0.5 * record["loss"][0]
+    mean_image = float(((images - images.mean(axis=0)) ** 2).mean())  # what a decoder of the mean image scores
+    assert record["final_loss"] < 0.5 * mean_image
+    assert record["final_loss"] == pytest.approx(reconstruction_loss(generator["model"], images))
+    with pytest.raises(ValueError, match="\\(N, 3, s, s\\)"):
+        train(images[:, :2], progress=False)
+
+
+def test_generator_file_round_trip_and_refusals(world, generator, tmp_path):
+    model, path = generator["model"], generator["path"]
+    loaded, record = load_generator(path)
+    assert loaded.config() == model.config() == {"latent": 8, "size": 32, "widths": [16, 32, 64]}
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in loaded.state_dict().items())
+    assert record == generator["record"] and loaded.digest() == model.digest()
+    z = np.linspace(-1, 1, 8)
+    assert (loaded.texture(z) == model.texture(z)).all()
+    assert [p.name for p in path.parent.glob(".generator.pt.*")] == []  # the atomic write left no temporary
+    pickle = tmp_path / "pickle.pt"
+    torch.save({"format": "segood.generator/1", "config": SearchConfig()}, pickle)  # a Python object inside
+    with pytest.raises(ValueError, match="pickled Python objects"):
+        load_generator(pickle)
+    with pytest.raises(ValueError, match="not a segood generator"):
+        load_generator(world["root"] / "tiny.pt")  # a network checkpoint
+    half = tmp_path / "half.pt"
+    half.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ValueError, match="half.pt is not a readable generator: empty, truncated or corrupt"):
+        load_generator(half)
+    wrong = tmp_path / "wrong.pt"
+    state = torch.load(path, weights_only=True)
+    torch.save({**state, "config": {**state["config"], "latent": 9}}, wrong)
+    with pytest.raises(ValueError, match="do not fit"):
+        load_generator(wrong)
+    with pytest.raises(FileNotFoundError, match="no generator"):
+        load_generator(tmp_path / "missing.pt")
+
+
+def test_without_a_generator_the_space_is_the_13_dimensional_one(world, generator):
+    plain, learned = world["space"], SearchSpace(world["space"].objects, lambda o: o.image,
+                                                 generator=generator["model"])
+    assert plain.dims == len(DIMENSIONS) == 13 and "generator" not in plain.describe()
+    assert plain.describe()["textures"] == ["object", "perlin", "normal", "flat"]
+    assert learned.dims == 13 + 8 and learned.dimensions[13:] == tuple(f"z{k}" for k in range(8))
+    assert learned.describe()["generator"] == {"latent": 8, "size": 32, "widths": [16, 32, 64],
+                                               "sha256": generator["model"].digest()}
+    u = np.full(learned.dims, 0.9)
+    assert plain.decode(u[:13])["texture"] == "flat" and "latent" not in plain.decode(u[:13])
+    assert learned.decode(u)["texture"] == "learned" and learned.decode(u)["latent"] == pytest.approx([0.8] * 8)
+    rest = ("object", "pattern", "colour", "contrast", "brightness", "x", "y", "height_ratio")
+    assert {k: plain.decode(u[:13])[k] for k in rest} == {k: learned.decode(u)[k] for k in rest}
+
+
+def test_learned_fill_renders_inside_the_region_only_and_is_deterministic(world, generator):
+    space = SearchSpace(world["space"].objects, lambda o: o.image, generator=generator["model"])
+    scene, rng = world["scenes"][0], np.random.default_rng(2)
+    rendered = 0
+    for _ in range(40):
+        u = space.sample(rng)
+        u[DIMENSIONS.index("texture")] = 0.95  # learned
+        u[DIMENSIONS.index("contrast")] = 1.0
+        candidate = space.render(scene, u)
+        if candidate is None:
+            continue
+        rendered += 1
+        region = candidate.region
+        assert candidate.params["texture"] == "learned"
+        assert (candidate.image[~region] == scene.image[~region]).all()
+        assert (candidate.ood_mask[region] == OOD).all() and (candidate.semantic[region] == IGNORE).all()
+        assert (space.render(scene, u).image == candidate.image).all()  # deterministic for a latent
+        v = u.copy()
+        v[13:] = 1.0 - u[13:]  # another latent, the same placement: other pixels, in the region only
+        moved = space.render(scene, v)
+        assert (moved.region == region).all() and (moved.image[~region] == scene.image[~region]).all()
+        assert (moved.image[region] != candidate.image[region]).any()
+    assert rendered >= 5
+    obj = space.objects[0]  # the fill's texture is the decoder's image stretched over the polygon's box
+    params = space.decode(np.full(space.dims, 0.95))
+    canvas = space.learned_texture(params["latent"], obj.polygon, *obj.image.shape[:2])
+    assert canvas.shape == obj.image.shape and 0 <= canvas.min() and canvas.max() <= 255
+    texture = 255.0 * generator["model"].texture(params["latent"])
+    x0, y0 = np.floor(np.asarray(obj.polygon).min(axis=0)).astype(int).clip(0)
+    assert canvas[y0, x0] == pytest.approx(texture[0, 0], abs=255 * 0.05)  # corner pixels agree (bilinear)
+
+
+class LearnedOnly(SearchSpace):
+    """The space with every point filled by the decoder: the search moves the latent, colour and placement."""
+
+    def decode(self, u):
+        return {**super().decode(u), "texture": "learned"}
+
+
+def test_the_search_with_the_learned_fill_lowers_the_target_score(world, generator):
+    model, scenes = world["model"], world["scenes"]
+    space = LearnedOnly(world["space"].objects, lambda o: o.image, generator=generator["model"])
+    method = get_method("max_logit")
+    cal = calibrate(model, [method], scenes)
+    target = Target(model, method, threshold=cal["weakest_inlier"], scale=cal["score_std"]["max_logit"])
+    records = [search_frame(target, space, scene, SearchConfig(budget=25)) for scene in scenes]
+    assert all(r["found"] and r["passes"] <= 25 and len(r["u"]) == 21 for r in records)
+    assert all(r["score"] <= r["start"]["score"] for r in records)
+    assert sum(r["score"] < r["start"]["score"] for r in records) >= 2
+    assert any(np.asarray(r["u"])[13:].tolist() != np.asarray(r["start"]["u"])[13:].tolist() for r in records)
+
+
+def test_attack_with_a_generator_satisfies_the_constraints_and_resumes_only_with_it(world, generator):
+    out = world["root"] / "learned"
+    tiny = f"max_logit={world['root'] / 'tiny.pt'}"
+    doc = attack([tiny], world["root"] / "val.h5", out, config=SearchConfig(budget=BUDGET), progress=False,
+                 figures=False, generator=generator["path"])
+    assert doc["space"]["generator"]["sha256"] == generator["model"].digest()
+    check_found_samples(world, out, doc, "max_logit")
+    manifest = read_manifest(out / "sets" / "worst_max_logit.h5")
+    assert all(len(f["latent"]) == 8 and len(f["u"]) == 21 for f in manifest["found"])
+    with pytest.raises(ValueError, match="belongs to another attack"):  # the same folder without the generator
+        attack([tiny], world["root"] / "val.h5", out, config=SearchConfig(budget=BUDGET), progress=False,
+               figures=False, resume=True)
+
+
+def test_generator_command_line(world, capsys):
+    path = world["root"] / "cli_generator.pt"
+    assert main(["attack-generator", "--out", str(path), "--latent", "4", "--epochs", "3", "--quiet"]) == 0
+    assert "reconstruction loss" in capsys.readouterr().out and load_generator(path)[0].latent == 4
+    out = world["root"] / "cli_learned"
+    assert main(["attack", "--target", f"energy={world['root'] / 'tiny.pt'}", "--frames",
+                 str(world["root"] / "val.h5"), "--out", str(out), "--budget", "4", "--max-frames", "2", "--quiet",
+                 "--no-figures", "--generator", str(path)]) == 0
+    assert json.loads((out / "attack.json").read_text())["space"]["dimensions"][-4:] == ["z0", "z1", "z2", "z3"]
+    capsys.readouterr()
+    assert main(["attack", "--target", f"energy={world['root'] / 'tiny.pt'}", "--frames",
+                 str(world["root"] / "val.h5"), "--out", str(world["root"] / "bad_gen"), "--generator",
+                 str(world["root"] / "tiny.pt")]) == 2
+    assert "not a segood generator" in capsys.readouterr().err

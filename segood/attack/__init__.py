@@ -2,9 +2,10 @@
 
 ``space`` (the search space: OOD outlines with parametric fills, colour, brightness and placement, as points
 of the unit cube), ``constraints`` (the zero-inlier space: OOD objects of the label map only, and the filter
-against content the network explains as well as its weakest inlier), ``search`` (Metropolis MCMC with a
-temperature, a budget of network passes, resumable), ``sets`` (the worst-case sets, the transfer matrix and its
-report); ``segood attack`` runs them all.
+against content the network explains as well as its weakest inlier), ``generator`` (the optional learned fill:
+a small autoencoder over the bank's OOD object crops, its decoder's latent joining the cube), ``search``
+(Metropolis MCMC with a temperature, a budget of network passes, resumable), ``sets`` (the worst-case sets, the
+transfer matrix and its report); ``segood attack`` runs them all.
 """
 
 from segood.attack.constraints import check_content, ood_only, passes_filter, weakest_inlier

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from segood.attack.constraints import ood_only
+from segood.attack.generator import LATENT, load_generator, object_crops, save_generator, train
 from segood.attack.report import example_figure, markdown
 from segood.attack.search import SearchConfig, Target, calibrate, search_set
 from segood.attack.sets import transfer_matrix, write_set
@@ -42,9 +43,30 @@ def parse_targets(pairs):
     return targets
 
 
+def object_bank(objects="demo", label_map="sun"):
+    """(the label map, the bank's objects it calls OOD) of ``objects``: ``"demo"`` or a SUN2012 root."""
+    labels = SunLabelMap(label_map)
+    bank, _, _ = demo_objects(labels) if str(objects) == "demo" else sun_objects(objects, labels)
+    return labels, ood_only(bank, labels)
+
+
+def train_generator(path, *, objects="demo", label_map="sun", latent=LATENT, epochs=200, seed=0, progress=True):
+    """Train the attack's generator (:mod:`segood.attack.generator`) on the crops of the OOD objects of
+    ``objects`` and write it atomically to ``path``. Returns the training record (settings, loss per epoch, the
+    final reconstruction loss, the objects' keys and the seconds it took)."""
+    _, bank = object_bank(objects, label_map)
+    started = time.perf_counter()
+    images, _ = object_crops(bank, ObjectImages())
+    model, record = train(images, latent=latent, epochs=epochs, seed=seed, progress=progress)
+    record = {**record, "objects": str(objects), "label_map": label_map, "keys": [o.key for o in bank],
+              "seconds": time.perf_counter() - started}
+    save_generator(path, model, record)
+    return record
+
+
 def attack(targets, frames, out_dir, *, objects="demo", label_map="sun", blend="feather",
            height_ratio=HEIGHT_RATIO, config=SearchConfig(), standard=None, fit_set=None, max_frames=None,
-           resume=False, progress=True, figures=True, device=None):
+           resume=False, progress=True, figures=True, device=None, generator=None):
     """Search every target's worst case on the clean frames of ``frames`` and evaluate every method on every set.
 
     Args:
@@ -56,6 +78,8 @@ def attack(targets, frames, out_dir, *, objects="demo", label_map="sun", blend="
         fit_set: a converted training set to fit the methods that need it (sml, mahalanobis).
         max_frames: the first frames only.
         resume: continue a killed run in ``out_dir`` from its per-frame states.
+        generator: a generator file (:func:`train_generator`): adds the ``learned`` fill and its latent
+            dimensions to the search space (None: the 13-dimensional space).
 
     Returns the document written to ``attack.json``.
     """
@@ -66,9 +90,9 @@ def attack(targets, frames, out_dir, *, objects="demo", label_map="sun", blend="
     dataset = H5SegmentationDataset(frames)
     count = len(dataset) if max_frames is None else min(int(max_frames), len(dataset))
     scenes = [Scene.from_item(dataset[i]) for i in range(count)]
-    labels = SunLabelMap(label_map)
-    bank, _, _ = demo_objects(labels) if str(objects) == "demo" else sun_objects(objects, labels)
-    space = SearchSpace(ood_only(bank, labels), ObjectImages(), blend=blend, height_ratio=height_ratio)
+    labels, bank = object_bank(objects, label_map)
+    decoder = None if generator is None else load_generator(generator)[0]
+    space = SearchSpace(bank, ObjectImages(), blend=blend, height_ratio=height_ratio, generator=decoder)
     base = {"config": config.to_dict(), "space": space.describe(), "label_map": label_map,
             "label_map_sha256": labels.sha256, "frames": {**set_identity(frames), "count": count}}
 

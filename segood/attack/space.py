@@ -9,13 +9,23 @@ Perlin frequency and roughness, mean colour (r, g, b), contrast, brightness, and
 as the paste generator scales objects (``segood.data.paste.place_at``). The pasted pixels are composited by the
 paste generator's :func:`~segood.data.paste.render` with its blending; masks never pass through interpolation.
 
+With a generator (:mod:`segood.attack.generator`, an autoencoder over the bank's OOD object crops) the space gains
+one more fill, ``learned``: the decoder's image for a latent z, stretched over the object's bounding box and
+used as the object's own pixels are (its mean replaced by the colour dimensions, its amplitude scaled by
+contrast). The latent's ``latent`` numbers are appended to the cube as dimensions ``z0``, ``z1``, ... mapped
+linearly to the decoder's latent cube [-1, 1] (z = 2u - 1: the paper's search space Z = [-1, 1]^D_z), so the same
+proposals move them, one dimension at a time (the paper's latent search). Without a generator the space, its
+decoding and its description are exactly those above, so earlier sets stay reproducible.
+
 The sampler is uniform on the cube; the proposal kernel moves one dimension, chosen uniformly, by a Gaussian
 step reflected at 0 and 1 (symmetric, so the Metropolis ratio needs no Hastings correction), as the
 adversarial-distributions paper's sampler moves one latent dimension at a time.
 """
 
+import math
 from dataclasses import dataclass
 
+import cv2
 import numpy as np
 
 from segood.data.noise import normal_image, perlin_image
@@ -80,23 +90,32 @@ class SearchSpace:
         object_image: callable returning an object's (h, w, 3) uint8 image (``Paste.object_image``).
         blend: the paste generator's blending (``none``, ``feather``, ``seamless``).
         height_ratio: (low, high) of the pasted height over the base's distance below the horizon.
+        generator: an :class:`~segood.attack.generator.Autoencoder` whose decoder makes the ``learned`` fill
+            (None: the four parametric fills only, and D = 13).
     """
 
-    def __init__(self, objects, object_image, *, blend="feather", height_ratio=HEIGHT_RATIO):
+    def __init__(self, objects, object_image, *, blend="feather", height_ratio=HEIGHT_RATIO, generator=None):
         if not objects:
             raise ValueError("the search space needs at least one OOD object to take outlines from")
         if blend not in BLENDS:
             raise ValueError(f"blend must be one of {BLENDS}, got {blend!r}")
         self.objects, self.object_image = list(objects), object_image
         self.blend, self.height_ratio = blend, tuple(float(v) for v in height_ratio)
-        self.dims = len(DIMENSIONS)
+        self.generator = generator
+        self.textures = TEXTURES + (("learned",) if generator is not None else ())
+        self.dimensions = DIMENSIONS + (tuple(f"z{k}" for k in range(generator.latent)) if generator is not None
+                                        else ())
+        self.dims = len(self.dimensions)
 
     def describe(self):
         """The space's definition, for manifests."""
-        return {"dimensions": list(DIMENSIONS), "textures": list(TEXTURES), "patterns": PATTERNS,
-                "frequency": list(FREQUENCY), "roughness": list(ROUGHNESS), "brightness": list(BRIGHTNESS),
-                "height_ratio": list(self.height_ratio), "blend": self.blend,
-                "objects": [o.key for o in self.objects]}
+        described = {"dimensions": list(self.dimensions), "textures": list(self.textures), "patterns": PATTERNS,
+                     "frequency": list(FREQUENCY), "roughness": list(ROUGHNESS), "brightness": list(BRIGHTNESS),
+                     "height_ratio": list(self.height_ratio), "blend": self.blend,
+                     "objects": [o.key for o in self.objects]}
+        if self.generator is not None:
+            described["generator"] = {**self.generator.config(), "sha256": self.generator.digest()}
+        return described
 
     def sample(self, rng):
         """A point drawn uniformly from the cube: (D,) float64."""
@@ -114,16 +133,17 @@ class SearchSpace:
         u = np.asarray(u, np.float64)
         if u.shape != (self.dims,) or not ((u >= 0) & (u <= 1)).all():
             raise ValueError(f"a point of the search space is {self.dims} numbers in [0, 1], got {u!r}")
-        v = dict(zip(DIMENSIONS, u.tolist()))
+        v = dict(zip(self.dimensions, u.tolist()))
         obj = self.objects[_pick(v["object"], len(self.objects))]
         lo, hi = self.height_ratio
-        return {"object": obj.key, "name": obj.name, "texture": TEXTURES[_pick(v["texture"], len(TEXTURES))],
+        latent = {} if self.generator is None else {"latent": [2.0 * x - 1.0 for x in u[len(DIMENSIONS):].tolist()]}
+        return {"object": obj.key, "name": obj.name, "texture": self.textures[_pick(v["texture"], len(self.textures))],
                 "pattern": _pick(v["pattern"], PATTERNS),
                 "frequency": FREQUENCY[0] * (FREQUENCY[1] / FREQUENCY[0]) ** v["frequency"],
                 "roughness": ROUGHNESS[0] + (ROUGHNESS[1] - ROUGHNESS[0]) * v["roughness"],
                 "colour": [255.0 * v["red"], 255.0 * v["green"], 255.0 * v["blue"]], "contrast": v["contrast"],
                 "brightness": BRIGHTNESS[0] + (BRIGHTNESS[1] - BRIGHTNESS[0]) * v["brightness"],
-                "x": v["x"], "y": v["y"], "height_ratio": lo + (hi - lo) * v["height_ratio"],
+                "x": v["x"], "y": v["y"], "height_ratio": lo + (hi - lo) * v["height_ratio"], **latent,
                 "u": u.tolist()}
 
     def fill(self, params, obj):
@@ -138,6 +158,9 @@ class SearchSpace:
         elif texture == "perlin":
             frequency = max(1, int(round(params["frequency"])))
             pattern = perlin_image(rng, h, w, frequency, 3, params["roughness"]) / 127.5 - 1.0
+        elif texture == "learned":
+            own = self.learned_texture(params["latent"], obj.polygon, h, w)
+            pattern = (own - own.mean(axis=(0, 1))) / 127.5
         elif texture == "normal":
             pattern = normal_image(rng, h, w, params["roughness"] / 2) / 127.5 - 1.0
         else:
@@ -145,6 +168,17 @@ class SearchSpace:
         colour = np.asarray(params["colour"], np.float64)
         pixels = (colour + params["contrast"] * 127.5 * pattern) * params["brightness"]
         return np.clip(np.rint(pixels), 0, 255).astype(np.uint8)
+
+    def learned_texture(self, latent, polygon, height, width):
+        """The decoder's image for ``latent`` stretched (bilinear) over the polygon's bounding box in a
+        (height, width, 3) float64 canvas on the 0-255 scale, its edges replicated beyond the box."""
+        points = np.asarray(polygon, np.float64)
+        x0, y0 = (max(0, math.floor(v)) for v in points.min(axis=0))
+        x1 = min(width, math.ceil(points[:, 0].max()) + 1)
+        y1 = min(height, math.ceil(points[:, 1].max()) + 1)
+        texture = cv2.resize(255.0 * self.generator.texture(latent), (x1 - x0, y1 - y0),
+                             interpolation=cv2.INTER_LINEAR)
+        return np.pad(texture, ((y0, height - y1), (x0, width - x1), (0, 0)), mode="edge")
 
     def render(self, scene, u):
         """The :class:`Candidate` of point ``u`` on ``scene``, or None when its placement breaks the paste
