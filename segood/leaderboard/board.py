@@ -21,7 +21,7 @@ from segood.leaderboard.submission import validate
 from segood.metrics import (METRICS, UndefinedMetricWarning, accumulator_from_state, describe_grid, grid_spec,
                             make_accumulator)
 from segood.metrics.accumulator import OPTIONAL_STATE
-from segood.metrics.bootstrap import Bootstrap, resampled_metrics, shift, tied_ranks
+from segood.metrics.bootstrap import Bootstrap, shifted_metrics, tied_ranks
 
 BENCHMARK_SCHEMA = "segood.benchmark/1"
 TOLERANCE = 1e-6
@@ -317,8 +317,8 @@ def _intervals_and_ties(rows, spec, settings):
         for k, row in enumerate(rows):
             images = row["_images"]
             if row["score"] is not None and all(len(images[s]) == len(weights[s][0]) for s in sets):
-                samples[k] = np.mean([_shifted(images[s], weights[s], metric, row["sets"][s][metric]) for s in sets],
-                                     axis=0)
+                samples[k] = np.mean([shifted_metrics(images[s], weights[s], (metric,), row["sets"][s])[metric]
+                                      for s in sets], axis=0)
     sign = 1.0 if METRICS[metric].higher_is_better else -1.0
     paired = [k for k in samples if rows[k]["verified"]]
     significant = {a: {b: True for b in range(len(rows))} for a in range(len(rows))}
@@ -332,13 +332,6 @@ def _intervals_and_ties(rows, spec, settings):
         del row["_images"]
         row["interval"] = settings.interval(samples[k]) if k in samples else None
         row["rank"] = ranks[k]
-
-
-def _shifted(images, weights, metric, fine):
-    """Resampled values of ``metric``, shifted by the coarsening's bias on the whole set (see segood.metrics
-    .bootstrap)."""
-    whole = resampled_metrics(images, np.ones((1, len(images))), (metric,))[metric][0]
-    return shift(resampled_metrics(images, weights, (metric,))[metric], fine - whole, metric)
 
 
 def _check_official_sets(benchmark):

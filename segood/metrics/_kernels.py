@@ -519,29 +519,35 @@ def _psi_minus_log(x):
     return result - 0.5 / x - inv2 * (1 / 12 - inv2 * (1 / 120 - inv2 * (1 / 252 - inv2 * (1 / 240 - inv2 / 132))))
 
 
+@numba.njit(cache=True, inline="always")
+def _refined_point(tp, fp, i, curve):
+    """(TP, FP) of point i of a refined curve (0: worst, 1: best); (0, 0) past the last point. Bin k has the points
+    2k: (TP_k, FP_k) and 2k + 1: worst (TP_{k+1}, FP_k), best (TP_k, FP_{k+1}) (TP_B = FP_B = 0)."""
+    k = i // 2
+    t = tp[k] if k < tp.size else 0
+    f = fp[k] if k < tp.size else 0
+    t_next = tp[k + 1] if k + 1 < tp.size else 0
+    f_next = fp[k + 1] if k + 1 < tp.size else 0
+    upper = i % 2 == 1
+    return (t_next if upper and curve == 0 else t), (f_next if upper and curve == 1 else f)
+
+
 @numba.njit(cache=True)
 def builtin_bounds(tp, fp, n_ood, n_id):
     """(8,) float64: (lo, hi) of AUROC, AUPRC, FPR95 and MaxIoU between the worst and the best order of the
     pixels sharing a bin, from the counts ``tp``, ``fp`` (B,) at increasing thresholds (pixels >= t_k).
 
-    The worst curve has, per bin k, the points (TP_k, FP_k) and (TP_{k+1}, FP_k); the best (TP_k, FP_k) and
-    (TP_k, FP_{k+1}) (TP_B = FP_B = 0). Each metric is evaluated as its definition in functional.py does: the
-    trapezoid ROC area from (0, 0) to (1, 1), the AUPRC step sum (the worst curve's with distinct OOD values, in
-    closed form), the smallest FPR with 20 TP >= 19 P, the largest TP / (P + FP)."""
-    b = tp.size
-    m = 2 * b
+    The points of the two refined curves are :func:`_refined_point`'s. Each metric is evaluated as its definition
+    in functional.py does: the trapezoid ROC area from (0, 0) to (1, 1), the AUPRC step sum (the worst curve's
+    with distinct OOD values, in closed form), the smallest FPR with 20 TP >= 19 P, the largest TP / (P + FP)."""
+    m = 2 * tp.size
     p, n = float(n_ood), float(n_id)
     out = np.empty(8)
     for curve in range(2):  # 0: worst, 1: best
         area = 0.0
         x_prev, y_prev = 0.0, 0.0  # the ROC walk from (0, 0), thresholds decreasing
         for i in range(m - 1, -1, -1):
-            k = i // 2
-            upper = i % 2 == 1
-            t_next = tp[k + 1] if k + 1 < b else 0
-            f_next = fp[k + 1] if k + 1 < b else 0
-            t = (t_next if curve == 0 else tp[k]) if upper else tp[k]
-            f = (fp[k] if curve == 0 else f_next) if upper else fp[k]
+            t, f = _refined_point(tp, fp, i, curve)
             x, y = f / n, t / p
             area += (x - x_prev) * (y + y_prev)
             x_prev, y_prev = x, y
@@ -550,32 +556,16 @@ def builtin_bounds(tp, fp, n_ood, n_id):
         fpr95 = np.inf
         best_iou = -np.inf
         for i in range(m):
-            k = i // 2
-            upper = i % 2 == 1
-            t_next = tp[k + 1] if k + 1 < b else 0
-            f_next = fp[k + 1] if k + 1 < b else 0
-            t = (t_next if curve == 0 else tp[k]) if upper else tp[k]
-            f = (fp[k] if curve == 0 else f_next) if upper else fp[k]
-            j = i + 1  # the next point (0, 0 past the end)
-            kj = j // 2
-            if j >= m:
-                t2, f2 = 0, 0
-            elif j % 2 == 1:
-                t2n = tp[kj + 1] if kj + 1 < b else 0
-                f2n = fp[kj + 1] if kj + 1 < b else 0
-                t2 = t2n if curve == 0 else tp[kj]
-                f2 = fp[kj] if curve == 0 else f2n
-            else:
-                t2, f2 = tp[kj], fp[kj]
+            t, f = _refined_point(tp, fp, i, curve)
+            t2, f2 = _refined_point(tp, fp, i + 1, curve)
             if curve == 0:  # distinct OOD values: the i-th of a group has precision (a + i) / (c + i)
                 group = t - t2
                 if group > 0:
                     auprc += group
-                    gap = f2
-                    if gap > 0:
+                    if f2 > 0:
                         c = float(t2 + f2)
-                        auprc -= gap * (np.log1p(group / (c + 1.0)) + _psi_minus_log(c + group + 1.0)
-                                        - _psi_minus_log(c + 1.0))
+                        auprc -= f2 * (np.log1p(group / (c + 1.0)) + _psi_minus_log(c + group + 1.0)
+                                       - _psi_minus_log(c + 1.0))
             else:
                 predicted = t + f
                 precision = t / predicted if predicted > 0 else 1.0

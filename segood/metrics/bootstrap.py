@@ -167,10 +167,16 @@ def coarsening(images):
     return {name: float(max(values[name] - lo, hi - values[name])) for name, (lo, hi) in metric_bounds(hist).items()}
 
 
-def shift(samples, offset, name):
-    """Resampled values moved by ``offset``, kept within the metric's range."""
-    lo, hi = METRICS[name].range or (-np.inf, np.inf)
-    return np.clip(samples + offset, lo, hi)
+def shifted_metrics(images, weights, names, fine=None):
+    """:func:`resampled_metrics`, each metric shifted by (fine - coarse) of the whole set where ``fine`` (its value
+    on the fine grid) is given, kept within the metric's range: the coarsening's systematic part removed."""
+    everything = resampled_metrics(images, np.vstack([weights, np.ones((1, len(images)))]), names)  # + the whole set
+    samples = {name: values[:-1] for name, values in everything.items()}
+    for name, value in (fine or {}).items():
+        if name in samples and value is not None:
+            lo, hi = METRICS[name].range or (-np.inf, np.inf)
+            samples[name] = np.clip(samples[name] + (value - everything[name][-1]), lo, hi)
+    return samples
 
 
 def compare(per_method, settings=Bootstrap(), metric_names=None, points=None):
@@ -195,12 +201,8 @@ def compare(per_method, settings=Bootstrap(), metric_names=None, points=None):
         raise ValueError("no per-image counts to resample: rerun the evaluation with this segood (runs before "
                          "per-image counts cannot be bootstrapped)")
     weights = settings.weights(n)
-    samples = {m: resampled_metrics(images, weights, metric_names) for m, images in per_method.items()}
-    for m, fine in (points or {}).items():
-        whole = resampled_metrics(per_method[m], np.ones((1, n)), metric_names)
-        for name in metric_names:
-            if fine.get(name) is not None:
-                samples[m][name] = shift(samples[m][name], fine[name] - whole[name][0], name)
+    samples = {m: shifted_metrics(images, weights, metric_names, (points or {}).get(m))
+               for m, images in per_method.items()}
     means = {m: resampled_means(images, weights, metric_names) for m, images in per_method.items()}
     out = {"intervals": {m: {k: settings.interval(v) for k, v in s.items()} for m, s in samples.items()},
            "per_image_intervals": {m: {k: settings.interval(v) for k, v in s.items()} for m, s in means.items()},
