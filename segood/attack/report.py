@@ -49,7 +49,7 @@ def markdown(doc):
             name = doc["targets"][attacked]["set"]
             lines.append(f"| worst {attacked} | " + " | ".join(
                 _cell(doc["matrix"][m].get(name, {}).get(metric)) for m in methods) + " |")
-    lines += ["", f"Zero-inlier thresholds (weakest inlier: lowest per-frame mean max-softmax over the ID pixels of "
+    lines += ["", "Zero-inlier thresholds (weakest inlier: lowest per-frame mean max-softmax over the ID pixels of "
                   "the clean frames): " + ", ".join(f"{n} {v['weakest_inlier']:.4f}"
                                                    for n, v in doc["networks"].items()), "",
               f"Network passes: {doc['passes']} in the searches; search time {doc['search_seconds']:.0f} s, "

@@ -1,6 +1,7 @@
 """What a run's numbers mean: bootstrap intervals and tied ranks, committed thresholds, and runtime apart.
 
-Each works from the saved evaluation state only, so ``segood report`` can redo it with other settings.
+Each works from the saved evaluation state and its accumulators' results (:func:`computed`, once per report),
+so ``segood report`` can redo it with other settings.
 """
 
 import warnings
@@ -12,7 +13,14 @@ from segood.metrics.bootstrap import COARSE_BITS, Bootstrap, compare, tied_ranks
 from segood.metrics.thresholds import RULES, at_threshold, commit
 
 
-def significance(ev, settings=Bootstrap()):
+def computed(ev):
+    """{(method, set): the accumulator's ``compute()``, or None where it saw no image}."""
+    with warnings.catch_warnings():  # undefined metrics are NaN, reported as null
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        return {key: acc.compute() if acc.n_images else None for key, acc in ev.acc.items()}
+
+
+def significance(ev, results, settings=Bootstrap()):
     """({(method, set): {"intervals", "per_image_intervals", "coarsening"}}, {set: {"ranks", "p_better"}}, the
     settings as reported); sets without per-image counts (runs before them) are left out."""
     cells, comparisons = {}, {}
@@ -20,7 +28,7 @@ def significance(ev, settings=Bootstrap()):
         images = {m: ev.acc[(m, s)].images for m in ev.method_names}
         if any(len(i) == 0 or len(i) != ev.acc[(m, s)].n_images for m, i in images.items()):
             continue
-        pooled = {m: _pooled(ev.acc[(m, s)]) for m in ev.method_names}
+        pooled = {m: _pooled(results[(m, s)]) for m in ev.method_names}
         found = compare(images, settings, points=pooled)
         for m in ev.method_names:
             cells[(m, s)] = {key: found[key][m] for key in ("intervals", "per_image_intervals", "coarsening")}
@@ -33,7 +41,7 @@ def significance(ev, settings=Bootstrap()):
     return cells, comparisons, described
 
 
-def committed(ev, commit_on=None, rules=tuple(RULES)):
+def committed(ev, results, commit_on=None, rules=tuple(RULES)):
     """{(method, set): {"committed": {rule: {...}} or absent, "oracle": {rule: {...}}}}: thresholds chosen by each
     rule on the set ``commit_on`` (one of the run's sets) and applied to every set, and, named as such, the
     oracle thresholds each set would choose for itself."""
@@ -41,13 +49,12 @@ def committed(ev, commit_on=None, rules=tuple(RULES)):
         raise ValueError(f"--commit-on {commit_on!r} is not a set of the run; choose one of {ev.set_names}")
     out = {}
     for m in ev.method_names:
-        results = {s: _pooled(ev.acc[(m, s)], full=True) for s in ev.set_names}
-        chosen = {rule: _commit(results[commit_on], rule) for rule in rules} if commit_on else {}
+        chosen = {rule: _commit(results[(m, commit_on)], rule) for rule in rules} if commit_on else {}
         for s in ev.set_names:
-            cell = {"oracle": {rule: _applied(results[s], _commit(results[s], rule), "oracle (this set)")
-                               for rule in rules}}
+            result = results[(m, s)]
+            cell = {"oracle": {rule: _applied(result, _commit(result, rule), "oracle (this set)") for rule in rules}}
             if commit_on:
-                cell["committed"] = {rule: _applied(results[s], chosen[rule], commit_on) for rule in rules}
+                cell["committed"] = {rule: _applied(result, chosen[rule], commit_on) for rule in rules}
             out[(m, s)] = cell
     return out
 
@@ -69,14 +76,9 @@ def runtime(ev):
     return out
 
 
-def _pooled(acc, full=False):
-    if not acc.n_images and not acc.curve_counts()[1].any():
-        return {k: None for k in METRICS} if not full else None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UndefinedMetricWarning)
-        result = acc.compute()
-    if full:
-        return result
+def _pooled(result):
+    if result is None:
+        return {k: None for k in METRICS}
     return {k: None if np.isnan(result[k]) else float(result[k]) for k in METRICS}
 
 

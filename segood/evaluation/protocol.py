@@ -84,7 +84,7 @@ def protocol_markdown(doc):
     metric, rule = doc["metric"], doc["rule"]
     label = METRICS[metric].label
     lines = [f"# Cross-source protocol ({label}; thresholds committed by {rule} on the tuning set)", "",
-             f"Headline: the mean over the cells whose tuning and test sets share no OOD source (cells marked † do "
+             "Headline: the mean over the cells whose tuning and test sets share no OOD source (cells marked † do "
              "and are left out).", "",
              f"| method | headline {label} | headline balanced accuracy | cells |", "|---|---:|---:|---:|"]
     for m, h in doc["headline"].items():

@@ -4,17 +4,16 @@ import csv
 import io
 import math
 import re
-import warnings
 
 import numpy as np
 
-from segood.evaluation.analysis import committed, runtime, significance
+from segood.evaluation.analysis import committed, computed, runtime, significance
 from segood.evaluation.layout import RunFolder
 from segood.evaluation.runner import Evaluation
 from segood.io import atomic_write_text, write_json
 from segood.labels import CLASS_NAMES, colorize
 from segood.methods.tuning import same_source_tuning
-from segood.metrics import METRICS, UndefinedMetricWarning, describe_grid, grid_spec
+from segood.metrics import METRICS, describe_grid, grid_spec
 from segood.metrics.bootstrap import Bootstrap
 
 SCHEMA = "segood.results/1"
@@ -29,8 +28,9 @@ def build_results(run, ev, *, bootstrap=Bootstrap(), commit_on=None):
     """The results.json document from the run description and the (all-reduced) evaluation state: pooled and
     per-image metrics with bootstrap intervals (``bootstrap``; None: none) and tied ranks, thresholds committed on
     the set ``commit_on`` (and the oracle ones, named so), and runtime per method."""
-    cells, comparisons, described = significance(ev, bootstrap) if bootstrap else ({}, {}, None)
-    thresholds = committed(ev, commit_on)
+    computed_results = computed(ev)
+    cells, comparisons, described = significance(ev, computed_results, bootstrap) if bootstrap else ({}, {}, None)
+    thresholds = committed(ev, computed_results, commit_on)
     results, per_class = {}, {}
     for m in ev.method_names:
         results[m], per_class[m] = {}, {}
@@ -38,9 +38,7 @@ def build_results(run, ev, *, bootstrap=Bootstrap(), commit_on=None):
         for s in ev.set_names:
             acc = ev.acc[(m, s)]
             n_id, n_ood = (int(v) for v in acc.curve_counts()[1].sum(axis=1))
-            with warnings.catch_warnings():  # undefined metrics are reported as null
-                warnings.simplefilter("ignore", UndefinedMetricWarning)
-                r = acc.compute() if acc.n_images else {k: float("nan") for k in (*METRICS, "max_iou_threshold")}
+            r = computed_results[(m, s)] or {k: float("nan") for k in (*METRICS, "max_iou_threshold")}
             pooled = {k: _number(r.get(k, float("nan"))) for k in (*METRICS, "max_iou_threshold")}
             bounds = {k: [_number(v) for v in r.get("bounds", {}).get(k, (float("nan"),) * 2)] for k in METRICS}
             per_image = r.get("per_image_mean")
