@@ -429,3 +429,26 @@ def test_the_one_pass_bounds_equal_the_refined_curves_metrics():
         fast, reference = metric_bounds(hist), refined_bounds(hist)
         for name, (lo, hi) in reference.items():
             assert fast[name] == pytest.approx((lo, hi), abs=1e-12), (trial, name)
+
+
+def test_the_one_pass_metrics_equal_their_definitions():
+    """The built-in metrics' numba pass (metrics_from_counts) against their definitions on arrays, on random
+    curves with ties, empty bins and counts up to 1e5."""
+    from segood.metrics.functional import Curve, METRICS, metrics_from_counts
+
+    rng = np.random.default_rng(1)
+    for trial in range(300):
+        size = int(rng.integers(1, 80))
+        hist = rng.integers(0, 5, (2, size)) * (rng.random((2, size)) < 0.6)
+        if trial % 3 == 0:
+            hist = rng.integers(0, 100000, (2, size))
+        if not (hist[0].sum() and hist[1].sum()):
+            continue
+        fp, tp = (np.cumsum(row[::-1])[::-1] for row in hist)
+        thresholds = np.sort(rng.random(size)) + np.arange(size)
+        curve = Curve(thresholds, tp, fp, int(tp[0]), int(fp[0]))
+        got = metrics_from_counts(thresholds, tp, fp, int(tp[0]), int(fp[0]))
+        for name, metric in METRICS.items():
+            assert got[name] == pytest.approx(metric.from_curve(curve), rel=1e-13, abs=1e-15), (trial, name)
+        iou = tp / (tp[0] + fp)
+        assert got["max_iou_threshold"] == thresholds[np.argmax(iou)]

@@ -335,7 +335,7 @@ def _float32_kernel(bits, labels, m, table, occupied, problems):
     table lookup: rows are (sign, float32 exponent), 512 of them, each 2 x 2^m counters (ID, OOD) of the top m
     mantissa bits, in ``table`` ((512 x 2 x 2^m + 2,) int32, then the ignored and the careful scratch).
     A float32 normal number's float64 key has the same mantissa bits and a binade fixed by (sign, exponent),
-    so the rows map to float64 bins afterwards (:func:`float32_rows_to_binades`). Zeros (either sign) go to
+    so the rows map to float64 bins afterwards (:func:`float32_drain`). Zeros (either sign) go to
     row 0. Subnormals, infinities, NaN and bad labels go to the careful slot: the wrapper bins them the slow way.
     Marks in ``occupied`` (512 bytes) the zero row and every row between the lowest and the highest other row
     each block counted in (a superset of the rows counted in, from reductions in the vectorised loop: a mark
@@ -378,15 +378,44 @@ def _float32_kernel(bits, labels, m, table, occupied, problems):
     return careful
 
 
-def float32_rows_to_binades(rows, counts, m):
-    """(binades, counts (k, 2, 2^m)) in float64 terms from rows of :func:`_float32_kernel`: row 0 is zero
-    (binade 2048), a positive row e is binade 2048 + 896 + e, a negative one 2047 - 896 - e with its low bits
-    reversed (a negative key is the float64 bits inverted)."""
-    sign, exponent = rows // 256, rows % 256
-    binades = np.where(rows == 0, 2048, np.where(sign == 0, 2048 + 896 + exponent, 2047 - 896 - exponent))
-    counts = np.where((sign == 1)[:, None, None], counts[..., ::-1], counts)
-    order = np.argsort(binades)
-    return binades[order].astype(np.int64), counts[order].astype(np.int64)
+@numba.njit(cache=True)
+def float32_drain(table, occupied, m):
+    """The counts of :func:`_float32_kernel`'s marked rows in float64 terms, (binades (k,) int64 increasing, counts
+    (k, 2, 2^m) int64), for the rows that hold a pixel; clears the marked rows and the marks.
+
+    Row 0 is zero (binade 2048), a positive row e is binade 2048 + 896 + e, a negative one (256 + e) binade
+    2047 - 896 - e with its low bits reversed (a negative key is the float64 bits inverted); so binades increase
+    over the negative rows by decreasing e, row 0, then the positive rows by increasing e."""
+    width = 1 << m
+    rows = table[: 512 * 2 * width].reshape(512, 2, width)
+    order = np.empty(512, np.int64)
+    binades = np.empty(512, np.int64)
+    size = 0
+    for i in range(512):
+        row = 511 - i if i < 255 else (0 if i == 255 else i - 255)  # rows 511..257, 0, 1..256 (256: -0, unused)
+        if row == 256 or not occupied[row]:
+            continue
+        filled = False
+        for b in range(width):
+            if rows[row, 0, b] != 0 or rows[row, 1, b] != 0:
+                filled = True
+                break
+        if filled:
+            order[size] = row
+            e = row % 256
+            binades[size] = 2048 if row == 0 else (2048 + 896 + e if row < 256 else 2047 - 896 - e)
+            size += 1
+    counts = np.empty((size, 2, width), np.int64)
+    for i in range(size):
+        row = order[i]
+        for label in range(2):
+            for b in range(width):
+                counts[i, label, b] = rows[row, label, width - 1 - b if row > 256 else b]
+    for row in range(512):
+        if occupied[row]:
+            rows[row] = 0
+            occupied[row] = 0
+    return binades[:size].copy(), counts
 
 
 def _general(scores, labels, m, problems, initial_slots=8):
@@ -435,18 +464,15 @@ def float_histogram_numpy(scores, labels, m, threads, initial_slots=8):
         part = slice(bounds[c], bounds[c + 1])
         if fast:
             table, occupied = _scratch(m)
-            rows_view = table[: 512 * (2 << m)].reshape(512, 2, 1 << m)
             try:
                 careful = _float32_kernel(scores[part].view(np.uint32), labels[part], m, table, occupied,
                                           problems[c])
-                rows = np.flatnonzero(occupied)
-                counts = rows_view[rows]  # a copy
-            finally:  # clean for the next call, whatever happened (an interrupt included)
-                rows_view[np.flatnonzero(occupied)] = 0
+                parts = [float32_drain(table, occupied, m)]
+            finally:  # clean for the next call whatever happened, an interrupt included (the drain clears its rows)
+                if occupied.any():
+                    table[:] = 0
+                    occupied[:] = 0
                 table[-2:] = 0
-                occupied[:] = 0
-            keep = counts.any(axis=(1, 2))
-            parts = [float32_rows_to_binades(rows[keep], counts[keep], m)]
             if careful:
                 parts.append(_careful_float32(scores[part], labels[part], m, problems[c]))
             results[c] = merge_binades(parts)
@@ -461,13 +487,55 @@ def float_histogram_numpy(scores, labels, m, threads, initial_slots=8):
 
 
 def merge_binades(parts):
-    """Sum [(binades (k,), counts (k, 2, 2^m))] into (sorted union of binades, int64 counts)."""
-    binades = np.unique(np.concatenate([b for b, _ in parts])) if parts else np.zeros(0, np.int64)
-    shape = parts[0][1].shape[1:] if parts else (2, 0)
-    counts = np.zeros((binades.size, *shape), np.int64)
+    """Sum [(binades (k,), counts (k, 2, 2^m))] into (sorted union of binades, new int64 counts)."""
+    parts = [(b, c) for b, c in parts if b.size] or parts[:1]
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros((0, 2, 0), np.int64)
+    if all(np.array_equal(b, parts[0][0]) for b, _ in parts[1:]):  # the usual case: one pass per part
+        counts = parts[0][1].astype(np.int64)
+        for _, c in parts[1:]:
+            counts += c
+        return parts[0][0].astype(np.int64), counts
+    binades = np.unique(np.concatenate([b for b, _ in parts]))
+    counts = np.zeros((binades.size, *parts[0][1].shape[1:]), np.int64)
     for b, c in parts:
         counts[np.searchsorted(binades, b)] += c
     return binades.astype(np.int64), counts
+
+
+@numba.njit(cache=True)
+def float_order_curve(binades, counts, m):
+    """The occupied bins of (binades (k,), counts (k, 2, 2^m)) in increasing order: (thresholds (B,), each the
+    smallest float64 of its bin, -inf for the bin of -inf; hist (2, B) int64 ID and OOD counts; fp, tp (B,) int64
+    reverse cumulative sums)."""
+    width = counts.shape[2]
+    size = 0
+    for r in range(counts.shape[0]):
+        for b in range(width):
+            size += (counts[r, 0, b] != 0) | (counts[r, 1, b] != 0)
+    bits = np.empty(size, np.uint64)
+    hist = np.empty((2, size), np.int64)
+    i = 0
+    for r in range(counts.shape[0]):
+        top = np.uint64(binades[r]) << np.uint64(52)
+        for b in range(width):
+            if counts[r, 0, b] != 0 or counts[r, 1, b] != 0:
+                key = top | (np.uint64(b) << np.uint64(52 - m))  # the bin's first key, to float64 bits:
+                bits[i] = key ^ SIGN if key >= SIGN else ~key
+                hist[0, i], hist[1, i] = counts[r, 0, b], counts[r, 1, b]
+                i += 1
+    thresholds = bits.view(np.float64)
+    for i in range(min(size, 1)):  # only the lowest bin can be the one of -inf, whose first key is a NaN
+        if np.isnan(thresholds[i]):
+            thresholds[i] = -np.inf
+    fp = np.empty(size, np.int64)
+    tp = np.empty(size, np.int64)
+    id_total = ood_total = 0
+    for i in range(size - 1, -1, -1):
+        id_total += hist[0, i]
+        ood_total += hist[1, i]
+        fp[i], tp[i] = id_total, ood_total
+    return thresholds, hist, fp, tp
 
 
 def float_histogram_torch(scores, labels, m, chunk_pixels=1 << 24):
@@ -502,9 +570,16 @@ def float_histogram_torch(scores, labels, m, chunk_pixels=1 << 24):
     return binades, counts, problems.cpu().numpy()
 
 
-# -- bounds of the built-in metrics ----------------------------------------------------------------------------
-# The same numbers as functional.metric_bounds' generic path (the metrics of the two refined curves, built as
-# arrays), in one pass over the bins without building them: compute() pays this per call.
+# -- the built-in metrics and their bounds ---------------------------------------------------------------------
+# The same numbers as functional.py's definitions (the metrics of a curve, and of the two refined curves for the
+# bounds, built as arrays), in one pass over the bins without building anything: compute() pays this per call.
+
+@numba.njit(cache=True, inline="always")
+def _psi_series(inv):
+    """psi(x) - ln x for x >= 20, from inv = 1 / x: the asymptotic series, exact to float64 there."""
+    inv2 = inv * inv
+    return -0.5 * inv - inv2 * (1 / 12 - inv2 * (1 / 120 - inv2 * (1 / 252 - inv2 * (1 / 240 - inv2 / 132))))
+
 
 @numba.njit(cache=True)
 def _psi_minus_log(x):
@@ -515,71 +590,84 @@ def _psi_minus_log(x):
         for j in range(int(shift)):
             result -= 1.0 / (x + j)
         x += shift
-    inv2 = 1.0 / (x * x)
-    return result - 0.5 / x - inv2 * (1 / 12 - inv2 * (1 / 120 - inv2 * (1 / 252 - inv2 * (1 / 240 - inv2 / 132))))
+    return result + _psi_series(1.0 / x)
 
 
 @numba.njit(cache=True, inline="always")
-def _refined_point(tp, fp, i, curve):
-    """(TP, FP) of point i of a refined curve (0: worst, 1: best); (0, 0) past the last point. Bin k has the points
-    2k: (TP_k, FP_k) and 2k + 1: worst (TP_{k+1}, FP_k), best (TP_k, FP_{k+1}) (TP_B = FP_B = 0)."""
-    k = i // 2
-    t = tp[k] if k < tp.size else 0
-    f = fp[k] if k < tp.size else 0
-    t_next = tp[k + 1] if k + 1 < tp.size else 0
-    f_next = fp[k + 1] if k + 1 < tp.size else 0
-    upper = i % 2 == 1
-    return (t_next if upper and curve == 0 else t), (f_next if upper and curve == 1 else f)
+def _harmonic_gap(c, n):
+    """sum_{i=1..n} 1 / (c + i) = psi(c + n + 1) - psi(c + 1) = ln(b / a) + [psi(b) - ln b] - [psi(a) - ln a], with
+    a = c + 1, b = c + n + 1 (as functional._harmonic_gap); two divisions and a log1p when a >= 20."""
+    a = c + 1.0
+    if a < 20.0:
+        return np.log1p(n / a) + _psi_minus_log(a + n) - _psi_minus_log(a)
+    inv_a = 1.0 / a
+    return np.log1p(n * inv_a) + _psi_series(1.0 / (a + n)) - _psi_series(inv_a)
+
+
+@numba.njit(cache=True, inline="always")
+def _plus(total, error, x):
+    """Neumaier's compensated sum: (total + x, the rounding errors so far), to be added at the end."""
+    t = total + x
+    error += (total - t) + x if abs(total) >= abs(x) else (x - t) + total
+    return t, error
 
 
 @numba.njit(cache=True)
-def builtin_bounds(tp, fp, n_ood, n_id):
-    """(8,) float64: (lo, hi) of AUROC, AUPRC, FPR95 and MaxIoU between the worst and the best order of the
-    pixels sharing a bin, from the counts ``tp``, ``fp`` (B,) at increasing thresholds (pixels >= t_k).
+def builtin_metrics(tp, fp, n_ood, n_id, bounds):
+    """(13,) float64: AUROC, AUPRC, FPR95, MaxIoU, the index of the lowest threshold attaining MaxIoU, then with
+    ``bounds`` the (lo, hi) of each of the four between the worst and the best order of the pixels sharing a bin
+    (else NaN), from ``tp``, ``fp`` (B,) at increasing thresholds (pixels >= t_k; non-increasing: the reverse
+    cumulative sums of a histogram), P = ``n_ood`` > 0 and N = ``n_id`` > 0. The metrics' sums are compensated
+    (Neumaier); the bounds' are plain (their rounding, under B eps relative, is far below the bin widths they
+    bound), and each interval holds the metric's value.
 
-    The points of the two refined curves are :func:`_refined_point`'s. Each metric is evaluated as its definition
-    in functional.py does: the trapezoid ROC area from (0, 0) to (1, 1), the AUPRC step sum (the worst curve's
-    with distinct OOD values, in closed form), the smallest FPR with 20 TP >= 19 P, the largest TP / (P + FP)."""
-    m = 2 * tp.size
+    Each value is its definition in functional.py: the trapezoid ROC area from (0, 0) to (1, 1), the AUPRC step
+    sum, the smallest FPR with 20 TP >= 19 P, the largest TP / (P + FP). The bounds are those of the refined
+    curves (bin k's ID pixels above its OOD pixels, worst, or below them, best), in closed form per bin:
+    AUROC ± sum_k id_k ood_k / 2NP; AUPRC best with precision TP_k / (TP_k + FP_{k+1}) for bin k's OOD pixels, worst
+    with each OOD pixel a distinct value (functional.auprc_distinct_worst); FPR95 best the smallest FP_{k+1} of a
+    qualifying bin; MaxIoU best the largest TP_k / (P + FP_{k+1}); the worst FPR95 and MaxIoU are the binned ones.
+    """
+    size = tp.size
     p, n = float(n_ood), float(n_id)
-    out = np.empty(8)
-    for curve in range(2):  # 0: worst, 1: best
-        area = 0.0
-        x_prev, y_prev = 0.0, 0.0  # the ROC walk from (0, 0), thresholds decreasing
-        for i in range(m - 1, -1, -1):
-            t, f = _refined_point(tp, fp, i, curve)
-            x, y = f / n, t / p
-            area += (x - x_prev) * (y + y_prev)
-            x_prev, y_prev = x, y
-        area += (1.0 - x_prev) * (1.0 + y_prev)
-        auprc = 0.0
-        fpr95 = np.inf
-        best_iou = -np.inf
-        for i in range(m):
-            t, f = _refined_point(tp, fp, i, curve)
-            t2, f2 = _refined_point(tp, fp, i + 1, curve)
-            if curve == 0:  # distinct OOD values: the i-th of a group has precision (a + i) / (c + i)
-                group = t - t2
-                if group > 0:
-                    auprc += group
-                    if f2 > 0:
-                        c = float(t2 + f2)
-                        auprc -= f2 * (np.log1p(group / (c + 1.0)) + _psi_minus_log(c + group + 1.0)
-                                       - _psi_minus_log(c + 1.0))
-            else:
-                predicted = t + f
-                precision = t / predicted if predicted > 0 else 1.0
-                auprc += (t / p - t2 / p) * precision
-            if 20 * t >= 19 * n_ood:
-                fpr95 = min(fpr95, f / n)
-            best_iou = max(best_iou, t / (p + f))
-        if curve == 0:
-            auprc /= p
-        values = (area / 2, auprc, fpr95, best_iou)
-        for q in range(4):
-            if curve == 0:
-                out[2 * q] = values[q]
-            else:
-                lo, hi = out[2 * q], values[q]
-                out[2 * q], out[2 * q + 1] = min(lo, hi), max(lo, hi)
+    roc = roc_error = pr = pr_error = 0.0  # 2NP x the ROC area, P x AUPRC: compensated sums
+    tie = pr_best = pr_worst = 0.0  # 2NP x the within-bin triangles; P x the best AUPRC; P x the worst's deficit
+    fpr95_count = fpr95_best_count = np.int64(-1)
+    iou = iou_best = -np.inf
+    iou_index = 0
+    for k in range(size):
+        t, f = tp[k], fp[k]
+        t_next = tp[k + 1] if k + 1 < size else 0
+        f_next = fp[k + 1] if k + 1 < size else 0
+        ood, id_ = t - t_next, f - f_next
+        roc, roc_error = _plus(roc, roc_error, float(id_) * float(t + t_next))
+        if 20 * t >= 19 * n_ood:
+            fpr95_count = f if fpr95_count < 0 else min(fpr95_count, f)
+            fpr95_best_count = f_next if fpr95_best_count < 0 else min(fpr95_best_count, f_next)
+        value = t / float(n_ood + f)
+        if value > iou:
+            iou, iou_index = value, k
+        pr, pr_error = _plus(pr, pr_error, ood * (t / float(max(t + f, 1))))
+        if bounds:
+            tie += float(id_) * float(ood)
+            iou_best = max(iou_best, t / float(n_ood + f_next))
+            pr_best += ood * (t / float(max(t + f_next, 1)))
+            if ood and f:  # the i-th OOD pixel below the bin's f ID pixels has precision (a + i) / (c + i), c - a = f
+                pr_worst += f * _harmonic_gap(float(t_next + f), float(ood))
+    if size:  # the last segment, from the lowest threshold's point to (1, 1)
+        roc, roc_error = _plus(roc, roc_error, float(n_id - fp[0]) * float(n_ood + tp[0]))
+    out = np.full(13, np.nan)
+    out[0] = (roc + roc_error) / (2 * n * p)
+    out[1] = (pr + pr_error) / p
+    out[2] = fpr95_count / n if fpr95_count >= 0 else np.nan
+    out[3] = iou
+    out[4] = iou_index
+    if bounds:
+        triangles = tie / (2 * n * p)
+        worst = (out[0] - triangles, (tp[0] - pr_worst) / p, out[2], out[3])
+        best = (out[0] + triangles, pr_best / p,
+                fpr95_best_count / n if fpr95_best_count >= 0 else np.nan, max(iou, iou_best))
+        for q in range(4):  # the value itself too: a plain sum's last bits must not leave it outside
+            out[5 + 2 * q] = min(worst[q], best[q], out[q])
+            out[6 + 2 * q] = max(worst[q], best[q], out[q])
     return out

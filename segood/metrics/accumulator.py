@@ -11,7 +11,6 @@ from segood.metrics.bootstrap import ImageCounts
 from segood.metrics.functional import (
     METRICS,
     as_numpy_inputs,
-    metric_bounds,
     metrics_from_counts,
     raise_bad_labels,
     raise_bad_scores,
@@ -206,7 +205,7 @@ class PixelOODAccumulator(_Streaming):
         if n_id + n_ood + self.n_ignored == 0:
             raise ValueError("the accumulator is empty: call update(scores, labels) before compute()")
         fp, tp = _reverse_cumsum(self.hist)
-        result = metrics_from_counts(self.thresholds, tp, fp, n_ood, n_id)
+        result = metrics_from_counts(self.thresholds, tp, fp, n_ood, n_id, bounds=True)
         result.update(
             n_id=n_id,
             n_ood=n_ood,
@@ -217,7 +216,6 @@ class PixelOODAccumulator(_Streaming):
             fn=n_ood - tp,
             tn=n_id - fp,
             **binning_bounds(self.hist, tp, fp, n_ood, n_id),
-            bounds=metric_bounds(self.hist),
         )
         if self.per_image:
             defined = self.per_image_defined

@@ -12,9 +12,9 @@ import numpy as np
 
 from segood.metrics import _kernels
 from segood.metrics.bootstrap import ImageCounts
-from segood.metrics.accumulator import (OPTIONAL_STATE, _count, _flag, _flat_cuda, _host, _is_cuda, _reverse_cumsum,
+from segood.metrics.accumulator import (OPTIONAL_STATE, _count, _flag, _flat_cuda, _host, _is_cuda,
                                         _Streaming, check_counts, load_per_image)
-from segood.metrics.functional import (METRICS, as_numpy_inputs, metric_bounds, metrics_from_counts,
+from segood.metrics.functional import (METRICS, as_numpy_inputs, metrics_from_counts,
                                        raise_bad_labels)
 
 STATE_FORMAT = "segood.FloatOrderAccumulator/1"
@@ -131,16 +131,16 @@ class FloatOrderAccumulator(_Streaming):
         """Metrics over every pixel seen so far (pooled counts), as :meth:`PixelOODAccumulator.compute`, with
         the curves at the occupied bins' thresholds and ``bounds`` {metric: (lo, hi)}: where exact mode's
         value lies, from the counts alone (the value itself when every bin holds one distinct value)."""
-        thresholds, hist = self.curve_counts()
-        n_id, n_ood = (int(v) for v in hist.sum(axis=1))
+        thresholds, hist, fp, tp = _kernels.float_order_curve(self.binades, self.counts, self.mantissa_bits)
+        n_id, n_ood = (int(v[0]) if v.size else 0 for v in (fp, tp))
         if n_id + n_ood + self.n_ignored == 0:
             raise ValueError("the accumulator is empty: call update(scores, labels) before compute()")
-        fp, tp = _reverse_cumsum(hist)
-        result = metrics_from_counts(thresholds, tp, fp, n_ood, n_id)
         exact = self.exact or not hist.size
+        result = metrics_from_counts(thresholds, tp, fp, n_ood, n_id, bounds=not exact)
+        if exact:
+            result["bounds"] = {k: (result[k], result[k]) for k in METRICS}
         result.update(n_id=n_id, n_ood=n_ood, n_ignored=int(self.n_ignored), thresholds=thresholds, tp=tp, fp=fp,
-                      fn=n_ood - tp, tn=n_id - fp, exact=bool(self.exact),
-                      bounds={k: (result[k], result[k]) for k in METRICS} if exact else metric_bounds(hist))
+                      fn=n_ood - tp, tn=n_id - fp, exact=bool(self.exact))
         if self.per_image:
             defined = self.per_image_defined
             means = self.per_image_sum / defined if defined else np.full(len(self.metric_names), np.nan)
@@ -264,10 +264,7 @@ class FloatOrderAccumulator(_Streaming):
         self.binades, self.counts = _kernels.merge_binades([(self.binades, self.counts), (binades, counts)])
 
     def _curve_counts(self, binades, counts):
-        occupied = counts.any(axis=1)  # (k, 2^m): bins holding a pixel
-        rows, low = np.nonzero(occupied)
-        thresholds = bin_thresholds(binades[rows], low, self.mantissa_bits)
-        hist = counts[rows, :, low].T  # (2, B) in key order: binades increasing, low bits increasing
+        thresholds, hist, _, _ = _kernels.float_order_curve(binades, counts, self.mantissa_bits)
         return thresholds, hist
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from segood.labels import ID, IGNORE, OOD
-from segood.metrics._kernels import builtin_bounds
+from segood.metrics._kernels import builtin_metrics
 
 
 class UndefinedMetricWarning(UserWarning):
@@ -158,14 +158,11 @@ def metric_bounds(hist):
     the metric of the worst and of the best order of the pixels sharing a bin (the metric contract, "Error bounds
     of binned metrics"); NaN where undefined."""
     hist = np.asarray(hist, dtype=np.int64)
-    if not (hist.size and hist[0].sum() and hist[1].sum()):
+    if not hist.size:
         return {name: (float("nan"), float("nan")) for name in METRICS}
     fp, tp = (np.cumsum(row[::-1])[::-1] for row in hist)
-    values = builtin_bounds(tp, fp, int(tp[0]), int(fp[0]))  # one pass for the built-in four
-    bounds = {name: (float(values[2 * q]), float(values[2 * q + 1])) for q, name in enumerate(METRIC_NAMES)
-              if METRICS.get(name) is _BUILTIN[name]}
-    others = {name: metric for name, metric in METRICS.items() if name not in bounds}
-    return {**bounds, **refined_bounds(hist, others)} if others else bounds
+    steps = np.arange(tp.size, dtype=np.float64)
+    return metrics_from_counts(steps, tp, fp, tp[0], fp[0], warn=False, bounds=True)["bounds"]
 
 
 def refined_bounds(hist, metrics=None):
@@ -201,7 +198,7 @@ def _psi_minus_log(x):
     return result - 0.5 / x - inv2 * (1 / 12 - inv2 * (1 / 120 - inv2 * (1 / 252 - inv2 * (1 / 240 - inv2 / 132))))
 
 
-def metrics_from_counts(thresholds, tp, fp, n_ood, n_id, *, warn=True):
+def metrics_from_counts(thresholds, tp, fp, n_ood, n_id, *, warn=True, bounds=False):
     """Every registered metric (:data:`METRICS`) from counts at increasing thresholds (the paper's §4).
 
     Args:
@@ -209,6 +206,11 @@ def metrics_from_counts(thresholds, tp, fp, n_ood, n_id, *, warn=True):
         tp, fp: int arrays of shape (T,): OOD / ID pixels with ``score >= thresholds[k]``.
         n_ood, n_id: P and N, the numbers of OOD and ID pixels.
         warn: emit an :class:`UndefinedMetricWarning` when the metrics are undefined.
+        bounds: also return ``bounds`` = {metric: (lo, hi)}, as :func:`metric_bounds` of the histogram whose
+            reverse cumulative sums ``tp`` and ``fp`` are.
+
+    The built-in four are computed in one numba pass (:func:`_kernels.builtin_metrics`, tested equal to their
+    definitions here), any other registered metric by its definition.
 
     Returns:
         dict with ``auroc`` (↑), ``auprc`` (↑, average precision as a step sum), ``fpr95`` (↓, smallest FPR
@@ -226,10 +228,22 @@ def metrics_from_counts(thresholds, tp, fp, n_ood, n_id, *, warn=True):
                 UndefinedMetricWarning,
                 stacklevel=3,
             )
-        return {name: float("nan") for name in (*METRICS, "max_iou_threshold")}
-    curve = Curve(np.asarray(thresholds), np.asarray(tp, dtype=np.int64), np.asarray(fp, dtype=np.int64), n_ood, n_id)
-    result = {name: metric.from_curve(curve) for name, metric in METRICS.items()}
-    result["max_iou_threshold"] = float(curve.thresholds[int(np.argmax(iou_curve(curve)))])
+        result = {name: float("nan") for name in (*METRICS, "max_iou_threshold")}
+        if bounds:
+            result["bounds"] = {name: (float("nan"), float("nan")) for name in METRICS}
+        return result
+    thresholds, tp, fp = np.asarray(thresholds), np.asarray(tp, dtype=np.int64), np.asarray(fp, dtype=np.int64)
+    values = builtin_metrics(tp, fp, n_ood, n_id, bounds)  # the built-in four in one numba pass
+    fast = {name: q for q, name in enumerate(METRIC_NAMES) if METRICS.get(name) is _BUILTIN[name]}
+    curve = Curve(thresholds, tp, fp, n_ood, n_id)
+    result = {name: float(values[fast[name]]) if name in fast else metric.from_curve(curve)
+              for name, metric in METRICS.items()}
+    result["max_iou_threshold"] = float(thresholds[int(values[4])])
+    if bounds:
+        others = {name: metric for name, metric in METRICS.items() if name not in fast}
+        slow = refined_bounds(np.stack([fp - np.append(fp[1:], 0), tp - np.append(tp[1:], 0)]), others) if others else {}
+        result["bounds"] = {name: (float(values[5 + 2 * fast[name]]), float(values[6 + 2 * fast[name]]))
+                            if name in fast else slow[name] for name in METRICS}
     return result
 
 
