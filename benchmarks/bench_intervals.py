@@ -5,7 +5,7 @@
 Each (method, set) holds ``--images`` images whose scores spread log-uniformly over ``--binades`` binades (the
 coarse grid then holds up to 16 bins per binade per image: the worst case for the state's size), accumulated on
 the default float-order grid with per-image counts; the time is that of ``segood.evaluation.analysis
-.significance`` (every interval, paired comparison and rank), the size that of the per-image arrays in the
+.computed`` and ``significance`` (the pooled metrics, every interval, paired comparison and rank), the size that of the per-image arrays in the
 state. Target (issue 17): 7 methods x 4 sets x 500 images in <= 10 s on CPU; <= 32 KiB per image per
 (method, set).
 """
@@ -28,7 +28,7 @@ def main():
     parser.add_argument("--resamples", type=int, default=1000)
     parser.add_argument("--binades", type=int, default=20)
     args = parser.parse_args()
-    from segood.evaluation.analysis import significance
+    from segood.evaluation.analysis import computed, significance
 
     methods, sets = [f"m{k}" for k in range(args.methods)], [f"s{k}" for k in range(args.sets)]
     ev = Evaluation(methods, sets)
@@ -42,7 +42,7 @@ def main():
     built = time.perf_counter() - start
     sizes = [sum(a.nbytes for a in acc.images.arrays().values()) / acc.n_images for acc in ev.acc.values()]
     start = time.perf_counter()
-    cells, comparisons, _ = significance(ev, Bootstrap(args.resamples, seed=0))
+    cells, comparisons, _ = significance(ev, computed(ev), Bootstrap(args.resamples, seed=0))
     seconds = time.perf_counter() - start
     assert len(cells) == args.methods * args.sets and len(comparisons) == args.sets
     print(f"{args.methods} methods x {args.sets} sets x {args.images} images, {args.resamples} resamples, scores over "
