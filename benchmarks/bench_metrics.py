@@ -72,6 +72,9 @@ def contenders(scores, labels):
     def floor():
         return scores.sum() + labels.sum()
 
+    def floor64():
+        return as64.sum() + labels.sum()
+
     def segood(num_thresholds):
         return lambda: PixelOODAccumulator(num_thresholds).update(scores, labels).compute()
 
@@ -105,7 +108,9 @@ def contenders(scores, labels):
         ("segood float-order grid, m = 14", float_order(14)),
         ("segood float-order grid, m = 10, scores over 30 binades", float_order(10, wide)),
         ("segood float-order grid, m = 14, scores over 30 binades", float_order(14, wide)),
+        ("memory-read floor of float64 scores: as64.sum() + labels.sum()", floor64),
         ("segood float-order grid, m = 10, float64 scores", float_order(10, as64)),
+        ("segood float-order grid, m = 12, float64 scores (the general kernel)", float_order(12, as64)),
         ("segood linear grid, T = 400", segood(400)),
         ("segood linear grid, T = 65536", segood(65536)),
         ("numpy bincount histogram, T = 400 (naive binning)", numpy_bincount),

@@ -242,21 +242,45 @@ def test_all_reduce_unites_the_ranks_binades(tmp_path):
         assert reduced.n_images == 4
 
 
-def test_an_interrupted_update_leaves_the_scratch_table_clean(monkeypatch):
-    real = _kernels._float32_kernel
+@pytest.mark.parametrize("dtype,kernel", [(np.float32, "_float32_kernel"), (np.float64, "_float64_kernel")])
+def test_an_interrupted_update_leaves_the_scratch_table_clean(monkeypatch, dtype, kernel):
+    real = getattr(_kernels, kernel)
 
     def interrupted(*args):
         real(*args)
         raise KeyboardInterrupt
 
     rng = np.random.default_rng(9)
-    big = rng.random(100_000).astype(np.float32)
-    monkeypatch.setattr(_kernels, "_float32_kernel", interrupted)
+    big = (rng.random(100_000) - 0.5).astype(dtype)
+    monkeypatch.setattr(_kernels, kernel, interrupted)
     with pytest.raises(KeyboardInterrupt):
         FloatOrderAccumulator().update(big, np.zeros(big.size, np.uint8))
     monkeypatch.undo()
-    result = FloatOrderAccumulator().update(np.array([0.25, 0.75], np.float32), np.array([0, 1], np.uint8)).compute()
+    result = FloatOrderAccumulator().update(np.array([0.25, 0.75], dtype), np.array([0, 1], np.uint8)).compute()
     assert (result["n_id"], result["n_ood"]) == (1, 1)
+
+
+@pytest.mark.parametrize("m", [1, 7, 10])
+def test_the_fast_float64_kernel_equals_the_general_one(m):
+    """The float64 kernel (a row per binade, no lookup) against the general kernel (a binade lookup per pixel) on
+    both signs, zeros, subnormals, infinities and 600 decades, with ignored pixels; NaN and bad labels counted."""
+    rng = np.random.default_rng(m)
+    scores = rng.standard_normal(300_000) * 10.0 ** rng.integers(-300, 300, 300_000)
+    scores[::97] = 0.0
+    scores[1::97], scores[2::97], scores[3::97] = -0.0, np.inf, -np.inf
+    scores[4::97], scores[5::97] = 5e-324, -2.2e-308
+    labels = rng.integers(0, 2, scores.size).astype(np.uint8)
+    labels[::13] = 255
+    fast = _kernels.float_histogram_numpy(scores, labels, m, 2)
+    problems = np.zeros(3, np.int64)
+    binades, counts = _kernels._general(scores, labels, m, problems)
+    order = np.argsort(binades)
+    np.testing.assert_array_equal(fast[0], binades[order])
+    np.testing.assert_array_equal(fast[1], counts[order])
+    np.testing.assert_array_equal(fast[2], problems)
+    scores[7], labels[8], labels[9] = np.nan, 7, 0
+    scores[9] = np.nan
+    assert list(_kernels.float_histogram_numpy(scores, labels, m, 2)[2][1:]) == [1, 2]  # a bad label, 2 NaN
 
 
 def test_forged_counts_that_wrap_around_are_refused():

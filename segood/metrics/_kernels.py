@@ -418,6 +418,91 @@ def float32_drain(table, occupied, m):
     return binades[:size].copy(), counts
 
 
+@numba.njit(nogil=True, cache=True)
+def _float64_kernel(scores, labels, m, table, occupied, problems):
+    """The float-order histogram of float64 ``scores`` with every binade a row of ``table`` ((4096 x 2 x 2^m + 2,)
+    int32: ID, OOD counts of the m low bits per binade, then the ignored and the careful scratch), so that no
+    lookup stands between a pixel and its counter and the loop vectorises as the float32 kernel's does. The table
+    is large (32 MiB at m = 10) but only the rows in use are ever touched, so only they take memory.
+    Marks in ``occupied`` (4096 bytes) every row between the lowest and the highest row each block counted in, per
+    sign (scores of both signs would otherwise mark every row between). NaN scores and bad labels go to the
+    careful slot: the wrapper counts them. Returns the number of careful pixels.
+    """
+    shift = np.uint64(52 - m)
+    mm = np.uint64(m)
+    low_mask = np.uint64((1 << m) - 1)
+    half = np.uint64(BINADES // 2)
+    values = np.empty(_BLOCK, np.float64)
+    bits = values.view(np.uint64)
+    idx = np.empty(_BLOCK, np.uint64)
+    ignored_index = np.uint64(table.size - 2)
+    careful_index = np.uint64(table.size - 1)
+    for start in range(0, scores.size, _BLOCK):
+        block_scores = scores[start : start + _BLOCK]
+        block_labels = labels[start : start + _BLOCK]
+        n = block_scores.size
+        for k in range(n):
+            values[k] = block_scores[k] + 0.0  # -0.0 becomes +0.0
+        low_negative, high_negative = half - np.uint64(1), np.uint64(0)
+        low_positive, high_positive = np.uint64(BINADES - 1), half
+        for k in range(n):  # branch-free, so it vectorises
+            u = bits[k]
+            key = u ^ ((np.uint64(0) - (u >> np.uint64(63))) | SIGN)
+            row = key >> np.uint64(52)
+            label = np.uint64(block_labels[k])
+            ok = (label <= np.uint64(OOD)) & (values[k] == values[k])
+            index = (((row << np.uint64(1)) | label) << mm) | ((key >> shift) & low_mask)
+            idx[k] = index if ok else (ignored_index if label == np.uint64(IGNORE) else careful_index)
+            positive = row >= half
+            low_positive = min(low_positive, row if ok & positive else np.uint64(BINADES - 1))
+            high_positive = max(high_positive, row if ok & positive else half)
+            low_negative = min(low_negative, row if ok & ~positive else half - np.uint64(1))
+            high_negative = max(high_negative, row if ok & ~positive else np.uint64(0))
+        for k in range(n):
+            table[idx[k]] += 1
+        for row in range(low_negative, high_negative + np.uint64(1)):
+            occupied[row] = 1
+        for row in range(low_positive, high_positive + np.uint64(1)):
+            occupied[row] = 1
+    problems[N_IGNORED] += table[ignored_index]
+    careful = table[careful_index]
+    table[ignored_index] = table[careful_index] = 0
+    return careful
+
+
+@numba.njit(cache=True)
+def float64_drain(table, occupied, m):
+    """The counts of :func:`_float64_kernel`'s marked rows that hold a pixel, (binades (k,) int64 increasing,
+    counts (k, 2, 2^m) int64): a row is its binade. Clears the marked rows and the marks."""
+    width = 1 << m
+    rows = table[: BINADES * 2 * width].reshape(BINADES, 2, width)
+    size = 0
+    for row in range(BINADES):
+        if occupied[row]:
+            for b in range(width):
+                if rows[row, 0, b] != 0 or rows[row, 1, b] != 0:
+                    size += 1
+                    break
+    binades = np.empty(size, np.int64)
+    counts = np.empty((size, 2, width), np.int64)
+    i = 0
+    for row in range(BINADES):
+        if not occupied[row]:
+            continue
+        filled = False
+        for b in range(width):
+            if rows[row, 0, b] != 0 or rows[row, 1, b] != 0:
+                filled = True
+                break
+        if filled:
+            binades[i] = row
+            counts[i] = rows[row]
+            i += 1
+        rows[row] = 0
+        occupied[row] = 0
+    return binades, counts
+
+
 def _general(scores, labels, m, problems, initial_slots=8):
     """(binades, counts) of the general kernel (any float64 or float32 scores); adds to ``problems``."""
     hist = np.zeros(initial_slots * (2 << m) + 2, np.int32)
@@ -427,29 +512,37 @@ def _general(scores, labels, m, problems, initial_slots=8):
     return np.flatnonzero(slot_of >= 0), counts[slot_of[slot_of >= 0]]
 
 
-def _careful_float32(scores, labels, m, problems):
-    """The pixels the float32 kernel leaves to its careful slot (subnormals, infinities, NaN, bad labels),
-    binned by the general kernel."""
-    magnitude = scores.view(np.uint32) & np.uint32(0x7FFFFFFF)
-    exponent = magnitude >> np.uint32(23)
-    careful = (labels != IGNORE) & (((exponent == 0) & (magnitude != 0)) | (exponent == 255) | (labels > OOD))
+_SCRATCH = threading.local()
+_ROWS = {np.dtype(np.float32): 512, np.dtype(np.float64): BINADES}  # rows of each fast kernel's table
+_FAST = {np.dtype(np.float32): 14, np.dtype(np.float64): 10}  # the largest m of each (float64: 32 MiB of table)
+
+
+def _scratch(dtype, m):
+    """This thread's table of the fast kernel for ``dtype`` at resolution m and its row marks, all zero (each call
+    clears what it used); the pages of rows never used are never touched."""
+    tables = _SCRATCH.__dict__.setdefault("tables", {})
+    rows = _ROWS[np.dtype(dtype)]
+    if (rows, m) not in tables:
+        tables[rows, m] = (np.zeros(rows * (2 << m) + 2, np.int32), np.zeros(rows, np.uint8))
+    return tables[rows, m]
+
+
+def _careful(scores, labels, m, problems):
+    """The pixels a fast kernel leaves to its careful slot, binned by the general kernel: for float32 subnormals,
+    infinities, NaN and bad labels; for float64 NaN and bad labels."""
+    if scores.dtype == np.float32:
+        magnitude = scores.view(np.uint32) & np.uint32(0x7FFFFFFF)
+        exponent = magnitude >> np.uint32(23)
+        odd = ((exponent == 0) & (magnitude != 0)) | (exponent == 255)
+    else:
+        odd = np.isnan(scores)
+    careful = (labels != IGNORE) & (odd | (labels > OOD))
     return _general(scores[careful], labels[careful], m, problems)
 
 
-_SCRATCH = threading.local()
-
-
-def _scratch(m):
-    """This thread's float32 table for resolution m and its row marks, all zero (each call clears what it used)."""
-    tables = _SCRATCH.__dict__.setdefault("tables", {})
-    if m not in tables:
-        tables[m] = (np.zeros(512 * (2 << m) + 2, np.int32), np.zeros(512, np.uint8))
-    return tables[m]
-
-
 def float_histogram_numpy(scores, labels, m, threads, initial_slots=8):
-    """Run the float-order kernels on ``threads`` chunks in parallel: the float32 kernel for float32 scores, the
-    general one (a binade lookup per pixel) for float64.
+    """Run the float-order kernels on ``threads`` chunks in parallel: the fast kernel of the scores' dtype (float32
+    up to m = 14, float64 up to m = 10), else the general one (a binade lookup per pixel).
 
     Returns (binades (k,) int64 sorted, counts (k, 2, 2^m) int64, problems (3,) int64): the counts of every
     binade some pixel fell in.
@@ -458,26 +551,27 @@ def float_histogram_numpy(scores, labels, m, threads, initial_slots=8):
     bounds = [scores.size * c // chunks for c in range(chunks + 1)]
     results = [None] * chunks
     problems = np.zeros((chunks, 3), dtype=np.int64)
-    fast = scores.dtype == np.float32 and m <= 14
+    fast = m <= _FAST.get(scores.dtype, -1)
+    kernel, drain = ((_float32_kernel, float32_drain) if scores.dtype == np.float32 else (_float64_kernel, float64_drain))
+    view = np.uint32 if scores.dtype == np.float32 else np.float64
 
     def work(c):
         part = slice(bounds[c], bounds[c + 1])
-        if fast:
-            table, occupied = _scratch(m)
-            try:
-                careful = _float32_kernel(scores[part].view(np.uint32), labels[part], m, table, occupied,
-                                          problems[c])
-                parts = [float32_drain(table, occupied, m)]
-            finally:  # clean for the next call whatever happened, an interrupt included (the drain clears its rows)
-                if occupied.any():
-                    table[:] = 0
-                    occupied[:] = 0
-                table[-2:] = 0
-            if careful:
-                parts.append(_careful_float32(scores[part], labels[part], m, problems[c]))
-            results[c] = merge_binades(parts)
-        else:
+        if not fast:
             results[c] = _general(scores[part], labels[part], m, problems[c], initial_slots)
+            return
+        table, occupied = _scratch(scores.dtype, m)
+        try:
+            careful = kernel(scores[part].view(view), labels[part], m, table, occupied, problems[c])
+            parts = [drain(table, occupied, m)]
+        finally:  # clean for the next call whatever happened, an interrupt included (the drain clears its rows)
+            if occupied.any():
+                table[:] = 0
+                occupied[:] = 0
+            table[-2:] = 0
+        if careful:
+            parts.append(_careful(scores[part], labels[part], m, problems[c]))
+        results[c] = merge_binades(parts)
 
     if chunks == 1:
         work(0)
