@@ -1,7 +1,7 @@
 """How far each method's AUROC falls: ``segood attack`` on the demo's networks and generated frames, on a CPU.
 
     python benchmarks/bench_attack.py [--frames 16] [--budget 100] [--out runs/attack_demo] [--data datasets/demo]
-        [--methods energy ...] [--learned]
+        [--methods energy ...] [--learned] [--no-reuse]
 
 Prepares the demo's data (``segood.demo.prepare_data``, full scale: 128x256 frames), then attacks the ten
 methods of the demo (each on its head's shipped checkpoint, default parameters: ODIN at T = 1000, ε = 0) on the
@@ -10,7 +10,8 @@ demo's pasted-object set as the standard set, sml and mahalanobis fitted on the 
 (``<out>/attack.md``) and the wall-clock times; the numbers in docs/attack.md come from this script.
 ``--methods`` attacks a subset; ``--learned`` first trains the learned fill's generator on the demo's OOD objects
 (``segood.attack.run.train_generator``, default settings, ``--seed``) into ``<out>/generator.pt``, prints its
-training time and reconstruction loss, and adds its fill to the search space.
+training time and reconstruction loss, and adds its fill to the search space. ``--no-reuse`` spends a pass on
+every proposal, as before proposals that render the state's image again were scored without one.
 """
 
 import argparse
@@ -35,6 +36,8 @@ def main():
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--methods", nargs="+", help="attack these of the demo's methods only")
     parser.add_argument("--learned", action="store_true", help="train a generator and add the learned fill")
+    parser.add_argument("--no-reuse", action="store_true",
+                        help="spend a pass on every proposal, also those that render the state's image again")
     args = parser.parse_args()
     started = time.perf_counter()
     sets = prepare_data(args.data, FULL, 0, progress=False)
@@ -48,7 +51,8 @@ def main():
             record = train_generator(generator, seed=args.seed)
             print(f"generator: {record['crops']} crops, {record['epochs']} epochs, loss {record['loss'][0]:.4f} -> "
                   f"{record['final_loss']:.4f}, trained in {record['seconds']:.1f} s")
-    doc = attack(targets, sets["cityscapes_val"], args.out, config=SearchConfig(budget=args.budget, seed=args.seed),
+    config = SearchConfig(budget=args.budget, seed=args.seed, reuse_unchanged=not args.no_reuse)
+    doc = attack(targets, sets["cityscapes_val"], args.out, config=config,
                  standard=sets["paste"], fit_set=sets["cityscapes_train"], max_frames=args.frames, resume=args.resume,
                  generator=generator)
     print((args.out / "attack.md").read_text())

@@ -156,7 +156,8 @@ def check_found_samples(world, out, doc, method):
     threshold = doc["networks"]["tiny"]["weakest_inlier"]
     path = out / "sets" / f"worst_{method}.h5"
     manifest = read_manifest(path)
-    assert manifest["attack"]["config"] == {"budget": BUDGET, "temperature": 0.1, "step": 0.1, "seed": 0}
+    assert manifest["attack"]["config"] == {"budget": BUDGET, "temperature": 0.1, "step": 0.1, "seed": 0,
+                                            "reuse_unchanged": True}
     assert len(manifest["found"]) + len(manifest["skipped"]) == FRAMES
     dataset = H5SegmentationDataset(path)
     clean = {s.frame_id: s for s in world["scenes"]}
@@ -426,3 +427,38 @@ def test_generator_command_line(world, capsys):
                  str(world["root"] / "val.h5"), "--out", str(world["root"] / "bad_gen"), "--generator",
                  str(world["root"] / "tiny.pt")]) == 2
     assert "not a segood generator" in capsys.readouterr().err
+
+
+def test_points_of_one_render_key_render_the_same_image(world, generator):
+    """The render key against the renders themselves: moves of one dimension that keep the key keep every pixel,
+    and moves that change it change the image (unless a placement fails), for every fill, the learned one too."""
+    space = SearchSpace(world["space"].objects, lambda o: o.image, generator=generator["model"])
+    scene, rng = world["scenes"][0], np.random.default_rng(5)
+    same = changed = 0
+    for trial in range(150):
+        u = space.sample(rng)
+        u[DIMENSIONS.index("texture")] = (trial % 5 + 0.5) / 5  # object, perlin, normal, flat, learned in turn
+        u[DIMENSIONS.index("contrast")] = max(u[DIMENSIONS.index("contrast")], 0.2)
+        v = space.propose(u, rng, 0.3)
+        first, second = space.render(scene, u), space.render(scene, v)
+        if first is None or second is None:
+            continue
+        if space.render_key(u) == space.render_key(v):
+            same += 1
+            assert (first.image == second.image).all()
+        elif (first.image != second.image).any():
+            changed += 1
+    assert same >= 20 and changed >= 20
+
+
+def test_the_search_spends_no_pass_on_an_unchanged_image(world, generator):
+    model, scenes = world["model"], world["scenes"]
+    space = SearchSpace(world["space"].objects, lambda o: o.image, generator=generator["model"])
+    method = get_method("max_logit")
+    cal = calibrate(model, [method], scenes)
+    target = Target(model, method, threshold=cal["weakest_inlier"], scale=cal["score_std"]["max_logit"])
+    reusing = search_frame(target, space, scenes[0], SearchConfig(budget=15))
+    plain = search_frame(target, space, scenes[0], SearchConfig(budget=15, reuse_unchanged=False))
+    assert reusing["found"] and reusing["passes"] <= 15 and reusing["reused"] > 0
+    assert reusing["proposals"] > plain["proposals"] and plain["reused"] == 0
+    assert reusing["start"] == plain["start"]  # the same chain start: only the accounting of proposals differs

@@ -52,7 +52,8 @@ def markdown(doc):
     lines += ["", "Zero-inlier thresholds (weakest inlier: lowest per-frame mean max-softmax over the ID pixels of "
                   "the clean frames): " + ", ".join(f"{n} {v['weakest_inlier']:.4f}"
                                                    for n, v in doc["networks"].items()), "",
-              f"Network passes: {doc['passes']} in the searches; search time {doc['search_seconds']:.0f} s, "
+              f"Network passes: {doc['passes']} in the searches (and {doc.get('reused', 0)} proposals that rendered "
+              f"the state's image again, scored without one); search time {doc['search_seconds']:.0f} s, "
               f"evaluation {doc['evaluation_seconds']:.0f} s.", ""]
     return "\n".join(lines)
 

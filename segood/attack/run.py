@@ -112,7 +112,7 @@ def attack(targets, frames, out_dir, *, objects="demo", label_map="sun", blend="
                 method.fit(model, torch.utils.data.DataLoader(H5SegmentationDataset(fit_set), batch_size=4))
 
     started = time.perf_counter()
-    calibration, doc_targets, set_paths, passes = {}, {}, {}, 0
+    calibration, doc_targets, set_paths, passes, reused = {}, {}, {}, 0, 0
     for name, (model, methods, checkpoint) in networks.items():
         calibration[name] = calibrate(model, methods, scenes, seed=config.seed)
         write_json(out / "calibration" / f"{name}.json", calibration[name])
@@ -125,6 +125,7 @@ def attack(targets, frames, out_dir, *, objects="demo", label_map="sun", blend="
             records = search_set(target, space, scenes, config, out / "state" / method.name, identity=identity,
                                  progress=progress, desc=f"attack {method.name} ({name})")
             passes += sum(r["passes"] for r in records)
+            reused += sum(r.get("reused", 0) for r in records)
             extra = {**identity, "weakest_inlier": target.threshold, "energy_unit": target.scale}
             path = out / "sets" / f"worst_{method.name}.h5"
             write_set(path, space, scenes, records, labels, attrs={"seed": config.seed}, extra=extra, overwrite=True)
@@ -150,7 +151,7 @@ def attack(targets, frames, out_dir, *, objects="demo", label_map="sun", blend="
            "networks": {n: {"weakest_inlier": c["weakest_inlier"], "score_std": c["score_std"]}
                         for n, c in calibration.items()},
            "targets": doc_targets, "sets": {k: str(v) for k, v in sets.items()}, "matrix": matrix,
-           "passes": passes, "search_seconds": search_seconds, "evaluation_seconds": evaluation_seconds}
+           "passes": passes, "reused": reused, "search_seconds": search_seconds, "evaluation_seconds": evaluation_seconds}
     write_json(out / "attack.json", doc)
     atomic_write_text(out / "attack.md", markdown(doc))
     if figures:

@@ -39,12 +39,15 @@ MAX_DRAWS_PER_PASS = 10
 @dataclass(frozen=True)
 class SearchConfig:
     """budget: network passes per frame and method; temperature: of the standardised energy; step: the proposal's
-    standard deviation in the unit cube; seed: with the frame id and the method, seeds each chain."""
+    standard deviation in the unit cube; seed: with the frame id and the method, seeds each chain;
+    reuse_unchanged: a proposal that renders the same image as the state (it moved a dimension the state's fill
+    never reads, :meth:`SearchSpace.render_key`) keeps the state's energy and is accepted without a pass."""
 
     budget: int = 100
     temperature: float = 0.1
     step: float = 0.1
     seed: int = 0
+    reuse_unchanged: bool = True
 
     def __post_init__(self):
         if int(self.budget) < 1 or not self.temperature > 0 or not 0 < self.step <= 1:
@@ -109,7 +112,7 @@ def search_frame(target, space, scene, config):
     start_rng = frame_rng(config.seed, f"start/{scene.frame_id}")
     rng = frame_rng(config.seed, f"chain/{name}/{scene.frame_id}")
     mc_base = _mc_seed(config.seed, scene.frame_id, name)
-    passes = draws = proposals = accepted = 0
+    passes = draws = proposals = accepted = reused = 0
     limit = MAX_DRAWS_PER_PASS * config.budget
 
     def visit(u):
@@ -132,7 +135,11 @@ def search_frame(target, space, scene, config):
     while passes < config.budget and draws < limit:
         draws += 1
         proposals += 1
-        proposed = visit(space.propose(state[0], rng, config.step))
+        u = space.propose(state[0], rng, config.step)
+        if config.reuse_unchanged and space.render_key(u) == space.render_key(state[0]):
+            state, accepted, reused = (u, *state[1:]), accepted + 1, reused + 1  # the same image: E' = E
+            continue
+        proposed = visit(u)
         if proposed is None:
             continue
         rise = (proposed[1] - state[1]) / target.scale
@@ -142,7 +149,7 @@ def search_frame(target, space, scene, config):
                 best = state
     record = lambda s: {"u": [float(v) for v in s[0]], "score": s[1], "confidence": s[2]}  # noqa: E731
     return {"frame_id": scene.frame_id, "found": True, **record(best), "start": record(start), "passes": passes,
-            "proposals": proposals, "accepted": accepted}
+            "proposals": proposals, "accepted": accepted, "reused": reused}
 
 
 def search_set(target, space, scenes, config, state_dir, *, identity, progress=True, desc=None):

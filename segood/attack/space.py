@@ -22,6 +22,7 @@ step reflected at 0 and 1 (symmetric, so the Metropolis ratio needs no Hastings 
 adversarial-distributions paper's sampler moves one latent dimension at a time.
 """
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -37,6 +38,10 @@ PATTERNS = 16  # fill seeds: the pattern dimension picks one of these
 FREQUENCY = (1.0, 8.0)  # Perlin lattice cells across the object (log scale)
 ROUGHNESS = (0.3, 0.8)  # Perlin persistence; normal noise's sigma is half of it
 BRIGHTNESS = (0.5, 1.5)
+#: The decoded parameters a fill never reads (flat: its pattern is zero, so contrast scales nothing).
+INERT = {"object": ("pattern", "frequency", "roughness", "latent"), "perlin": ("latent",),
+         "normal": ("frequency", "latent"), "flat": ("pattern", "frequency", "roughness", "contrast", "latent"),
+         "learned": ("pattern", "frequency", "roughness")}
 #: The dimensions of the unit cube, in order.
 DIMENSIONS = ("object", "texture", "pattern", "frequency", "roughness", "red", "green", "blue", "contrast",
               "brightness", "x", "y", "height_ratio")
@@ -146,6 +151,16 @@ class SearchSpace:
                 "x": v["x"], "y": v["y"], "height_ratio": lo + (hi - lo) * v["height_ratio"], **latent,
                 "u": u.tolist()}
 
+    def render_key(self, u):
+        """What the image of point ``u`` depends on: its decoded parameters less those its fill never reads, with
+        Perlin's frequency as the lattice it rounds to. Two points of one key render the same image on every scene
+        (tested), so the search scores such a proposal without a network pass."""
+        params = self.decode(u)
+        key = {k: v for k, v in params.items() if k not in INERT[params["texture"]] and k not in ("u", "name")}
+        if params["texture"] == "perlin":
+            key["frequency"] = _lattice(params["frequency"])
+        return json.dumps(key, sort_keys=True)
+
     def fill(self, params, obj):
         """The object's source image re-filled by ``params``: (h, w, 3) uint8 at the object's own size."""
         source = self.object_image(obj)
@@ -156,7 +171,7 @@ class SearchSpace:
             own = source.astype(np.float64)
             pattern = (own - own.mean(axis=(0, 1))) / 127.5
         elif texture == "perlin":
-            frequency = max(1, int(round(params["frequency"])))
+            frequency = _lattice(params["frequency"])
             pattern = perlin_image(rng, h, w, frequency, 3, params["roughness"]) / 127.5 - 1.0
         elif texture == "learned":
             own = self.learned_texture(params["latent"], obj.polygon, h, w)
@@ -206,6 +221,11 @@ def reflect(value):
     """``value`` folded into [0, 1] by reflection at 0 and 1 (period 2)."""
     value = abs(float(value)) % 2.0
     return 2.0 - value if value > 1.0 else value
+
+
+def _lattice(frequency):
+    """The Perlin lattice cells of a frequency parameter."""
+    return max(1, int(round(frequency)))
 
 
 def _pick(value, count):
