@@ -369,6 +369,34 @@ def road_anomaly_tree(root, height=18, width=32):
     return out
 
 
+def road_obstacles_v0_tree(root, height=18, width=32):
+    """RoadObstacles v0 in Road Anomaly's layout: background (0) top rows, road (1) below, an obstacle (2) block,
+    255 strips; a stray 7 in one frame; the second frame's label drawn at twice the size. Returns {name: (image,
+    label at the image's size)}."""
+    root = Path(root)
+    frames = root / "frames"
+    names = ["snowstorm01_0000.webp", "curvy02_0003.jpg"]
+    out = {}
+    for k, name in enumerate(names):
+        stem = name.rsplit(".", 1)[0]
+        image = gradient_image(height, width, 60 + k)
+        label = np.ones((height, width), np.uint8)
+        label[:6] = 0
+        label[9:13, 4 + k: 10 + k] = 2
+        label[:, -2:] = 255
+        if k == 0:
+            label[-1, :4] = 7  # no RoadObstacles value: ignore, and warned about
+            write_webp(frames / name, image)
+        else:
+            write_rgb(frames / name, image)
+            image = decoded(frames / name)
+        stored = label.repeat(2, 0).repeat(2, 1) if k == 1 else label
+        write_label(frames / f"{stem}.labels" / "labels_semantic.png", stored)
+        out[stem] = (image, label)
+    (root / "frame_list.json").write_text(json.dumps(names))
+    return out
+
+
 def killed_after(model, calls_allowed):
     """The model's forward, dying with KeyboardInterrupt at call ``calls_allowed + 1`` (a simulated kill)."""
     original, calls = model.forward, []

@@ -1,5 +1,6 @@
 """Today's anomaly-segmentation benchmarks (SMIYC, LostAndFound, Fishyscapes, StreetHazards, BDD-Anomaly,
-Road Anomaly) on tiny raw trees in their published layouts, with their gotchas, checked pixel for pixel."""
+Road Anomaly, RoadObstacles v0) on tiny raw trees in their published layouts, with their gotchas, checked pixel for
+pixel."""
 
 import h5py
 import numpy as np
@@ -8,16 +9,17 @@ import pytest
 from segood.cli import main
 from segood.data import Cityscapes, ConversionError, convert, mix, read_manifest
 from segood.data.convert import ConversionWarning
-from segood.data.h5 import UnlabelledFrames, require_labels
+from segood.data.h5 import UnlabelledFrames, require_labels, set_identity
 from segood.data.bdd_anomaly import BDDAnomaly
 from segood.data.lostandfound import LostAndFound
 from segood.data.registry import ADAPTERS, get_adapter
-from segood.data.road_anomaly import RoadAnomaly
+from segood.data.road_anomaly import RoadAnomaly, RoadObstaclesV0
 from segood.data.smiyc import RoadAnomaly21, RoadObstacle21
 from segood.data.streethazards import StreetHazards
 
 from rawtrees import (LAF_EMPTY, LAF_FRAMES, bdd_tree, cityscapes_tree, fishyscapes_laf_tree, fishyscapes_static_tree,
-                      laf_tree, road_anomaly_tree, smiyc_tree, streethazards_tree, write_label, write_rgb, write_webp)
+                      laf_tree, road_anomaly_tree, road_obstacles_v0_tree, smiyc_tree, streethazards_tree, write_label,
+                      write_rgb, write_webp)
 
 
 def read_set(path):
@@ -111,7 +113,7 @@ def test_smiyc_layout_errors_and_split_names(tmp_path):
 
 def test_every_new_adapter_is_registered_with_a_convert_command(capsys):
     for name in ("smiyc_anomaly", "smiyc_obstacle", "lostandfound", "fishyscapes_laf", "fishyscapes_static",
-                 "streethazards", "bdd_anomaly", "road_anomaly"):
+                 "streethazards", "bdd_anomaly", "road_anomaly", "road_obstacles_v0"):
         assert name in ADAPTERS
         with pytest.raises(SystemExit):
             main(["convert", name, "--help"])
@@ -194,23 +196,32 @@ def test_fishyscapes_static_rebuilds_the_image_from_cityscapes_and_the_overlay(t
     assert "unused_files" not in manifest  # the overlays belong to their frames
 
 
-@pytest.mark.parametrize("unlabeled", ["ignore", "id"])
-def test_streethazards_splits_and_its_own_classes(tmp_path, unlabeled):
+def streethazards_expected(label, protocol):
+    """The benchmark's definition written out: 2..13 ID, 14 OOD, unlabeled (1) ignore (original protocol: ID)."""
+    ood = np.full(label.shape, 255)
+    ood[(label >= 2) & (label <= 13)] = 0
+    ood[label == 14] = 1
+    if protocol == "original":
+        ood[label == 1] = 0
+    return ood
+
+
+@pytest.mark.parametrize("protocol", ["segood", "original"])
+def test_streethazards_splits_and_its_own_classes(tmp_path, protocol):
     frames = streethazards_tree(tmp_path / "sh")
     for split in ("training", "validation", "test"):
-        adapter = StreetHazards(tmp_path / "sh", split, unlabeled=unlabeled)
+        adapter = StreetHazards(tmp_path / "sh", split, protocol=protocol)
         with pytest.warns(ConversionWarning, match="StreetHazards label values outside .*: 0 .*15"):
             manifest = convert(adapter, tmp_path / f"{split}.h5", size=(12, 28), overwrite=True, progress=False)
         arrays, frame_ids = read_set(tmp_path / f"{split}.h5")
         assert frame_ids == sorted(f for f in frames if f.startswith(split + "/"))
-        assert manifest["params"] == {"unlabeled": unlabeled}
+        assert manifest["params"] == {"protocol": protocol}
+        headline = "per-image mean, StreetHazards' protocol" if protocol == "original" else None
+        assert manifest.get("per_image_headline") == headline
+        assert set_identity(tmp_path / f"{split}.h5").get("per_image_headline") == headline
         for k, frame_id in enumerate(frame_ids):
             image, label = frames[frame_id]
-            ood = np.full(label.shape, 255)  # the benchmark's definition, written out
-            ood[(label >= 2) & (label <= 13)] = 0
-            ood[label == 14] = 1
-            if unlabeled == "id":
-                ood[label == 1] = 0
+            ood = streethazards_expected(label, protocol)
             cityscapes = {2: 2, 3: 4, 5: 11, 6: 5, 7: 0, 8: 0, 9: 1, 10: 8, 11: 13, 12: 3, 13: 7}
             semantic = np.vectorize(lambda v: cityscapes.get(v, 255))(label)
             np.testing.assert_array_equal(arrays["images"][k], image)
@@ -218,6 +229,109 @@ def test_streethazards_splits_and_its_own_classes(tmp_path, unlabeled):
             np.testing.assert_array_equal(arrays["semantic"][k], semantic)
     assert StreetHazards(tmp_path / "sh").native_size == (720, 1280)
 
+
+def test_streethazards_protocol_from_the_command_line_and_bad_values(tmp_path, capsys):
+    frames = streethazards_tree(tmp_path / "sh")
+    assert main(["convert", "streethazards", str(tmp_path / "sh"), "--split", "test", "--protocol", "original",
+                 "--out", str(tmp_path / "o.h5"), "--size", "12", "28", "--quiet"]) == 0
+    manifest = read_manifest(tmp_path / "o.h5")
+    assert manifest["params"] == {"protocol": "original"}
+    arrays, frame_ids = read_set(tmp_path / "o.h5")
+    for k, frame_id in enumerate(frame_ids):
+        label = frames[frame_id][1]
+        assert (arrays["ood_mask"][k][label == 1] == 0).all()  # unlabeled is ID under the original protocol
+        np.testing.assert_array_equal(arrays["ood_mask"][k], streethazards_expected(label, "original"))
+    assert main(["convert", "streethazards", str(tmp_path / "sh"), "--out", str(tmp_path / "d.h5"), "--size", "12",
+                 "28", "--quiet"]) == 0
+    assert read_manifest(tmp_path / "d.h5")["params"] == {"protocol": "segood"}  # the default
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["convert", "streethazards", str(tmp_path / "sh"), "--protocol", "caos", "--out", str(tmp_path / "x.h5")])
+    assert "invalid choice: 'caos' (choose from" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"protocol must be one of \('segood', 'original'\), got 'caos'"):
+        StreetHazards(tmp_path / "sh", protocol="caos")
+
+
+def test_streethazards_original_protocol_reports_per_image_means_beside_pooled(tmp_path):
+    """results.md of a set converted with the original protocol names both numbers, each equal to scikit-learn on
+    the converted masks: AUROC pooled over every pixel, and the mean of the per-image AUROCs."""
+    from sklearn.metrics import roc_auc_score
+
+    from segood.evaluation import evaluate_score_maps
+
+    streethazards_tree(tmp_path / "sh")
+    rng = np.random.default_rng(5)
+    docs = {}
+    for protocol in ("segood", "original"):
+        data = tmp_path / f"sh_{protocol}.h5"
+        with pytest.warns(ConversionWarning):
+            convert(StreetHazards(tmp_path / "sh", "test", protocol=protocol), data, size=(12, 28), progress=False)
+        arrays, frame_ids = read_set(data)
+        masks = arrays["ood_mask"]
+        shift = 6 * np.arange(len(masks))[:, None, None]  # moves the pooled AUROC, not the per-image ones
+        scores = (rng.integers(0, 12, masks.shape) + 5 * (masks == 1) + shift) / 16  # few values: exact on any grid
+        with h5py.File(tmp_path / f"scores_{protocol}.h5", "w") as f:
+            for frame_id, score in zip(frame_ids, scores):
+                f[frame_id] = score.astype(np.float32)
+        docs[protocol] = evaluate_score_maps(tmp_path / f"scores_{protocol}.h5", data, tmp_path / f"run_{protocol}",
+                                             name="external", figures=False)
+        kept = masks != 255
+        pooled = roc_auc_score(masks[kept], scores[kept])
+        per_image = np.mean([roc_auc_score(m[m != 255], s[m != 255]) for m, s in zip(masks, scores)])
+        assert pooled != pytest.approx(per_image, abs=1e-3)  # the two aggregations differ on this set
+        result = docs[protocol]["results"]["external"][f"sh_{protocol}"]
+        assert result["pooled"]["auroc"] == pytest.approx(pooled, abs=1e-12)
+        assert result["per_image_mean"]["auroc"] == pytest.approx(per_image, abs=1e-12)
+        markdown = (tmp_path / f"run_{protocol}" / "results.md").read_text()
+        section = markdown.split("## AUROC ↑ (pooled over all pixels")[1].split("\n## ")[0]
+        header = next(line for line in section.splitlines() if line.startswith("| method |"))
+        row = next(line for line in section.splitlines() if line.startswith("| external |"))
+        cells = [c.strip().strip("*").split("*")[0] for c in row.split("|")[2:-1]]
+        if protocol == "original":
+            assert header == ("| method | sh_original (pooled over pixels) | sh_original (per-image mean, "
+                              "StreetHazards' protocol) |")
+            assert cells == [f"{pooled:.4f}", f"{per_image:.4f}"]
+        else:
+            assert header == "| method | sh_segood |" and cells == [f"{pooled:.4f}"]
+            assert "StreetHazards' protocol" not in markdown
+        assert "## AUROC ↑ (per-image mean)" in markdown  # the per-image tables stay below, as for every set
+    assert docs["original"]["sets"]["sh_original"]["per_image_headline"] == "per-image mean, StreetHazards' protocol"
+
+
+def test_road_obstacles_v0_evaluates_the_road_only(tmp_path, capsys):
+    frames = road_obstacles_v0_tree(tmp_path / "ro")
+    with pytest.warns(ConversionWarning) as caught:
+        manifest = convert(RoadObstaclesV0(tmp_path / "ro"), tmp_path / "ro.h5", size=(18, 32), progress=False)
+    messages = " ".join(str(w.message) for w in caught)
+    assert "RoadObstacles v0 label values outside its published table became ignore: 7 (4 pixels in 1 frames)" \
+        in messages
+    assert "1 labels were drawn at another resolution" in messages
+    arrays, frame_ids = read_set(tmp_path / "ro.h5")
+    assert frame_ids == ["snowstorm01_0000", "curvy02_0003"]
+    literal = {0: 255, 1: 0, 2: 1, 255: 255}  # background ignore, road ID, obstacle OOD, 255 ignore
+    for k, frame_id in enumerate(frame_ids):
+        image, label = frames[frame_id]
+        assert set(np.unique(label)) >= {0, 1, 2, 255}
+        np.testing.assert_array_equal(arrays["images"][k], image)
+        np.testing.assert_array_equal(arrays["ood_mask"][k], np.vectorize(lambda v: literal.get(v, 255))(label))
+        assert (arrays["semantic"][k] == 255).all()
+    assert manifest["source"] == "road_obstacles_v0"
+    assert manifest["label_map_sha256"] not in ("", RoadAnomaly.label_map_sha256)
+    assert manifest["rescaled_labels"] == [{"frame_id": "curvy02_0003", "from": [36, 64], "to": [18, 32]}]
+    assert main(["convert", "road_obstacles_v0", str(tmp_path / "ro"), "--out", str(tmp_path / "cli.h5"), "--size",
+                 "18", "32", "--quiet"]) == 0
+    np.testing.assert_array_equal(read_set(tmp_path / "cli.h5")[0]["ood_mask"], arrays["ood_mask"])
+    with pytest.raises(KeyError, match="road_obstacles_v0"):
+        get_adapter("road_obstacles")
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["convert", "road_obstacles", str(tmp_path / "ro"), "--out", str(tmp_path / "x.h5")])
+    assert "invalid choice: 'road_obstacles'" in capsys.readouterr().err
+    with pytest.warns(ConversionWarning) as caught:  # the same files under Road Anomaly's rules
+        convert(RoadAnomaly(tmp_path / "ro"), tmp_path / "ra.h5", size=(18, 32), progress=False)
+    assert "Road Anomaly label values outside its published table became ignore: 1 (668 pixels" in \
+        " ".join(str(w.message) for w in caught)
+    assert (read_set(tmp_path / "ra.h5")[0]["ood_mask"][:, :6, :-2] == 0).all()  # would count the background as ID
 
 def test_bdd_anomaly_test_set_is_the_frames_with_anomaly_classes(tmp_path):
     frames = bdd_tree(tmp_path / "bdd")

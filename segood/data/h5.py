@@ -226,7 +226,9 @@ def ood_masks(path):
 
 
 def set_identity(path):
-    """What a converted set is, for provenance: its OOD sources and a hash of its manifest's array hashes."""
+    """What a converted set is, for provenance: its OOD sources and a hash of its manifest's array hashes; and
+    ``per_image_headline`` where the set was converted with a protocol that averages per image (StreetHazards
+    ``--protocol original``: reports name its per-image means so, beside the pooled numbers)."""
     manifest = read_manifest(path)
     if manifest["source"] == "mix":
         components = manifest["components"]
@@ -234,7 +236,8 @@ def set_identity(path):
     else:
         ood_sources = [manifest["source"]] if manifest["pixels"]["ood"] else []
     digest = hashlib.sha256(json.dumps(manifest["sha256"], sort_keys=True).encode()).hexdigest()
-    return {"file": Path(path).name, "ood_sources": ood_sources, "manifest_sha256": digest}
+    headline = {"per_image_headline": manifest["per_image_headline"]} if manifest.get("per_image_headline") else {}
+    return {"file": Path(path).name, "ood_sources": ood_sources, "manifest_sha256": digest, **headline}
 
 
 class CorruptFrame(ValueError):

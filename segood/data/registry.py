@@ -10,14 +10,14 @@ from segood.data.idd import IDD
 from segood.data.lostandfound import LostAndFound
 from segood.data.noise import Noise
 from segood.data.paste import Paste
-from segood.data.road_anomaly import RoadAnomaly
+from segood.data.road_anomaly import RoadAnomaly, RoadObstaclesV0
 from segood.data.smiyc import RoadAnomaly21, RoadObstacle21
 from segood.data.streethazards import StreetHazards
 from segood.data.sun import Sun
 
 ADAPTERS = {cls.name: cls for cls in (Cityscapes, IDD, Sun, Noise, RoadAnomaly21, RoadObstacle21, LostAndFound,
                                       FishyscapesLostAndFound, FishyscapesStatic, StreetHazards, BDDAnomaly,
-                                      RoadAnomaly, Paste)}
+                                      RoadAnomaly, RoadObstaclesV0, Paste)}
 
 
 def get_adapter(name):

@@ -1,7 +1,10 @@
 """Road Anomaly (Lis et al. 2019): 60 web images of unusual road hazards. Labels 0 ID, 2 OOD (the dataset has no
 ignore value; any other value becomes ignore and is warned about); ``semantic`` is 255 everywhere. Some labels
 were drawn at another resolution and rescaled: they are resized to the image with nearest neighbour, and the
-manifest lists those frames (``rescaled_labels``) with a warning."""
+manifest lists those frames (``rescaled_labels``) with a warning.
+
+RoadObstacles v0 (Lis et al. 2020), in the same layout, labels 0 background, 1 road, 2 anomaly, 255 ignore: the
+road is ID, the anomaly OOD, background and 255 ignore (only the road is evaluated, as for RoadObstacle21)."""
 
 import json
 from pathlib import Path
@@ -16,6 +19,7 @@ EXPECTED_TREE = """\
 <root>/frames/<name>.webp   (or .jpg)
 <root>/frames/<name>.labels/labels_semantic.png"""
 LABELS = LabelTable({0: "id", 2: "ood"}, "Road Anomaly")
+OBSTACLES_V0_LABELS = LabelTable({0: "ignore", 1: "id", 2: "ood", 255: "ignore"}, "RoadObstacles v0")
 IMAGE_SUFFIXES = (".webp", ".jpg")
 
 
@@ -27,11 +31,12 @@ class RoadAnomaly(Adapter):
     help = "Road Anomaly (Lis et al. 2019): 0 ID, 2 OOD; labels of another size resized nearest (listed)"
     default_split = None
     split = "test"
+    labels, title = LABELS, "Road Anomaly"
     label_map_sha256 = LABELS.sha256
 
     def __init__(self, root):
         self.root = Path(root)
-        require_tree(self.root, EXPECTED_TREE, "frame_list.json", "Road Anomaly")
+        require_tree(self.root, EXPECTED_TREE, "frame_list.json", self.title)
         try:
             names = json.loads((self.root / "frame_list.json").read_text())
         except (OSError, ValueError) as err:
@@ -66,11 +71,11 @@ class RoadAnomaly(Adapter):
         if raw.shape != image.shape[:2]:
             extra["rescaled_label"] = {"frame_id": stem, "from": list(raw.shape), "to": list(image.shape[:2])}
             raw = cv2.resize(raw, image.shape[1::-1], interpolation=cv2.INTER_NEAREST)
-        ood_mask, semantic, unknown = LABELS.apply(raw)
+        ood_mask, semantic, unknown = self.labels.apply(raw)
         return Sample(image, ood_mask, semantic, stem, {**extra, **(unknown or {})} or None)
 
     def summary(self, extras):
-        out = LABELS.summary(extras)
+        out = self.labels.summary(extras)
         rescaled = [e["rescaled_label"] for e in extras if "rescaled_label" in e]
         if rescaled:
             out["rescaled_labels"] = rescaled
@@ -78,6 +83,15 @@ class RoadAnomaly(Adapter):
                 f"{len(rescaled)} labels were drawn at another resolution and resized to their image with nearest "
                 f"neighbour: {', '.join(r['frame_id'] for r in rescaled[:5])}"]
         return out
+
+
+class RoadObstaclesV0(RoadAnomaly):
+    """RoadObstacles v0: Road Anomaly's layout and rules for frames and rescaled labels, its own label values."""
+
+    name, source = "road_obstacles_v0", "road_obstacles_v0"
+    help = "RoadObstacles v0 (Road Anomaly's layout): road 1 ID, anomaly 2 OOD, background 0 and 255 ignore"
+    labels, title = OBSTACLES_V0_LABELS, "RoadObstacles v0"
+    label_map_sha256 = OBSTACLES_V0_LABELS.sha256
 
 
 def _stem(name):

@@ -1,11 +1,12 @@
 """StreetHazards (Hendrycks et al., CAOS benchmark): synthetic CARLA frames, 1280x720, labels 1..14.
 
-ood_mask, as the benchmark defines it: 2..13 (its own 12 classes and "other") ID, 14 (anomaly) OOD, 1
-(unlabeled) ignore; ``--unlabeled id`` counts unlabeled as ID as the original evaluation does (which also
-averages per image: segood's numbers are pooled over all pixels, say so when comparing). ``semantic`` holds
-Cityscapes trainIds for the classes that have a Cityscapes counterpart (building, fence, pedestrian -> person,
-pole, road line -> road, road, sidewalk, vegetation, car, wall, traffic sign) and 255 for unlabeled, other and
-anomaly. Values outside 1..14 become ignore and are warned about."""
+Two protocols. ``segood`` (the default): 2..13 (its own 12 classes and "other") ID, 14 (anomaly) OOD, 1
+(unlabeled) ignore, and reports pool every pixel. ``original`` (the CAOS evaluation): unlabeled counts as ID too,
+and the benchmark averages each metric per image; a set converted so records ``params["protocol"]`` and
+``per_image_headline``, and its results.md shows the per-image means beside the pooled numbers, each named.
+``semantic`` holds Cityscapes trainIds for the classes that have a Cityscapes counterpart (building, fence,
+pedestrian -> person, pole, road line -> road, road, sidewalk, vegetation, car, wall, traffic sign) and 255 for
+unlabeled, other and anomaly. Values outside 1..14 become ignore and are warned about."""
 
 from pathlib import Path
 
@@ -31,27 +32,31 @@ CLASSES = {  # StreetHazards value -> (ood role, Cityscapes trainId or None)
     13: ("id", 7),    # traffic sign
     14: "ood",        # anomaly
 }
-TABLES = {unlabeled: LabelTable({1: unlabeled, **CLASSES}, "StreetHazards") for unlabeled in ("ignore", "id")}
+PROTOCOLS = {"segood": "ignore", "original": "id"}  # protocol -> the role of unlabeled (1)
+TABLES = {protocol: LabelTable({1: unlabeled, **CLASSES}, "StreetHazards") for protocol, unlabeled in PROTOCOLS.items()}
+#: how results.md names the per-image means of a set converted with the original protocol
+PER_IMAGE_HEADLINE = "per-image mean, StreetHazards' protocol"
 
 
 class StreetHazards(Adapter):
     """Frames of ``training``, ``validation`` or ``test``, listed from the images (``<split>/<town>/<n>``)."""
 
     name, source = "streethazards", "streethazards"
-    help = "StreetHazards: its 13 classes ID, anomaly (14) OOD, unlabeled ignore (--unlabeled id: ID)"
+    help = "StreetHazards: its 13 classes ID, anomaly (14) OOD, unlabeled ignore (--protocol original: ID)"
     default_split = "test"
 
-    def __init__(self, root, split="test", *, unlabeled="ignore"):
+    def __init__(self, root, split="test", *, protocol="segood"):
         if split not in SPLITS:
             raise ValueError(f"StreetHazards split must be one of {tuple(SPLITS)}, got {split!r}")
-        if unlabeled not in TABLES:
-            raise ValueError(f"unlabeled must be 'ignore' or 'id', got {unlabeled!r}")
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"StreetHazards protocol must be one of {tuple(PROTOCOLS)}, got {protocol!r} (segood: "
+                             "unlabeled ignored, pooled; original: unlabeled ID, per-image means as the headline)")
         self.root, self.split = Path(root), split
         self.top = self.root / SPLITS[split]
         require_tree(self.root, EXPECTED_TREE, f"{SPLITS[split]}/images/{split}/*/*.png", f"StreetHazards ({split})")
-        self.table = TABLES[unlabeled]
+        self.table = TABLES[protocol]
         self.label_map_sha256 = self.table.sha256
-        self.params = {"unlabeled": unlabeled}
+        self.params = {"protocol": protocol}
 
     @property
     def native_size(self):
@@ -60,12 +65,17 @@ class StreetHazards(Adapter):
     @classmethod
     def add_arguments(cls, parser):
         super().add_arguments(parser)
-        parser.add_argument("--unlabeled", choices=("ignore", "id"), default="ignore",
-                            help="what unlabeled (1) pixels are: ignore (default) or ID (the original evaluation)")
+        parser.add_argument("--protocol", choices=tuple(PROTOCOLS), default="segood",
+                            help="segood (default): unlabeled (1) ignored, numbers pooled over pixels; original: "
+                                 "unlabeled ID and per-image means beside the pooled numbers, as CAOS evaluates")
 
     @classmethod
     def from_args(cls, args):
-        return cls(args.root, args.split, unlabeled=args.unlabeled)
+        return cls(args.root, args.split, protocol=args.protocol)
+
+    def provenance(self):
+        headline = {"per_image_headline": PER_IMAGE_HEADLINE} if self.params["protocol"] == "original" else {}
+        return {**super().provenance(), **headline}
 
     def refs(self):
         return sorted((self.top / "images" / self.split).glob("*/*.png"))

@@ -142,17 +142,27 @@ def results_csv(doc):
 
 
 def results_markdown(doc):
-    """One table per metric: methods × sets, pooled, best per set in bold; per-image means below."""
+    """One table per metric: methods × sets, pooled, best per set in bold; per-image means below. A set converted
+    with a protocol that averages per image (its identity's ``per_image_headline``) also shows its per-image
+    means beside its pooled numbers in the pooled tables, each column named."""
     sets = list(next(iter(doc["results"].values())))
+    headlines = {s: (doc.get("sets") or {}).get(s, {}).get("per_image_headline") for s in sets}
+    names = {(s, a): f"{s} ({headlines[s] if a == 'per_image_mean' else 'pooled over pixels'})" if headlines[s]
+             else s for s in sets for a in ("pooled", "per_image_mean")}
     lines = [f"# Results ({doc['schema']}, segood {doc['toolkit']['segood_version']})", ""]
-    for aggregation in ("pooled", "per_image_mean"):
+    for section in ("pooled", "per_image_mean"):
+        columns = [(s, section) for s in sets]
+        if section == "pooled":  # a per-image protocol's headline beside the pooled numbers
+            columns = [(s, a) for s in sets for a in ("pooled", "per_image_mean") if a == "pooled" or headlines[s]]
         for metric in METRICS:
-            title = "pooled over all pixels" if aggregation == "pooled" else "per-image mean"
+            title = "pooled over all pixels" if section == "pooled" else "per-image mean"
+            if len(columns) > len(sets):
+                title += ", and per-image means where a set's protocol averages per image"
             lines += [f"## {METRICS[metric].label} {arrow(metric)} ({title})", "",
-                      "| method | " + " | ".join(sets) + " |", "|---|" + "---:|" * len(sets)]
+                      "| method | " + " | ".join(names[c] for c in columns) + " |", "|---|" + "---:|" * len(columns)]
             for m, by_set in doc["results"].items():
                 cells = []
-                for s in sets:
+                for s, aggregation in columns:
                     value = (by_set[s][aggregation] or {}).get(metric)
                     column = [(doc["results"][o][s][aggregation] or {}).get(metric) for o in doc["results"]]
                     column = [v for v in column if v is not None]
