@@ -14,6 +14,7 @@
 
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -32,7 +33,9 @@ from segood.methods.tuning import tune
 from segood.models import HEADS, load_model, save_checkpoint
 from segood.models.train import TrainConfig, train
 
-CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
+# checkpoints/ sits beside the package in a checkout and in <prefix>/share/segood/checkpoints when installed.
+_CHECKPOINT_DIRS = (Path(__file__).resolve().parents[1] / "checkpoints", Path(sys.prefix) / "share/segood/checkpoints")
+CHECKPOINTS = next((d for d in _CHECKPOINT_DIRS if (d / "demo_plain.pt").exists()), _CHECKPOINT_DIRS[0])
 #: The demo's data, by scale: frames per split and the size every set is converted to.
 FULL = {"size": (128, 256), "cs_train": 160, "cs_val": 32, "idd": 24, "sun": 32, "noise": 12, "tune_id": 16}
 QUICK = {"size": (64, 128), "cs_train": 12, "cs_val": 4, "idd": 4, "sun": 4, "noise": 2, "tune_id": 4}

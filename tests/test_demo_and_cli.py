@@ -83,3 +83,23 @@ def test_metrics_command_and_its_errors(tmp_path, capsys):
 def test_python_dash_m_entry_point():
     out = subprocess.run([sys.executable, "-m", "segood", "--version"], capture_output=True, text=True, check=True)
     assert out.stdout.startswith("segood ")
+
+
+def test_an_installed_wheel_ships_the_demo_checkpoints_and_label_maps():
+    """setup.cfg's data files list every shipped checkpoint and label map, and the demo finds its checkpoints
+    where they are (the checkout here; <prefix>/share/segood/checkpoints in an installed wheel)."""
+    import configparser
+    from pathlib import Path
+
+    from segood.demo import _CHECKPOINT_DIRS, CHECKPOINTS
+
+    root = Path(__file__).resolve().parents[1]
+    config = configparser.ConfigParser()
+    config.read(root / "setup.cfg")
+    listed = {line.strip() for value in config["options.data_files"].values()
+              for line in value.replace(",", "\n").splitlines() if line.strip()}
+    shipped = {str(p.relative_to(root)) for folder in ("checkpoints", "label_maps") for p in (root / folder).iterdir()
+               if p.suffix in (".pt", ".json", ".yaml", ".md")}
+    assert shipped == listed
+    assert CHECKPOINTS == _CHECKPOINT_DIRS[0] and (CHECKPOINTS / "demo_plain.pt").exists()
+    assert str(_CHECKPOINT_DIRS[1]).endswith("share/segood/checkpoints")
