@@ -335,7 +335,7 @@ def _float32_kernel(bits, labels, m, table, occupied, problems):
     table lookup: rows are (sign, float32 exponent), 512 of them, each 2 x 2^m counters (ID, OOD) of the top m
     mantissa bits, in ``table`` ((512 x 2 x 2^m + 2,) int32, then the ignored and the careful scratch).
     A float32 normal number's float64 key has the same mantissa bits and a binade fixed by (sign, exponent),
-    so the rows map to float64 bins afterwards (:func:`float32_drain`). Zeros (either sign) go to
+    so the rows map to float64 bins afterwards (:func:`drain`). Zeros (either sign) go to
     row 0. Subnormals, infinities, NaN and bad labels go to the careful slot: the wrapper bins them the slow way.
     Marks in ``occupied`` (512 bytes) the zero row and every row between the lowest and the highest other row
     each block counted in (a superset of the rows counted in, from reductions in the vectorised loop: a mark
@@ -376,46 +376,6 @@ def _float32_kernel(bits, labels, m, table, occupied, problems):
     careful = table[careful_index]
     table[ignored_index] = table[careful_index] = 0
     return careful
-
-
-@numba.njit(cache=True)
-def float32_drain(table, occupied, m):
-    """The counts of :func:`_float32_kernel`'s marked rows in float64 terms, (binades (k,) int64 increasing, counts
-    (k, 2, 2^m) int64), for the rows that hold a pixel; clears the marked rows and the marks.
-
-    Row 0 is zero (binade 2048), a positive row e is binade 2048 + 896 + e, a negative one (256 + e) binade
-    2047 - 896 - e with its low bits reversed (a negative key is the float64 bits inverted); so binades increase
-    over the negative rows by decreasing e, row 0, then the positive rows by increasing e."""
-    width = 1 << m
-    rows = table[: 512 * 2 * width].reshape(512, 2, width)
-    order = np.empty(512, np.int64)
-    binades = np.empty(512, np.int64)
-    size = 0
-    for i in range(512):
-        row = 511 - i if i < 255 else (0 if i == 255 else i - 255)  # rows 511..257, 0, 1..256 (256: -0, unused)
-        if row == 256 or not occupied[row]:
-            continue
-        filled = False
-        for b in range(width):
-            if rows[row, 0, b] != 0 or rows[row, 1, b] != 0:
-                filled = True
-                break
-        if filled:
-            order[size] = row
-            e = row % 256
-            binades[size] = 2048 if row == 0 else (2048 + 896 + e if row < 256 else 2047 - 896 - e)
-            size += 1
-    counts = np.empty((size, 2, width), np.int64)
-    for i in range(size):
-        row = order[i]
-        for label in range(2):
-            for b in range(width):
-                counts[i, label, b] = rows[row, label, width - 1 - b if row > 256 else b]
-    for row in range(512):
-        if occupied[row]:
-            rows[row] = 0
-            occupied[row] = 0
-    return binades[:size].copy(), counts
 
 
 @numba.njit(nogil=True, cache=True)
@@ -470,36 +430,54 @@ def _float64_kernel(scores, labels, m, table, occupied, problems):
     return careful
 
 
+def _rows(binades, reversed_rows):
+    return binades.astype(np.int64), reversed_rows, np.argsort(binades, kind="stable")
+
+
+def _float32_rows():
+    """Row 0 is zero (binade 2048), a positive row e binade 2048 + 896 + e, a negative one (256 + e) binade
+    2047 - 896 - e with its low bits reversed (a negative key is the float64 bits inverted)."""
+    rows = np.arange(512)
+    sign, exponent = rows // 256, rows % 256
+    return _rows(np.where(rows == 0, 2048, np.where(sign == 0, 2048 + 896 + exponent, 2047 - 896 - exponent)),
+                 sign == 1)
+
+
+#: Per fast kernel, for each table row: its binade, whether its low bits run backwards, and the rows in
+#: increasing binade order (float64 rows are the binades themselves).
+ROW_BINADES = {np.dtype(np.float32): _float32_rows(),
+               np.dtype(np.float64): _rows(np.arange(BINADES), np.zeros(BINADES, bool))}
+
+
 @numba.njit(cache=True)
-def float64_drain(table, occupied, m):
-    """The counts of :func:`_float64_kernel`'s marked rows that hold a pixel, (binades (k,) int64 increasing,
-    counts (k, 2, 2^m) int64): a row is its binade. Clears the marked rows and the marks."""
+def drain(table, occupied, m, row_binades, reversed_rows, order):
+    """The counts of a fast kernel's marked rows that hold a pixel, in float64 terms: (binades (k,) int64
+    increasing, counts (k, 2, 2^m) int64), with each row's binade and direction from :data:`ROW_BINADES`. Clears
+    the marked rows and the marks."""
     width = 1 << m
-    rows = table[: BINADES * 2 * width].reshape(BINADES, 2, width)
-    size = 0
-    for row in range(BINADES):
+    rows = table[: occupied.size * 2 * width].reshape(occupied.size, 2, width)
+    filled = np.zeros(occupied.size, np.bool_)
+    for row in range(occupied.size):
         if occupied[row]:
             for b in range(width):
                 if rows[row, 0, b] != 0 or rows[row, 1, b] != 0:
-                    size += 1
+                    filled[row] = True
                     break
+    size = int(filled.sum())
     binades = np.empty(size, np.int64)
     counts = np.empty((size, 2, width), np.int64)
     i = 0
-    for row in range(BINADES):
-        if not occupied[row]:
-            continue
-        filled = False
-        for b in range(width):
-            if rows[row, 0, b] != 0 or rows[row, 1, b] != 0:
-                filled = True
-                break
-        if filled:
-            binades[i] = row
-            counts[i] = rows[row]
+    for row in order:
+        if filled[row]:
+            binades[i] = row_binades[row]
+            for label in range(2):
+                for b in range(width):
+                    counts[i, label, b] = rows[row, label, width - 1 - b if reversed_rows[row] else b]
             i += 1
-        rows[row] = 0
-        occupied[row] = 0
+    for row in range(occupied.size):
+        if occupied[row]:
+            rows[row] = 0
+            occupied[row] = 0
     return binades, counts
 
 
@@ -513,7 +491,6 @@ def _general(scores, labels, m, problems, initial_slots=8):
 
 
 _SCRATCH = threading.local()
-_ROWS = {np.dtype(np.float32): 512, np.dtype(np.float64): BINADES}  # rows of each fast kernel's table
 _FAST = {np.dtype(np.float32): 14, np.dtype(np.float64): 10}  # the largest m of each (float64: 32 MiB of table)
 
 
@@ -521,7 +498,7 @@ def _scratch(dtype, m):
     """This thread's table of the fast kernel for ``dtype`` at resolution m and its row marks, all zero (each call
     clears what it used); the pages of rows never used are never touched."""
     tables = _SCRATCH.__dict__.setdefault("tables", {})
-    rows = _ROWS[np.dtype(dtype)]
+    rows = ROW_BINADES[np.dtype(dtype)][0].size
     if (rows, m) not in tables:
         tables[rows, m] = (np.zeros(rows * (2 << m) + 2, np.int32), np.zeros(rows, np.uint8))
     return tables[rows, m]
@@ -552,8 +529,7 @@ def float_histogram_numpy(scores, labels, m, threads, initial_slots=8):
     results = [None] * chunks
     problems = np.zeros((chunks, 3), dtype=np.int64)
     fast = m <= _FAST.get(scores.dtype, -1)
-    kernel, drain = ((_float32_kernel, float32_drain) if scores.dtype == np.float32 else (_float64_kernel, float64_drain))
-    view = np.uint32 if scores.dtype == np.float32 else np.float64
+    kernel, view = (_float32_kernel, np.uint32) if scores.dtype == np.float32 else (_float64_kernel, np.float64)
 
     def work(c):
         part = slice(bounds[c], bounds[c + 1])
@@ -563,7 +539,7 @@ def float_histogram_numpy(scores, labels, m, threads, initial_slots=8):
         table, occupied = _scratch(scores.dtype, m)
         try:
             careful = kernel(scores[part].view(view), labels[part], m, table, occupied, problems[c])
-            parts = [drain(table, occupied, m)]
+            parts = [drain(table, occupied, m, *ROW_BINADES[scores.dtype])]
         finally:  # clean for the next call whatever happened, an interrupt included (the drain clears its rows)
             if occupied.any():
                 table[:] = 0
