@@ -387,7 +387,8 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, 
     """Evaluate ``methods`` (method objects) of ``model`` on ``sets`` ({name: .h5 path, or a Dataset of segood
     items such as :class:`segood.robustness.CorruptedSet`}); returns the :class:`Evaluation` (all-reduced over
     ranks). Writes ``state.npz`` (per rank) in ``out_dir``. ``quality`` and ``examples``: see
-    :class:`Evaluation`.
+    :class:`Evaluation`. ``components``: a :func:`component_spec`; when the run chooses its thresholds, a
+    components pass over the sets follows the pixel pass (only the methods and sets with a threshold).
 
     Monte-Carlo dropout is seeded per batch from (seed, set, first frame), so a resumed run draws the same
     samples as an uninterrupted one (for the same batch size and sharding)."""
@@ -477,10 +478,9 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, 
 
     one_pass("evaluate", ev.done, lambda s: methods, pixels)
     if chosen_by_run(ev.components):
-        thresholds = chosen_thresholds(ev.components, _pooled_results(ev))
+        thresholds = chosen_thresholds(ev.components, _pooled_results(ev))  # from saved counts: not saved here
         if ev.components["thresholds"] is None:  # (a resumed run chose them already: the same numbers)
             ev.choose_component_thresholds(thresholds)
-            ev.save(state_path)
         one_pass("components", ev.components_done, lambda s: [m for m in methods if (m.name, s) in ev.comp],
                  components_of)
     return ev.all_reduce()
