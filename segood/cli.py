@@ -149,6 +149,8 @@ def _export(args):
 
 
 def _evaluate(args):
+    from pathlib import Path
+
     from segood.evaluation import evaluate
     from segood.evaluation.api import start_distributed
     from segood.methods import get_method
@@ -158,15 +160,24 @@ def _evaluate(args):
     methods = None if args.methods == ["all"] else [get_method(name) for name in args.methods]
     components = None
     if args.components:
-        if not args.component_thresholds:
-            raise ValueError("--components needs --component-thresholds FILE.json: {method: threshold} chosen on a "
-                             "tuning set (or {method: {set: threshold}} with --oracle-thresholds)")
-        try:
-            thresholds = json.loads(args.component_thresholds.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ValueError(f"{args.component_thresholds} is not a readable JSON file of thresholds ({err})") from None
-        components = {"preset": args.components, "thresholds": thresholds,
-                      "source": "oracle" if args.oracle_thresholds else "committed"}
+        given = args.component_thresholds
+        if given is None and (not args.commit_on or args.oracle_thresholds):
+            raise ValueError("--components needs its thresholds: --commit-on SET (committed on that set of the run "
+                             "by best pixel F1, applied to every set), --component-thresholds FILE.json ({method: "
+                             "threshold} chosen on a tuning set; {method: {set: threshold}} with "
+                             "--oracle-thresholds), or --component-thresholds oracle (best pixel F1 on each test set "
+                             "itself, reported as tuned on the test set)")
+        if given == "oracle":
+            components = {"preset": args.components, "source": "oracle"}
+        elif given is None:
+            components = {"preset": args.components, "source": "committed", "commit_on": args.commit_on}
+        else:
+            try:
+                thresholds = json.loads(Path(given).read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+                raise ValueError(f"{given} is not a readable JSON file of thresholds ({err})") from None
+            components = {"preset": args.components, "thresholds": thresholds,
+                          "source": "oracle" if args.oracle_thresholds else "committed"}
     doc = evaluate(model, args.sets, methods, args.out, batch_size=args.batch_size, device=device,
                    num_thresholds=args.num_thresholds, mantissa_bits=args.mantissa_bits, resume=args.resume,
                    save_every=args.save_every,
@@ -452,10 +463,12 @@ def build_parser():
     add_run_options(ev)
     ev.add_argument("--components", choices=("anomaly", "obstacle"),
                     help="also the component-level metrics of SegmentMeIfYouCan with this preset's size filters")
-    ev.add_argument("--component-thresholds", type=Path, metavar="FILE",
-                    help="JSON {method: threshold} chosen on a tuning set (or {method: {set: threshold}})")
+    ev.add_argument("--component-thresholds", metavar="FILE|oracle",
+                    help="JSON {method: threshold} chosen on a tuning set (or {method: {set: threshold}}); or "
+                         "'oracle': best pixel F1 on each test set itself, marked ORACLE. Without it, --commit-on "
+                         "SET commits them on SET by best pixel F1 (a second pass over the frames)")
     ev.add_argument("--oracle-thresholds", action="store_true",
-                    help="the thresholds were chosen on the test sets themselves: marked ORACLE in every report")
+                    help="the FILE's thresholds were chosen on the test sets themselves: marked ORACLE in every report")
     ev.add_argument("--no-verify", action="store_true",
                     help="do not check frames against their set's sha256 digests (faster; corruption goes unseen)")
     add_analysis_options(ev)

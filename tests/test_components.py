@@ -191,10 +191,10 @@ def test_component_metrics_from_the_command_line(tmp_path, capsys):
     base = ["evaluate", "--checkpoint", str(tmp_path / "m.pt"), "--sets", str(sets / "perlin_mixed.h5"),
             "--methods", "entropy", "--quiet", "--components", "obstacle"]
     assert main([*base, "--out", str(tmp_path / "a")]) == 2
-    assert "--components needs --component-thresholds" in capsys.readouterr().err
+    assert "--components needs its thresholds" in capsys.readouterr().err
     assert main([*base, "--component-thresholds", str(tmp_path / "t.json"), "--oracle-thresholds",
                  "--out", str(tmp_path / "b")]) == 0
-    assert "thresholds oracle: ORACLE, chosen on the test set itself" in capsys.readouterr().out
+    assert "thresholds ORACLE: tuned on the test set itself)" in capsys.readouterr().out
 
 
 def test_combined_runs_keep_their_component_metrics(tmp_path):

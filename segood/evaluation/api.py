@@ -56,10 +56,14 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
             ``num_thresholds`` or ``score_range`` is given, the paper's linear grid (scores in the range).
         verify: check every frame against its set's manifest as it is read (a corrupt frame is an error naming
             it, or skipped with ``skip_bad``); False skips the check for speed.
-        components: component-level metrics (SegmentMeIfYouCan's) in the same pass: {"preset": "anomaly" or
-            "obstacle", "thresholds": {method: threshold, or {set: threshold}}, "source": "committed" (the
-            default: thresholds chosen on a tuning set) or "oracle" (chosen on each test set itself)}.
-        bootstrap, commit_on: the report's intervals and committed thresholds (:func:`write_report`).
+        components: component-level metrics (SegmentMeIfYouCan's): {"preset": "anomaly" or "obstacle",
+            "thresholds": {method: threshold, or {set: threshold}}, "source": "committed" (the default:
+            thresholds chosen on a tuning set) or "oracle" (chosen on each test set itself)}, counted in the pixel
+            pass. Without "thresholds" the run chooses them after its pixel pass and scores the frames again in a
+            components pass: committed on the set ``commit_on`` by "rule" (default "f1", best pixel F1), or, with
+            "source": "oracle", each set's own (:func:`segood.evaluation.runner.component_spec`).
+        bootstrap, commit_on: the report's intervals and committed thresholds (:func:`write_report`); the
+            component thresholds' tuning set when the run chooses them.
 
     Under ``torchrun`` (an initialised process group) each rank evaluates every world_size-th frame and the
     counts are all-reduced; rank 0 writes the outputs. Results equal a single-process run exactly.
@@ -67,7 +71,7 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
     model, sets, methods, grid, components, description = prepare(
         model, sets, methods, batch_size=batch_size, device=device, num_thresholds=num_thresholds,
         score_range=score_range, mantissa_bits=mantissa_bits, progress=progress, fit_set=fit_set,
-        checkpoint=checkpoint, feature_layer=feature_layer, verify=verify, components=components)
+        checkpoint=checkpoint, feature_layer=feature_layer, verify=verify, components=components, commit_on=commit_on)
     ev = execute(model, sets, methods, out_dir, description, batch_size=batch_size, device=device, grid=grid,
                  resume=resume, save_every=save_every, progress=progress, skip_bad=skip_bad, verify=verify,
                  components=components)
@@ -76,7 +80,7 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
 
 def prepare(model, sets, methods=None, *, batch_size=2, device=None, num_thresholds=None, score_range=None,
             mantissa_bits=None, progress=True, fit_set=None, checkpoint=None, feature_layer=None, verify=True,
-            components=None):
+            components=None, commit_on=None):
     """What :func:`evaluate` (and ``segood robustness``) run, checked before anything is written: (model, sets
     {name: path}, method objects (fitted), grid, components spec, the run description for run.json)."""
     if not isinstance(model, (SegmentationNetwork, ExternalModel)):
@@ -99,7 +103,10 @@ def prepare(model, sets, methods=None, *, batch_size=2, device=None, num_thresho
     methods = [get_method(m) if isinstance(m, str) else m for m in methods]
     grid = grid_spec(num_thresholds, score_range, mantissa_bits)
     make_accumulator(grid)  # a bad grid is refused before anything is written
-    components = component_spec(components)
+    components = component_spec(components, commit_on)
+    if components and components.get("commit_on") is not None and components["commit_on"] not in sets:
+        raise ValueError(f"the component thresholds' tuning set {components['commit_on']!r} is not a set of the "
+                         f"run; choose one of {list(sets)}")
     for method in methods:
         check_grid(method, grid)
         method.check(model)

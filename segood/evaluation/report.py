@@ -54,8 +54,9 @@ def build_results(run, ev, *, bootstrap=Bootstrap(), commit_on=None):
                 **thresholds[(m, s)],
             }
             if (m, s) in ev.comp:
-                results[m][s]["components"] = {k: _number(v) if isinstance(v, float) else v
-                                               for k, v in ev.comp[(m, s)].compute().items()}
+                results[m][s]["components"] = {**{k: _number(v) if isinstance(v, float) else v
+                                                  for k, v in ev.comp[(m, s)].compute().items()},
+                                               **component_choice(ev.components)}
             counts = ev.class_count[s]
             means = np.divide(ev.class_sum[(m, s)], counts, out=np.full(len(counts), np.nan), where=counts > 0)
             per_class[m][s] = {name: (None if np.isnan(v) else float(v)) for name, v in zip(CLASS_NAMES, means)}
@@ -66,6 +67,15 @@ def build_results(run, ev, *, bootstrap=Bootstrap(), commit_on=None):
     return {"schema": SCHEMA, **run, "results": results, "per_class_mean_score": per_class, "timings": timings,
             "skipped_frames": ev.skipped, "bootstrap": described, "comparisons": comparisons,
             "commit_on": commit_on}
+
+
+def component_choice(spec):
+    """Where a run's component thresholds came from: {"chosen_on": the tuning set, "tuned on the test set
+    (oracle)", or None (given in a file); "rule": the rule that chose them, None when given}."""
+    oracle = "tuned on the test set (oracle)"
+    if "rule" not in spec:
+        return {"chosen_on": oracle if spec["source"] == "oracle" else None, "rule": None}
+    return {"chosen_on": spec["commit_on"] if spec["source"] == "committed" else oracle, "rule": spec["rule"]}
 
 
 def write_report(out_dir, *, figures=True, bootstrap=Bootstrap(), commit_on=None):
@@ -102,8 +112,9 @@ def combine_runs(run_dirs, out_dir, *, figures=True, bootstrap=Bootstrap(), comm
     if any(ev.grid != states[0].grid for ev in states):
         raise ValueError(f"runs on different threshold grids cannot be combined: {[ev.grid for ev in states]}")
     specs = [ev.components for ev in states if ev.components]
-    if len({(c["preset"], c["source"]) for c in specs}) > 1:
-        raise ValueError("runs whose component metrics differ in preset or threshold source cannot be combined")
+    if len({(c["preset"], c["source"], c.get("rule"), c.get("commit_on")) for c in specs}) > 1:
+        raise ValueError("runs whose component metrics differ in preset or in how their thresholds were chosen "
+                         "cannot be combined")
     components = {**specs[0], "thresholds": {m: t for c in specs for m, t in c["thresholds"].items()}} if specs else None
     combined = Evaluation(names, sets, states[0].grid, components)
     for ev in states:
@@ -333,10 +344,16 @@ def component_markdown(doc, sets):
     present = [c for c in cells.values() if c]
     if not present:
         return []
-    source = {c["threshold_source"] for c in present}
-    title = (f"## Component-level metrics (SMIYC; ground truth >= {present[0]['min_gt']} px, predictions >= "
-             f"{present[0]['min_pred']} px; thresholds {' and '.join(sorted(source))}"
-             + (": ORACLE, chosen on the test set itself" if "oracle" in source else "") + ")")
+    first = present[0]
+    if first["threshold_source"] == "oracle":
+        how = "ORACLE: tuned on the test set itself" + (f" (each set's own, by the {first['rule']} rule)"
+                                                           if first.get("rule") else "")
+    elif first.get("rule"):
+        how = f"committed on {first['chosen_on']} by the {first['rule']} rule, applied unchanged to every set"
+    else:
+        how = "committed (given)"
+    title = (f"## Component-level metrics (SMIYC; ground truth >= {first['min_gt']} px, predictions >= "
+             f"{first['min_pred']} px; thresholds {how})")
     lines = [title, "", "sIoU / PPV / F1* per method and set.", "",
              "| method | " + " | ".join(sets) + " |", "|---|" + "---:|" * len(sets)]
     for m in doc["results"]:

@@ -5,11 +5,17 @@ one forward pass for every single-pass method, one set of Monte-Carlo samples fo
 passes for perturbing methods) and accumulation (:meth:`Evaluation.process`: an accumulator on the run's
 threshold grid per (method, set), per-class score sums for the paper's Figure 2, a few example frames). State is saved
 atomically every ``save_every`` batches, so a killed run resumes to exactly the counts of an uninterrupted one.
+
+Component metrics whose thresholds the run chooses itself (committed on a tuning set, or tuned on each test set)
+need the pixel counts first: after the pixel pass the thresholds are chosen (:func:`chosen_thresholds`) and a
+components pass scores the frames again (the scores are not kept), in the same loop, saved and resumed alike.
 """
 
+import copy
 import json
 import math
 import time
+import warnings
 from io import BytesIO
 from pathlib import Path
 
@@ -25,10 +31,11 @@ from segood.labels import NUM_CLASSES
 from segood.methods import METHODS, get_method
 from segood.methods.schedule import check_methods, score_batch
 from segood.methods.methods import served_heads
-from segood.metrics import accumulator_from_state, grid_of, grid_spec, make_accumulator
+from segood.metrics import UndefinedMetricWarning, accumulator_from_state, grid_of, grid_spec, make_accumulator
 from segood.metrics.calibration import CalibrationAccumulator
 from segood.metrics.components import PRESETS, ComponentAccumulator
 from segood.metrics.segmentation import confusion_matrix
+from segood.metrics.thresholds import RULES, commit
 from segood.models.network import preprocess
 
 EXAMPLES_PER_SET = 3
@@ -58,11 +65,8 @@ class Evaluation:
         if odd:
             raise ValueError(f"method and set names must be non-empty and free of '|' (the state's separator): {odd}")
         self.grid = grid or grid_spec()
-        self.components = components  # None, or {"preset", "thresholds": {method: t or {set: t}}, "source"}
-        self.comp = {(m, s): ComponentAccumulator(component_threshold(components, m, s), components["preset"],
-                                                  threshold_source=components["source"])
-                     for m in method_names for s in set_names
-                     if components and component_threshold(components, m, s) is not None}
+        self.components = components  # None, or a spec of component_spec()
+        self.comp = self._component_accumulators()
         self.acc = {(m, s): make_accumulator(self.grid, per_image=True) for m in method_names
                     for s in set_names}
         self.class_sum = {(m, s): np.zeros(NUM_CLASSES) for m in method_names for s in set_names}
@@ -71,7 +75,18 @@ class Evaluation:
         self.seconds = {"data": 0.0, "forward": 0.0, "accumulate": 0.0, **{f"score/{m}": 0.0 for m in method_names}}
         self.images = {s: 0 for s in set_names}
         self.done = {s: 0 for s in set_names}  # frames of this rank's shard already accumulated
+        self.components_done = {s: 0 for s in set_names}  # the same, in the components pass
         self.skipped = []  # [set, frame index, reason] of unreadable frames passed over with skip_bad
+
+    def _component_accumulators(self):
+        c = self.components
+        return {(m, s): ComponentAccumulator(component_threshold(c, m, s), c["preset"], threshold_source=c["source"])
+                for m in self.method_names for s in self.set_names if c and component_threshold(c, m, s) is not None}
+
+    def choose_component_thresholds(self, thresholds):
+        """Fix the thresholds a run chooses itself (:func:`chosen_thresholds`), making the components' accumulators."""
+        self.components = {**self.components, "thresholds": thresholds}
+        self.comp = self._component_accumulators()
 
     def process(self, set_name, indices, batch, scores, classes=None, *, clip=False, logits=None):
         """Accumulate one batch of a set: ``batch`` holds ``image`` (N, 3, H, W), ``ood_mask`` and ``semantic``
@@ -91,7 +106,7 @@ class Evaluation:
         self.class_count[set_name] += torch.bincount(class_index, minlength=NUM_CLASSES + 1)[:NUM_CLASSES].cpu().numpy()
         for name, score in scores.items():
             self.acc[(name, set_name)].update(score, labels, clip=clip)
-            if (name, set_name) in self.comp:
+            if (name, set_name) in self.comp and not chosen_by_run(self.components):  # else: the components pass
                 self.comp[(name, set_name)].update(score, ood_mask)
             weights = score.flatten().to(torch.float64, copy=True).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)  # ±inf: 0
             self.class_sum[(name, set_name)] += torch.bincount(
@@ -112,6 +127,7 @@ class Evaluation:
                                             "grid": self.grid, "components": self.components,
                                             "seconds": self.seconds,
                                             "images": self.images, "done": self.done,
+                                            "components_done": self.components_done,
                                             "skipped": self.skipped, "quality": self.quality,
                                             "examples": [self.example_count, self.example_width]}))}
         for s, confusion in self.confusion.items():
@@ -162,6 +178,8 @@ class Evaluation:
             for (m, s), comp in ev.comp.items():
                 comp.load_state({k: arrays[f"comp|{m}|{s}|{k}"] for k in ("taus", "sums", "counts")})
             ev.images, ev.done = (_frame_counts(meta[key], sets, key) for key in ("images", "done"))
+            ev.components_done = _frame_counts(meta.get("components_done", dict.fromkeys(sets, 0)), sets,
+                                               "components_done")
             if not isinstance(meta["seconds"], dict) or not all(
                     isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
                     for v in meta["seconds"].values()):
@@ -260,24 +278,64 @@ class Evaluation:
         return self
 
 
-def component_spec(components):
+def component_spec(components, commit_on=None):
     """The component-metrics spec of a run, checked: {"preset": "anomaly" | "obstacle", "thresholds": {method:
     threshold, or {set: threshold}}, "source": "committed" (chosen on a tuning set; the default) or "oracle"
-    (chosen on each test set itself, e.g. with segood.metrics.components.best_f1_threshold)}."""
+    (chosen on each test set itself, e.g. with segood.metrics.components.best_f1_threshold)}.
+
+    Without "thresholds" the run chooses them from its pixel counts (:func:`chosen_thresholds`) by "rule" (one of
+    :data:`segood.metrics.thresholds.RULES`, default "f1"): "committed" on the run's set "commit_on" (default
+    ``commit_on``, the run's own) and applied unchanged to every set, or "oracle" on each set itself. The spec
+    then reads {"preset", "thresholds": None, "source", "rule", "commit_on": the set or None}."""
     if components is None:
         return None
     preset, thresholds = components.get("preset", "anomaly"), components.get("thresholds")
     source = components.get("source", "committed")
-    if preset not in PRESETS or source not in ("committed", "oracle") or not isinstance(thresholds, dict):
+    if preset not in PRESETS or source not in ("committed", "oracle") or not (thresholds is None
+                                                                             or isinstance(thresholds, dict)):
         raise ValueError(f"components must be {{'preset': one of {sorted(PRESETS)}, 'thresholds': {{method: threshold "
-                         f"or {{set: threshold}}}}, 'source': 'committed' or 'oracle'}}, got {components!r}")
-    return {"preset": preset, "thresholds": thresholds, "source": source}
+                         f"or {{set: threshold}}}} or absent, 'source': 'committed' or 'oracle'}}, got {components!r}")
+    if thresholds is not None:
+        return {"preset": preset, "thresholds": thresholds, "source": source}
+    rule = components.get("rule", "f1")
+    if rule not in RULES:
+        raise ValueError(f"unknown threshold rule {rule!r} for the component metrics; choose one of {', '.join(RULES)}")
+    tuning = components.get("commit_on", commit_on) if source == "committed" else None
+    if source == "committed" and tuning is None:
+        raise ValueError("the component metrics need a threshold per method: commit it on a tuning set of the run "
+                         "(--commit-on SET; commit_on=SET), give it in a file (--component-thresholds FILE.json; "
+                         "'thresholds': {method: threshold}), or tune it on each test set itself, reported as an "
+                         "oracle (--component-thresholds oracle; 'source': 'oracle')")
+    return {"preset": preset, "thresholds": None, "source": source, "rule": rule, "commit_on": tuning}
+
+
+def chosen_by_run(components):
+    """Whether the run chooses the component thresholds itself (after its pixel pass)."""
+    return components is not None and "rule" in components
 
 
 def component_threshold(components, method, set_name):
-    """The threshold of ``method`` on ``set_name`` (None: no component metrics for it)."""
-    value = components["thresholds"].get(method) if components else None
+    """The threshold of ``method`` on ``set_name`` (None: no component metrics for it, or not chosen yet)."""
+    value = (components["thresholds"] or {}).get(method) if components else None
     return value.get(set_name) if isinstance(value, dict) else value
+
+
+def chosen_thresholds(components, results):
+    """The thresholds a run chooses itself, from its pooled pixel results {(method, set): ``compute()`` or None}:
+    committed, {method: the threshold ``components["rule"]`` picks on the set ``components["commit_on"]``}; oracle,
+    {method: {set: the threshold the rule picks on that set}} for the sets with ID and OOD pixels."""
+    rule, tuning = components["rule"], components["commit_on"]
+    methods = list(dict.fromkeys(m for m, _ in results))
+    if components["source"] == "committed":
+        for m in methods:
+            r = results.get((m, tuning))
+            if r is None or not (r["n_ood"] and r["n_id"]):
+                raise ValueError(f"cannot commit {m}'s component threshold on {tuning!r}: it needs ID and OOD pixels "
+                                 f"there ({0 if r is None else r['n_id']} ID, {0 if r is None else r['n_ood']} OOD); "
+                                 "choose another --commit-on set")
+        return {m: commit(results[(m, tuning)], rule) for m in methods}
+    return {m: {s: commit(r, rule) for (m2, s), r in results.items() if m2 == m and r and r["n_ood"] and r["n_id"]}
+            for m in methods}
 
 
 def _array(value, shape, dtype, *, counts=False):
@@ -329,7 +387,8 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, 
     """Evaluate ``methods`` (method objects) of ``model`` on ``sets`` ({name: .h5 path, or a Dataset of segood
     items such as :class:`segood.robustness.CorruptedSet`}); returns the :class:`Evaluation` (all-reduced over
     ranks). Writes ``state.npz`` (per rank) in ``out_dir``. ``quality`` and ``examples``: see
-    :class:`Evaluation`.
+    :class:`Evaluation`. ``components``: a :func:`component_spec`; when the run chooses its thresholds, a
+    components pass over the sets follows the pixel pass (only the methods and sets with a threshold).
 
     Monte-Carlo dropout is seeded per batch from (seed, set, first frame), so a resumed run draws the same
     samples as an uninterrupted one (for the same batch size and sharding)."""
@@ -356,47 +415,90 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, 
         ev = Evaluation(names, list(sets), grid, components, quality=quality, examples=examples)
     model.eval()
     make_accumulator(ev.grid).update(np.zeros(1, np.float32), np.zeros(1, np.uint8))  # load the grid's kernel once
-    for set_index, (set_name, dataset) in enumerate(datasets.items()):
-        shard = list(range(rank, len(dataset), world_size))[ev.done[set_name]:]
-        bar = tqdm(total=len(shard), desc=f"evaluate {set_name}", unit="img", disable=not progress)
-        batches_since_save = 0
-        for start in range(0, len(shard), batch_size):
-            t0 = time.perf_counter()
-            indices = shard[start : start + batch_size]
-            try:
-                items, kept, bad = read_batch(dataset, indices, skip_bad=skip_bad)
-            except UnreadableFrame as err:
-                ev.save(state_path)
-                raise ValueError(f"{set_name}: {err}; what was accumulated is saved in the run folder (--resume "
-                                 "continues), or pass --skip-bad") from None
-            ev.skipped += [[set_name, i, reason] for i, reason in bad]
-            if items:
-                batch = {key: torch.stack([it[key] for it in items]) for key in ("image", "ood_mask", "semantic")}
-                ev.seconds["data"] += time.perf_counter() - t0
-                scored = score_batch(model, preprocess(batch["image"].to(device)), methods,
-                                     mc_seed=seed * 1_000_003 + set_index * 10_007 + kept[0])
-                if scored.output.logits.shape[1] != NUM_CLASSES:
-                    raise ValueError(f"the model predicts {scored.output.logits.shape[1]} classes; the sets use the "
-                                     f"{NUM_CLASSES} Cityscapes trainIds")
-                for stage, seconds in scored.seconds.items():
-                    ev.seconds[stage] += seconds
-                t3 = time.perf_counter()
+
+    def one_pass(label, done, methods_of, accumulate):
+        """Score every set's frames not yet ``done`` with ``methods_of(set)`` and ``accumulate`` them; the pixel
+        pass and the components pass alike (the same batches, so the same Monte-Carlo seeds and scores)."""
+        components_pass = label == "components"
+        for set_index, (set_name, dataset) in enumerate(datasets.items()):
+            chosen = methods_of(set_name)
+            if not chosen:
+                continue
+            shard = list(range(rank, len(dataset), world_size))[done[set_name]:]
+            bar = tqdm(total=len(shard), desc=f"{label} {set_name}", unit="img", disable=not progress)
+            batches_since_save = 0
+            for start in range(0, len(shard), batch_size):
+                t0 = time.perf_counter()
+                indices = shard[start : start + batch_size]
                 try:
-                    ev.process(set_name, kept, batch, dict(zip(names, scored.scores)), scored.classes,
-                               logits=scored.output.logits if quality else None)
-                except ValueError as err:  # e.g. a method's NaN scores. Not saved: this batch is half-counted,
-                    raise ValueError(f"{set_name}: frames {kept}: {err}; --resume continues from the last saved "
-                                     "batch") from None  # while the last save is consistent
-                ev.seconds["accumulate"] += _lap(device, t3)
-            ev.done[set_name] += len(indices)
-            bar.update(len(indices))
-            batches_since_save += 1
-            if batches_since_save >= save_every:
-                ev.save(state_path)
-                batches_since_save = 0
-        bar.close()
-        ev.save(state_path)
+                    items, kept, bad = read_batch(dataset, indices, skip_bad=skip_bad)
+                except UnreadableFrame as err:
+                    ev.save(state_path)
+                    raise ValueError(f"{set_name}: {err}; what was accumulated is saved in the run folder (--resume "
+                                     "continues), or pass --skip-bad") from None
+                if not components_pass:  # (the components pass meets the same frames: recorded once)
+                    ev.skipped += [[set_name, i, reason] for i, reason in bad]
+                if items:
+                    batch = {key: torch.stack([it[key] for it in items]) for key in ("image", "ood_mask", "semantic")}
+                    if not components_pass:
+                        ev.seconds["data"] += time.perf_counter() - t0
+                    scored = score_batch(model, preprocess(batch["image"].to(device)), chosen,
+                                         mc_seed=seed * 1_000_003 + set_index * 10_007 + kept[0])
+                    if scored.output.logits.shape[1] != NUM_CLASSES:
+                        raise ValueError(f"the model predicts {scored.output.logits.shape[1]} classes; the sets use "
+                                         f"the {NUM_CLASSES} Cityscapes trainIds")
+                    t3 = time.perf_counter()
+                    try:
+                        accumulate(set_name, kept, batch, scored, [m.name for m in chosen])
+                    except ValueError as err:  # e.g. a method's NaN scores. Not saved: this batch is half-counted,
+                        raise ValueError(f"{set_name}: frames {kept}: {err}; --resume continues from the last saved "
+                                         "batch") from None  # while the last save is consistent
+                    if components_pass:  # all of it: its forward passes are not the run's inference time
+                        ev.seconds["components"] = ev.seconds.get("components", 0.0) + _lap(device, t0)
+                    else:
+                        for stage, seconds in scored.seconds.items():
+                            ev.seconds[stage] += seconds
+                        ev.seconds["accumulate"] += _lap(device, t3)
+                done[set_name] += len(indices)
+                bar.update(len(indices))
+                batches_since_save += 1
+                if batches_since_save >= save_every:
+                    ev.save(state_path)
+                    batches_since_save = 0
+            bar.close()
+            ev.save(state_path)
+
+    def pixels(set_name, kept, batch, scored, names):
+        ev.process(set_name, kept, batch, dict(zip(names, scored.scores)), scored.classes,
+                   logits=scored.output.logits if quality else None)
+
+    def components_of(set_name, kept, batch, scored, names):
+        for name, score in zip(names, scored.scores):
+            ev.comp[(name, set_name)].update(score, batch["ood_mask"])
+
+    one_pass("evaluate", ev.done, lambda s: methods, pixels)
+    if chosen_by_run(ev.components):
+        thresholds = chosen_thresholds(ev.components, _pooled_results(ev))  # from saved counts: not saved here
+        if ev.components["thresholds"] is None:  # (a resumed run chose them already: the same numbers)
+            ev.choose_component_thresholds(thresholds)
+        one_pass("components", ev.components_done, lambda s: [m for m in methods if (m.name, s) in ev.comp],
+                 components_of)
     return ev.all_reduce()
+
+
+def _pooled_results(ev):
+    """{(method, set): the pooled ``compute()`` of the whole set (summed over the ranks of a sharded run, on a
+    copy: the run's own counts are all-reduced once, at its end), or None where it saw no image}."""
+    import torch.distributed as dist
+
+    sharded = dist.is_available() and dist.is_initialized()
+    out = {}
+    with warnings.catch_warnings():  # undefined metrics are NaN; the thresholds need only the counts
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        for key, acc in ev.acc.items():
+            acc = copy.deepcopy(acc).all_reduce() if sharded else acc
+            out[key] = acc.compute() if acc.n_images else None
+    return out
 
 
 def _sync(device):
