@@ -218,3 +218,29 @@ def test_any_torch_module_with_a_feature_hook(sets, tmp_path):
                    figures=False, fit_set=sets / "cs.h5", feature_layer="decoder")
     assert doc["model"]["class"].endswith("FPN") and "dimreduce" in doc["model"]["served_heads"]
     assert 0 <= doc["results"]["mahalanobis"]["perlin_mixed"]["pooled"]["auroc"] <= 1
+
+
+def test_results_tex_holds_the_tables_of_results_md(sets, tmp_path):
+    """results.tex against results.md, cell for cell: the same values, intervals and bold, user names escaped,
+    every environment closed."""
+    import re
+
+    names = {"perlin_50%&co": sets / "perlin_mixed.h5", "plain_copy": sets / "perlin_mixed.h5"}
+    evaluate(dropout_model(), names, ["max_softmax", "entropy"], tmp_path / "run", progress=False, figures=False)
+    tex = (tmp_path / "run/results.tex").read_text()
+    md = (tmp_path / "run/results.md").read_text()
+    assert tex.count("\\begin{") == tex.count("\\end{") == 2 * 2 * len(METRIC_NAMES)  # table and tabular, 8 tables
+    assert "Method & perlin\\_50\\%\\&co & plain\\_copy \\\\" in tex and "95\\% image-level" in tex
+    md_rows = [line for line in md.splitlines() if line.startswith(("| max_softmax |", "| entropy |"))]
+    tex_rows = [line for line in tex.splitlines() if line.startswith(("max\\_softmax &", "entropy &"))]
+    assert len(tex_rows) == 2 * 2 * len(METRIC_NAMES)
+    numbers = 0
+    for md_row, tex_row in zip(md_rows, tex_rows):  # the pixel tables come first in both, in the same order
+        md_cells = [c.strip() for c in md_row.strip("|").split("|")][1:]
+        tex_cells = tex_row.removesuffix(" \\\\").split(" & ")[1:]
+        assert len(md_cells) == len(tex_cells) == 2
+        for m, t in zip(md_cells, tex_cells):
+            assert re.findall(r"-?\d+\.\d+", m) == re.findall(r"-?\d+\.\d+", t)
+            assert m.startswith("**") == t.startswith("\\textbf{")
+            numbers += len(re.findall(r"-?\d+\.\d+", t))
+    assert numbers >= 3 * 2 * 2 * len(METRIC_NAMES)  # the pooled tables: a value and its interval per cell

@@ -2,7 +2,7 @@
 
     runs/NAME/run.json            what ran: toolkit, model, sets, methods, settings (written first)
     runs/NAME/state.npz           accumulators, per-class sums, examples (state.rankK.npz per rank under torchrun)
-    runs/NAME/results.json|.csv|.md   the report, rebuilt from the state by ``segood report``
+    runs/NAME/results.json|.csv|.md|.tex   the report, rebuilt from the state by ``segood report``
     runs/NAME/figures/*.png       curves, bars, per-class scores, example panels
 """
 
@@ -19,6 +19,7 @@ class RunFolder:
         self.results_json = self.path / "results.json"
         self.results_csv = self.path / "results.csv"
         self.results_md = self.path / "results.md"
+        self.results_tex = self.path / "results.tex"
         self.figures = self.path / "figures"
 
     def state(self, rank=0, world_size=1):

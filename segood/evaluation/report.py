@@ -4,6 +4,7 @@ import csv
 import io
 import math
 import re
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -79,7 +80,7 @@ def component_choice(spec):
 
 
 def write_report(out_dir, *, figures=True, bootstrap=Bootstrap(), commit_on=None):
-    """(Re)write results.json, results.csv, results.md and the figures of ``out_dir`` from its state, with
+    """(Re)write results.json, results.csv, results.md, results.tex and the figures of ``out_dir`` from its state, with
     bootstrap intervals (``bootstrap``: resamples and seed; None: none) and thresholds committed on the set
     ``commit_on``."""
     folder = RunFolder(out_dir)
@@ -88,6 +89,7 @@ def write_report(out_dir, *, figures=True, bootstrap=Bootstrap(), commit_on=None
     write_json(folder.results_json, doc)
     atomic_write_text(folder.results_csv, results_csv(doc))
     atomic_write_text(folder.results_md, results_markdown(doc))
+    atomic_write_text(folder.results_tex, results_latex(doc))
     if figures:
         write_figures(folder.figures, doc, ev)
     return doc
@@ -152,15 +154,16 @@ def results_csv(doc):
     return buffer.getvalue()
 
 
-def results_markdown(doc):
-    """One table per metric: methods × sets, pooled, best per set in bold; per-image means below. A set converted
-    with a protocol that averages per image (its identity's ``per_image_headline``) also shows its per-image
-    means beside its pooled numbers in the pooled tables, each column named."""
+def metric_tables(doc):
+    """The tables of results.md and results.tex, as data: [(metric, title, column names, [(method, [Cell])])], one
+    per metric pooled over all pixels, then one per metric of per-image means. A set converted with a protocol
+    that averages per image (its identity's ``per_image_headline``) also shows its per-image means beside its
+    pooled numbers in the pooled tables, each column named."""
     sets = list(next(iter(doc["results"].values())))
     headlines = {s: (doc.get("sets") or {}).get(s, {}).get("per_image_headline") for s in sets}
     names = {(s, a): f"{s} ({headlines[s] if a == 'per_image_mean' else 'pooled over pixels'})" if headlines[s]
              else s for s in sets for a in ("pooled", "per_image_mean")}
-    lines = [f"# Results ({doc['schema']}, segood {doc['toolkit']['segood_version']})", ""]
+    tables = []
     for section in ("pooled", "per_image_mean"):
         columns = [(s, section) for s in sets]
         if section == "pooled":  # a per-image protocol's headline beside the pooled numbers
@@ -169,28 +172,47 @@ def results_markdown(doc):
             title = "pooled over all pixels" if section == "pooled" else "per-image mean"
             if len(columns) > len(sets):
                 title += ", and per-image means where a set's protocol averages per image"
-            lines += [f"## {METRICS[metric].label} {arrow(metric)} ({title})", "",
-                      "| method | " + " | ".join(names[c] for c in columns) + " |", "|---|" + "---:|" * len(columns)]
-            for m, by_set in doc["results"].items():
-                cells = []
-                for s, aggregation in columns:
-                    value = (by_set[s][aggregation] or {}).get(metric)
-                    column = [(doc["results"][o][s][aggregation] or {}).get(metric) for o in doc["results"]]
-                    column = [v for v in column if v is not None]
-                    best = (max if METRICS[metric].higher_is_better else min)(column) if column else None
-                    ranks = (doc.get("comparisons") or {}).get(s, {}).get("ranks", {}).get(metric)
-                    top = ranks[m] == 1 if ranks and aggregation == "pooled" else value is not None and value == best
-                    text = "–" if value is None else f"{value:.4f}"
-                    flag = " †" if by_set[s]["same_source_tuning"] else ""
-                    if aggregation == "pooled" and too_coarse(metric, by_set[s]):
-                        flag += " ≈"
-                    interval = (by_set[s].get("intervals" if aggregation == "pooled" else "per_image_intervals")
-                                or {}).get(metric)
-                    if value is not None and interval and interval[0] is not None:
-                        flag = f" [{interval[0]:.3f}, {interval[1]:.3f}]" + flag
-                    cells.append(f"**{text}**{flag}" if top else text + flag)
-                lines.append(f"| {m} | " + " | ".join(cells) + " |")
-            lines.append("")
+            rows = [(m, [_cell(doc, m, s, metric, aggregation) for s, aggregation in columns]) for m in doc["results"]]
+            tables.append((metric, title, [names[c] for c in columns], rows))
+    return tables
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One value of a metric table: ``value`` (None: undefined), ``top`` (bold: the best, or not significantly
+    worse), its bootstrap ``interval`` or None, ``same_source`` (†) and ``coarse`` (≈) flags."""
+
+    value: float | None
+    top: bool
+    interval: tuple | None
+    same_source: bool
+    coarse: bool
+
+
+def _cell(doc, m, s, metric, aggregation):
+    r = doc["results"][m][s]
+    value = (r[aggregation] or {}).get(metric)
+    column = [v for v in ((doc["results"][o][s][aggregation] or {}).get(metric) for o in doc["results"]) if v is not None]
+    best = (max if METRICS[metric].higher_is_better else min)(column) if column else None
+    ranks = (doc.get("comparisons") or {}).get(s, {}).get("ranks", {}).get(metric)
+    top = ranks[m] == 1 if ranks and aggregation == "pooled" else value is not None and value == best
+    interval = (r.get("intervals" if aggregation == "pooled" else "per_image_intervals") or {}).get(metric)
+    interval = tuple(interval) if value is not None and interval and interval[0] is not None else None
+    return Cell(value, bool(top), interval, bool(r["same_source_tuning"]),
+                aggregation == "pooled" and too_coarse(metric, r))
+
+
+def results_markdown(doc):
+    """One table per metric: methods × sets, pooled, best per set in bold; per-image means below
+    (:func:`metric_tables`); then the committed thresholds, runtime, component metrics and the notes."""
+    sets = list(next(iter(doc["results"].values())))
+    lines = [f"# Results ({doc['schema']}, segood {doc['toolkit']['segood_version']})", ""]
+    for metric, title, columns, rows in metric_tables(doc):
+        lines += [f"## {METRICS[metric].label} {arrow(metric)} ({title})", "",
+                  "| method | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+        for m, cells in rows:
+            lines.append(f"| {m} | " + " | ".join(_markdown_cell(c) for c in cells) + " |")
+        lines.append("")
     lines += committed_markdown(doc, sets) + runtime_markdown(doc) + component_markdown(doc, sets)
     ratios = {s: doc["results"][next(iter(doc["results"]))][s]["id_to_ood_ratio"] for s in sets}
     lines.append("Sets: " + ", ".join(f"{s} (ID:OOD = {r:.2f}:1)" if r else f"{s} (no OOD pixels)"
@@ -301,6 +323,59 @@ def write_figures(figures, doc, ev):
                 if row == 0:
                     ax.set_title(title, fontsize=8)
         _save(fig, figures / _file_name(f"examples_{s}.png"))
+
+
+def _markdown_cell(cell):
+    text = "–" if cell.value is None else f"{cell.value:.4f}"
+    flags = (f" [{cell.interval[0]:.3f}, {cell.interval[1]:.3f}]" if cell.interval else "") + \
+        (" †" if cell.same_source else "") + (" ≈" if cell.coarse else "")
+    return (f"**{text}**" if cell.top else text) + flags
+
+
+_LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
+          "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+
+
+def latex_escape(text):
+    """``text`` with LaTeX's special characters escaped (method and set names are the user's)."""
+    return "".join(_LATEX.get(ch, ch) for ch in str(text))
+
+
+def results_latex(doc):
+    r"""The metric tables of results.md (:func:`metric_tables`) as LaTeX tables to paste into a paper: one table
+    environment per metric and aggregation, booktabs rules (``\usepackage{booktabs}``), values to four decimals
+    with their bootstrap intervals, bold as in results.md, the notes in each caption."""
+    b = doc.get("bootstrap")
+    notes = (rf"[lo, hi]: {100 * b['confidence']:.0f}\% image-level bootstrap intervals ({b['resamples']} "
+             rf"resamples, seed {b['seed']}). Bold: the best value and every value not significantly worse (paired "
+             "bootstrap)." if b else "Bold: the best value.")
+    tables = metric_tables(doc)
+    cells = [c for _, _, _, rows in tables for _, row in rows for c in row]
+    if any(c.same_source for c in cells):
+        notes += r" $^\dagger$ tuned on data from the same OOD source as the test set."
+    if any(c.coarse for c in cells):
+        notes += rf" $\approx$ the binning may move the value by more than {COARSE}."
+    out = [rf"% segood {doc['toolkit']['segood_version']} ({doc['schema']}): the tables of results.md; needs "
+           r"\usepackage{booktabs}", ""]
+    for k, (metric, title, columns, rows) in enumerate(tables):
+        direction = r"$\uparrow$" if METRICS[metric].higher_is_better else r"$\downarrow$"
+        out += [r"\begin{table}[t]", r"\centering", r"\small",
+                rf"\caption{{{latex_escape(METRICS[metric].label)} {direction}, {latex_escape(title)}. {notes}}}",
+                rf"\label{{tab:segood-{metric}-{'pooled' if k < len(METRICS) else 'per-image'}}}",
+                r"\begin{tabular}{l" + "r" * len(columns) + "}", r"\toprule",
+                "Method & " + " & ".join(latex_escape(c) for c in columns) + r" \\", r"\midrule"]
+        out += [latex_escape(m) + " & " + " & ".join(_latex_cell(c) for c in row) + r" \\" for m, row in rows]
+        out += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
+    return "\n".join(out)
+
+
+def _latex_cell(cell):
+    if cell.value is None:
+        return "--"
+    text = rf"\textbf{{{cell.value:.4f}}}" if cell.top else f"{cell.value:.4f}"
+    if cell.interval:
+        text += rf" {{\scriptsize [{cell.interval[0]:.3f}, {cell.interval[1]:.3f}]}}"
+    return text + (r"$^\dagger$" if cell.same_source else "") + (r" $\approx$" if cell.coarse else "")
 
 
 def committed_markdown(doc, sets):
