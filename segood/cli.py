@@ -167,10 +167,14 @@ def _evaluate(args):
                              "threshold} chosen on a tuning set; {method: {set: threshold}} with "
                              "--oracle-thresholds), or --component-thresholds oracle (best pixel F1 on each test set "
                              "itself, reported as tuned on the test set)")
+        if args.component_rule and given not in (None, "oracle"):
+            raise ValueError("--component-rule chooses thresholds the run picks itself (--commit-on SET or "
+                             "--component-thresholds oracle); a FILE's thresholds are used as given: drop one")
+        rule = {"rule": args.component_rule or "f1"}
         if given == "oracle":
-            components = {"preset": args.components, "source": "oracle"}
+            components = {"preset": args.components, "source": "oracle", **rule}
         elif given is None:
-            components = {"preset": args.components, "source": "committed", "commit_on": args.commit_on}
+            components = {"preset": args.components, "source": "committed", "commit_on": args.commit_on, **rule}
         else:
             try:
                 thresholds = json.loads(Path(given).read_text())
@@ -467,6 +471,9 @@ def build_parser():
                     help="JSON {method: threshold} chosen on a tuning set (or {method: {set: threshold}}); or "
                          "'oracle': best pixel F1 on each test set itself, marked ORACLE. Without it, --commit-on "
                          "SET commits them on SET by best pixel F1 (a second pass over the frames)")
+    ev.add_argument("--component-rule", choices=THRESHOLD_RULES, metavar="RULE",
+                    help=f"the rule that picks the thresholds the run chooses itself: {', '.join(THRESHOLD_RULES)} "
+                         "(default f1, best pixel F1 as SegmentMeIfYouCan)")
     ev.add_argument("--oracle-thresholds", action="store_true",
                     help="the FILE's thresholds were chosen on the test sets themselves: marked ORACLE in every report")
     ev.add_argument("--no-verify", action="store_true",

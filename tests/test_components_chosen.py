@@ -11,6 +11,7 @@ import torch
 
 from segood.cli import main
 from segood.evaluation import Evaluation, evaluate
+from segood.evaluation.report import combine_runs
 from segood.metrics.components import best_f1_threshold
 from segood.metrics.thresholds import commit
 from segood.models import build_model, save_checkpoint
@@ -105,6 +106,14 @@ def test_missing_or_unusable_thresholds_are_errors_that_say_what_to_give(sets, t
     assert "ORACLE: tuned on the test set itself" in capsys.readouterr().out
     oracle = json.loads((tmp_path / "g" / "results.json").read_text())["results"]["entropy"]["perlin_mixed"]
     assert oracle["components"]["threshold"] == oracle["oracle"]["f1"]["threshold"]  # the pixel oracle's, by F1
+    assert main([*base, "--commit-on", "perlin_mixed", "--component-rule", "iou", "--out", str(tmp_path / "h")]) == 0
+    by_iou = json.loads((tmp_path / "h" / "results.json").read_text())["results"]["entropy"]["perlin_mixed"]
+    assert by_iou["components"]["rule"] == "iou"
+    assert by_iou["components"]["threshold"] == by_iou["committed"]["iou"]["threshold"]
+    (tmp_path / "t.json").write_text(json.dumps({"entropy": 0.5}))
+    assert main([*base, "--component-thresholds", str(tmp_path / "t.json"), "--component-rule", "iou",
+                 "--out", str(tmp_path / "i")]) == 2
+    assert "a FILE's thresholds are used as given" in capsys.readouterr().err
 
 
 def test_a_run_killed_in_the_components_pass_resumes_to_the_same_numbers(sets, tmp_path, monkeypatch):
@@ -125,6 +134,13 @@ def test_a_run_killed_in_the_components_pass_resumes_to_the_same_numbers(sets, t
                        resume=True, **OPTIONS)
     assert resumed["results"] == whole["results"]
     assert components_of(resumed)[("mutual_info", "cs")]["n_frames"] == 2
+
+    monkeypatch.setattr(model, "forward", killed_after(model, 2))  # dies in the pixel pass: no thresholds yet
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(model, sets, ["max_softmax"], tmp_path / "early", components=components, commit_on="normal_mixed",
+                 save_every=1, **OPTIONS)
+    with pytest.raises(ValueError, match="stopped before choosing their component thresholds.*--resume first"):
+        combine_runs([tmp_path / "whole", tmp_path / "early"], tmp_path / "combined", figures=False, bootstrap=None)
 
 
 def _distributed_worker(rank, world, port, paths, out_dir):

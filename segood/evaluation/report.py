@@ -117,6 +117,10 @@ def combine_runs(run_dirs, out_dir, *, figures=True, bootstrap=Bootstrap(), comm
     if len({(c["preset"], c["source"], c.get("rule"), c.get("commit_on")) for c in specs}) > 1:
         raise ValueError("runs whose component metrics differ in preset or in how their thresholds were chosen "
                          "cannot be combined")
+    unchosen = [str(d) for d, ev in zip(run_dirs, states) if ev.components and ev.components["thresholds"] is None]
+    if unchosen:
+        raise ValueError(f"{', '.join(unchosen)} stopped before choosing their component thresholds (after the pixel "
+                         "pass): finish them with segood evaluate ... --resume first")
     components = {**specs[0], "thresholds": {m: t for c in specs for m, t in c["thresholds"].items()}} if specs else None
     combined = Evaluation(names, sets, states[0].grid, components)
     for ev in states:
