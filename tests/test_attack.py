@@ -386,12 +386,16 @@ class LearnedOnly(SearchSpace):
         return {**super().decode(u), "texture": "learned"}
 
 
-def test_the_search_with_the_learned_fill_lowers_the_target_score(world, generator):
-    model, scenes = world["model"], world["scenes"]
-    space = LearnedOnly(world["space"].objects, lambda o: o.image, generator=generator["model"])
+def max_logit_target(world):
     method = get_method("max_logit")
-    cal = calibrate(model, [method], scenes)
-    target = Target(model, method, threshold=cal["weakest_inlier"], scale=cal["score_std"]["max_logit"])
+    cal = calibrate(world["model"], [method], world["scenes"])
+    return Target(world["model"], method, threshold=cal["weakest_inlier"], scale=cal["score_std"]["max_logit"])
+
+
+def test_the_search_with_the_learned_fill_lowers_the_target_score(world, generator):
+    scenes = world["scenes"]
+    space = LearnedOnly(world["space"].objects, lambda o: o.image, generator=generator["model"])
+    target = max_logit_target(world)
     records = [search_frame(target, space, scene, SearchConfig(budget=25)) for scene in scenes]
     assert all(r["found"] and r["passes"] <= 25 and len(r["u"]) == 21 for r in records)
     assert all(r["score"] <= r["start"]["score"] for r in records)
@@ -452,11 +456,9 @@ def test_points_of_one_render_key_render_the_same_image(world, generator):
 
 
 def test_the_search_spends_no_pass_on_an_unchanged_image(world, generator):
-    model, scenes = world["model"], world["scenes"]
+    scenes = world["scenes"]
     space = SearchSpace(world["space"].objects, lambda o: o.image, generator=generator["model"])
-    method = get_method("max_logit")
-    cal = calibrate(model, [method], scenes)
-    target = Target(model, method, threshold=cal["weakest_inlier"], scale=cal["score_std"]["max_logit"])
+    target = max_logit_target(world)
     reusing = search_frame(target, space, scenes[0], SearchConfig(budget=15))
     plain = search_frame(target, space, scenes[0], SearchConfig(budget=15, reuse_unchanged=False))
     assert reusing["found"] and reusing["passes"] <= 15 and reusing["reused"] > 0

@@ -412,20 +412,26 @@ def test_undefined_metrics_are_nan_with_a_reason(labels, missing):
         assert np.isnan(exact_metrics(np.linspace(0, 1, 5), labels)["auroc"])
 
 
-def test_the_one_pass_bounds_equal_the_refined_curves_metrics():
-    """The built-in metrics' bounds kernel against the generic path (each metric of the two refined curves)."""
-    from segood.metrics.functional import metric_bounds, refined_bounds
-
-    rng = np.random.default_rng(0)
-    for trial in range(200):
-        size = int(rng.integers(1, 60))
+def random_hists(seed, trials):
+    """(trial, hist (2, B)) of random ID / OOD counts with ties, empty bins and counts up to 1e5, each set holding
+    ID and OOD pixels."""
+    rng = np.random.default_rng(seed)
+    for trial in range(trials):
+        size = int(rng.integers(1, 80))
         hist = rng.integers(0, 5, (2, size)) * (rng.random((2, size)) < 0.6)
         if trial % 3 == 0:
             hist = rng.integers(0, 100000, (2, size))
         if trial % 7 == 0:
             hist[:, ::2] = 0  # empty bins
-        if not (hist[0].sum() and hist[1].sum()):
-            continue
+        if hist[0].sum() and hist[1].sum():
+            yield trial, hist
+
+
+def test_the_one_pass_bounds_equal_the_refined_curves_metrics():
+    """The built-in metrics' bounds kernel against the generic path (each metric of the two refined curves)."""
+    from segood.metrics.functional import metric_bounds, refined_bounds
+
+    for trial, hist in random_hists(0, 200):
         fast, reference = metric_bounds(hist), refined_bounds(hist)
         for name, (lo, hi) in reference.items():
             assert fast[name] == pytest.approx((lo, hi), abs=1e-12), (trial, name)
@@ -437,15 +443,9 @@ def test_the_one_pass_metrics_equal_their_definitions():
     from segood.metrics.functional import Curve, METRICS, metrics_from_counts
 
     rng = np.random.default_rng(1)
-    for trial in range(300):
-        size = int(rng.integers(1, 80))
-        hist = rng.integers(0, 5, (2, size)) * (rng.random((2, size)) < 0.6)
-        if trial % 3 == 0:
-            hist = rng.integers(0, 100000, (2, size))
-        if not (hist[0].sum() and hist[1].sum()):
-            continue
+    for trial, hist in random_hists(1, 300):
         fp, tp = (np.cumsum(row[::-1])[::-1] for row in hist)
-        thresholds = np.sort(rng.random(size)) + np.arange(size)
+        thresholds = np.sort(rng.random(tp.size)) + np.arange(tp.size)
         curve = Curve(thresholds, tp, fp, int(tp[0]), int(fp[0]))
         got = metrics_from_counts(thresholds, tp, fp, int(tp[0]), int(fp[0]))
         for name, metric in METRICS.items():
