@@ -159,6 +159,9 @@ def _evaluate(args):
     model = _model(args)
     methods = None if args.methods == ["all"] else [get_method(name) for name in args.methods]
     components = None
+    if not args.components and (args.component_thresholds or args.component_rule or args.oracle_thresholds):
+        raise ValueError("--component-thresholds, --component-rule and --oracle-thresholds set up the component "
+                         "metrics: add --components anomaly|obstacle, or drop them")
     if args.components:
         given = args.component_thresholds
         if given is None and (not args.commit_on or args.oracle_thresholds):

@@ -214,3 +214,18 @@ def test_combined_runs_keep_their_component_metrics(tmp_path):
                  components={"preset": "obstacle", "thresholds": {method: 0.001}})
     doc = combine_runs(runs, tmp_path / "combined", figures=False)
     assert all("components" in doc["results"][m]["perlin_mixed"] for m in ("entropy", "max_softmax"))
+
+
+def test_the_threshold_is_compared_in_float64_as_the_pixel_metrics_compare():
+    """A float32 score one float64 step below the threshold is not predicted OOD (in float32 the two are equal)."""
+    score = np.float32(0.3)
+    threshold = float(np.nextafter(np.float64(score), 1.0))
+    assert np.float32(threshold) == score  # the comparison in float32 would predict every pixel
+    labels = np.zeros((40, 40), np.uint8)
+    labels[10:30, 10:30] = OOD
+    acc = ComponentAccumulator(threshold, min_pred=1, min_gt=1)
+    acc.update(np.full((40, 40), score, np.float32), labels)
+    assert acc.compute()["n_pred_components"] == 0
+    acc = ComponentAccumulator(float(score), min_pred=1, min_gt=1)
+    acc.update(np.full((40, 40), score, np.float32), labels)
+    assert acc.compute()["n_pred_components"] == 1

@@ -114,6 +114,9 @@ def test_missing_or_unusable_thresholds_are_errors_that_say_what_to_give(sets, t
     assert main([*base, "--component-thresholds", str(tmp_path / "t.json"), "--component-rule", "iou",
                  "--out", str(tmp_path / "i")]) == 2
     assert "a FILE's thresholds are used as given" in capsys.readouterr().err
+    without = [a for a in base if a not in ("--components", "obstacle")]
+    assert main([*without, "--component-rule", "iou", "--out", str(tmp_path / "j")]) == 2
+    assert "add --components anomaly|obstacle" in capsys.readouterr().err
 
 
 def test_a_run_killed_in_the_components_pass_resumes_to_the_same_numbers(sets, tmp_path, monkeypatch):

@@ -452,3 +452,20 @@ def test_the_one_pass_metrics_equal_their_definitions():
             assert got[name] == pytest.approx(metric.from_curve(curve), rel=1e-13, abs=1e-15), (trial, name)
         iou = tp / (tp[0] + fp)
         assert got["max_iou_threshold"] == thresholds[np.argmax(iou)]
+
+
+def test_bounds_of_a_registered_metric_hold_its_value(monkeypatch):
+    """A metric registered anew (here AUROC and AUPRC as copies of the built-ins) takes the generic refined-curve
+    bounds; those hold the reported value too, as the kernel's do."""
+    import dataclasses
+
+    from segood.metrics.functional import METRICS, metrics_from_counts
+
+    for name in ("auroc", "auprc"):
+        monkeypatch.setitem(METRICS, name, dataclasses.replace(METRICS[name]))
+    for trial, hist in random_hists(2, 300):
+        fp, tp = (np.cumsum(row[::-1])[::-1] for row in hist)
+        got = metrics_from_counts(np.arange(tp.size, dtype=float), tp, fp, tp[0], fp[0], bounds=True)
+        for name in METRICS:
+            lo, hi = got["bounds"][name]
+            assert lo <= got[name] <= hi, (trial, name, lo, got[name], hi)

@@ -11,7 +11,8 @@ min(1, exp(-(E' - E) / T)). The frame's worst case is the chain's lowest-energy 
 is feasible, so the found sample satisfies the constraints by construction.
 
 Budget: every rendered candidate costs one network pass (``score_batch`` on one image); a placement that breaks
-the ground rules costs none, and proposals stop at ``MAX_DRAWS_PER_PASS`` times the budget. Each chain draws
+the ground rules costs none, and proposals stop at ``MAX_DRAWS_PER_PASS`` times the budget (counted apart for
+proposals that render the state's image again, which cost nothing). Each chain draws
 from generators seeded with (seed, frame id, method) (:func:`segood.data.paste.frame_rng`): the start from
 (seed, frame id) alone, so that the methods of one network start from the same random sample, the proposals
 and the dropout masks also from the method. A finished frame's state is written atomically to its own file; a
@@ -41,7 +42,9 @@ class SearchConfig:
     """budget: network passes per frame and method; temperature: of the standardised energy; step: the proposal's
     standard deviation in the unit cube; seed: with the frame id and the method, seeds each chain;
     reuse_unchanged: a proposal that renders the same image as the state (it moved a dimension the state's fill
-    never reads, :meth:`SearchSpace.render_key`) keeps the state's energy and is accepted without a pass."""
+    never reads, :meth:`SearchSpace.render_key`) keeps the state's energy and is accepted without a pass or a
+    draw (such proposals have a bound of their own). For a Monte-Carlo dropout target the kept energy is that of
+    the state's dropout draw, where a pass would have drawn the masks anew."""
 
     budget: int = 100
     temperature: float = 0.1
@@ -132,13 +135,13 @@ def search_frame(target, space, scene, config):
         return {"frame_id": scene.frame_id, "found": False, "passes": passes,
                 "reason": f"no feasible start in {passes} passes ({draws} draws)"}
     start = best = state
-    while passes < config.budget and draws < limit:
-        draws += 1
+    while passes < config.budget and draws < limit and reused < limit:
         proposals += 1
         u = space.propose(state[0], rng, config.step)
         if config.reuse_unchanged and space.render_key(u) == space.render_key(state[0]):
             state, accepted, reused = (u, *state[1:]), accepted + 1, reused + 1  # the same image: E' = E
             continue
+        draws += 1
         proposed = visit(u)
         if proposed is None:
             continue

@@ -337,12 +337,15 @@ def _markdown_cell(cell):
 
 
 _LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
-          "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+          "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "<": r"\textless{}",
+          ">": r"\textgreater{}", "|": r"\textbar{}", "[": "{[}", "]": "{]}"}  # [ ]: not read as \\[...] options
 
 
 def latex_escape(text):
-    """``text`` with LaTeX's special characters escaped (method and set names are the user's)."""
-    return "".join(_LATEX.get(ch, ch) for ch in str(text))
+    """``text`` with LaTeX's special characters escaped (method and set names are the user's); a character beyond
+    printable Latin-1 (which ``\\usepackage[T1]{fontenc}`` sets) is written as its code point (≈: U+2248)."""
+    return "".join(_LATEX.get(ch, ch if ch.isprintable() and ord(ch) < 256 else f"U+{ord(ch):04X}")
+                   for ch in str(text))
 
 
 def results_latex(doc):
@@ -360,7 +363,7 @@ def results_latex(doc):
     if any(c.coarse for c in cells):
         notes += rf" $\approx$ the binning may move the value by more than {COARSE}."
     out = [rf"% segood {doc['toolkit']['segood_version']} ({doc['schema']}): the tables of results.md; needs "
-           r"\usepackage{booktabs}", ""]
+           r"\usepackage{booktabs} (and \usepackage[T1]{fontenc} for accented letters in names)", ""]
     for k, (metric, title, columns, rows) in enumerate(tables):
         direction = r"$\uparrow$" if METRICS[metric].higher_is_better else r"$\downarrow$"
         out += [r"\begin{table}[t]", r"\centering", r"\small",

@@ -453,7 +453,7 @@ ROW_BINADES = {np.dtype(np.float32): _float32_rows(),
 def drain(table, occupied, m, row_binades, reversed_rows, order):
     """The counts of a fast kernel's marked rows that hold a pixel, in float64 terms: (binades (k,) int64
     increasing, counts (k, 2, 2^m) int64), with each row's binade and direction from :data:`ROW_BINADES`. Clears
-    the marked rows and the marks."""
+    the rows it read and the marks."""
     width = 1 << m
     rows = table[: occupied.size * 2 * width].reshape(occupied.size, 2, width)
     filled = np.zeros(occupied.size, np.bool_)
@@ -474,10 +474,10 @@ def drain(table, occupied, m, row_binades, reversed_rows, order):
                 for b in range(width):
                     counts[i, label, b] = rows[row, label, width - 1 - b if reversed_rows[row] else b]
             i += 1
-    for row in range(occupied.size):
-        if occupied[row]:
+    for row in range(occupied.size):  # a marked row that holds nothing is zero already: not touched (not paged in)
+        if filled[row]:
             rows[row] = 0
-            occupied[row] = 0
+        occupied[row] = 0
     return binades, counts
 
 

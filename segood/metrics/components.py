@@ -96,7 +96,8 @@ class ComponentAccumulator:
         if scores.shape != labels.shape or scores.ndim not in (2, 3):
             raise ValueError(f"scores {scores.shape} and labels {labels.shape} must be (H, W) or (N, H, W) alike")
         for score, label in zip(*((scores, labels) if scores.ndim == 3 else ([scores], [labels]))):
-            siou, ppv = frame_components(score >= self.threshold, label, min_pred=self.min_pred, min_gt=self.min_gt)
+            predicted = np.asarray(score, np.float64) >= self.threshold  # in float64, as the pixel metrics compare
+            siou, ppv = frame_components(predicted, label, min_pred=self.min_pred, min_gt=self.min_gt)
             taus = np.array(TAUS)[:, None]
             self.tp += (siou[None] >= taus).sum(axis=1)
             self.fn += (siou[None] < taus).sum(axis=1)

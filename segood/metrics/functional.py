@@ -243,7 +243,8 @@ def metrics_from_counts(thresholds, tp, fp, n_ood, n_id, *, warn=True, bounds=Fa
         others = {name: metric for name, metric in METRICS.items() if name not in fast}
         slow = refined_bounds(np.stack([fp - np.append(fp[1:], 0), tp - np.append(tp[1:], 0)]), others) if others else {}
         result["bounds"] = {name: (float(values[5 + 2 * fast[name]]), float(values[6 + 2 * fast[name]]))
-                            if name in fast else slow[name] for name in METRICS}
+                            if name in fast else (min(slow[name][0], result[name]), max(slow[name][1], result[name]))
+                            for name in METRICS}  # the value itself too, as the kernel's intervals hold it
     return result
 
 
