@@ -711,7 +711,7 @@ def builtin_metrics(tp, fp, n_ood, n_id, bounds):
         f_next = fp[k + 1] if k + 1 < size else 0
         ood, id_ = t - t_next, f - f_next
         roc, roc_error = _plus(roc, roc_error, float(id_) * float(t + t_next))
-        if 20 * t >= 19 * n_ood:
+        if n_ood - t <= n_ood // 20:  # 20 TP >= 19 P, without the products (no int64 overflow)
             fpr95_count = f if fpr95_count < 0 else min(fpr95_count, f)
             fpr95_best_count = f_next if fpr95_best_count < 0 else min(fpr95_best_count, f_next)
         value = t / float(n_ood + f)
