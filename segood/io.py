@@ -1,5 +1,6 @@
 """Small file helpers: writes are atomic, so a run that dies never leaves a half-written file."""
 
+import io
 import json
 import os
 import tempfile
@@ -51,6 +52,24 @@ def _nan_to_none(obj):
     if isinstance(obj, (list, tuple)):
         return [_nan_to_none(v) for v in obj]
     return obj
+
+
+def write_npz(path, arrays, *, compressed=False):
+    """Write {name: array} (plain arrays, no pickles) as an ``.npz`` file, atomically."""
+    import numpy as np
+
+    buffer = io.BytesIO()
+    (np.savez_compressed if compressed else np.savez)(buffer, **arrays)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def read_state(from_state_dict, path, what):
+    """``from_state_dict`` of the arrays of the ``.npz`` file ``path`` (:func:`read_npz`); its ValueError names the
+    file."""
+    try:
+        return from_state_dict(read_npz(path, what))
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
 
 
 def read_npz(path, what, max_bytes=8 << 30):

@@ -53,7 +53,7 @@ class _Track(Adapter):
 
     def outside(self, fid):
         """Why frame ``fid`` is not in this split (a sentence), or '' when it is."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement outside(fid)")
 
     def refs(self):
         return list(self.frames)

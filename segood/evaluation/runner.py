@@ -16,7 +16,6 @@ import json
 import math
 import time
 import warnings
-from io import BytesIO
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ from tqdm import tqdm
 import segood
 from segood.data.h5 import H5SegmentationDataset, require_labels
 from segood.evaluation.layout import RunFolder
-from segood.io import atomic_write_bytes, read_npz
+from segood.io import read_npz, write_npz
 from segood.labels import NUM_CLASSES
 from segood.methods import METHODS, get_method
 from segood.methods.schedule import check_methods, score_batch
@@ -206,9 +205,7 @@ class Evaluation:
         return ev
 
     def save(self, path):
-        buffer = BytesIO()
-        np.savez_compressed(buffer, **self.arrays())  # histograms are mostly zeros at 65536 thresholds
-        atomic_write_bytes(path, buffer.getvalue())
+        write_npz(path, self.arrays(), compressed=True)  # histograms are mostly zeros at 65536 thresholds
 
     @classmethod
     def load(cls, path):

@@ -1,11 +1,10 @@
 """PixelOODAccumulator: binned pixel-level OOD metrics over a whole set in constant memory."""
 
-import io
 
 import numba
 import numpy as np
 
-from segood.io import atomic_write_bytes, read_npz
+from segood.io import read_state, write_npz
 from segood.metrics import _kernels
 from segood.metrics.bootstrap import ImageCounts
 from segood.metrics.functional import (
@@ -34,9 +33,7 @@ class _Streaming:
 
     def save(self, path):
         """Write the state to an ``.npz`` file, atomically."""
-        buffer = io.BytesIO()
-        np.savez(buffer, **self.state_dict())
-        atomic_write_bytes(path, buffer.getvalue())
+        write_npz(path, self.state_dict())
 
     def _shared_state(self):
         """The state entries both accumulators have: ignored pixels and the per-image bookkeeping."""
@@ -267,10 +264,7 @@ class PixelOODAccumulator(_Streaming):
     @classmethod
     def load(cls, path):
         """Read a state written by :meth:`save` (never unpickles); a ValueError names the file when it is not one."""
-        try:
-            return cls.from_state_dict(read_npz(path, "accumulator state"))
-        except ValueError as err:
-            raise ValueError(f"{path}: {err}") from None
+        return read_state(cls.from_state_dict, path, "accumulator state")
 
     def all_reduce(self):
         """Sum the counts over all ``torch.distributed`` ranks (in place); a no-op without a process group.

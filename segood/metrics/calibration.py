@@ -6,11 +6,10 @@ The state is additive counts and sums (plain arrays), so shards, ranks and resum
 accumulators.
 """
 
-import io
 
 import numpy as np
 
-from segood.io import atomic_write_bytes, read_npz
+from segood.io import read_state, write_npz
 from segood.labels import IGNORE
 
 STATE_FORMAT = "segood.CalibrationAccumulator/1"
@@ -133,16 +132,11 @@ class CalibrationAccumulator:
         return acc
 
     def save(self, path):
-        buffer = io.BytesIO()
-        np.savez(buffer, **self.state_dict())
-        atomic_write_bytes(path, buffer.getvalue())
+        write_npz(path, self.state_dict())
 
     @classmethod
     def load(cls, path):
-        try:
-            return cls.from_state_dict(read_npz(path, "calibration state"))
-        except ValueError as err:
-            raise ValueError(f"{path}: {err}") from None
+        return read_state(cls.from_state_dict, path, "calibration state")
 
     def __repr__(self):
         return f"CalibrationAccumulator(num_bins={self.num_bins}, n_pixels={int(self.count.sum())})"
