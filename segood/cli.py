@@ -129,7 +129,7 @@ def _protocol(args):
 def _export(args):
     import torch
 
-    from segood.data.h5 import H5SegmentationDataset
+    from segood.data.h5 import H5SegmentationDataset, frame_loader
     from segood.evaluation.exchange import export_scores
     from segood.methods import get_method
 
@@ -139,7 +139,7 @@ def _export(args):
         if method.needs.fit:
             if not args.fit_set:
                 raise ValueError(f"{method.name} needs its training statistics: pass --fit-set")
-            method.fit(model, torch.utils.data.DataLoader(H5SegmentationDataset(args.fit_set), batch_size=2),
+            method.fit(model, frame_loader(H5SegmentationDataset(args.fit_set), 2),
                        progress=not args.quiet)
     written = export_scores(model, {p.stem: p for p in args.sets}, methods, args.out, layout=args.layout,
                             batch_size=args.batch_size, device=args.device, progress=not args.quiet)

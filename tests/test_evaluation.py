@@ -199,7 +199,7 @@ def test_a_corrupt_frame_stops_with_its_id_or_is_skipped(sets, tmp_path):
     shutil.copy(sets / "perlin_mixed.h5", tmp_path / "broken.h5")
     shutil.copy(sets / "perlin_mixed.manifest.json", tmp_path / "broken.manifest.json")
     with h5py.File(tmp_path / "broken.h5", "a") as f:
-        f["images"].id.write_direct_chunk((4, 0, 0, 0), b"not a zlib stream")
+        f["images"]["4"].id.write_direct_chunk((0, 0, 0), b"not a zlib stream")
     model = dropout_model()
     with pytest.raises(ValueError, match="cannot read frame 4"):
         evaluate(model, [tmp_path / "broken.h5"], ["entropy"], tmp_path / "run", progress=False, figures=False)

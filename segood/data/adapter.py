@@ -12,7 +12,7 @@ the three methods, add ``"name": YourAdapter`` to :data:`segood.data.registry.AD
 
 from pathlib import Path
 
-CITYSCAPES_SIZE = (1024, 2048)  # (H, W): the size every set is converted to unless told otherwise
+CITYSCAPES_SIZE = (1024, 2048)  # (H, W): Cityscapes' frames, and the size the paper resizes SUN to
 
 
 class Adapter:
@@ -53,9 +53,10 @@ class Adapter:
         raise NotImplementedError(f"{type(self).__name__} must implement load(ref)")
 
     @property
-    def native_size(self):
-        """(H, W) a conversion resizes to by default."""
-        return CITYSCAPES_SIZE
+    def default_size(self):
+        """(H, W) a conversion resizes every frame to unless told otherwise, or None (the default): each frame keeps
+        its native size, as today's benchmarks evaluate them."""
+        return None
 
     def provenance(self):
         """The attributes every converted set records about where its frames came from."""

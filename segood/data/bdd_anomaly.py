@@ -58,9 +58,6 @@ class BDDAnomaly(Adapter):
         if (self.root / "seg" / "color_labels").exists():
             self.unused_files.append(("seg/color_labels/", "colour renderings of the labels: never read"))
 
-    @property
-    def native_size(self):
-        return (720, 1280)
 
     def refs(self):
         return list(self.frames)

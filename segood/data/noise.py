@@ -72,7 +72,7 @@ class Noise(Adapter):
         self.source = f"{kind}_noise"
 
     @property
-    def native_size(self):
+    def default_size(self):
         return self.size
 
     @classmethod

@@ -121,9 +121,6 @@ class RoadObstacle21(_Track):
     folder, image_suffix = "dataset_ObstacleTrack", ".webp"
     splits = ("validation", "test", "night", "snowstorm", "all")
 
-    @property
-    def native_size(self):
-        return (1080, 1920)
 
     def outside(self, fid):
         scene = fid.split("_")[0]

@@ -58,9 +58,6 @@ class StreetHazards(Adapter):
         self.label_map_sha256 = self.table.sha256
         self.params = {"protocol": protocol}
 
-    @property
-    def native_size(self):
-        return (720, 1280)
 
     @classmethod
     def add_arguments(cls, parser):

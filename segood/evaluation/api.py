@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from segood.data.h5 import H5SegmentationDataset, frame_ids, require_labels, set_identity
+from segood.data.h5 import H5SegmentationDataset, frame_ids, frame_loader, require_labels, set_identity
 from segood.evaluation.exchange import ScoreMaps
 from segood.evaluation.layout import RunFolder
 from segood.evaluation.report import grid_of_config, write_report
@@ -114,7 +114,7 @@ def prepare(model, sets, methods=None, *, batch_size=2, device=None, num_thresho
             if fit_set is None:
                 raise ValueError(f"{method.name} needs its training statistics: pass fit_set (--fit-set), a "
                                  "converted training set, or a fitted method")
-            method.fit(model, torch.utils.data.DataLoader(H5SegmentationDataset(fit_set), batch_size=batch_size),
+            method.fit(model, frame_loader(H5SegmentationDataset(fit_set), batch_size),
                        progress=progress)
     description = {
         "toolkit": run_identity(),
@@ -179,8 +179,8 @@ def evaluate_score_maps(scores_path, data_path, out_dir, *, name="external", sco
             item = dataset[index]
             score = maps[frame_id]
             if score.shape != tuple(item["ood_mask"].shape):
-                raise ValueError(f"frame {frame_id}: scores of shape {score.shape}, the set's frames are "
-                                 f"{tuple(item['ood_mask'].shape)}")
+                raise ValueError(f"frame {frame_id}: scores of shape {score.shape}, the frame is "
+                                 f"{tuple(item['ood_mask'].shape)} (maps are exchanged at each frame's own size)")
             batch = {key: item[key][None] for key in ("image", "ood_mask", "semantic")}
             try:
                 ev.process(set_name, [index], batch, {name: torch.from_numpy(score)[None]}, clip=clip)

@@ -113,7 +113,7 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
     ``segood``: ``out_dir/<method>/<set>.h5``; ``smiyc``: ``out_dir/anomaly_p/<method>/<set>/<fid>.hdf5``
     (float16, dataset ``value``); ``fishyscapes``: ``out_dir/<method>/<set>/<fid>_anomaly.npy`` (float32).
     Every file is written atomically. Returns {(method, set): path written}."""
-    from segood.data.h5 import H5SegmentationDataset, frame_ids
+    from segood.data.h5 import H5SegmentationDataset, frame_ids, frame_loader
     from segood.io import atomic_output
     from segood.methods.schedule import check_methods, score_batch
     from segood.models.network import preprocess
@@ -135,7 +135,7 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
                 for m in methods:
                     files[m.name] = stack.enter_context(h5py.File(stack.enter_context(atomic_output(targets[m.name])),
                                                                   "w"))
-            loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size)
+            loader = frame_loader(dataset, batch_size)
             for batch in tqdm(loader, desc=f"export {set_name}", unit="batch", disable=not progress):
                 scored = score_batch(model, preprocess(batch["image"].to(device)), methods)
                 for method, scores in zip(methods, scored.scores):

@@ -23,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 import segood
-from segood.data.h5 import H5SegmentationDataset, require_labels
+from segood.data.h5 import H5SegmentationDataset, require_labels, same_size_batches
 from segood.evaluation.layout import RunFolder
 from segood.io import read_npz, write_npz
 from segood.labels import NUM_CLASSES
@@ -370,6 +370,14 @@ def read_batch(dataset, indices, *, skip_bad=False):
     return items, kept, bad
 
 
+def stacked(items, indices):
+    """(batch of stacked tensors, its frame indices) for each run of consecutive ``items`` of one size."""
+    sizes = [tuple(item["image"].shape) for item in items]
+    for run in same_size_batches(sizes, len(items)):
+        yield ({key: torch.stack([items[k][key] for k in run]) for key in ("image", "ood_mask", "semantic")},
+               [indices[k] for k in run])
+
+
 class UnreadableFrame(ValueError):
     """A frame of a set could not be read."""
 
@@ -435,23 +443,23 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, 
                                      "continues), or pass --skip-bad") from None
                 if not components_pass:  # (the components pass meets the same frames: recorded once)
                     ev.skipped += [[set_name, i, reason] for i, reason in bad]
-                if items:
-                    batch = {key: torch.stack([it[key] for it in items]) for key in ("image", "ood_mask", "semantic")}
-                    if not components_pass:
-                        ev.seconds["data"] += time.perf_counter() - t0
+                if items and not components_pass:
+                    ev.seconds["data"] += time.perf_counter() - t0
+                for batch, part in stacked(items, kept):  # frames of different sizes are scored apart
                     scored = score_batch(model, preprocess(batch["image"].to(device)), chosen,
-                                         mc_seed=seed * 1_000_003 + set_index * 10_007 + kept[0])
+                                         mc_seed=seed * 1_000_003 + set_index * 10_007 + part[0])
                     if scored.output.logits.shape[1] != NUM_CLASSES:
                         raise ValueError(f"the model predicts {scored.output.logits.shape[1]} classes; the sets use "
                                          f"the {NUM_CLASSES} Cityscapes trainIds")
                     t3 = time.perf_counter()
                     try:
-                        accumulate(set_name, kept, batch, scored, [m.name for m in chosen])
+                        accumulate(set_name, part, batch, scored, [m.name for m in chosen])
                     except ValueError as err:  # e.g. a method's NaN scores. Not saved: this batch is half-counted,
-                        raise ValueError(f"{set_name}: frames {kept}: {err}; --resume continues from the last saved "
+                        raise ValueError(f"{set_name}: frames {part}: {err}; --resume continues from the last saved "
                                          "batch") from None  # while the last save is consistent
                     if components_pass:  # all of it: its forward passes are not the run's inference time
                         ev.seconds["components"] = ev.seconds.get("components", 0.0) + _lap(device, t0)
+                        t0 = time.perf_counter()
                     else:
                         for stage, seconds in scored.seconds.items():
                             ev.seconds[stage] += seconds

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from segood.data.h5 import frame_ids, ood_masks, read_manifest, set_identity
+from segood.data.h5 import frame_ids, frame_sizes, ood_masks, read_array, read_manifest, set_identity
 from segood.io import atomic_write_text, write_json
 from segood.labels import IGNORE
 from segood.leaderboard.maps import map_member, read_maps
@@ -55,8 +55,7 @@ def _official(name, path, private):
     identity, manifest = set_identity(path), read_manifest(path)
     return {"manifest_sha256": identity["manifest_sha256"], "ood_sources": identity["ood_sources"],
             "pixels": manifest["pixels"], "private": private, "path": str(path.resolve()),
-            "size": _size(path),
-            "frame_ids": frame_ids(path)}
+            "frame_sizes": [list(size) for size in frame_sizes(path)], "frame_ids": frame_ids(path)}
 
 
 def write_public_set(path, out):
@@ -66,25 +65,19 @@ def write_public_set(path, out):
     from segood.data.common import Sample
     from segood.data.h5 import SetWriter
 
+    sizes = frame_sizes(path)
     with h5py.File(path, "r") as f:
-        writer = SetWriter(out, _size(path), {"source": "public copy", "split": f"{Path(path).stem} (masks private)"},
+        writer = SetWriter(out, None, {"source": "public copy", "split": f"{Path(path).stem} (masks private)"},
                            overwrite=True)
         try:
             for index, frame_id in enumerate(frame_ids(path)):
-                image = f["images"][index]
+                image = read_array(f, "images", index, sizes[index])
                 hidden = np.full(image.shape[:2], IGNORE, np.uint8)
                 writer.append(Sample(image, hidden, hidden, frame_id))
         except BaseException:
             writer.abort()
             raise
         writer.commit()
-
-
-def _size(path):
-    import h5py
-
-    with h5py.File(path, "r") as f:
-        return [int(f.attrs["height"]), int(f.attrs["width"])]
 
 
 def judge(path, benchmark, limits=Limits(), masks=None):
@@ -175,7 +168,8 @@ def _verified(set_name, files, official, grid, masks):
         raise Rejected(f"set {set_name!r}: no score maps {member}")
     if official["path"] not in masks:
         masks[official["path"]] = list(ood_masks(official["path"]))
-    frames = [(frame_id, *official["size"]) for frame_id in official["frame_ids"]]
+    sizes = official.get("frame_sizes") or [official["size"]] * len(official["frame_ids"])  # (older files: one size)
+    frames = [(frame_id, *size) for frame_id, size in zip(official["frame_ids"], sizes)]
     acc = make_accumulator(grid, per_image=True)
     for (frame_id, scores), (_, mask) in zip(read_maps(files[member], frames), masks[official["path"]]):
         try:

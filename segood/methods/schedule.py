@@ -6,6 +6,7 @@ count in one banded pass; a method that perturbs its input gets its own gradient
 Evaluation, tuning and the benchmarks all score through :func:`score_batch`.
 """
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -40,9 +41,14 @@ def check_methods(model, methods):
 def score_batch(model, x, methods, *, mc_seed=None):
     """Score ``methods`` on ImageNet-normalised images ``x`` (N, 3, H, W) on the model's device.
 
+    Frames of any size: where the network needs sides divisible by its stride (``model.input_multiple``),
+    ``x`` is padded at the bottom and right with zeros (the mean colour) and every output cropped back, so the
+    padding is never scored (it does enter the gradient of a perturbing method's objective).
     ``mc_seed``: seed of the dropout masks (drawn right before sampling), so that a resumed or sharded run
     draws the samples of an uninterrupted one. Returns a :class:`ScoredBatch`.
     """
+    size = tuple(x.shape[-2:])
+    x = pad_to_multiple(x, getattr(model, "input_multiple", 1))
     check_methods(model, methods)
     needs = [m.needs for m in methods]
     scores = [None] * len(methods)
@@ -76,7 +82,30 @@ def score_batch(model, x, methods, *, mc_seed=None):
             with torch.no_grad():
                 scores[k] = method.from_output(model(x_tilde))
             clock.lap(f"score/{method.name}")
+    if tuple(x.shape[-2:]) != size:
+        output, classes, scores = _crop((output, classes, scores), size)
     return ScoredBatch(output, classes, scores, seconds)
+
+
+def pad_to_multiple(x, multiple):
+    """``x`` (N, C, H, W) padded with zeros at the bottom and right to sides divisible by ``multiple``."""
+    height, width = x.shape[-2:]
+    pad_h, pad_w = -height % multiple, -width % multiple
+    return torch.nn.functional.pad(x, (0, pad_w, 0, pad_h)) if pad_h or pad_w else x
+
+
+def _crop(value, size):
+    """Every tensor in ``value`` (nested in lists, tuples and dataclasses) of a padded input's resolution, cropped
+    to ``size`` = (H, W); lower-resolution tensors (features) are left as they are."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_crop(v, size) for v in value)
+    if dataclasses.is_dataclass(value):
+        return dataclasses.replace(value, **{f.name: _crop(getattr(value, f.name), size)
+                                             for f in dataclasses.fields(value)})
+    if isinstance(value, torch.Tensor) and value.ndim >= 2 and value.shape[-2] >= size[0] and \
+            value.shape[-1] >= size[1] and value.shape[-2:] != size:
+        return value[..., : size[0], : size[1]].contiguous()
+    return value
 
 
 class _Clock:

@@ -95,8 +95,13 @@ class SegmentationNetwork(nn.Module):
         keep = 1.0 - self.config.dropout_p
         return features * ((torch.rand_like(features) < keep) * (1.0 / keep))
 
+    @property
+    def input_multiple(self):
+        """The input's sides must be multiples of this (the encoder's output stride); scoring pads to it."""
+        return getattr(self.encoder, "output_stride", 32)
+
     def forward(self, x):
-        stride = getattr(self.encoder, "output_stride", 32)
+        stride = self.input_multiple
         if x.ndim != 4 or x.shape[-2] % stride or x.shape[-1] % stride:
             h, w = x.shape[-2:]
             raise ValueError(f"input of shape {tuple(x.shape)}: expected (N, 3, H, W) with H and W divisible by "
