@@ -19,9 +19,8 @@ from torch_timing import with_stable_malloc
 
 from segood.data import Noise, convert, mix
 from segood.data.common import Sample
-from segood.data.h5 import SetWriter
+from segood.data.h5 import H5SegmentationDataset, SetWriter, frame_loader
 from segood.data.synthetic import scene_batch
-from segood.data.h5 import H5SegmentationDataset, frame_loader
 from segood.evaluation import evaluate
 from segood.evaluation.runner import default_methods
 from segood.models import build_model

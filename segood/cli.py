@@ -415,7 +415,8 @@ def build_parser():
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--out", type=Path, required=True, help="output .h5 (a .manifest.json is written beside)")
     common.add_argument("--size", type=positive_int, nargs=2, metavar=("H", "W"),
-                        help="output size (default: the dataset's, 1024 2048 for photos)")
+                        help="resize every frame to H W (default: each frame keeps its native size; SUN and the "
+                             "noise sets: 1024 2048, as the paper); recorded in the manifest's resize")
     common.add_argument("--workers", type=int, default=0, help="decoding processes (default 0: in-process)")
     common.add_argument("--strict", action="store_true", help="fail on the first frame that cannot be converted")
     common.add_argument("--overwrite", action="store_true", help="replace an existing output")
