@@ -200,3 +200,18 @@ def test_fixed_size_sets_of_the_first_layout_still_load(tmp_path):
         f["ood_mask"][1, 0, 0] = 1 - f["ood_mask"][1, 0, 0] if f["ood_mask"][1, 0, 0] < 2 else 0
     with pytest.raises(CorruptFrame, match=r"frame 1 \(f1\): ood_mask differs"):
         H5SegmentationDataset(tmp_path / "old.h5")[1]
+
+
+def test_mahalanobis_names_a_frame_size_it_was_not_fitted_on(track, tmp_path):
+    rng = np.random.default_rng(1)
+    writer = SetWriter(tmp_path / "fit.h5", (16, 32), {"source": "plain", "split": "train"})
+    for k in range(8):  # road everywhere: 64 feature pixels of one class, more than the 32 dimensions
+        writer.append(Sample(rng.integers(0, 256, (16, 32, 3), dtype=np.uint8), np.zeros((16, 32), np.uint8),
+                             np.zeros((16, 32), np.uint8), f"f{k}"))
+    writer.commit()
+    torch.manual_seed(0)
+    model = build_model("pspnet", "resnet18", head="dimreduce").eval()
+    method = get_method("mahalanobis").fit(model, frame_loader(H5SegmentationDataset(tmp_path / "fit.h5"), 2))
+    image = H5SegmentationDataset(track[0].parent / "native.h5")[0]["image"]  # 24x40: 3x5 features, not 2x4
+    with pytest.raises(ValueError, match=r"per-location class means of 2×4 feature maps .*these frames give 3×5"):
+        method.score(model, preprocess(image[None]))

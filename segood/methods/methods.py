@@ -357,6 +357,11 @@ class Mahalanobis(Fitted):
 
     def _distance(self, features):
         """(N, h, w) minimum distance of penultimate features (N, D, h, w), in float64."""
+        fitted = tuple(self.state["present"].shape[1:])
+        if tuple(features.shape[-2:]) != fitted:
+            raise ValueError(f"{self.name} models per-location class means of {fitted[0]}×{fitted[1]} feature maps (its "
+                             f"fit set's frame size); these frames give {features.shape[-2]}×{features.shape[-1]}: fit "
+                             "it on frames of this size, or convert the set at the fit set's size (--size H W)")
         if self._scoring is None or self._scoring[0] != features.device:
             s = {k: self.state[k].to(features.device) for k in ("means", "whiten", "present")}
             self._scoring = (features.device, s["whiten"], fn.whiten_means(s["means"], s["whiten"]), s["present"])
