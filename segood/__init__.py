@@ -1,6 +1,8 @@
 """segood: pixel-level out-of-distribution detection benchmark for semantic segmentation."""
 
-__version__ = "0.1.0"
+from segood.version import __version__
+
+__all__ = ["__version__", "evaluate"]
 
 
 def __getattr__(name):  # ``segood.evaluate`` without importing torch at ``import segood``

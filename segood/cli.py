@@ -4,7 +4,7 @@ import argparse
 import json
 import sys
 
-import segood
+from segood.version import __version__
 
 
 def _demo(args):
@@ -393,8 +393,9 @@ def build_parser():
     from segood.models import ARCHS, HEADS
     from segood.robustness import corruption_names
 
-    parser = argparse.ArgumentParser(prog="segood", description=segood.__doc__)
-    parser.add_argument("--version", action="version", version=f"segood {segood.__version__}")
+    parser = argparse.ArgumentParser(
+        prog="segood", description="segood: pixel-level out-of-distribution detection benchmark for semantic segmentation.")
+    parser.add_argument("--version", action="version", version=f"segood {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser("demo", help="the whole benchmark on generated data in the real raw layouts")

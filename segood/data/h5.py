@@ -25,9 +25,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-import segood
 from segood.io import atomic_output
 from segood.labels import ID, IGNORE, OOD
+from segood.version import __version__
 
 ARRAYS = ("images", "ood_mask", "semantic")
 FORMAT = "segood.h5set/2"
@@ -115,7 +115,7 @@ class SetWriter:
             for name in ARRAYS:
                 self.file.create_group(name)
             self.file.create_dataset("frame_id", shape=(0,), maxshape=(None,), dtype=h5py.string_dtype())
-            self.attrs = {"format": FORMAT, "segood_version": segood.__version__, **attrs}
+            self.attrs = {"format": FORMAT, "segood_version": __version__, **attrs}
             for key, value in self.attrs.items():
                 self.file.attrs[key] = json.dumps(value) if value is None or isinstance(value, (dict, list)) else value
         except BaseException:

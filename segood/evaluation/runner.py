@@ -22,7 +22,6 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-import segood
 from segood.data.h5 import H5SegmentationDataset, require_labels, same_size_batches
 from segood.evaluation.layout import RunFolder
 from segood.io import read_npz, write_npz
@@ -36,6 +35,7 @@ from segood.metrics.components import PRESETS, ComponentAccumulator
 from segood.metrics.segmentation import confusion_matrix
 from segood.metrics.thresholds import RULES, commit
 from segood.models.network import preprocess
+from segood.version import __version__
 
 EXAMPLES_PER_SET = 3
 
@@ -525,4 +525,4 @@ def run_identity():
                                 text=True, timeout=5).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         commit = None
-    return {"segood_version": segood.__version__, "git_commit": commit}
+    return {"segood_version": __version__, "git_commit": commit}

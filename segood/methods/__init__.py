@@ -1,12 +1,14 @@
 """Pixel-level OOD methods: pure formulas in :mod:`segood.methods.functional`, scorers on a network in
-:mod:`segood.methods.methods`, fair tuning in :mod:`segood.methods.tuning`."""
+:mod:`segood.methods.methods` (each registered with ``@register_method``), their scheduling in
+:mod:`segood.methods.schedule`, fair tuning in :mod:`segood.methods.tuning`."""
 
 from segood.methods.functional import entropy, max_softmax, mutual_info, odin, varsum
-from segood.methods.methods import (METHODS, ClassFeatureStats, ODIN_EPSILONS, ODIN_TEMPERATURES, Confidence, Energy, Entropy,
-                                    Mahalanobis, MaxLogit, MaxSoftmax, Method, MutualInfo, Odin, StandardizedMaxLogit,
-                                    VarSum, get_method, perturb)
+from segood.methods.methods import (METHODS, ODIN_EPSILONS, ODIN_TEMPERATURES, ClassFeatureStats, Confidence, Energy,
+                                    Entropy, Mahalanobis, MaxLogit, MaxSoftmax, Method, MonteCarlo, MutualInfo, Needs,
+                                    Odin, StandardizedMaxLogit, VarSum, get_method, list_methods, register_method)
+from segood.methods.schedule import perturb, score_batch
 
 __all__ = ["METHODS", "ClassFeatureStats", "ODIN_EPSILONS", "ODIN_TEMPERATURES", "Confidence", "Energy", "Entropy",
-           "Mahalanobis", "MaxLogit", "MaxSoftmax", "StandardizedMaxLogit",
-           "Method", "MutualInfo", "Odin", "VarSum", "entropy", "get_method", "max_softmax", "mutual_info", "odin",
-           "perturb", "varsum"]
+           "Mahalanobis", "MaxLogit", "MaxSoftmax", "Method", "MonteCarlo", "MutualInfo", "Needs", "Odin",
+           "StandardizedMaxLogit", "VarSum", "entropy", "get_method", "list_methods", "max_softmax", "mutual_info",
+           "odin", "perturb", "register_method", "score_batch", "varsum"]

@@ -22,10 +22,14 @@ import torch.nn.functional as F
 
 from segood.labels import NUM_CLASSES
 from segood.methods import functional as fn
-from segood.models.network import IMAGENET_STD
+from segood.registry import Registry
 
 ODIN_TEMPERATURES = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 ODIN_EPSILONS = tuple(float(e) for e in np.linspace(0.0, 0.004, 21))
+
+#: Every OOD method by name, in the order the reports list them; ``@register_method`` adds one.
+METHODS = Registry("method")
+register_method = METHODS.register
 
 
 def served_heads(model):
@@ -55,7 +59,8 @@ class Method:
     """Base: ``head`` is the head the network must have (None: any); ``params`` what the method was run with.
 
     Recipe (``docs/extending.md``): subclass, set ``name`` (and ``head``), implement ``from_output(output)``
-    (or ``from_samples(logits)`` with ``samples`` in :attr:`needs`), add it to :data:`METHODS`.
+    (or subclass :class:`MonteCarlo` and implement ``from_samples(logits)``), and decorate the class with
+    ``@register_method``.
     """
 
     name = ""
@@ -92,7 +97,8 @@ class Method:
         return {"name": self.name, "params": dict(self.params), "uses_ood_data": bool(eps) or "tuning" in self.params}
 
     def from_output(self, output):
-        """(N, H, W) scores in [0, 1] from a forward pass (:class:`~segood.models.SegOutput`)."""
+        """(N, H, W) scores from a forward pass (:class:`~segood.models.SegOutput`), higher = more OOD, within
+        :attr:`score_range` (unbounded where it is None)."""
         raise NotImplementedError(f"{type(self).__name__} is not scored from a forward pass")
 
     def objective(self, output):
@@ -105,61 +111,6 @@ class Method:
 
         batch = score_batch(model, x, [self])
         return batch.scores[0], batch.classes
-
-
-class MaxSoftmax(Method):
-    """1 - max softmax (Hendrycks & Gimpel 2017). Any head."""
-
-    name = "max_softmax"
-
-    def from_output(self, output):
-        return fn.max_softmax_from_logits(output.logits)
-
-
-class Entropy(Method):
-    """Softmax entropy / log C (Mukhoti & Gal 2018). Any head."""
-
-    name = "entropy"
-
-    def from_output(self, output):
-        return fn.entropy_from_logits(output.logits)
-
-
-class Odin(Method):
-    """ODIN (Liang et al. 2018): temperature T and input perturbation ε (the seed paper's eq. 4-6),
-    x~ = x - ε sign(-∇_x Σ_pixels log S_ŷ(x; T)): the step that raises the max softmax, which moves ID inputs
-    more than OOD ones. Any head. Grid: T in ODIN_TEMPERATURES, ε in ODIN_EPSILONS."""
-
-    name = "odin"
-    ascend = True
-
-    def __init__(self, temperature=1000.0, epsilon=0.0, **params):
-        if not float(temperature) > 0:
-            raise ValueError(f"the ODIN temperature must be positive, got {temperature}")
-        super().__init__(temperature=float(temperature), epsilon=float(epsilon), **params)
-
-    def from_output(self, output):
-        return fn.odin(output.logits, self.params["temperature"])
-
-    def objective(self, output):  # Σ_pixels log S_ŷ(x; T)
-        return (output.logits / self.params["temperature"]).log_softmax(dim=1).amax(dim=1).sum()
-
-
-class Confidence(Method):
-    """1 - learned confidence (DeVries & Taylor 2018); needs the ``confidence`` head. Optional perturbation
-    x~ = x - ε sign(∇_x L_c), L_c = mean(-log c) (the seed paper's eq. 19), which raises the confidence."""
-
-    name = "confidence"
-    head = "confidence"
-
-    def __init__(self, epsilon=0.0, **params):
-        super().__init__(epsilon=float(epsilon), **params)
-
-    def from_output(self, output):
-        return fn.confidence_score(output.confidence)
-
-    def objective(self, output):
-        return -torch.log(output.confidence.clamp_min(1e-12)).mean()
 
 
 class Fitted(Method):
@@ -192,91 +143,17 @@ class Fitted(Method):
         return self
 
 
-class MaxLogit(Method):
-    """-max_c f_c (Hendrycks et al. 2022). Any head; unbounded (the float-order grid)."""
-
-    name = "max_logit"
-    score_range = None
-
-    def from_output(self, output):
-        return fn.max_logit(output.logits)
-
-
-class Energy(Method):
-    """Energy -T logsumexp(f / T) (Liu et al. 2020). Any head; unbounded."""
-
-    name = "energy"
-    score_range = None
-
-    def __init__(self, temperature=1.0, **params):
-        if not float(temperature) > 0:
-            raise ValueError(f"the energy temperature must be positive, got {temperature}")
-        super().__init__(temperature=float(temperature), **params)
-
-    def from_output(self, output):
-        return fn.energy(output.logits, self.params["temperature"])
-
-
-class StandardizedMaxLogit(Fitted):
-    """Standardized max logit (Jung et al. 2021): -(max_c f_c - mu_k) / sigma_k for the predicted class k, with
-    mu_k, sigma_k the mean and std of the max logit over training pixels predicted as k (``fit``). Optional, as
-    in its paper: ``boundary_suppression`` (class boundaries take their non-boundary neighbours' mean, width 4
-    in 4 steps) and ``smoothing`` (a 7x7 Gaussian, sigma 1, dilation 6). Any head; unbounded."""
-
-    name = "sml"
-    score_range = None
-    STATE_KEYS = ("means", "stds")
-
-    def __init__(self, boundary_suppression=False, smoothing=False, **params):
-        super().__init__(**({"boundary_suppression": True} if boundary_suppression else {}),
-                         **({"smoothing": True} if smoothing else {}), **params)
-
-    @torch.no_grad()
-    def fit(self, model, loader, *, progress=False):
-        """Per-class mean and std of the max logit over the pixels of ``loader`` (batches with ``image``)
-        predicted as each class, in float64; a class never predicted gets mean 0 and std 1."""
-        from tqdm import tqdm
-
-        from segood.models.network import preprocess
-
-        self.check(model)
-        device = next(model.parameters()).device
-        sums = None
-        for batch in tqdm(loader, desc="sml fit", disable=not progress):
-            logits = model(preprocess(batch["image"].to(device))).logits
-            top, classes = logits.max(dim=1)
-            c = logits.shape[1]
-            if sums is None:
-                sums = torch.zeros(3, c, dtype=torch.float64, device=device)
-            top, classes = top.double().flatten(), classes.flatten()
-            sums[0] += torch.bincount(classes, minlength=c)
-            sums[1] += torch.bincount(classes, weights=top, minlength=c)
-            sums[2] += torch.bincount(classes, weights=top * top, minlength=c)
-        if sums is None:
-            raise ValueError("sml.fit: the loader was empty")
-        count = sums[0].clamp_min(1)
-        means = sums[1] / count
-        stds = (sums[2] / count - means**2).clamp_min(0).sqrt()
-        seen = sums[0] > 1
-        self.state = {"means": torch.where(seen, means, 0.0).cpu(),
-                      "stds": torch.where(seen & (stds > 0), stds, 1.0).cpu()}
-        return self
-
-    def from_output(self, output):
-        means, stds = (self.state[k].to(output.logits.device, output.logits.dtype) for k in self.STATE_KEYS)
-        scores, classes = fn.standardized_max_logit(output.logits, means, stds)
-        if self.params.get("boundary_suppression"):
-            scores = fn.boundary_suppression(scores, classes)
-        if self.params.get("smoothing"):
-            scores = fn.dilated_smoothing(scores)
-        return scores
-
-
 class MonteCarlo(Method):
     """Base of the dropout methods: T samples of the stochastic head on the shared features
-    (``model.mc_logits``); ``from_samples(logits (T, N, C, H, W))`` scores them."""
+    (``model.mc_logits``); a subclass implements ``from_samples(logits (T, N, C, H, W)) -> (N, H, W)``.
+
+    Methods that can share work on the same samples opt in with one function, ``from_samples_together(methods,
+    logits) -> [scores]``, set on each of their classes: the scheduler hands it every method of one sample count
+    that names it, and scores the others one by one.
+    """
 
     head = "dropout"
+    from_samples_together = None
 
     def __init__(self, samples=8, **params):
         super().__init__(samples=int(samples), **params)
@@ -286,21 +163,47 @@ class MonteCarlo(Method):
         return Needs(head=self.head, samples=self.params["samples"])
 
     def from_samples(self, logits):
-        return fn.monte_carlo_scores(logits, (self.name,))[self.name]
+        raise NotImplementedError(f"{type(self).__name__} must implement from_samples(logits)")
 
 
-class VarSum(MonteCarlo):
-    """Sum of per-class variances over T dropout samples / (1 - 1/C) (Kendall et al. 2015)."""
-
-    name = "varsum"
-
-
-class MutualInfo(MonteCarlo):
-    """Mutual information of T dropout samples / log C (Mukhoti & Gal 2018, eq. 25-27)."""
-
-    name = "mutual_info"
+def _dropout_uncertainties(methods, logits):
+    """VarSum and mutual information of the same samples in one banded pass (:func:`fn.monte_carlo_scores`)."""
+    out = fn.monte_carlo_scores(logits, tuple(dict.fromkeys(m.quantity for m in methods)))
+    return [out[m.quantity] for m in methods]
 
 
+@register_method
+class MaxSoftmax(Method):
+    """1 - max softmax (Hendrycks & Gimpel 2017). Any head."""
+
+    name = "max_softmax"
+
+    def from_output(self, output):
+        return fn.max_softmax_from_logits(output.logits)
+
+
+@register_method
+class Odin(Method):
+    """ODIN (Liang et al. 2018): temperature T and input perturbation ε (the seed paper's eq. 4-6),
+    x~ = x - ε sign(-∇_x Σ_pixels log S_ŷ(x; T)): the step that raises the max softmax, which moves ID inputs
+    more than OOD ones. Any head. Grid: T in ODIN_TEMPERATURES, ε in ODIN_EPSILONS."""
+
+    name = "odin"
+    ascend = True
+
+    def __init__(self, temperature=1000.0, epsilon=0.0, **params):
+        if not float(temperature) > 0:
+            raise ValueError(f"the ODIN temperature must be positive, got {temperature}")
+        super().__init__(temperature=float(temperature), epsilon=float(epsilon), **params)
+
+    def from_output(self, output):
+        return fn.odin(output.logits, self.params["temperature"])
+
+    def objective(self, output):  # Σ_pixels log S_ŷ(x; T)
+        return (output.logits / self.params["temperature"]).log_softmax(dim=1).amax(dim=1).sum()
+
+
+@register_method
 class Mahalanobis(Fitted):
     """Mahalanobis distance to per-location class means under one covariance per class (Lee et al. 2018,
     as adapted by the seed paper, eq. 7-12), on the 32-d features of the ``dimreduce`` head.
@@ -389,6 +292,139 @@ class Mahalanobis(Fitted):
         return self
 
 
+@register_method
+class Confidence(Method):
+    """1 - learned confidence (DeVries & Taylor 2018); needs the ``confidence`` head. Optional perturbation
+    x~ = x - ε sign(∇_x L_c), L_c = mean(-log c) (the seed paper's eq. 19), which raises the confidence."""
+
+    name = "confidence"
+    head = "confidence"
+
+    def __init__(self, epsilon=0.0, **params):
+        super().__init__(epsilon=float(epsilon), **params)
+
+    def from_output(self, output):
+        return fn.confidence_score(output.confidence)
+
+    def objective(self, output):
+        return -torch.log(output.confidence.clamp_min(1e-12)).mean()
+
+
+@register_method
+class Entropy(Method):
+    """Softmax entropy / log C (Mukhoti & Gal 2018). Any head."""
+
+    name = "entropy"
+
+    def from_output(self, output):
+        return fn.entropy_from_logits(output.logits)
+
+
+@register_method
+class VarSum(MonteCarlo):
+    """Sum of per-class variances over T dropout samples / (1 - 1/C) (Kendall et al. 2015); in [0, 1]."""
+
+    name = quantity = "varsum"
+    from_samples_together = staticmethod(_dropout_uncertainties)
+
+    def from_samples(self, logits):
+        return fn.monte_carlo_scores(logits, ("varsum",))["varsum"]
+
+
+@register_method
+class MutualInfo(MonteCarlo):
+    """Mutual information of T dropout samples / log C (Mukhoti & Gal 2018, eq. 25-27); in [0, 1]."""
+
+    name = quantity = "mutual_info"
+    from_samples_together = staticmethod(_dropout_uncertainties)
+
+    def from_samples(self, logits):
+        return fn.monte_carlo_scores(logits, ("mutual_info",))["mutual_info"]
+
+
+@register_method
+class MaxLogit(Method):
+    """-max_c f_c (Hendrycks et al. 2022). Any head; unbounded (the float-order grid)."""
+
+    name = "max_logit"
+    score_range = None
+
+    def from_output(self, output):
+        return fn.max_logit(output.logits)
+
+
+@register_method
+class Energy(Method):
+    """Energy -T logsumexp(f / T) (Liu et al. 2020). Any head; unbounded."""
+
+    name = "energy"
+    score_range = None
+
+    def __init__(self, temperature=1.0, **params):
+        if not float(temperature) > 0:
+            raise ValueError(f"the energy temperature must be positive, got {temperature}")
+        super().__init__(temperature=float(temperature), **params)
+
+    def from_output(self, output):
+        return fn.energy(output.logits, self.params["temperature"])
+
+
+@register_method
+class StandardizedMaxLogit(Fitted):
+    """Standardized max logit (Jung et al. 2021): -(max_c f_c - mu_k) / sigma_k for the predicted class k, with
+    mu_k, sigma_k the mean and std of the max logit over training pixels predicted as k (``fit``). Optional, as
+    in its paper: ``boundary_suppression`` (class boundaries take their non-boundary neighbours' mean, width 4
+    in 4 steps) and ``smoothing`` (a 7x7 Gaussian, sigma 1, dilation 6). Any head; unbounded."""
+
+    name = "sml"
+    score_range = None
+    STATE_KEYS = ("means", "stds")
+
+    def __init__(self, boundary_suppression=False, smoothing=False, **params):
+        super().__init__(**({"boundary_suppression": True} if boundary_suppression else {}),
+                         **({"smoothing": True} if smoothing else {}), **params)
+
+    @torch.no_grad()
+    def fit(self, model, loader, *, progress=False):
+        """Per-class mean and std of the max logit over the pixels of ``loader`` (batches with ``image``)
+        predicted as each class, in float64; a class never predicted gets mean 0 and std 1."""
+        from tqdm import tqdm
+
+        from segood.models.network import preprocess
+
+        self.check(model)
+        device = next(model.parameters()).device
+        sums = None
+        for batch in tqdm(loader, desc="sml fit", disable=not progress):
+            logits = model(preprocess(batch["image"].to(device))).logits
+            top, classes = logits.max(dim=1)
+            c = logits.shape[1]
+            if sums is None:
+                sums = torch.zeros(3, c, dtype=torch.float64, device=device)
+            top, classes = top.double().flatten(), classes.flatten()
+            sums[0] += torch.bincount(classes, minlength=c)
+            sums[1] += torch.bincount(classes, weights=top, minlength=c)
+            sums[2] += torch.bincount(classes, weights=top * top, minlength=c)
+        if sums is None:
+            raise ValueError("sml.fit: the loader was empty")
+        count = sums[0].clamp_min(1)
+        means = sums[1] / count
+        stds = (sums[2] / count - means**2).clamp_min(0).sqrt()
+        seen = sums[0] > 1
+        self.state = {"means": torch.where(seen, means, 0.0).cpu(),
+                      "stds": torch.where(seen & (stds > 0), stds, 1.0).cpu()}
+        return self
+
+    def from_output(self, output):
+        means, stds = (self.state[k].to(output.logits.device, output.logits.dtype) for k in self.STATE_KEYS)
+        scores, classes = fn.standardized_max_logit(output.logits, means, stds)
+        if self.params.get("boundary_suppression"):
+            scores = fn.boundary_suppression(scores, classes)
+        if self.params.get("smoothing"):
+            scores = fn.dilated_smoothing(scores)
+        return scores
+
+
 class ClassFeatureStats:
     """Streaming float64 statistics of features per class: per-location means μ_ci and one covariance Σ_c per
     class (the seed paper's eq. 7-8). Memory: O(C h w D + C D^2), whatever the number of images."""
@@ -461,27 +497,17 @@ def check_grid(method, grid):
                          "it has one (mahalanobis: squash=True, the paper's sigmoid)")
 
 
-def perturb(model, x, objective, epsilon, *, ascend):
-    """x~ = x ± ε sign(∇_x objective), with ε in pixel units (divided by the normalisation std per channel).
-
-    ``ascend``: step up the objective's gradient (ODIN: raise log S_ŷ), else down (confidence: lower -log c;
-    Mahalanobis: lower the distance). Either way the step makes the input look more ID to the model.
-    """
-    x = x.detach().requires_grad_(True)
-    with torch.enable_grad():
-        objective(model(x)).backward()
-    std = torch.tensor(IMAGENET_STD, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
-    step = epsilon * x.grad.sign() / std
-    model.zero_grad(set_to_none=True)
-    return (x + step if ascend else x - step).detach()
-
-
-METHODS = {cls.name: cls for cls in (MaxSoftmax, Odin, Mahalanobis, Confidence, Entropy, VarSum, MutualInfo, MaxLogit,
-                                     Energy, StandardizedMaxLogit)}
-
-
 def get_method(name, **params):
-    """A method by name; KeyError listing the valid names."""
-    if name not in METHODS:
-        raise KeyError(f"unknown method {name!r}; choose one of {sorted(METHODS)}")
+    """A method by name, with ``params``; KeyError listing the valid names."""
     return METHODS[name](**params)
+
+
+def list_methods(**needs):
+    """Names of the registered methods whose default :class:`Needs` match every field given, e.g.
+    ``list_methods(head="dropout")``, ``list_methods(fit=False)``."""
+    unknown = set(needs) - {f for f in Needs.__dataclass_fields__}
+    if unknown:
+        raise TypeError(f"list_methods filters on the fields of Needs ({', '.join(Needs.__dataclass_fields__)}), "
+                        f"not {sorted(unknown)}")
+    return [name for name, cls in METHODS.items()
+            if all(getattr(cls().needs, key) == value for key, value in needs.items())]

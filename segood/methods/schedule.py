@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from segood.methods import functional as fn
-from segood.methods.methods import MonteCarlo, perturb
+from segood.models.network import IMAGENET_STD
 from segood.models.predict import predicted_classes
 
 
@@ -68,13 +67,16 @@ def score_batch(model, x, methods, *, mc_seed=None):
                 torch.manual_seed(mc_seed)
             logits = model.mc_logits(x, samples=max(needs[k].samples for k in sampled), features=output.features)
             for count in sorted({needs[k].samples for k in sampled}):
-                group = [k for k in sampled if needs[k].samples == count]
-                # the built-in dropout scores of one sample count share one banded pass
-                banded = [k for k in group if type(methods[k]).from_samples is MonteCarlo.from_samples]
-                if banded:
-                    out = fn.monte_carlo_scores(logits[:count], tuple(dict.fromkeys(methods[k].name for k in banded)))
-                for k in group:
-                    scores[k] = out[methods[k].name] if k in banded else methods[k].from_samples(logits[:count])
+                together = {}  # methods of one sample count that share work: one call of their hook
+                for k in (k for k in sampled if needs[k].samples == count):
+                    hook = getattr(type(methods[k]), "from_samples_together", None)
+                    if hook is None:
+                        scores[k] = methods[k].from_samples(logits[:count])
+                    else:
+                        together.setdefault(hook, []).append(k)
+                for hook, group in together.items():
+                    for k, score in zip(group, hook([methods[k] for k in group], logits[:count])):
+                        scores[k] = score
             clock.lap(f"score/{methods[sampled[0]].name}")
     for k, method in enumerate(methods):
         if needs[k].perturbs:
@@ -85,6 +87,21 @@ def score_batch(model, x, methods, *, mc_seed=None):
     if tuple(x.shape[-2:]) != size:
         output, classes, scores = _crop((output, classes, scores), size)
     return ScoredBatch(output, classes, scores, seconds)
+
+
+def perturb(model, x, objective, epsilon, *, ascend):
+    """x~ = x ± ε sign(∇_x objective), with ε in pixel units (divided by the normalisation std per channel).
+
+    ``ascend``: step up the objective's gradient (ODIN: raise log S_ŷ), else down (confidence: lower -log c;
+    Mahalanobis: lower the distance). Either way the step makes the input look more ID to the model.
+    """
+    x = x.detach().requires_grad_(True)
+    with torch.enable_grad():
+        objective(model(x)).backward()
+    std = torch.tensor(IMAGENET_STD, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
+    step = epsilon * x.grad.sign() / std
+    model.zero_grad(set_to_none=True)
+    return (x + step if ascend else x - step).detach()
 
 
 def pad_to_multiple(x, multiple):

@@ -14,6 +14,7 @@ from segood.metrics.functional import (
     raise_bad_labels,
     raise_bad_scores,
 )
+from segood.metrics.state import check_counts
 
 STATE_FORMAT = "segood.PixelOODAccumulator/1"
 # state arrays that older states lack: the names of the per-image metrics, the per-image counts (bootstrap)
@@ -343,18 +344,6 @@ def binning_bounds(hist, tp, fp, n_ood, n_id):
 def _reverse_cumsum(hist):
     """Per-threshold counts (pixels with score >= t_k) from per-bin counts, for each row."""
     return np.cumsum(hist[..., ::-1], axis=-1)[..., ::-1]
-
-
-MAX_PIXELS = 1 << 58  # counts beyond this are no real set (and 20 x a count must stay within int64)
-
-
-def check_counts(counts, key):
-    """Non-negative integer counts whose total stays below MAX_PIXELS (compared as Python integers)."""
-    if counts.size and (int(counts.min()) < 0 or int(counts.max()) > MAX_PIXELS):
-        raise ValueError(f"accumulator state {key!r} must hold non-negative counts below 2^58")
-    total = sum(int(v) for v in counts.ravel()) if counts.size else 0  # Python ints: no wraparound
-    if total > MAX_PIXELS:
-        raise ValueError(f"accumulator state {key!r} counts {total} pixels in all, more than 2^58")
 
 
 def load_per_image(acc, state):

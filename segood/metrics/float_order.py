@@ -13,9 +13,10 @@ import numpy as np
 from segood.metrics import _kernels
 from segood.metrics.bootstrap import ImageCounts
 from segood.metrics.accumulator import (OPTIONAL_STATE, _count, _flag, _flat_cuda, _host, _is_cuda,
-                                        _Streaming, check_counts, load_per_image)
+                                        _Streaming, load_per_image)
 from segood.metrics.functional import (METRICS, as_numpy_inputs, metrics_from_counts,
                                        raise_bad_labels)
+from segood.metrics.state import check_counts
 
 STATE_FORMAT = "segood.FloatOrderAccumulator/1"
 DEFAULT_MANTISSA_BITS = 10  # float16 and 8-bit scores exact; measured fastest (README, "The metric engine")

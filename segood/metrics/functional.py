@@ -12,6 +12,7 @@ import numpy as np
 
 from segood.labels import ID, IGNORE, OOD
 from segood.metrics._kernels import builtin_metrics
+from segood.registry import Registry
 
 
 class UndefinedMetricWarning(UserWarning):
@@ -113,22 +114,26 @@ def auprc_distinct_worst(refined):
     return float(total / refined.n_ood)
 
 
-#: Every metric segood reports, by name. Register one by adding a :class:`Metric` (``docs/extending.md``).
-METRICS = {m.name: m for m in (
-    Metric("auroc", "AUROC", True, auroc),
-    Metric("auprc", "AUPRC", True, auprc, worst_case=auprc_distinct_worst),
-    Metric("fpr95", "FPR95", False, fpr_at_tpr95),
-    Metric("max_iou", "MaxIoU", True, max_iou),
-)}
+#: Every metric segood reports, by name; ``register_metric(Metric(...))`` adds one (``docs/extending.md``).
+METRICS = Registry("metric")
+register_metric = METRICS.register
+for _metric in (Metric("auroc", "AUROC", True, auroc),
+                Metric("auprc", "AUPRC", True, auprc, worst_case=auprc_distinct_worst),
+                Metric("fpr95", "FPR95", False, fpr_at_tpr95),
+                Metric("max_iou", "MaxIoU", True, max_iou)):
+    register_metric(_metric)
 METRIC_NAMES = tuple(METRICS)  #: the built-in metrics (the paper's §4); what is registered now: ``METRICS``
 _BUILTIN = dict(METRICS)
 
 
 def get_metric(name):
     """The metric registered as ``name``; KeyError listing the valid names."""
-    if name not in METRICS:
-        raise KeyError(f"unknown metric {name!r}; choose one of {sorted(METRICS)}")
     return METRICS[name]
+
+
+def list_metrics(*, higher_is_better=None):
+    """The names of the registered metrics, in registration order; ``higher_is_better`` filters by direction."""
+    return [name for name, m in METRICS.items() if higher_is_better is None or m.higher_is_better == higher_is_better]
 
 
 def refined_curves(hist):
@@ -323,6 +328,15 @@ def exact_metrics(scores, labels):
     Returns:
         dict: auroc, auprc, fpr95, max_iou, max_iou_threshold, n_id, n_ood, n_ignored.
     """
+    curve, n_ignored = exact_curve(scores, labels)
+    result = metrics_from_counts(curve.thresholds, curve.tp, curve.fp, curve.n_ood, curve.n_id)
+    result.update(n_id=curve.n_id, n_ood=curve.n_ood, n_ignored=n_ignored)
+    return result
+
+
+def exact_curve(scores, labels):
+    """(:class:`Curve` with every distinct score of a counted pixel as a threshold, number of ignored pixels):
+    the sort behind :func:`exact_metrics`. Arguments as there."""
     scores, labels = as_numpy_inputs(scores, labels)
     counted = labels <= OOD
     if np.any(labels[~counted] != IGNORE):
@@ -337,9 +351,7 @@ def exact_metrics(scores, labels):
     tp = np.cumsum(is_ood[::-1])[::-1][starts]  # OOD pixels scoring >= each distinct score
     fp = (s.size - starts) - tp
     n_ood = int(is_ood.sum())
-    result = metrics_from_counts(s[starts], tp, fp, n_ood, s.size - n_ood)
-    result.update(n_id=s.size - n_ood, n_ood=n_ood, n_ignored=int(labels.size - s.size))
-    return result
+    return Curve(s[starts], tp.astype(np.int64), fp.astype(np.int64), n_ood, s.size - n_ood), int(labels.size - s.size)
 
 
 def _to_numpy(x):
