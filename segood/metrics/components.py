@@ -1,9 +1,15 @@
 """Component-level metrics as SegmentMeIfYouCan defines them (Chan et al. 2021), streamed frame by frame.
 
-For a binary prediction (score >= threshold) of one frame, with ignore pixels removed from both:
-- ground-truth components: 8-connected components of the OOD pixels; those smaller than ``min_gt`` pixels become
-  ignore. Predicted components: 8-connected components of the prediction; those smaller than ``min_pred`` are
-  dropped. Presets: ``anomaly`` (min_pred 500, min_gt 100) and ``obstacle`` (50, 10);
+For a binary prediction (score >= threshold) of one frame, in the official code's order:
+1. ignore pixels are removed from the prediction;
+2. predicted components: 8-connected components of what remains; those smaller than ``min_pred`` are dropped, their
+   sizes counted with only the ignore pixels removed;
+3. ground-truth components: 8-connected components of the OOD pixels; those smaller than ``min_gt`` pixels become
+   ignore (in the truth and the prediction alike);
+4. only then are sIoU and PPV measured, on the pixels not ignored. A predicted blob joined only through a small
+   ground-truth component therefore stays one component (its pixels there no longer count); a predicted
+   component left with no pixel is no component.
+Presets: ``anomaly`` (min_pred 500, min_gt 100) and ``obstacle`` (50, 10).
 - sIoU of a ground-truth component k: with K the union of the predicted components that touch k and A(k) the
   pixels of K in other ground-truth components, sIoU(k) = |k ∩ K| / |(k ∪ K) \\ A(k)| (0 when none touches k);
 - PPV of a predicted component c: |c ∩ OOD| / |c|;
@@ -11,7 +17,8 @@ For a binary prediction (score >= threshold) of one frame, with ignore pixels re
   components with PPV < tau, summed over the set; F1_tau = 2 TP / (2 TP + FN + FP); F1* = their mean.
 
 Memory is constant: per tau three counts, and the sums behind the mean sIoU and mean PPV. One frame's work is two
-``cv2.connectedComponentsWithStats`` calls and one contingency table between the two labelings.
+``cv2.connectedComponentsWithStats`` calls and one contingency table between the two labelings. SMIYC's own
+computation where it differs (``score > threshold``, its tau values) is :mod:`segood.metrics.official`.
 """
 
 import cv2
@@ -24,34 +31,37 @@ TAUS = tuple(round(0.25 + 0.05 * k, 2) for k in range(11))
 
 
 def frame_components(prediction, ood_mask, *, min_pred, min_gt):
-    """(sIoU per ground-truth component, PPV per predicted component) of one frame.
+    """(sIoU per ground-truth component, PPV per predicted component) of one frame, in the order of the module
+    docstring (SegmentMeIfYouCan's).
 
     Args:
         prediction: (H, W) bool, predicted OOD. ood_mask: (H, W) uint8, 0 ID / 1 OOD / 255 ignore.
     """
     ood_mask = np.asarray(ood_mask)
     valid = ood_mask != IGNORE
-    n_gt, gt_labels, gt_stats, _ = cv2.connectedComponentsWithStats((ood_mask == OOD).view(np.uint8), connectivity=8)
-    small = np.flatnonzero(gt_stats[:, cv2.CC_STAT_AREA] < min_gt)
-    small = small[small > 0]
-    if small.size:  # small ground-truth components become ignore, in both the truth and the prediction
-        lut = np.zeros(n_gt, bool)
-        lut[small] = True
-        valid &= ~lut[gt_labels]
-        keep = np.flatnonzero(~lut)
-        renumber = np.zeros(n_gt, np.int32)
-        renumber[keep] = np.arange(keep.size)
-        gt_labels = renumber[gt_labels]
-        n_gt = keep.size
+    # (1) + (2): predicted components with only the ignore pixels removed, the small ones dropped
     predicted = (np.asarray(prediction, bool) & valid).view(np.uint8)
     n_pred, pred_labels, pred_stats, _ = cv2.connectedComponentsWithStats(predicted, connectivity=8)
-    kept = np.flatnonzero(pred_stats[:, cv2.CC_STAT_AREA] >= min_pred)
-    kept = kept[kept > 0]
-    renumber = np.zeros(n_pred, np.int32)
+    big = pred_stats[:, cv2.CC_STAT_AREA] >= min_pred
+    big[0] = False
+    # (3): small ground-truth components become ignore, in the truth and the prediction
+    n_gt, gt_labels, gt_stats, _ = cv2.connectedComponentsWithStats((ood_mask == OOD).view(np.uint8), connectivity=8)
+    small = gt_stats[:, cv2.CC_STAT_AREA] < min_gt
+    small[0] = False  # the background is no ground-truth component
+    counted = valid & ~small[gt_labels]
+    keep_gt = np.flatnonzero(~small)
+    renumber = np.zeros(n_gt, np.int64)
+    renumber[keep_gt] = np.arange(keep_gt.size)
+    gt_labels, n_gt = np.where(counted, renumber[gt_labels], 0), keep_gt.size
+    # (4): on the counted pixels only; a predicted component with none left is dropped
+    pred_labels = np.where(counted & big[pred_labels], pred_labels, 0)
+    area_left = np.bincount(pred_labels.ravel(), minlength=n_pred)
+    kept = np.flatnonzero(area_left[1:] > 0) + 1
+    renumber = np.zeros(n_pred, np.int64)
     renumber[kept] = np.arange(1, kept.size + 1)
     pred_labels = renumber[pred_labels]
-    # contingency[k, c]: pixels of ground-truth component k (0: none) in predicted component c (0: none)
-    contingency = np.bincount((gt_labels.astype(np.int64) * (kept.size + 1) + pred_labels).ravel(),
+    # contingency[k, c]: counted pixels of ground-truth component k (0: none) in predicted component c (0: none)
+    contingency = np.bincount((gt_labels * (kept.size + 1) + pred_labels).ravel(),
                               minlength=n_gt * (kept.size + 1)).reshape(n_gt, kept.size + 1)[:, 1:]
     area_pred = contingency.sum(axis=0)
     in_truth = contingency[1:]  # (ground-truth components, predicted components)
