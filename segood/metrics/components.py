@@ -85,6 +85,9 @@ class ComponentAccumulator:
     SMIYC's own evaluation does; always reported as such).
     """
 
+    taus = TAUS  #: the sIoU / PPV thresholds tau
+    strict = False  #: predicted OOD iff score > threshold (SMIYC's code) instead of score >= threshold
+
     def __init__(self, threshold, preset="anomaly", *, min_pred=None, min_gt=None, threshold_source="committed"):
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
@@ -94,9 +97,9 @@ class ComponentAccumulator:
         self.min_pred = PRESETS[preset]["min_pred"] if min_pred is None else int(min_pred)
         self.min_gt = PRESETS[preset]["min_gt"] if min_gt is None else int(min_gt)
         self.preset, self.threshold_source = preset, threshold_source
-        self.tp = np.zeros(len(TAUS), np.int64)
-        self.fn = np.zeros(len(TAUS), np.int64)
-        self.fp = np.zeros(len(TAUS), np.int64)
+        self.tp = np.zeros(len(self.taus), np.int64)
+        self.fn = np.zeros(len(self.taus), np.int64)
+        self.fp = np.zeros(len(self.taus), np.int64)
         self.siou_sum = self.ppv_sum = 0.0
         self.n_gt = self.n_pred = self.n_frames = 0
 
@@ -106,9 +109,10 @@ class ComponentAccumulator:
         if scores.shape != labels.shape or scores.ndim not in (2, 3):
             raise ValueError(f"scores {scores.shape} and labels {labels.shape} must be (H, W) or (N, H, W) alike")
         for score, label in zip(*((scores, labels) if scores.ndim == 3 else ([scores], [labels]))):
-            predicted = np.asarray(score, np.float64) >= self.threshold  # in float64, as the pixel metrics compare
+            score = np.asarray(score, np.float64)  # compared in float64, as the pixel metrics compare
+            predicted = score > self.threshold if self.strict else score >= self.threshold
             siou, ppv = frame_components(predicted, label, min_pred=self.min_pred, min_gt=self.min_gt)
-            taus = np.array(TAUS)[:, None]
+            taus = np.array(self.taus)[:, None]
             self.tp += (siou[None] >= taus).sum(axis=1)
             self.fn += (siou[None] < taus).sum(axis=1)
             self.fp += (ppv[None] < taus).sum(axis=1)
@@ -121,7 +125,8 @@ class ComponentAccumulator:
 
     def merge(self, other):
         """Add another accumulator's counts (same threshold and sizes); returns self."""
-        if (self.threshold, self.min_pred, self.min_gt) != (other.threshold, other.min_pred, other.min_gt):
+        if type(other) is not type(self) or \
+                (self.threshold, self.min_pred, self.min_gt) != (other.threshold, other.min_pred, other.min_gt):
             raise ValueError("cannot merge component accumulators with different thresholds or size filters")
         for key in ("tp", "fn", "fp", "siou_sum", "ppv_sum", "n_gt", "n_pred", "n_frames"):
             setattr(self, key, getattr(self, key) + getattr(other, key))
@@ -135,7 +140,7 @@ class ComponentAccumulator:
     def load_state(self, arrays):
         """Restore :meth:`state_arrays` output, checked (shapes, non-negative integer counts, finite sums)."""
         taus, sums, counts = (np.asarray(arrays[k]) for k in ("taus", "sums", "counts"))
-        if taus.shape != (3, len(TAUS)) or counts.shape != (3,) or sums.shape != (2,) \
+        if taus.shape != (3, len(self.taus)) or counts.shape != (3,) or sums.shape != (2,) \
                 or not (np.issubdtype(taus.dtype, np.integer) and np.issubdtype(counts.dtype, np.integer)) \
                 or (taus < 0).any() or (counts < 0).any() or not np.isfinite(sums).all():
             raise ValueError("a component state must hold (3, 11) and (3,) non-negative counts and 2 finite sums")
@@ -148,11 +153,11 @@ class ComponentAccumulator:
         """mean sIoU, mean PPV, F1 at 0.25 / 0.50 / 0.75, F1* (NaN where undefined), the counts per tau, the
         threshold and where it came from."""
         denominator = 2 * self.tp + self.fn + self.fp
-        f1 = np.divide(2 * self.tp, denominator, out=np.full(len(TAUS), np.nan), where=denominator > 0)
+        f1 = np.divide(2 * self.tp, denominator, out=np.full(len(self.taus), np.nan), where=denominator > 0)
         return {"siou": self.siou_sum / self.n_gt if self.n_gt else float("nan"),
                 "ppv": self.ppv_sum / self.n_pred if self.n_pred else float("nan"),
                 "f1_25": float(f1[0]), "f1_50": float(f1[5]), "f1_75": float(f1[10]), "f1_star": float(np.mean(f1)),
-                "taus": list(TAUS), "tp": self.tp.tolist(), "fn": self.fn.tolist(), "fp": self.fp.tolist(),
+                "taus": list(self.taus), "tp": self.tp.tolist(), "fn": self.fn.tolist(), "fp": self.fp.tolist(),
                 "n_gt_components": self.n_gt, "n_pred_components": self.n_pred, "n_frames": self.n_frames,
                 "threshold": self.threshold, "threshold_source": self.threshold_source,
                 "min_pred": self.min_pred, "min_gt": self.min_gt}
