@@ -416,3 +416,52 @@ def test_official_fishyscapes_from_the_command_line(perlin, tmp_path, capsys):
     assert isinstance(acc, FishyscapesPixelAccumulator) and acc.n_frames == 4 and not ev.official_comp
     assert main([*args[:-1], "smiyc", "--resume"]) == 2  # the folder holds the Fishyscapes run
     assert "different run" in capsys.readouterr().err
+
+
+def test_a_killed_run_resumes_to_the_same_official_numbers(perlin, tmp_path, monkeypatch):
+    from rawtrees import killed_after
+    from segood.evaluation import evaluate
+
+    model, data = perlin
+    options = {"batch_size": 1, "progress": False, "figures": False, "bootstrap": None, "official": "smiyc",
+               "components": {"preset": "obstacle", "thresholds": {"entropy": 0.001}}}
+    whole = evaluate(model, [data], ["entropy"], tmp_path / "whole", **options)
+    original = model.forward
+    monkeypatch.setattr(model, "forward", killed_after(model, 2))
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(model, [data], ["entropy"], tmp_path / "killed", save_every=1, **options)
+    monkeypatch.setattr(model, "forward", original)
+    resumed = evaluate(model, [data], ["entropy"], tmp_path / "killed", resume=True, **options)
+    assert resumed["results"] == whole["results"]
+    assert resumed["results"]["entropy"]["perlin_mixed"]["official"]["n_frames"] == 4
+
+
+def _gather_worker(rank, world, port, out_dir):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    scores, labels = random_frames(6, n=5, decimals=3)
+    for kind in (SMIYCPixelAccumulator, FishyscapesPixelAccumulator):
+        acc = kind()
+        for k in range(rank, 5, world):  # rank 1 holds two frames, rank 0 three
+            acc.update(scores[k], labels[k])
+        acc.all_reduce().save(f"{out_dir}/{kind.__name__}_{rank}.npz")
+    dist.destroy_process_group()
+
+
+def test_two_process_gloo_all_reduce_gives_every_rank_the_whole_set(tmp_path):
+    import socket
+
+    import torch
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    torch.multiprocessing.spawn(_gather_worker, args=(2, port, str(tmp_path)), nprocs=2)
+    scores, labels = random_frames(6, n=5, decimals=3)
+    for kind in (SMIYCPixelAccumulator, FishyscapesPixelAccumulator):
+        whole = kind()
+        for k in range(5):
+            whole.update(scores[k], labels[k])
+        for rank in range(2):
+            assert kind.load(tmp_path / f"{kind.__name__}_{rank}.npz").compute() == whole.compute()

@@ -18,7 +18,7 @@ SMIYC pixel metrics (``PixBinaryClass``):
   threshold of best pixel F1 (the first of equals), which SMIYC uses to binarise for its component metrics.
 SMIYC component metrics (``SegEval-*``): :func:`segood.metrics.components.frame_components` (its order is the
 official one), with a pixel predicted OOD iff ``score > threshold`` and tau from ``np.linspace(0.25, 0.75, 11)``
-(so tau = 0.6000000000000001, 0.55 and 0.3 as that linspace rounds them).
+(its seventh value is 0.6000000000000001; the other ten equal segood's).
 
 Fishyscapes pixel metrics (``calculate_metrics_perpixAP``): scores are rounded to float32, every distinct float32
 value of the counted pixels (labels 0 and 1) is a threshold; AP is the step sum up to the first threshold of full
