@@ -57,7 +57,7 @@ import numpy as np
 from segood.io import read_state, write_npz
 from segood.labels import IGNORE, OOD
 from segood.metrics.components import ComponentAccumulator, frame_components
-from segood.metrics.functional import raise_bad_labels
+from segood.metrics.functional import _to_numpy, raise_bad_labels
 
 BENCHMARKS = ("smiyc", "fishyscapes")
 #: How each benchmark's numbers are named in reports: "AUPRC (SMIYC official)".
@@ -78,7 +78,7 @@ def check_benchmark(official):
 
 def _counted(scores, labels):
     """(float64 scores, bool OOD) of the counted pixels (label 0 or 1); labels outside {0, 1, 255} are an error."""
-    scores, labels = (np.asarray(x.detach().cpu() if hasattr(x, "detach") else x) for x in (scores, labels))
+    scores, labels = (_host(x) for x in (scores, labels))
     if scores.shape != labels.shape:
         raise ValueError(f"scores have shape {scores.shape} but labels have shape {labels.shape}; they must match "
                          "pixel for pixel")
@@ -86,6 +86,11 @@ def _counted(scores, labels):
         raise_bad_labels(labels)
     counted = labels != IGNORE
     return scores[counted], labels[counted] == OOD
+
+
+def _host(x):
+    """A numpy array of ``x`` (numpy, or a torch tensor on any device; dtypes numpy lacks become float32)."""
+    return _to_numpy(x.detach().cpu()) if hasattr(x, "detach") else np.asarray(x)
 
 
 def smiyc_frame_bins(scores, labels, *, num_bins=SMIYC_NUM_BINS):
@@ -99,23 +104,26 @@ def smiyc_frame_bins(scores, labels, *, num_bins=SMIYC_NUM_BINS):
         with no pixel left out; empty arrays for a frame without counted pixels.
     """
     values, ood = _counted(scores, labels)
-    values = values.astype(np.float64)
     if not values.size:
         return np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64)
-    if not np.isfinite(values).all():
+    if np.issubdtype(values.dtype, np.floating) and not np.isfinite(values).all():
         bad = int(np.count_nonzero(~np.isfinite(values)))
         raise ValueError(f"{bad} counted pixels have NaN or infinite scores: SMIYC's per-frame bins need finite "
                          "scores (its own code cannot bin them either)")
-    lo, hi = values.min(), values.max()
+    # each class sorted once (in its own dtype: the cast to float64 keeps the order), then as float64
+    groups = [np.sort(values[mask]).astype(np.float64) for mask in (ood, ~ood)]
+    lo, hi = min(g[0] for g in groups if g.size), max(g[-1] for g in groups if g.size)
     eps = max((hi - lo) * 1e-2, 1e-2)  # keeps the outer edges apart from the extremes
     parts = [np.array([lo - eps, hi + eps])]
-    for group in (values[ood], values[~ood]):
+    for group in groups:
         if group.size:
             parts.append(np.quantile(group, np.linspace(0, 1, min(num_bins // 2, group.size))))
     edges = np.unique(np.concatenate(parts))
-    id_counts, ood_counts = (np.histogram(group, bins=edges)[0].astype(np.int64) for group in (values[~ood], values[ood]))
+    # np.histogram's bins [e_i, e_i+1), the last one closed, counted on the sorted classes
+    ood_counts, id_counts = (np.diff(np.r_[np.searchsorted(g, edges[:-1], "left"), np.searchsorted(g, edges[-1:], "right")])
+                             for g in groups)
     occupied = (id_counts + ood_counts) > 0
-    return edges[:-1][occupied], id_counts[occupied], ood_counts[occupied]
+    return edges[:-1][occupied], id_counts[occupied].astype(np.int64), ood_counts[occupied].astype(np.int64)
 
 
 def smiyc_pixel_metrics(thresholds, id_counts, ood_counts):
@@ -161,14 +169,15 @@ def fishyscapes_values(scores, labels):
     """(distinct float32 scores as float64, increasing; their ID pixels; their OOD pixels) of the counted pixels,
     as Fishyscapes ranks them (scores rounded to float32)."""
     values, ood = _counted(scores, labels)
+    with np.errstate(over="ignore"):  # beyond the float32 range: ±inf, as the official cast gives
+        values = values.astype(np.float32)
     if np.isnan(values).any():
         raise ValueError(f"{int(np.count_nonzero(np.isnan(values)))} counted pixels have NaN scores; Fishyscapes' "
                          "ranking of them is undefined")
-    with np.errstate(over="ignore"):  # beyond the float32 range: ±inf, as the official cast gives
-        values = values.astype(np.float32)
-    keys, inverse = np.unique(values, return_inverse=True)
-    counts = np.bincount(inverse.ravel() * 2 + ood.ravel(), minlength=2 * keys.size).reshape(-1, 2)
-    return keys.astype(np.float64), counts[:, 0].astype(np.int64), counts[:, 1].astype(np.int64)
+    pieces = [_distinct(np.sort(values[~ood])), _distinct(np.sort(values[ood]))]
+    zeros = [np.zeros(k.size, np.int64) for k, _ in pieces]
+    return _merge_sorted([pieces[0][0], pieces[1][0]], [np.stack([pieces[0][1], zeros[0]]),
+                                                       np.stack([zeros[1], pieces[1][1]])])
 
 
 def fishyscapes_metrics(values, id_counts, ood_counts):
@@ -207,6 +216,28 @@ def smiyc_frame_components(scores, labels, threshold, *, min_pred, min_gt):
     return frame_components(predicted, labels, min_pred=min_pred, min_gt=min_gt)
 
 
+def _distinct(ordered):
+    """(distinct values as float64, how many times each) of a sorted array."""
+    if not ordered.size:
+        return np.zeros(0), np.zeros(0, np.int64)
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    return ordered[starts].astype(np.float64), np.diff(np.r_[starts, ordered.size]).astype(np.int64)
+
+
+def _merge_sorted(keys, counts):
+    """(keys, ID counts, OOD counts) of sorted key arrays ``keys`` with their (2, K) ``counts``: one table, the
+    counts of equal keys added (a stable sort merges the sorted runs in linear time per run)."""
+    keys = np.concatenate([np.asarray(k, np.float64) for k in keys])
+    counts = np.concatenate(counts, axis=1) if counts else np.zeros((2, 0), np.int64)
+    if not keys.size:
+        return keys, np.zeros(0, np.int64), np.zeros(0, np.int64)
+    order = np.argsort(keys, kind="stable")
+    keys, counts = keys[order], counts[:, order]
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    merged = np.add.reduceat(counts, starts, axis=1)
+    return keys[starts], merged[0], merged[1]
+
+
 # ---- streaming accumulators ----------------------------------------------------------------------------------------
 
 class _CountsByKey:
@@ -227,13 +258,9 @@ class _CountsByKey:
 
     def consolidate(self):
         if self._pending:
-            keys = np.concatenate([self.keys, *(k for k, _ in self._pending)])
-            counts = np.concatenate([self.counts, *(c for _, c in self._pending)], axis=1)
-            if counts.sum() >= 2**53:
-                raise ValueError("more than 2^53 pixels: beyond what float64 sums count exactly")
-            self.keys, inverse = np.unique(keys, return_inverse=True)
-            self.counts = np.stack([np.bincount(inverse, weights=row, minlength=self.keys.size)
-                                    for row in counts]).astype(np.int64)  # exact: integer sums below 2^53
+            keys, *counts = _merge_sorted([self.keys, *(k for k, _ in self._pending)],
+                                          [self.counts, *(c for _, c in self._pending)])
+            self.keys, self.counts = keys, np.stack(counts)
             self._pending, self._pending_size = [], 0
         return self
 
@@ -364,7 +391,7 @@ class SMIYCPixelAccumulator(_OfficialPixels):
     def update(self, scores, labels):
         """Add frames: ``scores`` (H, W) or (N, H, W) real numbers (numpy or torch), ``labels`` the OOD masks alike.
         The state is unchanged when this raises."""
-        scores, labels = (np.asarray(x.detach().cpu() if hasattr(x, "detach") else x) for x in (scores, labels))
+        scores, labels = (_host(x) for x in (scores, labels))
         if scores.shape != labels.shape or scores.ndim not in (2, 3):
             raise ValueError(f"scores {scores.shape} and labels {labels.shape} must be (H, W) or (N, H, W) alike")
         frames = [smiyc_frame_bins(s, lab, num_bins=self.num_bins)
@@ -406,7 +433,8 @@ class FishyscapesPixelAccumulator(_OfficialPixels):
         unchanged when this raises."""
         keys, id_counts, ood_counts = fishyscapes_values(scores, labels)
         self.table.add(keys, id_counts, ood_counts)
-        self.n_frames += int(np.shape(scores)[0]) if len(np.shape(scores)) >= 3 else 1
+        shape = tuple(scores.shape) if hasattr(scores, "shape") else np.shape(scores)
+        self.n_frames += int(shape[0]) if len(shape) >= 3 else 1
         return self
 
     def compute(self):
