@@ -368,8 +368,8 @@ class _OfficialPixels:
 
 
 class SMIYCPixelAccumulator(_OfficialPixels):
-    """SMIYC's pixel AP and FPR95 (``PixBinaryClass``: per-frame binned curves), streamed frame by frame; see the
-    module docstring for the definition and its deliberate differences.
+    """SMIYC's pixel AP (↑) and FPR95 (↓), both in [0, 1] (Chan et al. 2021; ``PixBinaryClass``: per-frame binned
+    curves), streamed frame by frame; see the module docstring for the definition and its deliberate differences.
 
     Example:
         >>> acc = SMIYCPixelAccumulator()
@@ -413,8 +413,8 @@ class SMIYCPixelAccumulator(_OfficialPixels):
 
 
 class FishyscapesPixelAccumulator(_OfficialPixels):
-    """Fishyscapes' pixel AP and FPR95 (bdl-benchmark: every distinct float32 score a threshold), streamed; see the
-    module docstring.
+    """Fishyscapes' pixel AP (↑) and FPR95 (↓), both in [0, 1] (Blum et al. 2021; bdl-benchmark: every distinct
+    float32 score a threshold), streamed; see the module docstring.
 
     Example:
         >>> acc = FishyscapesPixelAccumulator()
@@ -447,8 +447,9 @@ class FishyscapesPixelAccumulator(_OfficialPixels):
 
 
 class SMIYCComponentAccumulator(ComponentAccumulator):
-    """SMIYC's component metrics (``SegEval-*``): :class:`ComponentAccumulator` with a pixel predicted OOD iff
-    ``score > threshold`` and tau from ``np.linspace(0.25, 0.75, 11)``."""
+    """SMIYC's component metrics (Chan et al. 2021; ``SegEval-*``): :class:`ComponentAccumulator` (sIoU, PPV, F1*,
+    all ↑ in [0, 1]) with a pixel predicted OOD iff ``score > threshold`` and tau from ``np.linspace(0.25, 0.75,
+    11)``."""
 
     taus = SMIYC_TAUS
     strict = True
