@@ -12,7 +12,7 @@ from segood.metrics import exact_metrics
 from segood.metrics.components import ComponentAccumulator
 from segood.metrics.official import (SMIYC_TAUS, FishyscapesPixelAccumulator, SMIYCComponentAccumulator,
                                      SMIYCPixelAccumulator, fishyscapes_metrics, fishyscapes_values,
-                                     pixel_accumulator_from_state, smiyc_pixel_metrics)
+                                     pixel_accumulator_from_state, smiyc_frame_bins, smiyc_pixel_metrics)
 
 X = IGNORE
 # three 6 x 8 frames: scores on a few values (ties), many exactly 0.5 (the component threshold below)
@@ -173,9 +173,12 @@ def test_smiyc_pixel_metrics_differ_from_the_exact_ones_and_merge_and_resume_exa
     official = smiyc_official(scores, labels)
     assert official["auprc"] != pytest.approx(exact["auprc"], abs=1e-6)  # per-frame bins are not exact
     assert abs(official["auprc"] - exact["auprc"]) < 0.02
-    a, b = SMIYCPixelAccumulator().update(scores[:2], labels[:2]), SMIYCPixelAccumulator().update(scores[2:], labels[2:])
+    a = SMIYCPixelAccumulator().update(scores[:2], labels[:2])
+    b = SMIYCPixelAccumulator().update(scores[2:], labels[2:])
     merged = pixel_accumulator_from_state(a.state_dict()).merge(b)
     assert merged.compute() == official
+    bins = [smiyc_frame_bins(s, lab) for s, lab in zip(scores, labels)]  # the pure function on the frames' bins
+    assert_close(smiyc_pixel_metrics(*(np.concatenate(parts) for parts in zip(*bins))), official, PIXEL_KEYS)
     with pytest.raises(ValueError, match="finite scores"):
         SMIYCPixelAccumulator().update(np.full((2, 2), np.inf), np.zeros((2, 2), np.uint8))
     skipped = SMIYCPixelAccumulator().update(np.zeros((2, 2)), np.full((2, 2), IGNORE, np.uint8)).compute()

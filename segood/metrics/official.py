@@ -120,8 +120,8 @@ def smiyc_frame_bins(scores, labels, *, num_bins=SMIYC_NUM_BINS):
             parts.append(np.quantile(group, np.linspace(0, 1, min(num_bins // 2, group.size))))
     edges = np.unique(np.concatenate(parts))
     # np.histogram's bins [e_i, e_i+1), the last one closed, counted on the sorted classes
-    ood_counts, id_counts = (np.diff(np.r_[np.searchsorted(g, edges[:-1], "left"), np.searchsorted(g, edges[-1:], "right")])
-                             for g in groups)
+    ood_counts, id_counts = (np.diff(np.r_[np.searchsorted(g, edges[:-1], "left"),
+                                           np.searchsorted(g, edges[-1:], "right")]) for g in groups)
     occupied = (id_counts + ood_counts) > 0
     return edges[:-1][occupied], id_counts[occupied].astype(np.int64), ood_counts[occupied].astype(np.int64)
 
