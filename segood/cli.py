@@ -190,7 +190,7 @@ def _evaluate(args):
                    save_every=args.save_every,
                    progress=not args.quiet, skip_bad=args.skip_bad, fit_set=args.fit_set,
                    checkpoint=args.checkpoint, feature_layer=args.feature_layer, verify=not args.no_verify,
-                   components=components, **_analysis_options(args))
+                   components=components, official=args.official, **_analysis_options(args))
     if doc is not None:
         print((args.out / "results.md").read_text(), end="")
         print(f"\nwrote {args.out}/results.json, results.csv, results.md and figures/")
@@ -481,6 +481,9 @@ def build_parser():
                          "(default f1, best pixel F1 as SegmentMeIfYouCan)")
     ev.add_argument("--oracle-thresholds", action="store_true",
                     help="the FILE's thresholds were chosen on the test sets themselves: marked ORACLE in every report")
+    ev.add_argument("--official", choices=("smiyc", "fishyscapes"),
+                    help="also the benchmark's own computation of its numbers (its AP and FPR95; SMIYC's component "
+                         "metrics too), reported beside segood's as e.g. 'AUPRC (SMIYC official)' (docs/official.md)")
     ev.add_argument("--no-verify", action="store_true",
                     help="do not check frames against their set's sha256 digests (faster; corruption goes unseen)")
     add_analysis_options(ev)

@@ -17,6 +17,7 @@ from segood.methods import get_method
 from segood.methods.methods import check_grid
 from segood.metrics import grid_spec, make_accumulator
 from segood.metrics.bootstrap import Bootstrap
+from segood.metrics.official import check_benchmark
 from segood.models.external import ExternalModel
 from segood.models.network import SegmentationNetwork
 
@@ -39,7 +40,7 @@ def start_distributed(device=None):
 def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, device=None, num_thresholds=None,
              score_range=None, mantissa_bits=None, resume=False, save_every=20, progress=True, figures=True,
              skip_bad=False, fit_set=None, checkpoint=None, feature_layer=None, verify=True, components=None,
-             bootstrap=Bootstrap(), commit_on=None):
+             bootstrap=Bootstrap(), commit_on=None, official=None):
     """Evaluate pixel-level OOD methods of ``model`` on converted sets; writes ``out_dir`` and returns the
     results document (the content of results.json).
 
@@ -64,6 +65,9 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
             "source": "oracle", each set's own (:func:`segood.evaluation.runner.component_spec`).
         bootstrap, commit_on: the report's intervals and committed thresholds (:func:`write_report`); the
             component thresholds' tuning set when the run chooses them.
+        official: "smiyc" or "fishyscapes": also that benchmark's own computation of its numbers (its AP and FPR95;
+            SMIYC's component metrics too), reported beside segood's and named so (``docs/official.md``,
+            :mod:`segood.metrics.official`).
 
     Under ``torchrun`` (an initialised process group) each rank evaluates every world_size-th frame and the
     counts are all-reduced; rank 0 writes the outputs. Results equal a single-process run exactly.
@@ -71,16 +75,17 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
     model, sets, methods, grid, components, description = prepare(
         model, sets, methods, batch_size=batch_size, device=device, num_thresholds=num_thresholds,
         score_range=score_range, mantissa_bits=mantissa_bits, progress=progress, fit_set=fit_set,
-        checkpoint=checkpoint, feature_layer=feature_layer, verify=verify, components=components, commit_on=commit_on)
+        checkpoint=checkpoint, feature_layer=feature_layer, verify=verify, components=components, commit_on=commit_on,
+        official=official)
     ev = execute(model, sets, methods, out_dir, description, batch_size=batch_size, device=device, grid=grid,
                  resume=resume, save_every=save_every, progress=progress, skip_bad=skip_bad, verify=verify,
-                 components=components)
+                 components=components, official=official)
     return None if ev is None else write_report(out_dir, figures=figures, bootstrap=bootstrap, commit_on=commit_on)
 
 
 def prepare(model, sets, methods=None, *, batch_size=2, device=None, num_thresholds=None, score_range=None,
             mantissa_bits=None, progress=True, fit_set=None, checkpoint=None, feature_layer=None, verify=True,
-            components=None, commit_on=None):
+            components=None, commit_on=None, official=None):
     """What :func:`evaluate` (and ``segood robustness``) run, checked before anything is written: (model, sets
     {name: path}, method objects (fitted), grid, components spec, the run description for run.json)."""
     if not isinstance(model, (SegmentationNetwork, ExternalModel)):
@@ -104,6 +109,7 @@ def prepare(model, sets, methods=None, *, batch_size=2, device=None, num_thresho
     grid = grid_spec(num_thresholds, score_range, mantissa_bits)
     make_accumulator(grid)  # a bad grid is refused before anything is written
     components = component_spec(components, commit_on)
+    check_benchmark(official)
     if components and components.get("commit_on") is not None and components["commit_on"] not in sets:
         raise ValueError(f"the component thresholds' tuning set {components['commit_on']!r} is not a set of the "
                          f"run; choose one of {list(sets)}")
@@ -121,7 +127,8 @@ def prepare(model, sets, methods=None, *, batch_size=2, device=None, num_thresho
         "model": _model_identity(model, checkpoint),
         "sets": {name: {**set_identity(path), "frames": frames[name]} for name, path in sets.items()},
         "methods": {m.name: m.describe() for m in methods},
-        "config": {"grid": grid, "batch_size": batch_size, **({"components": components} if components else {})},
+        "config": {"grid": grid, "batch_size": batch_size, **({"components": components} if components else {}),
+                   **({"official": official} if official else {})},
     }
     return model, sets, methods, grid, components, description
 

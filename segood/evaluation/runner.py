@@ -32,6 +32,8 @@ from segood.methods.methods import served_heads
 from segood.metrics import UndefinedMetricWarning, accumulator_from_state, grid_of, grid_spec, make_accumulator
 from segood.metrics.calibration import CalibrationAccumulator
 from segood.metrics.components import PRESETS, ComponentAccumulator
+from segood.metrics.official import (SMIYCComponentAccumulator, check_benchmark, pixel_accumulator,
+                                     pixel_accumulator_from_state)
 from segood.metrics.segmentation import confusion_matrix
 from segood.metrics.thresholds import RULES, commit
 from segood.models.network import preprocess
@@ -52,9 +54,11 @@ class Evaluation:
     """The mutable state of a run: accumulators, per-class sums, examples, timings, progress."""
 
     def __init__(self, method_names, set_names, grid=None, components=None, *, quality=False,
-                 examples=(EXAMPLES_PER_SET, None)):
+                 examples=(EXAMPLES_PER_SET, None), official=None):
         """``quality``: also the network's segmentation quality per set (confusion matrix for mIoU, calibration
-        of its softmax); ``examples``: (frames kept per set, their largest width or None) for the figures."""
+        of its softmax); ``examples``: (frames kept per set, their largest width or None) for the figures;
+        ``official``: also a benchmark's own computation ("smiyc" or "fishyscapes", :mod:`segood.metrics.official`)
+        beside segood's numbers."""
         self.method_names, self.set_names = list(method_names), list(set_names)
         self.quality = bool(quality)
         self.example_count, self.example_width = examples
@@ -65,7 +69,11 @@ class Evaluation:
             raise ValueError(f"method and set names must be non-empty and free of '|' (the state's separator): {odd}")
         self.grid = grid or grid_spec()
         self.components = components  # None, or a spec of component_spec()
+        self.official = check_benchmark(official)
+        self.official_acc = {(m, s): pixel_accumulator(self.official) for m in self.method_names
+                             for s in self.set_names} if self.official else {}
         self.comp = self._component_accumulators()
+        self.official_comp = self._component_accumulators(official=True)
         self.acc = {(m, s): make_accumulator(self.grid, per_image=True) for m in method_names
                     for s in set_names}
         self.class_sum = {(m, s): np.zeros(NUM_CLASSES) for m in method_names for s in set_names}
@@ -77,15 +85,27 @@ class Evaluation:
         self.components_done = {s: 0 for s in set_names}  # the same, in the components pass
         self.skipped = []  # [set, frame index, reason] of unreadable frames passed over with skip_bad
 
-    def _component_accumulators(self):
+    def _component_accumulators(self, *, official=False):
+        """segood's component accumulators, or (``official``) SMIYC's own beside them in the SMIYC official mode."""
         c = self.components
-        return {(m, s): ComponentAccumulator(component_threshold(c, m, s), c["preset"], threshold_source=c["source"])
+        if official and self.official != "smiyc":
+            return {}
+        kind = SMIYCComponentAccumulator if official else ComponentAccumulator
+        return {(m, s): kind(component_threshold(c, m, s), c["preset"], threshold_source=c["source"])
                 for m in self.method_names for s in self.set_names if c and component_threshold(c, m, s) is not None}
 
     def choose_component_thresholds(self, thresholds):
         """Fix the thresholds a run chooses itself (:func:`chosen_thresholds`), making the components' accumulators."""
         self.components = {**self.components, "thresholds": thresholds}
         self.comp = self._component_accumulators()
+        self.official_comp = self._component_accumulators(official=True)
+
+    def update_components(self, method, set_name, scores, ood_mask):
+        """Add frames to the component accumulators of (``method``, ``set_name``): segood's and, in the SMIYC
+        official mode, SMIYC's own."""
+        self.comp[(method, set_name)].update(scores, ood_mask)
+        if (method, set_name) in self.official_comp:
+            self.official_comp[(method, set_name)].update(scores, ood_mask)
 
     def process(self, set_name, indices, batch, scores, classes=None, *, clip=False, logits=None):
         """Accumulate one batch of a set: ``batch`` holds ``image`` (N, 3, H, W), ``ood_mask`` and ``semantic``
@@ -105,8 +125,10 @@ class Evaluation:
         self.class_count[set_name] += torch.bincount(class_index, minlength=NUM_CLASSES + 1)[:NUM_CLASSES].cpu().numpy()
         for name, score in scores.items():
             self.acc[(name, set_name)].update(score, labels, clip=clip)
+            if self.official:
+                self.official_acc[(name, set_name)].update(score, ood_mask)
             if (name, set_name) in self.comp and not chosen_by_run(self.components):  # else: the components pass
-                self.comp[(name, set_name)].update(score, ood_mask)
+                self.update_components(name, set_name, score, ood_mask)
             weights = score.flatten().to(torch.float64, copy=True).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)  # ±inf: 0
             self.class_sum[(name, set_name)] += torch.bincount(
                 class_index, weights=weights, minlength=NUM_CLASSES + 1)[:NUM_CLASSES].cpu().numpy()
@@ -128,7 +150,8 @@ class Evaluation:
                                             "images": self.images, "done": self.done,
                                             "components_done": self.components_done,
                                             "skipped": self.skipped, "quality": self.quality,
-                                            "examples": [self.example_count, self.example_width]}))}
+                                            "examples": [self.example_count, self.example_width],
+                                            "official": self.official}))}
         for s, confusion in self.confusion.items():
             out[f"confusion|{s}"] = confusion
         for s, calibration in self.calibration.items():
@@ -141,6 +164,12 @@ class Evaluation:
         for (m, s), comp in self.comp.items():
             for key, value in comp.state_arrays().items():
                 out[f"comp|{m}|{s}|{key}"] = value
+        for (m, s), acc in self.official_acc.items():
+            for key, value in acc.state_dict().items():
+                out[f"off|{m}|{s}|{key}"] = value
+        for (m, s), comp in self.official_comp.items():
+            for key, value in comp.state_arrays().items():
+                out[f"offcomp|{m}|{s}|{key}"] = value
         for s, count in self.class_count.items():
             out[f"clscount|{s}"] = count
         for (s, i), example in self.examples.items():
@@ -168,8 +197,17 @@ class Evaluation:
                     and (examples[1] is None or type(examples[1]) is int and examples[1] > 0)):
                 raise ValueError("'examples' must be [frames per set, width or null]")
             ev = cls(methods, sets, grid, meta.get("components"), quality=meta.get("quality") is True,
-                     examples=tuple(examples))
+                     examples=tuple(examples), official=meta.get("official"))
             ev.acc = accumulators
+            for (m, s), acc in ev.official_acc.items():
+                prefix = f"off|{m}|{s}|"
+                restored = pixel_accumulator_from_state({k[len(prefix):]: arrays[k] for k in arrays
+                                                         if k.startswith(prefix)})
+                if type(restored) is not type(acc):
+                    raise ValueError(f"the official accumulator of {m} on {s} is not {ev.official}'s")
+                ev.official_acc[(m, s)] = restored
+            for (m, s), comp in ev.official_comp.items():
+                comp.load_state({k: arrays[f"offcomp|{m}|{s}|{k}"] for k in ("taus", "sums", "counts")})
             for s in ev.confusion:
                 ev.confusion[s] = _array(arrays[f"confusion|{s}"], (NUM_CLASSES, NUM_CLASSES), np.int64, counts=True)
                 ev.calibration[s] = CalibrationAccumulator.from_state_dict(
@@ -218,6 +256,10 @@ class Evaluation:
             self.class_sum[key] += other.class_sum[key]
         for key, comp in self.comp.items():
             comp.merge(other.comp[key])
+        for key, acc in self.official_acc.items():
+            acc.merge(other.official_acc[key])
+        for key, comp in self.official_comp.items():
+            comp.merge(other.official_comp[key])
         for s in self.set_names:
             self.class_count[s] += other.class_count[s]
             self.images[s] += other.images[s]
@@ -231,7 +273,7 @@ class Evaluation:
         """Sum counts over torch.distributed ranks (a no-op without a process group)."""
         import torch.distributed as dist
 
-        for acc in self.acc.values():
+        for acc in (*self.acc.values(), *self.official_acc.values()):
             acc.all_reduce()
         if not (dist.is_available() and dist.is_initialized()):
             return self
@@ -263,7 +305,7 @@ class Evaluation:
             self.confusion[s] = counts[: NUM_CLASSES**2].reshape(NUM_CLASSES, NUM_CLASSES)
             cal.count[...], cal.correct[...] = counts[NUM_CLASSES**2 :].reshape(2, -1)
             cal.confidence[...], cal.brier = sums[:-1], float(sums[-1])
-        for comp in self.comp.values():  # counts and sums of the component metrics (float64 holds them exactly)
+        for comp in (*self.comp.values(), *self.official_comp.values()):  # counts and sums (exact in float64)
             arrays = comp.state_arrays()
             tensor = torch.from_numpy(np.concatenate([arrays["taus"].ravel(), arrays["counts"]]).astype(np.float64))
             sums = torch.from_numpy(arrays["sums"]).to(device)
@@ -388,12 +430,13 @@ class UnreadableFrame(ValueError):
 
 def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, resume=False,
         save_every=20, progress=True, rank=0, world_size=1, skip_bad=False, seed=0, verify=True, components=None,
-        quality=False, examples=(EXAMPLES_PER_SET, None)):
+        quality=False, examples=(EXAMPLES_PER_SET, None), official=None):
     """Evaluate ``methods`` (method objects) of ``model`` on ``sets`` ({name: .h5 path, or a Dataset of segood
     items such as :class:`segood.robustness.CorruptedSet`}); returns the :class:`Evaluation` (all-reduced over
     ranks). Writes ``state.npz`` (per rank) in ``out_dir``. ``quality`` and ``examples``: see
     :class:`Evaluation`. ``components``: a :func:`component_spec`; when the run chooses its thresholds, a
     components pass over the sets follows the pixel pass (only the methods and sets with a threshold).
+    ``official``: also "smiyc"'s or "fishyscapes"' own computation of its numbers (:mod:`segood.metrics.official`).
 
     Monte-Carlo dropout is seeded per batch from (seed, set, first frame), so a resumed run draws the same
     samples as an uninterrupted one (for the same batch size and sharding)."""
@@ -413,11 +456,12 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, 
     if resume and state_path.exists():
         ev = Evaluation.load(state_path)
         if ev.method_names != names or ev.set_names != list(sets) or ev.grid != (grid or grid_spec()) \
-                or ev.quality != quality:
+                or ev.quality != quality or ev.official != official:
             raise ValueError(f"{state_path} holds a run of methods {ev.method_names} on sets {ev.set_names} (grid "
-                             f"{ev.grid}), not {names} on {list(sets)}: use another --out or drop --resume")
+                             f"{ev.grid}, official mode {ev.official}), not {names} on {list(sets)} (official mode "
+                             f"{official}): use another --out or drop --resume")
     else:
-        ev = Evaluation(names, list(sets), grid, components, quality=quality, examples=examples)
+        ev = Evaluation(names, list(sets), grid, components, quality=quality, examples=examples, official=official)
     model.eval()
     make_accumulator(ev.grid).update(np.zeros(1, np.float32), np.zeros(1, np.uint8))  # load the grid's kernel once
 
@@ -479,7 +523,7 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, 
 
     def components_of(set_name, kept, batch, scored, names):
         for name, score in zip(names, scored.scores):
-            ev.comp[(name, set_name)].update(score, batch["ood_mask"])
+            ev.update_components(name, set_name, score, batch["ood_mask"])
 
     one_pass("evaluate", ev.done, lambda s: methods, pixels)
     if chosen_by_run(ev.components):
