@@ -134,7 +134,8 @@ def load_scorer(spec, *, name=None, per_image=False, score_range=None):
                              f"{attribute!r}; its functions: {', '.join(found) or 'none'}")
         fn = getattr(fn, part)
     if not callable(fn):
-        raise ValueError(f"--scorer {spec}: {attribute} is a {type(fn).__name__}, not a function (images -> scores)")
+        raise ValueError(f"--scorer {spec}: {attribute} is not callable ({type(fn).__name__}); name a function "
+                         "images -> scores")
     return Scorer(fn, name=name, per_image=per_image, score_range=score_range)
 
 
