@@ -114,7 +114,7 @@ def _model(args):
                              "checkpoint gives them at the frame's size already: drop it")
         return load_model(args.checkpoint)[0]
     if args.weights and args.arch and args.encoder:
-        model = load_smp_weights(args.arch, args.encoder, args.weights)
+        model = load_smp_weights(args.arch, args.encoder, args.weights, num_classes=args.num_classes)
         model.align_corners = bool(getattr(args, "align_corners", False))
         return model
     raise ValueError("give --checkpoint, or --arch, --encoder and --weights for a plain smp state dict")
@@ -257,6 +257,9 @@ def add_model_options(parser):
                                        "(any smp architecture name, e.g. pspnet, deeplabv3plus)")
     parser.add_argument("--encoder")
     parser.add_argument("--weights", type=Path)
+    parser.add_argument("--num-classes", type=positive_int, default=19, metavar="C",
+                        help="with --weights: the classes the state dict predicts (default 19, Cityscapes'; with "
+                             "others, the methods that need no class mapping run)")
     parser.add_argument("--align-corners", action="store_true",
                         help="resize logits that come out smaller than the frame with align_corners=True, as the "
                              "model's library does (default: False, as torch and smp)")

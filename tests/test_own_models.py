@@ -92,16 +92,17 @@ def test_a_quarter_resolution_model_evaluates_as_its_upsampled_self(sets, tmp_pa
         evaluate(build_model("pspnet", "resnet18"), [sets["cs"]], ["entropy"], tmp_path / "net", align_corners=True)
 
 
-def test_align_corners_from_the_command_line(sets, tmp_path):
+def test_align_corners_and_class_count_from_the_command_line(sets, tmp_path):
     import segmentation_models_pytorch as smp
 
     torch.manual_seed(0)
-    torch.save(smp.create_model("fpn", encoder_name="resnet18", encoder_weights=None, classes=19).state_dict(),
+    torch.save(smp.create_model("fpn", encoder_name="resnet18", encoder_weights=None, classes=5).state_dict(),
                tmp_path / "fpn.pt")
     assert main(["evaluate", "--arch", "fpn", "--encoder", "resnet18", "--weights", str(tmp_path / "fpn.pt"),
-                 "--align-corners", "--sets", str(sets["cs"]), "--methods", "entropy", "--out", str(tmp_path / "run"),
-                 "--resamples", "0", "--quiet"]) == 0
+                 "--num-classes", "5", "--align-corners", "--sets", str(sets["cs"]), "--methods", "entropy",
+                 "--out", str(tmp_path / "run"), "--resamples", "0", "--quiet"]) == 0
     assert json.loads((tmp_path / "run" / "run.json").read_text())["model"]["align_corners"] is True
+    assert "The model predicts 5 classes" in json.loads((tmp_path / "run" / "results.json").read_text())["notes"][0]
 
 
 # any number of classes
@@ -181,7 +182,8 @@ BAD_SCORERS = {
     "shape": (lambda images: images.double().mean(dim=1)[:, ::4, ::4],
               r"perlin_mixed: frames \[0, 1\]: scorer bad returned scores of shape \(2, 16, 16\) for the batch; "
               r"expected \(2, 64, 64\)"),
-    "nan": (lambda images: torch.full((len(images), 64, 64), float("nan")), r"8192 NaN scores for the batch \(images \[0, 1\] of the batch\)"),
+    "nan": (lambda images: torch.full((len(images), 64, 64), float("nan")),
+            r"8192 NaN scores for the batch \(images \[0, 1\] of the batch\)"),
     "mask": (lambda images: images[:, 0] > 128, "not a mask"),
     "list": (lambda images: images.tolist(), "returned a list for the batch"),
     "strings": (lambda images: np.full((len(images), 64, 64), "x"), "returned <U1 scores"),
@@ -205,7 +207,8 @@ def test_a_scorer_from_the_command_line(sets, tmp_path, monkeypatch, capsys):
     assert main(["evaluate", "--scorer", "own_scorer_module:anomaly", "--scorer-name", "mine", "--out", "run",
                  *common]) == 0
     doc = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert list(doc["results"]) == ["mine"] and doc["methods"]["mine"]["params"]["scorer"] == "own_scorer_module:anomaly"
+    assert list(doc["results"]) == ["mine"]
+    assert doc["methods"]["mine"]["params"]["scorer"] == "own_scorer_module:anomaly"
     capsys.readouterr()
     for spec, extra, message in (
             ("no_such_module:anomaly", [], "no module 'no_such_module' in the current folder"),

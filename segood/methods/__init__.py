@@ -10,5 +10,5 @@ from segood.methods.scorer import Scorer, load_scorer
 
 __all__ = ["METHODS", "ClassFeatureStats", "ODIN_EPSILONS", "ODIN_TEMPERATURES", "Confidence", "Energy", "Entropy",
            "Mahalanobis", "MaxLogit", "MaxSoftmax", "StandardizedMaxLogit",
-           "Method", "MutualInfo", "Odin", "Scorer", "VarSum", "entropy", "get_method", "max_softmax", "mutual_info", "odin",
-           "load_scorer", "perturb", "varsum"]
+           "Method", "MutualInfo", "Odin", "Scorer", "VarSum", "entropy", "get_method", "load_scorer", "max_softmax",
+           "mutual_info", "odin", "perturb", "varsum"]
