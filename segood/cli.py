@@ -109,9 +109,14 @@ def _model(args):
     from segood.models import load_model, load_smp_weights
 
     if args.checkpoint:
+        if getattr(args, "align_corners", False):
+            raise ValueError("--align-corners sets how a model's smaller logits are resized to the frame; a segood "
+                             "checkpoint gives them at the frame's size already: drop it")
         return load_model(args.checkpoint)[0]
     if args.weights and args.arch and args.encoder:
-        return load_smp_weights(args.arch, args.encoder, args.weights)
+        model = load_smp_weights(args.arch, args.encoder, args.weights, num_classes=args.num_classes)
+        model.align_corners = bool(getattr(args, "align_corners", False))
+        return model
     raise ValueError("give --checkpoint, or --arch, --encoder and --weights for a plain smp state dict")
 
 
@@ -127,8 +132,6 @@ def _protocol(args):
 
 
 def _export(args):
-    import torch
-
     from segood.data.h5 import H5SegmentationDataset, frame_loader
     from segood.evaluation.exchange import export_scores
     from segood.methods import get_method
@@ -139,8 +142,7 @@ def _export(args):
         if method.needs.fit:
             if not args.fit_set:
                 raise ValueError(f"{method.name} needs its training statistics: pass --fit-set")
-            method.fit(model, frame_loader(H5SegmentationDataset(args.fit_set), 2),
-                       progress=not args.quiet)
+            method.fit(model, frame_loader(H5SegmentationDataset(args.fit_set), 2), progress=not args.quiet)
     written = export_scores(model, {p.stem: p for p in args.sets}, methods, args.out, layout=args.layout,
                             batch_size=args.batch_size, device=args.device, progress=not args.quiet)
     for (method, set_name), path in written.items():
@@ -156,8 +158,22 @@ def _evaluate(args):
     from segood.methods import get_method
 
     device = start_distributed(args.device)
-    model = _model(args)
-    methods = None if args.methods == ["all"] else [get_method(name) for name in args.methods]
+    if args.scorer:
+        from segood.methods.scorer import load_scorer
+
+        network = [flag for flag, given in (("--checkpoint", args.checkpoint), ("--arch", args.arch),
+                                            ("--weights", args.weights), ("--feature-layer", args.feature_layer),
+                                            ("--fit-set", args.fit_set), ("--align-corners", args.align_corners),
+                                            ("--methods", args.methods != ["all"])) if given]
+        if network:
+            raise ValueError(f"--scorer returns the anomaly scores itself: drop {', '.join(network)}, which set up "
+                             "a network and its methods")
+        model, methods = load_scorer(args.scorer, name=args.scorer_name, per_image=args.per_image), None
+    elif args.scorer_name or args.per_image:
+        raise ValueError("--scorer-name and --per-image describe a scorer: add --scorer MODULE:FUNCTION")
+    else:
+        model = _model(args)
+        methods = None if args.methods == ["all"] else [get_method(name) for name in args.methods]
     components = None
     if not args.components and (args.component_thresholds or args.component_rule or args.oracle_thresholds):
         raise ValueError("--component-thresholds, --component-rule and --oracle-thresholds set up the component "
@@ -238,6 +254,12 @@ def add_model_options(parser):
                                        "(any smp architecture name, e.g. pspnet, deeplabv3plus)")
     parser.add_argument("--encoder")
     parser.add_argument("--weights", type=Path)
+    parser.add_argument("--num-classes", type=positive_int, default=19, metavar="C",
+                        help="with --weights: the classes the state dict predicts (default 19, Cityscapes'; with "
+                             "others, the methods that need no class mapping run)")
+    parser.add_argument("--align-corners", action="store_true",
+                        help="resize logits that come out smaller than the frame with align_corners=True, as the "
+                             "model's library does (default: False, as torch and smp)")
 
 
 def add_run_options(parser):
@@ -331,7 +353,7 @@ def _submit(args):
         raise ValueError("--method names the run's method to submit")
     doc = submit(args.run_dir, args.out, method=args.method, name=args.method_name, description=args.description,
                  allow_same_source=args.allow_same_source, score_maps=dict(args.scores or ()),
-                 uses_ood_data=args.uses_ood_data)
+                 uses_ood_data=args.uses_ood_data, data=dict(args.data or ()))
     print(f"wrote {args.out}: {doc['method']['name']} on {', '.join(doc['sets'])}")
     return 0
 
@@ -466,6 +488,14 @@ def build_parser():
     ev = sub.add_parser("evaluate", help="evaluate OOD methods of a model on converted sets; tables and figures")
     add_model_options(ev)
     ev.add_argument("--feature-layer", help="for external models: the layer Mahalanobis models")
+    ev.add_argument("--scorer", metavar="MODULE:FUNCTION",
+                    help="evaluate a function that returns anomaly scores itself, imported from the current folder "
+                         "or PYTHONPATH: uint8 RGB images (N, 3, H, W) -> scores (N, H, W), higher = more OOD "
+                         "(instead of a model and its methods)")
+    ev.add_argument("--scorer-name", help="the scorer's name in the tables (default: the function's name)")
+    ev.add_argument("--per-image", action="store_true",
+                    help="the scorer takes one image at a time as SegmentMeIfYouCan calls a method: a uint8 RGB "
+                         "array (H, W, 3) -> scores (H, W)")
     ev.add_argument("--sets", type=Path, nargs="+", required=True, help="converted evaluation sets (.h5)")
     ev.add_argument("--methods", nargs="+", default=["all"], choices=["all", *METHODS], metavar="METHOD",
                     help=f"method names ({', '.join(METHODS)}), or all (default: every method the head serves)")
@@ -613,8 +643,13 @@ def build_parser():
     sub_.add_argument("run_dir", type=Path, metavar="RUN", nargs="?",
                       help="a run folder (its accumulator states); optional when --scores gives every set")
     sub_.add_argument("--method", help="the run's method to submit")
-    sub_.add_argument("--scores", type=set_and_path, action="append", metavar="SET=FILE",
-                      help="score maps of a set (segood export's file) for the verified track; repeatable")
+    sub_.add_argument("--scores", type=set_and_path, action="append", metavar="SET=PATH",
+                      help="score maps of a set for the verified track, in any layout segood score reads (segood's "
+                           "file, a folder of SMIYC <fid>.hdf5 or Fishyscapes <fid>_anomaly.npy files); repeatable")
+    sub_.add_argument("--data", type=set_and_path, action="append", metavar="SET=FILE",
+                      help="the converted set (or its public copy) a set's maps belong to: its frame ids, which the "
+                           "folder layouts need, and its manifest hash, by which the board matches the maps; "
+                           "repeatable")
     sub_.add_argument("--uses-ood-data", action="store_true", help="without a run: the method saw OOD data")
     sub_.add_argument("--method-name", required=True, help="its name on the board")
     sub_.add_argument("--description", default="")

@@ -12,7 +12,6 @@ import shutil
 import time
 from pathlib import Path
 
-import torch
 
 from segood.attack.constraints import ood_only
 from segood.attack.generator import LATENT, load_generator, object_crops, save_generator, train

@@ -4,6 +4,7 @@ Each adapter registers itself with ``@register_adapter`` beside its definition; 
 it known (``docs/extending.md``).
 """
 
+# Each module registers its adapters as it is imported.
 from segood.data import (bdd_anomaly, cityscapes, fishyscapes, idd, lostandfound, noise, paste,  # noqa: F401
                          road_anomaly, smiyc, streethazards, sun)
 from segood.data.adapter import ADAPTERS, register_adapter

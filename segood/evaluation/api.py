@@ -12,9 +12,9 @@ from segood.evaluation.layout import RunFolder
 from segood.evaluation.report import grid_of_config, write_report
 from segood.evaluation.runner import Evaluation, component_spec, default_methods, run, run_identity
 from segood.io import write_json
-from segood.labels import NUM_CLASSES
 from segood.methods import get_method
 from segood.methods.methods import check_grid
+from segood.methods.scorer import Scorer
 from segood.metrics import grid_spec, make_accumulator
 from segood.metrics.bootstrap import Bootstrap
 from segood.metrics.official import check_benchmark
@@ -40,13 +40,19 @@ def start_distributed(device=None):
 def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, device=None, num_thresholds=None,
              score_range=None, mantissa_bits=None, resume=False, save_every=20, progress=True, figures=True,
              skip_bad=False, fit_set=None, checkpoint=None, feature_layer=None, verify=True, components=None,
-             bootstrap=Bootstrap(), commit_on=None, official=None):
+             bootstrap=Bootstrap(), commit_on=None, official=None, align_corners=None):
     """Evaluate pixel-level OOD methods of ``model`` on converted sets; writes ``out_dir`` and returns the
     results document (the content of results.json).
 
     Args:
-        model: a segood network, or any ``nn.Module`` returning logits (N, 19, H, W) (wrapped in
-            :class:`ExternalModel`; ``feature_layer`` names the layer whose output Mahalanobis models).
+        model: a segood network; any ``nn.Module`` returning logits (N, C, h, w) of any number of classes C at any
+            resolution (wrapped in :class:`ExternalModel`; ``feature_layer`` names the layer whose output
+            Mahalanobis models); or a :class:`~segood.methods.scorer.Scorer`, a callable that returns the
+            anomaly scores itself (``methods`` then None: it is its own method). Logits at another resolution than
+            the frames are resized to them bilinearly before scoring. With C other than the sets' 19 Cityscapes
+            trainIds, every method that needs no class mapping runs and the report notes what is left out.
+        align_corners: how such logits are resized: as the model's own library does (default False, torch and
+            smp's ``F.interpolate(..., mode="bilinear", align_corners=False)``); for ``nn.Module`` models.
         sets: {name: path of a converted .h5 set} (or a list of paths, named by their stems).
         methods: None (every method the model's head serves; those needing a fit only with ``fit_set``), names,
             or method objects (e.g. tuned ones).
@@ -76,7 +82,7 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
         model, sets, methods, batch_size=batch_size, device=device, num_thresholds=num_thresholds,
         score_range=score_range, mantissa_bits=mantissa_bits, progress=progress, fit_set=fit_set,
         checkpoint=checkpoint, feature_layer=feature_layer, verify=verify, components=components, commit_on=commit_on,
-        official=official)
+        official=official, align_corners=align_corners)
     ev = execute(model, sets, methods, out_dir, description, batch_size=batch_size, device=device, grid=grid,
                  resume=resume, save_every=save_every, progress=progress, skip_bad=skip_bad, verify=verify,
                  components=components, official=official)
@@ -85,14 +91,29 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
 
 def prepare(model, sets, methods=None, *, batch_size=2, device=None, num_thresholds=None, score_range=None,
             mantissa_bits=None, progress=True, fit_set=None, checkpoint=None, feature_layer=None, verify=True,
-            components=None, commit_on=None, official=None):
+            components=None, commit_on=None, official=None, align_corners=None):
     """What :func:`evaluate` (and ``segood robustness``) run, checked before anything is written: (model, sets
     {name: path}, method objects (fitted), grid, components spec, the run description for run.json)."""
-    if not isinstance(model, (SegmentationNetwork, ExternalModel)):
-        model = ExternalModel(model, feature_layer)
-    elif isinstance(model, SegmentationNetwork) and model.config.num_classes != NUM_CLASSES:
-        raise ValueError(f"the checkpoint predicts {model.config.num_classes} classes; segood sets use the "
-                         f"{NUM_CLASSES} Cityscapes trainIds")
+    if isinstance(model, Scorer):
+        given = [k for k, v in {"fit_set": fit_set, "feature_layer": feature_layer, "checkpoint": checkpoint,
+                                "align_corners": align_corners}.items() if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} set up a network; scorer {model.name} returns its scores itself: "
+                             "drop them")
+        if methods is not None and [getattr(m, "name", m) for m in methods] != [model.name]:
+            raise ValueError(f"scorer {model.name} is its own method: pass methods=None, or evaluate the methods "
+                             "with a network instead")
+        methods = [model]
+    elif not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model is a {type(model).__name__}, not a torch nn.Module; a callable that returns anomaly "
+                        "scores itself is evaluated as segood.Scorer(fn)")
+    elif not isinstance(model, (SegmentationNetwork, ExternalModel)):
+        model = ExternalModel(model, feature_layer, align_corners=bool(align_corners))
+    elif align_corners is not None:
+        if isinstance(model, SegmentationNetwork):
+            raise ValueError("align_corners sets how a model's smaller logits are resized to the frame; a segood "
+                             "network gives them at the frame's size already: drop it")
+        model.align_corners = bool(align_corners)
     if device is not None:
         model = model.to(device)
     if isinstance(sets, (list, tuple)):
@@ -238,7 +259,9 @@ def _some(names):
 
 
 def _model_identity(model, checkpoint):
-    """What the model is, down to its weights (so that --resume never mixes two models)."""
+    """What the model is, down to its weights (so that --resume never mixes two models); a scorer, its function."""
+    if isinstance(model, Scorer):
+        return model.identity()
     if checkpoint is not None:
         return {"checkpoint": str(checkpoint), "sha256": _sha256(checkpoint), "config": model.config.to_dict()}
     weights = _weights_sha256(model)
@@ -247,7 +270,8 @@ def _model_identity(model, checkpoint):
     inner = model.module
     return {"class": f"{type(inner).__module__}.{type(inner).__qualname__}",
             "parameters": int(sum(p.numel() for p in inner.parameters())),
-            "served_heads": sorted(model.served_heads), "weights_sha256": weights}
+            "served_heads": sorted(model.served_heads), "weights_sha256": weights,
+            **({"align_corners": True} if model.align_corners else {})}  # (False, the default, as before it existed)
 
 
 def _weights_sha256(model):

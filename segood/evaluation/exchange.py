@@ -14,7 +14,6 @@ from pathlib import Path
 
 import h5py
 import numpy as np
-import torch
 from tqdm import tqdm
 
 LAYOUTS = ("segood", "smiyc", "fishyscapes")
@@ -50,11 +49,17 @@ def detect_layout(path):
 
 class ScoreMaps:
     """Read access to the score maps of one set's frames in any layout: ``maps[frame_id]`` -> (H, W) array in
-    native byte order; ``score_range`` a declared range or None. Use as a context manager."""
+    native byte order; ``score_range`` a declared range or None. Use as a context manager. ``frame_ids``: the
+    set's; None reads every map of a segood file (the folder layouts need them: their file names carry only the
+    last part of each id)."""
 
     def __init__(self, path, frame_ids):
         self.path, self.layout = Path(path), detect_layout(path)
-        self.frame_ids = list(frame_ids)
+        if frame_ids is None and self.layout != "segood":
+            raise ValueError(f"{self.path} is a folder of {self.layout} score files, named by the last part of each "
+                             "frame id: give the set they belong to for the full ids (its converted file or public "
+                             "copy; segood submit --data SET=FILE.h5)")
+        self.frame_ids = None if frame_ids is None else list(frame_ids)
         self.score_range, self.file = None, None
         if self.layout == "segood":
             try:
@@ -66,6 +71,8 @@ class ScoreMaps:
                 self.score_range = tuple(float(v) for v in self.file.attrs["score_range"])
             stored = []
             self.file.visititems(lambda key, obj: stored.append(key) if isinstance(obj, h5py.Dataset) else None)
+            if self.frame_ids is None:
+                self.frame_ids = stored
         else:
             self.names = file_ids(self.frame_ids)
             suffix = _SUFFIX[self.layout]

@@ -9,7 +9,6 @@ threshold saw the test's outliers.
 import json
 from pathlib import Path
 
-import torch
 
 from segood.data.h5 import H5SegmentationDataset, frame_loader, set_identity
 from segood.evaluation.api import evaluate

@@ -70,7 +70,7 @@ def build_results(run, ev, *, bootstrap=Bootstrap(), commit_on=None):
                "per_method": runtime(ev)}
     return {"schema": SCHEMA, **run, "results": results, "per_class_mean_score": per_class, "timings": timings,
             "skipped_frames": ev.skipped, "bootstrap": described, "comparisons": comparisons,
-            "commit_on": commit_on}
+            "commit_on": commit_on, "notes": ev.notes()}
 
 
 def official_results(ev, m, s):
@@ -265,6 +265,7 @@ def results_markdown(doc):
                      "\"coarsening\" in results.json bounds how far that moves a value.")
     per_image = [f"{(r['per_image_mean'] or {}).get('n_images', 0)}" for r in doc["results"][next(iter(doc["results"]))].values()]
     lines.append(f"Per-image means average the images where a metric is defined ({', '.join(per_image)} images per set).")
+    lines += doc.get("notes") or []
     return "\n".join(lines) + "\n"
 
 

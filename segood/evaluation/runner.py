@@ -1,10 +1,11 @@
 """The evaluation run: every method on every set in one pass per set, resumable and shardable over ranks.
 
-Three steps per batch: reading (:func:`read_batch`), scoring (:func:`segood.methods.schedule.score_batch`:
+Three steps per batch: reading (:func:`read_batch`), scoring (:func:`segood.methods.schedule.score_frames`:
 one forward pass for every single-pass method, one set of Monte-Carlo samples for the dropout methods, own
-passes for perturbing methods) and accumulation (:meth:`Evaluation.process`: an accumulator on the run's
-threshold grid per (method, set), per-class score sums for the paper's Figure 2, a few example frames). State is saved
-atomically every ``save_every`` batches, so a killed run resumes to exactly the counts of an uninterrupted one.
+passes for perturbing methods; or a :class:`~segood.methods.scorer.Scorer`'s own call) and accumulation
+(:meth:`Evaluation.process`: an accumulator on the run's threshold grid per (method, set), per-class score sums
+for the paper's Figure 2, a few example frames). State is saved atomically every ``save_every`` batches, so a
+killed run resumes to exactly the counts of an uninterrupted one.
 
 Component metrics whose thresholds the run chooses itself (committed on a tuning set, or tuned on each test set)
 need the pixel counts first: after the pixel pass the thresholds are chosen (:func:`chosen_thresholds`) and a
@@ -27,8 +28,9 @@ from segood.evaluation.layout import RunFolder
 from segood.io import read_npz, write_npz
 from segood.labels import NUM_CLASSES
 from segood.methods import METHODS, get_method
-from segood.methods.schedule import check_methods, score_batch
+from segood.methods.schedule import check_methods, score_frames
 from segood.methods.methods import served_heads
+from segood.methods.scorer import Scorer
 from segood.metrics import UndefinedMetricWarning, accumulator_from_state, grid_of, grid_spec, make_accumulator
 from segood.metrics.calibration import CalibrationAccumulator
 from segood.metrics.components import PRESETS, ComponentAccumulator
@@ -36,7 +38,6 @@ from segood.metrics.official import (SMIYCComponentAccumulator, check_benchmark,
                                      pixel_accumulator_from_state)
 from segood.metrics.segmentation import confusion_matrix
 from segood.metrics.thresholds import RULES, commit
-from segood.models.network import preprocess
 from segood.version import __version__
 
 EXAMPLES_PER_SET = 3
@@ -84,6 +85,33 @@ class Evaluation:
         self.done = {s: 0 for s in set_names}  # frames of this rank's shard already accumulated
         self.components_done = {s: 0 for s in set_names}  # the same, in the components pass
         self.skipped = []  # [set, frame index, reason] of unreadable frames passed over with skip_bad
+        self.model_output = {}  # {"classes": the model's (None: a scorer), "resized", "align_corners"} once seen
+
+    def note_output(self, classes, *, resized=False, align_corners=False):
+        """Record what the model's forward pass gave: its number of ``classes`` (None for a scorer's scores) and
+        whether its logits were ``resized`` to the frames (with ``align_corners``)."""
+        self.model_output = {"classes": classes, "resized": bool(resized or self.model_output.get("resized")),
+                             "align_corners": bool(align_corners)}
+
+    def classes_match(self):
+        """Whether the model predicts the sets' classes (the 19 Cityscapes trainIds), so that its predictions can
+        be compared with their labels (mIoU, confusion, calibration, the example figures' classes)."""
+        return self.model_output.get("classes", NUM_CLASSES) == NUM_CLASSES
+
+    def notes(self):
+        """What the report must say about the model's outputs: resized logits, another number of classes."""
+        out, classes = self.model_output, self.model_output.get("classes", NUM_CLASSES)
+        notes = []
+        if out.get("resized"):
+            notes.append("The model's logits came out at another resolution than the frames and were resized to "
+                         f"them bilinearly (align_corners={out.get('align_corners', False)}) before scoring.")
+        if classes is not None and classes != NUM_CLASSES:
+            notes.append(f"The model predicts {classes} classes, not the sets' {NUM_CLASSES} Cityscapes trainIds: "
+                         "its predicted classes are left out of the example figures"
+                         + (" and its segmentation quality (mIoU, confusion, calibration) is not computed"
+                            if self.quality else "")
+                         + ". The mean score per class is over the sets' own labels.")
+        return notes
 
     def _component_accumulators(self, *, official=False):
         """segood's component accumulators, or (``official``) SMIYC's own beside them in the SMIYC official mode."""
@@ -114,7 +142,7 @@ class Evaluation:
         the accumulators, the per-class score sums (pixels without a class go to an overflow bin, no masked
         copies), the segmentation quality and the example frames."""
         ood_mask, semantic = batch["ood_mask"], batch["semantic"]
-        if self.quality:
+        if self.quality and self.classes_match():  # (another number of classes: skipped, said in notes())
             if logits is None or classes is None:
                 raise ValueError("an evaluation with quality=True needs the network's logits and classes")
             self.confusion[set_name] += confusion_matrix(classes.cpu().numpy(), semantic.numpy(), NUM_CLASSES)
@@ -150,6 +178,7 @@ class Evaluation:
                                             "images": self.images, "done": self.done,
                                             "components_done": self.components_done,
                                             "skipped": self.skipped, "quality": self.quality,
+                                            "model_output": self.model_output,
                                             "examples": [self.example_count, self.example_width],
                                             "official": self.official}))}
         for s, confusion in self.confusion.items():
@@ -226,6 +255,7 @@ class Evaluation:
                     isinstance(e, list) and len(e) == 3 and e[0] in sets and type(e[1]) is int for e in meta["skipped"]):
                 raise ValueError("'skipped' must list [set, frame index, reason] entries")
             ev.skipped = meta["skipped"]
+            ev.model_output = _model_output(meta.get("model_output", {}))
             for m, s in ev.acc:
                 ev.class_sum[(m, s)] = _array(arrays[f"cls|{m}|{s}"], (NUM_CLASSES,), np.float64)
             for s in sets:
@@ -267,6 +297,9 @@ class Evaluation:
             self.confusion[s] += other.confusion[s]
             self.calibration[s].merge(other.calibration[s])
         self.examples.update(other.examples)
+        if other.model_output:
+            self.note_output(other.model_output["classes"], resized=other.model_output["resized"],
+                             align_corners=other.model_output["align_corners"])
         return self
 
     def all_reduce(self):
@@ -389,6 +422,18 @@ def _array(value, shape, dtype, *, counts=False):
     return array.astype(dtype)
 
 
+def _model_output(value):
+    """A state's record of the model's outputs (:meth:`Evaluation.note_output`), checked."""
+    if value == {}:
+        return {}
+    if not (isinstance(value, dict) and set(value) == {"classes", "resized", "align_corners"}
+            and (value["classes"] is None or type(value["classes"]) is int and value["classes"] > 0)
+            and all(isinstance(value[k], bool) for k in ("resized", "align_corners"))):
+        raise ValueError("'model_output' must be {\"classes\": a positive int or null, \"resized\": bool, "
+                         "\"align_corners\": bool}")
+    return dict(value)
+
+
 def _frame_counts(value, sets, key):
     """{set: non-negative int} for every set of the run, or a ValueError."""
     if not isinstance(value, dict) or set(value) != set(sets) or not all(
@@ -442,7 +487,11 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, 
     samples as an uninterrupted one (for the same batch size and sharding)."""
     folder = RunFolder(out_dir)
     folder.path.mkdir(parents=True, exist_ok=True)
-    device = device or next(model.parameters()).device
+    scorer = isinstance(model, Scorer)
+    if scorer and quality:
+        raise ValueError(f"segmentation quality (mIoU, calibration) needs a network's logits; scorer {model.name} "
+                         "gives anomaly scores only")
+    device = device or (torch.device("cpu") if scorer else next(model.parameters()).device)
     check_methods(model, methods)
     datasets = {name: path if hasattr(path, "__getitem__") and not isinstance(path, (str, Path)) else
                 H5SegmentationDataset(path, verify=verify) for name, path in sets.items()}
@@ -490,11 +539,13 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, 
                 if items and not components_pass:
                     ev.seconds["data"] += time.perf_counter() - t0
                 for batch, part in stacked(items, kept):  # frames of different sizes are scored apart
-                    scored = score_batch(model, preprocess(batch["image"].to(device)), chosen,
-                                         mc_seed=seed * 1_000_003 + set_index * 10_007 + part[0])
-                    if scored.output.logits.shape[1] != NUM_CLASSES:
-                        raise ValueError(f"the model predicts {scored.output.logits.shape[1]} classes; the sets use "
-                                         f"the {NUM_CLASSES} Cityscapes trainIds")
+                    try:
+                        scored = score_frames(model, batch["image"].to(device), chosen,
+                                              mc_seed=seed * 1_000_003 + set_index * 10_007 + part[0])
+                    except ValueError as err:  # e.g. a scorer's misshapen or NaN scores
+                        raise ValueError(f"{set_name}: frames {part}: {err}") from None
+                    ev.note_output(None if scorer else scored.output.logits.shape[1], resized=scored.resized,
+                                   align_corners=getattr(model, "align_corners", False))
                     t3 = time.perf_counter()
                     try:
                         accumulate(set_name, part, batch, scored, [m.name for m in chosen])
@@ -518,8 +569,9 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, 
             ev.save(state_path)
 
     def pixels(set_name, kept, batch, scored, names):
-        ev.process(set_name, kept, batch, dict(zip(names, scored.scores)), scored.classes,
-                   logits=scored.output.logits if quality else None)
+        comparable = ev.classes_match()  # predictions of other classes than the sets': not compared with their labels
+        ev.process(set_name, kept, batch, dict(zip(names, scored.scores)), scored.classes if comparable else None,
+                   logits=scored.output.logits if quality and comparable else None)
 
     def components_of(set_name, kept, batch, scored, names):
         for name, score in zip(names, scored.scores):

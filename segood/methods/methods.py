@@ -230,7 +230,9 @@ class Mahalanobis(Fitted):
     def fit(self, model, loader, *, progress=False):
         """Fit on batches of dicts with ``image`` (N, 3, H, W) uint8 and ``semantic`` (N, H, W) trainIds.
 
-        ``loader`` is read twice, so it must be re-iterable (a DataLoader or a list, not a generator).
+        ``loader`` is read twice, so it must be re-iterable (a DataLoader or a list, not a generator). The
+        class-conditional Gaussians are those of the training labels, the 19 Cityscapes trainIds: the one method
+        that needs the model's classes to be them (a ValueError otherwise).
         """
         from tqdm import tqdm
 
@@ -240,9 +242,12 @@ class Mahalanobis(Fitted):
         if iter(loader) is loader:
             raise TypeError("mahalanobis.fit reads the loader twice: pass a DataLoader or a list, not an iterator")
         device = next(model.parameters()).device
-        stats = ClassFeatureStats(getattr(getattr(model, "config", None), "num_classes", NUM_CLASSES))
+        stats = ClassFeatureStats(NUM_CLASSES)
         for batch in tqdm(loader, desc="mahalanobis fit 1/2", disable=not progress):
-            features = model.penultimate(preprocess(batch["image"].to(device)))
+            x = preprocess(batch["image"].to(device))
+            if stats.sums is None:
+                _require_cityscapes_classes(model, x, self.name)
+            features = model.penultimate(x)
             stats.update(features, batch["semantic"].to(device))
         means, whiten, present = stats.finalize(self.params["ridge"])
         self.state = {"means": means, "whiten": whiten, "present": present,
@@ -390,13 +395,13 @@ class StandardizedMaxLogit(Fitted):
         predicted as each class, in float64; a class never predicted gets mean 0 and std 1."""
         from tqdm import tqdm
 
-        from segood.models.network import preprocess
+        from segood.models.network import frame_output, preprocess
 
         self.check(model)
         device = next(model.parameters()).device
         sums = None
         for batch in tqdm(loader, desc="sml fit", disable=not progress):
-            logits = model(preprocess(batch["image"].to(device))).logits
+            logits = frame_output(model, preprocess(batch["image"].to(device))).logits  # as scored: at the frame's size
             top, classes = logits.max(dim=1)
             c = logits.shape[1]
             if sums is None:
@@ -423,6 +428,19 @@ class StandardizedMaxLogit(Fitted):
         if self.params.get("smoothing"):
             scores = fn.dilated_smoothing(scores)
         return scores
+
+
+def _require_cityscapes_classes(model, x, method):
+    """Refuse a model whose classes are not the 19 Cityscapes trainIds the training labels give."""
+    classes = getattr(getattr(model, "config", None), "num_classes", None)
+    if classes is None:
+        with torch.no_grad():
+            classes = model(x).logits.shape[1]
+    if classes != NUM_CLASSES:
+        raise ValueError(f"{method} models the features of each class of the training labels (the {NUM_CLASSES} "
+                         f"Cityscapes trainIds); this model predicts {classes} classes. Use a model trained on "
+                         "those classes, or a method that needs no class mapping (max_softmax, entropy, odin, "
+                         "max_logit, energy, sml)")
 
 
 class ClassFeatureStats:

@@ -7,18 +7,26 @@ from segood.models.network import SegOutput
 
 
 class ExternalModel(torch.nn.Module):
-    """Any ``nn.Module`` returning logits (N, C, H, W) as a segood network.
+    """Any ``nn.Module`` returning logits (N, C, h, w) as a segood network; C any number of classes, (h, w) any
+    resolution (logits smaller than the input, as mmseg and detectron2 heads give them before their final resize,
+    are resized to the input before scoring: :func:`segood.models.network.resize_output`).
 
     Args:
         module: the network; its output may be a tensor, or a dict / tuple whose first entry is the logits.
         feature_layer: name of a submodule (``dict(module.named_modules())``) whose output serves as the
             penultimate features, captured with a forward hook; then the model serves Mahalanobis too.
-        preprocess: kept for the caller's reference; segood feeds ImageNet-normalised inputs.
+        align_corners: how its logits are resized to the input: as the model's own library does (False: torch
+            and smp's ``F.interpolate(..., mode="bilinear", align_corners=False)``; True for some mmseg configs).
+
+    segood feeds ImageNet-normalised inputs (:func:`segood.models.network.preprocess`).
     """
 
-    def __init__(self, module, feature_layer=None):
+    def __init__(self, module, feature_layer=None, *, align_corners=False):
         super().__init__()
+        if not isinstance(align_corners, bool):
+            raise TypeError(f"align_corners must be True or False, got {align_corners!r}")
         self.module = module
+        self.align_corners = align_corners
         self._features = None
         self.served_heads = {"plain"}
         if feature_layer is not None:

@@ -138,6 +138,28 @@ def _upsample(logits, size):
     return F.interpolate(logits, size=size, mode="bilinear", align_corners=False)
 
 
+def resize_output(output, size, *, align_corners=False):
+    """``output`` (:class:`SegOutput`) with its logits and confidence resized bilinearly to ``size`` = (H, W) where
+    they come out at another resolution (mmseg and detectron2 heads before their final resize, at 1/4 or 1/8 of the
+    input); unchanged where they already have it. The features keep their own resolution (Mahalanobis resizes its
+    distances itself). ``align_corners`` as the model's own library resizes: False for torch and smp
+    (``F.interpolate(..., mode="bilinear", align_corners=False)``), True for some mmseg configs."""
+    size = tuple(size)
+    if tuple(output.logits.shape[-2:]) == size:
+        return output
+
+    def resize(t):
+        return None if t is None else F.interpolate(t, size=size, mode="bilinear", align_corners=align_corners)
+
+    return SegOutput(resize(output.logits), output.features, resize(output.confidence))
+
+
+def frame_output(model, x):
+    """The forward pass of ``model`` on ``x`` (N, 3, H, W) with its logits at the frame's size (H, W):
+    :func:`resize_output` with the model's ``align_corners`` (False where it declares none)."""
+    return resize_output(model(x), x.shape[-2:], align_corners=getattr(model, "align_corners", False))
+
+
 def preprocess(images):
     """(N, 3, H, W) uint8 RGB tensor -> float, ImageNet-normalised, on the same device."""
     x = images.float() / 255.0
