@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import tempfile
 from pathlib import Path
 
 import torch
@@ -9,7 +10,8 @@ import torch
 from segood.data.h5 import H5SegmentationDataset, frame_ids, frame_loader, require_labels, set_identity
 from segood.evaluation.exchange import ScoreMaps
 from segood.evaluation.layout import RunFolder
-from segood.evaluation.report import grid_of_config, write_report
+from segood.evaluation.report import build_results, grid_of_config, write_report
+from segood.evaluation.results import Results
 from segood.evaluation.runner import Evaluation, component_spec, default_methods, run, run_identity
 from segood.io import write_json
 from segood.methods import get_method
@@ -18,7 +20,7 @@ from segood.methods.scorer import Scorer
 from segood.metrics import grid_spec, make_accumulator
 from segood.metrics.bootstrap import Bootstrap
 from segood.metrics.official import check_benchmark
-from segood.models.external import ExternalModel
+from segood.models.external import as_network
 from segood.models.network import SegmentationNetwork
 
 
@@ -37,14 +39,17 @@ def start_distributed(device=None):
     return device
 
 
-def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, device=None, num_thresholds=None,
+def evaluate(model, sets, methods=None, out_dir=None, *, batch_size=2, device=None, num_thresholds=None,
              score_range=None, mantissa_bits=None, resume=False, save_every=20, progress=True, figures=True,
              skip_bad=False, fit_set=None, checkpoint=None, feature_layer=None, verify=True, components=None,
              bootstrap=Bootstrap(), commit_on=None, official=None, align_corners=None):
-    """Evaluate pixel-level OOD methods of ``model`` on converted sets; writes ``out_dir`` and returns the
-    results document (the content of results.json).
+    """Evaluate pixel-level OOD methods of ``model`` on converted sets; returns the :class:`Results` (the results
+    document, the content of results.json, with ``table()``, ``save(folder)`` and ``figures(folder)``).
 
     Args:
+        out_dir: the run folder: run.json, the state (resumable with ``resume``), results.json, .csv, .md, .tex
+            and, with ``figures``, the figures. None (the default): nothing is written (the run's state lives in
+            a temporary folder while it runs); the results and the state are returned in memory.
         model: a segood network; any ``nn.Module`` returning logits (N, C, h, w) of any number of classes C at any
             resolution (wrapped in :class:`ExternalModel`; ``feature_layer`` names the layer whose output
             Mahalanobis models); or a :class:`~segood.methods.scorer.Scorer`, a callable that returns the
@@ -83,10 +88,22 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
         score_range=score_range, mantissa_bits=mantissa_bits, progress=progress, fit_set=fit_set,
         checkpoint=checkpoint, feature_layer=feature_layer, verify=verify, components=components, commit_on=commit_on,
         official=official, align_corners=align_corners)
-    ev = execute(model, sets, methods, out_dir, description, batch_size=batch_size, device=device, grid=grid,
-                 resume=resume, save_every=save_every, progress=progress, skip_bad=skip_bad, verify=verify,
-                 components=components, official=official)
-    return None if ev is None else write_report(out_dir, figures=figures, bootstrap=bootstrap, commit_on=commit_on)
+    options = {"batch_size": batch_size, "device": device, "grid": grid, "save_every": save_every,
+               "progress": progress, "skip_bad": skip_bad, "verify": verify, "components": components,
+               "official": official}
+    if out_dir is None:
+        if resume:
+            raise ValueError("resume continues a run saved in a folder: pass out_dir")
+        with tempfile.TemporaryDirectory(prefix="segood-run-") as tmp:
+            ev = execute(model, sets, methods, tmp, description, **options)
+            run_description = RunFolder(tmp).read_run() if ev is not None else None
+        if ev is None:
+            return None
+        return Results(build_results(run_description, ev, bootstrap=bootstrap, commit_on=commit_on), ev)
+    ev = execute(model, sets, methods, out_dir, description, resume=resume, **options)
+    if ev is None:
+        return None
+    return Results(write_report(out_dir, figures=figures, bootstrap=bootstrap, commit_on=commit_on), ev)
 
 
 def prepare(model, sets, methods=None, *, batch_size=2, device=None, num_thresholds=None, score_range=None,
@@ -104,16 +121,8 @@ def prepare(model, sets, methods=None, *, batch_size=2, device=None, num_thresho
             raise ValueError(f"scorer {model.name} is its own method: pass methods=None, or evaluate the methods "
                              "with a network instead")
         methods = [model]
-    elif not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model is a {type(model).__name__}, not a torch nn.Module; a callable that returns anomaly "
-                        "scores itself is evaluated as segood.Scorer(fn)")
-    elif not isinstance(model, (SegmentationNetwork, ExternalModel)):
-        model = ExternalModel(model, feature_layer, align_corners=bool(align_corners))
-    elif align_corners is not None:
-        if isinstance(model, SegmentationNetwork):
-            raise ValueError("align_corners sets how a model's smaller logits are resized to the frame; a segood "
-                             "network gives them at the frame's size already: drop it")
-        model.align_corners = bool(align_corners)
+    else:
+        model = as_network(model, feature_layer=feature_layer, align_corners=align_corners)
     if device is not None:
         model = model.to(device)
     if isinstance(sets, (list, tuple)):

@@ -105,6 +105,24 @@ class Method:
         """The scalar whose input gradient perturbs the input (``needs.perturbs``)."""
         raise NotImplementedError(f"{type(self).__name__} has no input perturbation")
 
+    def __call__(self, model, images):
+        """Score maps (N, H, W), higher = more OOD, of uint8 RGB ``images`` (N, 3, H, W) or one (3, H, W), as sets
+        store frames, from a segood network or any ``nn.Module`` returning logits: wrapped and normalised as
+        :func:`segood.evaluate` does (:func:`~segood.models.external.as_network`,
+        :func:`~segood.models.network.preprocess`), on the model's device."""
+        from segood.models.external import as_network
+        from segood.models.network import preprocess
+
+        images = torch.as_tensor(images)
+        if images.dtype != torch.uint8 or images.ndim not in (3, 4) or images.shape[-3] != 3:
+            raise ValueError(f"expected uint8 RGB images (N, 3, H, W) or (3, H, W) as sets store frames, got "
+                             f"{images.dtype} of shape {tuple(images.shape)}; for ImageNet-normalised float input "
+                             "call method.score(model, x)")
+        network = as_network(model)
+        device = next(network.parameters()).device
+        scores = self.score(network.eval(), preprocess(images.to(device).reshape(-1, *images.shape[-3:])))[0]
+        return scores[0] if images.ndim == 3 else scores
+
     def score(self, model, x):
         """(scores (N, H, W), predicted classes (N, H, W)) of ImageNet-normalised images x (N, 3, H, W)."""
         from segood.methods.schedule import score_batch

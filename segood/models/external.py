@@ -3,7 +3,7 @@
 import torch
 
 from segood.labels import NUM_CLASSES
-from segood.models.network import SegOutput
+from segood.models.network import SegmentationNetwork, SegOutput
 
 
 class ExternalModel(torch.nn.Module):
@@ -66,3 +66,22 @@ def load_smp_weights(arch, encoder, weights, *, num_classes=NUM_CLASSES):
         raise ValueError(f"{weights} does not fit smp {arch} with {encoder} and {num_classes} classes: "
                          f"{str(err).splitlines()[0]}") from None
     return ExternalModel(model)
+
+
+def as_network(model, *, feature_layer=None, align_corners=None):
+    """``model`` as segood scores it: a segood network as it is; any other ``nn.Module`` returning logits wrapped in
+    :class:`ExternalModel` (``feature_layer``, ``align_corners`` as there; an ExternalModel gets ``align_corners``
+    when given). A TypeError for what is no ``nn.Module``."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model is a {type(model).__name__}, not a torch nn.Module; a callable that returns anomaly "
+                        "scores itself is evaluated as segood.Scorer(fn)")
+    if isinstance(model, SegmentationNetwork):
+        if align_corners is not None:
+            raise ValueError("align_corners sets how a model's smaller logits are resized to the frame; a segood "
+                             "network gives them at the frame's size already: drop it")
+        return model
+    if not isinstance(model, ExternalModel):
+        return ExternalModel(model, feature_layer, align_corners=bool(align_corners))
+    if align_corners is not None:
+        model.align_corners = bool(align_corners)
+    return model
