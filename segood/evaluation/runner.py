@@ -17,6 +17,7 @@ import json
 import math
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -134,6 +135,20 @@ class Evaluation:
         self.comp[(method, set_name)].update(scores, ood_mask)
         if (method, set_name) in self.official_comp:
             self.official_comp[(method, set_name)].update(scores, ood_mask)
+
+    def update_pixels(self, set_name, indices, batch, scored, names):
+        """The pixel pass's update: one scored batch (:class:`~segood.methods.schedule.ScoredBatch` of the methods
+        ``names``) into :meth:`process`; predictions of other classes than the sets' are not compared with their
+        labels."""
+        comparable = self.classes_match()
+        self.process(set_name, indices, batch, dict(zip(names, scored.scores)),
+                     scored.classes if comparable else None,
+                     logits=scored.output.logits if self.quality and comparable else None)
+
+    def update_components_pass(self, set_name, indices, batch, scored, names):
+        """The components pass's update: the batch's scores into the component accumulators only."""
+        for name, score in zip(names, scored.scores):
+            self.update_components(name, set_name, score, batch["ood_mask"])
 
     def process(self, set_name, indices, batch, scores, classes=None, *, clip=False, logits=None):
         """Accumulate one batch of a set: ``batch`` holds ``image`` (N, 3, H, W), ``ood_mask`` and ``semantic``
@@ -513,78 +528,95 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, 
         ev = Evaluation(names, list(sets), grid, components, quality=quality, examples=examples, official=official)
     model.eval()
     make_accumulator(ev.grid).update(np.zeros(1, np.float32), np.zeros(1, np.uint8))  # load the grid's kernel once
-
-    def one_pass(label, done, methods_of, accumulate):
-        """Score every set's frames not yet ``done`` with ``methods_of(set)`` and ``accumulate`` them; the pixel
-        pass and the components pass alike (the same batches, so the same Monte-Carlo seeds and scores)."""
-        components_pass = label == "components"
-        for set_index, (set_name, dataset) in enumerate(datasets.items()):
-            chosen = methods_of(set_name)
-            if not chosen:
-                continue
-            shard = list(range(rank, len(dataset), world_size))[done[set_name]:]
-            bar = tqdm(total=len(shard), desc=f"{label} {set_name}", unit="img", disable=not progress)
-            batches_since_save = 0
-            for start in range(0, len(shard), batch_size):
-                t0 = time.perf_counter()
-                indices = shard[start : start + batch_size]
-                try:
-                    items, kept, bad = read_batch(dataset, indices, skip_bad=skip_bad)
-                except UnreadableFrame as err:
-                    ev.save(state_path)
-                    raise ValueError(f"{set_name}: {err}; what was accumulated is saved in the run folder (--resume "
-                                     "continues), or pass --skip-bad") from None
-                if not components_pass:  # (the components pass meets the same frames: recorded once)
-                    ev.skipped += [[set_name, i, reason] for i, reason in bad]
-                if items and not components_pass:
-                    ev.seconds["data"] += time.perf_counter() - t0
-                for batch, part in stacked(items, kept):  # frames of different sizes are scored apart
-                    try:
-                        scored = score_frames(model, batch["image"].to(device), chosen,
-                                              mc_seed=seed * 1_000_003 + set_index * 10_007 + part[0])
-                    except ValueError as err:  # e.g. a scorer's misshapen or NaN scores
-                        raise ValueError(f"{set_name}: frames {part}: {err}") from None
-                    ev.note_output(None if scorer else scored.output.logits.shape[1], resized=scored.resized,
-                                   align_corners=getattr(model, "align_corners", False))
-                    t3 = time.perf_counter()
-                    try:
-                        accumulate(set_name, part, batch, scored, [m.name for m in chosen])
-                    except ValueError as err:  # e.g. a method's NaN scores. Not saved: this batch is half-counted,
-                        raise ValueError(f"{set_name}: frames {part}: {err}; --resume continues from the last saved "
-                                         "batch") from None  # while the last save is consistent
-                    if components_pass:  # all of it: its forward passes are not the run's inference time
-                        ev.seconds["components"] = ev.seconds.get("components", 0.0) + _lap(device, t0)
-                        t0 = time.perf_counter()
-                    else:
-                        for stage, seconds in scored.seconds.items():
-                            ev.seconds[stage] += seconds
-                        ev.seconds["accumulate"] += _lap(device, t3)
-                done[set_name] += len(indices)
-                bar.update(len(indices))
-                batches_since_save += 1
-                if batches_since_save >= save_every:
-                    ev.save(state_path)
-                    batches_since_save = 0
-            bar.close()
-            ev.save(state_path)
-
-    def pixels(set_name, kept, batch, scored, names):
-        comparable = ev.classes_match()  # predictions of other classes than the sets': not compared with their labels
-        ev.process(set_name, kept, batch, dict(zip(names, scored.scores)), scored.classes if comparable else None,
-                   logits=scored.output.logits if quality and comparable else None)
-
-    def components_of(set_name, kept, batch, scored, names):
-        for name, score in zip(names, scored.scores):
-            ev.update_components(name, set_name, score, batch["ood_mask"])
-
-    one_pass("evaluate", ev.done, lambda s: methods, pixels)
+    loop = _Loop(model, datasets, ev, state_path, device=device, batch_size=batch_size, save_every=save_every,
+                 shard=(rank, world_size), skip_bad=skip_bad, seed=seed, progress=progress)
+    loop.run_pass("evaluate", ev.done, lambda s: methods, ev.update_pixels)
     if chosen_by_run(ev.components):
         thresholds = chosen_thresholds(ev.components, _pooled_results(ev))  # from saved counts: not saved here
         if ev.components["thresholds"] is None:  # (a resumed run chose them already: the same numbers)
             ev.choose_component_thresholds(thresholds)
-        one_pass("components", ev.components_done, lambda s: [m for m in methods if (m.name, s) in ev.comp],
-                 components_of)
+        loop.run_pass("components", ev.components_done, lambda s: [m for m in methods if (m.name, s) in ev.comp],
+                      ev.update_components_pass)
     return ev.all_reduce()
+
+
+@dataclass
+class _Loop:
+    """A pass over the sets is read -> score -> update per batch, saved every ``save_every`` batches; the pixel
+    pass and the components pass are two uses of it (the same batches, so the same Monte-Carlo seeds and scores).
+    ``shard`` = (rank, world size): this process scores every world-size-th frame."""
+
+    model: object
+    datasets: dict
+    ev: "Evaluation"
+    state_path: Path
+    device: object
+    batch_size: int
+    save_every: int
+    shard: tuple
+    skip_bad: bool
+    seed: int
+    progress: bool
+
+    def run_pass(self, label, done, methods_of, update):
+        """Every set's frames not yet ``done`` (frames per set, advanced here) scored with ``methods_of(set)`` and
+        handed to ``update(set, frame indices, batch, scored, method names)``."""
+        for set_index, (set_name, dataset) in enumerate(self.datasets.items()):
+            methods = methods_of(set_name)
+            if not methods:
+                continue
+            rank, world_size = self.shard
+            frames = list(range(rank, len(dataset), world_size))[done[set_name]:]
+            with tqdm(total=len(frames), desc=f"{label} {set_name}", unit="img", disable=not self.progress) as bar:
+                for count, start in enumerate(range(0, len(frames), self.batch_size), 1):
+                    indices = frames[start : start + self.batch_size]
+                    self.step(label, set_index, set_name, dataset, indices, methods, update)
+                    done[set_name] += len(indices)
+                    bar.update(len(indices))
+                    if count % self.save_every == 0:
+                        self.ev.save(self.state_path)
+            self.ev.save(self.state_path)
+
+    def step(self, label, set_index, set_name, dataset, indices, methods, update):
+        """One batch: read (unreadable frames stop the run, saved, or are passed over with ``skip_bad``), then
+        score and update each run of frames of one size."""
+        ev, pixel_pass, t0 = self.ev, label != "components", time.perf_counter()
+        try:
+            items, kept, bad = read_batch(dataset, indices, skip_bad=self.skip_bad)
+        except UnreadableFrame as err:
+            ev.save(self.state_path)
+            raise ValueError(f"{set_name}: {err}; what was accumulated is saved in the run folder (--resume "
+                             "continues), or pass --skip-bad") from None
+        if pixel_pass:  # (the components pass meets the same frames: recorded once)
+            ev.skipped += [[set_name, i, reason] for i, reason in bad]
+            if items:
+                ev.seconds["data"] += time.perf_counter() - t0
+        for batch, part in stacked(items, kept):  # frames of different sizes are scored apart
+            scored = self.score(set_index, set_name, batch, part, methods)
+            t1 = time.perf_counter()
+            try:
+                update(set_name, part, batch, scored, [m.name for m in methods])
+            except ValueError as err:  # e.g. a method's NaN scores. Not saved: this batch is half-counted,
+                raise ValueError(f"{set_name}: frames {part}: {err}; --resume continues from the last saved "
+                                 "batch") from None  # while the last save is consistent
+            if pixel_pass:
+                for stage, seconds in scored.seconds.items():
+                    ev.seconds[stage] += seconds
+                ev.seconds["accumulate"] += _lap(self.device, t1)
+            else:  # all of it: its forward passes are not the run's inference time
+                ev.seconds["components"] = ev.seconds.get("components", 0.0) + _lap(self.device, t0)
+                t0 = time.perf_counter()
+
+    def score(self, set_index, set_name, batch, indices, methods):
+        """The batch's scores (:func:`score_frames`), Monte-Carlo dropout seeded by (seed, set, first frame)."""
+        try:
+            scored = score_frames(self.model, batch["image"].to(self.device), methods,
+                                  mc_seed=self.seed * 1_000_003 + set_index * 10_007 + indices[0])
+        except ValueError as err:  # e.g. a scorer's misshapen or NaN scores
+            raise ValueError(f"{set_name}: frames {indices}: {err}") from None
+        self.ev.note_output(None if scored.output is None else scored.output.logits.shape[1],
+                            resized=scored.resized, align_corners=getattr(self.model, "align_corners", False))
+        return scored
 
 
 def _pooled_results(ev):
