@@ -143,10 +143,7 @@ class FloatOrderAccumulator(_Streaming):
         result.update(n_id=n_id, n_ood=n_ood, n_ignored=int(self.n_ignored), thresholds=thresholds, tp=tp, fp=fp,
                       fn=n_ood - tp, tn=n_id - fp, exact=bool(self.exact))
         if self.per_image:
-            defined = self.per_image_defined
-            means = self.per_image_sum / defined if defined else np.full(len(self.metric_names), np.nan)
-            result["per_image_mean"] = {**{name: float(v) for name, v in zip(self.metric_names, means)},
-                                        "n_images": int(defined), "n_images_total": int(self.n_images)}
+            result["per_image_mean"] = self._per_image_mean()
         return result
 
     def state_dict(self):
