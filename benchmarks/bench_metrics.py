@@ -64,7 +64,7 @@ def spread(scores, binades=30, seed=1):
 
 
 def contenders(scores, labels):
-    from segood.metrics import FloatOrderAccumulator, PixelOODAccumulator
+    from segood.metrics import FloatOrderAccumulator, LinearGridAccumulator
 
     wide = spread(scores)
     as64 = scores.astype(np.float64)
@@ -76,7 +76,7 @@ def contenders(scores, labels):
         return as64.sum() + labels.sum()
 
     def segood(num_thresholds):
-        return lambda: PixelOODAccumulator(num_thresholds).update(scores, labels).compute()
+        return lambda: LinearGridAccumulator(num_thresholds).update(scores, labels).compute()
 
     def float_order(m, data=scores):
         return lambda: FloatOrderAccumulator(m).update(data, labels).compute()

@@ -38,7 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from torch_timing import device_name, interleaved_best_ms  # noqa: E402
 
-from segood.metrics import FloatOrderAccumulator, PixelOODAccumulator  # noqa: E402
+from segood.metrics import FloatOrderAccumulator, LinearGridAccumulator  # noqa: E402
 from segood.methods import get_method  # noqa: E402
 from segood.methods.schedule import score_batch  # noqa: E402
 from segood.models import build_model  # noqa: E402
@@ -124,8 +124,8 @@ def check_accumulators(device, scale, work):
     wide[:4] = [np.inf, -np.inf, -0.0, 1e-40]
     s, lab = torch.from_numpy(scores).to(device), torch.from_numpy(labels).to(device)
     for num_thresholds in (400, 65536):
-        cpu = PixelOODAccumulator(num_thresholds).update(scores, labels)
-        dev = PixelOODAccumulator(num_thresholds).update(s, lab)
+        cpu = LinearGridAccumulator(num_thresholds).update(scores, labels)
+        dev = LinearGridAccumulator(num_thresholds).update(s, lab)
         assert np.array_equal(cpu.hist, dev.hist), f"linear grid T = {num_thresholds}: device counts differ"
     for data in (scores, wide):
         cpu = FloatOrderAccumulator().update(data, labels)
@@ -320,7 +320,7 @@ def time_accumulators(device, scale, work):
     def floor():
         return scores.sum() + labels.sum()
 
-    ms = interleaved_best_ms([floor, lambda: PixelOODAccumulator(400).update(scores, labels),
+    ms = interleaved_best_ms([floor, lambda: LinearGridAccumulator(400).update(scores, labels),
                               lambda: FloatOrderAccumulator(10).update(scores, labels)], scale["repeat"] * 3, device)
     return {"floor_ms": ms[0], "linear_400_ms": ms[1], "float_m10_ms": ms[2], "pixels": int(scores.numel()),
             "ratio_linear_400": ms[0] / ms[1], "ratio_float_m10": ms[0] / ms[2]}

@@ -430,7 +430,7 @@ def build_parser():
     demo.set_defaults(run=_demo)
 
     metrics = sub.add_parser("metrics", help="print the metrics of a saved accumulator state (.npz)")
-    metrics.add_argument("state", type=Path, help="file written by PixelOODAccumulator.save")
+    metrics.add_argument("state", type=Path, help="file written by LinearGridAccumulator.save")
     metrics.add_argument("--curves", type=Path, help="also write the per-threshold counts to this CSV")
     metrics.set_defaults(run=_metrics)
     convert = sub.add_parser("convert", help="convert a raw dataset once into an HDF5 set (see tools/README.md)")

@@ -3,7 +3,7 @@ for any real score; the paper's linear grid), exact mode, the table of metrics (
 reports, the CLI and the leaderboard read, and array-in, float-out functions for a notebook (``auroc(scores,
 labels)``, ``auprc``, ``fpr_at_tpr``, ``max_iou``: :mod:`segood.metrics.arrays`)."""
 
-from segood.metrics.accumulator import PixelOODAccumulator
+from segood.metrics.accumulator import LinearGridAccumulator, PixelOODAccumulator
 from segood.metrics.arrays import auprc, auroc, curve, fpr_at_tpr, max_iou
 from segood.metrics.float_order import FloatOrderAccumulator
 from segood.metrics.functional import (
@@ -28,6 +28,7 @@ __all__ = [
     "Curve",
     "FloatOrderAccumulator",
     "Metric",
+    "LinearGridAccumulator",
     "PixelOODAccumulator",
     "UndefinedMetricWarning",
     "accumulator_from_state",

@@ -1,4 +1,4 @@
-"""PixelOODAccumulator: binned pixel-level OOD metrics over a whole set in constant memory."""
+"""LinearGridAccumulator: binned pixel-level OOD metrics over a whole set in constant memory."""
 
 
 import numba
@@ -16,7 +16,7 @@ from segood.metrics.functional import (
 )
 from segood.metrics.state import check_counts
 
-STATE_FORMAT = "segood.PixelOODAccumulator/1"
+STATE_FORMAT = "segood.PixelOODAccumulator/1"  # (the class's first name; every state since carries it)
 # state arrays that older states lack: the names of the per-image metrics, the per-image counts (bootstrap)
 OPTIONAL_STATE = ("per_image_metrics", "image_offsets", "image_keys", "image_counts", "image_values")
 MAX_THRESHOLDS = 1 << 24  # 256 MiB of counts: beyond that a "state" is a mistake, not a configuration
@@ -110,7 +110,7 @@ class _Streaming:
         return [(scores, labels)]
 
 
-class PixelOODAccumulator(_Streaming):
+class LinearGridAccumulator(_Streaming):
     """Streaming TP/FP/FN/TN counts at ``numpy.linspace(lo, hi, num_thresholds)`` (the paper's §4).
 
     A pixel is predicted OOD at threshold ``t_k`` iff ``float64(score) >= t_k``; the counts equal that
@@ -124,7 +124,7 @@ class PixelOODAccumulator(_Streaming):
             ``update`` treats inputs of 3 or more dimensions as batches along the first axis.
 
     Example:
-        >>> acc = PixelOODAccumulator(num_thresholds=400)
+        >>> acc = LinearGridAccumulator(num_thresholds=400)
         >>> acc.update(scores, ood_mask)   # scores: float (N, H, W), higher = more OOD
         >>> acc.compute()["auroc"]
     """
@@ -296,7 +296,7 @@ class PixelOODAccumulator(_Streaming):
         lo, hi = self.score_range
         n_id, n_ood = self.hist.sum(axis=1)
         return (
-            f"PixelOODAccumulator(num_thresholds={self.num_thresholds}, score_range=({lo:g}, {hi:g}), "
+            f"LinearGridAccumulator(num_thresholds={self.num_thresholds}, score_range=({lo:g}, {hi:g}), "
             f"n_id={n_id}, n_ood={n_ood}, n_ignored={self.n_ignored})"
         )
 
@@ -317,6 +317,9 @@ class PixelOODAccumulator(_Streaming):
         if problems[_kernels.N_BAD_SCORE]:
             raise_bad_scores(_host(scores), _host(labels), lo, hi, clip)
         return hist, int(problems[_kernels.N_IGNORED])
+
+
+PixelOODAccumulator = LinearGridAccumulator  # its first name, kept for code written against it
 
 
 def _reverse_cumsum(hist):

@@ -129,7 +129,7 @@ class FloatOrderAccumulator(_Streaming):
         return self._curve_counts(self.binades, self.counts)
 
     def compute(self):
-        """Metrics over every pixel seen so far (pooled counts), as :meth:`PixelOODAccumulator.compute`, with
+        """Metrics over every pixel seen so far (pooled counts), as :meth:`LinearGridAccumulator.compute`, with
         the curves at the occupied bins' thresholds and ``bounds`` {metric: (lo, hi)}: where exact mode's
         value lies, from the counts alone (the value itself when every bin holds one distinct value)."""
         thresholds, hist, fp, tp = _kernels.float_order_curve(self.binades, self.counts, self.mantissa_bits)

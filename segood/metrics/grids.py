@@ -5,7 +5,7 @@ A grid is a plain dict, recorded in run files and benchmark files: ``{"kind": "f
 """
 
 from segood.metrics.accumulator import STATE_FORMAT as LINEAR_FORMAT
-from segood.metrics.accumulator import PixelOODAccumulator
+from segood.metrics.accumulator import LinearGridAccumulator
 from segood.metrics.float_order import DEFAULT_MANTISSA_BITS
 from segood.metrics.float_order import STATE_FORMAT as FLOAT_FORMAT
 from segood.metrics.float_order import FloatOrderAccumulator
@@ -35,7 +35,7 @@ def make_accumulator(grid=None, *, per_image=False):
     """An empty accumulator on ``grid`` (a :func:`grid_spec` dict; None: the default float-order grid)."""
     grid = grid or grid_spec()
     if grid["kind"] == "linear":
-        return PixelOODAccumulator(grid["num_thresholds"], tuple(grid["score_range"]), per_image=per_image)
+        return LinearGridAccumulator(grid["num_thresholds"], tuple(grid["score_range"]), per_image=per_image)
     if grid["kind"] == "float":
         return FloatOrderAccumulator(grid["mantissa_bits"], per_image=per_image)
     raise ValueError(f"unknown grid {grid!r}: 'kind' must be 'float' or 'linear'")
@@ -58,7 +58,7 @@ def accumulator_from_state(state):
     if form == FLOAT_FORMAT:
         return FloatOrderAccumulator.from_state_dict(state)
     if form == LINEAR_FORMAT:
-        return PixelOODAccumulator.from_state_dict(state)
+        return LinearGridAccumulator.from_state_dict(state)
     raise ValueError(f"unknown accumulator state format {form!r}; expected {FLOAT_FORMAT!r} or {LINEAR_FORMAT!r}")
 
 
