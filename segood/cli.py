@@ -178,29 +178,20 @@ def _evaluate(args):
     if not args.components and (args.component_thresholds or args.component_rule or args.oracle_thresholds):
         raise ValueError("--component-thresholds, --component-rule and --oracle-thresholds set up the component "
                          "metrics: add --components anomaly|obstacle, or drop them")
-    if args.components:
+    if args.components:  # (checked as a whole by segood.evaluation.runner.component_spec)
         given = args.component_thresholds
-        if given is None and (not args.commit_on or args.oracle_thresholds):
-            raise ValueError("--components needs its thresholds: --commit-on SET (committed on that set of the run "
-                             "by best pixel F1, applied to every set), --component-thresholds FILE.json ({method: "
-                             "threshold} chosen on a tuning set; {method: {set: threshold}} with "
-                             "--oracle-thresholds), or --component-thresholds oracle (best pixel F1 on each test set "
-                             "itself, reported as tuned on the test set)")
-        if args.component_rule and given not in (None, "oracle"):
-            raise ValueError("--component-rule chooses thresholds the run picks itself (--commit-on SET or "
-                             "--component-thresholds oracle); a FILE's thresholds are used as given: drop one")
-        rule = {"rule": args.component_rule or "f1"}
-        if given == "oracle":
-            components = {"preset": args.components, "source": "oracle", **rule}
-        elif given is None:
-            components = {"preset": args.components, "source": "committed", "commit_on": args.commit_on, **rule}
-        else:
+        if args.oracle_thresholds and given in (None, "oracle"):
+            raise ValueError("--oracle-thresholds says that the thresholds of --component-thresholds FILE.json were "
+                             "chosen on the test sets: give the FILE")
+        thresholds = None
+        if given not in (None, "oracle"):
             try:
                 thresholds = json.loads(Path(given).read_text())
             except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
                 raise ValueError(f"{given} is not a readable JSON file of thresholds ({err})") from None
-            components = {"preset": args.components, "thresholds": thresholds,
-                          "source": "oracle" if args.oracle_thresholds else "committed"}
+        oracle = given == "oracle" or args.oracle_thresholds
+        components = {"preset": args.components, "thresholds": thresholds, "rule": args.component_rule,
+                      "source": "oracle" if oracle else "committed"}
     doc = evaluate(model, args.sets, methods, args.out, batch_size=args.batch_size, device=device,
                    num_thresholds=args.num_thresholds, mantissa_bits=args.mantissa_bits, resume=args.resume,
                    save_every=args.save_every,

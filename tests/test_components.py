@@ -232,7 +232,8 @@ def test_component_metrics_from_the_command_line(tmp_path, capsys):
     base = ["evaluate", "--checkpoint", str(tmp_path / "m.pt"), "--sets", str(sets / "perlin_mixed.h5"),
             "--methods", "entropy", "--quiet", "--components", "obstacle"]
     assert main([*base, "--out", str(tmp_path / "a")]) == 2
-    assert "--components needs its thresholds" in capsys.readouterr().err
+    assert "the component metrics need a threshold per method: commit it on a tuning set of the run (--commit-on SET" \
+        in capsys.readouterr().err
     assert main([*base, "--component-thresholds", str(tmp_path / "t.json"), "--oracle-thresholds",
                  "--out", str(tmp_path / "b")]) == 0
     assert "thresholds ORACLE: tuned on the test set itself)" in capsys.readouterr().out

@@ -96,10 +96,13 @@ def test_missing_or_unusable_thresholds_are_errors_that_say_what_to_give(sets, t
     save_checkpoint(tmp_path / "m.pt", model)
     base = ["evaluate", "--checkpoint", str(tmp_path / "m.pt"), "--sets", str(sets[0]), "--methods", "entropy",
             "--quiet", "--resamples", "0", "--components", "obstacle"]
-    for extra in ([], ["--commit-on", "perlin_mixed", "--oracle-thresholds"]):
-        assert main([*base, *extra, "--out", str(tmp_path / "e")]) == 2
-        err = capsys.readouterr().err
-        assert "--components needs its thresholds: --commit-on SET" in err and "--component-thresholds oracle" in err
+    assert main([*base, "--out", str(tmp_path / "e")]) == 2
+    err = capsys.readouterr().err
+    assert "need a threshold per method: commit it on a tuning set of the run (--commit-on SET" in err
+    assert "--component-thresholds oracle" in err
+    assert main([*base, "--commit-on", "perlin_mixed", "--oracle-thresholds", "--out", str(tmp_path / "e")]) == 2
+    assert "--oracle-thresholds says that the thresholds of --component-thresholds FILE.json" in \
+        capsys.readouterr().err
     assert main([*base, "--commit-on", "perlin_mixed", "--out", str(tmp_path / "f")]) == 0
     assert "committed on perlin_mixed by the f1 rule" in capsys.readouterr().out
     assert main([*base, "--component-thresholds", "oracle", "--out", str(tmp_path / "g")]) == 0
@@ -113,7 +116,8 @@ def test_missing_or_unusable_thresholds_are_errors_that_say_what_to_give(sets, t
     (tmp_path / "t.json").write_text(json.dumps({"entropy": 0.5}))
     assert main([*base, "--component-thresholds", str(tmp_path / "t.json"), "--component-rule", "iou",
                  "--out", str(tmp_path / "i")]) == 2
-    assert "a FILE's thresholds are used as given" in capsys.readouterr().err
+    assert "given thresholds ('thresholds', --component-thresholds FILE) are used as they are" in \
+        capsys.readouterr().err
     without = [a for a in base if a not in ("--components", "obstacle")]
     assert main([*without, "--component-rule", "iou", "--out", str(tmp_path / "j")]) == 2
     assert "add --components anomaly|obstacle" in capsys.readouterr().err

@@ -383,8 +383,11 @@ def component_spec(components, commit_on=None):
         raise ValueError(f"components must be {{'preset': one of {sorted(PRESETS)}, 'thresholds': {{method: threshold "
                          f"or {{set: threshold}}}} or absent, 'source': 'committed' or 'oracle'}}, got {components!r}")
     if thresholds is not None:
+        if components.get("rule") is not None:
+            raise ValueError("a rule ('rule', --component-rule) chooses thresholds the run picks itself; given "
+                             "thresholds ('thresholds', --component-thresholds FILE) are used as they are: drop one")
         return {"preset": preset, "thresholds": thresholds, "source": source}
-    rule = components.get("rule", "f1")
+    rule = components.get("rule") or "f1"
     if rule not in RULES:
         raise ValueError(f"unknown threshold rule {rule!r} for the component metrics; choose one of {', '.join(RULES)}")
     tuning = components.get("commit_on", commit_on) if source == "committed" else None
