@@ -331,15 +331,34 @@ def exact_metrics(scores, labels):
     if not np.all(np.isfinite(s)):
         raise ValueError(f"{int(np.count_nonzero(~np.isfinite(s)))} counted pixels have NaN or inf scores")
     is_ood = labels[counted] == OOD
-    order = np.argsort(s, kind="stable")
-    s, is_ood = s[order], is_ood[order]
-    starts = np.flatnonzero(np.diff(s, prepend=np.nan) != 0)  # first index of each distinct score
-    tp = np.cumsum(is_ood[::-1])[::-1][starts]  # OOD pixels scoring >= each distinct score
-    fp = (s.size - starts) - tp
+    thresholds, hist = exact_curve(s[~is_ood], s[is_ood])
+    fp, tp = (np.cumsum(row[::-1])[::-1] for row in hist)
     n_ood = int(is_ood.sum())
-    result = metrics_from_counts(s[starts], tp, fp, n_ood, s.size - n_ood)
+    result = metrics_from_counts(thresholds, tp, fp, n_ood, s.size - n_ood)
     result.update(n_id=s.size - n_ood, n_ood=n_ood, n_ignored=int(labels.size - s.size))
     return result
+
+
+def exact_curve(id_scores, ood_scores):
+    """Every distinct score a threshold: (thresholds (D,) float64, the distinct values increasing; hist (2, D)
+    int64, the ID and OOD pixels scoring exactly each value). O(n log n): each class sorted once, then merged.
+
+    Args:
+        id_scores, ood_scores: 1-D real arrays (no NaN; ±inf are values like any other), the scores of the ID
+            and of the OOD pixels. Values are compared as float64 (-0.0 equals +0.0).
+    """
+    values, counts = [], []
+    for part in (id_scores, ood_scores):
+        part = np.sort(np.asarray(part, dtype=np.float64).ravel())
+        starts = np.flatnonzero(np.r_[True, part[1:] != part[:-1]]) if part.size else np.zeros(0, np.intp)
+        values.append(part[starts])
+        counts.append(np.diff(np.r_[starts, part.size]).astype(np.int64))
+    merged = np.sort(np.concatenate(values), kind="stable")  # two sorted runs: a merge
+    thresholds = merged[np.r_[True, merged[1:] != merged[:-1]]] if merged.size else merged
+    hist = np.zeros((2, thresholds.size), np.int64)
+    for row, (v, c) in enumerate(zip(values, counts)):
+        hist[row, np.searchsorted(thresholds, v)] = c
+    return thresholds, hist
 
 
 def _to_numpy(x):
