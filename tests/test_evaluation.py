@@ -128,6 +128,46 @@ def test_report_flags_values_the_binning_cannot_resolve(sets, tmp_path):
     assert "≈" not in (tmp_path / "fine" / "results.md").read_text()
 
 
+def test_the_exact_grid_end_to_end(sets, tmp_path, capsys):
+    """grid="exact": every pooled value equals exact mode (scikit-learn's) on the scores themselves, with zero-width
+    bounds and bootstrap intervals; --grid exact on the command line, for score maps too."""
+    from segood.metrics import exact_metrics
+
+    model = dropout_model()
+    doc = evaluate(model, [sets / "perlin_mixed.h5"], ["entropy", "max_logit"], tmp_path / "run", grid="exact",
+                   batch_size=1, progress=False, figures=False, save_every=1)  # the reference's batches
+    assert json.loads((tmp_path / "run/run.json").read_text())["config"]["grid"] == {"kind": "exact",
+                                                                                    "max_pixels": 1 << 28}
+    dataset = H5SegmentationDataset(sets / "perlin_mixed.h5")
+    items = [dataset[i] for i in range(len(dataset))]
+    labels = np.stack([item["ood_mask"].numpy() for item in items])
+    with h5py.File(tmp_path / "scores.h5", "w") as f:
+        for name in ("entropy", "max_logit"):
+            scores = np.stack([get_method(name).score(model, preprocess(item["image"][None]))[0][0].numpy()
+                               for item in items])
+            reference = exact_metrics(scores, labels)
+            got = doc["results"][name]["perlin_mixed"]
+            for metric in METRIC_NAMES:
+                assert got["pooled"][metric] == pytest.approx(reference[metric], abs=1e-12)
+                assert got["bounds"][metric] == [got["pooled"][metric]] * 2
+                lo, hi = got["intervals"][metric]
+                assert lo <= got["pooled"][metric] <= hi
+            if name == "max_logit":
+                for item, score in zip(items, scores):
+                    f[item["frame_id"]] = score
+    assert main(["score", "--scores", str(tmp_path / "scores.h5"), "--data", str(sets / "perlin_mixed.h5"),
+                 "--out", str(tmp_path / "cli"), "--grid", "exact", "--max-pixels", "100000"]) == 0
+    cli = json.loads((tmp_path / "cli/results.json").read_text())
+    assert cli["config"]["grid"] == {"kind": "exact", "max_pixels": 100000}
+    assert cli["results"]["external"]["perlin_mixed"]["pooled"] == doc["results"]["max_logit"]["perlin_mixed"]["pooled"]
+    assert main(["score", "--scores", str(tmp_path / "scores.h5"), "--data", str(sets / "perlin_mixed.h5"),
+                 "--out", str(tmp_path / "small"), "--grid", "exact", "--max-pixels", "1000"]) == 2
+    assert "above its cap of 1000 (max_pixels" in capsys.readouterr().err
+    assert main(["score", "--scores", str(tmp_path / "scores.h5"), "--data", str(sets / "perlin_mixed.h5"),
+                 "--out", str(tmp_path / "mixed"), "--grid", "linear", "--max-pixels", "1000"]) == 2
+    assert "use it with --grid exact, not --grid linear" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("methods,batch_size", [(["entropy"], 2), (["max_softmax", "varsum", "mutual_info"], 1)])
 def test_resume_after_a_kill_equals_an_uninterrupted_run(sets, tmp_path, monkeypatch, methods, batch_size):
     paths = [sets / "perlin_mixed.h5", sets / "cs.h5"]

@@ -164,6 +164,12 @@ def test_bad_input_and_forged_states():
         ExactAccumulator().update(np.array([0.1, 0.2, 0.3]), labels, clip=True)
     with pytest.raises(ValueError, match="labels contain values"):
         ExactAccumulator().update(np.array([0.1, 0.2]), np.array([0, 7], np.uint8))
+    with pytest.raises(ValueError, match=r"1 counted pixels have scores outside the declared score_range \[0, 1\]"):
+        ExactAccumulator(score_range=(0, 1)).update(np.array([0.1, 2.0, 0.3]), labels)
+    ranged = ExactAccumulator(score_range=(0, 1)).update(np.array([0.1, 0.5, 0.3]), labels)
+    assert accumulator_from_state(ranged.state_dict()).score_range == (0.0, 1.0)
+    with pytest.raises(ValueError, match="different configurations"):
+        ranged.merge(ExactAccumulator())
     with pytest.raises(ValueError, match="the accumulator is empty"):
         ExactAccumulator().compute()
     with pytest.raises(ValueError, match="max_pixels must be positive"):

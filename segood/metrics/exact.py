@@ -33,6 +33,7 @@ class ExactAccumulator(_Streaming):
             that names the float-order grid (constant memory, bounds around these values).
         per_image: also track the per-image mean of each metric and the per-image counts the bootstrap resamples
             (inputs of 3 or more dimensions are batches).
+        score_range: optionally (lo, hi), the range the scores are declared to lie in: a check, not a grid.
 
     Example:
         >>> acc = ExactAccumulator()
@@ -40,13 +41,19 @@ class ExactAccumulator(_Streaming):
         >>> acc.compute()["auroc"]         # == sklearn.metrics.roc_auc_score
     """
 
-    def __init__(self, *, max_pixels=DEFAULT_MAX_PIXELS, per_image=False):
+    def __init__(self, *, max_pixels=DEFAULT_MAX_PIXELS, per_image=False, score_range=None):
         if isinstance(max_pixels, bool) or not isinstance(max_pixels, (int, np.integer)):
             raise TypeError(f"max_pixels must be an int, got {max_pixels!r}")
         if max_pixels < 1:
             raise ValueError(f"max_pixels must be positive, got {max_pixels}")
+        if score_range is not None:
+            lo, hi = (float(v) for v in score_range)
+            if not lo < hi:
+                raise ValueError(f"score_range must have lo < hi, got {score_range!r}")
+            score_range = (lo, hi)
         self.max_pixels = int(max_pixels)
         self.per_image = bool(per_image)
+        self.score_range = score_range
         self.metric_names = tuple(METRICS)
         self.reset()
 
@@ -92,7 +99,7 @@ class ExactAccumulator(_Streaming):
 
     def merge(self, other):
         """Append the scores of another exact accumulator (in place); returns self."""
-        self._check_mergeable(other, ())
+        self._check_mergeable(other, ("score_range",))
         self._check_room(other.n_stored, "this merge")
         self._store(*other.scores)
         return self._merge_per_image(other)
@@ -123,10 +130,12 @@ class ExactAccumulator(_Streaming):
     def state_dict(self):
         """The state as plain numpy arrays (``numpy.savez``-able without pickle): the scores themselves."""
         id_scores, ood_scores = self.scores
+        lo, hi = self.score_range or (np.nan, np.nan)
         return {
             "format": np.array(STATE_FORMAT),
             "max_pixels": np.array(self.max_pixels, dtype=np.int64),
             "per_image": np.array(self.per_image),
+            "score_range": np.array([lo, hi], dtype=np.float64),
             "id_scores": id_scores.copy(),
             "ood_scores": ood_scores.copy(),
             **self._shared_state(),
@@ -143,6 +152,9 @@ class ExactAccumulator(_Streaming):
         max_pixels = _count(state, "max_pixels")
         if max_pixels < 1:
             raise ValueError("accumulator state 'max_pixels' must be positive")
+        score_range = np.asarray(state["score_range"])
+        if score_range.shape != (2,) or score_range.dtype != np.float64:
+            raise ValueError("accumulator state 'score_range' must be two float64 (NaN, NaN when undeclared)")
         rows = [np.asarray(state[k]) for k in ("id_scores", "ood_scores")]
         for key, row in zip(("id_scores", "ood_scores"), rows):
             if row.ndim != 1 or row.dtype not in (np.float32, np.float64):
@@ -153,7 +165,8 @@ class ExactAccumulator(_Streaming):
         if rows[0].size + rows[1].size > max_pixels:
             raise ValueError(f"accumulator state holds {rows[0].size + rows[1].size} scores, more than its "
                              f"max_pixels ({max_pixels})")
-        acc = cls(max_pixels=max_pixels, per_image=_flag(state, "per_image"))
+        acc = cls(max_pixels=max_pixels, per_image=_flag(state, "per_image"),
+                  score_range=None if np.isnan(score_range).all() else tuple(score_range))
         acc._store(rows[0].copy(), rows[1].copy())
         acc.n_ignored = _count(state, "n_ignored")
         load_per_image(acc, state)
@@ -235,6 +248,14 @@ class ExactAccumulator(_Streaming):
         if n_nan:
             raise ValueError(f"{n_nan} counted pixels have NaN scores; every other real value, ±inf included, is a "
                              "threshold of the exact grid")
+        if self.score_range is not None:
+            lo, hi = self.score_range
+            counted = np.concatenate(parts).astype(np.float64)
+            outside = int(np.count_nonzero((counted < lo) | (counted > hi)))
+            if outside:
+                raise ValueError(f"{outside} counted pixels have scores outside the declared score_range [{lo:g}, "
+                                 f"{hi:g}] (min {counted.min():.9g}, max {counted.max():.9g}); declare the range the "
+                                 "scores really have, or none: the exact grid needs no range")
         return parts[0], parts[1], n_ignored
 
     def _check_room(self, adding, what):

@@ -18,10 +18,16 @@ GRID_KINDS = ("float", "linear", "exact")
 
 
 def grid_spec(num_thresholds=None, score_range=None, mantissa_bits=None, *, kind=None, max_pixels=None):
-    """The grid asked for. ``kind`` names it ("float", "linear" or "exact"); without it, the linear grid (the
-    paper's) iff ``num_thresholds`` or ``score_range`` is given (defaults 400 and (0, 1)), else the float-order
-    grid at ``mantissa_bits`` (default 10). The exact grid keeps at most ``max_pixels`` scores (default 2^28).
-    Options of another grid than the one named are an error."""
+    """The grid asked for. ``kind`` names it ("float", "linear" or "exact"; or is a whole grid dict, taken as it
+    is); without it, the linear grid (the paper's) iff ``num_thresholds`` or ``score_range`` is given (defaults
+    400 and (0, 1)), else the float-order grid at ``mantissa_bits`` (default 10). The exact grid keeps at most
+    ``max_pixels`` scores (default 2^28). Options of another grid than the one named are an error."""
+    if isinstance(kind, dict):
+        if any(v is not None for v in (num_thresholds, score_range, mantissa_bits, max_pixels)):
+            raise ValueError(f"choose one grid: {kind!r} is a whole grid, with no further options")
+        if kind.get("kind") not in GRID_KINDS:
+            raise ValueError(f"unknown grid {kind!r}: 'kind' must be one of {', '.join(GRID_KINDS)}")
+        return dict(kind)
     if kind is not None and kind not in GRID_KINDS:
         raise ValueError(f"unknown grid kind {kind!r}; choose one of {', '.join(GRID_KINDS)}")
     given = {name for name, value in (("num_thresholds", num_thresholds), ("score_range", score_range),
