@@ -153,11 +153,10 @@ def _evaluate(args):
 
     from segood.evaluation import evaluate
     from segood.evaluation.api import start_distributed
-    from segood.methods import get_method
 
     device = start_distributed(args.device)
     model = _model(args)
-    methods = None if args.methods == ["all"] else [get_method(name) for name in args.methods]
+    methods = None if args.methods == ["all"] else list(args.methods)  # by name: in the form the grid bins
     components = None
     if not args.components and (args.component_thresholds or args.component_rule or args.oracle_thresholds):
         raise ValueError("--component-thresholds, --component-rule and --oracle-thresholds set up the component "
@@ -265,12 +264,11 @@ def add_analysis_options(parser):
 
 def _robustness(args):
     from segood.evaluation.api import start_distributed
-    from segood.methods import get_method
     from segood.robustness.suite import robustness
 
     device = start_distributed(args.device)
     model = _model(args)
-    methods = None if args.methods == ["all"] else [get_method(name) for name in args.methods]
+    methods = None if args.methods == ["all"] else list(args.methods)  # by name: in the form the grid bins
     doc = robustness(model, args.sets, methods, args.out, corruptions=args.corruptions, severities=args.severities,
                      seed=args.seed, requirements=args.requirements, batch_size=args.batch_size, device=device,
                      num_thresholds=args.num_thresholds, mantissa_bits=args.mantissa_bits, grid=grid_choice(args),

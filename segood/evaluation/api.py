@@ -13,8 +13,7 @@ from segood.evaluation.report import grid_of_config, write_report
 from segood.evaluation.runner import Evaluation, component_spec, default_methods, run, run_identity
 from segood.io import write_json
 from segood.labels import NUM_CLASSES
-from segood.methods import get_method
-from segood.methods.methods import check_grid
+from segood.methods.methods import check_grid, method_for_grid
 from segood.metrics import grid_spec, make_accumulator
 from segood.metrics.bootstrap import Bootstrap
 from segood.models.external import ExternalModel
@@ -101,11 +100,11 @@ def prepare(model, sets, methods=None, *, batch_size=2, device=None, num_thresho
     else:
         sets = dict(sets)
     frames = {name: len(_open_set(path, verify)) for name, path in sets.items()}
-    if methods is None:
-        methods = default_methods(model, fitted=fit_set is not None)
-    methods = [get_method(m) if isinstance(m, str) else m for m in methods]
     grid = grid_spec(num_thresholds, score_range, mantissa_bits, kind=grid)
     make_accumulator(grid)  # a bad grid is refused before anything is written
+    if methods is None:
+        methods = default_methods(model, fitted=fit_set is not None)
+    methods = [method_for_grid(m, grid) if isinstance(m, str) else m for m in methods]  # by name: the grid's form
     components = component_spec(components, commit_on)
     if components and components.get("commit_on") is not None and components["commit_on"] not in sets:
         raise ValueError(f"the component thresholds' tuning set {components['commit_on']!r} is not a set of the "
