@@ -122,6 +122,23 @@ def test_merge_shuffle_and_state_invariance(tmp_path):
         ExactAccumulator().merge(a)
 
 
+def test_the_kept_curve_follows_every_change():
+    rng = np.random.default_rng(9)
+    scores, labels = random_case(rng, (3, 20, 20), 1)
+    acc = ExactAccumulator().update(scores[0], labels[0])
+    first = acc.compute()["auroc"]
+    thresholds, hist = acc.curve_counts()
+    hist[...] = 0  # a copy: the accumulator's own curve is untouched
+    assert acc.compute()["auroc"] == first
+    for change in (lambda a: a.update(scores[1], labels[1]),
+                   lambda a: a.merge(ExactAccumulator().update(scores[2], labels[2]))):
+        change(acc)
+        assert acc.compute()["auroc"] != first
+        first = acc.compute()["auroc"]
+    assert first == pytest.approx(sklearn_reference(scores, labels)["auroc"], abs=1e-12)
+    assert acc.reset().update(scores[0], labels[0]).compute()["n_id"] == np.sum(labels[0] == 0)
+
+
 def test_per_image_counts_serve_the_bootstrap():
     rng = np.random.default_rng(4)
     scores, labels = random_case(rng, (8, 20, 20), 3)

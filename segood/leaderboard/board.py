@@ -37,9 +37,9 @@ def make_benchmark(tracks, out, *, grid=None):
     set's path, frame ids and size, so it stays with the maintainer; the frame ids are what submitters need."""
     grid = grid or grid_spec()
     if grid["kind"] == "exact":
-        raise ValueError("a benchmark's submissions carry accumulator states, and a state of the exact grid holds every "
-                         "counted pixel's score: choose the float-order grid (the default; its bounds say how far a "
-                         "value can be from exact, more mantissa bits narrow them) or the linear one")
+        raise ValueError("a benchmark's submissions carry accumulator states, and a state of the exact grid holds "
+                         "every counted pixel's score: choose the float-order grid (the default; its bounds say how "
+                         "far a value can be from exact, more mantissa bits narrow them) or the linear one")
     doc = {"schema": BENCHMARK_SCHEMA, "grid": grid, "tracks": {}}
     for track, spec in tracks.items():
         if spec["rank_by"] not in METRICS:

@@ -4,8 +4,9 @@ mode), streamed over a set.
 It keeps the score of every counted pixel, split by label, and sorts once in :meth:`~ExactAccumulator.compute`
 (:func:`segood.metrics.functional.exact_curve`): the values equal scikit-learn's ``roc_auc_score`` and
 ``average_precision_score`` and their bounds have zero width. Memory grows with the set (4 bytes per counted pixel
-of float32 scores, 8 of float64), so it is capped (``max_pixels``); above the cap the float-order grid, whose
-memory is constant and whose bounds say how far it can be from these values, is the tool.
+of float32 scores, 8 of float64, and about 50 bytes per distinct score while :meth:`~ExactAccumulator.compute`
+builds the curves), so it is capped (``max_pixels``); above the cap the float-order grid, whose memory is constant
+and whose bounds say how far it can be from these values, is the tool.
 """
 
 import numpy as np
@@ -17,7 +18,7 @@ from segood.metrics.bootstrap import ImageCounts
 from segood.metrics.functional import METRICS, as_numpy_inputs, exact_curve, metrics_from_counts, raise_bad_labels
 
 STATE_FORMAT = "segood.ExactAccumulator/1"
-DEFAULT_MAX_PIXELS = 1 << 28  # 1 GiB of float32 scores (2 GiB of float64), and as much again while sorting
+DEFAULT_MAX_PIXELS = 1 << 28  # 268 million counted pixels: 1 GiB of float32 scores (2 GiB of float64)
 
 
 class ExactAccumulator(_Streaming):
@@ -60,6 +61,7 @@ class ExactAccumulator(_Streaming):
     def reset(self):
         """Forget every score."""
         self._parts = [[], []]  # the ID and the OOD scores, one array per update (joined when read)
+        self._curve = None  # (thresholds, hist) of the scores held, kept until they change
         self.n_stored = 0
         self.n_ignored = 0
         self.n_images = 0
@@ -105,21 +107,26 @@ class ExactAccumulator(_Streaming):
         return self._merge_per_image(other)
 
     def curve_counts(self):
-        """(thresholds (D,), hist (2, D) int64): every distinct score, increasing, and its ID and OOD pixels."""
-        return exact_curve(*self.scores)
+        """(thresholds (D,), hist (2, D) int64): every distinct score, increasing, and its ID and OOD pixels
+        (sorted once, then kept until the scores change: reports ask more than once)."""
+        if self._curve is None:
+            self._curve = exact_curve(*self.scores)
+        return tuple(a.copy() for a in self._curve)
 
     def compute(self):
         """Metrics over every pixel seen so far, every distinct score a threshold: the keys of
         :meth:`FloatOrderAccumulator.compute`, ``bounds`` each value itself and ``exact`` True."""
-        thresholds, hist = self.curve_counts()
+        if self._curve is None:
+            self._curve = exact_curve(*self.scores)
+        thresholds, hist = self._curve
         n_id, n_ood = (int(v) for v in hist.sum(axis=1))
         if n_id + n_ood + self.n_ignored == 0:
             raise ValueError("the accumulator is empty: call update(scores, labels) before compute()")
         fp, tp = _reverse_cumsum(hist)
         result = metrics_from_counts(thresholds, tp, fp, n_ood, n_id)
         result["bounds"] = {k: (result[k], result[k]) for k in METRICS}
-        result.update(n_id=n_id, n_ood=n_ood, n_ignored=int(self.n_ignored), thresholds=thresholds, tp=tp, fp=fp,
-                      fn=n_ood - tp, tn=n_id - fp, exact=True)
+        result.update(n_id=n_id, n_ood=n_ood, n_ignored=int(self.n_ignored), thresholds=thresholds.copy(), tp=tp,
+                      fp=fp, fn=n_ood - tp, tn=n_id - fp, exact=True)
         if self.per_image:
             defined = self.per_image_defined
             means = self.per_image_sum / defined if defined else np.full(len(self.metric_names), np.nan)
@@ -207,13 +214,14 @@ class ExactAccumulator(_Streaming):
                      for _ in range(world)]
             dist.all_gather(parts, torch.from_numpy(padded).to(device))
             gathered.append(np.concatenate([p.cpu().numpy()[: int(n)] for p, n in zip(parts, every[:, row])]))
-        scalars = torch.tensor([self.n_ignored, self.n_images, self.per_image_defined], dtype=torch.int64, device=device)
+        scalars = torch.tensor([self.n_ignored, self.n_images, self.per_image_defined], dtype=torch.int64,
+                               device=device)
         sums = torch.from_numpy(self.per_image_sum.copy()).to(device)
         dist.all_reduce(scalars)
         dist.all_reduce(sums)
         self._gather_images()
         self._parts, self.n_stored = [[], []], 0
-        self._store(*gathered)
+        self._store(*gathered)  # (forgets the curve of the local scores)
         self.n_ignored, self.n_images, self.per_image_defined = (int(v) for v in scalars.cpu().numpy())
         self.per_image_sum[...] = sums.cpu().numpy()
         return self
@@ -262,12 +270,14 @@ class ExactAccumulator(_Streaming):
         if self.n_stored + adding > self.max_pixels:
             raise ValueError(
                 f"the exact grid keeps every counted pixel's score: {what} brings it to {self.n_stored + adding} "
-                f"pixels, above its cap of {self.max_pixels} (max_pixels; 4 bytes a pixel for float32 scores, 8 for "
-                "float64, and as much again to sort). Use the float-order grid (the default; --grid float), whose "
+                f"pixels, above its cap of {self.max_pixels} (max_pixels; it holds 4 bytes a pixel for float32 scores, "
+                "8 for float64, and compute() takes about 50 more while it runs). Use the float-order grid (the "
+                "default; --grid float), whose "
                 "memory is constant and whose bounds say how far it can be from exact (more --mantissa-bits narrows "
                 "them), or raise max_pixels (--max-pixels) where the memory allows")
 
     def _store(self, id_scores, ood_scores):
+        self._curve = None
         for row, part in enumerate((id_scores, ood_scores)):
             if part.size:
                 self._parts[row].append(part)

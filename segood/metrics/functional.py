@@ -341,7 +341,8 @@ def exact_metrics(scores, labels):
 
 def exact_curve(id_scores, ood_scores):
     """Every distinct score a threshold: (thresholds (D,) float64, the distinct values increasing; hist (2, D)
-    int64, the ID and OOD pixels scoring exactly each value). O(n log n): each class sorted once, then merged.
+    int64, the ID and OOD pixels scoring exactly each value). O(n log n): each class sorted once (in its own
+    dtype), then the two runs of distinct values merged.
 
     Args:
         id_scores, ood_scores: 1-D real arrays (no NaN; ±inf are values like any other), the scores of the ID
@@ -349,12 +350,15 @@ def exact_curve(id_scores, ood_scores):
     """
     values, counts = [], []
     for part in (id_scores, ood_scores):
-        part = np.sort(np.asarray(part, dtype=np.float64).ravel())
-        starts = np.flatnonzero(np.r_[True, part[1:] != part[:-1]]) if part.size else np.zeros(0, np.intp)
-        values.append(part[starts])
-        counts.append(np.diff(np.r_[starts, part.size]).astype(np.int64))
+        part = np.sort(np.ravel(part))  # float32 stays float32: its order and ties are float64's
+        starts = np.flatnonzero(part[1:] != part[:-1]) + 1 if part.size else np.zeros(0, np.intp)
+        starts = np.concatenate([[0], starts]) if part.size else starts
+        values.append(part[starts].astype(np.float64))
+        counts.append(np.diff(np.append(starts, part.size)))
+        del part
     merged = np.sort(np.concatenate(values), kind="stable")  # two sorted runs: a merge
-    thresholds = merged[np.r_[True, merged[1:] != merged[:-1]]] if merged.size else merged
+    thresholds = merged[np.append(True, merged[1:] != merged[:-1])] if merged.size else merged
+    del merged
     hist = np.zeros((2, thresholds.size), np.int64)
     for row, (v, c) in enumerate(zip(values, counts)):
         hist[row, np.searchsorted(thresholds, v)] = c

@@ -30,8 +30,9 @@ def grid_spec(num_thresholds=None, score_range=None, mantissa_bits=None, *, kind
         return dict(kind)
     if kind is not None and kind not in GRID_KINDS:
         raise ValueError(f"unknown grid kind {kind!r}; choose one of {', '.join(GRID_KINDS)}")
-    given = {name for name, value in (("num_thresholds", num_thresholds), ("score_range", score_range),
-                                      ("mantissa_bits", mantissa_bits), ("max_pixels", max_pixels)) if value is not None}
+    values = {"num_thresholds": num_thresholds, "score_range": score_range, "mantissa_bits": mantissa_bits,
+              "max_pixels": max_pixels}
+    given = {name for name, value in values.items() if value is not None}
     if kind is None:
         kind = "exact" if "max_pixels" in given else "linear" if given & {"num_thresholds", "score_range"} else "float"
     options = {"float": {"mantissa_bits"}, "linear": {"num_thresholds", "score_range"}, "exact": {"max_pixels"}}[kind]
