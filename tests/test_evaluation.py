@@ -128,7 +128,7 @@ def test_report_flags_values_the_binning_cannot_resolve(sets, tmp_path):
     assert "≈" not in (tmp_path / "fine" / "results.md").read_text()
 
 
-def test_the_exact_grid_end_to_end(sets, tmp_path, capsys):
+def test_the_exact_grid_end_to_end(sets, tmp_path, capsys, monkeypatch):
     """grid="exact": every pooled value equals exact mode (scikit-learn's) on the scores themselves, with zero-width
     bounds and bootstrap intervals; --grid exact on the command line, for score maps too."""
     from segood.metrics import exact_metrics
@@ -155,6 +155,10 @@ def test_the_exact_grid_end_to_end(sets, tmp_path, capsys):
             if name == "max_logit":
                 for item, score in zip(items, scores):
                     f[item["frame_id"]] = score
+    from segood.evaluation import report
+
+    monkeypatch.setattr(report, "CURVE_POINTS", 100)  # a curve of a point per distinct score, drawn thinned
+    assert main(["report", str(tmp_path / "run")]) == 0 and (tmp_path / "run/figures/curves_perlin_mixed.png").exists()
     assert main(["score", "--scores", str(tmp_path / "scores.h5"), "--data", str(sets / "perlin_mixed.h5"),
                  "--out", str(tmp_path / "cli"), "--grid", "exact", "--max-pixels", "100000"]) == 0
     cli = json.loads((tmp_path / "cli/results.json").read_text())

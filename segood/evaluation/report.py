@@ -19,6 +19,7 @@ from segood.metrics.bootstrap import Bootstrap
 
 SCHEMA = "segood.results/1"
 COARSE = 0.01  # a pooled value the binning may move by more than this is flagged ≈ in results.md
+CURVE_POINTS = 1 << 16  # points of a drawn ROC or PR curve at most
 
 
 def arrow(metric):
@@ -261,6 +262,9 @@ def write_figures(figures, doc, ev):
             n_id, n_ood = fp[0], tp[0]
             if not (n_id and n_ood):
                 continue
+            if tp.size > CURVE_POINTS:  # the exact grid: a point per distinct score, more than a figure resolves
+                keep = np.unique(np.linspace(0, tp.size - 1, CURVE_POINTS).round().astype(np.int64))
+                fp, tp = fp[keep], tp[keep]
             r = doc["results"][m][s]["pooled"]
             roc.plot(np.r_[fp[::-1] / n_id, 1], np.r_[tp[::-1] / n_ood, 1], label=f"{m} ({r['auroc']:.3f})")
             predicted = tp + fp
