@@ -126,6 +126,18 @@ def test_report_flags_values_the_binning_cannot_resolve(sets, tmp_path):
     fine = evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "fine", figures=False)
     assert fine["results"]["external"]["perlin_mixed"]["pooled"]["auroc"] == pytest.approx(1.0)
     assert "≈" not in (tmp_path / "fine" / "results.md").read_text()
+    with h5py.File(tmp_path / "tight.h5", "w") as f:  # apart, but within 2^-11 of 0.5: one float-order bin
+        for i in range(len(dataset)):
+            item = dataset[i]
+            ood = item["ood_mask"].numpy() == 1
+            f[item["frame_id"]] = 0.5 + (np.where(ood, 2e-4, 0.0) + rng.uniform(0, 1e-4, ood.shape)).astype(np.float32)
+    evaluate_score_maps(tmp_path / "tight.h5", sets / "perlin_mixed.h5", tmp_path / "tight", figures=False)
+    markdown = (tmp_path / "tight" / "results.md").read_text()
+    assert "≈" in markdown and "rerun with more --mantissa-bits, or with --grid exact" in markdown
+    exact = evaluate_score_maps(tmp_path / "tight.h5", sets / "perlin_mixed.h5", tmp_path / "exact", figures=False,
+                                grid="exact")
+    assert exact["results"]["external"]["perlin_mixed"]["bounds"]["auroc"] == [1.0, 1.0]
+    assert "≈" not in (tmp_path / "exact" / "results.md").read_text()
 
 
 def test_the_exact_grid_end_to_end(sets, tmp_path, capsys, monkeypatch):

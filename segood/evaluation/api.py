@@ -165,15 +165,12 @@ def evaluate_score_maps(scores_path, data_path, out_dir, *, name="external", sco
     set_name = Path(data_path).stem
     with ScoreMaps(scores_path, frame_ids(data_path)) as maps:
         score_range = score_range or maps.score_range
-        if num_thresholds is not None and score_range is None:
-            raise ValueError(f"{scores_path} declares no score_range, which the linear grid needs: pass --score-range "
-                             "LO HI, or drop --num-thresholds (the float-order grid needs no range)")
         kind = (grid.get("kind") if isinstance(grid, dict) else grid) or ("linear" if num_thresholds is not None else
                                                                        "float")
         linear = kind == "linear"
         if linear and score_range is None:
             raise ValueError(f"{scores_path} declares no score_range, which the linear grid needs: pass --score-range "
-                             "LO HI, or use another grid (the float-order grid, the default, needs no range)")
+                             "LO HI, or drop --num-thresholds (the float-order grid needs no range)")
         grid = grid_spec(num_thresholds, score_range if linear else None, None if linear else mantissa_bits, kind=grid)
         make_accumulator(grid)
         if clip and not linear:

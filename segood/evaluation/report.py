@@ -230,7 +230,8 @@ def results_markdown(doc):
                      "the bounds in results.json (\"bounds\"); " + (
                          "rerun on the float-order grid (the default: drop --num-thresholds)."
                          if grid_of_config(doc["config"])["kind"] == "linear" else
-                         "rerun with more --mantissa-bits."))
+                         "rerun with more --mantissa-bits, or with --grid exact where the set's scores fit in memory "
+                         "(docs/grids.md)."))
     if doc.get("bootstrap"):
         b = doc["bootstrap"]
         lines.append(f"[lo, hi]: {b['confidence']:.0%} image-level bootstrap intervals ({b['resamples']} resamples, "
