@@ -184,6 +184,22 @@ def test_the_exact_grid_end_to_end(sets, tmp_path, capsys, monkeypatch):
     assert "use it with --grid exact, not --grid linear" in capsys.readouterr().err
 
 
+def test_odin_named_on_the_linear_grid_takes_the_paper_form(sets, tmp_path):
+    doc = evaluate(dropout_model(), [sets / "perlin_mixed.h5"], ["odin"], tmp_path / "linear", num_thresholds=400,
+                   progress=False, figures=False)
+    assert doc["methods"]["odin"]["params"]["form"] == "softmax"
+    spread = evaluate(dropout_model(), [sets / "perlin_mixed.h5"], ["odin"], tmp_path / "float", progress=False,
+                      figures=False)
+    assert spread["methods"]["odin"]["params"]["form"] == "spread"
+    for metric in METRIC_NAMES:  # the same order: the float-order grid's bounds hold the linear grid's exact values
+        lo, hi = spread["results"]["odin"]["perlin_mixed"]["bounds"][metric]
+        linear_lo, linear_hi = doc["results"]["odin"]["perlin_mixed"]["bounds"][metric]
+        assert max(lo, linear_lo) <= min(hi, linear_hi) + 1e-9, metric
+    with pytest.raises(ValueError, match="odin: form='softmax'"):
+        evaluate(dropout_model(), [sets / "perlin_mixed.h5"], [get_method("odin")], tmp_path / "refused",
+                 num_thresholds=400, progress=False)
+
+
 @pytest.mark.parametrize("methods,batch_size", [(["entropy"], 2), (["max_softmax", "varsum", "mutual_info"], 1)])
 def test_resume_after_a_kill_equals_an_uninterrupted_run(sets, tmp_path, monkeypatch, methods, batch_size):
     paths = [sets / "perlin_mixed.h5", sets / "cs.h5"]

@@ -239,6 +239,13 @@ def test_grid_spec_names_the_exact_grid():
         grid_spec(400, mantissa_bits=12)
     with pytest.raises(ValueError, match="unknown grid kind 'sorted'"):
         grid_spec(kind="sorted")
+    assert grid_spec(kind={"kind": "exact", "max_pixels": 7}) == {"kind": "exact", "max_pixels": 7}
+    with pytest.raises(ValueError, match="is a whole grid, with no further options"):
+        grid_spec(400, kind={"kind": "exact", "max_pixels": 7})
+    from segood.leaderboard import make_benchmark
+
+    with pytest.raises(ValueError, match="a state of the exact grid holds every counted pixel's score"):
+        make_benchmark({}, "unused.json", grid=grid)
 
 
 def _all_reduce_worker(rank, world_size, port, out_dir):
