@@ -19,9 +19,8 @@ from torch_timing import with_stable_malloc
 
 from segood.data import Noise, convert, mix
 from segood.data.common import Sample
-from segood.data.h5 import SetWriter
+from segood.data.h5 import H5SegmentationDataset, SetWriter, frame_loader
 from segood.data.synthetic import scene_batch
-from segood.data.h5 import H5SegmentationDataset
 from segood.evaluation import evaluate
 from segood.evaluation.runner import default_methods
 from segood.models import build_model
@@ -53,7 +52,7 @@ def main():
     methods = default_methods(model)
     for method in methods:  # fitted before the clock starts (Mahalanobis on the scenes)
         if method.needs.fit:
-            method.fit(model, torch.utils.data.DataLoader(H5SegmentationDataset(args.workdir / "scenes.h5")))
+            method.fit(model, frame_loader(H5SegmentationDataset(args.workdir / "scenes.h5")))
     start = time.perf_counter()
     doc = evaluate(model, [args.workdir / "mixed.h5"], methods, args.workdir / "run", batch_size=1,
                    device=args.device, progress=False, figures=False)

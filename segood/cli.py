@@ -4,7 +4,7 @@ import argparse
 import json
 import sys
 
-import segood
+from segood.version import __version__
 
 
 def _demo(args):
@@ -109,9 +109,14 @@ def _model(args):
     from segood.models import load_model, load_smp_weights
 
     if args.checkpoint:
+        if getattr(args, "align_corners", False):
+            raise ValueError("--align-corners sets how a model's smaller logits are resized to the frame; a segood "
+                             "checkpoint gives them at the frame's size already: drop it")
         return load_model(args.checkpoint)[0]
     if args.weights and args.arch and args.encoder:
-        return load_smp_weights(args.arch, args.encoder, args.weights)
+        model = load_smp_weights(args.arch, args.encoder, args.weights, num_classes=args.num_classes)
+        model.align_corners = bool(getattr(args, "align_corners", False))
+        return model
     raise ValueError("give --checkpoint, or --arch, --encoder and --weights for a plain smp state dict")
 
 
@@ -127,9 +132,7 @@ def _protocol(args):
 
 
 def _export(args):
-    import torch
-
-    from segood.data.h5 import H5SegmentationDataset
+    from segood.data.h5 import H5SegmentationDataset, frame_loader
     from segood.evaluation.exchange import export_scores
     from segood.methods import get_method
 
@@ -139,8 +142,7 @@ def _export(args):
         if method.needs.fit:
             if not args.fit_set:
                 raise ValueError(f"{method.name} needs its training statistics: pass --fit-set")
-            method.fit(model, torch.utils.data.DataLoader(H5SegmentationDataset(args.fit_set), batch_size=2),
-                       progress=not args.quiet)
+            method.fit(model, frame_loader(H5SegmentationDataset(args.fit_set), 2), progress=not args.quiet)
     written = export_scores(model, {p.stem: p for p in args.sets}, methods, args.out, layout=args.layout,
                             batch_size=args.batch_size, device=args.device, progress=not args.quiet)
     for (method, set_name), path in written.items():
@@ -155,8 +157,22 @@ def _evaluate(args):
     from segood.evaluation.api import start_distributed
 
     device = start_distributed(args.device)
-    model = _model(args)
-    methods = None if args.methods == ["all"] else list(args.methods)  # by name: in the form the grid bins
+    if args.scorer:
+        from segood.methods.scorer import load_scorer
+
+        network = [flag for flag, given in (("--checkpoint", args.checkpoint), ("--arch", args.arch),
+                                            ("--weights", args.weights), ("--feature-layer", args.feature_layer),
+                                            ("--fit-set", args.fit_set), ("--align-corners", args.align_corners),
+                                            ("--methods", args.methods != ["all"])) if given]
+        if network:
+            raise ValueError(f"--scorer returns the anomaly scores itself: drop {', '.join(network)}, which set up "
+                             "a network and its methods")
+        model, methods = load_scorer(args.scorer, name=args.scorer_name, per_image=args.per_image), None
+    elif args.scorer_name or args.per_image:
+        raise ValueError("--scorer-name and --per-image describe a scorer: add --scorer MODULE:FUNCTION")
+    else:
+        model = _model(args)
+        methods = None if args.methods == ["all"] else list(args.methods)  # by name: in the form the grid bins
     components = None
     if not args.components and (args.component_thresholds or args.component_rule or args.oracle_thresholds):
         raise ValueError("--component-thresholds, --component-rule and --oracle-thresholds set up the component "
@@ -189,7 +205,7 @@ def _evaluate(args):
                    resume=args.resume, save_every=args.save_every,
                    progress=not args.quiet, skip_bad=args.skip_bad, fit_set=args.fit_set,
                    checkpoint=args.checkpoint, feature_layer=args.feature_layer, verify=not args.no_verify,
-                   components=components, **_analysis_options(args))
+                   components=components, official=args.official, **_analysis_options(args))
     if doc is not None:
         print((args.out / "results.md").read_text(), end="")
         print(f"\nwrote {args.out}/results.json, results.csv, results.md and figures/")
@@ -237,6 +253,12 @@ def add_model_options(parser):
                                        "(any smp architecture name, e.g. pspnet, deeplabv3plus)")
     parser.add_argument("--encoder")
     parser.add_argument("--weights", type=Path)
+    parser.add_argument("--num-classes", type=positive_int, default=19, metavar="C",
+                        help="with --weights: the classes the state dict predicts (default 19, Cityscapes'; with "
+                             "others, the methods that need no class mapping run)")
+    parser.add_argument("--align-corners", action="store_true",
+                        help="resize logits that come out smaller than the frame with align_corners=True, as the "
+                             "model's library does (default: False, as torch and smp)")
 
 
 def add_run_options(parser):
@@ -331,7 +353,7 @@ def _submit(args):
         raise ValueError("--method names the run's method to submit")
     doc = submit(args.run_dir, args.out, method=args.method, name=args.method_name, description=args.description,
                  allow_same_source=args.allow_same_source, score_maps=dict(args.scores or ()),
-                 uses_ood_data=args.uses_ood_data)
+                 uses_ood_data=args.uses_ood_data, data=dict(args.data or ()))
     print(f"wrote {args.out}: {doc['method']['name']} on {', '.join(doc['sets'])}")
     return 0
 
@@ -410,8 +432,9 @@ def build_parser():
     from segood.models import ARCHS, HEADS
     from segood.robustness import corruption_names
 
-    parser = argparse.ArgumentParser(prog="segood", description=segood.__doc__)
-    parser.add_argument("--version", action="version", version=f"segood {segood.__version__}")
+    parser = argparse.ArgumentParser(
+        prog="segood", description="segood: pixel-level out-of-distribution detection benchmark for semantic segmentation.")
+    parser.add_argument("--version", action="version", version=f"segood {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser("demo", help="the whole benchmark on generated data in the real raw layouts")
@@ -432,7 +455,8 @@ def build_parser():
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--out", type=Path, required=True, help="output .h5 (a .manifest.json is written beside)")
     common.add_argument("--size", type=positive_int, nargs=2, metavar=("H", "W"),
-                        help="output size (default: the dataset's, 1024 2048 for photos)")
+                        help="resize every frame to H W (default: each frame keeps its native size; SUN and the "
+                             "noise sets: 1024 2048, as the paper); recorded in the manifest's resize")
     common.add_argument("--workers", type=int, default=0, help="decoding processes (default 0: in-process)")
     common.add_argument("--strict", action="store_true", help="fail on the first frame that cannot be converted")
     common.add_argument("--overwrite", action="store_true", help="replace an existing output")
@@ -481,6 +505,14 @@ def build_parser():
     ev = sub.add_parser("evaluate", help="evaluate OOD methods of a model on converted sets; tables and figures")
     add_model_options(ev)
     ev.add_argument("--feature-layer", help="for external models: the layer Mahalanobis models")
+    ev.add_argument("--scorer", metavar="MODULE:FUNCTION",
+                    help="evaluate a function that returns anomaly scores itself, imported from the current folder "
+                         "or PYTHONPATH: uint8 RGB images (N, 3, H, W) -> scores (N, H, W), higher = more OOD "
+                         "(instead of a model and its methods)")
+    ev.add_argument("--scorer-name", help="the scorer's name in the tables (default: the function's name)")
+    ev.add_argument("--per-image", action="store_true",
+                    help="the scorer takes one image at a time as SegmentMeIfYouCan calls a method: a uint8 RGB "
+                         "array (H, W, 3) -> scores (H, W)")
     ev.add_argument("--sets", type=Path, nargs="+", required=True, help="converted evaluation sets (.h5)")
     ev.add_argument("--methods", nargs="+", default=["all"], choices=["all", *METHODS], metavar="METHOD",
                     help=f"method names ({', '.join(METHODS)}), or all (default: every method the head serves)")
@@ -496,6 +528,9 @@ def build_parser():
                          "(default f1, best pixel F1 as SegmentMeIfYouCan)")
     ev.add_argument("--oracle-thresholds", action="store_true",
                     help="the FILE's thresholds were chosen on the test sets themselves: marked ORACLE in every report")
+    ev.add_argument("--official", choices=("smiyc", "fishyscapes"),
+                    help="also the benchmark's own computation of its numbers (its AP and FPR95; SMIYC's component "
+                         "metrics too), reported beside segood's as e.g. 'AUPRC (SMIYC official)' (docs/official.md)")
     ev.add_argument("--no-verify", action="store_true",
                     help="do not check frames against their set's sha256 digests (faster; corruption goes unseen)")
     add_analysis_options(ev)
@@ -625,8 +660,13 @@ def build_parser():
     sub_.add_argument("run_dir", type=Path, metavar="RUN", nargs="?",
                       help="a run folder (its accumulator states); optional when --scores gives every set")
     sub_.add_argument("--method", help="the run's method to submit")
-    sub_.add_argument("--scores", type=set_and_path, action="append", metavar="SET=FILE",
-                      help="score maps of a set (segood export's file) for the verified track; repeatable")
+    sub_.add_argument("--scores", type=set_and_path, action="append", metavar="SET=PATH",
+                      help="score maps of a set for the verified track, in any layout segood score reads (segood's "
+                           "file, a folder of SMIYC <fid>.hdf5 or Fishyscapes <fid>_anomaly.npy files); repeatable")
+    sub_.add_argument("--data", type=set_and_path, action="append", metavar="SET=FILE",
+                      help="the converted set (or its public copy) a set's maps belong to: its frame ids, which the "
+                           "folder layouts need, and its manifest hash, by which the board matches the maps; "
+                           "repeatable")
     sub_.add_argument("--uses-ood-data", action="store_true", help="without a run: the method saw OOD data")
     sub_.add_argument("--method-name", required=True, help="its name on the board")
     sub_.add_argument("--description", default="")

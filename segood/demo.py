@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from segood.data import IDD, Cityscapes, Noise, Sun, convert, mix
-from segood.data.h5 import H5SegmentationDataset
+from segood.data.h5 import H5SegmentationDataset, frame_loader, frame_sizes
 from segood.data.paste import Paste
 from segood.data.synthetic import write_cityscapes_tree, write_idd_tree, write_sun_tree
 from segood.evaluation import Evaluation, combine_runs, evaluate
@@ -138,7 +138,7 @@ def run_demo(out_dir="runs/demo", data_dir="datasets/demo", *, seed=0, quick=Fal
                                    epochs=2 if quick else None, progress=progress)
     evaluation_sets = {name: sets[f"mixed_{name}"] for name in ("sun", "idd", "perlin", "normal")}
     evaluation_sets["paste"] = sets["paste"]  # pasted onto the val frames: ID and OOD pixels in every frame
-    tune_loader = torch.utils.data.DataLoader(H5SegmentationDataset(sets["mixed_tune"]), batch_size=8)
+    tune_loader = frame_loader(H5SegmentationDataset(sets["mixed_tune"]), 8)
     out_dir = Path(out_dir)
     runs = []
     for head, names in METHODS_BY_HEAD.items():
@@ -205,5 +205,4 @@ def component_table(doc):
 
 
 def _size(path):
-    dataset = H5SegmentationDataset(path)
-    return int(dataset.attrs["height"]), int(dataset.attrs["width"])
+    return frame_sizes(path)[0]  # the demo converts every set at one size

@@ -9,7 +9,7 @@ import pytest
 from segood.cli import main
 from segood.data import Cityscapes, ConversionError, convert, mix, read_manifest
 from segood.data.convert import ConversionWarning
-from segood.data.h5 import UnlabelledFrames, require_labels, set_identity
+from segood.data.h5 import ARRAYS, UnlabelledFrames, frame_sizes, read_array, require_labels, set_identity
 from segood.data.bdd_anomaly import BDDAnomaly
 from segood.data.lostandfound import LostAndFound
 from segood.data.registry import ADAPTERS, get_adapter
@@ -23,8 +23,13 @@ from rawtrees import (LAF_EMPTY, LAF_FRAMES, bdd_tree, cityscapes_tree, fishysca
 
 
 def read_set(path):
+    """({array: the frames stacked, or a list where their sizes differ}, frame ids), read without the Dataset's
+    checks."""
+    sizes = frame_sizes(path)
     with h5py.File(path, "r") as f:
-        return {k: f[k][...] for k in ("images", "ood_mask", "semantic")}, [s.decode() for s in f["frame_id"]]
+        arrays = {k: [read_array(f, k, i, size) for i, size in enumerate(sizes)] for k in ARRAYS}
+        return ({k: np.stack(v) if len(set(sizes)) == 1 else v for k, v in arrays.items()},
+                [s.decode() for s in f["frame_id"]])
 
 
 def smiyc_expected(label):
@@ -83,7 +88,7 @@ def test_frames_without_labels_can_be_exported_never_evaluated(tmp_path):
 def test_smiyc_obstacle_scene_splits_from_webp(tmp_path, split, expected):
     frames = smiyc_tree(tmp_path / "dataset_ObstacleTrack", "dataset_ObstacleTrack", OBSTACLE_FRAMES)
     adapter = RoadObstacle21(tmp_path / "dataset_ObstacleTrack", split)
-    assert adapter.native_size == (1080, 1920)
+    assert adapter.default_size is None  # frames keep their native size unless --size says otherwise
     manifest = convert(adapter, tmp_path / "o.h5", size=(24, 40), progress=False)
     arrays, frame_ids = read_set(tmp_path / "o.h5")
     assert frame_ids == expected
@@ -227,7 +232,7 @@ def test_streethazards_splits_and_its_own_classes(tmp_path, protocol):
             np.testing.assert_array_equal(arrays["images"][k], image)
             np.testing.assert_array_equal(arrays["ood_mask"][k], ood)
             np.testing.assert_array_equal(arrays["semantic"][k], semantic)
-    assert StreetHazards(tmp_path / "sh").native_size == (720, 1280)
+    assert StreetHazards(tmp_path / "sh").default_size is None
 
 
 def test_streethazards_protocol_from_the_command_line_and_bad_values(tmp_path, capsys):

@@ -34,13 +34,16 @@ def naive_components(mask):
 
 
 def naive_frame(prediction, ood_mask, min_pred, min_gt):
+    """The definition in the official order: predicted components (ignore removed, small ones dropped) first, then
+    the small ground-truth components become ignore, then sIoU and PPV on what is left."""
     valid = ood_mask != IGNORE
-    truth = [k for k in naive_components(ood_mask == OOD)]
+    predicted = [c for c in naive_components(prediction & valid) if c.sum() >= min_pred]
+    truth = naive_components(ood_mask == OOD)
     for k in truth:
         if k.sum() < min_gt:
             valid &= ~k
     truth = [k for k in truth if k.sum() >= min_gt]
-    predicted = [c for c in naive_components(prediction & valid) if c.sum() >= min_pred]
+    predicted = [c & valid for c in predicted if (c & valid).any()]
     ood = np.zeros(ood_mask.shape, bool)
     for k in truth:
         ood |= k
@@ -82,6 +85,44 @@ def test_hand_drawn_cases():
     assert sorted(ppv.tolist()) == pytest.approx(sorted([8 / 16, 0.0, 0.0, 0.0]))
     siou, ppv = check(prediction, truth, min_pred=7, min_gt=2)  # only the 16-px component survives
     assert ppv.tolist() == [0.5]
+
+
+def test_a_blob_joined_through_a_small_ground_truth_component_stays_one_component():
+    """The official order: predicted components are formed before the small ground-truth components become ignore.
+
+    Row 2 of a 5 x 11 frame is predicted at columns 0-9 (10 px). Ground truth: G = row 2, columns 0-2 (3 px, kept
+    with min_gt 3) and S = row 2, columns 4-5 (2 px < min_gt: ignore). The blob's left part (columns 0-3) and right
+    part (columns 6-9) touch only through S.
+    - Formed first (ignore removed only), the blob is one component of 10 px >= min_pred 5: kept. Then S becomes
+      ignore, leaving the component's 8 px of columns 0-3 and 6-9, of which G's 3 are OOD: PPV = 3 / 8 = 0.375.
+    - sIoU(G) = |G ∩ K| / |(G ∪ K) \\ A(G)| = 3 / (3 + 8 - 3 - 0) = 3 / 8 = 0.375 (no other ground-truth component).
+    - tau = 0.25, 0.30, 0.35: sIoU >= tau (TP 1, FN 0) and PPV >= tau (FP 0): F1 = 1. tau = 0.40 ... 0.75 (8 values):
+      TP 0, FN 1, FP 1: F1 = 0. F1* = 3 / 11.
+    Voiding S first (the old order) would split the blob into two 4-px components, both dropped: no prediction,
+    sIoU 0 and F1 = 0 at every tau.
+    """
+    truth = np.zeros((5, 11), np.uint8)
+    truth[2, 0:3] = OOD
+    truth[2, 4:6] = OOD
+    scores = np.zeros(truth.shape)
+    scores[2, 0:10] = 1.0
+    siou, ppv = frame_components(scores >= 0.5, truth, min_pred=5, min_gt=3)
+    assert siou.tolist() == [0.375] and ppv.tolist() == [0.375]
+    result = ComponentAccumulator(0.5, min_pred=5, min_gt=3).update(scores, truth).compute()
+    assert (result["siou"], result["ppv"]) == (0.375, 0.375)
+    assert (result["f1_25"], result["f1_50"], result["f1_75"]) == (1.0, 0.0, 0.0)
+    assert result["f1_star"] == pytest.approx(3 / 11, abs=1e-15)
+    assert (result["n_gt_components"], result["n_pred_components"]) == (1, 1)
+
+
+def test_a_predicted_component_inside_a_small_ground_truth_component_is_no_component():
+    truth = np.zeros((12, 12), np.uint8)
+    truth[2:4, 2:4] = OOD  # 4 px < min_gt 5: ignore
+    truth[8:11, 8:11] = OOD  # 9 px: counted
+    prediction = np.zeros(truth.shape, bool)
+    prediction[2:4, 2:4] = True  # 4 px >= min_pred 2, but every pixel of it becomes ignore
+    siou, ppv = check(prediction, truth, min_pred=2, min_gt=5)
+    assert siou.tolist() == [0.0] and ppv.size == 0
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -9,7 +9,7 @@ import torch
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 
 from segood.metrics import (ExactAccumulator, FloatOrderAccumulator, accumulator_from_state, describe_grid,
-                            exact_curve, grid_of, grid_spec, load_accumulator, make_accumulator)
+                            distinct_score_counts, grid_of, grid_spec, load_accumulator, make_accumulator)
 from segood.metrics.bootstrap import Bootstrap, coarse_keys, compare, resampled_metrics
 
 METRICS = ("auroc", "auprc", "fpr95", "max_iou")
@@ -73,15 +73,15 @@ def test_equals_sklearn_on_random_data_with_ties(decimals):
     assert result["per_image_mean"]["n_images"] == 6
 
 
-def test_exact_curve_equals_a_sort_of_everything():
+def test_distinct_score_counts_equal_a_sort_of_everything():
     rng = np.random.default_rng(1)
     id_scores, ood_scores = rng.integers(-5, 5, 300).astype(np.float64), rng.integers(0, 9, 200).astype(np.float32)
-    thresholds, hist = exact_curve(id_scores, ood_scores)
+    thresholds, hist = distinct_score_counts(id_scores, ood_scores)
     values = np.unique(np.concatenate([id_scores, ood_scores]))
     np.testing.assert_array_equal(thresholds, values)
     np.testing.assert_array_equal(hist, [[np.sum(id_scores == v) for v in values],
                                          [np.sum(ood_scores == v) for v in values]])
-    empty = exact_curve(np.zeros(0), np.zeros(0))
+    empty = distinct_score_counts(np.zeros(0), np.zeros(0))
     assert empty[0].shape == (0,) and empty[1].shape == (2, 0)
 
 

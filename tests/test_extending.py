@@ -32,7 +32,7 @@ class Squares(Adapter):
         self.count, self.params = count, {"count": count}
 
     @property
-    def native_size(self):
+    def default_size(self):
         return (32, 32)
 
     @classmethod

@@ -11,7 +11,7 @@ from segood.methods import (METHODS, ClassFeatureStats, entropy, get_method, max
                             mutual_info, odin, odin_spread, varsum)
 from segood.methods import functional
 from segood.methods.functional import mahalanobis_min_distance, whiten_means
-from segood.methods.methods import MonteCarlo, Needs
+from segood.methods.methods import MonteCarlo, Needs, list_methods, register_method
 from segood.methods.schedule import score_batch
 from segood.methods.tuning import same_source_tuning, tune
 from segood.metrics import FloatOrderAccumulator, grid_spec, make_accumulator
@@ -208,6 +208,70 @@ def test_score_batch_schedules_from_the_declared_needs(sets):
 def test_unknown_method_lists_the_names():
     with pytest.raises(KeyError, match="max_softmax"):
         get_method("softmax_max")
+
+
+def test_a_monte_carlo_method_registers_itself_beside_the_built_in_ones(sets, tmp_path):
+    """A toy dropout method (no ``from_samples_together``) decorated with ``@register_method``: evaluate schedules
+    it from its declared needs beside varsum and mutual_info (which share their hook), on the same samples."""
+    from segood.evaluation import evaluate
+
+    @register_method
+    class SampleSpread(MonteCarlo):
+        """Spread of the max softmax over the samples (a test's toy)."""
+
+        name = "sample_spread"
+
+        def from_samples(self, logits):
+            return logits.softmax(dim=2).amax(dim=2).std(dim=0)
+
+    try:
+        assert "sample_spread" in list_methods(head="dropout") and "sample_spread" not in list_methods(head=None)
+        torch.manual_seed(0)
+        model = build_model("pspnet", "resnet18", head="dropout").eval()
+        x = preprocess(next(iter(loader(sets / "perlin_mixed.h5", 2)))["image"])
+        methods = [get_method("sample_spread", samples=4), get_method("varsum", samples=4),
+                   get_method("mutual_info", samples=4)]
+        batch = score_batch(model, x, methods, mc_seed=3)
+        with torch.no_grad():
+            torch.manual_seed(3)
+            samples = model.mc_logits(x, samples=4)
+        torch.testing.assert_close(batch.scores[0], samples.softmax(2).amax(2).std(0))
+        torch.testing.assert_close(batch.scores[1], varsum(samples.softmax(2)))
+        torch.testing.assert_close(batch.scores[2], mutual_info(samples.softmax(2)))
+        doc = evaluate(model, [sets / "perlin_mixed.h5"], ["sample_spread", "varsum"], tmp_path, progress=False,
+                       figures=False, bootstrap=None)
+        assert doc["results"]["sample_spread"]["perlin_mixed"]["pooled"]["auroc"] is not None
+    finally:
+        METHODS.pop("sample_spread")
+
+
+def test_registries_refuse_a_second_definition_under_one_name():
+    from segood.data.registry import ADAPTERS, list_adapters
+    from segood.metrics import METRICS, list_metrics
+
+    with pytest.raises(ValueError, match="a method named 'max_logit' is registered already .*replace=True"):
+        METHODS["max_logit"] = MeanMaxProb
+    with pytest.raises(ValueError, match="a method named 'entropy' is registered already"):
+        register_method(MeanMaxProb, name="entropy")
+    original = METHODS["entropy"]
+    try:
+        assert register_method(MeanMaxProb, name="entropy", replace=True) is MeanMaxProb
+        assert type(get_method("entropy")) is MeanMaxProb
+    finally:
+        register_method(original, replace=True)
+    assert list(METHODS)[:7] == ["max_softmax", "odin", "mahalanobis", "confidence", "entropy", "varsum",
+                                 "mutual_info"]  # the paper's order, then today's baselines
+    assert list_methods(fit=True) == ["mahalanobis", "sml"]
+    with pytest.raises(TypeError, match="list_methods filters on the fields of Needs"):
+        list_methods(colour="red")
+    with pytest.raises(KeyError, match="unknown dataset adapter 'sunn'; choose one of .*'sun'"):
+        ADAPTERS["sunn"]
+    with pytest.raises(ValueError, match="a dataset adapter named 'sun' is registered already"):
+        ADAPTERS["sun"] = ADAPTERS["idd"]
+    assert "smiyc_anomaly" in list_adapters()
+    with pytest.raises(ValueError, match="a metric named 'auroc' is registered already"):
+        METRICS["auroc"] = METRICS["auprc"]
+    assert list_metrics(higher_is_better=False) == ["fpr95"]
 
 
 def test_odin_t1_eps0_is_max_softmax_and_perturbation_direction():

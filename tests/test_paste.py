@@ -148,10 +148,10 @@ def test_the_horizon_is_the_first_row_where_the_ground_spans():
 
 
 def set_bytes(path):
-    import h5py
+    from segood.data.h5 import H5SegmentationDataset
 
-    with h5py.File(path, "r") as f:
-        return b"".join(f[k][...].tobytes() for k in ("images", "ood_mask", "semantic"))
+    return b"".join(item[k].numpy().tobytes() for item in H5SegmentationDataset(path)
+                    for k in ("image", "ood_mask", "semantic"))
 
 
 def test_deterministic_per_seed_in_any_order_and_with_workers(trees, tmp_path):

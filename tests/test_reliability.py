@@ -125,7 +125,8 @@ def small_set(tmp_path):
 
 def replace_chunk(path, name, index, array):
     with h5py.File(path, "r+") as f:
-        f[name].id.write_direct_chunk((index,) + (0,) * (f[name].ndim - 1), zlib.compress(array.tobytes()))
+        dataset = f[name][str(index)]
+        dataset.id.write_direct_chunk((0,) * dataset.ndim, zlib.compress(array.tobytes()))
 
 
 # 5. A chunk replaced by valid gzip of other content is found when the set is read, naming the frame.

@@ -43,14 +43,14 @@ def test_generated_trees_through_the_real_converters(tmp_path):
     cs = convert(Cityscapes(tmp_path / "cs", "train"), tmp_path / "cs.h5", size=(64, 128), progress=False)
     assert cs["frames"] == 3 and cs["pixels"]["id"] + cs["pixels"]["ignore"] == 3 * 64 * 128
     with h5py.File(tmp_path / "cs.h5") as f:
-        classes = set(np.unique(f["semantic"][...]).tolist())
+        classes = set(np.unique([f["semantic"][str(k)][()] for k in range(3)]).tolist())
     assert {0, 1, 2, 8, 10, 13} <= classes  # road, sidewalk, building, vegetation, sky, car at least
 
     idd = convert(IDD(tmp_path / "idd", "val"), tmp_path / "idd.h5", size=(64, 128), progress=False)
     with h5py.File(tmp_path / "idd.h5") as f:
         for k, frame_id in enumerate(s.decode() for s in f["frame_id"]):
             semantic, ood_mask = truth[frame_id]
-            ood = f["ood_mask"][k]
+            ood = f["ood_mask"][str(k)][()]
             # polygons traced from the raster truth rasterise back to within a pixel per object
             assert abs(int((ood == 1).sum()) - int((ood_mask == 1).sum())) <= 0.02 * (ood_mask == 1).sum() + 4
             assert abs(int((ood == 0).sum()) - int((semantic == 13).sum())) <= 0.02 * (semantic == 13).sum() + 4

@@ -29,10 +29,10 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-import segood
 from segood.data.paste import polygon_mask
 from segood.io import atomic_output
 from segood.models.checkpoint import safe_load
+from segood.version import __version__
 
 FORMAT = "segood.generator/1"
 SIZE = 32  # crop side (pixels): three stride-2 layers down to 4 x 4
@@ -162,7 +162,7 @@ def train(images, *, latent=LATENT, epochs=200, batch_size=8, lr=2e-3, seed=0, p
 
 def save_generator(path, model, record=None):
     """Write the generator atomically: {format, segood_version, config, model (state dict), training}."""
-    state = {"format": FORMAT, "segood_version": segood.__version__, "config": model.config(),
+    state = {"format": FORMAT, "segood_version": __version__, "config": model.config(),
              "model": model.state_dict(), "training": record or {}}
     with atomic_output(path) as tmp:
         torch.save(state, tmp)

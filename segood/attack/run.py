@@ -12,7 +12,6 @@ import shutil
 import time
 from pathlib import Path
 
-import torch
 
 from segood.attack.constraints import ood_only
 from segood.attack.generator import LATENT, load_generator, object_crops, save_generator, train
@@ -20,7 +19,7 @@ from segood.attack.report import example_figure, markdown
 from segood.attack.search import SearchConfig, Target, calibrate, search_set
 from segood.attack.sets import transfer_matrix, write_set
 from segood.attack.space import Scene, SearchSpace
-from segood.data.h5 import H5SegmentationDataset, set_identity
+from segood.data.h5 import H5SegmentationDataset, frame_loader, set_identity
 from segood.data.paste import HEIGHT_RATIO, demo_objects, sun_objects
 from segood.data.sun import SunLabelMap
 from segood.io import atomic_write_text, write_json
@@ -109,7 +108,7 @@ def attack(targets, frames, out_dir, *, objects="demo", label_map="sun", blend="
             if method.needs.fit and not method.ready:
                 if fit_set is None:
                     raise ValueError(f"{method.name} needs its training statistics: pass fit_set (--fit-set)")
-                method.fit(model, torch.utils.data.DataLoader(H5SegmentationDataset(fit_set), batch_size=4))
+                method.fit(model, frame_loader(H5SegmentationDataset(fit_set), 4))
 
     started = time.perf_counter()
     calibration, doc_targets, set_paths, passes, reused = {}, {}, {}, 0, 0

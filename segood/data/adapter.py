@@ -1,18 +1,26 @@
-"""The dataset adapter protocol: how a raw dataset becomes segood frames (one module, one registry line each).
+"""The dataset adapter protocol: how a raw dataset becomes segood frames (one module and one decorator each).
 
 An adapter lists its frames (``refs``), names them (``frame_id``) and reads one (``load`` -> :class:`Sample`,
-or :class:`SkipFrame` with the reason). Everything else has a default here: the size a conversion resizes to,
-frames without public labels (``has_labels``), the provenance written into the set, frames dropped before loading, a summary for the manifest (e.g. SUN's
-label-map coverage) and the command-line options of ``segood convert NAME``. Adapters must be picklable:
-``segood convert --workers N`` sends them to worker processes.
+or :class:`SkipFrame` with the reason). Everything else has a default here: the size a conversion resizes to
+(none: native sizes), frames without public labels (``has_labels``), the provenance written into the set, frames
+dropped before loading, a summary for the manifest (e.g. SUN's label-map coverage) and the command-line options
+of ``segood convert NAME``. Adapters must be picklable: ``segood convert --workers N`` sends them to worker
+processes.
 
 Recipe (``docs/extending.md``): subclass :class:`Adapter`, set ``name``, ``source`` and ``help``, implement
-the three methods, add ``"name": YourAdapter`` to :data:`segood.data.registry.ADAPTERS`.
+the three methods, decorate the class with ``@register_adapter`` (and import its module in
+:mod:`segood.data.registry`).
 """
 
 from pathlib import Path
 
-CITYSCAPES_SIZE = (1024, 2048)  # (H, W): the size every set is converted to unless told otherwise
+from segood.registry import Registry
+
+#: Every dataset adapter by name (``segood convert NAME``); ``@register_adapter`` adds one.
+ADAPTERS = Registry("dataset adapter")
+register_adapter = ADAPTERS.register
+
+CITYSCAPES_SIZE = (1024, 2048)  # (H, W): Cityscapes' frames, and the size the paper resizes SUN to
 
 
 class Adapter:
@@ -53,9 +61,10 @@ class Adapter:
         raise NotImplementedError(f"{type(self).__name__} must implement load(ref)")
 
     @property
-    def native_size(self):
-        """(H, W) a conversion resizes to by default."""
-        return CITYSCAPES_SIZE
+    def default_size(self):
+        """(H, W) a conversion resizes every frame to unless told otherwise, or None (the default): each frame keeps
+        its native size, as today's benchmarks evaluate them."""
+        return None
 
     def provenance(self):
         """The attributes every converted set records about where its frames came from."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from segood.data.adapter import Adapter
+from segood.data.adapter import Adapter, register_adapter
 from segood.data.common import LabelTable, Sample, SkipFrame, read_label, read_rgb, require_tree
 
 EXPECTED_TREE = """\
@@ -24,6 +24,7 @@ LABEL_SUFFIX = "_train_id.png"
 SPLITS = ("test", "train", "val")
 
 
+@register_adapter
 class BDDAnomaly(Adapter):
     """Frames of ``test`` (BDD train + val frames with an anomaly class), ``train`` or ``val`` (without one).
     Listing reads every label file once to decide; unreadable ones are ``prefiltered`` with the reason."""
@@ -58,9 +59,6 @@ class BDDAnomaly(Adapter):
         if (self.root / "seg" / "color_labels").exists():
             self.unused_files.append(("seg/color_labels/", "colour renderings of the labels: never read"))
 
-    @property
-    def native_size(self):
-        return (720, 1280)
 
     def refs(self):
         return list(self.frames)

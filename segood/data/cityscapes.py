@@ -4,6 +4,7 @@ import hashlib
 
 import numpy as np
 
+from segood.data.adapter import register_adapter
 from segood.data.common import Sample, SkipFrame, SplitTree, decode, read_rgb, require_tree
 from segood.labels import ID, IGNORE, LABEL_ID_TO_TRAIN_ID, OFFICIAL_LABEL_IDS
 
@@ -12,6 +13,7 @@ EXPECTED_TREE = """\
 <root>/gtFine/{train,val,test}/<city>/<city>_<seq>_<frame>_gtFine_labelIds.png"""
 
 
+@register_adapter
 class Cityscapes(SplitTree):
     """Frames of one split. ``refs()`` lists them; ``load(ref)`` reads one (picklable, for process pools)."""
 

@@ -157,7 +157,10 @@ def clip_polygon(points, x0, y0, x1, y1):
 
 
 def resize_sample(sample, size):
-    """Resize to ``size`` = (H, W): the image with area (down) or bilinear (up), masks nearest only."""
+    """Resize to ``size`` = (H, W): the image with area (down) or bilinear (up), masks nearest only; ``size``
+    None keeps the sample as it is."""
+    if size is None:
+        return sample
     height, width = size
     if sample.image.shape[:2] == (height, width):
         return sample

@@ -42,8 +42,9 @@ def _load(job):
 
 
 def convert(adapter, out, *, size=None, workers=0, strict=False, overwrite=False, progress=True, attrs=None):
-    """Write every frame of ``adapter`` (an :class:`~segood.data.adapter.Adapter`), resized to ``size`` = (H, W)
-    (default: the adapter's ``native_size``), to the set ``out``.
+    """Write every frame of ``adapter`` (an :class:`~segood.data.adapter.Adapter`) to the set ``out``, each at its
+    native size, or resized to ``size`` = (H, W) (default: the adapter's ``default_size``, None for most), recorded
+    as the manifest's ``resize``.
 
     Frames that cannot be converted are skipped and listed with their reason in the manifest, unless
     ``strict``. ``workers`` > 0 decodes and rasterises in a process pool. A conversion in which no frame
@@ -52,13 +53,14 @@ def convert(adapter, out, *, size=None, workers=0, strict=False, overwrite=False
     is written unless the whole set is. Frames without public labels (``adapter.has_labels``) are listed under
     ``unlabelled_frames``: such a set can be scored and exported, never evaluated. Returns the manifest.
     """
-    size = tuple(int(v) for v in (size or adapter.native_size))
+    size = size or adapter.default_size
+    size = None if size is None else tuple(int(v) for v in size)
     skipped = list(adapter.prefiltered)
     if strict and skipped:
         raise ConversionError(f"{skipped[0][0]}: {skipped[0][1]} (and {len(skipped) - 1} more)")
     refs = adapter.refs()
     unlabelled = {adapter.frame_id(ref) for ref in refs if not adapter.has_labels(ref)}
-    attrs = {**adapter.provenance(), "resize": list(size), **(attrs or {})}
+    attrs = {**adapter.provenance(), "resize": None if size is None else list(size), **(attrs or {})}
     writer = SetWriter(out, size, attrs, overwrite=overwrite)
     jobs = [(ref, size) for ref in refs]
     pool = multiprocessing.get_context("fork").Pool(workers, _init_worker, (adapter,)) if workers > 0 else None
@@ -115,13 +117,10 @@ def mix(ood_path, id_path, out, *, seed=0, id_frames=None, overwrite=False, prog
         sources.append({"file": str(path), "source": manifest["source"], "split": manifest["split"],
                         "frames": manifest["frames"], "sha256": manifest["sha256"]})
     a, b = (H5SegmentationDataset(path) for path in (ood_path, id_path))  # frames verified as they are read
-    size_a, size_b = ((int(d.attrs["height"]), int(d.attrs["width"])) for d in (a, b))
-    if size_a != size_b:
-        raise ValueError(f"the sets differ in size: {size_a} vs {size_b}; convert both with the same --size")
     n_id = len(b) if id_frames is None else min(int(id_frames), len(b))
     frames = [(0, i) for i in range(len(a))] + [(1, i) for i in range(n_id)]
     order = np.random.default_rng(seed).permutation(len(frames))
-    writer = SetWriter(out, size_a, {"source": "mix", "split": "eval", "seed": seed, "components": sources},
+    writer = SetWriter(out, None, {"source": "mix", "split": "eval", "seed": seed, "components": sources},
                        overwrite=overwrite)
     try:
         for k in tqdm(order, desc="mix", unit="frame", disable=not progress):

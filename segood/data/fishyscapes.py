@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from segood.data.adapter import Adapter
+from segood.data.adapter import Adapter, register_adapter
 from segood.data.common import LabelTable, Sample, SkipFrame, read_label, read_rgb, require_tree
 from segood.data.lostandfound import laf_image_path
 
@@ -66,6 +66,7 @@ class _Flat(Adapter):
         return cls(args.root, getattr(args, cls.companion))
 
 
+@register_adapter
 class FishyscapesLostAndFound(_Flat):
     """Fishyscapes Lost & Found (val, 100 frames): ``<NNNN>_<LostAndFound fid>_labels.png``; each image is
     LostAndFound's ``leftImg8bit/train`` frame of that fid, else its ``test`` frame."""
@@ -88,6 +89,7 @@ class FishyscapesLostAndFound(_Flat):
         return Sample(image, ood_mask, semantic, self.frame_id(path), extra)
 
 
+@register_adapter
 class FishyscapesStatic(_Flat):
     """Fishyscapes Static: ``<NNNN>_<cityscapes id>_labels.png`` and ``<NNNN>_<cityscapes id>_rgb.npz`` (key
     ``rgb``, a signed integer overlay); image = clip(Cityscapes val leftImg8bit + overlay, 0, 255) as uint8."""

@@ -1,12 +1,16 @@
 """Converted sets: one HDF5 file per set plus a JSON manifest beside it, and a PyTorch Dataset over them.
 
-File layout: ``images`` (N, H, W, 3) uint8 RGB, ``ood_mask`` and ``semantic`` (N, H, W) uint8, chunked one
-image per chunk and gzip-compressed, ``frame_id`` (N,) strings, ``frame_sha256`` (N, 3, 32) uint8 (the
-sha256 digest of each frame's raw bytes per array) and ``manifest`` (the manifest as a JSON string);
-attributes record the source, split, label-map hash, seed, size and segood version (lists and dicts as JSON
-strings). The manifest's ``sha256`` of each array is the sha256 of its per-frame digests in frame order (so
-workers can hash frames in parallel). The manifest lives inside the set, so that the set and its manifest
-appear together with one rename; ``<set>.manifest.json`` beside it is a copy for people and tools.
+Frames keep their own size: SegmentMeIfYouCan, Fishyscapes and Road Anomaly evaluate every frame at its native
+size, so one set may hold frames of several sizes. File layout (``segood.h5set/2``): groups ``images``,
+``ood_mask`` and ``semantic`` holding one dataset per frame, named by its index (``images/7``: (H, W, 3) uint8
+RGB; the masks (H, W) uint8), each one gzip-compressed chunk; ``frame_id`` (N,) strings, ``frame_sha256``
+(N, 3, 32) uint8 (the sha256 digest of each frame's raw bytes per array) and ``manifest`` (the manifest as a
+JSON string, with every frame's ``frame_sizes`` [H, W]); attributes record the source, split, label-map hash,
+seed, resize and segood version (lists, dicts and None as JSON strings). The manifest's ``sha256`` of each array
+is the sha256 of its per-frame digests in frame order (so workers can hash frames in parallel). The manifest
+lives inside the set, so that the set and its manifest appear together with one rename;
+``<set>.manifest.json`` beside it is a copy for people and tools. Sets of the first layout (``segood.h5set/1``:
+(N, H, W, ...) arrays, every frame of one size) still load.
 """
 
 import hashlib
@@ -21,12 +25,15 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-import segood
 from segood.io import atomic_output
 from segood.labels import ID, IGNORE, OOD
+from segood.version import __version__
 
 ARRAYS = ("images", "ood_mask", "semantic")
-FORMAT = "segood.h5set/1"
+FORMAT = "segood.h5set/2"
+FIXED_SIZE_FORMAT = "segood.h5set/1"  # (N, H, W, ...) arrays: every frame of one size
+MAX_SIDE = 16384  # a frame's height or width; larger is bad input, not an allocation
+MAX_PIXELS = 1 << 26  # a frame's pixels (8192 × 8192)
 _DEFLATE_LEVEL = 1  # gzip level of the chunks: fast, and photos barely compress further
 
 
@@ -45,7 +52,14 @@ class EncodedFrame:
 def encode(sample):
     """Compress and hash one sample; the expensive half of writing, done wherever the sample was made."""
     chunks, digests, shapes = {}, {}, {}
+    image_shape = np.shape(sample.image)
+    if len(image_shape) != 3 or image_shape[2] != 3:
+        raise ValueError(f"{sample.frame_id}: the image must be (H, W, 3) RGB, got shape {image_shape}")
+    check_frame_size(image_shape[:2], sample.frame_id)
     for name, array in zip(ARRAYS, (sample.image, sample.ood_mask, sample.semantic)):
+        if name != "images" and array.shape != image_shape[:2]:
+            raise ValueError(f"{sample.frame_id}: {name} has shape {array.shape}, the image {image_shape[:2]}; "
+                             "masks must cover the image pixel for pixel")
         raw = np.ascontiguousarray(array, dtype=np.uint8).tobytes()
         chunks[name] = zlib.compress(raw, _DEFLATE_LEVEL)
         digests[name] = hashlib.sha256(raw).digest()
@@ -59,6 +73,15 @@ def encode(sample):
     return EncodedFrame(sample.frame_id, shapes, chunks, digests, pixels, sample.extra)
 
 
+def check_frame_size(size, what):
+    """Refuse a frame size that no image has: a side beyond :data:`MAX_SIDE` or more than :data:`MAX_PIXELS`."""
+    height, width = (int(v) for v in size)
+    if not (0 < height <= MAX_SIDE and 0 < width <= MAX_SIDE and height * width <= MAX_PIXELS):
+        raise ValueError(f"{what}: a frame of {height}×{width} pixels is outside what a set holds (sides 1 to "
+                         f"{MAX_SIDE}, at most {MAX_PIXELS} pixels); resize it (--size H W) or crop it first")
+    return height, width
+
+
 def manifest_path(path):
     path = Path(path)
     return path.with_name(path.stem + ".manifest.json")
@@ -66,6 +89,9 @@ def manifest_path(path):
 
 class SetWriter:
     """Append samples to ``path`` atomically: all goes to a temporary file renamed on :meth:`commit`.
+
+    ``size`` = (H, W) that every frame must have, or None: each frame keeps its own (its size is recorded in the
+    manifest's ``frame_sizes``).
 
     The set appears only complete and together with its manifest: the manifest is embedded, its copy beside the
     set is put in place first and the set's rename is the last step (readers trust the embedded one). Any
@@ -85,42 +111,42 @@ class SetWriter:
         self.file = None
         try:
             self.file = h5py.File(self.tmp, "w")
-            height, width = size
-            shapes = {"images": (height, width, 3), "ood_mask": (height, width), "semantic": (height, width)}
-            for name, shape in shapes.items():
-                self.file.create_dataset(name, shape=(0, *shape), maxshape=(None, *shape), dtype=np.uint8,
-                                         chunks=(1, *shape), compression="gzip", compression_opts=1)
+            self.size = None if size is None else check_frame_size(size, str(self.path))
+            for name in ARRAYS:
+                self.file.create_group(name)
             self.file.create_dataset("frame_id", shape=(0,), maxshape=(None,), dtype=h5py.string_dtype())
-            self.attrs = {"format": FORMAT, "segood_version": segood.__version__, "height": height,
-                          "width": width, **attrs}
+            self.attrs = {"format": FORMAT, "segood_version": __version__, **attrs}
             for key, value in self.attrs.items():
-                self.file.attrs[key] = json.dumps(value) if isinstance(value, (dict, list)) else value
+                self.file.attrs[key] = json.dumps(value) if value is None or isinstance(value, (dict, list)) else value
         except BaseException:
             self.abort()
             raise
         self.digests = []  # per frame: the 3 × 32 digest bytes
         self.pixels = {"id": 0, "ood": 0, "ignore": 0}
         self.frame_ids = []
+        self.frame_sizes = []
 
     def append(self, frame):
         """Add one frame: a :class:`EncodedFrame` (or a Sample, encoded here)."""
         if not isinstance(frame, EncodedFrame):
             frame = encode(frame)
         n = len(self.frame_ids)
+        size = tuple(frame.shapes["images"][:2])
+        if self.size is not None and size != self.size:
+            raise ValueError(f"{frame.frame_id}: the frame is {size[0]}×{size[1]}, this set's frames "
+                             f"{self.size[0]}×{self.size[1]}")
         for name in ARRAYS:
-            if frame.shapes[name] != self.file[name].shape[1:]:
-                raise ValueError(f"{frame.frame_id}: {name} has shape {frame.shapes[name]}, the set "
-                                 f"{self.file[name].shape[1:]}")
-        for name in ARRAYS:
-            dataset = self.file[name]
-            dataset.resize(n + 1, axis=0)
-            dataset.id.write_direct_chunk((n,) + (0,) * (dataset.ndim - 1), frame.chunks[name])
+            shape = frame.shapes[name]
+            dataset = self.file[name].create_dataset(str(n), shape=shape, dtype=np.uint8, chunks=shape,
+                                                     compression="gzip", compression_opts=_DEFLATE_LEVEL)
+            dataset.id.write_direct_chunk((0,) * len(shape), frame.chunks[name])
         self.file["frame_id"].resize(n + 1, axis=0)
         self.file["frame_id"][n] = frame.frame_id
         self.digests.append(b"".join(frame.digests[name] for name in ARRAYS))
         for key, count in frame.pixels.items():
             self.pixels[key] += count
         self.frame_ids.append(frame.frame_id)
+        self.frame_sizes.append(list(size))
 
     def commit(self, skipped=(), extra=None):
         """Embed the manifest, close, and put the set and its manifest copy in place; returns the manifest."""
@@ -135,6 +161,7 @@ class SetWriter:
                 "pixels": self.pixels,
                 "id_to_ood_ratio": self.pixels["id"] / self.pixels["ood"] if self.pixels["ood"] else None,
                 "sha256": aggregate_sha256(digests),
+                "frame_sizes": self.frame_sizes,
                 "skipped": [{"frame_id": f, "reason": r} for f, r in skipped],
                 **(extra or {}),
             }
@@ -209,6 +236,45 @@ def frame_ids(path):
         return [s.decode() for s in f["frame_id"][...]]
 
 
+def frame_sizes(path):
+    """[(H, W)] of every frame of a converted set, in order, without reading any frame."""
+    with h5py.File(path, "r") as f:
+        return _frame_sizes(f, path)
+
+
+def _frame_sizes(f, path):
+    """The frames' sizes of an open set, each checked against :func:`check_frame_size`."""
+    n = len(f["frame_id"])
+    if f.attrs.get("format") == FIXED_SIZE_FORMAT:
+        sizes = [(int(f.attrs["height"]), int(f.attrs["width"]))] * n if n else []
+    else:
+        try:
+            sizes = [tuple(s) for s in json.loads(f["manifest"][()])["frame_sizes"]]
+        except (KeyError, TypeError, ValueError) as err:
+            raise CorruptFrame(f"{path}: the manifest lists no frame sizes ({type(err).__name__}); reconvert the "
+                               "set") from None
+        if len(sizes) != n or not all(len(s) == 2 and all(type(v) is int for v in s) for s in sizes):
+            raise CorruptFrame(f"{path}: the manifest's frame_sizes do not give (H, W) for each of its {n} frames; "
+                               "reconvert the set")
+    for index, size in enumerate(sizes[:1] if f.attrs.get("format") == FIXED_SIZE_FORMAT else sizes):
+        check_frame_size(size, f"{path}: frame {index}")
+    return sizes
+
+
+def read_array(f, name, index, size):
+    """Array ``name`` of frame ``index`` of an open set (either layout), after checking that its stored shape is
+    the frame's recorded ``size``, so that nothing larger than a recorded frame is ever decompressed."""
+    node = f[name]
+    per_frame = isinstance(node, h5py.Group)
+    if per_frame:
+        node = node[str(index)]
+    stored = node.shape if per_frame else node.shape[1:]
+    if tuple(stored[:2]) != tuple(size) or len(stored) != (3 if name == "images" else 2):
+        raise CorruptFrame(f"{f.filename}: frame {index}: {name} is stored with shape {stored}, the manifest "
+                           f"records a {size[0]}×{size[1]} frame; reconvert the set")
+    return node[()] if per_frame else node[index]
+
+
 def ood_masks(path):
     """Yield (frame id, ood_mask) of a converted set in order, each checked against its conversion digest;
     reads no image and needs no torch (the leaderboard scores submitted maps with it)."""
@@ -216,9 +282,10 @@ def ood_masks(path):
         digests = f["frame_sha256"][...] if "frame_sha256" in f else None
         if digests is None or aggregate_sha256(digests) != json.loads(f["manifest"][()])["sha256"]:
             raise CorruptFrame(f"{path}: no per-frame digests matching the manifest; reconvert the set")
+        sizes = _frame_sizes(f, path)
         k = ARRAYS.index("ood_mask")
         for index, frame_id in enumerate(f["frame_id"][...]):
-            mask = f["ood_mask"][index]
+            mask = read_array(f, "ood_mask", index, sizes[index])
             if hashlib.sha256(np.ascontiguousarray(mask)).digest() != digests[index, k].tobytes():
                 raise CorruptFrame(f"{path}: frame {index} ({frame_id.decode()}): ood_mask differs from the sha256 "
                                    "recorded at conversion; reconvert the set")
@@ -259,7 +326,8 @@ class H5SegmentationDataset:
             warning says so). OOD mask values outside {0, 1, 255} are always an error.
 
     Items: dict with ``image`` (3, H, W) uint8 tensor, ``ood_mask`` and ``semantic`` (H, W) uint8 tensors,
-    ``frame_id`` str. Raises :class:`CorruptFrame` (a ValueError) for a frame that fails a check.
+    ``frame_id`` str; each frame at its own size (``sizes[i]`` = (H, W), known without reading it: batch with
+    :func:`frame_loader`). Raises :class:`CorruptFrame` (a ValueError) for a frame that fails a check.
     """
 
     def __init__(self, path, transform=None, *, verify=True):
@@ -272,10 +340,11 @@ class H5SegmentationDataset:
             raise ValueError(f"{self.path} is not a segood set: not a readable HDF5 file ({err}); convert the "
                              "data with segood convert") from None
         with f:
-            if f.attrs.get("format") != FORMAT:
+            if f.attrs.get("format") not in (FORMAT, FIXED_SIZE_FORMAT):
                 raise ValueError(f"{self.path} is not a segood set (format {f.attrs.get('format')!r})")
             self.length = len(f["frame_id"])
             self.attrs = dict(f.attrs)
+            self.sizes = _frame_sizes(f, self.path)
             self.digests = None
             if verify:
                 self.digests = self._checked_digests(f)
@@ -310,7 +379,7 @@ class H5SegmentationDataset:
             raise IndexError(f"index {index} out of range for {self.length} frames")
         index %= self.length
         f = self._handle()
-        arrays = [f[name][index] for name in ARRAYS]
+        arrays = [read_array(f, name, index, self.sizes[index]) for name in ARRAYS]
         frame_id = f["frame_id"][index].decode()
         if self.digests is not None:
             for k, (name, array) in enumerate(zip(ARRAYS, arrays)):
@@ -336,3 +405,27 @@ class H5SegmentationDataset:
 
     def __getstate__(self):  # pickled to DataLoader workers without the open handle
         return {**self.__dict__, "_file": None, "_pid": None}
+
+
+def same_size_batches(sizes, batch_size, indices=None):
+    """Batches of at most ``batch_size`` consecutive ``indices`` (default: all) whose frames share a size, in order:
+    frames of another size start a new batch, so a set of one size batches as plainly as ever."""
+    indices = range(len(sizes)) if indices is None else indices
+    batches, current = [], []
+    for i in indices:
+        if current and (len(current) == batch_size or sizes[i] != sizes[current[0]]):
+            batches.append(current)
+            current = []
+        current.append(i)
+    return batches + ([current] if current else [])
+
+
+def frame_loader(dataset, batch_size=1, **loader_options):
+    """A DataLoader over ``dataset`` (an :class:`H5SegmentationDataset`, or any dataset with ``sizes``) whose
+    batches hold frames of one size (:func:`same_size_batches`); a dataset without ``sizes`` batches plainly."""
+    import torch
+
+    sizes = getattr(dataset, "sizes", None)
+    if sizes is None:
+        return torch.utils.data.DataLoader(dataset, batch_size=batch_size, **loader_options)
+    return torch.utils.data.DataLoader(dataset, batch_sampler=same_size_batches(sizes, batch_size), **loader_options)

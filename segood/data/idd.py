@@ -5,6 +5,7 @@ autorickshaw = OOD, all else ignore (the seed paper's §3.2); ``semantic`` via t
 import numpy as np
 from cityscapesscripts.helpers.annotation import Annotation
 
+from segood.data.adapter import register_adapter
 from segood.data.common import Sample, SkipFrame, SplitTree, load_label_map, rasterise, read_rgb
 from segood.labels import ID, IGNORE, OOD
 
@@ -14,6 +15,7 @@ EXPECTED_TREE = """\
 _ROLE_VALUE = {"id": ID, "ood": OOD}
 
 
+@register_adapter
 class IDD(SplitTree):
     """Frames of one split, listed from the polygon files (an image without labels cannot be scored)."""
 

@@ -8,7 +8,7 @@ raw values are read, never gamma-corrected ones."""
 import re
 from pathlib import Path
 
-from segood.data.adapter import Adapter
+from segood.data.adapter import Adapter, register_adapter
 from segood.data.common import LabelTable, Sample, SkipFrame, read_label, read_rgb, require_tree
 
 EXPECTED_TREE = """\
@@ -31,6 +31,7 @@ def laf_image_path(root, folder, fid):
     return Path(root) / "leftImg8bit" / folder / f"{match[1]}_{match[2]}" / f"{fid}{IMAGE_SUFFIX}"
 
 
+@register_adapter
 class LostAndFound(Adapter):
     """Frames of ``train``, ``test`` or ``testNoKnown`` (test less frames with an empty label and scenes with
     known classes; both listed under ``unused_files`` with the reason), listed from the images."""

@@ -7,7 +7,7 @@ transcendental functions, whose last bits may differ between libms).
 
 import numpy as np
 
-from segood.data.adapter import CITYSCAPES_SIZE, Adapter
+from segood.data.adapter import CITYSCAPES_SIZE, Adapter, register_adapter
 from segood.data.common import Sample
 from segood.labels import IGNORE, OOD
 
@@ -58,6 +58,7 @@ def normal_image(rng, height, width, sigma=0.25):
     return np.clip(np.rint(noise * 255.0), 0, 255).astype(np.uint8)
 
 
+@register_adapter
 class Noise(Adapter):
     """``count`` noise frames of one kind, generated at ``size``; every pixel OOD, no Cityscapes class."""
 
@@ -72,7 +73,7 @@ class Noise(Adapter):
         self.source = f"{kind}_noise"
 
     @property
-    def native_size(self):
+    def default_size(self):
         return self.size
 
     @classmethod

@@ -26,7 +26,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from segood.data.adapter import Adapter
+from segood.data.adapter import Adapter, register_adapter
 from segood.data.cityscapes import Cityscapes
 from segood.data.common import Sample, SkipFrame, clip_polygon, read_rgb, require_tree
 from segood.data.sun import EXPECTED_TREE as SUN_TREE
@@ -258,6 +258,7 @@ def render(image, source, polygon, scale, offset, box, mask, blend):
         region[mask] = cloned[pad:pad + h, pad:pad + w][mask]  # with same-size canvases, nothing moves
 
 
+@register_adapter
 class Paste(Adapter):
     """Cityscapes-format frames of one split with objects pasted on their road and sidewalk.
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import cv2
 
-from segood.data.adapter import Adapter
+from segood.data.adapter import Adapter, register_adapter
 from segood.data.common import LabelTable, Sample, SkipFrame, read_label, read_rgb, require_tree, require_webp
 
 EXPECTED_TREE = """\
@@ -23,6 +23,7 @@ OBSTACLES_V0_LABELS = LabelTable({0: "ignore", 1: "id", 2: "ood", 255: "ignore"}
 IMAGE_SUFFIXES = (".webp", ".jpg")
 
 
+@register_adapter
 class RoadAnomaly(Adapter):
     """The frames named in ``frame_list.json``, in its order; files in ``frames/`` it does not name are listed
     under ``unused_files``."""
@@ -85,6 +86,7 @@ class RoadAnomaly(Adapter):
         return out
 
 
+@register_adapter
 class RoadObstaclesV0(RoadAnomaly):
     """RoadObstacles v0: Road Anomaly's layout and rules for frames and rescaled labels, its own label values."""
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from segood.data.adapter import Adapter
+from segood.data.adapter import Adapter, register_adapter
 from segood.data.common import LabelTable, Sample, SkipFrame, read_label, read_rgb, require_tree, require_webp
 from segood.labels import IGNORE
 
@@ -81,6 +81,7 @@ class _Track(Adapter):
         return Sample(image, ood_mask, semantic, self.frame_id(path), extra)
 
 
+@register_adapter
 class RoadAnomaly21(_Track):
     """RoadAnomaly21: 110 frames (``.jpg``, mixed sizes, converted to 1024x2048 by default); ``validation``
     (``validation0000``..``validation0009``, with labels), ``test`` (the 100 others, no public labels), ``all``."""
@@ -111,6 +112,7 @@ OBSTACLE_SCENES = {
 OBSTACLE_VALIDATION_LEFT_OUT = frozenset([19, *range(21, 30)])
 
 
+@register_adapter
 class RoadObstacle21(_Track):
     """RoadObstacle21 (``.webp``, 1920x1080): ``validation`` (with labels, less ``validation_19`` and
     ``validation_21``..``validation_29``), ``test`` (327 frames), ``night`` (30), ``snowstorm`` (55), ``all``
@@ -121,9 +123,6 @@ class RoadObstacle21(_Track):
     folder, image_suffix = "dataset_ObstacleTrack", ".webp"
     splits = ("validation", "test", "night", "snowstorm", "all")
 
-    @property
-    def native_size(self):
-        return (1080, 1920)
 
     def outside(self, fid):
         scene = fid.split("_")[0]

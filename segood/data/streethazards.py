@@ -10,7 +10,7 @@ unlabeled, other and anomaly. Values outside 1..14 become ignore and are warned 
 
 from pathlib import Path
 
-from segood.data.adapter import Adapter
+from segood.data.adapter import Adapter, register_adapter
 from segood.data.common import LabelTable, Sample, SkipFrame, read_label, read_rgb, require_tree
 
 EXPECTED_TREE = """\
@@ -38,6 +38,7 @@ TABLES = {protocol: LabelTable({1: unlabeled, **CLASSES}, "StreetHazards") for p
 PER_IMAGE_HEADLINE = "per-image mean, StreetHazards' protocol"
 
 
+@register_adapter
 class StreetHazards(Adapter):
     """Frames of ``training``, ``validation`` or ``test``, listed from the images (``<split>/<town>/<n>``)."""
 
@@ -58,9 +59,6 @@ class StreetHazards(Adapter):
         self.label_map_sha256 = self.table.sha256
         self.params = {"protocol": protocol}
 
-    @property
-    def native_size(self):
-        return (720, 1280)
 
     @classmethod
     def add_arguments(cls, parser):

@@ -10,7 +10,7 @@ import defusedxml.ElementTree as ET
 import numpy as np
 from PIL import Image
 
-from segood.data.adapter import Adapter
+from segood.data.adapter import CITYSCAPES_SIZE, Adapter, register_adapter
 from segood.data.common import Sample, SkipFrame, load_label_map, rasterise, read_rgb, require_tree
 from segood.labels import CLASS_NAMES, ID, IGNORE, OOD
 
@@ -105,6 +105,7 @@ class SunLabelMap:
 _AMBIGUOUS = object()  # the target of the names under ``ambiguous``
 
 
+@register_adapter
 class Sun(Adapter):
     """SUN2012 frames of one split (``tune``, ``eval`` or ``all``), after the size filter.
 
@@ -115,6 +116,7 @@ class Sun(Adapter):
     name, source = "sun", "sun2012"
     help = "SUN2012 LabelMe XML through label_maps/sun.yaml; size filter; seeded 25% tune / 75% eval split"
     default_split = "eval"
+    default_size = CITYSCAPES_SIZE  # the paper resizes every SUN image to Cityscapes' size
 
     def __init__(self, root, split="eval", seed=0, label_map="sun"):
         if split not in SPLITS:

@@ -2,21 +2,24 @@
 
 import hashlib
 import json
+import tempfile
 from pathlib import Path
 
 import torch
 
-from segood.data.h5 import H5SegmentationDataset, frame_ids, require_labels, set_identity
+from segood.data.h5 import H5SegmentationDataset, frame_ids, frame_loader, require_labels, set_identity
 from segood.evaluation.exchange import ScoreMaps
 from segood.evaluation.layout import RunFolder
-from segood.evaluation.report import grid_of_config, write_report
+from segood.evaluation.report import build_results, grid_of_config, write_report
+from segood.evaluation.results import Results
 from segood.evaluation.runner import Evaluation, component_spec, default_methods, run, run_identity
 from segood.io import write_json
-from segood.labels import NUM_CLASSES
 from segood.methods.methods import check_grid, method_for_grid
+from segood.methods.scorer import Scorer
 from segood.metrics import grid_spec, make_accumulator
 from segood.metrics.bootstrap import Bootstrap
-from segood.models.external import ExternalModel
+from segood.metrics.official import check_benchmark
+from segood.models.external import as_network
 from segood.models.network import SegmentationNetwork
 
 
@@ -35,16 +38,25 @@ def start_distributed(device=None):
     return device
 
 
-def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, device=None, num_thresholds=None,
+def evaluate(model, sets, methods=None, out_dir=None, *, batch_size=2, device=None, num_thresholds=None,
              score_range=None, mantissa_bits=None, grid=None, resume=False, save_every=20, progress=True,
              figures=True, skip_bad=False, fit_set=None, checkpoint=None, feature_layer=None, verify=True,
-             components=None, bootstrap=Bootstrap(), commit_on=None):
-    """Evaluate pixel-level OOD methods of ``model`` on converted sets; writes ``out_dir`` and returns the
-    results document (the content of results.json).
+             components=None, bootstrap=Bootstrap(), commit_on=None, official=None, align_corners=None):
+    """Evaluate pixel-level OOD methods of ``model`` on converted sets; returns the :class:`Results` (the results
+    document, the content of results.json, with ``table()``, ``save(folder)`` and ``figures(folder)``).
 
     Args:
-        model: a segood network, or any ``nn.Module`` returning logits (N, 19, H, W) (wrapped in
-            :class:`ExternalModel`; ``feature_layer`` names the layer whose output Mahalanobis models).
+        out_dir: the run folder: run.json, the state (resumable with ``resume``), results.json, .csv, .md, .tex
+            and, with ``figures``, the figures. None (the default): nothing is written (the run's state lives in
+            a temporary folder while it runs); the results and the state are returned in memory.
+        model: a segood network; any ``nn.Module`` returning logits (N, C, h, w) of any number of classes C at any
+            resolution (wrapped in :class:`ExternalModel`; ``feature_layer`` names the layer whose output
+            Mahalanobis models); or a :class:`~segood.methods.scorer.Scorer`, a callable that returns the
+            anomaly scores itself (``methods`` then None: it is its own method). Logits at another resolution than
+            the frames are resized to them bilinearly before scoring. With C other than the sets' 19 Cityscapes
+            trainIds, every method that needs no class mapping runs and the report notes what is left out.
+        align_corners: how such logits are resized: as the model's own library does (default False, torch and
+            smp's ``F.interpolate(..., mode="bilinear", align_corners=False)``); for ``nn.Module`` models.
         sets: {name: path of a converted .h5 set} (or a list of paths, named by their stems).
         methods: None (every method the model's head serves; those needing a fit only with ``fit_set``), names,
             or method objects (e.g. tuned ones).
@@ -66,6 +78,9 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
             "source": "oracle", each set's own (:func:`segood.evaluation.runner.component_spec`).
         bootstrap, commit_on: the report's intervals and committed thresholds (:func:`write_report`); the
             component thresholds' tuning set when the run chooses them.
+        official: "smiyc" or "fishyscapes": also that benchmark's own computation of its numbers (its AP and FPR95;
+            SMIYC's component metrics too), reported beside segood's and named so (``docs/official.md``,
+            :mod:`segood.metrics.official`).
 
     Under ``torchrun`` (an initialised process group) each rank evaluates every world_size-th frame and the
     counts are all-reduced; rank 0 writes the outputs. Results equal a single-process run exactly.
@@ -73,23 +88,43 @@ def evaluate(model, sets, methods=None, out_dir="runs/eval", *, batch_size=2, de
     model, sets, methods, grid, components, description = prepare(
         model, sets, methods, batch_size=batch_size, device=device, num_thresholds=num_thresholds,
         score_range=score_range, mantissa_bits=mantissa_bits, grid=grid, progress=progress, fit_set=fit_set,
-        checkpoint=checkpoint, feature_layer=feature_layer, verify=verify, components=components, commit_on=commit_on)
-    ev = execute(model, sets, methods, out_dir, description, batch_size=batch_size, device=device, grid=grid,
-                 resume=resume, save_every=save_every, progress=progress, skip_bad=skip_bad, verify=verify,
-                 components=components)
-    return None if ev is None else write_report(out_dir, figures=figures, bootstrap=bootstrap, commit_on=commit_on)
+        checkpoint=checkpoint, feature_layer=feature_layer, verify=verify, components=components, commit_on=commit_on,
+        official=official, align_corners=align_corners)
+    options = {"batch_size": batch_size, "device": device, "grid": grid, "save_every": save_every,
+               "progress": progress, "skip_bad": skip_bad, "verify": verify, "components": components,
+               "official": official}
+    if out_dir is None:
+        if resume:
+            raise ValueError("resume continues a run saved in a folder: pass out_dir")
+        with tempfile.TemporaryDirectory(prefix="segood-run-") as tmp:
+            ev = execute(model, sets, methods, tmp, description, **options)
+            run_description = RunFolder(tmp).read_run() if ev is not None else None
+        if ev is None:
+            return None
+        return Results(build_results(run_description, ev, bootstrap=bootstrap, commit_on=commit_on), ev)
+    ev = execute(model, sets, methods, out_dir, description, resume=resume, **options)
+    if ev is None:
+        return None
+    return Results(write_report(out_dir, figures=figures, bootstrap=bootstrap, commit_on=commit_on), ev)
 
 
 def prepare(model, sets, methods=None, *, batch_size=2, device=None, num_thresholds=None, score_range=None,
             mantissa_bits=None, grid=None, progress=True, fit_set=None, checkpoint=None, feature_layer=None,
-            verify=True, components=None, commit_on=None):
+            verify=True, components=None, commit_on=None, official=None, align_corners=None):
     """What :func:`evaluate` (and ``segood robustness``) run, checked before anything is written: (model, sets
     {name: path}, method objects (fitted), grid, components spec, the run description for run.json)."""
-    if not isinstance(model, (SegmentationNetwork, ExternalModel)):
-        model = ExternalModel(model, feature_layer)
-    elif isinstance(model, SegmentationNetwork) and model.config.num_classes != NUM_CLASSES:
-        raise ValueError(f"the checkpoint predicts {model.config.num_classes} classes; segood sets use the "
-                         f"{NUM_CLASSES} Cityscapes trainIds")
+    if isinstance(model, Scorer):
+        given = [k for k, v in {"fit_set": fit_set, "feature_layer": feature_layer, "checkpoint": checkpoint,
+                                "align_corners": align_corners}.items() if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} set up a network; scorer {model.name} returns its scores itself: "
+                             "drop them")
+        if methods is not None and [getattr(m, "name", m) for m in methods] != [model.name]:
+            raise ValueError(f"scorer {model.name} is its own method: pass methods=None, or evaluate the methods "
+                             "with a network instead")
+        methods = [model]
+    else:
+        model = as_network(model, feature_layer=feature_layer, align_corners=align_corners)
     if device is not None:
         model = model.to(device)
     if isinstance(sets, (list, tuple)):
@@ -106,6 +141,7 @@ def prepare(model, sets, methods=None, *, batch_size=2, device=None, num_thresho
         methods = default_methods(model, fitted=fit_set is not None)
     methods = [method_for_grid(m, grid) if isinstance(m, str) else m for m in methods]  # by name: the grid's form
     components = component_spec(components, commit_on)
+    check_benchmark(official)
     if components and components.get("commit_on") is not None and components["commit_on"] not in sets:
         raise ValueError(f"the component thresholds' tuning set {components['commit_on']!r} is not a set of the "
                          f"run; choose one of {list(sets)}")
@@ -116,14 +152,15 @@ def prepare(model, sets, methods=None, *, batch_size=2, device=None, num_thresho
             if fit_set is None:
                 raise ValueError(f"{method.name} needs its training statistics: pass fit_set (--fit-set), a "
                                  "converted training set, or a fitted method")
-            method.fit(model, torch.utils.data.DataLoader(H5SegmentationDataset(fit_set), batch_size=batch_size),
+            method.fit(model, frame_loader(H5SegmentationDataset(fit_set), batch_size),
                        progress=progress)
     description = {
         "toolkit": run_identity(),
         "model": _model_identity(model, checkpoint),
         "sets": {name: {**set_identity(path), "frames": frames[name]} for name, path in sets.items()},
         "methods": {m.name: m.describe() for m in methods},
-        "config": {"grid": grid, "batch_size": batch_size, **({"components": components} if components else {})},
+        "config": {"grid": grid, "batch_size": batch_size, **({"components": components} if components else {}),
+                   **({"official": official} if official else {})},
     }
     return model, sets, methods, grid, components, description
 
@@ -184,8 +221,8 @@ def evaluate_score_maps(scores_path, data_path, out_dir, *, name="external", sco
             item = dataset[index]
             score = maps[frame_id]
             if score.shape != tuple(item["ood_mask"].shape):
-                raise ValueError(f"frame {frame_id}: scores of shape {score.shape}, the set's frames are "
-                                 f"{tuple(item['ood_mask'].shape)}")
+                raise ValueError(f"frame {frame_id}: scores of shape {score.shape}, the frame is "
+                                 f"{tuple(item['ood_mask'].shape)} (maps are exchanged at each frame's own size)")
             batch = {key: item[key][None] for key in ("image", "ood_mask", "semantic")}
             try:
                 ev.process(set_name, [index], batch, {name: torch.from_numpy(score)[None]}, clip=clip)
@@ -236,7 +273,9 @@ def _some(names):
 
 
 def _model_identity(model, checkpoint):
-    """What the model is, down to its weights (so that --resume never mixes two models)."""
+    """What the model is, down to its weights (so that --resume never mixes two models); a scorer, its function."""
+    if isinstance(model, Scorer):
+        return model.identity()
     if checkpoint is not None:
         return {"checkpoint": str(checkpoint), "sha256": _sha256(checkpoint), "config": model.config.to_dict()}
     weights = _weights_sha256(model)
@@ -245,7 +284,8 @@ def _model_identity(model, checkpoint):
     inner = model.module
     return {"class": f"{type(inner).__module__}.{type(inner).__qualname__}",
             "parameters": int(sum(p.numel() for p in inner.parameters())),
-            "served_heads": sorted(model.served_heads), "weights_sha256": weights}
+            "served_heads": sorted(model.served_heads), "weights_sha256": weights,
+            **({"align_corners": True} if model.align_corners else {})}  # (False, the default, as before it existed)
 
 
 def _weights_sha256(model):

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import h5py
 import numpy as np
-import torch
 from tqdm import tqdm
 
 LAYOUTS = ("segood", "smiyc", "fishyscapes")
@@ -50,11 +49,17 @@ def detect_layout(path):
 
 class ScoreMaps:
     """Read access to the score maps of one set's frames in any layout: ``maps[frame_id]`` -> (H, W) array in
-    native byte order; ``score_range`` a declared range or None. Use as a context manager."""
+    native byte order; ``score_range`` a declared range or None. Use as a context manager. ``frame_ids``: the
+    set's; None reads every map of a segood file (the folder layouts need them: their file names carry only the
+    last part of each id)."""
 
     def __init__(self, path, frame_ids):
         self.path, self.layout = Path(path), detect_layout(path)
-        self.frame_ids = list(frame_ids)
+        if frame_ids is None and self.layout != "segood":
+            raise ValueError(f"{self.path} is a folder of {self.layout} score files, named by the last part of each "
+                             "frame id: give the set they belong to for the full ids (its converted file or public "
+                             "copy; segood submit --data SET=FILE.h5)")
+        self.frame_ids = None if frame_ids is None else list(frame_ids)
         self.score_range, self.file = None, None
         if self.layout == "segood":
             try:
@@ -66,6 +71,8 @@ class ScoreMaps:
                 self.score_range = tuple(float(v) for v in self.file.attrs["score_range"])
             stored = []
             self.file.visititems(lambda key, obj: stored.append(key) if isinstance(obj, h5py.Dataset) else None)
+            if self.frame_ids is None:
+                self.frame_ids = stored
         else:
             self.names = file_ids(self.frame_ids)
             suffix = _SUFFIX[self.layout]
@@ -113,7 +120,7 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
     ``segood``: ``out_dir/<method>/<set>.h5``; ``smiyc``: ``out_dir/anomaly_p/<method>/<set>/<fid>.hdf5``
     (float16, dataset ``value``); ``fishyscapes``: ``out_dir/<method>/<set>/<fid>_anomaly.npy`` (float32).
     Every file is written atomically. Returns {(method, set): path written}."""
-    from segood.data.h5 import H5SegmentationDataset, frame_ids
+    from segood.data.h5 import H5SegmentationDataset, frame_ids, frame_loader
     from segood.io import atomic_output
     from segood.methods.schedule import check_methods, score_batch
     from segood.models.network import preprocess
@@ -135,7 +142,7 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
                 for m in methods:
                     files[m.name] = stack.enter_context(h5py.File(stack.enter_context(atomic_output(targets[m.name])),
                                                                   "w"))
-            loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size)
+            loader = frame_loader(dataset, batch_size)
             for batch in tqdm(loader, desc=f"export {set_name}", unit="batch", disable=not progress):
                 scored = score_batch(model, preprocess(batch["image"].to(device)), methods)
                 for method, scores in zip(methods, scored.scores):

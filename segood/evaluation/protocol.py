@@ -9,9 +9,8 @@ threshold saw the test's outliers.
 import json
 from pathlib import Path
 
-import torch
 
-from segood.data.h5 import H5SegmentationDataset, set_identity
+from segood.data.h5 import H5SegmentationDataset, frame_loader, set_identity
 from segood.evaluation.api import evaluate
 from segood.io import atomic_write_text, write_json
 from segood.methods import get_method
@@ -48,7 +47,7 @@ def cross_source(model, tuning_sets, test_sets, methods, out_dir, *, grids=None,
     cells = {m: {} for m in methods}
     tuned_params = {m: {} for m in methods}
     for s, path in tuning_sets.items():
-        loader = torch.utils.data.DataLoader(H5SegmentationDataset(path), batch_size=batch_size)
+        loader = frame_loader(H5SegmentationDataset(path), batch_size)
         tuned = [tune(m, model, loader, grids[m], metric=metric, tuning_set=path, progress=progress).method()
                  if m in grids else get_method(m) for m in methods]
         doc = evaluate(model, {s: path, **test_sets}, tuned, out_dir / s, batch_size=batch_size, device=device,

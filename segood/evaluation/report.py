@@ -16,6 +16,7 @@ from segood.labels import CLASS_NAMES, colorize
 from segood.methods.tuning import same_source_tuning
 from segood.metrics import METRICS, describe_grid, grid_spec
 from segood.metrics.bootstrap import Bootstrap
+from segood.metrics.official import LABELS as OFFICIAL_LABELS
 
 SCHEMA = "segood.results/1"
 COARSE = 0.01  # a pooled value the binning may move by more than this is flagged ≈ in results.md
@@ -59,6 +60,8 @@ def build_results(run, ev, *, bootstrap=Bootstrap(), commit_on=None):
                 results[m][s]["components"] = {**{k: _number(v) if isinstance(v, float) else v
                                                   for k, v in ev.comp[(m, s)].compute().items()},
                                                **component_choice(ev.components)}
+            if ev.official:
+                results[m][s]["official"] = official_results(ev, m, s)
             counts = ev.class_count[s]
             means = np.divide(ev.class_sum[(m, s)], counts, out=np.full(len(counts), np.nan), where=counts > 0)
             per_class[m][s] = {name: (None if np.isnan(v) else float(v)) for name, v in zip(CLASS_NAMES, means)}
@@ -68,7 +71,20 @@ def build_results(run, ev, *, bootstrap=Bootstrap(), commit_on=None):
                "per_method": runtime(ev)}
     return {"schema": SCHEMA, **run, "results": results, "per_class_mean_score": per_class, "timings": timings,
             "skipped_frames": ev.skipped, "bootstrap": described, "comparisons": comparisons,
-            "commit_on": commit_on}
+            "commit_on": commit_on, "notes": ev.notes()}
+
+
+def official_results(ev, m, s):
+    """The benchmark's own numbers for method ``m`` on set ``s`` (the run's official mode), beside segood's:
+    {"benchmark", "label", "auprc", "fpr95", ... (:mod:`segood.metrics.official`), "components" in the SMIYC mode
+    with component metrics}."""
+    def plain(result):
+        return {k: _number(v) if isinstance(v, float) else v for k, v in result.items()}
+
+    out = {"benchmark": ev.official, "label": OFFICIAL_LABELS[ev.official], **plain(ev.official_acc[(m, s)].compute())}
+    if (m, s) in ev.official_comp:
+        out["components"] = {**plain(ev.official_comp[(m, s)].compute()), **component_choice(ev.components)}
+    return out
 
 
 def component_choice(spec):
@@ -115,6 +131,8 @@ def combine_runs(run_dirs, out_dir, *, figures=True, bootstrap=Bootstrap(), comm
     if any(ev.grid != states[0].grid for ev in states):
         raise ValueError(f"runs on different threshold grids cannot be combined: {[ev.grid for ev in states]}")
     specs = [ev.components for ev in states if ev.components]
+    if len({ev.official for ev in states}) > 1:
+        raise ValueError(f"runs with different official modes cannot be combined: {[ev.official for ev in states]}")
     if len({(c["preset"], c["source"], c.get("rule"), c.get("commit_on")) for c in specs}) > 1:
         raise ValueError("runs whose component metrics differ in preset or in how their thresholds were chosen "
                          "cannot be combined")
@@ -123,10 +141,12 @@ def combine_runs(run_dirs, out_dir, *, figures=True, bootstrap=Bootstrap(), comm
         raise ValueError(f"{', '.join(unchosen)} stopped before choosing their component thresholds (after the pixel "
                          "pass): finish them with segood evaluate ... --resume first")
     components = {**specs[0], "thresholds": {m: t for c in specs for m, t in c["thresholds"].items()}} if specs else None
-    combined = Evaluation(names, sets, states[0].grid, components)
+    combined = Evaluation(names, sets, states[0].grid, components, official=states[0].official)
     for ev in states:
         combined.acc.update(ev.acc)
         combined.comp.update(ev.comp)
+        combined.official_acc.update(ev.official_acc)
+        combined.official_comp.update(ev.official_comp)
         combined.class_sum.update(ev.class_sum)
         for key, example in ev.examples.items():
             combined.examples.setdefault(key, {}).update(example)
@@ -156,6 +176,11 @@ def results_csv(doc):
             per_image = r["per_image_mean"] or {}
             writer.writerow([m, s, "per-image mean", *(per_image.get(k) for k in METRICS), "",
                              per_image.get("n_images"), "", "", r["same_source_tuning"], *[""] * len(bound_columns)])
+            official = r.get("official")
+            if official:  # the benchmark's own computation: only the metrics it defines
+                writer.writerow([m, s, official["label"], *(official.get(k, "") for k in METRICS), "", "",
+                                 official["n_id"], official["n_ood"], r["same_source_tuning"],
+                                 *[""] * len(bound_columns)])
     return buffer.getvalue()
 
 
@@ -219,6 +244,7 @@ def results_markdown(doc):
             lines.append(f"| {m} | " + " | ".join(_markdown_cell(c) for c in cells) + " |")
         lines.append("")
     lines += committed_markdown(doc, sets) + runtime_markdown(doc) + component_markdown(doc, sets)
+    lines += official_markdown(doc, sets)
     ratios = {s: doc["results"][next(iter(doc["results"]))][s]["id_to_ood_ratio"] for s in sets}
     lines.append("Sets: " + ", ".join(f"{s} (ID:OOD = {r:.2f}:1)" if r else f"{s} (no OOD pixels)"
                                       for s, r in ratios.items()) + ".")
@@ -241,6 +267,7 @@ def results_markdown(doc):
                      "\"coarsening\" in results.json bounds how far that moves a value.")
     per_image = [f"{(r['per_image_mean'] or {}).get('n_images', 0)}" for r in doc["results"][next(iter(doc["results"]))].values()]
     lines.append(f"Per-image means average the images where a metric is defined ({', '.join(per_image)} images per set).")
+    lines += doc.get("notes") or []
     return "\n".join(lines) + "\n"
 
 
@@ -448,6 +475,42 @@ def component_markdown(doc, sets):
         if any(row):
             lines.append(f"| {m} | " + " | ".join("–" if not c else " / ".join(
                 "–" if c[k] is None else f"{c[k]:.3f}" for k in ("siou", "ppv", "f1_star")) for c in row) + " |")
+    return lines + [""]
+
+
+def official_markdown(doc, sets):
+    """segood's numbers and the benchmark's own computation of them side by side (the official mode), per method
+    and set; the component metrics too in the SMIYC mode."""
+    cells = {(m, s): r[s].get("official") for m, r in doc["results"].items() for s in sets}
+    present = [c for c in cells.values() if c]
+    if not present:
+        return []
+    label = present[0]["label"]
+
+    def number(value, digits=4):
+        return "–" if value is None else f"{value:.{digits}f}"
+
+    lines = [f"## {label} beside segood (docs/official.md)", "",
+             f"segood's pooled values and the same metrics as the benchmark's own code computes them ({label}).", "",
+             f"| method | set | AUPRC | AUPRC ({label}) | FPR95 | FPR95 ({label}) |", "|---|---|---:|---:|---:|---:|"]
+    for (m, s), c in cells.items():
+        if c:
+            pooled = doc["results"][m][s]["pooled"]
+            lines.append(f"| {m} | {s} | {number(pooled['auprc'])} | {number(c['auprc'])} | {number(pooled['fpr95'])} "
+                         f"| {number(c['fpr95'])} |")
+    if "best_f1_threshold" in present[0]:
+        lines.append("")
+        lines.append(f"{label}: the threshold of best pixel F1 on its curve (its component threshold, tuned on the "
+                     "test set): " + ", ".join(f"{m} on {s} {number(c['best_f1_threshold'], 6)}"
+                                               for (m, s), c in cells.items() if c) + ".")
+    with_components = [(key, c) for key, c in cells.items() if c and c.get("components")]
+    if with_components:
+        lines += ["", f"| method | set | sIoU / PPV / F1* | sIoU / PPV / F1* ({label}) | threshold |",
+                  "|---|---|---:|---:|---:|"]
+        for (m, s), c in with_components:
+            mine, theirs = doc["results"][m][s]["components"], c["components"]
+            lines.append(f"| {m} | {s} | " + " | ".join(" / ".join(number(x[k], 3) for k in ("siou", "ppv", "f1_star"))
+                                                        for x in (mine, theirs)) + f" | {theirs['threshold']:.6g} |")
     return lines + [""]
 
 

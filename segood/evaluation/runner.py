@@ -1,10 +1,11 @@
 """The evaluation run: every method on every set in one pass per set, resumable and shardable over ranks.
 
-Three steps per batch: reading (:func:`read_batch`), scoring (:func:`segood.methods.schedule.score_batch`:
+Three steps per batch: reading (:func:`read_batch`), scoring (:func:`segood.methods.schedule.score_frames`:
 one forward pass for every single-pass method, one set of Monte-Carlo samples for the dropout methods, own
-passes for perturbing methods) and accumulation (:meth:`Evaluation.process`: an accumulator on the run's
-threshold grid per (method, set), per-class score sums for the paper's Figure 2, a few example frames). State is saved
-atomically every ``save_every`` batches, so a killed run resumes to exactly the counts of an uninterrupted one.
+passes for perturbing methods; or a :class:`~segood.methods.scorer.Scorer`'s own call) and accumulation
+(:meth:`Evaluation.process`: an accumulator on the run's threshold grid per (method, set), per-class score sums
+for the paper's Figure 2, a few example frames). State is saved atomically every ``save_every`` batches, so a
+killed run resumes to exactly the counts of an uninterrupted one.
 
 Component metrics whose thresholds the run chooses itself (committed on a tuning set, or tuned on each test set)
 need the pixel counts first: after the pixel pass the thresholds are chosen (:func:`chosen_thresholds`) and a
@@ -16,26 +17,29 @@ import json
 import math
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-import segood
-from segood.data.h5 import H5SegmentationDataset, require_labels
+from segood.data.h5 import H5SegmentationDataset, require_labels, same_size_batches
 from segood.evaluation.layout import RunFolder
 from segood.io import read_npz, write_npz
 from segood.labels import NUM_CLASSES
 from segood.methods import METHODS, get_method
-from segood.methods.schedule import check_methods, score_batch
+from segood.methods.schedule import check_methods, score_frames
 from segood.methods.methods import served_heads
+from segood.methods.scorer import Scorer
 from segood.metrics import UndefinedMetricWarning, accumulator_from_state, grid_of, grid_spec, make_accumulator
 from segood.metrics.calibration import CalibrationAccumulator
 from segood.metrics.components import PRESETS, ComponentAccumulator
+from segood.metrics.official import (SMIYCComponentAccumulator, check_benchmark, pixel_accumulator,
+                                     pixel_accumulator_from_state)
 from segood.metrics.segmentation import confusion_matrix
 from segood.metrics.thresholds import RULES, commit
-from segood.models.network import preprocess
+from segood.version import __version__
 
 EXAMPLES_PER_SET = 3
 
@@ -52,9 +56,11 @@ class Evaluation:
     """The mutable state of a run: accumulators, per-class sums, examples, timings, progress."""
 
     def __init__(self, method_names, set_names, grid=None, components=None, *, quality=False,
-                 examples=(EXAMPLES_PER_SET, None)):
+                 examples=(EXAMPLES_PER_SET, None), official=None):
         """``quality``: also the network's segmentation quality per set (confusion matrix for mIoU, calibration
-        of its softmax); ``examples``: (frames kept per set, their largest width or None) for the figures."""
+        of its softmax); ``examples``: (frames kept per set, their largest width or None) for the figures;
+        ``official``: also a benchmark's own computation ("smiyc" or "fishyscapes", :mod:`segood.metrics.official`)
+        beside segood's numbers."""
         self.method_names, self.set_names = list(method_names), list(set_names)
         self.quality = bool(quality)
         self.example_count, self.example_width = examples
@@ -65,7 +71,11 @@ class Evaluation:
             raise ValueError(f"method and set names must be non-empty and free of '|' (the state's separator): {odd}")
         self.grid = grid or grid_spec()
         self.components = components  # None, or a spec of component_spec()
+        self.official = check_benchmark(official)
+        self.official_acc = {(m, s): pixel_accumulator(self.official) for m in self.method_names
+                             for s in self.set_names} if self.official else {}
         self.comp = self._component_accumulators()
+        self.official_comp = self._component_accumulators(official=True)
         self.acc = {(m, s): make_accumulator(self.grid, per_image=True) for m in method_names
                     for s in set_names}
         self.class_sum = {(m, s): np.zeros(NUM_CLASSES) for m in method_names for s in set_names}
@@ -76,16 +86,69 @@ class Evaluation:
         self.done = {s: 0 for s in set_names}  # frames of this rank's shard already accumulated
         self.components_done = {s: 0 for s in set_names}  # the same, in the components pass
         self.skipped = []  # [set, frame index, reason] of unreadable frames passed over with skip_bad
+        self.model_output = {}  # {"classes": the model's (None: a scorer), "resized", "align_corners"} once seen
 
-    def _component_accumulators(self):
+    def note_output(self, classes, *, resized=False, align_corners=False):
+        """Record what the model's forward pass gave: its number of ``classes`` (None for a scorer's scores) and
+        whether its logits were ``resized`` to the frames (with ``align_corners``)."""
+        self.model_output = {"classes": classes, "resized": bool(resized or self.model_output.get("resized")),
+                             "align_corners": bool(align_corners)}
+
+    def classes_match(self):
+        """Whether the model predicts the sets' classes (the 19 Cityscapes trainIds), so that its predictions can
+        be compared with their labels (mIoU, confusion, calibration, the example figures' classes)."""
+        return self.model_output.get("classes", NUM_CLASSES) == NUM_CLASSES
+
+    def notes(self):
+        """What the report must say about the model's outputs: resized logits, another number of classes."""
+        out, classes = self.model_output, self.model_output.get("classes", NUM_CLASSES)
+        notes = []
+        if out.get("resized"):
+            notes.append("The model's logits came out at another resolution than the frames and were resized to "
+                         f"them bilinearly (align_corners={out.get('align_corners', False)}) before scoring.")
+        if classes is not None and classes != NUM_CLASSES:
+            notes.append(f"The model predicts {classes} classes, not the sets' {NUM_CLASSES} Cityscapes trainIds: "
+                         "its predicted classes are left out of the example figures"
+                         + (" and its segmentation quality (mIoU, confusion, calibration) is not computed"
+                            if self.quality else "")
+                         + ". The mean score per class is over the sets' own labels.")
+        return notes
+
+    def _component_accumulators(self, *, official=False):
+        """segood's component accumulators, or (``official``) SMIYC's own beside them in the SMIYC official mode."""
         c = self.components
-        return {(m, s): ComponentAccumulator(component_threshold(c, m, s), c["preset"], threshold_source=c["source"])
+        if official and self.official != "smiyc":
+            return {}
+        kind = SMIYCComponentAccumulator if official else ComponentAccumulator
+        return {(m, s): kind(component_threshold(c, m, s), c["preset"], threshold_source=c["source"])
                 for m in self.method_names for s in self.set_names if c and component_threshold(c, m, s) is not None}
 
     def choose_component_thresholds(self, thresholds):
         """Fix the thresholds a run chooses itself (:func:`chosen_thresholds`), making the components' accumulators."""
         self.components = {**self.components, "thresholds": thresholds}
         self.comp = self._component_accumulators()
+        self.official_comp = self._component_accumulators(official=True)
+
+    def update_components(self, method, set_name, scores, ood_mask):
+        """Add frames to the component accumulators of (``method``, ``set_name``): segood's and, in the SMIYC
+        official mode, SMIYC's own."""
+        self.comp[(method, set_name)].update(scores, ood_mask)
+        if (method, set_name) in self.official_comp:
+            self.official_comp[(method, set_name)].update(scores, ood_mask)
+
+    def update_pixels(self, set_name, indices, batch, scored, names):
+        """The pixel pass's update: one scored batch (:class:`~segood.methods.schedule.ScoredBatch` of the methods
+        ``names``) into :meth:`process`; predictions of other classes than the sets' are not compared with their
+        labels."""
+        comparable = self.classes_match()
+        self.process(set_name, indices, batch, dict(zip(names, scored.scores)),
+                     scored.classes if comparable else None,
+                     logits=scored.output.logits if self.quality and comparable else None)
+
+    def update_components_pass(self, set_name, indices, batch, scored, names):
+        """The components pass's update: the batch's scores into the component accumulators only."""
+        for name, score in zip(names, scored.scores):
+            self.update_components(name, set_name, score, batch["ood_mask"])
 
     def process(self, set_name, indices, batch, scores, classes=None, *, clip=False, logits=None):
         """Accumulate one batch of a set: ``batch`` holds ``image`` (N, 3, H, W), ``ood_mask`` and ``semantic``
@@ -94,7 +157,7 @@ class Evaluation:
         the accumulators, the per-class score sums (pixels without a class go to an overflow bin, no masked
         copies), the segmentation quality and the example frames."""
         ood_mask, semantic = batch["ood_mask"], batch["semantic"]
-        if self.quality:
+        if self.quality and self.classes_match():  # (another number of classes: skipped, said in notes())
             if logits is None or classes is None:
                 raise ValueError("an evaluation with quality=True needs the network's logits and classes")
             self.confusion[set_name] += confusion_matrix(classes.cpu().numpy(), semantic.numpy(), NUM_CLASSES)
@@ -105,8 +168,10 @@ class Evaluation:
         self.class_count[set_name] += torch.bincount(class_index, minlength=NUM_CLASSES + 1)[:NUM_CLASSES].cpu().numpy()
         for name, score in scores.items():
             self.acc[(name, set_name)].update(score, labels, clip=clip)
+            if self.official:
+                self.official_acc[(name, set_name)].update(score, ood_mask)
             if (name, set_name) in self.comp and not chosen_by_run(self.components):  # else: the components pass
-                self.comp[(name, set_name)].update(score, ood_mask)
+                self.update_components(name, set_name, score, ood_mask)
             weights = score.flatten().to(torch.float64, copy=True).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)  # ±inf: 0
             self.class_sum[(name, set_name)] += torch.bincount(
                 class_index, weights=weights, minlength=NUM_CLASSES + 1)[:NUM_CLASSES].cpu().numpy()
@@ -128,7 +193,9 @@ class Evaluation:
                                             "images": self.images, "done": self.done,
                                             "components_done": self.components_done,
                                             "skipped": self.skipped, "quality": self.quality,
-                                            "examples": [self.example_count, self.example_width]}))}
+                                            "model_output": self.model_output,
+                                            "examples": [self.example_count, self.example_width],
+                                            "official": self.official}))}
         for s, confusion in self.confusion.items():
             out[f"confusion|{s}"] = confusion
         for s, calibration in self.calibration.items():
@@ -141,6 +208,12 @@ class Evaluation:
         for (m, s), comp in self.comp.items():
             for key, value in comp.state_arrays().items():
                 out[f"comp|{m}|{s}|{key}"] = value
+        for (m, s), acc in self.official_acc.items():
+            for key, value in acc.state_dict().items():
+                out[f"off|{m}|{s}|{key}"] = value
+        for (m, s), comp in self.official_comp.items():
+            for key, value in comp.state_arrays().items():
+                out[f"offcomp|{m}|{s}|{key}"] = value
         for s, count in self.class_count.items():
             out[f"clscount|{s}"] = count
         for (s, i), example in self.examples.items():
@@ -168,8 +241,17 @@ class Evaluation:
                     and (examples[1] is None or type(examples[1]) is int and examples[1] > 0)):
                 raise ValueError("'examples' must be [frames per set, width or null]")
             ev = cls(methods, sets, grid, meta.get("components"), quality=meta.get("quality") is True,
-                     examples=tuple(examples))
+                     examples=tuple(examples), official=meta.get("official"))
             ev.acc = accumulators
+            for (m, s), acc in ev.official_acc.items():
+                prefix = f"off|{m}|{s}|"
+                restored = pixel_accumulator_from_state({k[len(prefix):]: arrays[k] for k in arrays
+                                                         if k.startswith(prefix)})
+                if type(restored) is not type(acc):
+                    raise ValueError(f"the official accumulator of {m} on {s} is not {ev.official}'s")
+                ev.official_acc[(m, s)] = restored
+            for (m, s), comp in ev.official_comp.items():
+                comp.load_state({k: arrays[f"offcomp|{m}|{s}|{k}"] for k in ("taus", "sums", "counts")})
             for s in ev.confusion:
                 ev.confusion[s] = _array(arrays[f"confusion|{s}"], (NUM_CLASSES, NUM_CLASSES), np.int64, counts=True)
                 ev.calibration[s] = CalibrationAccumulator.from_state_dict(
@@ -188,6 +270,7 @@ class Evaluation:
                     isinstance(e, list) and len(e) == 3 and e[0] in sets and type(e[1]) is int for e in meta["skipped"]):
                 raise ValueError("'skipped' must list [set, frame index, reason] entries")
             ev.skipped = meta["skipped"]
+            ev.model_output = _model_output(meta.get("model_output", {}))
             for m, s in ev.acc:
                 ev.class_sum[(m, s)] = _array(arrays[f"cls|{m}|{s}"], (NUM_CLASSES,), np.float64)
             for s in sets:
@@ -218,6 +301,10 @@ class Evaluation:
             self.class_sum[key] += other.class_sum[key]
         for key, comp in self.comp.items():
             comp.merge(other.comp[key])
+        for key, acc in self.official_acc.items():
+            acc.merge(other.official_acc[key])
+        for key, comp in self.official_comp.items():
+            comp.merge(other.official_comp[key])
         for s in self.set_names:
             self.class_count[s] += other.class_count[s]
             self.images[s] += other.images[s]
@@ -225,13 +312,16 @@ class Evaluation:
             self.confusion[s] += other.confusion[s]
             self.calibration[s].merge(other.calibration[s])
         self.examples.update(other.examples)
+        if other.model_output:
+            self.note_output(other.model_output["classes"], resized=other.model_output["resized"],
+                             align_corners=other.model_output["align_corners"])
         return self
 
     def all_reduce(self):
         """Sum counts over torch.distributed ranks (a no-op without a process group)."""
         import torch.distributed as dist
 
-        for acc in self.acc.values():
+        for acc in (*self.acc.values(), *self.official_acc.values()):
             acc.all_reduce()
         if not (dist.is_available() and dist.is_initialized()):
             return self
@@ -263,7 +353,7 @@ class Evaluation:
             self.confusion[s] = counts[: NUM_CLASSES**2].reshape(NUM_CLASSES, NUM_CLASSES)
             cal.count[...], cal.correct[...] = counts[NUM_CLASSES**2 :].reshape(2, -1)
             cal.confidence[...], cal.brier = sums[:-1], float(sums[-1])
-        for comp in self.comp.values():  # counts and sums of the component metrics (float64 holds them exactly)
+        for comp in (*self.comp.values(), *self.official_comp.values()):  # counts and sums (exact in float64)
             arrays = comp.state_arrays()
             tensor = torch.from_numpy(np.concatenate([arrays["taus"].ravel(), arrays["counts"]]).astype(np.float64))
             sums = torch.from_numpy(arrays["sums"]).to(device)
@@ -347,6 +437,18 @@ def _array(value, shape, dtype, *, counts=False):
     return array.astype(dtype)
 
 
+def _model_output(value):
+    """A state's record of the model's outputs (:meth:`Evaluation.note_output`), checked."""
+    if value == {}:
+        return {}
+    if not (isinstance(value, dict) and set(value) == {"classes", "resized", "align_corners"}
+            and (value["classes"] is None or type(value["classes"]) is int and value["classes"] > 0)
+            and all(isinstance(value[k], bool) for k in ("resized", "align_corners"))):
+        raise ValueError("'model_output' must be {\"classes\": a positive int or null, \"resized\": bool, "
+                         "\"align_corners\": bool}")
+    return dict(value)
+
+
 def _frame_counts(value, sets, key):
     """{set: non-negative int} for every set of the run, or a ValueError."""
     if not isinstance(value, dict) or set(value) != set(sets) or not all(
@@ -370,6 +472,14 @@ def read_batch(dataset, indices, *, skip_bad=False):
     return items, kept, bad
 
 
+def stacked(items, indices):
+    """(batch of stacked tensors, its frame indices) for each run of consecutive ``items`` of one size."""
+    sizes = [tuple(item["image"].shape) for item in items]
+    for run in same_size_batches(sizes, len(items)):
+        yield ({key: torch.stack([items[k][key] for k in run]) for key in ("image", "ood_mask", "semantic")},
+               [indices[k] for k in run])
+
+
 class UnreadableFrame(ValueError):
     """A frame of a set could not be read."""
 
@@ -380,18 +490,23 @@ class UnreadableFrame(ValueError):
 
 def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, resume=False,
         save_every=20, progress=True, rank=0, world_size=1, skip_bad=False, seed=0, verify=True, components=None,
-        quality=False, examples=(EXAMPLES_PER_SET, None)):
+        quality=False, examples=(EXAMPLES_PER_SET, None), official=None):
     """Evaluate ``methods`` (method objects) of ``model`` on ``sets`` ({name: .h5 path, or a Dataset of segood
     items such as :class:`segood.robustness.CorruptedSet`}); returns the :class:`Evaluation` (all-reduced over
     ranks). Writes ``state.npz`` (per rank) in ``out_dir``. ``quality`` and ``examples``: see
     :class:`Evaluation`. ``components``: a :func:`component_spec`; when the run chooses its thresholds, a
     components pass over the sets follows the pixel pass (only the methods and sets with a threshold).
+    ``official``: also "smiyc"'s or "fishyscapes"' own computation of its numbers (:mod:`segood.metrics.official`).
 
     Monte-Carlo dropout is seeded per batch from (seed, set, first frame), so a resumed run draws the same
     samples as an uninterrupted one (for the same batch size and sharding)."""
     folder = RunFolder(out_dir)
     folder.path.mkdir(parents=True, exist_ok=True)
-    device = device or next(model.parameters()).device
+    scorer = isinstance(model, Scorer)
+    if scorer and quality:
+        raise ValueError(f"segmentation quality (mIoU, calibration) needs a network's logits; scorer {model.name} "
+                         "gives anomaly scores only")
+    device = device or (torch.device("cpu") if scorer else next(model.parameters()).device)
     check_methods(model, methods)
     datasets = {name: path if hasattr(path, "__getitem__") and not isinstance(path, (str, Path)) else
                 H5SegmentationDataset(path, verify=verify) for name, path in sets.items()}
@@ -405,82 +520,103 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, 
     if resume and state_path.exists():
         ev = Evaluation.load(state_path)
         if ev.method_names != names or ev.set_names != list(sets) or ev.grid != (grid or grid_spec()) \
-                or ev.quality != quality:
+                or ev.quality != quality or ev.official != official:
             raise ValueError(f"{state_path} holds a run of methods {ev.method_names} on sets {ev.set_names} (grid "
-                             f"{ev.grid}), not {names} on {list(sets)}: use another --out or drop --resume")
+                             f"{ev.grid}, official mode {ev.official}), not {names} on {list(sets)} (official mode "
+                             f"{official}): use another --out or drop --resume")
     else:
-        ev = Evaluation(names, list(sets), grid, components, quality=quality, examples=examples)
+        ev = Evaluation(names, list(sets), grid, components, quality=quality, examples=examples, official=official)
     model.eval()
     make_accumulator(ev.grid).update(np.zeros(1, np.float32), np.zeros(1, np.uint8))  # load the grid's kernel once
-
-    def one_pass(label, done, methods_of, accumulate):
-        """Score every set's frames not yet ``done`` with ``methods_of(set)`` and ``accumulate`` them; the pixel
-        pass and the components pass alike (the same batches, so the same Monte-Carlo seeds and scores)."""
-        components_pass = label == "components"
-        for set_index, (set_name, dataset) in enumerate(datasets.items()):
-            chosen = methods_of(set_name)
-            if not chosen:
-                continue
-            shard = list(range(rank, len(dataset), world_size))[done[set_name]:]
-            bar = tqdm(total=len(shard), desc=f"{label} {set_name}", unit="img", disable=not progress)
-            batches_since_save = 0
-            for start in range(0, len(shard), batch_size):
-                t0 = time.perf_counter()
-                indices = shard[start : start + batch_size]
-                try:
-                    items, kept, bad = read_batch(dataset, indices, skip_bad=skip_bad)
-                except UnreadableFrame as err:
-                    ev.save(state_path)
-                    raise ValueError(f"{set_name}: {err}; what was accumulated is saved in the run folder (--resume "
-                                     "continues), or pass --skip-bad") from None
-                if not components_pass:  # (the components pass meets the same frames: recorded once)
-                    ev.skipped += [[set_name, i, reason] for i, reason in bad]
-                if items:
-                    batch = {key: torch.stack([it[key] for it in items]) for key in ("image", "ood_mask", "semantic")}
-                    if not components_pass:
-                        ev.seconds["data"] += time.perf_counter() - t0
-                    scored = score_batch(model, preprocess(batch["image"].to(device)), chosen,
-                                         mc_seed=seed * 1_000_003 + set_index * 10_007 + kept[0])
-                    if scored.output.logits.shape[1] != NUM_CLASSES:
-                        raise ValueError(f"the model predicts {scored.output.logits.shape[1]} classes; the sets use "
-                                         f"the {NUM_CLASSES} Cityscapes trainIds")
-                    t3 = time.perf_counter()
-                    try:
-                        accumulate(set_name, kept, batch, scored, [m.name for m in chosen])
-                    except ValueError as err:  # e.g. a method's NaN scores. Not saved: this batch is half-counted,
-                        raise ValueError(f"{set_name}: frames {kept}: {err}; --resume continues from the last saved "
-                                         "batch") from None  # while the last save is consistent
-                    if components_pass:  # all of it: its forward passes are not the run's inference time
-                        ev.seconds["components"] = ev.seconds.get("components", 0.0) + _lap(device, t0)
-                    else:
-                        for stage, seconds in scored.seconds.items():
-                            ev.seconds[stage] += seconds
-                        ev.seconds["accumulate"] += _lap(device, t3)
-                done[set_name] += len(indices)
-                bar.update(len(indices))
-                batches_since_save += 1
-                if batches_since_save >= save_every:
-                    ev.save(state_path)
-                    batches_since_save = 0
-            bar.close()
-            ev.save(state_path)
-
-    def pixels(set_name, kept, batch, scored, names):
-        ev.process(set_name, kept, batch, dict(zip(names, scored.scores)), scored.classes,
-                   logits=scored.output.logits if quality else None)
-
-    def components_of(set_name, kept, batch, scored, names):
-        for name, score in zip(names, scored.scores):
-            ev.comp[(name, set_name)].update(score, batch["ood_mask"])
-
-    one_pass("evaluate", ev.done, lambda s: methods, pixels)
+    loop = _Loop(model, datasets, ev, state_path, device=device, batch_size=batch_size, save_every=save_every,
+                 shard=(rank, world_size), skip_bad=skip_bad, seed=seed, progress=progress)
+    loop.run_pass("evaluate", ev.done, lambda s: methods, ev.update_pixels)
     if chosen_by_run(ev.components):
         thresholds = chosen_thresholds(ev.components, _pooled_results(ev))  # from saved counts: not saved here
         if ev.components["thresholds"] is None:  # (a resumed run chose them already: the same numbers)
             ev.choose_component_thresholds(thresholds)
-        one_pass("components", ev.components_done, lambda s: [m for m in methods if (m.name, s) in ev.comp],
-                 components_of)
+        loop.run_pass("components", ev.components_done, lambda s: [m for m in methods if (m.name, s) in ev.comp],
+                      ev.update_components_pass)
     return ev.all_reduce()
+
+
+@dataclass
+class _Loop:
+    """A pass over the sets is read -> score -> update per batch, saved every ``save_every`` batches; the pixel
+    pass and the components pass are two uses of it (the same batches, so the same Monte-Carlo seeds and scores).
+    ``shard`` = (rank, world size): this process scores every world-size-th frame."""
+
+    model: object
+    datasets: dict
+    ev: "Evaluation"
+    state_path: Path
+    device: object
+    batch_size: int
+    save_every: int
+    shard: tuple
+    skip_bad: bool
+    seed: int
+    progress: bool
+
+    def run_pass(self, label, done, methods_of, update):
+        """Every set's frames not yet ``done`` (frames per set, advanced here) scored with ``methods_of(set)`` and
+        handed to ``update(set, frame indices, batch, scored, method names)``."""
+        for set_index, (set_name, dataset) in enumerate(self.datasets.items()):
+            methods = methods_of(set_name)
+            if not methods:
+                continue
+            rank, world_size = self.shard
+            frames = list(range(rank, len(dataset), world_size))[done[set_name]:]
+            with tqdm(total=len(frames), desc=f"{label} {set_name}", unit="img", disable=not self.progress) as bar:
+                for count, start in enumerate(range(0, len(frames), self.batch_size), 1):
+                    indices = frames[start : start + self.batch_size]
+                    self.step(label, set_index, set_name, dataset, indices, methods, update)
+                    done[set_name] += len(indices)
+                    bar.update(len(indices))
+                    if count % self.save_every == 0:
+                        self.ev.save(self.state_path)
+            self.ev.save(self.state_path)
+
+    def step(self, label, set_index, set_name, dataset, indices, methods, update):
+        """One batch: read (unreadable frames stop the run, saved, or are passed over with ``skip_bad``), then
+        score and update each run of frames of one size."""
+        ev, pixel_pass, t0 = self.ev, label != "components", time.perf_counter()
+        try:
+            items, kept, bad = read_batch(dataset, indices, skip_bad=self.skip_bad)
+        except UnreadableFrame as err:
+            ev.save(self.state_path)
+            raise ValueError(f"{set_name}: {err}; what was accumulated is saved in the run folder (--resume "
+                             "continues), or pass --skip-bad") from None
+        if pixel_pass:  # (the components pass meets the same frames: recorded once)
+            ev.skipped += [[set_name, i, reason] for i, reason in bad]
+            if items:
+                ev.seconds["data"] += time.perf_counter() - t0
+        for batch, part in stacked(items, kept):  # frames of different sizes are scored apart
+            scored = self.score(set_index, set_name, batch, part, methods)
+            t1 = time.perf_counter()
+            try:
+                update(set_name, part, batch, scored, [m.name for m in methods])
+            except ValueError as err:  # e.g. a method's NaN scores. Not saved: this batch is half-counted,
+                raise ValueError(f"{set_name}: frames {part}: {err}; --resume continues from the last saved "
+                                 "batch") from None  # while the last save is consistent
+            if pixel_pass:
+                for stage, seconds in scored.seconds.items():
+                    ev.seconds[stage] += seconds
+                ev.seconds["accumulate"] += _lap(self.device, t1)
+            else:  # all of it: its forward passes are not the run's inference time
+                ev.seconds["components"] = ev.seconds.get("components", 0.0) + _lap(self.device, t0)
+                t0 = time.perf_counter()
+
+    def score(self, set_index, set_name, batch, indices, methods):
+        """The batch's scores (:func:`score_frames`), Monte-Carlo dropout seeded by (seed, set, first frame)."""
+        try:
+            scored = score_frames(self.model, batch["image"].to(self.device), methods,
+                                  mc_seed=self.seed * 1_000_003 + set_index * 10_007 + indices[0])
+        except ValueError as err:  # e.g. a scorer's misshapen or NaN scores
+            raise ValueError(f"{set_name}: frames {indices}: {err}") from None
+        self.ev.note_output(None if scored.output is None else scored.output.logits.shape[1],
+                            resized=scored.resized, align_corners=getattr(self.model, "align_corners", False))
+        return scored
 
 
 def _pooled_results(ev):
@@ -517,4 +653,4 @@ def run_identity():
                                 text=True, timeout=5).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         commit = None
-    return {"segood_version": segood.__version__, "git_commit": commit}
+    return {"segood_version": __version__, "git_commit": commit}

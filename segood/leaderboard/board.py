@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from segood.data.h5 import frame_ids, ood_masks, read_manifest, set_identity
+from segood.data.h5 import frame_ids, frame_sizes, ood_masks, read_array, read_manifest, set_identity
 from segood.io import atomic_write_text, write_json
 from segood.labels import IGNORE
 from segood.leaderboard.maps import map_member, read_maps
@@ -51,7 +51,10 @@ def make_benchmark(tracks, out, *, grid=None):
                                 "sets": {name: _official(name, Path(path), name in private)
                                          for name, path in spec["sets"].items()}}
         for name in sorted(private):
-            write_public_set(spec["sets"][name], Path(out).parent / f"{name}.public.h5")
+            public = Path(out).parent / f"{name}.public.h5"
+            write_public_set(spec["sets"][name], public)
+            # maps exported from the public copy carry its manifest hash: matched to the set by it
+            doc["tracks"][track]["sets"][name]["public_manifest_sha256"] = set_identity(public)["manifest_sha256"]
     write_json(out, doc)
     return doc
 
@@ -60,8 +63,7 @@ def _official(name, path, private):
     identity, manifest = set_identity(path), read_manifest(path)
     return {"manifest_sha256": identity["manifest_sha256"], "ood_sources": identity["ood_sources"],
             "pixels": manifest["pixels"], "private": private, "path": str(path.resolve()),
-            "size": _size(path),
-            "frame_ids": frame_ids(path)}
+            "frame_sizes": [list(size) for size in frame_sizes(path)], "frame_ids": frame_ids(path)}
 
 
 def write_public_set(path, out):
@@ -71,25 +73,19 @@ def write_public_set(path, out):
     from segood.data.common import Sample
     from segood.data.h5 import SetWriter
 
+    sizes = frame_sizes(path)
     with h5py.File(path, "r") as f:
-        writer = SetWriter(out, _size(path), {"source": "public copy", "split": f"{Path(path).stem} (masks private)"},
+        writer = SetWriter(out, None, {"source": "public copy", "split": f"{Path(path).stem} (masks private)"},
                            overwrite=True)
         try:
             for index, frame_id in enumerate(frame_ids(path)):
-                image = f["images"][index]
+                image = read_array(f, "images", index, sizes[index])
                 hidden = np.full(image.shape[:2], IGNORE, np.uint8)
                 writer.append(Sample(image, hidden, hidden, frame_id))
         except BaseException:
             writer.abort()
             raise
         writer.commit()
-
-
-def _size(path):
-    import h5py
-
-    with h5py.File(path, "r") as f:
-        return [int(f.attrs["height"]), int(f.attrs["width"])]
 
 
 def judge(path, benchmark, limits=Limits(), masks=None):
@@ -115,28 +111,28 @@ def _judge(path, benchmark, limits, masks, spill):
     if unexpected:
         raise Rejected(f"unexpected members {unexpected[:3]}: only submission.json, states/*.npz and scores/*.h5 "
                        "are read")
-    known = {map_member(s) for t in benchmark["tracks"].values() for s in t["sets"]}
-    foreign = sorted(n for n in files if is_map(n) and n not in known)
-    if foreign:
-        raise Rejected(f"{foreign[0]}: the benchmark has no such set; maps are read only for its own sets")
     doc = strict_json(files["submission.json"], limits)
     validate(doc)
+    matches = {track: match_sets(doc, spec, track) for track, spec in benchmark["tracks"].items()}
+    read = {map_member(s) for match in matches.values() for s in match.values() if "scores" in doc["sets"][s]}
+    foreign = sorted(n for n in files if is_map(n) and n not in read)
+    if foreign:
+        raise Rejected(f"{foreign[0]}: the benchmark has no such set; maps are read only for its own sets")
     grid = benchmark_grid(benchmark)
     rows = {}
     for track, spec in benchmark["tracks"].items():
         recomputed, verified, images = {}, [], {}
         for set_name, official in spec["sets"].items():
-            entry = doc["sets"].get(set_name)
-            if entry is None:
-                raise Rejected(f"track {track}: no results for set {set_name!r}")
+            mine = matches[track][set_name]  # the submission's name for the set
+            entry = doc["sets"][mine]
             if "scores" in entry:
-                recomputed[set_name], images[set_name] = _verified(set_name, files, official, grid, masks)
+                recomputed[set_name], images[set_name] = _verified(mine, files, official, grid, masks)
                 verified.append(set_name)
             elif official.get("private"):
                 raise Rejected(f"set {set_name!r} keeps its masks private: submit its score maps "
-                               f"({map_member(set_name)}, written by segood submit --scores)")
+                               f"({map_member(mine)}, written by segood submit --scores)")
             else:
-                recomputed[set_name], images[set_name] = _self_reported(set_name, entry, files, official, grid)
+                recomputed[set_name], images[set_name] = _self_reported(mine, entry, files, official, grid)
         if spec.get("verified_only") and len(verified) < len(spec["sets"]):
             raise Rejected(f"track {track} ranks verified entries only: submit score maps for "
                            f"{sorted(set(spec['sets']) - set(verified))}")
@@ -147,12 +143,43 @@ def _judge(path, benchmark, limits, masks, spill):
             "file": shown(Path(path).name), "sha256": _content_hash(files),
             "verified": len(verified) == len(spec["sets"]),
             "uses_ood_data": doc["method"].get("uses_ood_data", False),
-            "same_source_tuning": any(_same_source(doc, s, official) for s, official in spec["sets"].items()),
+            "same_source_tuning": any(_same_source(doc, matches[track][s], official)
+                                      for s, official in spec["sets"].items()),
             "score": None if any(v is None for v in values) else sum(values) / len(values),
             "sets": recomputed,
             "_images": images,  # per-image counts, for the intervals (not written out)
         }
     return rows
+
+
+def match_sets(doc, spec, track):
+    """{benchmark set name: the name the submission gives it}, matched by content: a submission's set is the
+    benchmark's where its manifest sha256 (:func:`segood.data.h5.set_identity`) is the set's, or its public
+    copy's (maps exported from it); names are labels, so a run of the set under another name is matched. An entry
+    without a hash (score maps submitted without their set) is matched by name, its frames checked one by one.
+    Raises :class:`Rejected` naming both sets when the submission's set of that name has other content, or
+    when none matches."""
+    matched = {}
+    for name, official in spec["sets"].items():
+        hashes = {official["manifest_sha256"], official.get("public_manifest_sha256")} - {None}
+        same = [s for s, entry in doc["sets"].items() if entry.get("manifest_sha256") in hashes]
+        if same:
+            matched[name] = name if name in same else same[0]
+            continue
+        entry = doc["sets"].get(name)
+        states_for_private = official.get("private") and entry is not None and "scores" not in entry  # refused later
+        if entry is not None and "manifest_sha256" in entry and not states_for_private:
+            raise Rejected(f"set {name!r}: evaluated on another version of the set: the submission's {name!r} has "
+                           f"manifest hash {entry['manifest_sha256'][:12]}…, the benchmark's {name!r} "
+                           f"{official['manifest_sha256'][:12]}… (sets are matched by content, not by name)")
+        if entry is None:
+            theirs = [f"{s!r} ({e['manifest_sha256'][:12]}…)" if "manifest_sha256" in e else f"{s!r} (no hash)"
+                      for s, e in doc["sets"].items()]
+            theirs = ", ".join(theirs[:5]) + (f" and {len(theirs) - 5} more" if len(theirs) > 5 else "")
+            raise Rejected(f"track {track}: no results for set {name!r} (manifest hash "
+                           f"{official['manifest_sha256'][:12]}…): the submission's sets are {theirs}")
+        matched[name] = name
+    return matched
 
 
 def _self_reported(set_name, entry, files, official, grid):
@@ -180,7 +207,8 @@ def _verified(set_name, files, official, grid, masks):
         raise Rejected(f"set {set_name!r}: no score maps {member}")
     if official["path"] not in masks:
         masks[official["path"]] = list(ood_masks(official["path"]))
-    frames = [(frame_id, *official["size"]) for frame_id in official["frame_ids"]]
+    sizes = official.get("frame_sizes") or [official["size"]] * len(official["frame_ids"])  # (older files: one size)
+    frames = [(frame_id, *size) for frame_id, size in zip(official["frame_ids"], sizes)]
     acc = make_accumulator(grid, per_image=True)
     for (frame_id, scores), (_, mask) in zip(read_maps(files[member], frames), masks[official["path"]]):
         try:

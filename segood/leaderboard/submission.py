@@ -19,19 +19,25 @@ COUNTS = ("n_id", "n_ood", "n_ignored")
 
 
 def submit(run_dir, out, *, method=None, name, description="", allow_same_source=False, score_maps=None,
-           uses_ood_data=False):
+           uses_ood_data=False, data=None):
     """Package ``method`` of the run in ``run_dir`` as a submission zip ``out``; returns the submission dict.
 
-    ``score_maps`` = {set name: score file in the segood layout (``segood export``)} adds per-pixel maps for the
-    verified track, stored as float16 in ``scores/<set>.h5``: the board scores them against its own masks (for
-    sets whose masks are private, the only way to enter). Without ``run_dir`` a submission holds maps only
-    (``uses_ood_data`` is then declared here). Refuses a method tuned on its test source unless
-    ``allow_same_source`` (the flag then travels with it).
+    ``score_maps`` = {set name: score maps in any layout ``segood score`` reads (:mod:`segood.evaluation.exchange`:
+    segood's file, a SegmentMeIfYouCan folder of ``<fid>.hdf5``, a Fishyscapes folder of ``<fid>_anomaly.npy``)}
+    adds per-pixel maps for the verified track, stored as float16 in ``scores/<set>.h5``: the board scores them
+    against its own masks (for sets whose masks are private, the only way to enter). ``data`` = {set name: the
+    converted set the maps belong to, or its public copy}: the frame ids, which the folder layouts need (their
+    files carry only the last part of each id), and the set's manifest hash, by which the board matches the maps
+    to its set. Without ``run_dir`` a submission holds maps only (``uses_ood_data`` is then declared here).
+    Refuses a method tuned on its test source unless ``allow_same_source`` (the flag then travels with it).
     """
     if not NAME_PATTERN.match(name):
         raise ValueError(f"method name {name!r}: use 1-80 letters, digits, spaces and ._+()/- (starting with a letter "
                          "or digit)")
-    score_maps = dict(score_maps or {})
+    score_maps, data = dict(score_maps or {}), dict(data or {})
+    if set(data) - set(score_maps):
+        raise ValueError(f"sets {sorted(set(data) - set(score_maps))} are given (--data) without score maps "
+                         "(--scores SET=PATH)")
     if run_dir is None and not score_maps:
         raise ValueError("nothing to submit: give a run (its accumulator states) or score maps (--scores SET=FILE)")
     document = ({"schema": SCHEMA, "method": {"name": name, "description": description, "params": {},
@@ -42,9 +48,10 @@ def submit(run_dir, out, *, method=None, name, description="", allow_same_source
         if run_dir is not None:
             document = _add_states(archive, run_dir, method, name, description, allow_same_source, skip=score_maps)
         for set_name, path in score_maps.items():
-            _add_float16_maps(archive, map_member(set_name), path)
+            _add_float16_maps(archive, map_member(set_name), path, data.get(set_name))
             previous = document["sets"].get(set_name, {})
-            document["sets"][set_name] = {"scores": map_member(set_name),
+            identity = _maps_identity(set_name, data.get(set_name), previous)
+            document["sets"][set_name] = {"scores": map_member(set_name), **identity,
                                           "same_source_tuning": previous.get("same_source_tuning", False)}
         archive.writestr("submission.json", json.dumps(document, indent=2, allow_nan=False))
     Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -52,21 +59,35 @@ def submit(run_dir, out, *, method=None, name, description="", allow_same_source
     return document
 
 
-def _add_float16_maps(archive, member, path):
-    """Store a float16 copy of a segood-layout score file (one dataset per frame id) as ``member``."""
-    import h5py
-
+def _add_float16_maps(archive, member, path, data=None):
+    """Store a float16 copy of score maps in any layout :class:`segood.evaluation.exchange.ScoreMaps` reads as
+    ``member``: the frames of the set ``data``, or (segood's file only) every map the file holds."""
+    from segood.data.h5 import frame_ids
+    from segood.evaluation.exchange import ScoreMaps
     from segood.leaderboard.maps import write_maps
 
     try:
-        source = h5py.File(path, "r")
-    except OSError as err:
-        raise ValueError(f"{path} is not a readable HDF5 score file ({err}); write it with segood export") from None
-    with source, tempfile.TemporaryDirectory() as tmp:
-        ids = []
-        source.visititems(lambda key, obj: ids.append(key) if isinstance(obj, h5py.Dataset) else None)
-        write_maps(source, ids, Path(tmp) / "maps.h5")
+        ids = None if data is None else frame_ids(data)
+    except KeyError as err:
+        raise ValueError(f"{data} is not a converted segood set (it lacks {err}); give the set the maps belong to, "
+                         "or its public copy") from None
+    with ScoreMaps(path, ids) as maps, tempfile.TemporaryDirectory() as tmp:
+        write_maps(maps, maps.frame_ids, Path(tmp) / "maps.h5")
         archive.write(Path(tmp) / "maps.h5", member, compress_type=zipfile.ZIP_STORED)  # lzf inside already
+
+
+def _maps_identity(set_name, data, previous):
+    """The manifest hash that travels with a set's maps: that of ``data`` (the set they belong to) or, without it,
+    the run's record of the set; {} when neither is known (the board then matches the maps by name)."""
+    if data is None:
+        return {"manifest_sha256": previous["manifest_sha256"]} if "manifest_sha256" in previous else {}
+    from segood.data.h5 import set_identity
+
+    digest = set_identity(data)["manifest_sha256"]
+    if "manifest_sha256" in previous and previous["manifest_sha256"] != digest:
+        raise ValueError(f"set {set_name!r}: the run evaluated another version of the set than {data} (manifest "
+                         f"hash {previous['manifest_sha256'][:12]}…, {data} has {digest[:12]}…)")
+    return {"manifest_sha256": digest}
 
 
 def _add_states(archive, run_dir, method, name, description, allow_same_source, skip):
@@ -127,9 +148,10 @@ def validate(doc):
         if "scores" in entry:  # the verified track: maps, scored by the board; no claims
             _require(entry["scores"] == map_member(set_name),
                      f"set {set_name!r}: 'scores' must name {map_member(set_name)!r}")
+            _require("manifest_sha256" not in entry or _is_sha256(entry["manifest_sha256"]),
+                     f"set {set_name!r}: manifest_sha256 must be 64 hex digits")
             continue
-        _require(isinstance(entry.get("manifest_sha256"), str) and re.fullmatch(r"[0-9a-f]{64}", entry["manifest_sha256"])
-                 is not None, f"set {set_name!r}: manifest_sha256 must be 64 hex digits")
+        _require(_is_sha256(entry.get("manifest_sha256")), f"set {set_name!r}: manifest_sha256 must be 64 hex digits")
         _require(isinstance(entry.get("same_source_tuning"), bool), f"set {set_name!r}: same_source_tuning must be a bool")
         claims = entry.get("claims")
         _require(isinstance(claims, dict), f"set {set_name!r}: 'claims' must be an object")
@@ -143,6 +165,10 @@ def validate(doc):
             value = claims.get(count)
             _require(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
                      f"set {set_name!r}: claimed {count} {value!r} is not a non-negative integer")
+
+
+def _is_sha256(value):
+    return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value) is not None
 
 
 def _require(condition, reason):

@@ -22,10 +22,14 @@ import torch.nn.functional as F
 
 from segood.labels import NUM_CLASSES
 from segood.methods import functional as fn
-from segood.models.network import IMAGENET_STD
+from segood.registry import Registry
 
 ODIN_TEMPERATURES = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 ODIN_EPSILONS = tuple(float(e) for e in np.linspace(0.0, 0.004, 21))
+
+#: Every OOD method by name, in the order the reports list them; ``@register_method`` adds one.
+METHODS = Registry("method")
+register_method = METHODS.register
 
 
 def served_heads(model):
@@ -55,7 +59,8 @@ class Method:
     """Base: ``head`` is the head the network must have (None: any); ``params`` what the method was run with.
 
     Recipe (``docs/extending.md``): subclass, set ``name`` (and ``head``), implement ``from_output(output)``
-    (or ``from_samples(logits)`` with ``samples`` in :attr:`needs`), add it to :data:`METHODS`.
+    (or subclass :class:`MonteCarlo` and implement ``from_samples(logits)``), and decorate the class with
+    ``@register_method``.
     """
 
     name = ""
@@ -92,12 +97,31 @@ class Method:
         return {"name": self.name, "params": dict(self.params), "uses_ood_data": bool(eps) or "tuning" in self.params}
 
     def from_output(self, output):
-        """(N, H, W) scores in [0, 1] from a forward pass (:class:`~segood.models.SegOutput`)."""
+        """(N, H, W) scores from a forward pass (:class:`~segood.models.SegOutput`), higher = more OOD, within
+        :attr:`score_range` (unbounded where it is None)."""
         raise NotImplementedError(f"{type(self).__name__} is not scored from a forward pass")
 
     def objective(self, output):
         """The scalar whose input gradient perturbs the input (``needs.perturbs``)."""
         raise NotImplementedError(f"{type(self).__name__} has no input perturbation")
+
+    def __call__(self, model, images):
+        """Score maps (N, H, W), higher = more OOD, of uint8 RGB ``images`` (N, 3, H, W) or one (3, H, W), as sets
+        store frames, from a segood network or any ``nn.Module`` returning logits: wrapped and normalised as
+        :func:`segood.evaluate` does (:func:`~segood.models.external.as_network`,
+        :func:`~segood.models.network.preprocess`), on the model's device."""
+        from segood.models.external import as_network
+        from segood.models.network import preprocess
+
+        images = torch.as_tensor(images)
+        if images.dtype != torch.uint8 or images.ndim not in (3, 4) or images.shape[-3] != 3:
+            raise ValueError(f"expected uint8 RGB images (N, 3, H, W) or (3, H, W) as sets store frames, got "
+                             f"{images.dtype} of shape {tuple(images.shape)}; for ImageNet-normalised float input "
+                             "call method.score(model, x)")
+        network = as_network(model)
+        device = next(network.parameters()).device
+        scores = self.score(network.eval(), preprocess(images.to(device).reshape(-1, *images.shape[-3:])))[0]
+        return scores[0] if images.ndim == 3 else scores
 
     def score(self, model, x):
         """(scores (N, H, W), predicted classes (N, H, W)) of ImageNet-normalised images x (N, 3, H, W)."""
@@ -107,6 +131,66 @@ class Method:
         return batch.scores[0], batch.classes
 
 
+class Fitted(Method):
+    """Base of the methods fitted on training data (``fit(model, loader)``); their statistics are plain arrays
+    named by ``STATE_KEYS`` (``state_arrays`` / ``load_state``: ``numpy.savez``-able, loaded without pickle)."""
+
+    STATE_KEYS = ()
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.state = None
+
+    @property
+    def needs(self):
+        return replace(super().needs, fit=True)
+
+    @property
+    def ready(self):
+        return self.state is not None
+
+    def state_arrays(self):
+        """The fitted statistics as plain numpy arrays."""
+        return {k: v.cpu().numpy() for k, v in self.state.items()}
+
+    def load_state(self, arrays):
+        missing = [k for k in self.STATE_KEYS if k not in arrays]
+        if missing:
+            raise ValueError(f"{self.name} state lacks {missing}")
+        self.state = {k: torch.as_tensor(np.asarray(arrays[k])) for k in self.STATE_KEYS}
+        return self
+
+
+class MonteCarlo(Method):
+    """Base of the dropout methods: T samples of the stochastic head on the shared features
+    (``model.mc_logits``); a subclass implements ``from_samples(logits (T, N, C, H, W)) -> (N, H, W)``.
+
+    Methods that can share work on the same samples opt in with one function, ``from_samples_together(methods,
+    logits) -> [scores]``, set on each of their classes: the scheduler hands it every method of one sample count
+    that names it, and scores the others one by one.
+    """
+
+    head = "dropout"
+    from_samples_together = None
+
+    def __init__(self, samples=8, **params):
+        super().__init__(samples=int(samples), **params)
+
+    @property
+    def needs(self):
+        return Needs(head=self.head, samples=self.params["samples"])
+
+    def from_samples(self, logits):
+        raise NotImplementedError(f"{type(self).__name__} must implement from_samples(logits)")
+
+
+def _dropout_uncertainties(methods, logits):
+    """VarSum and mutual information of the same samples in one banded pass (:func:`fn.monte_carlo_scores`)."""
+    out = fn.monte_carlo_scores(logits, tuple(dict.fromkeys(m.quantity for m in methods)))
+    return [out[m.quantity] for m in methods]
+
+
+@register_method
 class MaxSoftmax(Method):
     """1 - max softmax (Hendrycks & Gimpel 2017). Any head."""
 
@@ -116,15 +200,7 @@ class MaxSoftmax(Method):
         return fn.max_softmax_from_logits(output.logits)
 
 
-class Entropy(Method):
-    """Softmax entropy / log C (Mukhoti & Gal 2018). Any head."""
-
-    name = "entropy"
-
-    def from_output(self, output):
-        return fn.entropy_from_logits(output.logits)
-
-
+@register_method
 class Odin(Method):
     """ODIN (Liang et al. 2018): temperature T and input perturbation ε (the seed paper's eq. 4-6),
     x~ = x - ε sign(-∇_x Σ_pixels log S_ŷ(x; T)): the step that raises the max softmax, which moves ID inputs
@@ -159,6 +235,101 @@ class Odin(Method):
         return (output.logits / self.params["temperature"]).log_softmax(dim=1).amax(dim=1).sum()
 
 
+@register_method
+class Mahalanobis(Fitted):
+    """Mahalanobis distance to per-location class means under one covariance per class (Lee et al. 2018,
+    as adapted by the seed paper, eq. 7-12), on the 32-d features of the ``dimreduce`` head.
+
+    ``fit(model, loader)`` streams the training set twice in float64 with memory independent of its size:
+    pass 1 sums features, their outer products and counts per class (and location), giving μ_ci and
+    Σ_c = (Σ f f^T - Σ_i n_ci μ_ci μ_ci^T) / N_c; pass 2 gives the mean μ and std s of M over the training set.
+    Score: the distance M itself, bilinearly resized to the input (unbounded: the float-order grid bins it as it
+    is); ``squash=True`` gives the paper's sigmoid((M - μ) / s) in [0, 1], for its linear grid (the same ranking
+    up to float32 saturation ties). Optional perturbation x~ = x - ε sign(∇_x Σ M)
+    moves the input towards the nearest class mean (Lee et al.'s direction; the seed's eq. 11 prints one more
+    minus sign).
+    """
+
+    name = "mahalanobis"
+    head = "dimreduce"
+    STATE_KEYS = ("means", "whiten", "present", "m_mean", "m_std")
+
+    def __init__(self, epsilon=0.0, ridge=1e-6, squash=False, **params):
+        super().__init__(epsilon=float(epsilon), ridge=float(ridge), **({"squash": True} if squash else {}), **params)
+        self._scoring = None  # (device, whiten, whitened means, present), derived from the state
+
+    @torch.no_grad()
+    def fit(self, model, loader, *, progress=False):
+        """Fit on batches of dicts with ``image`` (N, 3, H, W) uint8 and ``semantic`` (N, H, W) trainIds.
+
+        ``loader`` is read twice, so it must be re-iterable (a DataLoader or a list, not a generator). The
+        class-conditional Gaussians are those of the training labels, the 19 Cityscapes trainIds: the one method
+        that needs the model's classes to be them (a ValueError otherwise).
+        """
+        from tqdm import tqdm
+
+        from segood.models.network import preprocess
+
+        self.check(model)
+        if iter(loader) is loader:
+            raise TypeError("mahalanobis.fit reads the loader twice: pass a DataLoader or a list, not an iterator")
+        device = next(model.parameters()).device
+        stats = ClassFeatureStats(NUM_CLASSES)
+        for batch in tqdm(loader, desc="mahalanobis fit 1/2", disable=not progress):
+            x = preprocess(batch["image"].to(device))
+            if stats.sums is None:
+                _require_cityscapes_classes(model, x, self.name)
+            features = model.penultimate(x)
+            stats.update(features, batch["semantic"].to(device))
+        means, whiten, present = stats.finalize(self.params["ridge"])
+        self.state = {"means": means, "whiten": whiten, "present": present,
+                      "m_mean": torch.zeros((), dtype=torch.float64), "m_std": torch.ones((), dtype=torch.float64)}
+        self._scoring = None
+        total = total_sq = count = 0.0  # pass 2: mean and std of M over the training set
+        for batch in tqdm(loader, desc="mahalanobis fit 2/2", disable=not progress):
+            m = self._distance(model.penultimate(preprocess(batch["image"].to(device))))
+            m = m[torch.isfinite(m)]
+            total, total_sq, count = total + m.sum().item(), total_sq + m.square().sum().item(), count + m.numel()
+        mean = total / count
+        self.state["m_mean"] = torch.tensor(mean, dtype=torch.float64)
+        self.state["m_std"] = torch.tensor(max(total_sq / count - mean * mean, 1e-24) ** 0.5, dtype=torch.float64)
+        return self
+
+    def _distance(self, features):
+        """(N, h, w) minimum distance of penultimate features (N, D, h, w), in float64."""
+        fitted = tuple(self.state["present"].shape[1:])
+        if tuple(features.shape[-2:]) != fitted:
+            raise ValueError(f"{self.name} models per-location class means of {fitted[0]}×{fitted[1]} feature maps (its "
+                             f"fit set's frame size); these frames give {features.shape[-2]}×{features.shape[-1]}: fit "
+                             "it on frames of this size, or convert the set at the fit set's size (--size H W)")
+        if self._scoring is None or self._scoring[0] != features.device:
+            s = {k: self.state[k].to(features.device) for k in ("means", "whiten", "present")}
+            self._scoring = (features.device, s["whiten"], fn.whiten_means(s["means"], s["whiten"]), s["present"])
+        return fn.mahalanobis_min_distance(features.to(torch.float64), *self._scoring[1:])
+
+    def from_output(self, output):
+        m = self._distance(output.features)  # inf where no class was seen
+        if self.params.get("squash"):  # sigmoid gives 1 at inf
+            v = fn.mahalanobis_score(m, self.state["m_mean"].to(m.device), self.state["m_std"].to(m.device))
+        else:  # a finite stand-in for inf, far above every distance, so that interpolation never makes NaN
+            v = m.clamp_max(UNSEEN_DISTANCE)
+        v = F.interpolate(v[:, None].float(), size=output.logits.shape[-2:], mode="bilinear", align_corners=False)
+        return v[:, 0].clamp(0.0, 1.0) if self.params.get("squash") else v[:, 0]
+
+    @property
+    def score_range(self):
+        return (0.0, 1.0) if self.params.get("squash") else None
+
+    def objective(self, output):
+        return self._distance(output.features).clamp_max(1e30).sum()
+
+    def load_state(self, arrays):
+        super().load_state(arrays)
+        self._scoring = None
+        return self
+
+
+@register_method
 class Confidence(Method):
     """1 - learned confidence (DeVries & Taylor 2018); needs the ``confidence`` head. Optional perturbation
     x~ = x - ε sign(∇_x L_c), L_c = mean(-log c) (the seed paper's eq. 19), which raises the confidence."""
@@ -176,36 +347,39 @@ class Confidence(Method):
         return -torch.log(output.confidence.clamp_min(1e-12)).mean()
 
 
-class Fitted(Method):
-    """Base of the methods fitted on training data (``fit(model, loader)``); their statistics are plain arrays
-    named by ``STATE_KEYS`` (``state_arrays`` / ``load_state``: ``numpy.savez``-able, loaded without pickle)."""
+@register_method
+class Entropy(Method):
+    """Softmax entropy / log C (Mukhoti & Gal 2018). Any head."""
 
-    STATE_KEYS = ()
+    name = "entropy"
 
-    def __init__(self, **params):
-        super().__init__(**params)
-        self.state = None
-
-    @property
-    def needs(self):
-        return replace(super().needs, fit=True)
-
-    @property
-    def ready(self):
-        return self.state is not None
-
-    def state_arrays(self):
-        """The fitted statistics as plain numpy arrays."""
-        return {k: v.cpu().numpy() for k, v in self.state.items()}
-
-    def load_state(self, arrays):
-        missing = [k for k in self.STATE_KEYS if k not in arrays]
-        if missing:
-            raise ValueError(f"{self.name} state lacks {missing}")
-        self.state = {k: torch.as_tensor(np.asarray(arrays[k])) for k in self.STATE_KEYS}
-        return self
+    def from_output(self, output):
+        return fn.entropy_from_logits(output.logits)
 
 
+@register_method
+class VarSum(MonteCarlo):
+    """Sum of per-class variances over T dropout samples / (1 - 1/C) (Kendall et al. 2015); in [0, 1]."""
+
+    name = quantity = "varsum"
+    from_samples_together = staticmethod(_dropout_uncertainties)
+
+    def from_samples(self, logits):
+        return fn.monte_carlo_scores(logits, ("varsum",))["varsum"]
+
+
+@register_method
+class MutualInfo(MonteCarlo):
+    """Mutual information of T dropout samples / log C (Mukhoti & Gal 2018, eq. 25-27); in [0, 1]."""
+
+    name = quantity = "mutual_info"
+    from_samples_together = staticmethod(_dropout_uncertainties)
+
+    def from_samples(self, logits):
+        return fn.monte_carlo_scores(logits, ("mutual_info",))["mutual_info"]
+
+
+@register_method
 class MaxLogit(Method):
     """-max_c f_c (Hendrycks et al. 2022). Any head; unbounded (the float-order grid)."""
 
@@ -216,6 +390,7 @@ class MaxLogit(Method):
         return fn.max_logit(output.logits)
 
 
+@register_method
 class Energy(Method):
     """Energy -T logsumexp(f / T) (Liu et al. 2020). Any head; unbounded."""
 
@@ -231,6 +406,7 @@ class Energy(Method):
         return fn.energy(output.logits, self.params["temperature"])
 
 
+@register_method
 class StandardizedMaxLogit(Fitted):
     """Standardized max logit (Jung et al. 2021): -(max_c f_c - mu_k) / sigma_k for the predicted class k, with
     mu_k, sigma_k the mean and std of the max logit over training pixels predicted as k (``fit``). Optional, as
@@ -251,13 +427,13 @@ class StandardizedMaxLogit(Fitted):
         predicted as each class, in float64; a class never predicted gets mean 0 and std 1."""
         from tqdm import tqdm
 
-        from segood.models.network import preprocess
+        from segood.models.network import frame_output, preprocess
 
         self.check(model)
         device = next(model.parameters()).device
         sums = None
         for batch in tqdm(loader, desc="sml fit", disable=not progress):
-            logits = model(preprocess(batch["image"].to(device))).logits
+            logits = frame_output(model, preprocess(batch["image"].to(device))).logits  # as scored: at the frame's size
             top, classes = logits.max(dim=1)
             c = logits.shape[1]
             if sums is None:
@@ -286,116 +462,17 @@ class StandardizedMaxLogit(Fitted):
         return scores
 
 
-class MonteCarlo(Method):
-    """Base of the dropout methods: T samples of the stochastic head on the shared features
-    (``model.mc_logits``); ``from_samples(logits (T, N, C, H, W))`` scores them."""
-
-    head = "dropout"
-
-    def __init__(self, samples=8, **params):
-        super().__init__(samples=int(samples), **params)
-
-    @property
-    def needs(self):
-        return Needs(head=self.head, samples=self.params["samples"])
-
-    def from_samples(self, logits):
-        return fn.monte_carlo_scores(logits, (self.name,))[self.name]
-
-
-class VarSum(MonteCarlo):
-    """Sum of per-class variances over T dropout samples / (1 - 1/C) (Kendall et al. 2015)."""
-
-    name = "varsum"
-
-
-class MutualInfo(MonteCarlo):
-    """Mutual information of T dropout samples / log C (Mukhoti & Gal 2018, eq. 25-27)."""
-
-    name = "mutual_info"
-
-
-class Mahalanobis(Fitted):
-    """Mahalanobis distance to per-location class means under one covariance per class (Lee et al. 2018,
-    as adapted by the seed paper, eq. 7-12), on the 32-d features of the ``dimreduce`` head.
-
-    ``fit(model, loader)`` streams the training set twice in float64 with memory independent of its size:
-    pass 1 sums features, their outer products and counts per class (and location), giving μ_ci and
-    Σ_c = (Σ f f^T - Σ_i n_ci μ_ci μ_ci^T) / N_c; pass 2 gives the mean μ and std s of M over the training set.
-    Score: the distance M itself, bilinearly resized to the input (unbounded: the float-order grid bins it as it
-    is); ``squash=True`` gives the paper's sigmoid((M - μ) / s) in [0, 1], for its linear grid (the same ranking
-    up to float32 saturation ties). Optional perturbation x~ = x - ε sign(∇_x Σ M)
-    moves the input towards the nearest class mean (Lee et al.'s direction; the seed's eq. 11 prints one more
-    minus sign).
-    """
-
-    name = "mahalanobis"
-    head = "dimreduce"
-    STATE_KEYS = ("means", "whiten", "present", "m_mean", "m_std")
-
-    def __init__(self, epsilon=0.0, ridge=1e-6, squash=False, **params):
-        super().__init__(epsilon=float(epsilon), ridge=float(ridge), **({"squash": True} if squash else {}), **params)
-        self._scoring = None  # (device, whiten, whitened means, present), derived from the state
-
-    @torch.no_grad()
-    def fit(self, model, loader, *, progress=False):
-        """Fit on batches of dicts with ``image`` (N, 3, H, W) uint8 and ``semantic`` (N, H, W) trainIds.
-
-        ``loader`` is read twice, so it must be re-iterable (a DataLoader or a list, not a generator).
-        """
-        from tqdm import tqdm
-
-        from segood.models.network import preprocess
-
-        self.check(model)
-        if iter(loader) is loader:
-            raise TypeError("mahalanobis.fit reads the loader twice: pass a DataLoader or a list, not an iterator")
-        device = next(model.parameters()).device
-        stats = ClassFeatureStats(getattr(getattr(model, "config", None), "num_classes", NUM_CLASSES))
-        for batch in tqdm(loader, desc="mahalanobis fit 1/2", disable=not progress):
-            features = model.penultimate(preprocess(batch["image"].to(device)))
-            stats.update(features, batch["semantic"].to(device))
-        means, whiten, present = stats.finalize(self.params["ridge"])
-        self.state = {"means": means, "whiten": whiten, "present": present,
-                      "m_mean": torch.zeros((), dtype=torch.float64), "m_std": torch.ones((), dtype=torch.float64)}
-        self._scoring = None
-        total = total_sq = count = 0.0  # pass 2: mean and std of M over the training set
-        for batch in tqdm(loader, desc="mahalanobis fit 2/2", disable=not progress):
-            m = self._distance(model.penultimate(preprocess(batch["image"].to(device))))
-            m = m[torch.isfinite(m)]
-            total, total_sq, count = total + m.sum().item(), total_sq + m.square().sum().item(), count + m.numel()
-        mean = total / count
-        self.state["m_mean"] = torch.tensor(mean, dtype=torch.float64)
-        self.state["m_std"] = torch.tensor(max(total_sq / count - mean * mean, 1e-24) ** 0.5, dtype=torch.float64)
-        return self
-
-    def _distance(self, features):
-        """(N, h, w) minimum distance of penultimate features (N, D, h, w), in float64."""
-        if self._scoring is None or self._scoring[0] != features.device:
-            s = {k: self.state[k].to(features.device) for k in ("means", "whiten", "present")}
-            self._scoring = (features.device, s["whiten"], fn.whiten_means(s["means"], s["whiten"]), s["present"])
-        return fn.mahalanobis_min_distance(features.to(torch.float64), *self._scoring[1:])
-
-    def from_output(self, output):
-        m = self._distance(output.features)  # inf where no class was seen
-        if self.params.get("squash"):  # sigmoid gives 1 at inf
-            v = fn.mahalanobis_score(m, self.state["m_mean"].to(m.device), self.state["m_std"].to(m.device))
-        else:  # a finite stand-in for inf, far above every distance, so that interpolation never makes NaN
-            v = m.clamp_max(UNSEEN_DISTANCE)
-        v = F.interpolate(v[:, None].float(), size=output.logits.shape[-2:], mode="bilinear", align_corners=False)
-        return v[:, 0].clamp(0.0, 1.0) if self.params.get("squash") else v[:, 0]
-
-    @property
-    def score_range(self):
-        return (0.0, 1.0) if self.params.get("squash") else None
-
-    def objective(self, output):
-        return self._distance(output.features).clamp_max(1e30).sum()
-
-    def load_state(self, arrays):
-        super().load_state(arrays)
-        self._scoring = None
-        return self
+def _require_cityscapes_classes(model, x, method):
+    """Refuse a model whose classes are not the 19 Cityscapes trainIds the training labels give."""
+    classes = getattr(getattr(model, "config", None), "num_classes", None)
+    if classes is None:
+        with torch.no_grad():
+            classes = model(x).logits.shape[1]
+    if classes != NUM_CLASSES:
+        raise ValueError(f"{method} models the features of each class of the training labels (the {NUM_CLASSES} "
+                         f"Cityscapes trainIds); this model predicts {classes} classes. Use a model trained on "
+                         "those classes, or a method that needs no class mapping (max_softmax, entropy, odin, "
+                         "max_logit, energy, sml)")
 
 
 class ClassFeatureStats:
@@ -481,27 +558,17 @@ def check_grid(method, grid):
                          "1 - max softmax at T)")
 
 
-def perturb(model, x, objective, epsilon, *, ascend):
-    """x~ = x ± ε sign(∇_x objective), with ε in pixel units (divided by the normalisation std per channel).
-
-    ``ascend``: step up the objective's gradient (ODIN: raise log S_ŷ), else down (confidence: lower -log c;
-    Mahalanobis: lower the distance). Either way the step makes the input look more ID to the model.
-    """
-    x = x.detach().requires_grad_(True)
-    with torch.enable_grad():
-        objective(model(x)).backward()
-    std = torch.tensor(IMAGENET_STD, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
-    step = epsilon * x.grad.sign() / std
-    model.zero_grad(set_to_none=True)
-    return (x + step if ascend else x - step).detach()
-
-
-METHODS = {cls.name: cls for cls in (MaxSoftmax, Odin, Mahalanobis, Confidence, Entropy, VarSum, MutualInfo, MaxLogit,
-                                     Energy, StandardizedMaxLogit)}
-
-
 def get_method(name, **params):
-    """A method by name; KeyError listing the valid names."""
-    if name not in METHODS:
-        raise KeyError(f"unknown method {name!r}; choose one of {sorted(METHODS)}")
+    """A method by name, with ``params``; KeyError listing the valid names."""
     return METHODS[name](**params)
+
+
+def list_methods(**needs):
+    """Names of the registered methods whose default :class:`Needs` match every field given, e.g.
+    ``list_methods(head="dropout")``, ``list_methods(fit=False)``."""
+    unknown = set(needs) - {f for f in Needs.__dataclass_fields__}
+    if unknown:
+        raise TypeError(f"list_methods filters on the fields of Needs ({', '.join(Needs.__dataclass_fields__)}), "
+                        f"not {sorted(unknown)}")
+    return [name for name, cls in METHODS.items()
+            if all(getattr(cls().needs, key) == value for key, value in needs.items())]

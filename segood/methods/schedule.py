@@ -3,29 +3,34 @@
 The network's forward pass runs once and feeds every method scored from it; one set of Monte-Carlo dropout
 samples (as many as the most demanding method asks for) feeds every dropout method, those of one sample
 count in one banded pass; a method that perturbs its input gets its own gradient and forward pass.
-Evaluation, tuning and the benchmarks all score through :func:`score_batch`.
+Evaluation, tuning and the benchmarks all score through :func:`score_batch`. Logits that come out at another
+resolution than the input (heads before their final resize) are resized to it first
+(:func:`segood.models.network.resize_output`), so every method scores frame-sized outputs.
 """
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
-from segood.methods import functional as fn
-from segood.methods.methods import MonteCarlo, perturb
+from segood.models.network import IMAGENET_STD, preprocess, resize_output
 from segood.models.predict import predicted_classes
 
 
 @dataclass
 class ScoredBatch:
-    """output: the plain forward pass (:class:`~segood.models.SegOutput`); classes: its predicted classes
-    (N, H, W); scores: one (N, H, W) tensor per method, in the order given; seconds: time per stage
-    (``forward`` and ``score/<method name>``)."""
+    """output: the plain forward pass (:class:`~segood.models.SegOutput`, logits at the input's size; None for a
+    :class:`~segood.methods.scorer.Scorer`); classes: its predicted classes (N, H, W) or None; scores: one
+    (N, H, W) tensor per method, in the order given; seconds: time per stage (``forward`` and
+    ``score/<method name>``); resized: whether the model's logits came out at another size and were resized."""
 
     output: object
     classes: torch.Tensor
     scores: list
     seconds: dict = field(default_factory=dict)
+    resized: bool = False
 
 
 def check_methods(model, methods):
@@ -40,16 +45,30 @@ def check_methods(model, methods):
 def score_batch(model, x, methods, *, mc_seed=None):
     """Score ``methods`` on ImageNet-normalised images ``x`` (N, 3, H, W) on the model's device.
 
+    Frames of any size: where the network needs sides divisible by its stride (``model.input_multiple``),
+    ``x`` is padded at the bottom and right with zeros (the mean colour) and every output cropped back, so the
+    padding is never scored (it does enter the gradient of a perturbing method's objective).
     ``mc_seed``: seed of the dropout masks (drawn right before sampling), so that a resumed or sharded run
-    draws the samples of an uninterrupted one. Returns a :class:`ScoredBatch`.
+    draws the samples of an uninterrupted one. Logits (and confidence) at another resolution than ``x`` are
+    resized to it bilinearly, with the model's ``align_corners`` (False where it declares none), before any
+    method sees them, in the perturbing methods' objectives too. Returns a :class:`ScoredBatch`.
     """
+    frame = tuple(x.shape[-2:])
+    x = pad_to_multiple(x, getattr(model, "input_multiple", 1))
     check_methods(model, methods)
     needs = [m.needs for m in methods]
     scores = [None] * len(methods)
     seconds = {}
     clock = _Clock(x.device, seconds)
+    size, align_corners = tuple(x.shape[-2:]), getattr(model, "align_corners", False)
+
+    def at_input(output):
+        return resize_output(output, size, align_corners=align_corners)
+
     with torch.no_grad():
-        output = model(x)
+        raw = model(x)
+        resized = tuple(raw.logits.shape[-2:]) != size
+        output = at_input(raw)
         classes = predicted_classes(output.logits)
         clock.lap("forward")
         for k, method in enumerate(methods):
@@ -61,22 +80,81 @@ def score_batch(model, x, methods, *, mc_seed=None):
             if mc_seed is not None:
                 torch.manual_seed(mc_seed)
             logits = model.mc_logits(x, samples=max(needs[k].samples for k in sampled), features=output.features)
+            if tuple(logits.shape[-2:]) != size:
+                logits = F.interpolate(logits.flatten(0, 1), size=size, mode="bilinear",
+                                       align_corners=align_corners).unflatten(0, logits.shape[:2])
             for count in sorted({needs[k].samples for k in sampled}):
-                group = [k for k in sampled if needs[k].samples == count]
-                # the built-in dropout scores of one sample count share one banded pass
-                banded = [k for k in group if type(methods[k]).from_samples is MonteCarlo.from_samples]
-                if banded:
-                    out = fn.monte_carlo_scores(logits[:count], tuple(dict.fromkeys(methods[k].name for k in banded)))
-                for k in group:
-                    scores[k] = out[methods[k].name] if k in banded else methods[k].from_samples(logits[:count])
+                together = {}  # methods of one sample count that share work: one call of their hook
+                for k in (k for k in sampled if needs[k].samples == count):
+                    hook = getattr(type(methods[k]), "from_samples_together", None)
+                    if hook is None:
+                        scores[k] = methods[k].from_samples(logits[:count])
+                    else:
+                        together.setdefault(hook, []).append(k)
+                for hook, group in together.items():
+                    for k, score in zip(group, hook([methods[k] for k in group], logits[:count])):
+                        scores[k] = score
             clock.lap(f"score/{methods[sampled[0]].name}")
     for k, method in enumerate(methods):
         if needs[k].perturbs:
-            x_tilde = perturb(model, x, method.objective, method.params["epsilon"], ascend=method.ascend)
+            x_tilde = perturb(model, x, lambda out, m=method: m.objective(at_input(out)), method.params["epsilon"],
+                              ascend=method.ascend)
             with torch.no_grad():
-                scores[k] = method.from_output(model(x_tilde))
+                scores[k] = method.from_output(at_input(model(x_tilde)))
             clock.lap(f"score/{method.name}")
-    return ScoredBatch(output, classes, scores, seconds)
+    if size != frame:
+        output, classes, scores = _crop((output, classes, scores), frame)
+    return ScoredBatch(output, classes, scores, seconds, resized)
+
+
+def score_frames(model, images, methods, *, mc_seed=None):
+    """Score uint8 RGB frames ``images`` (N, 3, H, W) on the model's device: a
+    :class:`~segood.methods.scorer.Scorer` (``methods`` is ``[model]``) gets them as they are, a network their
+    ImageNet-normalised copy (:func:`score_batch`). Returns a :class:`ScoredBatch`."""
+    if not getattr(model, "scores_frames", False):  # (a Scorer: it returns the anomaly scores itself)
+        return score_batch(model, preprocess(images), methods, mc_seed=mc_seed)
+    check_methods(model, methods)
+    seconds = {}
+    clock = _Clock(images.device, seconds)
+    scores = model(images)
+    clock.lap(f"score/{model.name}")
+    return ScoredBatch(None, None, [scores], seconds)
+
+
+def perturb(model, x, objective, epsilon, *, ascend):
+    """x~ = x ± ε sign(∇_x objective), with ε in pixel units (divided by the normalisation std per channel).
+
+    ``ascend``: step up the objective's gradient (ODIN: raise log S_ŷ), else down (confidence: lower -log c;
+    Mahalanobis: lower the distance). Either way the step makes the input look more ID to the model.
+    """
+    x = x.detach().requires_grad_(True)
+    with torch.enable_grad():
+        objective(model(x)).backward()
+    std = torch.tensor(IMAGENET_STD, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
+    step = epsilon * x.grad.sign() / std
+    model.zero_grad(set_to_none=True)
+    return (x + step if ascend else x - step).detach()
+
+
+def pad_to_multiple(x, multiple):
+    """``x`` (N, C, H, W) padded with zeros at the bottom and right to sides divisible by ``multiple``."""
+    height, width = x.shape[-2:]
+    pad_h, pad_w = -height % multiple, -width % multiple
+    return torch.nn.functional.pad(x, (0, pad_w, 0, pad_h)) if pad_h or pad_w else x
+
+
+def _crop(value, size):
+    """Every tensor in ``value`` (nested in lists, tuples and dataclasses) of a padded input's resolution, cropped
+    to ``size`` = (H, W); lower-resolution tensors (features) are left as they are."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_crop(v, size) for v in value)
+    if dataclasses.is_dataclass(value):
+        return dataclasses.replace(value, **{f.name: _crop(getattr(value, f.name), size)
+                                             for f in dataclasses.fields(value)})
+    if isinstance(value, torch.Tensor) and value.ndim >= 2 and value.shape[-2] >= size[0] and \
+            value.shape[-1] >= size[1] and value.shape[-2:] != size:
+        return value[..., : size[0], : size[1]].contiguous()
+    return value
 
 
 class _Clock:

@@ -14,6 +14,7 @@ from segood.metrics.functional import (
     raise_bad_labels,
     raise_bad_scores,
 )
+from segood.metrics.state import check_counts
 
 STATE_FORMAT = "segood.PixelOODAccumulator/1"
 # state arrays that older states lack: the names of the per-image metrics, the per-image counts (bootstrap)
@@ -45,6 +46,13 @@ class _Streaming:
             "per_image_metrics": np.array(self.metric_names, dtype=str),
             **self.images.arrays(),
         }
+
+    def _per_image_mean(self):
+        """{metric: mean over the images where it is defined, ``n_images``: those images, ``n_images_total``}."""
+        defined = self.per_image_defined
+        means = self.per_image_sum / defined if defined else np.full(len(self.metric_names), np.nan)
+        return {**{name: float(v) for name, v in zip(self.metric_names, means)}, "n_images": int(defined),
+                "n_images_total": int(self.n_images)}
 
     def _check_mergeable(self, other, fields):
         """Refuse to merge another kind of accumulator, or one whose ``fields`` (its grid), per-image setting or
@@ -191,9 +199,10 @@ class PixelOODAccumulator(_Streaming):
         Returns:
             dict: ``auroc``, ``auprc``, ``fpr95``, ``max_iou``, ``max_iou_threshold``, ``n_id``,
             ``n_ood``, ``n_ignored``; the curves ``thresholds``, ``tp``, ``fp``, ``fn``, ``tn`` (arrays of
-            shape (T,)); how far exact mode can be from the binned values (:func:`binning_bounds`):
-            ``auroc_max_error``, ``fpr95_exact_min``, ``max_iou_exact_max``; with ``per_image``,
-            ``per_image_mean`` = {metric: mean, ``n_images``: images averaged, ``n_images_total``}.
+            shape (T,)); ``bounds`` {metric: (lo, hi)}: where exact mode's value lies, from the counts alone;
+            ``exact``: whether every bin is known to hold one distinct value (False on this grid); with
+            ``per_image``, ``per_image_mean`` = {metric: mean, ``n_images``: images averaged, ``n_images_total``}.
+            Every grid's accumulator returns these keys.
 
         Raises:
             ValueError: nothing has been accumulated.
@@ -212,16 +221,10 @@ class PixelOODAccumulator(_Streaming):
             fp=fp,
             fn=n_ood - tp,
             tn=n_id - fp,
-            **binning_bounds(self.hist, tp, fp, n_ood, n_id),
+            exact=False,
         )
         if self.per_image:
-            defined = self.per_image_defined
-            means = self.per_image_sum / defined if defined else np.full(len(self.metric_names), np.nan)
-            result["per_image_mean"] = {
-                **{name: float(v) for name, v in zip(self.metric_names, means)},
-                "n_images": int(defined),
-                "n_images_total": int(self.n_images),
-            }
+            result["per_image_mean"] = self._per_image_mean()
         return result
 
     def state_dict(self):
@@ -316,45 +319,9 @@ class PixelOODAccumulator(_Streaming):
         return hist, int(problems[_kernels.N_IGNORED])
 
 
-def binning_bounds(hist, tp, fp, n_ood, n_id):
-    """What exact mode (every distinct score a threshold) can be, given only the binned counts.
-
-    An exact threshold inside bin k predicts OOD for every pixel of the bins above and for part of bin k. So:
-    ``|exact AUROC - binned AUROC| <= auroc_max_error`` = half the share of (ID, OOD) pairs in the same bin
-    (the binned AUROC counts them as ties, exact mode may order them either way); the exact FPR95 lies in
-    [``fpr95_exact_min``, binned FPR95], the FPR of the bins above the last one that reaches 95% TPR; the exact
-    MaxIoU lies in [binned MaxIoU, ``max_iou_exact_max``], the best TP_k / (P + FP_{k+1}). Bounds up to
-    float64 rounding (~1e-16); NaN when undefined.
-
-    Args:
-        hist: (2, T) counts per bin (ID, OOD). tp, fp: (T,) reverse cumulative sums. n_ood, n_id: P and N.
-    """
-    if n_ood == 0 or n_id == 0:
-        return dict.fromkeys(("auroc_max_error", "fpr95_exact_min", "max_iou_exact_max"), float("nan"))
-    fp_above = np.append(fp[1:], 0)  # ID pixels in the bins above bin k
-    last_qualifying = np.flatnonzero(20 * tp >= 19 * n_ood)[-1]  # bin 0 always qualifies (TP_0 = P)
-    return {
-        "auroc_max_error": 0.5 * float(np.dot(hist[0].astype(np.float64), hist[1])) / n_id / n_ood,
-        "fpr95_exact_min": float(fp_above[last_qualifying]) / n_id,
-        "max_iou_exact_max": float(np.max(tp / (n_ood + fp_above))),
-    }
-
-
 def _reverse_cumsum(hist):
     """Per-threshold counts (pixels with score >= t_k) from per-bin counts, for each row."""
     return np.cumsum(hist[..., ::-1], axis=-1)[..., ::-1]
-
-
-MAX_PIXELS = 1 << 58  # counts beyond this are no real set (and 20 x a count must stay within int64)
-
-
-def check_counts(counts, key):
-    """Non-negative integer counts whose total stays below MAX_PIXELS (compared as Python integers)."""
-    if counts.size and (int(counts.min()) < 0 or int(counts.max()) > MAX_PIXELS):
-        raise ValueError(f"accumulator state {key!r} must hold non-negative counts below 2^58")
-    total = sum(int(v) for v in counts.ravel()) if counts.size else 0  # Python ints: no wraparound
-    if total > MAX_PIXELS:
-        raise ValueError(f"accumulator state {key!r} counts {total} pixels in all, more than 2^58")
 
 
 def load_per_image(acc, state):

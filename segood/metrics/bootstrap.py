@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from segood.metrics.functional import METRICS, metric_bounds, metrics_from_counts
+from segood.metrics.state import check_counts
 
 COARSE_BITS = 5
 RESAMPLES = 1000
@@ -77,8 +78,6 @@ class ImageCounts:
             raise ValueError("accumulator state 'image_keys' / 'image_counts' must be integers of shapes (b,), (b, 2)")
         if values.shape != (n, len(names)) or not np.issubdtype(values.dtype, np.floating) or np.isinf(values).any():
             raise ValueError(f"accumulator state 'image_values' must be finite floats or NaN of shape ({n}, {len(names)})")
-        from segood.metrics.accumulator import check_counts  # (it imports this module)
-
         check_counts(counts, "image_counts")
         images = cls(names)
         for k in range(n):

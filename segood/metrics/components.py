@@ -1,9 +1,15 @@
 """Component-level metrics as SegmentMeIfYouCan defines them (Chan et al. 2021), streamed frame by frame.
 
-For a binary prediction (score >= threshold) of one frame, with ignore pixels removed from both:
-- ground-truth components: 8-connected components of the OOD pixels; those smaller than ``min_gt`` pixels become
-  ignore. Predicted components: 8-connected components of the prediction; those smaller than ``min_pred`` are
-  dropped. Presets: ``anomaly`` (min_pred 500, min_gt 100) and ``obstacle`` (50, 10);
+For a binary prediction (score >= threshold) of one frame, in the official code's order:
+1. ignore pixels are removed from the prediction;
+2. predicted components: 8-connected components of what remains; those smaller than ``min_pred`` are dropped, their
+   sizes counted with only the ignore pixels removed;
+3. ground-truth components: 8-connected components of the OOD pixels; those smaller than ``min_gt`` pixels become
+   ignore (in the truth and the prediction alike);
+4. only then are sIoU and PPV measured, on the pixels not ignored. A predicted blob joined only through a small
+   ground-truth component therefore stays one component (its pixels there no longer count); a predicted
+   component left with no pixel is no component.
+Presets: ``anomaly`` (min_pred 500, min_gt 100) and ``obstacle`` (50, 10).
 - sIoU of a ground-truth component k: with K the union of the predicted components that touch k and A(k) the
   pixels of K in other ground-truth components, sIoU(k) = |k ∩ K| / |(k ∪ K) \\ A(k)| (0 when none touches k);
 - PPV of a predicted component c: |c ∩ OOD| / |c|;
@@ -11,7 +17,8 @@ For a binary prediction (score >= threshold) of one frame, with ignore pixels re
   components with PPV < tau, summed over the set; F1_tau = 2 TP / (2 TP + FN + FP); F1* = their mean.
 
 Memory is constant: per tau three counts, and the sums behind the mean sIoU and mean PPV. One frame's work is two
-``cv2.connectedComponentsWithStats`` calls and one contingency table between the two labelings.
+``cv2.connectedComponentsWithStats`` calls and one contingency table between the two labelings. SMIYC's own
+computation where it differs (``score > threshold``, its tau values) is :mod:`segood.metrics.official`.
 """
 
 import cv2
@@ -24,34 +31,37 @@ TAUS = tuple(round(0.25 + 0.05 * k, 2) for k in range(11))
 
 
 def frame_components(prediction, ood_mask, *, min_pred, min_gt):
-    """(sIoU per ground-truth component, PPV per predicted component) of one frame.
+    """(sIoU per ground-truth component, PPV per predicted component) of one frame, in the order of the module
+    docstring (SegmentMeIfYouCan's).
 
     Args:
         prediction: (H, W) bool, predicted OOD. ood_mask: (H, W) uint8, 0 ID / 1 OOD / 255 ignore.
     """
     ood_mask = np.asarray(ood_mask)
     valid = ood_mask != IGNORE
-    n_gt, gt_labels, gt_stats, _ = cv2.connectedComponentsWithStats((ood_mask == OOD).view(np.uint8), connectivity=8)
-    small = np.flatnonzero(gt_stats[:, cv2.CC_STAT_AREA] < min_gt)
-    small = small[small > 0]
-    if small.size:  # small ground-truth components become ignore, in both the truth and the prediction
-        lut = np.zeros(n_gt, bool)
-        lut[small] = True
-        valid &= ~lut[gt_labels]
-        keep = np.flatnonzero(~lut)
-        renumber = np.zeros(n_gt, np.int32)
-        renumber[keep] = np.arange(keep.size)
-        gt_labels = renumber[gt_labels]
-        n_gt = keep.size
+    # (1) + (2): predicted components with only the ignore pixels removed, the small ones dropped
     predicted = (np.asarray(prediction, bool) & valid).view(np.uint8)
     n_pred, pred_labels, pred_stats, _ = cv2.connectedComponentsWithStats(predicted, connectivity=8)
-    kept = np.flatnonzero(pred_stats[:, cv2.CC_STAT_AREA] >= min_pred)
-    kept = kept[kept > 0]
-    renumber = np.zeros(n_pred, np.int32)
+    big = pred_stats[:, cv2.CC_STAT_AREA] >= min_pred
+    big[0] = False
+    # (3): small ground-truth components become ignore, in the truth and the prediction
+    n_gt, gt_labels, gt_stats, _ = cv2.connectedComponentsWithStats((ood_mask == OOD).view(np.uint8), connectivity=8)
+    small = gt_stats[:, cv2.CC_STAT_AREA] < min_gt
+    small[0] = False  # the background is no ground-truth component
+    counted = valid & ~small[gt_labels]
+    keep_gt = np.flatnonzero(~small)
+    renumber = np.zeros(n_gt, np.int64)
+    renumber[keep_gt] = np.arange(keep_gt.size)
+    gt_labels, n_gt = np.where(counted, renumber[gt_labels], 0), keep_gt.size
+    # (4): on the counted pixels only; a predicted component with none left is dropped
+    pred_labels = np.where(counted & big[pred_labels], pred_labels, 0)
+    area_left = np.bincount(pred_labels.ravel(), minlength=n_pred)
+    kept = np.flatnonzero(area_left[1:] > 0) + 1
+    renumber = np.zeros(n_pred, np.int64)
     renumber[kept] = np.arange(1, kept.size + 1)
     pred_labels = renumber[pred_labels]
-    # contingency[k, c]: pixels of ground-truth component k (0: none) in predicted component c (0: none)
-    contingency = np.bincount((gt_labels.astype(np.int64) * (kept.size + 1) + pred_labels).ravel(),
+    # contingency[k, c]: counted pixels of ground-truth component k (0: none) in predicted component c (0: none)
+    contingency = np.bincount((gt_labels * (kept.size + 1) + pred_labels).ravel(),
                               minlength=n_gt * (kept.size + 1)).reshape(n_gt, kept.size + 1)[:, 1:]
     area_pred = contingency.sum(axis=0)
     in_truth = contingency[1:]  # (ground-truth components, predicted components)
@@ -75,6 +85,9 @@ class ComponentAccumulator:
     SMIYC's own evaluation does; always reported as such).
     """
 
+    taus = TAUS  #: the sIoU / PPV thresholds tau
+    strict = False  #: predicted OOD iff score > threshold (SMIYC's code) instead of score >= threshold
+
     def __init__(self, threshold, preset="anomaly", *, min_pred=None, min_gt=None, threshold_source="committed"):
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
@@ -84,9 +97,9 @@ class ComponentAccumulator:
         self.min_pred = PRESETS[preset]["min_pred"] if min_pred is None else int(min_pred)
         self.min_gt = PRESETS[preset]["min_gt"] if min_gt is None else int(min_gt)
         self.preset, self.threshold_source = preset, threshold_source
-        self.tp = np.zeros(len(TAUS), np.int64)
-        self.fn = np.zeros(len(TAUS), np.int64)
-        self.fp = np.zeros(len(TAUS), np.int64)
+        self.tp = np.zeros(len(self.taus), np.int64)
+        self.fn = np.zeros(len(self.taus), np.int64)
+        self.fp = np.zeros(len(self.taus), np.int64)
         self.siou_sum = self.ppv_sum = 0.0
         self.n_gt = self.n_pred = self.n_frames = 0
 
@@ -96,9 +109,10 @@ class ComponentAccumulator:
         if scores.shape != labels.shape or scores.ndim not in (2, 3):
             raise ValueError(f"scores {scores.shape} and labels {labels.shape} must be (H, W) or (N, H, W) alike")
         for score, label in zip(*((scores, labels) if scores.ndim == 3 else ([scores], [labels]))):
-            predicted = np.asarray(score, np.float64) >= self.threshold  # in float64, as the pixel metrics compare
+            score = np.asarray(score, np.float64)  # compared in float64, as the pixel metrics compare
+            predicted = score > self.threshold if self.strict else score >= self.threshold
             siou, ppv = frame_components(predicted, label, min_pred=self.min_pred, min_gt=self.min_gt)
-            taus = np.array(TAUS)[:, None]
+            taus = np.array(self.taus)[:, None]
             self.tp += (siou[None] >= taus).sum(axis=1)
             self.fn += (siou[None] < taus).sum(axis=1)
             self.fp += (ppv[None] < taus).sum(axis=1)
@@ -111,7 +125,8 @@ class ComponentAccumulator:
 
     def merge(self, other):
         """Add another accumulator's counts (same threshold and sizes); returns self."""
-        if (self.threshold, self.min_pred, self.min_gt) != (other.threshold, other.min_pred, other.min_gt):
+        if type(other) is not type(self) or \
+                (self.threshold, self.min_pred, self.min_gt) != (other.threshold, other.min_pred, other.min_gt):
             raise ValueError("cannot merge component accumulators with different thresholds or size filters")
         for key in ("tp", "fn", "fp", "siou_sum", "ppv_sum", "n_gt", "n_pred", "n_frames"):
             setattr(self, key, getattr(self, key) + getattr(other, key))
@@ -125,7 +140,7 @@ class ComponentAccumulator:
     def load_state(self, arrays):
         """Restore :meth:`state_arrays` output, checked (shapes, non-negative integer counts, finite sums)."""
         taus, sums, counts = (np.asarray(arrays[k]) for k in ("taus", "sums", "counts"))
-        if taus.shape != (3, len(TAUS)) or counts.shape != (3,) or sums.shape != (2,) \
+        if taus.shape != (3, len(self.taus)) or counts.shape != (3,) or sums.shape != (2,) \
                 or not (np.issubdtype(taus.dtype, np.integer) and np.issubdtype(counts.dtype, np.integer)) \
                 or (taus < 0).any() or (counts < 0).any() or not np.isfinite(sums).all():
             raise ValueError("a component state must hold (3, 11) and (3,) non-negative counts and 2 finite sums")
@@ -138,11 +153,11 @@ class ComponentAccumulator:
         """mean sIoU, mean PPV, F1 at 0.25 / 0.50 / 0.75, F1* (NaN where undefined), the counts per tau, the
         threshold and where it came from."""
         denominator = 2 * self.tp + self.fn + self.fp
-        f1 = np.divide(2 * self.tp, denominator, out=np.full(len(TAUS), np.nan), where=denominator > 0)
+        f1 = np.divide(2 * self.tp, denominator, out=np.full(len(self.taus), np.nan), where=denominator > 0)
         return {"siou": self.siou_sum / self.n_gt if self.n_gt else float("nan"),
                 "ppv": self.ppv_sum / self.n_pred if self.n_pred else float("nan"),
                 "f1_25": float(f1[0]), "f1_50": float(f1[5]), "f1_75": float(f1[10]), "f1_star": float(np.mean(f1)),
-                "taus": list(TAUS), "tp": self.tp.tolist(), "fn": self.fn.tolist(), "fp": self.fp.tolist(),
+                "taus": list(self.taus), "tp": self.tp.tolist(), "fn": self.fn.tolist(), "fp": self.fp.tolist(),
                 "n_gt_components": self.n_gt, "n_pred_components": self.n_pred, "n_frames": self.n_frames,
                 "threshold": self.threshold, "threshold_source": self.threshold_source,
                 "min_pred": self.min_pred, "min_gt": self.min_gt}

@@ -2,7 +2,7 @@
 mode), streamed over a set.
 
 It keeps the score of every counted pixel, split by label, and sorts once in :meth:`~ExactAccumulator.compute`
-(:func:`segood.metrics.functional.exact_curve`): the values equal scikit-learn's ``roc_auc_score`` and
+(:func:`segood.metrics.functional.distinct_score_counts`): the values equal scikit-learn's ``roc_auc_score`` and
 ``average_precision_score`` and their bounds have zero width. Memory grows with the set (4 bytes per counted pixel
 of float32 scores, 8 of float64, and about 50 bytes per distinct score while :meth:`~ExactAccumulator.compute`
 builds the curves), so it is capped (``max_pixels``); above the cap the float-order grid, whose memory is constant
@@ -15,7 +15,7 @@ from segood.io import read_state
 from segood.metrics.accumulator import (OPTIONAL_STATE, _count, _flag, _flat_cuda, _host, _is_cuda, _reverse_cumsum,
                                         _Streaming, load_per_image)
 from segood.metrics.bootstrap import ImageCounts
-from segood.metrics.functional import METRICS, as_numpy_inputs, exact_curve, metrics_from_counts, raise_bad_labels
+from segood.metrics.functional import METRICS, as_numpy_inputs, distinct_score_counts, metrics_from_counts, raise_bad_labels
 
 STATE_FORMAT = "segood.ExactAccumulator/1"
 DEFAULT_MAX_PIXELS = 1 << 28  # 268 million counted pixels: 1 GiB of float32 scores (2 GiB of float64)
@@ -96,7 +96,7 @@ class ExactAccumulator(_Streaming):
             self._store(id_scores, ood_scores)
             self.n_ignored += n_ignored
             if self.per_image:
-                self._add_image(*exact_curve(id_scores, ood_scores))
+                self._add_image(*distinct_score_counts(id_scores, ood_scores))
         return self
 
     def merge(self, other):
@@ -110,14 +110,14 @@ class ExactAccumulator(_Streaming):
         """(thresholds (D,), hist (2, D) int64): every distinct score, increasing, and its ID and OOD pixels
         (sorted once, then kept until the scores change: reports ask more than once)."""
         if self._curve is None:
-            self._curve = exact_curve(*self.scores)
+            self._curve = distinct_score_counts(*self.scores)
         return tuple(a.copy() for a in self._curve)
 
     def compute(self):
         """Metrics over every pixel seen so far, every distinct score a threshold: the keys of
         :meth:`FloatOrderAccumulator.compute`, ``bounds`` each value itself and ``exact`` True."""
         if self._curve is None:
-            self._curve = exact_curve(*self.scores)
+            self._curve = distinct_score_counts(*self.scores)
         thresholds, hist = self._curve
         n_id, n_ood = (int(v) for v in hist.sum(axis=1))
         if n_id + n_ood + self.n_ignored == 0:
@@ -128,10 +128,7 @@ class ExactAccumulator(_Streaming):
         result.update(n_id=n_id, n_ood=n_ood, n_ignored=int(self.n_ignored), thresholds=thresholds.copy(), tp=tp,
                       fp=fp, fn=n_ood - tp, tn=n_id - fp, exact=True)
         if self.per_image:
-            defined = self.per_image_defined
-            means = self.per_image_sum / defined if defined else np.full(len(self.metric_names), np.nan)
-            result["per_image_mean"] = {**{name: float(v) for name, v in zip(self.metric_names, means)},
-                                        "n_images": int(defined), "n_images_total": int(self.n_images)}
+            result["per_image_mean"] = self._per_image_mean()
         return result
 
     def state_dict(self):

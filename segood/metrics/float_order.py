@@ -13,9 +13,10 @@ import numpy as np
 from segood.metrics import _kernels
 from segood.metrics.bootstrap import ImageCounts
 from segood.metrics.accumulator import (OPTIONAL_STATE, _count, _flag, _flat_cuda, _host, _is_cuda,
-                                        _Streaming, check_counts, load_per_image)
+                                        _Streaming, load_per_image)
 from segood.metrics.functional import (METRICS, as_numpy_inputs, metrics_from_counts,
                                        raise_bad_labels)
+from segood.metrics.state import check_counts
 
 STATE_FORMAT = "segood.FloatOrderAccumulator/1"
 DEFAULT_MANTISSA_BITS = 10  # float16 and 8-bit scores exact; measured fastest (README, "The metric engine")
@@ -142,10 +143,7 @@ class FloatOrderAccumulator(_Streaming):
         result.update(n_id=n_id, n_ood=n_ood, n_ignored=int(self.n_ignored), thresholds=thresholds, tp=tp, fp=fp,
                       fn=n_ood - tp, tn=n_id - fp, exact=bool(self.exact))
         if self.per_image:
-            defined = self.per_image_defined
-            means = self.per_image_sum / defined if defined else np.full(len(self.metric_names), np.nan)
-            result["per_image_mean"] = {**{name: float(v) for name, v in zip(self.metric_names, means)},
-                                        "n_images": int(defined), "n_images_total": int(self.n_images)}
+            result["per_image_mean"] = self._per_image_mean()
         return result
 
     def state_dict(self):

@@ -12,6 +12,7 @@ import numpy as np
 
 from segood.labels import ID, IGNORE, OOD
 from segood.metrics._kernels import builtin_metrics
+from segood.registry import Registry
 
 
 class UndefinedMetricWarning(UserWarning):
@@ -113,22 +114,26 @@ def auprc_distinct_worst(refined):
     return float(total / refined.n_ood)
 
 
-#: Every metric segood reports, by name. Register one by adding a :class:`Metric` (``docs/extending.md``).
-METRICS = {m.name: m for m in (
-    Metric("auroc", "AUROC", True, auroc),
-    Metric("auprc", "AUPRC", True, auprc, worst_case=auprc_distinct_worst),
-    Metric("fpr95", "FPR95", False, fpr_at_tpr95),
-    Metric("max_iou", "MaxIoU", True, max_iou),
-)}
+#: Every metric segood reports, by name; ``register_metric(Metric(...))`` adds one (``docs/extending.md``).
+METRICS = Registry("metric")
+register_metric = METRICS.register
+for _metric in (Metric("auroc", "AUROC", True, auroc),
+                Metric("auprc", "AUPRC", True, auprc, worst_case=auprc_distinct_worst),
+                Metric("fpr95", "FPR95", False, fpr_at_tpr95),
+                Metric("max_iou", "MaxIoU", True, max_iou)):
+    register_metric(_metric)
 METRIC_NAMES = tuple(METRICS)  #: the built-in metrics (the paper's §4); what is registered now: ``METRICS``
 _BUILTIN = dict(METRICS)
 
 
 def get_metric(name):
     """The metric registered as ``name``; KeyError listing the valid names."""
-    if name not in METRICS:
-        raise KeyError(f"unknown metric {name!r}; choose one of {sorted(METRICS)}")
     return METRICS[name]
+
+
+def list_metrics(*, higher_is_better=None):
+    """The names of the registered metrics, in registration order; ``higher_is_better`` filters by direction."""
+    return [name for name, m in METRICS.items() if higher_is_better is None or m.higher_is_better == higher_is_better]
 
 
 def refined_curves(hist):
@@ -323,6 +328,15 @@ def exact_metrics(scores, labels):
     Returns:
         dict: auroc, auprc, fpr95, max_iou, max_iou_threshold, n_id, n_ood, n_ignored.
     """
+    curve, n_ignored = exact_curve(scores, labels)
+    result = metrics_from_counts(curve.thresholds, curve.tp, curve.fp, curve.n_ood, curve.n_id)
+    result.update(n_id=curve.n_id, n_ood=curve.n_ood, n_ignored=n_ignored)
+    return result
+
+
+def exact_curve(scores, labels):
+    """(:class:`Curve` with every distinct score of a counted pixel as a threshold, number of ignored pixels):
+    the sort behind :func:`exact_metrics`. Arguments as there."""
     scores, labels = as_numpy_inputs(scores, labels)
     counted = labels <= OOD
     if np.any(labels[~counted] != IGNORE):
@@ -331,15 +345,13 @@ def exact_metrics(scores, labels):
     if not np.all(np.isfinite(s)):
         raise ValueError(f"{int(np.count_nonzero(~np.isfinite(s)))} counted pixels have NaN or inf scores")
     is_ood = labels[counted] == OOD
-    thresholds, hist = exact_curve(s[~is_ood], s[is_ood])
+    thresholds, hist = distinct_score_counts(s[~is_ood], s[is_ood])
     fp, tp = (np.cumsum(row[::-1])[::-1] for row in hist)
     n_ood = int(is_ood.sum())
-    result = metrics_from_counts(thresholds, tp, fp, n_ood, s.size - n_ood)
-    result.update(n_id=s.size - n_ood, n_ood=n_ood, n_ignored=int(labels.size - s.size))
-    return result
+    return Curve(thresholds, tp, fp, n_ood, s.size - n_ood), int(labels.size - s.size)
 
 
-def exact_curve(id_scores, ood_scores):
+def distinct_score_counts(id_scores, ood_scores):
     """Every distinct score a threshold: (thresholds (D,) float64, the distinct values increasing; hist (2, D)
     int64, the ID and OOD pixels scoring exactly each value). O(n log n): each class sorted once (in its own
     dtype), then the two runs of distinct values merged.

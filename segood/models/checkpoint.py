@@ -7,16 +7,16 @@ from pathlib import Path
 
 import torch
 
-import segood
 from segood.io import atomic_output
 from segood.models.network import ModelConfig, SegmentationNetwork
+from segood.version import __version__
 
 FORMAT = "segood.checkpoint/1"
 
 
 def save_checkpoint(path, model, **extra):
     """Write atomically (temporary file + rename). ``extra``: plain values / state dicts (optimizer, epoch...)."""
-    state = {"format": FORMAT, "segood_version": segood.__version__, "config": model.config.to_dict(),
+    state = {"format": FORMAT, "segood_version": __version__, "config": model.config.to_dict(),
              "model": model.state_dict(), **extra}
     with atomic_output(path) as tmp:
         torch.save(state, tmp)

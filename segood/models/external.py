@@ -3,22 +3,30 @@
 import torch
 
 from segood.labels import NUM_CLASSES
-from segood.models.network import SegOutput
+from segood.models.network import SegmentationNetwork, SegOutput
 
 
 class ExternalModel(torch.nn.Module):
-    """Any ``nn.Module`` returning logits (N, C, H, W) as a segood network.
+    """Any ``nn.Module`` returning logits (N, C, h, w) as a segood network; C any number of classes, (h, w) any
+    resolution (logits smaller than the input, as mmseg and detectron2 heads give them before their final resize,
+    are resized to the input before scoring: :func:`segood.models.network.resize_output`).
 
     Args:
         module: the network; its output may be a tensor, or a dict / tuple whose first entry is the logits.
         feature_layer: name of a submodule (``dict(module.named_modules())``) whose output serves as the
             penultimate features, captured with a forward hook; then the model serves Mahalanobis too.
-        preprocess: kept for the caller's reference; segood feeds ImageNet-normalised inputs.
+        align_corners: how its logits are resized to the input: as the model's own library does (False: torch
+            and smp's ``F.interpolate(..., mode="bilinear", align_corners=False)``; True for some mmseg configs).
+
+    segood feeds ImageNet-normalised inputs (:func:`segood.models.network.preprocess`).
     """
 
-    def __init__(self, module, feature_layer=None):
+    def __init__(self, module, feature_layer=None, *, align_corners=False):
         super().__init__()
+        if not isinstance(align_corners, bool):
+            raise TypeError(f"align_corners must be True or False, got {align_corners!r}")
         self.module = module
+        self.align_corners = align_corners
         self._features = None
         self.served_heads = {"plain"}
         if feature_layer is not None:
@@ -58,3 +66,22 @@ def load_smp_weights(arch, encoder, weights, *, num_classes=NUM_CLASSES):
         raise ValueError(f"{weights} does not fit smp {arch} with {encoder} and {num_classes} classes: "
                          f"{str(err).splitlines()[0]}") from None
     return ExternalModel(model)
+
+
+def as_network(model, *, feature_layer=None, align_corners=None):
+    """``model`` as segood scores it: a segood network as it is; any other ``nn.Module`` returning logits wrapped in
+    :class:`ExternalModel` (``feature_layer``, ``align_corners`` as there; an ExternalModel gets ``align_corners``
+    when given). A TypeError for what is no ``nn.Module``."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model is a {type(model).__name__}, not a torch nn.Module; a callable that returns anomaly "
+                        "scores itself is evaluated as segood.Scorer(fn)")
+    if isinstance(model, SegmentationNetwork):
+        if align_corners is not None:
+            raise ValueError("align_corners sets how a model's smaller logits are resized to the frame; a segood "
+                             "network gives them at the frame's size already: drop it")
+        return model
+    if not isinstance(model, ExternalModel):
+        return ExternalModel(model, feature_layer, align_corners=bool(align_corners))
+    if align_corners is not None:
+        model.align_corners = bool(align_corners)
+    return model

@@ -95,8 +95,13 @@ class SegmentationNetwork(nn.Module):
         keep = 1.0 - self.config.dropout_p
         return features * ((torch.rand_like(features) < keep) * (1.0 / keep))
 
+    @property
+    def input_multiple(self):
+        """The input's sides must be multiples of this (the encoder's output stride); scoring pads to it."""
+        return getattr(self.encoder, "output_stride", 32)
+
     def forward(self, x):
-        stride = getattr(self.encoder, "output_stride", 32)
+        stride = self.input_multiple
         if x.ndim != 4 or x.shape[-2] % stride or x.shape[-1] % stride:
             h, w = x.shape[-2:]
             raise ValueError(f"input of shape {tuple(x.shape)}: expected (N, 3, H, W) with H and W divisible by "
@@ -131,6 +136,28 @@ def create_smp(arch, encoder, num_classes, encoder_weights=None):
 def _upsample(logits, size):
     """Bilinear upsampling to the input size: the last operation before the softmax."""
     return F.interpolate(logits, size=size, mode="bilinear", align_corners=False)
+
+
+def resize_output(output, size, *, align_corners=False):
+    """``output`` (:class:`SegOutput`) with its logits and confidence resized bilinearly to ``size`` = (H, W) where
+    they come out at another resolution (mmseg and detectron2 heads before their final resize, at 1/4 or 1/8 of the
+    input); unchanged where they already have it. The features keep their own resolution (Mahalanobis resizes its
+    distances itself). ``align_corners`` as the model's own library resizes: False for torch and smp
+    (``F.interpolate(..., mode="bilinear", align_corners=False)``), True for some mmseg configs."""
+    size = tuple(size)
+    if tuple(output.logits.shape[-2:]) == size:
+        return output
+
+    def resize(t):
+        return None if t is None else F.interpolate(t, size=size, mode="bilinear", align_corners=align_corners)
+
+    return SegOutput(resize(output.logits), output.features, resize(output.confidence))
+
+
+def frame_output(model, x):
+    """The forward pass of ``model`` on ``x`` (N, 3, H, W) with its logits at the frame's size (H, W):
+    :func:`resize_output` with the model's ``align_corners`` (False where it declares none)."""
+    return resize_output(model(x), x.shape[-2:], align_corners=getattr(model, "align_corners", False))
 
 
 def preprocess(images):

@@ -47,6 +47,11 @@ def corruption_names():
     return tuple(severity_table())
 
 
+def condition_name(set_name, corruption, severity):
+    """The name of a set under a corruption at a severity in the run's state: "sun@fog-3"."""
+    return f"{set_name}@{corruption}-{severity}"
+
+
 def check_corruption(name, severity=None):
     """Refuse an unknown corruption or level with a message listing the valid ones."""
     if name not in severity_table():

@@ -7,7 +7,7 @@ from segood.evaluation.report import _file_name, _save, heat_limits
 from segood.labels import colorize
 from segood.metrics import METRICS
 from segood.robustness.approval import approval_markdown
-from segood.robustness.corruptions import contact_sheet, severity_markdown
+from segood.robustness.corruptions import condition_name, contact_sheet, severity_markdown
 
 QUALITY = {"miou": ("mIoU", "↑"), "ece": ("ECE (15 bins)", "↓"), "brier": ("Brier", "↓")}
 OOD_SHOWN = ("auroc", "fpr95")  # the OOD metrics tabulated and drawn per corruption (results.json holds all)
@@ -74,7 +74,6 @@ def write_figures(figures, doc, ev):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from segood.robustness.suite import condition_name
 
     figures.mkdir(exist_ok=True)
     spec = doc["robustness"]

@@ -24,15 +24,12 @@ from segood.evaluation.runner import Evaluation
 from segood.io import write_json
 from segood.metrics import METRICS, UndefinedMetricWarning, accumulator_from_state
 from segood.metrics.segmentation import mean_iou
-from segood.robustness.corruptions import SEVERITIES, check_corruption, corruption_names, severity_table
+from segood.robustness.corruptions import (SEVERITIES, check_corruption, condition_name, corruption_names,
+                                          severity_table)
+from segood.robustness.report import results_markdown, write_figures
 
 SCHEMA = "segood.robustness/1"
 EXAMPLE_WIDTH = 512  # example frames kept in the state at most this wide: one per set and condition
-
-
-def condition_name(set_name, corruption, severity):
-    """The name of a set under a corruption at a severity in the run's state: "sun@fog-3"."""
-    return f"{set_name}@{corruption}-{severity}"
 
 
 def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corruptions=None, severities=SEVERITIES,
@@ -158,7 +155,6 @@ def write_robustness_report(out_dir, *, figures=True, requirements=None):
     run from its saved state; returns the results document."""
     from segood.io import atomic_write_text
     from segood.robustness.approval import approval_markdown, check_requirements, load_requirements
-    from segood.robustness.report import results_markdown, write_figures
 
     folder = RunFolder(out_dir)
     ev = Evaluation.load(folder.state())

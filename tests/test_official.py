@@ -1,0 +1,470 @@
+"""The official mode against each benchmark's definitions followed step by step here (plain numpy loops written
+from the definitions of road-anomaly-benchmark's PixBinaryClass / SegEval and bdl-benchmark's
+calculate_metrics_perpixAP), on literal frames with ties and scores on thresholds; and segood's own numbers
+unchanged by it."""
+
+import numpy as np
+import pytest
+from scipy import ndimage
+
+from segood.labels import IGNORE, OOD
+from segood.metrics import exact_metrics
+from segood.metrics.components import ComponentAccumulator
+from segood.metrics.official import (SMIYC_TAUS, FishyscapesPixelAccumulator, SMIYCComponentAccumulator,
+                                     SMIYCPixelAccumulator, fishyscapes_metrics, fishyscapes_values,
+                                     pixel_accumulator_from_state, smiyc_frame_bins, smiyc_pixel_metrics)
+
+X = IGNORE
+# three 6 x 8 frames: scores on a few values (ties), many exactly 0.5 (the component threshold below)
+LABELS = np.array([
+    [[0, 0, 0, 0, 0, 0, 0, 0],
+     [0, 1, 1, 0, 0, 0, X, X],
+     [0, 1, 1, 0, 0, 0, X, X],
+     [0, 0, 0, 0, 1, 0, 0, 0],
+     [0, 0, 0, 0, 0, 0, 0, 0],
+     [0, 0, 0, 1, 1, 1, 0, 0]],
+    [[1, 1, 0, 0, 0, 0, 0, 0],
+     [1, 1, 0, 0, 0, 1, 1, 1],
+     [0, 0, 0, 0, 0, 1, 1, 1],
+     [0, 0, X, X, 0, 0, 0, 0],
+     [0, 0, X, X, 0, 0, 0, 0],
+     [0, 0, 0, 0, 0, 0, 0, 1]],
+    [[0, 0, 0, 0, 0, 0, 0, 0],
+     [0, 0, 0, 0, 0, 0, 0, 0],
+     [0, 0, 1, 1, 1, 0, 0, 0],
+     [0, 0, 1, 1, 1, 0, 0, 0],
+     [0, 0, 0, 0, 0, 0, X, 0],
+     [0, 0, 0, 0, 0, 0, 0, 0]],
+], np.uint8)
+SCORES = np.array([
+    [[.10, .10, .25, .10, .00, .00, .50, .50],
+     [.10, .90, .75, .50, .10, .00, 1.0, 1.0],
+     [.25, 1.0, .50, .50, .10, .00, 1.0, .90],
+     [.00, .10, .25, .10, .50, .10, .00, .00],
+     [.00, .00, .10, .50, .50, .10, .00, .00],
+     [.00, .00, .50, .90, .75, .50, .00, .00]],
+    [[.75, .75, .50, .10, .00, .00, .00, .25],
+     [.50, .90, .50, .00, .50, .75, .75, .50],
+     [.25, .50, .25, .00, .50, .90, .95, .50],
+     [.00, .00, .95, .95, .00, .25, .50, .10],
+     [.00, .10, .95, .95, .00, .00, .10, .50],
+     [.10, .00, .00, .00, .00, .00, .50, .50]],
+    [[.00, .00, .10, .10, .10, .00, .00, .00],
+     [.00, .50, .50, .50, .50, .50, .00, .00],
+     [.00, .50, .75, .90, .50, .50, .00, .00],
+     [.00, .50, .50, .75, .50, .10, .00, .00],
+     [.00, .00, .10, .10, .00, .00, .85, .00],
+     [.00, .00, .00, .00, .00, .00, .00, .00]],
+])
+# the frames' highest counted scores, SMIYC's highest thresholds, differ: 1.0, 0.95 (its 0.95 block is ignore but
+# for one pixel) and 0.9 (its 0.85 is ignore)
+
+
+# ---- SMIYC's PixBinaryClass, step by step ---------------------------------------------------------------------------
+
+def smiyc_reference(scores, labels, *, num_bins=768, keep_partial_top=True):
+    """AP, FPR95 and the best-F1 threshold the way PixBinaryClass computes them: per frame, edges at the extremes
+    -/+ eps and at the quantiles of each class, np.histogram's bins [e_i, e_i+1) (the last closed) counted one by
+    one, each bin's threshold its lower edge; the bins of all frames sorted from high to low threshold, cumulated;
+    of each run of equal thresholds the last entry kept, and the very first entry (``keep_partial_top``); the
+    end points; AP = sum of recall steps times precision."""
+    thresholds, tp_rel, fp_rel, n_pos, n_neg = [], [], [], 0, 0
+    for frame_scores, frame_labels in zip(scores, labels):
+        roi = frame_labels < 255
+        p = frame_scores[roi].astype(np.float64)
+        gt = frame_labels[roi].astype(bool)
+        vmin, vmax = p.min(), p.max()
+        eps = max((vmax - vmin) * 1e-2, 1e-2)
+        edges = [vmin - eps, vmax + eps]
+        for group in (p[gt], p[~gt]):
+            if group.size:
+                edges += list(np.quantile(group, np.linspace(0, 1, min(num_bins // 2, group.size))))
+        edges = sorted(set(edges))
+        for i in range(len(edges) - 1):
+            upper_ok = p <= edges[i + 1] if i == len(edges) - 2 else p < edges[i + 1]
+            inside = (p >= edges[i]) & upper_ok
+            thresholds.append(edges[i])
+            tp_rel.append(int(np.sum(inside & gt)))
+            fp_rel.append(int(np.sum(inside & ~gt)))
+        n_pos += int(gt.sum())
+        n_neg += int((~gt).sum())
+    order = np.argsort(thresholds, kind="stable")[::-1]
+    t = np.array(thresholds)[order]
+    tp = np.cumsum(np.array(tp_rel)[order]).astype(np.float64)
+    fp = np.cumsum(np.array(fp_rel)[order]).astype(np.float64)
+    keep = [0] + [i for i in range(len(t) - 1) if t[i] != t[i + 1]] + [len(t) - 1]
+    if not keep_partial_top:
+        keep = keep[1:]  # index 0 stays where it is the last of its run (then it is listed again)
+    t, tp, fp = t[keep], tp[keep], fp[keep]
+    if tp[0] != 0 or fp[0] != 0:
+        t, tp, fp = np.r_[t.max() + 1, t], np.r_[0, tp], np.r_[0, fp]
+    if tp[-1] != n_pos or fp[-1] != n_neg:
+        t, tp, fp = np.r_[t, t.max() - 1], np.r_[tp, n_pos], np.r_[fp, n_neg]
+    fn, tn = n_pos - tp, n_neg - fp
+    tpr = [tp[k] / (tp[k] + fn[k]) for k in range(len(tp))]
+    fpr = [fp[k] / (fp[k] + tn[k]) for k in range(len(tp))]
+    precision = [tp[k] / (tp[k] + fp[k]) if tp[k] + fp[k] > 0 else 1.0 for k in range(len(tp))]
+    ap = sum((tpr[k] - tpr[k - 1]) * precision[k] for k in range(1, len(tp)))
+    at95 = next(k for k in range(len(tp)) if tpr[k] >= 0.95)
+    f1 = [2 * tp[k] / (2 * tp[k] + fp[k] + fn[k]) for k in range(len(tp))]
+    best = max(range(len(tp)), key=lambda k: (f1[k], -k))  # the first of equal maxima
+    return {"auprc": ap, "fpr95": fpr[at95], "tpr95_threshold": t[at95], "best_f1_threshold": t[best],
+            "best_f1": f1[best]}
+
+
+def smiyc_official(scores, labels, frames_at_once=False):
+    acc = SMIYCPixelAccumulator()
+    if frames_at_once:
+        return acc.update(scores, labels).compute()
+    for s, lab in zip(scores, labels):
+        acc.update(s, lab)
+    return acc.compute()
+
+
+def assert_close(got, want, keys):
+    for key in keys:
+        assert got[key] == pytest.approx(want[key], abs=1e-9, rel=0), key
+
+
+def random_frames(seed, n=4, shape=(30, 40), decimals=2):
+    """Larger frames (quantiles between pixels, more than 384 pixels a class) with scores rounded to ``decimals``
+    (ties everywhere)."""
+    rng = np.random.default_rng(seed)
+    labels = (rng.random((n, *shape)) < 0.3).astype(np.uint8)
+    labels[rng.random(labels.shape) < 0.05] = IGNORE
+    scores = np.round(rng.random(labels.shape) * 0.7 + 0.3 * (labels == OOD), decimals)
+    return scores, labels
+
+
+PIXEL_KEYS = ("auprc", "fpr95", "tpr95_threshold", "best_f1_threshold", "best_f1")
+
+
+@pytest.mark.parametrize("case", ["literal", "random", "float16", "one_pixel_class"])
+def test_smiyc_pixel_metrics_equal_the_official_definition(case):
+    scores, labels = {"literal": (SCORES, LABELS), "random": random_frames(0),
+                      "float16": random_frames(1, decimals=3),
+                      "one_pixel_class": (SCORES, np.where(LABELS == OOD, 0, LABELS))}[case]
+    if case == "float16":
+        scores = scores.astype(np.float16)
+    if case == "one_pixel_class":  # one OOD pixel in one frame: a quantile list of one value
+        labels = labels.copy()
+        labels[1, 5, 7] = OOD
+    want = smiyc_reference(scores, labels)
+    assert_close(smiyc_official(scores, labels), want, PIXEL_KEYS)
+    assert_close(smiyc_official(scores, labels, frames_at_once=True), want, PIXEL_KEYS)
+
+
+def test_a_shared_top_threshold_keeps_only_the_complete_point():
+    """Where two frames share the highest threshold, the official curve also holds a partial point at it, of
+    whichever frame np.argsort puts first; segood keeps the complete point only."""
+    scores = SCORES.copy()
+    scores[2, 2, 3] = scores[2, 4, 7] = 1.0  # frame 2's top: an OOD and an ID pixel at 1.0, frame 0's: one OOD pixel
+    # the partial point is (1 OOD, 0 ID) or (1 OOD, 1 ID), the complete one (2 OOD, 1 ID): either moves the AP
+    want = smiyc_reference(scores, LABELS, keep_partial_top=False)
+    got = smiyc_official(scores, LABELS)
+    assert_close(got, want, PIXEL_KEYS)
+    literal = smiyc_reference(scores, LABELS)
+    assert literal["auprc"] != pytest.approx(got["auprc"], abs=1e-9)  # the partial point moves the AP here
+
+
+def test_smiyc_pixel_metrics_differ_from_the_exact_ones_and_merge_and_resume_exactly():
+    scores, labels = random_frames(2, n=6, decimals=12)  # over 384 pixels a class: quantiles between pixels
+    exact = exact_metrics(scores, labels)
+    official = smiyc_official(scores, labels)
+    assert official["auprc"] != pytest.approx(exact["auprc"], abs=1e-6)  # per-frame bins are not exact
+    assert abs(official["auprc"] - exact["auprc"]) < 0.02
+    a = SMIYCPixelAccumulator().update(scores[:2], labels[:2])
+    b = SMIYCPixelAccumulator().update(scores[2:], labels[2:])
+    merged = pixel_accumulator_from_state(a.state_dict()).merge(b)
+    assert merged.compute() == official
+    bins = [smiyc_frame_bins(s, lab) for s, lab in zip(scores, labels)]  # the pure function on the frames' bins
+    assert_close(smiyc_pixel_metrics(*(np.concatenate(parts) for parts in zip(*bins))), official, PIXEL_KEYS)
+    with pytest.raises(ValueError, match="finite scores"):
+        SMIYCPixelAccumulator().update(np.full((2, 2), np.inf), np.zeros((2, 2), np.uint8))
+    skipped = SMIYCPixelAccumulator().update(np.zeros((2, 2)), np.full((2, 2), IGNORE, np.uint8)).compute()
+    assert skipped["n_skipped_frames"] == 1 and np.isnan(skipped["auprc"])
+    with pytest.raises(ValueError, match="thresholds must be increasing"):
+        state = a.state_dict()
+        SMIYCPixelAccumulator.from_state_dict({**state, "thresholds": state["thresholds"][::-1].copy()})
+
+
+# ---- Fishyscapes' calculate_metrics_perpixAP, step by step ---------------------------------------------------------
+
+def fishyscapes_reference(scores, labels):
+    """AP and FPR95 the way bdl-benchmark computes them: scores to float32; from the highest distinct value down,
+    TP and FP at each; precision and recall; AP as the recall steps times precision up to the first point of full
+    recall; FPR95 at the first point (after a (0, 0) one) with TPR >= 0.95."""
+    valid = (labels == 0) | (labels == 1)
+    s = scores[valid].astype(np.float32)
+    gt = labels[valid] == 1
+    tps, fps = [], []
+    for v in sorted(set(s.tolist()), reverse=True):
+        tps.append(int(np.sum(gt & (s >= v))))
+        fps.append(int(np.sum(~gt & (s >= v))))
+    n_pos, n_neg = tps[-1], fps[-1]
+    precision = [tp / (tp + fp) for tp, fp in zip(tps, fps)]
+    recall = [tp / n_pos for tp in tps]
+    full = next(k for k in range(len(tps)) if tps[k] == n_pos)
+    ap = sum((recall[k] - (recall[k - 1] if k else 0.0)) * precision[k] for k in range(full + 1))
+    tpr = [0.0] + [tp / n_pos for tp in tps]
+    fpr = [0.0] + [fp / n_neg for fp in fps]
+    return {"auprc": ap, "fpr95": fpr[next(k for k in range(len(tpr)) if tpr[k] >= 0.95)]}
+
+
+@pytest.mark.parametrize("case", ["literal", "random", "float64_beyond_float32"])
+def test_fishyscapes_pixel_metrics_equal_the_official_definition(case):
+    scores, labels = {"literal": (SCORES, LABELS), "random": random_frames(3),
+                      "float64_beyond_float32": random_frames(4, decimals=12)}[case]
+    if case == "float64_beyond_float32":  # float64 scores a float32 step apart become ties
+        scores = scores + np.where(labels == OOD, 1e-9, 0.0)
+    want = fishyscapes_reference(scores, labels)
+    acc = FishyscapesPixelAccumulator()
+    for s, lab in zip(scores, labels):
+        acc.update(s, lab)
+    assert_close(acc.compute(), want, ("auprc", "fpr95"))
+    assert_close(fishyscapes_metrics(*fishyscapes_values(scores, labels)), want, ("auprc", "fpr95"))
+    if case == "literal":  # float32-exact scores: the exact AP (sklearn's), the exact FPR95 (segood's definition)
+        exact = exact_metrics(scores.astype(np.float32), labels)
+        assert_close(acc.compute(), exact, ("auprc", "fpr95"))
+
+
+def test_fishyscapes_state_resumes_and_merges_to_one_run():
+    scores, labels = random_frames(5, n=5, decimals=3)
+    whole = FishyscapesPixelAccumulator().update(scores, labels)
+    parts = [FishyscapesPixelAccumulator().update(scores[k], labels[k]) for k in range(5)]
+    restored = FishyscapesPixelAccumulator.from_state_dict(parts[0].state_dict())
+    for part in parts[1:]:
+        restored.merge(part)
+    assert restored.compute() == whole.compute()
+    assert np.isnan(FishyscapesPixelAccumulator().update(scores, np.zeros_like(labels)).compute()["auprc"])
+    with pytest.raises(ValueError, match="NaN"):
+        FishyscapesPixelAccumulator().update(np.full((2, 2), np.nan), np.zeros((2, 2), np.uint8))
+
+
+# ---- SMIYC's SegEval, step by step ----------------------------------------------------------------------------------
+
+def smiyc_components_reference(scores, labels, threshold, min_pred, min_gt):
+    """SegEval: binarise with score > threshold, ignore pixels out of the prediction, 8-connected components of
+    prediction and truth, predicted components under min_pred dropped, ground-truth components under min_gt to
+    ignore (the OOD components only: the stated definition), then per ground-truth component its sIoU and per
+    predicted component its precision on the pixels not ignored; TP / FN / FP per tau of np.linspace(0.25, 0.75,
+    11), summed over frames."""
+    eight = np.ones((3, 3), int)
+    taus = np.linspace(0.25, 0.75, 11)
+    tp, fn, fp = np.zeros(11, int), np.zeros(11, int), np.zeros(11, int)
+    siou_all, ppv_all = [], []
+    for frame_scores, frame_labels in zip(scores, labels):
+        prediction = (frame_scores > threshold) & (frame_labels != 255)
+        pred, n_pred = ndimage.label(prediction, eight)
+        for c in range(1, n_pred + 1):
+            if np.sum(pred == c) < min_pred:
+                pred[pred == c] = 0
+        truth, n_truth = ndimage.label(frame_labels == 1, eight)
+        roi_labels = frame_labels.copy()
+        for k in range(1, n_truth + 1):
+            if np.sum(truth == k) < min_gt:
+                roi_labels[truth == k] = 255
+        roi = roi_labels != 255
+        g, p = truth[roi], pred[roi]
+        siou, ppv = [], []
+        for k in np.unique(g[g > 0]):
+            touching = np.unique(p[(g == k) & (p > 0)])
+            in_touching = np.isin(p, touching)
+            intersection = np.sum((g == k) & in_touching)
+            adjustment = np.sum(in_touching & (g != 0) & (g != k))
+            union = np.sum(in_touching) + np.sum(g == k) - intersection - adjustment
+            siou.append(intersection / union)
+        for c in np.unique(p[p > 0]):
+            ppv.append(np.sum((p == c) & (g > 0)) / np.sum(p == c))
+        for i, t in enumerate(taus):
+            tp[i] += sum(v >= t for v in siou)
+            fn[i] += sum(v < t for v in siou)
+            fp[i] += sum(v < t for v in ppv)
+        siou_all += siou
+        ppv_all += ppv
+    f1 = [2 * a / (2 * a + b + c) for a, b, c in zip(tp, fn, fp)]
+    return {"siou": np.mean(siou_all), "ppv": np.mean(ppv_all), "f1_25": f1[0], "f1_50": f1[5], "f1_75": f1[10],
+            "f1_star": np.mean(f1), "tp": tp.tolist(), "fn": fn.tolist(), "fp": fp.tolist()}
+
+
+COMPONENT_KEYS = ("siou", "ppv", "f1_25", "f1_50", "f1_75", "f1_star")
+
+
+@pytest.mark.parametrize("threshold, min_pred, min_gt", [(0.5, 3, 2), (0.5, 1, 1), (0.25, 4, 3), (0.9, 1, 2)])
+def test_smiyc_component_metrics_equal_the_official_definition(threshold, min_pred, min_gt):
+    acc = SMIYCComponentAccumulator(threshold, min_pred=min_pred, min_gt=min_gt)
+    for s, lab in zip(SCORES, LABELS):
+        acc.update(s, lab)
+    got, want = acc.compute(), smiyc_components_reference(SCORES, LABELS, threshold, min_pred, min_gt)
+    assert_close(got, want, COMPONENT_KEYS)
+    assert (got["tp"], got["fn"], got["fp"]) == (want["tp"], want["fn"], want["fp"])
+    assert got["taus"][7] == 0.6000000000000001 == SMIYC_TAUS[7]
+    restored = SMIYCComponentAccumulator.from_state_dict(acc.state_dict())
+    assert restored.compute() == got
+
+
+def test_smiyc_components_differ_from_segoods_by_the_strict_comparison_only():
+    """At threshold 0.5, where many scores sit: segood (>=) predicts them, SMIYC (>) does not; SMIYC's strict
+    comparison at the next float below 0.5 predicts exactly what segood's does at 0.5."""
+    ours = ComponentAccumulator(0.5, min_pred=3, min_gt=2)
+    theirs = SMIYCComponentAccumulator(0.5, min_pred=3, min_gt=2)
+    below = SMIYCComponentAccumulator(float(np.nextafter(0.5, 0.0)), min_pred=3, min_gt=2)
+    for acc in (ours, theirs, below):
+        acc.update(SCORES, LABELS)
+    assert ours.compute()["fp"] != theirs.compute()["fp"]
+    assert_close(below.compute(), ours.compute(), COMPONENT_KEYS)
+
+
+def test_the_example_numbers_of_the_docs():
+    """docs/official.md quotes these: six random 30 x 40 frames, segood's exact values and each official one."""
+    scores, labels = random_frames(0, n=6, decimals=12)
+    exact = exact_metrics(scores, labels)
+    smiyc = smiyc_official(scores, labels)
+    fishy = FishyscapesPixelAccumulator().update(scores, labels).compute()
+    assert [round(r["auprc"], 4) for r in (exact, smiyc, fishy)] == [0.7637, 0.7642, 0.7637]
+    assert [round(r["fpr95"], 4) for r in (exact, smiyc, fishy)] == [0.5199, 0.5186, 0.5199]
+    # on the literal frames every bin holds one distinct value: SMIYC's curve is the exact one there
+    assert_close(smiyc_official(SCORES, LABELS), exact_metrics(SCORES, LABELS), ("auprc", "fpr95"))
+
+
+def test_tau_of_six_tenths_is_the_official_linspaces():
+    """sIoU = PPV = 3 / 5 = 0.6 exactly: at segood's tau 0.6 a true positive and no false positive; at SMIYC's
+    0.6000000000000001 a false negative and a false positive."""
+    labels = np.zeros((5, 8), np.uint8)
+    labels[2, 1:4] = OOD  # 3 px
+    scores = np.zeros(labels.shape)
+    scores[2, 1:6] = 1.0  # 5 px: the 3 OOD ones and 2 ID ones; sIoU = 3 / (3 + 5 - 3), PPV = 3 / 5
+    ours = ComponentAccumulator(0.5, min_pred=1, min_gt=1).update(scores, labels).compute()
+    theirs = SMIYCComponentAccumulator(0.5, min_pred=1, min_gt=1).update(scores, labels).compute()
+    assert (ours["tp"][7], ours["fn"][7], ours["fp"][7]) == (1, 0, 0)
+    assert (theirs["tp"][7], theirs["fn"][7], theirs["fp"][7]) == (0, 1, 1)
+    want = smiyc_components_reference(scores[None], labels[None], 0.5, 1, 1)
+    assert (theirs["tp"], theirs["fn"], theirs["fp"]) == (want["tp"], want["fn"], want["fp"])
+    assert_close(theirs, want, COMPONENT_KEYS)
+
+
+# ---- in an evaluation: beside segood's numbers, which stay unchanged ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def perlin(tmp_path_factory):
+    import torch
+
+    from rawtrees import mixed_noise_sets
+    from segood.models import build_model
+
+    tmp = tmp_path_factory.mktemp("official")
+    sets = mixed_noise_sets(tmp / "sets", kinds=("perlin",), seed=2, side=64)
+    torch.manual_seed(0)
+    return build_model("pspnet", "resnet18").eval(), sets / "perlin_mixed.h5"
+
+
+def test_official_mode_in_an_evaluation_leaves_segoods_numbers_unchanged(perlin, tmp_path):
+    import torch
+
+    from segood.data.h5 import H5SegmentationDataset
+    from segood.evaluation import Evaluation, evaluate
+    from segood.methods import get_method
+    from segood.models import preprocess
+
+    model, data = perlin
+    options = {"components": {"preset": "obstacle", "thresholds": {"entropy": 0.001, "max_softmax": 0.9}},
+               "batch_size": 2, "progress": False, "figures": False, "bootstrap": None}
+    plain = evaluate(model, [data], ["entropy", "max_softmax"], tmp_path / "plain", **options)
+    official = evaluate(model, [data], ["entropy", "max_softmax"], tmp_path / "smiyc", official="smiyc", **options)
+    for m in ("entropy", "max_softmax"):
+        mine, theirs = plain["results"][m]["perlin_mixed"], official["results"][m]["perlin_mixed"]
+        assert "official" not in mine
+        assert {k: v for k, v in theirs.items() if k != "official"} == mine  # segood's own numbers unchanged
+        pixels, components = SMIYCPixelAccumulator(), SMIYCComponentAccumulator(
+            options["components"]["thresholds"][m], "obstacle")
+        items = list(H5SegmentationDataset(data))
+        for start in range(0, len(items), 2):  # the run's batches: the network's floats depend on the batch
+            batch = {k: torch.stack([it[k] for it in items[start : start + 2]]) for k in ("image", "ood_mask")}
+            score = get_method(m).score(model, preprocess(batch["image"]))[0]
+            pixels.update(score, batch["ood_mask"])
+            components.update(score, batch["ood_mask"])
+        want = pixels.compute()
+        got = theirs["official"]
+        assert got["label"] == "SMIYC official" and got["n_frames"] == want["n_frames"] == 4
+        assert_close(got, want, PIXEL_KEYS)
+        assert got["components"]["tp"] == components.compute()["tp"]
+        assert got["components"]["taus"][7] == 0.6000000000000001
+    text = (tmp_path / "smiyc" / "results.md").read_text()
+    assert "| AUPRC (SMIYC official) |" in text and "sIoU / PPV / F1* (SMIYC official)" in text
+    assert "SMIYC official" in (tmp_path / "smiyc" / "results.csv").read_text()
+    restored = Evaluation.load(tmp_path / "smiyc" / "state.npz")
+    assert restored.official == "smiyc"
+    assert_close(restored.official_acc[("max_softmax", "perlin_mixed")].compute(),
+                 official["results"]["max_softmax"]["perlin_mixed"]["official"], PIXEL_KEYS)
+    with pytest.raises(ValueError, match="different run"):  # a folder of a run without the official mode
+        evaluate(model, [data], ["entropy", "max_softmax"], tmp_path / "plain", official="smiyc", **options)
+    with pytest.raises(ValueError, match="unknown official mode 'kitti'; choose one of smiyc, fishyscapes"):
+        evaluate(model, [data], ["entropy"], tmp_path / "bad", official="kitti", **options)
+
+
+def test_official_fishyscapes_from_the_command_line(perlin, tmp_path, capsys):
+    from segood.cli import main
+    from segood.evaluation import Evaluation
+    from segood.models import save_checkpoint
+
+    model, data = perlin
+    save_checkpoint(tmp_path / "m.pt", model)
+    args = ["evaluate", "--checkpoint", str(tmp_path / "m.pt"), "--sets", str(data), "--methods", "max_softmax",
+            "--quiet", "--resamples", "0", "--out", str(tmp_path / "run"), "--official", "fishyscapes"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "## Fishyscapes official beside segood" in out and "| AUPRC (Fishyscapes official) |" in out
+    ev = Evaluation.load(tmp_path / "run" / "state.npz")
+    acc = ev.official_acc[("max_softmax", "perlin_mixed")]
+    assert isinstance(acc, FishyscapesPixelAccumulator) and acc.n_frames == 4 and not ev.official_comp
+    assert main([*args[:-1], "smiyc", "--resume"]) == 2  # the folder holds the Fishyscapes run
+    assert "different run" in capsys.readouterr().err
+
+
+def test_a_killed_run_resumes_to_the_same_official_numbers(perlin, tmp_path, monkeypatch):
+    from rawtrees import killed_after
+    from segood.evaluation import evaluate
+
+    model, data = perlin
+    options = {"batch_size": 1, "progress": False, "figures": False, "bootstrap": None, "official": "smiyc",
+               "components": {"preset": "obstacle", "thresholds": {"entropy": 0.001}}}
+    whole = evaluate(model, [data], ["entropy"], tmp_path / "whole", **options)
+    original = model.forward
+    monkeypatch.setattr(model, "forward", killed_after(model, 2))
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(model, [data], ["entropy"], tmp_path / "killed", save_every=1, **options)
+    monkeypatch.setattr(model, "forward", original)
+    resumed = evaluate(model, [data], ["entropy"], tmp_path / "killed", resume=True, **options)
+    assert resumed["results"] == whole["results"]
+    assert resumed["results"]["entropy"]["perlin_mixed"]["official"]["n_frames"] == 4
+
+
+def _gather_worker(rank, world, port, out_dir):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    scores, labels = random_frames(6, n=5, decimals=3)
+    for kind in (SMIYCPixelAccumulator, FishyscapesPixelAccumulator):
+        acc = kind()
+        for k in range(rank, 5, world):  # rank 1 holds two frames, rank 0 three
+            acc.update(scores[k], labels[k])
+        acc.all_reduce().save(f"{out_dir}/{kind.__name__}_{rank}.npz")
+    dist.destroy_process_group()
+
+
+def test_two_process_gloo_all_reduce_gives_every_rank_the_whole_set(tmp_path):
+    import socket
+
+    import torch
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    torch.multiprocessing.spawn(_gather_worker, args=(2, port, str(tmp_path)), nprocs=2)
+    scores, labels = random_frames(6, n=5, decimals=3)
+    for kind in (SMIYCPixelAccumulator, FishyscapesPixelAccumulator):
+        whole = kind()
+        for k in range(5):
+            whole.update(scores[k], labels[k])
+        for rank in range(2):
+            assert kind.load(tmp_path / f"{kind.__name__}_{rank}.npz").compute() == whole.compute()

@@ -1,0 +1,292 @@
+"""Users' own models and maps: logits of any resolution and any number of classes, callables that return scores
+themselves, score maps submitted in every layout, and sets matched to the benchmark's by content."""
+
+import json
+import sys
+
+import h5py
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from segood.cli import main
+from segood.data.h5 import H5SegmentationDataset, set_identity
+from segood.evaluation import evaluate, evaluate_score_maps
+from segood.evaluation.exchange import export_scores
+from segood.evaluation.runner import run
+from segood.leaderboard import leaderboard, make_benchmark, submit
+from segood.methods import Scorer, get_method
+from segood.methods.functional import entropy_from_logits
+from segood.methods.schedule import score_batch
+from segood.metrics import make_accumulator
+from segood.models import ExternalModel, build_model, preprocess
+
+from rawtrees import mixed_noise_sets
+
+
+class QuarterNet(torch.nn.Module):
+    """A head before its final resize: logits at 1/4 of the input, as mmseg and detectron2 heads give them.
+    ``upsample``: resize them itself, with that ``align_corners`` (the reference)."""
+
+    def __init__(self, classes=19, upsample=None):
+        super().__init__()
+        torch.manual_seed(0)  # every QuarterNet of a class count has the same weights
+        self.features = torch.nn.Conv2d(3, 8, 4, stride=4)
+        self.classifier = torch.nn.Conv2d(8, classes, 1)
+        self.upsample = upsample
+
+    def forward(self, x):
+        logits = self.classifier(torch.relu(self.features(x)))
+        if self.upsample is not None:
+            logits = F.interpolate(logits, size=x.shape[-2:], mode="bilinear", align_corners=self.upsample)
+        return logits
+
+
+@pytest.fixture(scope="module")
+def sets(tmp_path_factory):
+    root = mixed_noise_sets(tmp_path_factory.mktemp("own_models"))
+    return {"perlin_mixed": root / "perlin_mixed.h5", "normal_mixed": root / "normal_mixed.h5", "cs": root / "cs.h5"}
+
+
+def frames(path, count=2):
+    dataset = H5SegmentationDataset(path)
+    return torch.stack([dataset[i]["image"] for i in range(count)])
+
+
+# logits of any resolution
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_quarter_resolution_logits_score_as_the_explicitly_upsampled_ones(sets, align_corners):
+    x = preprocess(frames(sets["perlin_mixed"]))
+    methods = [get_method(n) for n in ("max_softmax", "entropy", "max_logit", "energy")] + [
+        get_method("odin", temperature=10, epsilon=0.002)]  # a perturbing method: its objective on the frame too
+    low = score_batch(ExternalModel(QuarterNet(), align_corners=align_corners), x, methods)
+    upsampled = score_batch(ExternalModel(QuarterNet(upsample=align_corners)), x, methods)
+    assert low.resized and not upsampled.resized
+    assert low.output.logits.shape[-2:] == x.shape[-2:] and torch.equal(low.classes, upsampled.classes)
+    for got, want in zip(low.scores, upsampled.scores):
+        assert torch.equal(got, want)
+    other = score_batch(ExternalModel(QuarterNet(), align_corners=not align_corners), x, methods[:1]).scores[0]
+    assert not torch.equal(other, low.scores[0])  # the option is the library's choice, and it matters
+
+
+def test_a_quarter_resolution_model_evaluates_as_its_upsampled_self(sets, tmp_path):
+    """Every method, the fitted ones too (sml's statistics of frame-sized logits, Mahalanobis on the 1/4 features),
+    equals the run of the model that upsamples its own logits."""
+    chosen = lambda: ["max_softmax", "entropy", "energy", get_method("sml"), get_method("mahalanobis")]  # noqa: E731
+    options = {"fit_set": sets["cs"], "feature_layer": "features", "progress": False, "figures": False}
+    low = evaluate(QuarterNet(), {"perlin_mixed": sets["perlin_mixed"]}, chosen(), tmp_path / "low", **options)
+    upsampled = evaluate(QuarterNet(upsample=False), {"perlin_mixed": sets["perlin_mixed"]}, chosen(),
+                         tmp_path / "up", **options)
+    assert low["results"] == upsampled["results"]
+    assert low["per_class_mean_score"] == upsampled["per_class_mean_score"]
+    assert "resized to them bilinearly (align_corners=False)" in low["notes"][0] and upsampled["notes"] == []
+    assert low["notes"][0] in (tmp_path / "low" / "results.md").read_text()
+    again = evaluate(QuarterNet(), {"perlin_mixed": sets["perlin_mixed"]}, chosen(), tmp_path / "low_ac",
+                     align_corners=True, **options)
+    assert again["model"]["align_corners"] is True and "align_corners=True" in again["notes"][0]
+    assert again["results"]["entropy"] != low["results"]["entropy"]
+    with pytest.raises(ValueError, match="a segood network gives them at the frame's size"):
+        evaluate(build_model("pspnet", "resnet18"), [sets["cs"]], ["entropy"], tmp_path / "net", align_corners=True)
+
+
+def test_align_corners_and_class_count_from_the_command_line(sets, tmp_path):
+    import segmentation_models_pytorch as smp
+
+    torch.manual_seed(0)
+    torch.save(smp.create_model("fpn", encoder_name="resnet18", encoder_weights=None, classes=5).state_dict(),
+               tmp_path / "fpn.pt")
+    assert main(["evaluate", "--arch", "fpn", "--encoder", "resnet18", "--weights", str(tmp_path / "fpn.pt"),
+                 "--num-classes", "5", "--align-corners", "--sets", str(sets["cs"]), "--methods", "entropy",
+                 "--out", str(tmp_path / "run"), "--resamples", "0", "--quiet"]) == 0
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["model"]["align_corners"] is True
+    assert "The model predicts 5 classes" in json.loads((tmp_path / "run" / "results.json").read_text())["notes"][0]
+
+
+# any number of classes
+
+
+def test_other_classes_run_every_method_that_needs_no_class_mapping(sets, tmp_path):
+    model = QuarterNet(classes=5)
+    doc = evaluate(model, {"perlin_mixed": sets["perlin_mixed"], "cs": sets["cs"]}, None, tmp_path / "run",
+                   progress=False)
+    assert set(doc["results"]) == {"max_softmax", "odin", "entropy", "max_logit", "energy"}
+    reference = make_accumulator()  # entropy over the 5 classes, normalised by log 5, of the upsampled logits
+    for batch in torch.utils.data.DataLoader(H5SegmentationDataset(sets["perlin_mixed"]), batch_size=2):
+        x = preprocess(batch["image"])  # in the run's batches: a convolution's sums depend on the batch size
+        with torch.no_grad():
+            logits = F.interpolate(model(x), size=x.shape[-2:], mode="bilinear", align_corners=False)
+        reference.update(entropy_from_logits(logits), batch["ood_mask"])
+    assert doc["results"]["entropy"]["perlin_mixed"]["pooled"]["auroc"] == reference.compute()["auroc"]
+    note = "The model predicts 5 classes, not the sets' 19 Cityscapes trainIds"
+    assert any(n.startswith(note) for n in doc["notes"]) and note in (tmp_path / "run" / "results.md").read_text()
+    assert doc["per_class_mean_score"]["entropy"]["cs"]["road"] is not None  # over the sets' own labels
+    assert (tmp_path / "run" / "figures" / "examples_cs.png").exists()
+    segood_network = evaluate(build_model("pspnet", "resnet18", 5).eval(), [sets["cs"]], ["max_logit"],
+                              tmp_path / "net", progress=False, figures=False)
+    assert any(n.startswith(note) for n in segood_network["notes"])
+    with pytest.raises(ValueError, match="mahalanobis models the features of each class .* predicts 5 classes"):
+        evaluate(model, [sets["cs"]], ["mahalanobis"], tmp_path / "maha", progress=False, fit_set=sets["cs"],
+                 feature_layer="features")
+
+
+@pytest.mark.parametrize("classes", [19, 5])
+def test_segmentation_quality_only_where_the_classes_are_the_sets(sets, tmp_path, classes):
+    ev = run(ExternalModel(QuarterNet(classes)), {"cs": sets["cs"]}, [get_method("entropy")], tmp_path,
+             quality=True, progress=False)
+    assert (ev.confusion["cs"].sum() > 0) == (classes == 19)
+    assert any("segmentation quality (mIoU, confusion, calibration) is not computed" in n
+               for n in ev.notes()) == (classes != 19)
+
+
+# scorer callables
+
+
+def darkness(images):
+    """Darker pixels are more anomalous: minus the sum of the RGB values (exact in float64)."""
+    return -images.double().sum(dim=1)
+
+
+def darkness_of_one(image):
+    """The same for one (H, W, 3) image, as SegmentMeIfYouCan's loop calls a method."""
+    return -image.astype(np.float64).sum(axis=2)
+
+
+def test_a_scorer_equals_its_maps_scored_from_a_file(sets, tmp_path):
+    path = sets["perlin_mixed"]
+    doc = evaluate(Scorer(darkness), {"perlin_mixed": path}, out_dir=tmp_path / "run", progress=False, figures=False)
+    dataset = H5SegmentationDataset(path)
+    with h5py.File(tmp_path / "maps.h5", "w") as f:
+        for item in dataset:
+            f[item["frame_id"]] = darkness(item["image"][None])[0].numpy()
+    maps = evaluate_score_maps(tmp_path / "maps.h5", path, tmp_path / "maps", name="darkness", figures=False)
+    assert doc["results"]["darkness"]["perlin_mixed"]["pooled"] == maps["results"]["darkness"]["perlin_mixed"]["pooled"]
+    assert doc["results"]["darkness"]["perlin_mixed"]["per_image_mean"] == \
+        maps["results"]["darkness"]["perlin_mixed"]["per_image_mean"]
+    assert doc["results"]["darkness"]["perlin_mixed"]["pooled"]["auroc"] is not None
+    assert doc["model"] == {"scorer": "test_own_models:darkness", "per_image": False}
+    one = evaluate(Scorer(darkness_of_one, per_image=True, name="darkness"), {"perlin_mixed": path},
+                   out_dir=tmp_path / "one", progress=False, figures=False)
+    assert one["results"] == doc["results"]
+    with pytest.raises(ValueError, match="scorer darkness is its own method"):
+        evaluate(Scorer(darkness), [path], ["entropy"], tmp_path / "x", progress=False)
+    with pytest.raises(ValueError, match="fit_set set up a network"):
+        evaluate(Scorer(darkness), [path], out_dir=tmp_path / "x", fit_set=sets["cs"], progress=False)
+    with pytest.raises(TypeError, match="not a torch nn.Module; .* evaluated as segood.Scorer"):
+        evaluate(darkness, [path], out_dir=tmp_path / "x", progress=False)
+
+
+BAD_SCORERS = {
+    "shape": (lambda images: images.double().mean(dim=1)[:, ::4, ::4],
+              r"perlin_mixed: frames \[0, 1\]: scorer bad returned scores of shape \(2, 16, 16\) for the batch; "
+              r"expected \(2, 64, 64\)"),
+    "nan": (lambda images: torch.full((len(images), 64, 64), float("nan")),
+            r"8192 NaN scores for the batch \(images \[0, 1\] of the batch\)"),
+    "mask": (lambda images: images[:, 0] > 128, "not a mask"),
+    "list": (lambda images: images.tolist(), "returned a list for the batch"),
+    "strings": (lambda images: np.full((len(images), 64, 64), "x"), "returned <U1 scores"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_SCORERS)
+def test_a_bad_scorer_output_is_named(sets, tmp_path, case):
+    fn, message = BAD_SCORERS[case]
+    with pytest.raises(ValueError, match=message):
+        evaluate(Scorer(fn, name="bad"), [sets["perlin_mixed"]], out_dir=tmp_path, progress=False)
+
+
+def test_a_scorer_from_the_command_line(sets, tmp_path, monkeypatch, capsys):
+    (tmp_path / "own_scorer_module.py").write_text(
+        "def anomaly(images):\n    return -images.double().sum(dim=1)\n\nthreshold = 3\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the command adds the current folder
+    monkeypatch.delitem(sys.modules, "own_scorer_module", raising=False)
+    common = ["--sets", str(sets["perlin_mixed"]), "--resamples", "0", "--quiet"]
+    assert main(["evaluate", "--scorer", "own_scorer_module:anomaly", "--scorer-name", "mine", "--out", "run",
+                 *common]) == 0
+    doc = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert list(doc["results"]) == ["mine"]
+    assert doc["methods"]["mine"]["params"]["scorer"] == "own_scorer_module:anomaly"
+    capsys.readouterr()
+    for spec, extra, message in (
+            ("no_such_module:anomaly", [], "no module 'no_such_module' in the current folder"),
+            ("own_scorer_module:missing", [], "has no 'missing'; its functions: anomaly"),
+            ("own_scorer_module:threshold", [], "threshold is not callable (int)"),
+            ("own_scorer_module", [], "write MODULE:FUNCTION"),
+            ("own_scorer_module:anomaly", ["--methods", "entropy"], "drop --methods")):
+        assert main(["evaluate", "--scorer", spec, *extra, "--out", "bad", *common]) == 2
+        assert message in capsys.readouterr().err, spec
+    assert main(["evaluate", "--scorer-name", "x", "--checkpoint", "m.pt", "--out", "bad", *common]) == 2
+    assert "add --scorer MODULE:FUNCTION" in capsys.readouterr().err
+
+
+# submitting maps in every layout; sets matched by content
+
+
+@pytest.fixture(scope="module")
+def board_world(sets, tmp_path_factory):
+    """An open benchmark over perlin_mixed, a private one over it, and entropy maps in every layout."""
+    root = tmp_path_factory.mktemp("own_board")
+    make_benchmark({"open": {"sets": {"perlin_mixed": sets["perlin_mixed"]}, "rank_by": "auroc"}},
+                   root / "open" / "bench.json")
+    make_benchmark({"private": {"sets": {"perlin_mixed": sets["perlin_mixed"]}, "rank_by": "auroc",
+                                "private": ["perlin_mixed"]}}, root / "private" / "bench.json")
+    model = ExternalModel(QuarterNet()).eval()
+    maps = {layout: export_scores(model, {"perlin_mixed": sets["perlin_mixed"]}, [get_method("entropy")],
+                                  root / layout, layout=layout, progress=False)[("entropy", "perlin_mixed")]
+            for layout in ("segood", "smiyc", "fishyscapes")}
+    return root, model, maps
+
+
+def test_maps_in_every_layout_enter_the_board_alike(sets, board_world, tmp_path):
+    root, _, maps = board_world
+    for layout, path in maps.items():
+        submit(None, tmp_path / "subs" / f"{layout}.zip", name=f"entropy {layout}",
+               score_maps={"perlin_mixed": path}, data={"perlin_mixed": sets["perlin_mixed"]})
+    board = leaderboard(tmp_path / "subs", root / "open" / "bench.json", tmp_path / "board")
+    assert board["rejected"] == []
+    entries = board["tracks"]["open"]["entries"]
+    assert len(entries) == 3 and all(e["verified"] for e in entries)
+    assert entries[0]["sets"] == entries[1]["sets"] == entries[2]["sets"]  # float16 maps of the same scores
+    with pytest.raises(ValueError, match="named by the last part of each frame id: give the set they belong to"):
+        submit(None, tmp_path / "x.zip", name="x", score_maps={"perlin_mixed": maps["smiyc"]})
+    with pytest.raises(ValueError, match="without score maps"):
+        submit(None, tmp_path / "x.zip", name="x", score_maps={"perlin_mixed": maps["segood"]},
+               data={"other": sets["perlin_mixed"]})
+    assert main(["submit", "--scores", f"perlin_mixed={maps['fishyscapes']}", "--data",
+                 f"perlin_mixed={sets['perlin_mixed']}", "--method-name", "cli", "--out",
+                 str(tmp_path / "cli" / "f.zip")]) == 0
+    assert leaderboard(tmp_path / "cli", root / "open" / "bench.json", tmp_path / "b2")["rejected"] == []
+
+
+def test_maps_of_the_public_copy_match_a_private_set_under_any_name(board_world, tmp_path):
+    root, model, _ = board_world
+    public = root / "private" / "perlin_mixed.public.h5"
+    folder = export_scores(model, {"hidden": public}, [get_method("entropy")], tmp_path / "exp",
+                           layout="fishyscapes", progress=False)[("entropy", "hidden")]
+    submit(None, tmp_path / "subs" / "f.zip", name="F", score_maps={"hidden": folder}, data={"hidden": public})
+    board = leaderboard(tmp_path / "subs", root / "private" / "bench.json", tmp_path / "board")
+    assert board["rejected"] == [] and board["tracks"]["private"]["entries"][0]["verified"]
+
+
+def test_the_board_matches_a_runs_sets_by_content_not_name(sets, board_world, tmp_path):
+    root, _, _ = board_world
+    bench = root / "open" / "bench.json"
+    runs = {"renamed": {"pm": sets["perlin_mixed"]}, "other_content": {"perlin_mixed": sets["normal_mixed"]},
+            "missing": {"nm": sets["normal_mixed"]}}
+    for name, run_sets in runs.items():
+        evaluate(QuarterNet(), run_sets, ["entropy"], tmp_path / name, progress=False, figures=False, bootstrap=None)
+        submit(tmp_path / name, tmp_path / "subs" / f"{name}.zip", method="entropy", name=name)
+    board = leaderboard(tmp_path / "subs", bench, tmp_path / "board")
+    (entry,) = board["tracks"]["open"]["entries"]
+    assert entry["name"] == "renamed"
+    results = json.loads((tmp_path / "renamed" / "results.json").read_text())["results"]["entropy"]["pm"]["pooled"]
+    assert entry["sets"]["perlin_mixed"] == {m: results[m] for m in entry["sets"]["perlin_mixed"]}
+    reasons = {r["file"]: r["reason"] for r in board["rejected"]}
+    ours, theirs = (set_identity(sets[s])["manifest_sha256"][:12] for s in ("perlin_mixed", "normal_mixed"))
+    assert (f"the submission's 'perlin_mixed' has manifest hash {theirs}…, the benchmark's 'perlin_mixed' {ours}…"
+            in reasons["other_content.zip"])
+    assert (f"no results for set 'perlin_mixed' (manifest hash {ours}…): the submission's sets are 'nm' ({theirs}…)"
+            in reasons["missing.zip"])
