@@ -155,7 +155,6 @@ def _evaluate(args):
 
     from segood.evaluation import evaluate
     from segood.evaluation.api import start_distributed
-    from segood.methods import get_method
 
     device = start_distributed(args.device)
     if args.scorer:
@@ -173,7 +172,7 @@ def _evaluate(args):
         raise ValueError("--scorer-name and --per-image describe a scorer: add --scorer MODULE:FUNCTION")
     else:
         model = _model(args)
-        methods = None if args.methods == ["all"] else [get_method(name) for name in args.methods]
+        methods = None if args.methods == ["all"] else list(args.methods)  # by name: in the form the grid bins
     components = None
     if not args.components and (args.component_thresholds or args.component_rule or args.oracle_thresholds):
         raise ValueError("--component-thresholds, --component-rule and --oracle-thresholds set up the component "
@@ -193,8 +192,8 @@ def _evaluate(args):
         components = {"preset": args.components, "thresholds": thresholds, "rule": args.component_rule,
                       "source": "oracle" if oracle else "committed"}
     doc = evaluate(model, args.sets, methods, args.out, batch_size=args.batch_size, device=device,
-                   num_thresholds=args.num_thresholds, mantissa_bits=args.mantissa_bits, resume=args.resume,
-                   save_every=args.save_every,
+                   num_thresholds=args.num_thresholds, mantissa_bits=args.mantissa_bits, grid=grid_choice(args),
+                   resume=args.resume, save_every=args.save_every,
                    progress=not args.quiet, skip_bad=args.skip_bad, fit_set=args.fit_set,
                    checkpoint=args.checkpoint, feature_layer=args.feature_layer, verify=not args.no_verify,
                    components=components, official=args.official, **_analysis_options(args))
@@ -278,15 +277,15 @@ def add_analysis_options(parser):
 
 def _robustness(args):
     from segood.evaluation.api import start_distributed
-    from segood.methods import get_method
     from segood.robustness.suite import robustness
 
     device = start_distributed(args.device)
     model = _model(args)
-    methods = None if args.methods == ["all"] else [get_method(name) for name in args.methods]
+    methods = None if args.methods == ["all"] else list(args.methods)  # by name: in the form the grid bins
     doc = robustness(model, args.sets, methods, args.out, corruptions=args.corruptions, severities=args.severities,
                      seed=args.seed, requirements=args.requirements, batch_size=args.batch_size, device=device,
-                     num_thresholds=args.num_thresholds, mantissa_bits=args.mantissa_bits, resume=args.resume,
+                     num_thresholds=args.num_thresholds, mantissa_bits=args.mantissa_bits, grid=grid_choice(args),
+                     resume=args.resume,
                      save_every=args.save_every, progress=not args.quiet, skip_bad=args.skip_bad,
                      fit_set=args.fit_set, checkpoint=args.checkpoint, feature_layer=args.feature_layer,
                      verify=not args.no_verify)
@@ -331,7 +330,8 @@ def _score(args):
     from segood.evaluation import evaluate_score_maps
 
     evaluate_score_maps(args.scores, args.data, args.out, name=args.name, score_range=args.score_range,
-                        num_thresholds=args.num_thresholds, mantissa_bits=args.mantissa_bits, clip=args.clip,
+                        num_thresholds=args.num_thresholds, mantissa_bits=args.mantissa_bits, grid=grid_choice(args),
+                        clip=args.clip,
                         verify=not args.no_verify)
     print((args.out / "results.md").read_text(), end="")
     return 0
@@ -357,7 +357,7 @@ def _benchmark(args):
     sets = {p.stem: p for p in args.sets}
     make_benchmark({args.track: {"sets": sets, "rank_by": args.rank_by, "private": args.private or [],
                                  "verified_only": args.verified_only}}, args.out,
-                   grid=grid_spec(args.num_thresholds, None, args.mantissa_bits))
+                   grid=grid_spec(args.num_thresholds, None, args.mantissa_bits, kind=args.grid))
     print(f"wrote {args.out}")
     return 0
 
@@ -388,12 +388,29 @@ def positive_int(text):
     return value
 
 
-def add_grid_options(parser):
-    """The threshold grid: the float-order grid by default, the paper's linear grid with --num-thresholds."""
+def add_grid_options(parser, *, exact=True):
+    """The threshold grid: the float-order grid by default, the paper's linear grid with --num-thresholds, the
+    exact grid with --grid exact (where ``exact`` offers it)."""
+    kinds = ("float", "linear", "exact") if exact else ("float", "linear")
+    parser.add_argument("--grid", choices=kinds, help="the threshold grid by name (default: float, or linear with "
+                        "--num-thresholds)" + ("; exact: every distinct score a threshold, memory per pixel "
+                                               "(docs/grids.md)" if exact else ""))
     parser.add_argument("--mantissa-bits", type=int, metavar="M",
                         help="float-order grid (the default): thresholds 2^-M apart relatively (default 10)")
     parser.add_argument("--num-thresholds", type=int, metavar="T",
                         help="the paper's linear grid: T thresholds on [0, 1] (e.g. 400); scores must lie in it")
+    if exact:
+        parser.add_argument("--max-pixels", type=positive_int, metavar="N",
+                            help="exact grid: the most counted pixels each method and set may hold (default 2^28)")
+
+
+def grid_choice(args):
+    """--grid and --max-pixels as the ``grid`` argument of evaluate (a name, a whole grid, or None)."""
+    if getattr(args, "max_pixels", None) is None:
+        return args.grid
+    if args.grid not in (None, "exact"):
+        raise ValueError(f"--max-pixels sets the exact grid's cap: use it with --grid exact, not --grid {args.grid}")
+    return {"kind": "exact", "max_pixels": args.max_pixels}
 
 
 def build_parser():
@@ -655,7 +672,7 @@ def build_parser():
                        "entered with score maps only; a public copy without masks is written beside --out")
     bench.add_argument("--verified-only", action="store_true", help="rank only entries scored here from maps")
     bench.add_argument("--rank-by", default="auroc", choices=list(METRICS), help=f"one of {', '.join(METRICS)}")
-    add_grid_options(bench)
+    add_grid_options(bench, exact=False)  # submissions carry states: an exact one would hold every pixel
     bench.add_argument("--out", type=Path, required=True)
     bench.set_defaults(run=_benchmark)
 

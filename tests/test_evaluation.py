@@ -126,6 +126,78 @@ def test_report_flags_values_the_binning_cannot_resolve(sets, tmp_path):
     fine = evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "fine", figures=False)
     assert fine["results"]["external"]["perlin_mixed"]["pooled"]["auroc"] == pytest.approx(1.0)
     assert "≈" not in (tmp_path / "fine" / "results.md").read_text()
+    with h5py.File(tmp_path / "tight.h5", "w") as f:  # apart, but within 2^-11 of 0.5: one float-order bin
+        for i in range(len(dataset)):
+            item = dataset[i]
+            ood = item["ood_mask"].numpy() == 1
+            f[item["frame_id"]] = 0.5 + (np.where(ood, 2e-4, 0.0) + rng.uniform(0, 1e-4, ood.shape)).astype(np.float32)
+    evaluate_score_maps(tmp_path / "tight.h5", sets / "perlin_mixed.h5", tmp_path / "tight", figures=False)
+    markdown = (tmp_path / "tight" / "results.md").read_text()
+    assert "≈" in markdown and "rerun with more --mantissa-bits, or with --grid exact" in markdown
+    exact = evaluate_score_maps(tmp_path / "tight.h5", sets / "perlin_mixed.h5", tmp_path / "exact", figures=False,
+                                grid="exact")
+    assert exact["results"]["external"]["perlin_mixed"]["bounds"]["auroc"] == [1.0, 1.0]
+    assert "≈" not in (tmp_path / "exact" / "results.md").read_text()
+
+
+def test_the_exact_grid_end_to_end(sets, tmp_path, capsys, monkeypatch):
+    """grid="exact": every pooled value equals exact mode (scikit-learn's) on the scores themselves, with zero-width
+    bounds and bootstrap intervals; --grid exact on the command line, for score maps too."""
+    from segood.metrics import exact_metrics
+
+    model = dropout_model()
+    doc = evaluate(model, [sets / "perlin_mixed.h5"], ["entropy", "max_logit"], tmp_path / "run", grid="exact",
+                   batch_size=1, progress=False, figures=False, save_every=1)  # the reference's batches
+    assert json.loads((tmp_path / "run/run.json").read_text())["config"]["grid"] == {"kind": "exact",
+                                                                                    "max_pixels": 1 << 28}
+    dataset = H5SegmentationDataset(sets / "perlin_mixed.h5")
+    items = [dataset[i] for i in range(len(dataset))]
+    labels = np.stack([item["ood_mask"].numpy() for item in items])
+    with h5py.File(tmp_path / "scores.h5", "w") as f:
+        for name in ("entropy", "max_logit"):
+            scores = np.stack([get_method(name).score(model, preprocess(item["image"][None]))[0][0].numpy()
+                               for item in items])
+            reference = exact_metrics(scores, labels)
+            got = doc["results"][name]["perlin_mixed"]
+            for metric in METRIC_NAMES:
+                assert got["pooled"][metric] == pytest.approx(reference[metric], abs=1e-12)
+                assert got["bounds"][metric] == [got["pooled"][metric]] * 2
+                lo, hi = got["intervals"][metric]
+                assert lo <= got["pooled"][metric] <= hi
+            if name == "max_logit":
+                for item, score in zip(items, scores):
+                    f[item["frame_id"]] = score
+    from segood.evaluation import report
+
+    monkeypatch.setattr(report, "CURVE_POINTS", 100)  # a curve of a point per distinct score, drawn thinned
+    assert main(["report", str(tmp_path / "run")]) == 0 and (tmp_path / "run/figures/curves_perlin_mixed.png").exists()
+    assert main(["score", "--scores", str(tmp_path / "scores.h5"), "--data", str(sets / "perlin_mixed.h5"),
+                 "--out", str(tmp_path / "cli"), "--grid", "exact", "--max-pixels", "100000"]) == 0
+    cli = json.loads((tmp_path / "cli/results.json").read_text())
+    assert cli["config"]["grid"] == {"kind": "exact", "max_pixels": 100000}
+    assert cli["results"]["external"]["perlin_mixed"]["pooled"] == doc["results"]["max_logit"]["perlin_mixed"]["pooled"]
+    assert main(["score", "--scores", str(tmp_path / "scores.h5"), "--data", str(sets / "perlin_mixed.h5"),
+                 "--out", str(tmp_path / "small"), "--grid", "exact", "--max-pixels", "1000"]) == 2
+    assert "above its cap of 1000 (max_pixels" in capsys.readouterr().err
+    assert main(["score", "--scores", str(tmp_path / "scores.h5"), "--data", str(sets / "perlin_mixed.h5"),
+                 "--out", str(tmp_path / "mixed"), "--grid", "linear", "--max-pixels", "1000"]) == 2
+    assert "use it with --grid exact, not --grid linear" in capsys.readouterr().err
+
+
+def test_odin_named_on_the_linear_grid_takes_the_paper_form(sets, tmp_path):
+    doc = evaluate(dropout_model(), [sets / "perlin_mixed.h5"], ["odin"], tmp_path / "linear", num_thresholds=400,
+                   progress=False, figures=False)
+    assert doc["methods"]["odin"]["params"]["form"] == "softmax"
+    spread = evaluate(dropout_model(), [sets / "perlin_mixed.h5"], ["odin"], tmp_path / "float", progress=False,
+                      figures=False)
+    assert spread["methods"]["odin"]["params"]["form"] == "spread"
+    for metric in METRIC_NAMES:  # the same order: the float-order grid's bounds hold the linear grid's exact values
+        lo, hi = spread["results"]["odin"]["perlin_mixed"]["bounds"][metric]
+        linear_lo, linear_hi = doc["results"]["odin"]["perlin_mixed"]["bounds"][metric]
+        assert max(lo, linear_lo) <= min(hi, linear_hi) + 1e-9, metric
+    with pytest.raises(ValueError, match="odin: form='softmax'"):
+        evaluate(dropout_model(), [sets / "perlin_mixed.h5"], [get_method("odin")], tmp_path / "refused",
+                 num_thresholds=400, progress=False)
 
 
 @pytest.mark.parametrize("methods,batch_size", [(["entropy"], 2), (["max_softmax", "varsum", "mutual_info"], 1)])

@@ -30,7 +30,8 @@ def world(tmp_path_factory):
     torch.manual_seed(0)
     model = build_model("pspnet", "resnet18").eval()
     loader = torch.utils.data.DataLoader(H5SegmentationDataset(sets["perlin_mixed"]), batch_size=2)
-    tuned = tune("odin", model, loader, {"temperature": [1, 1000], "epsilon": [0.0]}, progress=False).method()
+    tuned = tune("odin", model, loader, {"temperature": [1, 1000], "epsilon": [0.0], "form": ["softmax"]},
+                 progress=False).method()  # the paper's [0, 1] form: the linear grid below
     doc = evaluate(model, sets, ["max_softmax", "entropy", tuned], root / "run", progress=False, figures=False,
                    num_thresholds=400)
     (root / "subs").mkdir()

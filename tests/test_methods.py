@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from segood.data.h5 import H5SegmentationDataset, set_identity
-from segood.methods import (METHODS, ClassFeatureStats, entropy, get_method, max_softmax, mutual_info, odin,
-                            varsum)
+from segood.methods import (METHODS, ClassFeatureStats, entropy, get_method, max_softmax, method_for_grid,
+                            mutual_info, odin, odin_spread, varsum)
 from segood.methods import functional
 from segood.methods.functional import mahalanobis_min_distance, whiten_means
 from segood.methods.methods import MonteCarlo, Needs, list_methods, register_method
 from segood.methods.schedule import score_batch
 from segood.methods.tuning import same_source_tuning, tune
-from segood.metrics import make_accumulator
+from segood.metrics import FloatOrderAccumulator, grid_spec, make_accumulator
 from segood.models import build_model, predict, preprocess
 
 from rawtrees import mixed_noise_sets
@@ -278,16 +278,100 @@ def test_odin_t1_eps0_is_max_softmax_and_perturbation_direction():
     torch.manual_seed(0)
     model = build_model("pspnet", "resnet18").eval()
     x = torch.randn(2, 3, 64, 64)
-    torch.testing.assert_close(get_method("odin", temperature=1, epsilon=0).score(model, x)[0],
+    torch.testing.assert_close(get_method("odin", temperature=1, epsilon=0, form="softmax").score(model, x)[0],
                                get_method("max_softmax").score(model, x)[0])
-    plain = get_method("odin", temperature=10, epsilon=0).score(model, x)[0]
-    perturbed = get_method("odin", temperature=10, epsilon=0.004).score(model, x)[0]
+    spread = get_method("odin", temperature=1, epsilon=0).score(model, x)[0].double().flatten()  # the default form
+    softmax = get_method("max_softmax").score(model, x)[0].double().flatten()
+    assert (torch.diff(softmax[torch.argsort(spread)]) >= -1e-6).all()  # the same order, up to float32 rounding
+    plain = get_method("odin", temperature=10, epsilon=0, form="softmax").score(model, x)[0]
+    perturbed = get_method("odin", temperature=10, epsilon=0.004, form="softmax").score(model, x)[0]
     assert perturbed.mean() < plain.mean()  # the step raises the max softmax: the input looks more ID
     torch.manual_seed(0)
     conf_model = build_model("pspnet", "resnet18", head="confidence").eval()
     plain = get_method("confidence").score(conf_model, x)[0]
     perturbed = get_method("confidence", epsilon=0.004).score(conf_model, x)[0]
     assert perturbed.mean() < plain.mean()  # the step raises the confidence
+
+
+def random_logits(seed, n=3000, ties=False):
+    """(n, C, 1, 1) float64 logits: ID-like (one class far ahead) and OOD-like (flatter) pixels; with ``ties``, n
+    pixels drawn from 60 vectors of small integers (equal maxima, equal pixels)."""
+    g = torch.Generator().manual_seed(seed)
+    if ties:
+        pool = torch.randint(0, 4, (60, C, 1, 1), generator=g).double()
+        return pool[torch.randint(0, 60, (n,), generator=g)]
+    z = torch.randn(n, C, 1, 1, generator=g, dtype=torch.float64) * 3
+    z[: n // 2, 3] += 12 * torch.rand(n // 2, 1, 1, generator=g, dtype=torch.float64)
+    return z
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.0, 10.0, 1000.0])
+@pytest.mark.parametrize("ties", [False, True])
+def test_odin_spread_orders_pixels_as_the_max_softmax_at_t(temperature, ties):
+    """In float64: sorted by the plain 1 - max softmax(z / T), the spread score rises wherever the reference does
+    by more than rounding; equal pixels score equal."""
+    z = random_logits(int(temperature) + ties, ties=ties)
+    reference = (1 - (z / temperature).softmax(1).amax(1)).flatten()
+    spread = odin_spread(z, temperature).flatten()
+    assert spread.dtype == torch.float64 and torch.isfinite(spread).all()
+    order = torch.argsort(reference, stable=True)
+    steps_ref, steps = torch.diff(reference[order]), torch.diff(spread[order])
+    assert (steps[steps_ref > 1e-12] > 0).all()
+    if ties:  # equal up to rounding where the reference ties (also the same logits in another class order) ...
+        assert (steps_ref == 0).sum() > 2000 and (steps[steps_ref == 0].abs() <= 1e-12 * spread.abs().max()).all()
+        _, group = torch.unique(z.flatten(1), dim=0, return_inverse=True)  # ... and exactly equal for equal pixels
+        first = torch.zeros(int(group.max()) + 1, dtype=spread.dtype).scatter_(0, group, spread)
+        assert torch.equal(first[group], spread)
+    torch.testing.assert_close(odin_spread(z.float(), temperature).double().flatten(), spread, rtol=1e-4, atol=1e-4)
+
+
+def test_odin_spread_direction_range_and_bounds():
+    values = [odin_spread(logits_mix(a).double(), 1.0).item() for a in np.linspace(0.05, 0.95, 10)]
+    assert all(b > a for a, b in zip(values, values[1:]))  # more uniform, more OOD
+    for dtype in (torch.float32, torch.float64):
+        tiny = torch.finfo(dtype).tiny
+        one_hot = torch.full((1, C, 1, 1), -float("inf"), dtype=dtype)
+        one_hot[:, 3] = 0.0
+        uniform = torch.zeros(1, C, 1, 1, dtype=dtype)
+        assert odin_spread(one_hot, 1.0).item() == pytest.approx(-1 / tiny)  # S - 1 = 0: the finite extreme
+        assert odin_spread(uniform, 1.0).item() == pytest.approx(1 / tiny)  # C - S = 0
+        middle = torch.log(torch.tensor([2.0] + [1.0] * (C - 1), dtype=dtype)).view(1, C, 1, 1)
+        assert odin_spread(middle, 1.0).item() == pytest.approx(0.0, abs=1e-5)  # S = (C + 1) / 2
+    assert odin_spread(torch.randn(1, C, 2, 2, dtype=torch.float16), 10.0).dtype == torch.float32
+    with pytest.raises(ValueError, match="temperature must be positive"):
+        odin_spread(uniform, 0.0)
+    with pytest.raises(ValueError, match="form must be one of spread, softmax"):
+        get_method("odin", form="log")
+
+
+def test_odin_spread_makes_the_float_order_bounds_collapse_at_t1000():
+    """At T = 1000 the paper's form crowds every pixel near 1 - 1/C: even the finest float-order grid leaves wide
+    AUROC bounds. The spread form, the same order, pins them down."""
+    z = random_logits(7, n=40_000).float()
+    labels = np.zeros(z.shape[0], np.uint8)
+    labels[z.shape[0] // 2 :] = 1  # the flatter half is OOD
+    widths = {}
+    for name, form in (("before", odin), ("after", odin_spread)):
+        result = FloatOrderAccumulator(14).update(form(z, 1000.0).flatten(), labels).compute()
+        lo, hi = result["bounds"]["auroc"]
+        widths[name] = hi - lo
+    assert widths["before"] > 1e-2 and widths["after"] < 1e-3, widths
+    exact = [make_accumulator(grid_spec(kind="exact")).update(f(z.double(), 1000.0).flatten(), labels).compute()
+             for f in (odin, odin_spread)]
+    assert exact[0]["auroc"] == pytest.approx(exact[1]["auroc"], abs=1e-12)  # in float64 both orders agree
+
+
+def test_odin_on_the_linear_grid_takes_the_paper_form():
+    linear, default = grid_spec(400), grid_spec()
+    assert method_for_grid("odin", linear).params["form"] == "softmax" and method_for_grid("odin", linear).score_range \
+        == (0.0, 1.0)
+    assert method_for_grid("odin", default).params["form"] == "spread" and get_method("odin").score_range is None
+    assert method_for_grid("entropy", linear).params == {}
+    from segood.methods.methods import check_grid
+
+    check_grid(method_for_grid("odin", linear), linear)
+    with pytest.raises(ValueError, match="odin: form='softmax'"):
+        check_grid(get_method("odin"), linear)
 
 
 def test_tuning_picks_the_best_point_and_records_provenance(sets):

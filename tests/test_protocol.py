@@ -47,7 +47,8 @@ def test_the_matrix_flags_same_source_cells_and_equals_direct_evaluations(source
     cell = doc["cells"]["odin"]["normal_tune"]["perlin_test"]
     assert cell["auroc"] == direct["results"]["odin"]["perlin_test"]["pooled"]["auroc"]
     assert cell["threshold"] == direct["results"]["odin"]["perlin_test"]["committed"]["tpr95"]["threshold"]
-    assert doc["tuned_params"]["odin"]["normal_tune"] == {k: odin.params[k] for k in ("temperature", "epsilon")}
+    assert doc["tuned_params"]["odin"]["normal_tune"] == {k: odin.params[k] for k in ("temperature", "epsilon",
+                                                                                       "form")}
     markdown = (tmp_path / "p" / "protocol.md").read_text()
     assert "†" in markdown and "headline" in markdown
     assert json.loads((tmp_path / "p" / "protocol.json").read_text())["headline"] == doc["headline"]

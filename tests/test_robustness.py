@@ -163,7 +163,8 @@ def test_cli_and_clear_errors(sets, tmp_path):
 
 
 @pytest.mark.parametrize("grid", [{"kind": "float", "mantissa_bits": 10},
-                                  {"kind": "linear", "num_thresholds": 64, "score_range": [0.0, 1.0]}])
+                                  {"kind": "linear", "num_thresholds": 64, "score_range": [0.0, 1.0]},
+                                  {"kind": "exact", "max_pixels": 1000}])
 def test_corruption_as_ood_equals_relabelled_pixels(grid):
     rng = np.random.default_rng(0)
     clean_scores, corrupted_scores = rng.random((2, 50)), rng.random((2, 50)) * 0.5 + 0.4

@@ -14,8 +14,7 @@ from segood.evaluation.report import build_results, grid_of_config, write_report
 from segood.evaluation.results import Results
 from segood.evaluation.runner import Evaluation, component_spec, default_methods, run, run_identity
 from segood.io import write_json
-from segood.methods import get_method
-from segood.methods.methods import check_grid
+from segood.methods.methods import check_grid, method_for_grid
 from segood.methods.scorer import Scorer
 from segood.metrics import grid_spec, make_accumulator
 from segood.metrics.bootstrap import Bootstrap
@@ -40,9 +39,9 @@ def start_distributed(device=None):
 
 
 def evaluate(model, sets, methods=None, out_dir=None, *, batch_size=2, device=None, num_thresholds=None,
-             score_range=None, mantissa_bits=None, resume=False, save_every=20, progress=True, figures=True,
-             skip_bad=False, fit_set=None, checkpoint=None, feature_layer=None, verify=True, components=None,
-             bootstrap=Bootstrap(), commit_on=None, official=None, align_corners=None):
+             score_range=None, mantissa_bits=None, grid=None, resume=False, save_every=20, progress=True,
+             figures=True, skip_bad=False, fit_set=None, checkpoint=None, feature_layer=None, verify=True,
+             components=None, bootstrap=Bootstrap(), commit_on=None, official=None, align_corners=None):
     """Evaluate pixel-level OOD methods of ``model`` on converted sets; returns the :class:`Results` (the results
     document, the content of results.json, with ``table()``, ``save(folder)`` and ``figures(folder)``).
 
@@ -66,6 +65,9 @@ def evaluate(model, sets, methods=None, out_dir=None, *, batch_size=2, device=No
         num_thresholds, score_range, mantissa_bits: the threshold grid (:func:`segood.metrics.grid_spec`): the
             float-order grid at ``mantissa_bits`` (default 10) for scores of any real value, or, when
             ``num_thresholds`` or ``score_range`` is given, the paper's linear grid (scores in the range).
+        grid: the grid by name, "float", "linear" or "exact" (every distinct score a threshold: exact metrics,
+            memory per counted pixel; docs/grids.md), or a whole :func:`segood.metrics.grid_spec` dict such as
+            ``{"kind": "exact", "max_pixels": 1 << 30}``; None: chosen by the options above.
         verify: check every frame against its set's manifest as it is read (a corrupt frame is an error naming
             it, or skipped with ``skip_bad``); False skips the check for speed.
         components: component-level metrics (SegmentMeIfYouCan's): {"preset": "anomaly" or "obstacle",
@@ -85,7 +87,7 @@ def evaluate(model, sets, methods=None, out_dir=None, *, batch_size=2, device=No
     """
     model, sets, methods, grid, components, description = prepare(
         model, sets, methods, batch_size=batch_size, device=device, num_thresholds=num_thresholds,
-        score_range=score_range, mantissa_bits=mantissa_bits, progress=progress, fit_set=fit_set,
+        score_range=score_range, mantissa_bits=mantissa_bits, grid=grid, progress=progress, fit_set=fit_set,
         checkpoint=checkpoint, feature_layer=feature_layer, verify=verify, components=components, commit_on=commit_on,
         official=official, align_corners=align_corners)
     options = {"batch_size": batch_size, "device": device, "grid": grid, "save_every": save_every,
@@ -107,8 +109,8 @@ def evaluate(model, sets, methods=None, out_dir=None, *, batch_size=2, device=No
 
 
 def prepare(model, sets, methods=None, *, batch_size=2, device=None, num_thresholds=None, score_range=None,
-            mantissa_bits=None, progress=True, fit_set=None, checkpoint=None, feature_layer=None, verify=True,
-            components=None, commit_on=None, official=None, align_corners=None):
+            mantissa_bits=None, grid=None, progress=True, fit_set=None, checkpoint=None, feature_layer=None,
+            verify=True, components=None, commit_on=None, official=None, align_corners=None):
     """What :func:`evaluate` (and ``segood robustness``) run, checked before anything is written: (model, sets
     {name: path}, method objects (fitted), grid, components spec, the run description for run.json)."""
     if isinstance(model, Scorer):
@@ -133,11 +135,11 @@ def prepare(model, sets, methods=None, *, batch_size=2, device=None, num_thresho
     else:
         sets = dict(sets)
     frames = {name: len(_open_set(path, verify)) for name, path in sets.items()}
+    grid = grid_spec(num_thresholds, score_range, mantissa_bits, kind=grid)
+    make_accumulator(grid)  # a bad grid is refused before anything is written
     if methods is None:
         methods = default_methods(model, fitted=fit_set is not None)
-    methods = [get_method(m) if isinstance(m, str) else m for m in methods]
-    grid = grid_spec(num_thresholds, score_range, mantissa_bits)
-    make_accumulator(grid)  # a bad grid is refused before anything is written
+    methods = [method_for_grid(m, grid) if isinstance(m, str) else m for m in methods]  # by name: the grid's form
     components = component_spec(components, commit_on)
     check_benchmark(official)
     if components and components.get("commit_on") is not None and components["commit_on"] not in sets:
@@ -184,7 +186,7 @@ def execute(model, sets, methods, out_dir, description, **options):
 
 
 def evaluate_score_maps(scores_path, data_path, out_dir, *, name="external", score_range=None, num_thresholds=None,
-                        mantissa_bits=None, clip=False, figures=True, verify=True):
+                        mantissa_bits=None, grid=None, clip=False, figures=True, verify=True):
     """Evaluate per-pixel scores computed elsewhere.
 
     ``scores_path``: the score maps of every frame of the set (H×W, any real dtype, higher = more OOD) in one of
@@ -192,21 +194,24 @@ def evaluate_score_maps(scores_path, data_path, out_dir, *, name="external", sco
     SegmentMeIfYouCan's ``<fid>.hdf5`` files or of Fishyscapes' ``<fid>_anomaly.npy`` files. On the float-order
     grid (the default) any real score is binned; a declared range (``score_range``, or the segood file's root
     attribute ``score_range``) is checked. With ``num_thresholds`` the paper's linear grid is used, on the
-    declared range. Missing, extra or unreadable frames, shape mismatches and out-of-range values are errors that
+    declared range; ``grid`` names a grid as in :func:`evaluate` (on the exact grid too a declared range is
+    checked). Missing, extra or unreadable frames, shape mismatches and out-of-range values are errors that
     name the frames and files.
     """
     dataset = _open_set(data_path, verify)
     set_name = Path(data_path).stem
     with ScoreMaps(scores_path, frame_ids(data_path)) as maps:
         score_range = score_range or maps.score_range
-        if num_thresholds is not None and score_range is None:
+        kind = (grid.get("kind") if isinstance(grid, dict) else grid) or ("linear" if num_thresholds is not None else
+                                                                       "float")
+        linear = kind == "linear"
+        if linear and score_range is None:
             raise ValueError(f"{scores_path} declares no score_range, which the linear grid needs: pass --score-range "
                              "LO HI, or drop --num-thresholds (the float-order grid needs no range)")
-        linear = num_thresholds is not None
-        grid = grid_spec(num_thresholds, score_range if linear else None, None if linear else mantissa_bits)
+        grid = grid_spec(num_thresholds, score_range if linear else None, None if linear else mantissa_bits, kind=grid)
         make_accumulator(grid)
         if clip and not linear:
-            raise ValueError("clip has no meaning on the float-order grid (every real score has a bin): drop "
+            raise ValueError(f"clip has no meaning on the {kind} grid (every real score has its place): drop "
                              "--clip, or use the linear grid with --num-thresholds")
         ev = Evaluation([name], [set_name], grid)
         if not linear and score_range is not None:  # a declared range is checked, not a grid

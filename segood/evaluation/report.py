@@ -20,6 +20,7 @@ from segood.metrics.official import LABELS as OFFICIAL_LABELS
 
 SCHEMA = "segood.results/1"
 COARSE = 0.01  # a pooled value the binning may move by more than this is flagged ≈ in results.md
+CURVE_POINTS = 1 << 16  # points of a drawn ROC or PR curve at most
 
 
 def arrow(metric):
@@ -255,7 +256,8 @@ def results_markdown(doc):
                      "the bounds in results.json (\"bounds\"); " + (
                          "rerun on the float-order grid (the default: drop --num-thresholds)."
                          if grid_of_config(doc["config"])["kind"] == "linear" else
-                         "rerun with more --mantissa-bits."))
+                         "rerun with more --mantissa-bits, or with --grid exact where the set's scores fit in memory "
+                         "(docs/grids.md)."))
     if doc.get("bootstrap"):
         b = doc["bootstrap"]
         lines.append(f"[lo, hi]: {b['confidence']:.0%} image-level bootstrap intervals ({b['resamples']} resamples, "
@@ -288,6 +290,9 @@ def write_figures(figures, doc, ev):
             n_id, n_ood = fp[0], tp[0]
             if not (n_id and n_ood):
                 continue
+            if tp.size > CURVE_POINTS:  # the exact grid: a point per distinct score, more than a figure resolves
+                keep = np.unique(np.linspace(0, tp.size - 1, CURVE_POINTS).round().astype(np.int64))
+                fp, tp = fp[keep], tp[keep]
             r = doc["results"][m][s]["pooled"]
             roc.plot(np.r_[fp[::-1] / n_id, 1], np.r_[tp[::-1] / n_ood, 1], label=f"{m} ({r['auroc']:.3f})")
             predicted = tp + fp

@@ -35,7 +35,12 @@ def make_benchmark(tracks, out, *, grid=None):
     A private set is scored only from submitted score maps (the verified track); beside BENCH.json goes its public
     copy ``<name>.public.h5`` (the images, every mask pixel ignore) to export maps from. BENCH.json records each
     set's path, frame ids and size, so it stays with the maintainer; the frame ids are what submitters need."""
-    doc = {"schema": BENCHMARK_SCHEMA, "grid": grid or grid_spec(), "tracks": {}}
+    grid = grid or grid_spec()
+    if grid["kind"] == "exact":
+        raise ValueError("a benchmark's submissions carry accumulator states, and a state of the exact grid holds "
+                         "every counted pixel's score: choose the float-order grid (the default; its bounds say how "
+                         "far a value can be from exact, more mantissa bits narrow them) or the linear one")
+    doc = {"schema": BENCHMARK_SCHEMA, "grid": grid, "tracks": {}}
     for track, spec in tracks.items():
         if spec["rank_by"] not in METRICS:
             raise ValueError(f"rank_by must be one of {sorted(METRICS)}, got {spec['rank_by']!r}")

@@ -60,6 +60,45 @@ def odin(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return 1.0 - 1.0 / _exp_sums(logits, float(temperature))[0]
 
 
+@torch.no_grad()
+def odin_spread(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """ODIN's score with full float precision at any temperature (Liang et al. 2018, "Enhancing the reliability of
+    OOD image detection", without the input perturbation): with u = (z - max_c z) / T and S = Σ_c exp(u_c) =
+    1 / max_c softmax(z / T)_c, the score 1 / (C - S) - 1 / (S - 1).
+
+    Higher = more OOD; range: every real number, -> -inf as the softmax at T becomes one-hot (S -> 1), -> +inf as
+    it becomes uniform (S -> C), 0 at S = (C + 1) / 2; kept finite (|score| <= 1 / the smallest normal number of
+    the dtype, where S - 1 or C - S is 0 in floating point).
+
+    It orders pixels as :func:`odin` (1 - 1/S) does: both rise with S. But 1 - 1/S keeps only the digits of S that
+    survive next to its bounds, and the pixels crowd at a bound: near C at a large T (at T = 1000 every S lies
+    within about 1% of C), near 1 for confident pixels at a small T. Here S - 1 = Σ of exp(u_c) over the classes
+    but one maximum, and C - S = -Σ_c expm1(u_c): sums of terms of one sign, each at full relative precision
+    however close S comes to either bound, and their reciprocals carry that precision into the score, so binned
+    metrics resolve what the order holds. Computed in float32 at least (float64 logits in float64).
+
+    Args:
+        logits: (N, C, H, W). temperature: T > 0.
+    """
+    if not temperature > 0:
+        raise ValueError(f"the ODIN temperature must be positive, got {temperature}")
+    n, c, h, w = logits.shape
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    tiny = torch.finfo(dtype).tiny
+    out = logits.new_empty(n, h, w, dtype=dtype)
+    for rows in bands(logits):
+        z = logits[:, :, rows].to(dtype)
+        u = z - z.amax(dim=1, keepdim=True)  # a fresh tensor: changed in place below
+        if temperature != 1.0:
+            u /= float(temperature)
+        at_max = u == 0
+        below = torch.exp(u).masked_fill_(at_max, 0.0).sum(dim=1)  # S - 1: every term but the maxima, then
+        above_one = below.add_(at_max.sum(dim=1).to(dtype).sub_(1.0))  # the maxima but one (1 each)
+        to_uniform = u.expm1_().sum(dim=1).neg_()  # C - S
+        out[:, rows] = to_uniform.clamp_(min=tiny).reciprocal_().sub_(above_one.clamp_(min=tiny).reciprocal_())
+    return out
+
+
 def entropy(probs: torch.Tensor) -> torch.Tensor:
     """Shannon entropy of the softmax divided by its bound log C (Mukhoti & Gal 2018, "Evaluating Bayesian
     deep learning methods for semantic segmentation"), in [0, 1]; 0 log 0 is taken as 0.

@@ -204,18 +204,32 @@ class MaxSoftmax(Method):
 class Odin(Method):
     """ODIN (Liang et al. 2018): temperature T and input perturbation ε (the seed paper's eq. 4-6),
     x~ = x - ε sign(-∇_x Σ_pixels log S_ŷ(x; T)): the step that raises the max softmax, which moves ID inputs
-    more than OOD ones. Any head. Grid: T in ODIN_TEMPERATURES, ε in ODIN_EPSILONS."""
+    more than OOD ones. Any head. Grid: T in ODIN_TEMPERATURES, ε in ODIN_EPSILONS.
+
+    ``form`` chooses how the score is written; both order pixels alike (exact metrics agree), higher = more OOD:
+    "spread" (the default), :func:`~segood.methods.functional.odin_spread`, every real number, at full float
+    precision at any T; "softmax", the paper's 1 - max softmax at T (:func:`~segood.methods.functional.odin`), in
+    [0, 1], which crowds near 1 - 1/C at a large T (so binned metrics cannot resolve it; docs/grids.md). The
+    linear grid needs [0, 1]: ODIN named on that grid takes the "softmax" form (:func:`method_for_grid`)."""
 
     name = "odin"
     ascend = True
+    FORMS = ("spread", "softmax")
 
-    def __init__(self, temperature=1000.0, epsilon=0.0, **params):
+    def __init__(self, temperature=1000.0, epsilon=0.0, form="spread", **params):
         if not float(temperature) > 0:
             raise ValueError(f"the ODIN temperature must be positive, got {temperature}")
-        super().__init__(temperature=float(temperature), epsilon=float(epsilon), **params)
+        if form not in self.FORMS:
+            raise ValueError(f"ODIN's form must be one of {', '.join(self.FORMS)}, got {form!r}")
+        super().__init__(temperature=float(temperature), epsilon=float(epsilon), form=form, **params)
+
+    @property
+    def score_range(self):
+        return (0.0, 1.0) if self.params["form"] == "softmax" else None
 
     def from_output(self, output):
-        return fn.odin(output.logits, self.params["temperature"])
+        score = fn.odin if self.params["form"] == "softmax" else fn.odin_spread
+        return score(output.logits, self.params["temperature"])
 
     def objective(self, output):  # Σ_pixels log S_ŷ(x; T)
         return (output.logits / self.params["temperature"]).log_softmax(dim=1).amax(dim=1).sum()
@@ -521,6 +535,16 @@ class ClassFeatureStats:
 UNSEEN_DISTANCE = 1e30  # Mahalanobis distance where no class was seen in training
 
 
+#: parameters that give a method, named on the linear grid, the [0, 1] form of its score (the same order)
+LINEAR_FORMS = {"odin": {"form": "softmax"}}
+
+
+def method_for_grid(name, grid):
+    """The method ``name`` with default parameters, in the form ``grid`` can bin: on the linear grid, the
+    [0, 1] form of its score where it has one of the same order (:data:`LINEAR_FORMS`: ODIN's paper form)."""
+    return get_method(name, **(LINEAR_FORMS.get(name, {}) if grid["kind"] == "linear" else {}))
+
+
 def check_grid(method, grid):
     """Refuse a method whose scores the grid cannot bin: the linear grid needs them in its range."""
     if grid["kind"] != "linear":
@@ -529,8 +553,9 @@ def check_grid(method, grid):
     if method.score_range is None or not (lo <= method.score_range[0] and method.score_range[1] <= hi):
         raise ValueError(f"{method.name} scores are {'unbounded' if method.score_range is None else method.score_range}"
                          f"; the linear grid bins scores in [{lo:g}, {hi:g}] only. Use the float-order grid (the "
-                         "default: drop --num-thresholds / num_thresholds), or the method's squashing option if "
-                         "it has one (mahalanobis: squash=True, the paper's sigmoid)")
+                         "default: drop --num-thresholds / num_thresholds), or the method's [0, 1] form if it has "
+                         "one (mahalanobis: squash=True, the paper's sigmoid; odin: form='softmax', the paper's "
+                         "1 - max softmax at T)")
 
 
 def get_method(name, **params):

@@ -1,10 +1,12 @@
-"""Pixel-level OOD metrics: streaming accumulators on two threshold grids (the float-order grid, the default,
-for any real score; the paper's linear grid), exact mode, the table of metrics (:data:`METRICS`) that
-reports, the CLI and the leaderboard read, and array-in, float-out functions for a notebook (``auroc(scores,
-labels)``, ``auprc``, ``fpr_at_tpr``, ``max_iou``: :mod:`segood.metrics.arrays`)."""
+"""Pixel-level OOD metrics: streaming accumulators on three threshold grids (the float-order grid, the default,
+for any real score; the paper's linear grid; the exact grid, every distinct score a threshold), exact mode, the
+table of metrics (:data:`METRICS`) that reports, the CLI and the leaderboard read, and array-in, float-out
+functions for a notebook (``auroc(scores, labels)``, ``auprc``, ``fpr_at_tpr``, ``max_iou``:
+:mod:`segood.metrics.arrays`)."""
 
 from segood.metrics.accumulator import LinearGridAccumulator, PixelOODAccumulator
 from segood.metrics.arrays import auprc, auroc, curve, fpr_at_tpr, max_iou
+from segood.metrics.exact import ExactAccumulator
 from segood.metrics.float_order import FloatOrderAccumulator
 from segood.metrics.functional import (
     METRIC_NAMES,
@@ -12,6 +14,7 @@ from segood.metrics.functional import (
     Curve,
     Metric,
     UndefinedMetricWarning,
+    distinct_score_counts,
     exact_metrics,
     get_metric,
     list_metrics,
@@ -26,6 +29,7 @@ __all__ = [
     "METRICS",
     "METRIC_NAMES",
     "Curve",
+    "ExactAccumulator",
     "FloatOrderAccumulator",
     "Metric",
     "LinearGridAccumulator",
@@ -36,6 +40,7 @@ __all__ = [
     "auroc",
     "curve",
     "describe_grid",
+    "distinct_score_counts",
     "exact_metrics",
     "fpr_at_tpr",
     "get_metric",

@@ -345,13 +345,36 @@ def exact_curve(scores, labels):
     if not np.all(np.isfinite(s)):
         raise ValueError(f"{int(np.count_nonzero(~np.isfinite(s)))} counted pixels have NaN or inf scores")
     is_ood = labels[counted] == OOD
-    order = np.argsort(s, kind="stable")
-    s, is_ood = s[order], is_ood[order]
-    starts = np.flatnonzero(np.diff(s, prepend=np.nan) != 0)  # first index of each distinct score
-    tp = np.cumsum(is_ood[::-1])[::-1][starts]  # OOD pixels scoring >= each distinct score
-    fp = (s.size - starts) - tp
+    thresholds, hist = distinct_score_counts(s[~is_ood], s[is_ood])
+    fp, tp = (np.cumsum(row[::-1])[::-1] for row in hist)
     n_ood = int(is_ood.sum())
-    return Curve(s[starts], tp.astype(np.int64), fp.astype(np.int64), n_ood, s.size - n_ood), int(labels.size - s.size)
+    return Curve(thresholds, tp, fp, n_ood, s.size - n_ood), int(labels.size - s.size)
+
+
+def distinct_score_counts(id_scores, ood_scores):
+    """Every distinct score a threshold: (thresholds (D,) float64, the distinct values increasing; hist (2, D)
+    int64, the ID and OOD pixels scoring exactly each value). O(n log n): each class sorted once (in its own
+    dtype), then the two runs of distinct values merged.
+
+    Args:
+        id_scores, ood_scores: 1-D real arrays (no NaN; ±inf are values like any other), the scores of the ID
+            and of the OOD pixels. Values are compared as float64 (-0.0 equals +0.0).
+    """
+    values, counts = [], []
+    for part in (id_scores, ood_scores):
+        part = np.sort(np.ravel(part))  # float32 stays float32: its order and ties are float64's
+        starts = np.flatnonzero(part[1:] != part[:-1]) + 1 if part.size else np.zeros(0, np.intp)
+        starts = np.concatenate([[0], starts]) if part.size else starts
+        values.append(part[starts].astype(np.float64))
+        counts.append(np.diff(np.append(starts, part.size)))
+        del part
+    merged = np.sort(np.concatenate(values), kind="stable")  # two sorted runs: a merge
+    thresholds = merged[np.append(True, merged[1:] != merged[:-1])] if merged.size else merged
+    del merged
+    hist = np.zeros((2, thresholds.size), np.int64)
+    for row, (v, c) in enumerate(zip(values, counts)):
+        hist[row, np.searchsorted(thresholds, v)] = c
+    return thresholds, hist
 
 
 def _to_numpy(x):

@@ -34,8 +34,8 @@ EXAMPLE_WIDTH = 512  # example frames kept in the state at most this wide: one p
 
 def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corruptions=None, severities=SEVERITIES,
                seed=0, requirements=None, batch_size=2, device=None, num_thresholds=None, score_range=None,
-               mantissa_bits=None, resume=False, save_every=20, progress=True, figures=True, skip_bad=False,
-               fit_set=None, checkpoint=None, feature_layer=None, verify=True):
+               mantissa_bits=None, grid=None, resume=False, save_every=20, progress=True, figures=True,
+               skip_bad=False, fit_set=None, checkpoint=None, feature_layer=None, verify=True):
     """Evaluate ``methods`` of ``model`` on ``sets`` clean and under ``corruptions`` (default: all of the severity
     table) at ``severities``; writes ``out_dir`` (results.json, results.md, figures/) and returns the results
     document. Arguments as :func:`segood.evaluate`; ``seed`` seeds the corruptions (per frame, corruption and
@@ -52,7 +52,7 @@ def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corrupti
         requirements = load_requirements(requirements)  # a bad file fails before the run, not after it
     model, sets, methods, grid, _, description = prepare(
         model, sets, methods, batch_size=batch_size, device=device, num_thresholds=num_thresholds,
-        score_range=score_range, mantissa_bits=mantissa_bits, progress=progress, fit_set=fit_set,
+        score_range=score_range, mantissa_bits=mantissa_bits, grid=grid, progress=progress, fit_set=fit_set,
         checkpoint=checkpoint, feature_layer=feature_layer, verify=verify)
     description["config"]["robustness"] = {"corruptions": corruptions, "severities": severities, "seed": int(seed),
                                            "levels": {c: severity_table()[c] for c in corruptions}}
@@ -90,10 +90,14 @@ def _relabel(acc, id_row, ood_row):
     """A copy of ``acc`` whose ID counts are its row ``id_row`` and OOD counts its row ``ood_row`` (None: none),
     without per-image bookkeeping."""
     state = acc.state_dict()
-    key, axis = ("hist", 0) if "hist" in state else ("counts", 1)  # linear grid: (2, T); float-order: (B, 2, 2^m)
-    counts = state[key]
-    empty = np.zeros_like(np.take(counts, 0, axis))
-    state[key] = np.stack([empty if r is None else np.take(counts, r, axis) for r in (id_row, ood_row)], axis=axis)
+    if "id_scores" in state:  # the exact grid: the scores themselves, ID and OOD
+        rows = (state["id_scores"], state["ood_scores"])
+        state["id_scores"], state["ood_scores"] = (rows[0][:0] if r is None else rows[r] for r in (id_row, ood_row))
+    else:
+        key, axis = ("hist", 0) if "hist" in state else ("counts", 1)  # linear: (2, T); float-order: (B, 2, 2^m)
+        counts = state[key]
+        empty = np.zeros_like(np.take(counts, 0, axis))
+        state[key] = np.stack([empty if r is None else np.take(counts, r, axis) for r in (id_row, ood_row)], axis=axis)
     state.update(n_ignored=np.array(0, np.int64), n_images=np.array(0, np.int64),
                  per_image_sum=np.zeros_like(state["per_image_sum"]), per_image_defined=np.array(0, np.int64))
     for name in ("image_offsets", "image_keys", "image_counts", "image_values"):  # (no per-image counts either)
