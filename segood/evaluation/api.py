@@ -10,15 +10,14 @@ import torch
 from segood.data.h5 import H5SegmentationDataset, frame_ids, frame_loader, require_labels, set_identity
 from segood.evaluation.exchange import ScoreMaps
 from segood.evaluation.layout import RunFolder
+from segood.evaluation.options import EvaluateOptions
 from segood.evaluation.report import build_results, grid_of_config, write_report
 from segood.evaluation.results import Results
-from segood.evaluation.runner import Evaluation, component_spec, default_methods, run, run_identity
+from segood.evaluation.runner import Evaluation, default_methods, run, run_identity
 from segood.io import write_json
 from segood.methods.methods import check_grid, method_for_grid
 from segood.methods.scorer import Scorer
 from segood.metrics import grid_spec, make_accumulator
-from segood.metrics.bootstrap import Bootstrap
-from segood.metrics.official import check_benchmark
 from segood.models.external import as_network
 from segood.models.network import SegmentationNetwork
 
@@ -38,84 +37,58 @@ def start_distributed(device=None):
     return device
 
 
-def evaluate(model, sets, methods=None, out_dir=None, *, batch_size=2, device=None, num_thresholds=None,
-             score_range=None, mantissa_bits=None, grid=None, resume=False, save_every=20, progress=True,
-             figures=True, skip_bad=False, fit_set=None, checkpoint=None, feature_layer=None, verify=True,
-             components=None, bootstrap=Bootstrap(), commit_on=None, official=None, align_corners=None):
+def evaluate(model, sets, methods=None, out_dir=None, options: EvaluateOptions | None = None,
+             **keywords) -> Results | None:
     """Evaluate pixel-level OOD methods of ``model`` on converted sets; returns the :class:`Results` (the results
     document, the content of results.json, with ``table()``, ``save(folder)`` and ``figures(folder)``).
 
     Args:
-        out_dir: the run folder: run.json, the state (resumable with ``resume``), results.json, .csv, .md, .tex
-            and, with ``figures``, the figures. None (the default): nothing is written (the run's state lives in
-            a temporary folder while it runs); the results and the state are returned in memory.
         model: a segood network; any ``nn.Module`` returning logits (N, C, h, w) of any number of classes C at any
-            resolution (wrapped in :class:`ExternalModel`; ``feature_layer`` names the layer whose output
-            Mahalanobis models); or a :class:`~segood.methods.scorer.Scorer`, a callable that returns the
-            anomaly scores itself (``methods`` then None: it is its own method). Logits at another resolution than
-            the frames are resized to them bilinearly before scoring. With C other than the sets' 19 Cityscapes
-            trainIds, every method that needs no class mapping runs and the report notes what is left out.
-        align_corners: how such logits are resized: as the model's own library does (default False, torch and
-            smp's ``F.interpolate(..., mode="bilinear", align_corners=False)``); for ``nn.Module`` models.
+            resolution (wrapped in :class:`~segood.models.external.ExternalModel`); or a
+            :class:`~segood.methods.scorer.Scorer`, a callable that returns the anomaly scores itself
+            (``methods`` then None: it is its own method). Logits at another resolution than the frames are
+            resized to them bilinearly before scoring. With C other than the sets' 19 Cityscapes trainIds, every
+            method that needs no class mapping runs and the report notes what is left out.
         sets: {name: path of a converted .h5 set} (or a list of paths, named by their stems).
         methods: None (every method the model's head serves; those needing a fit only with ``fit_set``), names,
             or method objects (e.g. tuned ones).
-        fit_set: a converted training set to fit Mahalanobis on, when it is requested unfitted.
-        checkpoint: the checkpoint file the model came from, recorded with its sha256.
-        num_thresholds, score_range, mantissa_bits: the threshold grid (:func:`segood.metrics.grid_spec`): the
-            float-order grid at ``mantissa_bits`` (default 10) for scores of any real value, or, when
-            ``num_thresholds`` or ``score_range`` is given, the paper's linear grid (scores in the range).
-        grid: the grid by name, "float", "linear" or "exact" (every distinct score a threshold: exact metrics,
-            memory per counted pixel; docs/grids.md), or a whole :func:`segood.metrics.grid_spec` dict such as
-            ``{"kind": "exact", "max_pixels": 1 << 30}``; None: chosen by the options above.
-        verify: check every frame against its set's manifest as it is read (a corrupt frame is an error naming
-            it, or skipped with ``skip_bad``); False skips the check for speed.
-        components: component-level metrics (SegmentMeIfYouCan's): {"preset": "anomaly" or "obstacle",
-            "thresholds": {method: threshold, or {set: threshold}}, "source": "committed" (the default:
-            thresholds chosen on a tuning set) or "oracle" (chosen on each test set itself)}, counted in the pixel
-            pass. Without "thresholds" the run chooses them after its pixel pass and scores the frames again in a
-            components pass: committed on the set ``commit_on`` by "rule" (default "f1", best pixel F1), or, with
-            "source": "oracle", each set's own (:func:`segood.evaluation.runner.component_spec`).
-        bootstrap, commit_on: the report's intervals and committed thresholds (:func:`write_report`); the
-            component thresholds' tuning set when the run chooses them.
-        official: "smiyc" or "fishyscapes": also that benchmark's own computation of its numbers (its AP and FPR95;
-            SMIYC's component metrics too), reported beside segood's and named so (``docs/official.md``,
-            :mod:`segood.metrics.official`).
+        out_dir: the run folder: run.json, the state (resumable with ``resume``), results.json, .csv, .md, .tex
+            and, with ``figures``, the figures. None (the default): nothing is written (the run's state lives in
+            a temporary folder while it runs); the results and the state are returned in memory.
+        options: an :class:`EvaluateOptions` (batch size, device, grid, components, bootstrap, official mode,
+            ...); ``keywords`` are its fields (``batch_size=4, grid="exact"``), put into ``options`` when both
+            are given. Every option is documented there and checked there, once.
 
     Under ``torchrun`` (an initialised process group) each rank evaluates every world_size-th frame and the
     counts are all-reduced; rank 0 writes the outputs. Results equal a single-process run exactly.
     """
-    model, sets, methods, grid, components, description = prepare(
-        model, sets, methods, batch_size=batch_size, device=device, num_thresholds=num_thresholds,
-        score_range=score_range, mantissa_bits=mantissa_bits, grid=grid, progress=progress, fit_set=fit_set,
-        checkpoint=checkpoint, feature_layer=feature_layer, verify=verify, components=components, commit_on=commit_on,
-        official=official, align_corners=align_corners)
-    options = {"batch_size": batch_size, "device": device, "grid": grid, "save_every": save_every,
-               "progress": progress, "skip_bad": skip_bad, "verify": verify, "components": components,
-               "official": official}
+    options = EvaluateOptions.of(options, **keywords)
+    model, sets, methods, description = prepare(model, sets, methods, options)
     if out_dir is None:
-        if resume:
+        if options.resume:
             raise ValueError("resume continues a run saved in a folder: pass out_dir")
         with tempfile.TemporaryDirectory(prefix="segood-run-") as tmp:
-            ev = execute(model, sets, methods, tmp, description, **options)
+            ev = execute(model, sets, methods, tmp, description, **options.run_options())
             run_description = RunFolder(tmp).read_run() if ev is not None else None
         if ev is None:
             return None
-        return Results(build_results(run_description, ev, bootstrap=bootstrap, commit_on=commit_on), ev)
-    ev = execute(model, sets, methods, out_dir, description, resume=resume, **options)
+        return Results(build_results(run_description, ev, bootstrap=options.bootstrap, commit_on=options.commit_on),
+                       ev)
+    ev = execute(model, sets, methods, out_dir, description, resume=options.resume, **options.run_options())
     if ev is None:
         return None
-    return Results(write_report(out_dir, figures=figures, bootstrap=bootstrap, commit_on=commit_on), ev)
+    return Results(write_report(out_dir, figures=options.figures, bootstrap=options.bootstrap,
+                                commit_on=options.commit_on), ev)
 
 
-def prepare(model, sets, methods=None, *, batch_size=2, device=None, num_thresholds=None, score_range=None,
-            mantissa_bits=None, grid=None, progress=True, fit_set=None, checkpoint=None, feature_layer=None,
-            verify=True, components=None, commit_on=None, official=None, align_corners=None):
+def prepare(model, sets, methods, options):
     """What :func:`evaluate` (and ``segood robustness``) run, checked before anything is written: (model, sets
-    {name: path}, method objects (fitted), grid, components spec, the run description for run.json)."""
+    {name: path}, method objects (fitted), the run description for run.json), for ``options`` (an
+    :class:`EvaluateOptions`)."""
+    o = options
     if isinstance(model, Scorer):
-        given = [k for k, v in {"fit_set": fit_set, "feature_layer": feature_layer, "checkpoint": checkpoint,
-                                "align_corners": align_corners}.items() if v is not None]
+        given = [k for k, v in {"fit_set": o.fit_set, "feature_layer": o.feature_layer, "checkpoint": o.checkpoint,
+                                "align_corners": o.align_corners}.items() if v is not None]
         if given:
             raise ValueError(f"{', '.join(given)} set up a network; scorer {model.name} returns its scores itself: "
                              "drop them")
@@ -124,9 +97,9 @@ def prepare(model, sets, methods=None, *, batch_size=2, device=None, num_thresho
                              "with a network instead")
         methods = [model]
     else:
-        model = as_network(model, feature_layer=feature_layer, align_corners=align_corners)
-    if device is not None:
-        model = model.to(device)
+        model = as_network(model, feature_layer=o.feature_layer, align_corners=o.align_corners)
+    if o.device is not None:
+        model = model.to(o.device)
     if isinstance(sets, (list, tuple)):
         stems = [Path(p).stem for p in sets]
         if len(set(stems)) != len(stems):
@@ -134,35 +107,30 @@ def prepare(model, sets, methods=None, *, batch_size=2, device=None, num_thresho
         sets = dict(zip(stems, sets))
     else:
         sets = dict(sets)
-    frames = {name: len(_open_set(path, verify)) for name, path in sets.items()}
-    grid = grid_spec(num_thresholds, score_range, mantissa_bits, kind=grid)
-    make_accumulator(grid)  # a bad grid is refused before anything is written
+    frames = {name: len(_open_set(path, o.verify)) for name, path in sets.items()}
     if methods is None:
-        methods = default_methods(model, fitted=fit_set is not None)
-    methods = [method_for_grid(m, grid) if isinstance(m, str) else m for m in methods]  # by name: the grid's form
-    components = component_spec(components, commit_on)
-    check_benchmark(official)
-    if components and components.get("commit_on") is not None and components["commit_on"] not in sets:
-        raise ValueError(f"the component thresholds' tuning set {components['commit_on']!r} is not a set of the "
+        methods = default_methods(model, fitted=o.fit_set is not None)
+    methods = [method_for_grid(m, o.grid) if isinstance(m, str) else m for m in methods]  # by name: the grid's form
+    if o.components and o.components.get("commit_on") is not None and o.components["commit_on"] not in sets:
+        raise ValueError(f"the component thresholds' tuning set {o.components['commit_on']!r} is not a set of the "
                          f"run; choose one of {list(sets)}")
     for method in methods:
-        check_grid(method, grid)
+        check_grid(method, o.grid)
         method.check(model)
         if method.needs.fit and not method.ready:
-            if fit_set is None:
+            if o.fit_set is None:
                 raise ValueError(f"{method.name} needs its training statistics: pass fit_set (--fit-set), a "
                                  "converted training set, or a fitted method")
-            method.fit(model, frame_loader(H5SegmentationDataset(fit_set), batch_size),
-                       progress=progress)
+            method.fit(model, frame_loader(H5SegmentationDataset(o.fit_set), o.batch_size), progress=o.progress)
     description = {
         "toolkit": run_identity(),
-        "model": _model_identity(model, checkpoint),
+        "model": _model_identity(model, o.checkpoint),
         "sets": {name: {**set_identity(path), "frames": frames[name]} for name, path in sets.items()},
         "methods": {m.name: m.describe() for m in methods},
-        "config": {"grid": grid, "batch_size": batch_size, **({"components": components} if components else {}),
-                   **({"official": official} if official else {})},
+        "config": {"grid": o.grid, "batch_size": o.batch_size, **({"components": o.components} if o.components else {}),
+                   **({"official": o.official} if o.official else {})},
     }
-    return model, sets, methods, grid, components, description
+    return model, sets, methods, description
 
 
 def execute(model, sets, methods, out_dir, description, **options):

@@ -19,6 +19,7 @@ import numpy as np
 
 from segood.data.h5 import H5SegmentationDataset
 from segood.evaluation.api import execute, prepare
+from segood.evaluation.options import EvaluateOptions
 from segood.evaluation.layout import RunFolder
 from segood.evaluation.runner import Evaluation
 from segood.io import write_json
@@ -50,10 +51,11 @@ def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corrupti
         check_corruption(corruptions[0], level)
     if requirements is not None and not isinstance(requirements, list):
         requirements = load_requirements(requirements)  # a bad file fails before the run, not after it
-    model, sets, methods, grid, _, description = prepare(
-        model, sets, methods, batch_size=batch_size, device=device, num_thresholds=num_thresholds,
-        score_range=score_range, mantissa_bits=mantissa_bits, grid=grid, progress=progress, fit_set=fit_set,
-        checkpoint=checkpoint, feature_layer=feature_layer, verify=verify)
+    options = EvaluateOptions(batch_size=batch_size, device=device, num_thresholds=num_thresholds,
+                              score_range=score_range, mantissa_bits=mantissa_bits, grid=grid, resume=resume,
+                              save_every=save_every, progress=progress, skip_bad=skip_bad, fit_set=fit_set,
+                              checkpoint=checkpoint, feature_layer=feature_layer, verify=verify)
+    model, sets, methods, description = prepare(model, sets, methods, options)
     description["config"]["robustness"] = {"corruptions": corruptions, "severities": severities, "seed": int(seed),
                                            "levels": {c: severity_table()[c] for c in corruptions}}
     conditions = {}
@@ -63,9 +65,8 @@ def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corrupti
         for corruption in corruptions:
             for level in severities:
                 conditions[condition_name(set_name, corruption, level)] = _corrupted(clean, corruption, level, seed)
-    ev = execute(model, conditions, methods, out_dir, description, batch_size=batch_size, device=device, grid=grid,
-                 resume=resume, save_every=save_every, progress=progress, skip_bad=skip_bad, verify=verify,
-                 quality=True, examples=(1, EXAMPLE_WIDTH))
+    ev = execute(model, conditions, methods, out_dir, description, resume=resume, quality=True,
+                 examples=(1, EXAMPLE_WIDTH), **options.run_options())
     return None if ev is None else write_robustness_report(out_dir, figures=figures, requirements=requirements)
 
 
