@@ -285,10 +285,34 @@ def _reflect(index, size):
     return np.where(index < size, index, 2 * size - 1 - index)
 
 
+def _box_bounds(size, new_size):
+    """[first, last) source pixels of each output pixel of a box downscale from ``size`` to ``new_size`` pixels:
+    those whose centres lie in the output pixel's footprint, (centre - scale / 2, centre + scale / 2] (PIL's BOX
+    filter, which the reference uses; OpenCV's INTER_AREA weighs partly covered pixels instead)."""
+    scale = size / new_size
+    centre = (np.arange(new_size) + 0.5) * scale
+    first = np.maximum((centre - scale / 2 + 0.5).astype(np.intp), 0)
+    taps = first[:, None] + np.arange(int(np.ceil(scale / 2)) * 2 + 2)[None, :]
+    inside = ((taps - centre[:, None] + 0.5) / scale > -0.5) & ((taps - centre[:, None] + 0.5) / scale <= 0.5) & (taps < size)
+    lo = taps[np.arange(new_size), inside.argmax(axis=1)]
+    return lo, lo + inside.sum(axis=1)
+
+
+def _box_mean(image, axis, new_size):
+    """``image`` (uint8) box-downscaled along ``axis`` by means of contiguous runs (prefix sums), rounded to uint8."""
+    lo, hi = _box_bounds(image.shape[axis], new_size)
+    sums = np.cumsum(image, axis=axis, dtype=np.int64)
+    sums = np.concatenate([np.zeros_like(np.take(sums, [0], axis=axis)), sums], axis=axis)
+    shape = [1] * image.ndim
+    shape[axis] = new_size
+    means = (np.take(sums, hi, axis=axis) - np.take(sums, lo, axis=axis)) / (hi - lo).reshape(shape)
+    return np.floor(means + 0.5).astype(np.uint8)
+
+
 def _pixelate(x, p, rng, scale):
     height, width = x.shape[:2]
     image = np.rint(x * 255).astype(np.uint8)
-    small = cv2.resize(image, (int(width * p["factor"]), int(height * p["factor"])), interpolation=cv2.INTER_AREA)
+    small = _box_mean(_box_mean(image, 1, int(width * p["factor"])), 0, int(height * p["factor"]))  # PIL: rows first
     return cv2.resize(small, (width, height), interpolation=cv2.INTER_NEAREST_EXACT)
 
 
