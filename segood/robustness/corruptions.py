@@ -362,7 +362,8 @@ def severity_markdown(names=None):
     return "\n".join(lines) + "\n"
 
 
-def contact_sheet(image, path=None, *, names=None, severities=SEVERITIES, seed=0, frame_id="", width=2.4):
+def contact_sheet(image, path=None, *, names=None, severities=SEVERITIES, seed=0, frame_id="", width=2.4,
+                  standard_size="fixed"):
     """A figure of one frame under every corruption (rows) at every severity (columns), the clean frame first,
     so that a reader sees what "fog 4" means. Written to ``path`` (PNG) when given; returns the figure."""
     import matplotlib
@@ -378,7 +379,8 @@ def contact_sheet(image, path=None, *, names=None, severities=SEVERITIES, seed=0
     fig, axes = plt.subplots(len(names), cols, squeeze=False,
                              figsize=(width * cols, width * height / wide * len(names) + 0.6))
     for row, name in enumerate(names):
-        panels = [image] + [corrupt(image, name=name, severity=s, seed=seed, frame_id=frame_id)[0] for s in severities]
+        panels = [image] + [corrupt(image, name=name, severity=s, seed=seed, frame_id=frame_id,
+                                    standard_size=standard_size)[0] for s in severities]
         for col, (ax, panel) in enumerate(zip(axes[row], panels)):
             ax.imshow(panel)
             ax.set_xticks([])

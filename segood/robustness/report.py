@@ -255,4 +255,4 @@ def write_figures(figures, doc, ev):
     first = next(iter(doc["corrupted"]))
     if (first, 0) in ev.examples:  # what each level looks like, on the first frame of the first set
         contact_sheet(ev.examples[(first, 0)]["image"], figures / "contact_sheet.png", names=corruptions,
-                      severities=levels, seed=spec["seed"])
+                      severities=levels, seed=spec["seed"], standard_size=spec.get("standard_size", "fixed"))

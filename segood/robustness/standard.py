@@ -11,7 +11,7 @@ corruption and severity by :func:`segood.robustness.corruptions.corrupt`), never
 Where segood departs from the reference (each named in docs/robustness.md): frost uses seeded procedural frost
 textures in the tints of the reference's five photographs instead of the photographs; outputs are rounded to
 uint8 (the reference truncates); the elastic transform moves the masks with the image (Cityscapes-C keeps the
-labels unmoved); glass blur's pixel loop runs compiled (numba), about 10^3 times faster than the reference's.
+labels unmoved); glass blur's pixel loop runs compiled (numba): well under a second per 1024x2048 frame.
 """
 
 import functools
@@ -157,10 +157,11 @@ def _frost_texture(height, width, rng):
     """A procedural frost layer (H, W, 3) float32 on [0, 255]: ridged multi-octave noise (thin bright crystal
     veins over a mottled ground), standardised and put in one of the :data:`FROST_TINTS`."""
     texture = np.zeros((height, width), np.float32)
-    for octave, cells in enumerate((4, 8, 16, 32, 64, 128)):
+    for octave, cells in enumerate((8, 16, 32, 64, 128, 256)):  # the fine octaves weigh most: crystals, not clouds
+        cells = min(cells, max(2, height // 2))
         grid = rng.standard_normal((cells + 1, max(2, round(cells * width / height)) + 1)).astype(np.float32)
         layer = cv2.resize(grid, (width, height), interpolation=cv2.INTER_CUBIC)
-        texture += 0.7 ** octave * (1 - np.abs(layer))  # ridges where the noise crosses 0: veins
+        texture += 0.75 ** (5 - octave) * (1 - np.abs(layer))  # ridges where the noise crosses 0: veins
     texture += 0.15 * rng.standard_normal((height, width), dtype=np.float32)  # grain
     texture = (texture - texture.mean()) / texture.std()
     mean, std = FROST_TINTS[rng.integers(len(FROST_TINTS))]
