@@ -288,12 +288,17 @@ def add_analysis_options(parser):
 def _robustness(args):
     from segood.evaluation.api import start_distributed
     from segood.methods import get_method
+    from segood.robustness import resolve_corruptions
     from segood.robustness.suite import robustness
 
+    try:
+        corruptions = resolve_corruptions(args.corruptions, args.family)
+    except KeyError as err:  # an unknown name: one clear line, like argparse's own errors
+        raise ValueError(err.args[0]) from None
     device = start_distributed(args.device)
     model = _model(args)
     methods = None if args.methods == ["all"] else [get_method(name) for name in args.methods]
-    doc = robustness(model, args.sets, methods, args.out, corruptions=args.corruptions, severities=args.severities,
+    doc = robustness(model, args.sets, methods, args.out, corruptions=corruptions, severities=args.severities,
                      seed=args.seed, requirements=args.requirements, batch_size=args.batch_size, device=device,
                      num_thresholds=args.num_thresholds, mantissa_bits=args.mantissa_bits, resume=args.resume,
                      save_every=args.save_every, progress=not args.quiet, skip_bad=args.skip_bad,

@@ -179,7 +179,7 @@ def test_corruption_as_ood_equals_relabelled_pixels(grid):
     assert got.compute()["auroc"] == reference.compute()["auroc"]
 
 
-def test_the_standard_family_and_its_summary_against_a_reference_run(sets, tmp_path):
+def test_the_standard_family_and_its_summary_against_a_reference_run(sets, tmp_path, capsys):
     net = model()
     save_checkpoint(tmp_path / "m.pt", net)
     common = ["robustness", "--checkpoint", str(tmp_path / "m.pt"), "--sets", str(sets / "perlin_mixed.h5"),
@@ -214,6 +214,8 @@ def test_the_standard_family_and_its_summary_against_a_reference_run(sets, tmp_p
     assert other["summary"]["perlin_mixed"]["standard"]["network"]["miou"]["mce"] == pytest.approx(expected)
     assert main(["report", str(tmp_path / "other")]) == 0  # the rebuilt report keeps its reference
     assert json.loads((tmp_path / "other/results.json").read_text())["summary"] == other["summary"]
+    assert main([*common, "--corruptions", "c:smog", "--out", str(tmp_path / "e")]) == 2
+    assert "unknown corruption 'c:smog'; choose from noise" in capsys.readouterr().err
     with pytest.raises(ValueError, match="is not the results of segood robustness"):
         write_robustness_report(tmp_path / "other", figures=False, reference=tmp_path / "other/run.json")
 

@@ -68,7 +68,6 @@ def summary(doc, reference=None):
 
     Returns {set: {family: {"network": {"miou": cell}, "ood": {method: {metric: cell}}}}}, a cell
     {"mean", "mce", "relative_mce"} (None where undefined or without a reference)."""
-    from segood.metrics import METRICS
 
     levels = [str(v) for v in doc["robustness"]["severities"]]
     out = {}

@@ -47,11 +47,12 @@ def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corrupti
     (scaled to the frames' rows); ``reference``: a robustness run (folder or results.json) whose numbers the
     summary's corruption errors (mCE) are relative to."""
     from segood.robustness.approval import load_requirements
-
     from segood.robustness.standard import standard_scale
 
     corruptions = resolve_corruptions(corruptions, family)
     standard_scale(1, standard_size)  # (checks it)
+    if reference is not None:
+        load_reference(reference)  # a bad reference fails before the run, not after it
     severities = sorted(set(severities))
     for level in severities:
         check_corruption(corruptions[0], level)
