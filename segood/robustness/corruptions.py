@@ -305,7 +305,8 @@ class Flakes(A.ImageOnlyTransform):
         alpha = np.zeros(img.shape[:2], np.float32)
         np.maximum.at(alpha, (rows, cols), opacity)
         if self.radius > 0.3:  # a point blurred into a disc whose centre keeps the flake's opacity
-            alpha = np.minimum(1, cv2.GaussianBlur(alpha, (0, 0), self.radius) * np.float32(2 * np.pi * self.radius ** 2))
+            peak = np.float32(2 * np.pi * self.radius ** 2)
+            alpha = np.minimum(1, cv2.GaussianBlur(alpha, (0, 0), self.radius) * peak)
         out = img.astype(np.float32) * (1 - alpha[..., None]) + 255 * alpha[..., None]
         return np.clip(np.rint(out), 0, 255).astype(np.uint8)
 

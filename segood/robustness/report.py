@@ -123,7 +123,8 @@ def summary_markdown(doc):
             rows += [(f"{m} {METRICS[k].label} {METRICS[k].arrow()}", parts["ood"][m][k])
                      for m in parts["ood"] for k in OOD_SHOWN]
             for label, c in rows:
-                lines.append(f"| {family} | {label} | {_fmt(c['mean'])} | {_fmt(c['mce'])} | {_fmt(c['relative_mce'])} |")
+                numbers = " | ".join(_fmt(c[key]) for key in ("mean", "mce", "relative_mce"))
+                lines.append(f"| {family} | {label} | {numbers} |")
         lines.append("")
     return "\n".join(lines) + "\n"
 

@@ -40,7 +40,8 @@ def standard_table():
     """{corruption: {parameter: [value at level 1, ..., level 5]}} of the standard family (``standard.yaml``)."""
     table = yaml.safe_load(resources.files("segood.robustness").joinpath("standard.yaml").read_text())
     if set(table) != set(_CORRUPTIONS):
-        raise ValueError(f"standard.yaml lists {sorted(table)}, the code builds {sorted(_CORRUPTIONS)}: they must agree")
+        raise ValueError(f"standard.yaml lists {sorted(table)}, the code builds {sorted(_CORRUPTIONS)}: "
+                         "they must agree")
     return table
 
 
@@ -294,7 +295,8 @@ def _box_bounds(size, new_size):
     centre = (np.arange(new_size) + 0.5) * scale
     first = np.maximum((centre - scale / 2 + 0.5).astype(np.intp), 0)
     taps = first[:, None] + np.arange(int(np.ceil(scale / 2)) * 2 + 2)[None, :]
-    inside = ((taps - centre[:, None] + 0.5) / scale > -0.5) & ((taps - centre[:, None] + 0.5) / scale <= 0.5) & (taps < size)
+    weight_at = (taps - centre[:, None] + 0.5) / scale
+    inside = (weight_at > -0.5) & (weight_at <= 0.5) & (taps < size)
     lo = taps[np.arange(new_size), inside.argmax(axis=1)]
     return lo, lo + inside.sum(axis=1)
 
