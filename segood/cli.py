@@ -277,18 +277,24 @@ def add_analysis_options(parser):
 
 def _robustness(args):
     from segood.evaluation.api import start_distributed
+    from segood.robustness import resolve_corruptions
     from segood.robustness.suite import robustness
 
+    try:
+        corruptions = resolve_corruptions(args.corruptions, args.family)
+    except KeyError as err:  # an unknown name: one clear line, like argparse's own errors
+        raise ValueError(err.args[0]) from None
     device = start_distributed(args.device)
     model = _model(args)
     methods = None if args.methods == ["all"] else list(args.methods)  # by name: in the form the grid bins
-    doc = robustness(model, args.sets, methods, args.out, corruptions=args.corruptions, severities=args.severities,
+    doc = robustness(model, args.sets, methods, args.out, corruptions=corruptions, severities=args.severities,
                      seed=args.seed, requirements=args.requirements, batch_size=args.batch_size, device=device,
                      num_thresholds=args.num_thresholds, mantissa_bits=args.mantissa_bits, grid=grid_choice(args),
                      resume=args.resume,
                      save_every=args.save_every, progress=not args.quiet, skip_bad=args.skip_bad,
                      fit_set=args.fit_set, checkpoint=args.checkpoint, feature_layer=args.feature_layer,
-                     verify=not args.no_verify)
+                     verify=not args.no_verify, family=args.family, standard_size=args.standard_size,
+                     reference=args.reference)
     if doc is None:
         return 0
     print(f"wrote {args.out}/results.json, results.md and figures/")
@@ -421,7 +427,7 @@ def build_parser():
     from segood.metrics import METRICS
     from segood.metrics.thresholds import RULES as THRESHOLD_RULES
     from segood.models import ARCHS, HEADS
-    from segood.robustness import corruption_names
+    from segood.robustness import FAMILIES, STANDARD_SIZES, corruption_names
 
     parser = argparse.ArgumentParser(
         prog="segood", description="segood: pixel-level out-of-distribution detection benchmark for semantic segmentation.")
@@ -592,8 +598,18 @@ def build_parser():
     rob.add_argument("--sets", type=Path, nargs="+", required=True, help="converted evaluation sets (.h5)")
     rob.add_argument("--methods", nargs="+", default=["all"], choices=["all", *METHODS], metavar="METHOD",
                      help="method names, or all (default: every method the head serves)")
-    rob.add_argument("--corruptions", nargs="+", choices=corruption_names(), metavar="CORRUPTION",
-                     help=f"default all: {', '.join(corruption_names())}")
+    rob.add_argument("--family", choices=FAMILIES, default="segood",
+                     help="the corruptions by default: segood (its own 14), standard (the 15 of ImageNet-C / "
+                          "Cityscapes-C, named c:NAME) or all (default segood)")
+    rob.add_argument("--corruptions", nargs="+", metavar="CORRUPTION",
+                     help=f"default all of --family; segood: {', '.join(corruption_names())}; standard: "
+                          f"{', '.join(corruption_names('standard'))} (the c: may be left out with --family standard)")
+    rob.add_argument("--standard-size", choices=STANDARD_SIZES, default="fixed",
+                     help="lengths of the standard corruptions: fixed (the standard's pixel sizes, comparable with "
+                          "published numbers; default) or height (scaled to the frames' rows / 1024)")
+    rob.add_argument("--reference", type=Path, metavar="RUN",
+                     help="a finished robustness run of a reference model on the same sets and corruptions: the "
+                          "summary's mCE and relative mCE are relative to it")
     rob.add_argument("--severities", type=int, nargs="+", default=[1, 2, 3, 4, 5], choices=[1, 2, 3, 4, 5],
                      metavar="LEVEL", help="levels 1-5 (default all)")
     rob.add_argument("--seed", type=int, default=0, help="seed of the corruptions (per frame, corruption, level)")

@@ -15,7 +15,7 @@ from segood.metrics.calibration import CalibrationAccumulator
 from segood.metrics.segmentation import confusion_matrix, mean_iou
 from segood.models import build_model, preprocess, save_checkpoint
 from segood.robustness import CorruptedSet
-from segood.robustness.suite import corruption_as_ood, robustness
+from segood.robustness.suite import corruption_as_ood, robustness, write_robustness_report
 
 from rawtrees import killed_after, mixed_noise_sets
 
@@ -178,3 +178,55 @@ def test_corruption_as_ood_equals_relabelled_pixels(grid):
     got = corruption_as_ood(clean, corrupted)
     assert (got.curve_counts()[1] == reference.curve_counts()[1]).all()
     assert got.compute()["auroc"] == reference.compute()["auroc"]
+
+
+def test_the_standard_family_and_its_summary_against_a_reference_run(sets, tmp_path, capsys):
+    net = model()
+    save_checkpoint(tmp_path / "m.pt", net)
+    common = ["robustness", "--checkpoint", str(tmp_path / "m.pt"), "--sets", str(sets / "perlin_mixed.h5"),
+              "--methods", "entropy", "--severities", "1", "5", "--quiet"]
+    assert main([*common, "--family", "standard", "--corruptions", "contrast", "c:zoom_blur",
+                 "--out", str(tmp_path / "ref")]) == 0
+    ref = json.loads((tmp_path / "ref/results.json").read_text())
+    assert list(ref["corrupted"]["perlin_mixed"]) == ["c:contrast", "c:zoom_blur"]
+    assert ref["config"]["robustness"]["standard_size"] == "fixed"
+    assert ref["config"]["robustness"]["levels"]["c:contrast"] == {"factor": [0.4, 0.3, 0.2, 0.1, 0.05]}
+    cells = ref["corrupted"]["perlin_mixed"]
+    plain = ref["summary"]["perlin_mixed"]["standard"]
+    miou = [cells[c][v]["segmentation"]["miou"] for c in cells for v in ("1", "5")]
+    assert plain["network"]["miou"] == {"mean": pytest.approx(np.mean(miou)), "mce": None, "relative_mce": None}
+    # the same run as its own reference: every corruption error is 1
+    doc = write_robustness_report(tmp_path / "ref", figures=False, reference=tmp_path / "ref")
+    assert doc["summary"]["perlin_mixed"]["standard"]["network"]["miou"]["mce"] == pytest.approx(1.0)
+    assert doc["summary"]["perlin_mixed"]["standard"]["ood"]["entropy"]["fpr95"]["mce"] == pytest.approx(1.0)
+    assert "## Summary: mean over corruptions and severities" in (tmp_path / "ref/results.md").read_text()
+    # another model against it: CE by hand from the two documents
+    torch.manual_seed(1)
+    save_checkpoint(tmp_path / "other.pt", build_model("pspnet", "resnet18", head="plain").eval())
+    assert main([*common[:2], str(tmp_path / "other.pt"), *common[3:], "--family", "standard", "--corruptions",
+                 "contrast", "zoom_blur", "--reference", str(tmp_path / "ref"), "--out", str(tmp_path / "other")]) == 0
+    other = json.loads((tmp_path / "other/results.json").read_text())
+    assert other["reference_run"] == str(tmp_path / "ref")
+
+    def errors(d, c):
+        return sum(1 - d["corrupted"]["perlin_mixed"][c][v]["segmentation"]["miou"] for v in ("1", "5"))
+
+    expected = np.mean([errors(other, c) / errors(ref, c) for c in ("c:contrast", "c:zoom_blur")])
+    assert other["summary"]["perlin_mixed"]["standard"]["network"]["miou"]["mce"] == pytest.approx(expected)
+    assert main(["report", str(tmp_path / "other")]) == 0  # the rebuilt report keeps its reference
+    assert json.loads((tmp_path / "other/results.json").read_text())["summary"] == other["summary"]
+    assert main([*common, "--corruptions", "c:smog", "--out", str(tmp_path / "e")]) == 2
+    assert "unknown corruption 'c:smog'; choose from noise" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="is not the results of segood robustness"):
+        write_robustness_report(tmp_path / "other", figures=False, reference=tmp_path / "other/run.json")
+
+
+def test_corruption_error_by_hand():
+    from segood.robustness.report import corruption_error
+
+    # AUROC (higher is better): errors 0.2 + 0.4 against 0.1 + 0.2; relative: (0.6 - 2 * 0.1) / (0.3 - 2 * 0.05)
+    ce, relative = corruption_error([0.8, 0.6], 0.9, [0.9, 0.8], 0.95, higher_is_better=True)
+    assert ce == pytest.approx(2.0) and relative == pytest.approx(2.0)
+    ce, relative = corruption_error([0.5, 0.7], 0.3, [0.25, 0.25], 0.25, higher_is_better=False)  # FPR95: E = value
+    assert ce == pytest.approx(2.4) and relative is None  # the reference loses nothing: relative undefined
+    assert corruption_error([None, 0.7], 0.3, [0.2, 0.2], 0.1, higher_is_better=False) == (None, None)

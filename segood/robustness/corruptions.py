@@ -10,6 +10,10 @@ together, the masks with nearest-neighbour interpolation so that a label is neve
 invents (the corners a rotation or perspective brings in) are ignore (255) in both masks, and pixels that leave
 the frame are gone with their labels. The robustness seed's ten (Heindrich 2020, §3.1.1) come first, then the
 issue's night, motion blur, JPEG and sun flare.
+
+Two families: segood's own (above, the default) and the standard one, the 15 ImageNet-C corruptions as Cityscapes-C
+uses them (:mod:`segood.robustness.standard`), named ``c:NAME`` ("c:fog") beside segood's names. Every function
+below takes a name of either family.
 """
 
 import functools
@@ -22,10 +26,14 @@ import numpy as np
 import yaml
 
 from segood.labels import IGNORE
+from segood.robustness.standard import (STANDARD_GEOMETRIC, apply_standard, standard_scale,
+                                        standard_table)
 
 SEVERITIES = (1, 2, 3, 4, 5)
 REFERENCE_ROWS = 1024  #: the "px" lengths of the table are pixels of a frame of this many rows
-GEOMETRIC = frozenset({"perspective", "rotation", "crop"})
+STANDARD_PREFIX = "c:"  #: a standard corruption's name: this prefix and the reference's name ("c:fog")
+FAMILIES = ("segood", "standard", "all")
+GEOMETRIC = frozenset({"perspective", "rotation", "crop"} | {STANDARD_PREFIX + n for n in STANDARD_GEOMETRIC})
 
 
 @functools.cache
@@ -42,9 +50,40 @@ def severity_table():
     return table
 
 
-def corruption_names():
-    """Every corruption, in the table's order."""
-    return tuple(severity_table())
+@functools.cache
+def levels_table():
+    """{corruption: {parameter: [five values]}} of both families, standard names with their prefix."""
+    return {**severity_table(), **{STANDARD_PREFIX + n: params for n, params in standard_table().items()}}
+
+
+def corruption_names(family="segood"):
+    """Every corruption of a family ("segood", "standard" or "all"), in the tables' order."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown corruption family {family!r}; choose from {', '.join(FAMILIES)}")
+    own = tuple(severity_table()) if family in ("segood", "all") else ()
+    return own + (tuple(STANDARD_PREFIX + n for n in standard_table()) if family in ("standard", "all") else ())
+
+
+def family_of(name):
+    """"standard" or "segood"."""
+    return "standard" if name.startswith(STANDARD_PREFIX) else "segood"
+
+
+def resolve_corruptions(names, family="segood"):
+    """Full names of ``names`` (default: all of ``family``): a standard corruption may be named without its prefix
+    when the family is "standard", or when segood has no corruption of that name ("c:fog" or, with family
+    "standard", "fog"); an unknown name is a KeyError listing the valid ones."""
+    if not names:
+        return list(corruption_names(family))
+    corruption_names(family)  # (checks the family)
+    resolved = []
+    for name in names:
+        prefixed = STANDARD_PREFIX + name
+        if prefixed in levels_table() and (family == "standard" or name not in levels_table()):
+            name = prefixed
+        check_corruption(name)
+        resolved.append(name)
+    return resolved
 
 
 def condition_name(set_name, corruption, severity):
@@ -54,8 +93,8 @@ def condition_name(set_name, corruption, severity):
 
 def check_corruption(name, severity=None):
     """Refuse an unknown corruption or level with a message listing the valid ones."""
-    if name not in severity_table():
-        raise KeyError(f"unknown corruption {name!r}; choose from {', '.join(severity_table())}")
+    if name not in levels_table():
+        raise KeyError(f"unknown corruption {name!r}; choose from {', '.join(levels_table())}")
     if severity is not None and (isinstance(severity, bool) or severity not in SEVERITIES):
         raise ValueError(f"severity of {name} must be one of {SEVERITIES} (1 mild, 5 strong), got {severity!r}")
 
@@ -63,7 +102,7 @@ def check_corruption(name, severity=None):
 def level_params(name, severity):
     """{parameter: value} of ``name`` at ``severity`` (1-5)."""
     check_corruption(name, severity)
-    return {key: values[severity - 1] for key, values in severity_table()[name].items()}
+    return {key: values[severity - 1] for key, values in levels_table()[name].items()}
 
 
 def frame_seed(seed, frame_id, name, severity):
@@ -75,10 +114,12 @@ def frame_seed(seed, frame_id, name, severity):
 def build(name, severity, height, width):
     """The albumentations transform of ``name`` at ``severity`` for frames of ``height`` x ``width`` (unseeded)."""
     check_corruption(name, severity)
+    if family_of(name) == "standard":
+        raise ValueError(f"{name} is a standard corruption, not an albumentations transform: call corrupt()")
     return _BUILDERS[name](level_params(name, severity), height / REFERENCE_ROWS, (height, width))
 
 
-def corrupt(image, masks=(), *, name, severity, seed=0, frame_id=""):
+def corrupt(image, masks=(), *, name, severity, seed=0, frame_id="", standard_size="fixed"):
     """Corrupt one frame.
 
     Args:
@@ -87,6 +128,9 @@ def corrupt(image, masks=(), *, name, severity, seed=0, frame_id=""):
             geometric corruptions (nearest neighbour; invented pixels 255) and returned unchanged otherwise.
         name, severity: a corruption of :func:`corruption_names` and a level 1-5.
         seed, frame_id: with ``name`` and ``severity``, what the random draws depend on (:func:`frame_seed`).
+        standard_size: the lengths of a standard corruption: "fixed" (the standard's pixels, as published numbers
+            use them) or "height" (pixels of a 1024-row frame, scaled to the frame's rows); segood's own are
+            always scaled to the height.
 
     Returns:
         (image (H, W, 3) uint8, [masks]).
@@ -97,6 +141,11 @@ def corrupt(image, masks=(), *, name, severity, seed=0, frame_id=""):
     masks = [np.ascontiguousarray(m) for m in masks]
     if any(m.shape != image.shape[:2] for m in masks):
         raise ValueError(f"masks must be {image.shape[:2]} like the image, got {[m.shape for m in masks]}")
+    if family_of(name) == "standard":
+        check_corruption(name, severity)
+        scale = standard_scale(image.shape[0], standard_size)
+        rng = np.random.default_rng(frame_seed(seed, frame_id, name, severity))
+        return apply_standard(image, masks, name[len(STANDARD_PREFIX):], level_params(name, severity), rng, scale)
     transform = build(name, severity, *image.shape[:2])
     out = A.Compose([transform], seed=frame_seed(seed, frame_id, name, severity), strict=True)(
         image=image, masks=masks)
@@ -107,9 +156,11 @@ class CorruptedSet:
     """A set (any Dataset of segood items: ``image`` (3, H, W) uint8 tensor, ``ood_mask``, ``semantic``,
     ``frame_id``) seen through one corruption at one severity, corrupted on the fly as frames are read."""
 
-    def __init__(self, dataset, name, severity, *, seed=0):
+    def __init__(self, dataset, name, severity, *, seed=0, standard_size="fixed"):
         check_corruption(name, severity)
+        standard_scale(1, standard_size)  # (checks it)
         self.dataset, self.name, self.severity, self.seed = dataset, name, severity, seed
+        self.standard_size = standard_size
 
     def __len__(self):
         return len(self.dataset)
@@ -120,7 +171,8 @@ class CorruptedSet:
         item = self.dataset[index]
         image, (ood_mask, semantic) = corrupt(
             item["image"].permute(1, 2, 0).numpy(), [item["ood_mask"].numpy(), item["semantic"].numpy()],
-            name=self.name, severity=self.severity, seed=self.seed, frame_id=item["frame_id"])
+            name=self.name, severity=self.severity, seed=self.seed, frame_id=item["frame_id"],
+            standard_size=self.standard_size)
         return {**item, "image": torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1),
                 "ood_mask": torch.from_numpy(ood_mask), "semantic": torch.from_numpy(semantic)}
 
@@ -143,8 +195,12 @@ def _grey(p, scale, size):
 
 
 def _snow(p, scale, size):
-    return A.RandomSnow(snow_point_range=(p["snow_point"], p["snow_point"]), brightness_coeff=p["brightness"],
-                        method="bleach", p=1)
+    height, width = size
+    return A.Sequential([
+        A.RandomSnow(snow_point_range=(p["snow_point"], p["snow_point"]), brightness_coeff=p["brightness"],
+                     method="bleach", p=1),
+        Flakes(max(1, round(p["flakes"] * height * width / (REFERENCE_ROWS * 2 * REFERENCE_ROWS))),
+               p["flake_px"] * scale, p=1)], p=1)
 
 
 def _rain(p, scale, size):
@@ -231,6 +287,33 @@ class Fog(A.ImageOnlyTransform):
         return ("f",)
 
 
+class Flakes(A.ImageOnlyTransform):
+    """Falling snow flakes over the frame: ``count`` soft white discs (Gaussian, sigma ``radius``) at uniform
+    random places, each of a random opacity in [0.5, 1], seeded per frame like every random draw of a corruption."""
+
+    def __init__(self, count, radius, p=1.0):
+        super().__init__(p=p)
+        self.count, self.radius = int(count), float(radius)
+
+    def get_params_dependent_on_data(self, params, data):
+        height, width = params["shape"][:2]
+        rng = self.random_generator
+        return {"rows": rng.integers(0, height, self.count), "cols": rng.integers(0, width, self.count),
+                "opacity": rng.uniform(0.5, 1.0, self.count).astype(np.float32)}
+
+    def apply(self, img, rows=(), cols=(), opacity=(), **params):
+        alpha = np.zeros(img.shape[:2], np.float32)
+        np.maximum.at(alpha, (rows, cols), opacity)
+        if self.radius > 0.3:  # a point blurred into a disc whose centre keeps the flake's opacity
+            peak = np.float32(2 * np.pi * self.radius ** 2)
+            alpha = np.minimum(1, cv2.GaussianBlur(alpha, (0, 0), self.radius) * peak)
+        out = img.astype(np.float32) * (1 - alpha[..., None]) + 255 * alpha[..., None]
+        return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+
+    def get_transform_init_args_names(self):
+        return ("count", "radius")
+
+
 class Reflection(A.ImageOnlyTransform):
     """The robustness seed's reflection: a white square of ``side`` pixels, blurred with a Gaussian of sigma
     side / 4 into a soft blob, added at a random place (its centre uniform over the frame)."""
@@ -269,16 +352,19 @@ _BUILDERS = {"noise": _noise, "grey": _grey, "snow": _snow, "rain": _rain, "fog"
              "motion_blur": _motion_blur, "jpeg": _jpeg, "sun_flare": _sun_flare}
 
 
-def severity_markdown():
-    """The severity table as Markdown: one row per corruption, its parameters at each level."""
+def severity_markdown(names=None):
+    """The severity table as Markdown: one row per corruption (default: segood's own), its parameters at each
+    level."""
     lines = ["| corruption | " + " | ".join(f"level {s}" for s in SEVERITIES) + " |", "|---|" + "---|" * len(SEVERITIES)]
-    for name, params in severity_table().items():
+    for name in names or severity_table():
+        params = levels_table()[name]
         cells = [", ".join(f"{key} {values[k]}" for key, values in params.items()) for k in range(len(SEVERITIES))]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def contact_sheet(image, path=None, *, names=None, severities=SEVERITIES, seed=0, frame_id="", width=2.4):
+def contact_sheet(image, path=None, *, names=None, severities=SEVERITIES, seed=0, frame_id="", width=2.4,
+                  standard_size="fixed"):
     """A figure of one frame under every corruption (rows) at every severity (columns), the clean frame first,
     so that a reader sees what "fog 4" means. Written to ``path`` (PNG) when given; returns the figure."""
     import matplotlib
@@ -294,7 +380,8 @@ def contact_sheet(image, path=None, *, names=None, severities=SEVERITIES, seed=0
     fig, axes = plt.subplots(len(names), cols, squeeze=False,
                              figsize=(width * cols, width * height / wide * len(names) + 0.6))
     for row, name in enumerate(names):
-        panels = [image] + [corrupt(image, name=name, severity=s, seed=seed, frame_id=frame_id)[0] for s in severities]
+        panels = [image] + [corrupt(image, name=name, severity=s, seed=seed, frame_id=frame_id,
+                                    standard_size=standard_size)[0] for s in severities]
         for col, (ax, panel) in enumerate(zip(axes[row], panels)):
             ax.imshow(panel)
             ax.set_xticks([])

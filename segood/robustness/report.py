@@ -1,5 +1,9 @@
 """Tables and figures of a robustness run: each metric against severity, a panel per corruption, a line per
-method; corrupted example frames with their heat maps; the contact sheet of the severities."""
+method; the summary over corruptions and severities (plain mean and mCE); corrupted example frames with their heat
+maps; the contact sheet of the severities."""
+
+import json
+from pathlib import Path
 
 import numpy as np
 
@@ -7,7 +11,7 @@ from segood.evaluation.report import _file_name, _save, heat_limits
 from segood.labels import colorize
 from segood.metrics import METRICS
 from segood.robustness.approval import approval_markdown
-from segood.robustness.corruptions import condition_name, contact_sheet, severity_markdown
+from segood.robustness.corruptions import FAMILIES, condition_name, contact_sheet, family_of, severity_markdown
 
 QUALITY = {"miou": ("mIoU", "↑"), "ece": ("ECE (15 bins)", "↓"), "brier": ("Brier", "↓")}
 OOD_SHOWN = ("auroc", "fpr95")  # the OOD metrics tabulated and drawn per corruption (results.json holds all)
@@ -20,6 +24,109 @@ def _fmt(value):
 def _mean(values):
     values = [v for v in values if v is not None]
     return float(np.mean(values)) if values else None
+
+
+def load_reference(path):
+    """The results document of a robustness run (its folder or its results.json), for :func:`summary`."""
+    path = Path(path)
+    file = path / "results.json" if path.is_dir() else path
+    try:
+        doc = json.loads(file.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot read the reference run {file}: {err}; name the folder of a finished segood "
+                         "robustness run (or its results.json)") from None
+    if not str(doc.get("schema", "")).startswith("segood.robustness/"):
+        raise ValueError(f"{file} is not the results of segood robustness (schema {doc.get('schema')!r}); name the "
+                         "folder of a finished segood robustness run")
+    return doc
+
+
+def corruption_error(values, clean, reference_values, reference_clean, *, higher_is_better):
+    """The ImageNet-C corruption errors of one corruption (Hendrycks & Dietterich 2019, §3): with the error
+    E = 1 - value for a metric where higher is better (AUROC, mIoU) and E = value otherwise (FPR95),
+    CE = sum over severities of E / the same sum of the reference, relative CE = sum of (E - E clean) / the same
+    sum of the reference. Returns (CE, relative CE), None where a value is missing or a denominator is 0."""
+    def error(v):
+        return None if v is None else (1 - v if higher_is_better else v)
+
+    errors, ref = [error(v) for v in values], [error(v) for v in reference_values]
+    if None in errors or None in ref or not ref:
+        return None, None
+    total, ref_total = sum(errors), sum(ref)
+    ce = total / ref_total if ref_total else None
+    if error(clean) is None or error(reference_clean) is None:
+        return ce, None
+    rel_ref = ref_total - len(ref) * error(reference_clean)
+    return ce, ((total - len(errors) * error(clean)) / rel_ref if rel_ref else None)
+
+
+def summary(doc, reference=None):
+    """Per set and corruption family: the mean over corruptions and severities of the network's mIoU and of each
+    method's OOD metrics (question a), and, against a ``reference`` results document (another model's run on
+    the same set, corruptions and severities), mCE and relative mCE: the corruption errors of
+    :func:`corruption_error` averaged over the corruptions.
+
+    Returns {set: {family: {"network": {"miou": cell}, "ood": {method: {metric: cell}}}}}, a cell
+    {"mean", "mce", "relative_mce"} (None where undefined or without a reference)."""
+
+    levels = [str(v) for v in doc["robustness"]["severities"]]
+    out = {}
+    for s, by_corruption in doc["corrupted"].items():
+        ref_set = (reference or {}).get("corrupted", {}).get(s, {})
+        ref_clean = (reference or {}).get("clean", {}).get(s)
+        out[s] = {}
+        for family in FAMILIES[:2]:
+            names = [c for c in by_corruption if family_of(c) == family]
+            if not names:
+                continue
+
+            def cell(get, higher_is_better, names=names):
+                values = {c: [get(by_corruption[c][v]) for v in levels] for c in names}
+                flat = [x for c in names for x in values[c] if x is not None]
+                result = {"mean": float(np.mean(flat)) if flat else None, "mce": None, "relative_mce": None}
+                if reference is None or ref_clean is None:
+                    return result
+                errors = []
+                for c in names:
+                    ref_cells = ref_set.get(c, {})
+                    if any(v not in ref_cells for v in levels):
+                        return result
+                    errors.append(corruption_error(values[c], get(doc["clean"][s]), [get(ref_cells[v]) for v in levels],
+                                                   get(ref_clean), higher_is_better=higher_is_better))
+                for k, key in enumerate(("mce", "relative_mce")):
+                    column = [e[k] for e in errors]
+                    result[key] = None if None in column else float(np.mean(column))
+                return result
+
+            def get_ood(m, k):
+                def get(cells):
+                    return (cells.get("ood", {}).get(m) or {}).get(k)
+                return get
+
+            out[s][family] = {
+                "network": {"miou": cell(lambda cells: cells["segmentation"]["miou"], True)},
+                "ood": {m: {k: cell(get_ood(m, k), METRICS[k].higher_is_better) for k in METRICS}
+                        for m in doc["methods"]}}
+    return out
+
+
+def summary_markdown(doc):
+    """The summary of :func:`summary` (``doc["summary"]``) as Markdown: per set, a row per family and quantity."""
+    lines = ["## Summary: mean over corruptions and severities", "",
+             "mCE and relative mCE (ImageNet-C's corruption errors, error = 1 - metric where higher is better) are "
+             + (f"relative to the reference run `{doc['reference_run']}`." if doc.get("reference_run") else
+                "undefined without a reference run (`--reference RUN`)."), ""]
+    for s, by_family in doc["summary"].items():
+        lines += [f"### Set {s}", "", "| family | quantity | mean | mCE | relative mCE |", "|---|---|---:|---:|---:|"]
+        for family, parts in by_family.items():
+            rows = [("network mIoU ↑", parts["network"]["miou"])]
+            rows += [(f"{m} {METRICS[k].label} {METRICS[k].arrow()}", parts["ood"][m][k])
+                     for m in parts["ood"] for k in OOD_SHOWN]
+            for label, c in rows:
+                numbers = " | ".join(_fmt(c[key]) for key in ("mean", "mce", "relative_mce"))
+                lines.append(f"| {family} | {label} | {numbers} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
 
 
 def results_markdown(doc):
@@ -61,9 +168,11 @@ def results_markdown(doc):
                         lines.append(f"| {c} | {first} | "
                                      + " | ".join(_fmt(cells[level][question][m][metric]) for level in levels) + " |")
                     lines.append("")
+    if "summary" in doc:
+        lines += [summary_markdown(doc)]
     if "approval" in doc:
         lines += [approval_markdown(doc["approval"])]
-    lines += ["## Severity levels", "", severity_markdown()]
+    lines += ["## Severity levels", "", severity_markdown(spec["corruptions"])]
     return "\n".join(lines) + "\n"
 
 
@@ -146,4 +255,4 @@ def write_figures(figures, doc, ev):
     first = next(iter(doc["corrupted"]))
     if (first, 0) in ev.examples:  # what each level looks like, on the first frame of the first set
         contact_sheet(ev.examples[(first, 0)]["image"], figures / "contact_sheet.png", names=corruptions,
-                      severities=levels, seed=spec["seed"])
+                      severities=levels, seed=spec["seed"], standard_size=spec.get("standard_size", "fixed"))

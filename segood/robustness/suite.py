@@ -13,6 +13,7 @@ The report answers the robustness seed's two questions per corruption and severi
     from the two sets' counts (:func:`corruption_as_ood`), with no forward pass of its own.
 """
 
+import json
 import warnings
 
 import numpy as np
@@ -25,9 +26,9 @@ from segood.evaluation.runner import Evaluation
 from segood.io import write_json
 from segood.metrics import METRICS, UndefinedMetricWarning, accumulator_from_state
 from segood.metrics.segmentation import mean_iou
-from segood.robustness.corruptions import (SEVERITIES, check_corruption, condition_name, corruption_names,
-                                          severity_table)
-from segood.robustness.report import results_markdown, write_figures
+from segood.robustness.corruptions import (SEVERITIES, check_corruption, condition_name, family_of, levels_table,
+                                          resolve_corruptions)
+from segood.robustness.report import load_reference, results_markdown, summary, write_figures
 
 SCHEMA = "segood.robustness/1"
 EXAMPLE_WIDTH = 512  # example frames kept in the state at most this wide: one per set and condition
@@ -36,17 +37,24 @@ EXAMPLE_WIDTH = 512  # example frames kept in the state at most this wide: one p
 def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corruptions=None, severities=SEVERITIES,
                seed=0, requirements=None, batch_size=2, device=None, num_thresholds=None, score_range=None,
                mantissa_bits=None, grid=None, resume=False, save_every=20, progress=True, figures=True,
-               skip_bad=False, fit_set=None, checkpoint=None, feature_layer=None, verify=True):
+               skip_bad=False, fit_set=None, checkpoint=None, feature_layer=None, verify=True, family="segood",
+               standard_size="fixed", reference=None):
     """Evaluate ``methods`` of ``model`` on ``sets`` clean and under ``corruptions`` (default: all of the severity
     table) at ``severities``; writes ``out_dir`` (results.json, results.md, figures/) and returns the results
     document. Arguments as :func:`segood.evaluate`; ``seed`` seeds the corruptions (per frame, corruption and
-    severity); ``requirements``: type-approval requirements (a YAML path, or parsed ones) checked at the end."""
+    severity); ``requirements``: type-approval requirements (a YAML path, or parsed ones) checked at the end.
+    ``family``: the corruptions by default, "segood" (segood's own), "standard" (the 15 of ImageNet-C /
+    Cityscapes-C, ``c:NAME``) or "all"; ``standard_size``: "fixed" (the standard's pixel sizes) or "height"
+    (scaled to the frames' rows); ``reference``: a robustness run (folder or results.json) whose numbers the
+    summary's corruption errors (mCE) are relative to."""
     from segood.robustness.approval import load_requirements
+    from segood.robustness.standard import standard_scale
 
-    corruptions = list(corruptions or corruption_names())
+    corruptions = resolve_corruptions(corruptions, family)
+    standard_scale(1, standard_size)  # (checks it)
+    if reference is not None:
+        load_reference(reference)  # a bad reference fails before the run, not after it
     severities = sorted(set(severities))
-    for name in corruptions:
-        check_corruption(name)
     for level in severities:
         check_corruption(corruptions[0], level)
     if requirements is not None and not isinstance(requirements, list):
@@ -57,23 +65,27 @@ def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corrupti
                               checkpoint=checkpoint, feature_layer=feature_layer, verify=verify)
     model, sets, methods, description = prepare(model, sets, methods, options)
     description["config"]["robustness"] = {"corruptions": corruptions, "severities": severities, "seed": int(seed),
-                                           "levels": {c: severity_table()[c] for c in corruptions}}
+                                           "levels": {c: levels_table()[c] for c in corruptions}}
+    if any(family_of(c) == "standard" for c in corruptions):
+        description["config"]["robustness"]["standard_size"] = standard_size
     conditions = {}
     for set_name, path in sets.items():
         clean = H5SegmentationDataset(path, verify=verify)
         conditions[set_name] = clean
         for corruption in corruptions:
             for level in severities:
-                conditions[condition_name(set_name, corruption, level)] = _corrupted(clean, corruption, level, seed)
+                conditions[condition_name(set_name, corruption, level)] = _corrupted(clean, corruption, level, seed,
+                                                                                     standard_size)
     ev = execute(model, conditions, methods, out_dir, description, resume=resume, quality=True,
                  examples=(1, EXAMPLE_WIDTH), **options.run_options())
-    return None if ev is None else write_robustness_report(out_dir, figures=figures, requirements=requirements)
+    return None if ev is None else write_robustness_report(out_dir, figures=figures, requirements=requirements,
+                                                           reference=reference)
 
 
-def _corrupted(dataset, corruption, severity, seed):
+def _corrupted(dataset, corruption, severity, seed, standard_size):
     from segood.robustness.corruptions import CorruptedSet
 
-    return CorruptedSet(dataset, corruption, severity, seed=seed)
+    return CorruptedSet(dataset, corruption, severity, seed=seed, standard_size=standard_size)
 
 
 def is_robustness_run(out_dir):
@@ -151,15 +163,21 @@ def robustness_results(run, ev):
             "skipped_frames": ev.skipped}
 
 
-def write_robustness_report(out_dir, *, figures=True, requirements=None):
+def write_robustness_report(out_dir, *, figures=True, requirements=None, reference=None):
     """(Re)write results.json, results.md (and approval.md with ``requirements``) and the figures of a robustness
-    run from its saved state; returns the results document."""
+    run from its saved state; returns the results document. ``reference``: a robustness run (folder or
+    results.json) the summary's mCE is relative to; default: the one the run's last report named, if any."""
     from segood.io import atomic_write_text
     from segood.robustness.approval import approval_markdown, check_requirements, load_requirements
 
     folder = RunFolder(out_dir)
     ev = Evaluation.load(folder.state())
     doc = robustness_results(folder.read_run(), ev)
+    if reference is None and folder.results_json.exists():
+        reference = json.loads(folder.results_json.read_text()).get("reference_run")
+    if reference is not None:
+        doc["reference_run"] = str(reference)
+    doc["summary"] = summary(doc, None if reference is None else load_reference(reference))
     if requirements is not None:
         if not isinstance(requirements, list):
             requirements = load_requirements(requirements)
