@@ -309,9 +309,14 @@ def _robustness(args):
 
 
 def _approve(args):
-    from segood.robustness.suite import write_robustness_report
+    from segood.robustness.approval import load_requirements
+    from segood.robustness.suite import is_robustness_run, write_robustness_report
 
-    doc = write_robustness_report(args.run_dir, figures=False, requirements=args.requirements)
+    if not is_robustness_run(args.run_dir):
+        raise ValueError(f"{args.run_dir} is not a run of segood robustness (its run.json names no corruptions); "
+                         "approve checks robustness runs: run segood robustness first")
+    requirements = load_requirements(args.requirements)  # a refused file changes nothing in the run
+    doc = write_robustness_report(args.run_dir, figures=False, requirements=requirements)
     print((args.run_dir / "approval.md").read_text(), end="")
     return 0 if doc["approval"]["passed"] else 1
 
