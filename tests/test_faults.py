@@ -47,3 +47,65 @@ def test_a_tuning_set_without_ood_pixels_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match=r"tuning set 'id_only' .* has 128 ID and 0 OOD pixels"):
         cross_source(None, {"id_only": id_only}, {"test": test}, ["max_softmax"], tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def self_reported(tmp_path, edit=None):
+    """A benchmark of a tiny open set and a self-reported submission of a per-image state of it, the state
+    changed by ``edit(state)`` (its claims recomputed, so that only the counts can give it away). Returns the
+    board's rejected reasons."""
+    import io
+    import json
+    import zipfile
+
+    from segood.data.h5 import ood_masks, set_identity
+    from segood.leaderboard import leaderboard, make_benchmark
+    from segood.leaderboard.board import _values
+    from segood.metrics import accumulator_from_state, make_accumulator
+
+    path = tiny_set(tmp_path / "t.h5", frames=3, side=32)
+    make_benchmark({"open": {"sets": {"t": path}, "rank_by": "auroc"}}, tmp_path / "bench.json")
+    rng = np.random.default_rng(1)
+    acc = make_accumulator(per_image=True)
+    for _, mask in ood_masks(path):
+        acc.update((rng.random(mask.shape) + (mask == OOD)).astype(np.float32)[None], mask[None])
+    state = {k: np.array(v) for k, v in acc.state_dict().items()}
+    if edit:
+        edit(state)
+    tampered = accumulator_from_state(state)
+    result, values = _values(tampered)
+    claims = {**values, "n_id": result["n_id"], "n_ood": result["n_ood"], "n_ignored": int(tampered.n_ignored)}
+    doc = {"schema": "segood.submission/1", "method": {"name": "m", "params": {}}, "sets": {"t": {
+        "manifest_sha256": set_identity(path)["manifest_sha256"], "same_source_tuning": False, "claims": claims}}}
+    npz = io.BytesIO()
+    np.savez(npz, **state)
+    (tmp_path / "subs").mkdir()
+    with zipfile.ZipFile(tmp_path / "subs" / "s.zip", "w") as archive:
+        archive.writestr("submission.json", json.dumps(doc))
+        archive.writestr("states/t.npz", npz.getvalue())
+    return [r["reason"] for r in leaderboard(tmp_path / "subs", tmp_path / "bench.json", tmp_path / "board")["rejected"]]
+
+
+def move_mass(state):
+    """One ID pixel moved from the lowest occupied bin to the highest: the same totals, another curve."""
+    counts = state["counts"]
+    occupied = np.argwhere(counts[:, 0, :] > 0)
+    (b0, i0), (b1, i1) = occupied[0], occupied[-1]
+    counts[b0, 0, i0] -= 1
+    counts[b1, 0, i1] += 1
+
+
+def overfull_image(state):
+    """Image 0 given 7 more ID pixels than its 32 x 32 frame holds, taken from image 1: the same totals."""
+    counts, offsets = state["image_counts"], state["image_offsets"]
+    surplus = 1024 - int(counts[: offsets[1]].sum()) + 7
+    counts[0, 0] += surplus
+    first = offsets[1] + np.argmax(counts[offsets[1]: offsets[2], 0] >= surplus)
+    counts[first, 0] -= surplus
+
+
+def test_a_self_reported_state_must_add_up(tmp_path):
+    assert self_reported(tmp_path / "plain") == []
+    [reason] = self_reported(tmp_path / "moved", move_mass)
+    assert "the pooled histogram is not the sum of the per-image counts" in reason
+    [reason] = self_reported(tmp_path / "overfull", overfull_image)
+    assert "an image of 1031 pixels where at most 1024 fit" in reason

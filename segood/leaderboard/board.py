@@ -27,7 +27,7 @@ from segood.leaderboard.submission import validate
 from segood.metrics import (METRICS, UndefinedMetricWarning, accumulator_from_state, describe_grid, grid_spec,
                             make_accumulator)
 from segood.metrics.accumulator import OPTIONAL_STATE
-from segood.metrics.bootstrap import Bootstrap, shifted_metrics, tied_ranks
+from segood.metrics.bootstrap import Bootstrap, coarse_keys, shifted_metrics, tied_ranks
 
 BENCHMARK_SCHEMA = "segood.benchmark/1"
 TOLERANCE = 1e-6
@@ -225,7 +225,41 @@ def _self_reported(set_name, entry, files, official, grid):
         acc = accumulator_from_state(state)
     except (ValueError, KeyError, TypeError) as err:
         raise Rejected(f"set {set_name!r}: invalid accumulator state ({err})") from None
+    _check_images(set_name, acc, official)
     return _check(set_name, acc, entry["claims"], official["pixels"]), acc.images
+
+
+def _check_images(set_name, acc, official):
+    """A state's per-image counts (where it has them) must be those of the set's frames: one image per frame,
+    each image's pixels fitting a frame (images may come in another order, so the largest images are matched to
+    the largest frames), and their sum, bin by coarse bin, the pooled histogram's."""
+    images = acc.images
+    if not len(images):
+        return
+    sizes = official.get("frame_sizes") or [official["size"]] * len(official["frame_ids"])
+    if len(images) != len(sizes):
+        raise Rejected(f"set {set_name!r}: the state holds counts of {len(images)} images; the set has "
+                       f"{len(sizes)} frames")
+    pixels = sorted((int(c.sum()) for c in images.counts), reverse=True)
+    room = sorted((h * w for h, w in sizes), reverse=True)
+    over = next((k for k, (n, r) in enumerate(zip(pixels, room)) if n > r), None)
+    if over is not None:
+        raise Rejected(f"set {set_name!r}: the state's images hold more pixels than the set's frames (an image of "
+                       f"{pixels[over]} pixels where at most {room[over]} fit)")
+    thresholds, hist = acc.curve_counts()
+    pooled = _by_key(coarse_keys(thresholds), np.asarray(hist, np.int64).T)
+    summed = _by_key(np.concatenate(images.keys).astype(np.int64), np.concatenate(images.counts))
+    if pooled != summed:
+        raise Rejected(f"set {set_name!r}: the pooled histogram is not the sum of the per-image counts (pixels "
+                       "moved between bins?); submit the state as segood wrote it")
+
+
+def _by_key(keys, counts):
+    """{key: (ID, OOD)} of (n,) keys and (n, 2) counts, summed per key, empty bins left out."""
+    unique, inverse = np.unique(keys, return_inverse=True)
+    sums = np.zeros((unique.size, 2), np.int64)
+    np.add.at(sums, inverse, counts)
+    return {int(k): (int(a), int(b)) for k, (a, b) in zip(unique, sums) if a or b}
 
 
 def _verified(set_name, files, official, grid, masks):
