@@ -225,8 +225,9 @@ def _self_reported(set_name, entry, files, official, grid):
         acc = accumulator_from_state(state)
     except (ValueError, KeyError, TypeError) as err:
         raise Rejected(f"set {set_name!r}: invalid accumulator state ({err})") from None
+    values = _check(set_name, acc, entry["claims"], official["pixels"])
     _check_images(set_name, acc, official)
-    return _check(set_name, acc, entry["claims"], official["pixels"]), acc.images
+    return values, acc.images
 
 
 def _check_images(set_name, acc, official):
