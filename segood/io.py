@@ -28,6 +28,33 @@ def atomic_output(path):
         raise
 
 
+@contextmanager
+def exclusive(path, what="writer"):
+    """Hold an exclusive lock on ``path`` (a lock file ``.<name>.lock`` beside it) for the block; raises
+    FileExistsError naming the file when another ``what`` holds it. The lock dies with its process (flock), so a
+    killed writer never leaves ``path`` locked."""
+    import fcntl
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = path.with_name(f".{path.name}.lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(fd).st_ino != os.stat(lock).st_ino:  # removed by the holder that just finished
+                raise BlockingIOError
+        except (BlockingIOError, FileNotFoundError):
+            raise FileExistsError(f"another {what} is writing {path} right now; wait for it to finish, or write "
+                                  "elsewhere") from None
+        try:
+            yield
+        finally:
+            lock.unlink(missing_ok=True)
+    finally:
+        os.close(fd)
+
+
 def atomic_write_bytes(path, data):
     """Write ``data`` to ``path`` atomically (temporary file in the same folder, then a rename)."""
     with atomic_output(path) as tmp, open(tmp, "wb") as f:

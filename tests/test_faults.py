@@ -109,3 +109,119 @@ def test_a_self_reported_state_must_add_up(tmp_path):
     assert "the pooled histogram is not the sum of the per-image counts" in reason
     [reason] = self_reported(tmp_path / "overfull", overfull_image)
     assert "an image of 1031 pixels where at most 1024 fit" in reason
+
+
+def maps_only_submission(tmp_path):
+    """(a tiny set, a segood score file of it) for maps-only submissions."""
+    from segood.data.h5 import frame_ids, frame_sizes
+    from segood.leaderboard.maps import write_maps
+
+    path = tiny_set(tmp_path / "t.h5")
+    ids = frame_ids(path)
+    write_maps({f: np.full(size, 0.5, np.float32) for f, size in zip(ids, frame_sizes(path))}, ids,
+               tmp_path / "maps.h5")
+    return path, tmp_path / "maps.h5"
+
+
+def test_a_full_disk_during_submit_leaves_the_previous_zip(tmp_path, monkeypatch):
+    import errno
+    import zipfile
+
+    from segood.leaderboard import submit
+
+    data, maps = maps_only_submission(tmp_path)
+    out = tmp_path / "subs" / "s.zip"
+    submit(None, out, name="first", score_maps={"t": maps}, data={"t": data})
+    before = out.read_bytes()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(zipfile.ZipFile, "writestr", full)
+    with pytest.raises(OSError, match=f"cannot write {out} .*the previous zip is unchanged"):
+        submit(None, out, name="second", score_maps={"t": maps}, data={"t": data})
+    assert out.read_bytes() == before and sorted(p.name for p in out.parent.iterdir()) == ["s.zip"]
+
+
+def test_two_submits_into_one_zip_exactly_one_writes(tmp_path, monkeypatch):
+    import threading
+    import zipfile
+
+    from segood.leaderboard import submission, submit
+
+    data, maps = maps_only_submission(tmp_path)
+    out = tmp_path / "s.zip"
+    inside, release, add = threading.Event(), threading.Event(), submission._add_float16_maps
+
+    def slow(*args):  # the first submit waits mid-write until the second has tried
+        inside.set()
+        release.wait(30)
+        return add(*args)
+
+    monkeypatch.setattr(submission, "_add_float16_maps", slow)
+    first = threading.Thread(target=submit, args=(None, out), kwargs={"name": "first", "score_maps": {"t": maps}})
+    first.start()
+    assert inside.wait(30)
+    monkeypatch.setattr(submission, "_add_float16_maps", add)
+    try:
+        with pytest.raises(FileExistsError, match=f"another segood submit is writing {out}"):
+            submit(None, out, name="second", score_maps={"t": maps})
+    finally:
+        release.set()
+        first.join()
+    with zipfile.ZipFile(out) as archive:
+        assert archive.testzip() is None and b'"first"' in archive.read("submission.json")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".s.zip")) == []
+
+
+def test_two_conversions_into_one_path_exactly_one_wins(tmp_path):
+    from segood.data.common import Sample
+    from segood.data.h5 import SetWriter, manifest_path, read_manifest
+    from segood.io import exclusive
+
+    sample = Sample(np.zeros((8, 8, 3), np.uint8), np.zeros((8, 8), np.uint8), np.zeros((8, 8), np.uint8), "f")
+    a, b = (SetWriter(tmp_path / "x.h5", (8, 8), {"source": s}) for s in "ab")
+    for writer in (a, b):
+        writer.append(sample)
+    a.commit()
+    with pytest.raises(FileExistsError, match="written by another conversion meanwhile"):
+        b.commit()
+    assert read_manifest(tmp_path / "x.h5")["source"] == "a"
+    assert '"source": "a"' in manifest_path(tmp_path / "x.h5").read_text()
+    c = SetWriter(tmp_path / "y.h5", (8, 8), {"source": "c"})
+    c.append(sample)
+    with exclusive(tmp_path / "y.h5", "conversion"), pytest.raises(FileExistsError, match="another conversion"):
+        c.commit()  # another conversion is committing y.h5 at this moment
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.h5", "x.manifest.json"]
+
+
+@pytest.mark.parametrize("where", ["before a map", "inside HDF5"])
+def test_a_full_disk_during_export_leaves_no_partial_file_and_the_old_maps(tmp_path, monkeypatch, where):
+    import errno
+
+    import h5py
+    import torch
+
+    from segood.evaluation import exchange
+    from segood.methods import get_method
+    from segood.models import build_model
+
+    data = tiny_set(tmp_path / "t.h5", side=32)
+    torch.manual_seed(0)
+    model = build_model("pspnet", "resnet18").eval()
+    written = exchange.export_scores(model, {"t": data}, [get_method("entropy")], tmp_path / "out", progress=False)
+    before = written[("entropy", "t")].read_bytes()
+    if where == "before a map":
+        class Full:
+            f_bavail, f_frsize = 10, 4096
+
+        monkeypatch.setattr(exchange.os, "statvfs", lambda path: Full)
+    else:
+        def full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(h5py.Group, "create_dataset", full)
+    with pytest.raises(OSError, match=f"cannot write {written[('entropy', 't')]} .*No space left"):
+        exchange.export_scores(model, {"t": data}, [get_method("entropy")], tmp_path / "out", progress=False)
+    assert written[("entropy", "t")].read_bytes() == before
+    assert sorted(p.name for p in (tmp_path / "out" / "entropy").iterdir()) == ["t.h5"]

@@ -9,7 +9,9 @@ In the two folder layouts ``<fid>`` is the last component of segood's frame id (
 Every missing, extra, unreadable or misshapen file is an error that names the frame and the path.
 """
 
-from contextlib import ExitStack
+import errno
+import os
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import h5py
@@ -140,20 +142,80 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
             files = {}
             if layout == "segood":
                 for m in methods:
-                    files[m.name] = stack.enter_context(h5py.File(stack.enter_context(atomic_output(targets[m.name])),
-                                                                  "w"))
+                    files[m.name] = stack.enter_context(_h5_output(targets[m.name]))
             loader = frame_loader(dataset, batch_size)
             for batch in tqdm(loader, desc=f"export {set_name}", unit="batch", disable=not progress):
                 scored = score_batch(model, preprocess(batch["image"].to(device)), methods)
                 for method, scores in zip(methods, scored.scores):
                     for frame_id, score in zip(batch["frame_id"], scores.float().cpu().numpy()):
                         if layout == "segood":
-                            files[method.name].create_dataset(frame_id, data=score, compression="gzip",
-                                                              compression_opts=1)
+                            with _naming(targets[method.name]):
+                                _check_room(targets[method.name], score.nbytes)
+                                files[method.name].create_dataset(frame_id, data=score, compression="gzip",
+                                                                  compression_opts=1)
                         else:
-                            _write_file(layout, targets[method.name] / f"{names[frame_id]}{_SUFFIX[layout]}", score)
+                            target = targets[method.name] / f"{names[frame_id]}{_SUFFIX[layout]}"
+                            with _naming(target):
+                                _check_room(target, score.nbytes)
+                                _write_file(layout, target, score)
         written.update({(m.name, set_name): targets[m.name] for m in methods})
     return written
+
+
+ROOM_MARGIN = 1 << 20  # bytes kept free beyond a map: what HDF5 needs to close a file cleanly
+
+
+def _check_room(path, nbytes):
+    """Refuse to start a write that the disk cannot hold: HDF5 that meets a full disk mid-write leaves a file it
+    cannot close (and may crash), so the room for ``nbytes`` (uncompressed, an upper bound) is checked first."""
+    folder = Path(path).parent
+    while not folder.exists():
+        folder = folder.parent
+    stats = os.statvfs(folder)
+    free = stats.f_bavail * stats.f_frsize
+    if free < nbytes + ROOM_MARGIN:
+        raise OSError(errno.ENOSPC, f"No space left on device: {free} bytes free, a map may take {nbytes}")
+
+
+@contextmanager
+def _naming(path):
+    """An OSError (a full disk) raised inside names ``path`` and says what to do."""
+    try:
+        yield
+    except OSError as err:
+        if str(path) in str(err):
+            raise
+        raise OSError(err.errno, f"cannot write {path} ({err.strerror or err}); free space (or choose another "
+                                 "--out) and rerun: nothing partial was left") from None
+
+
+@contextmanager
+def _h5_output(path):
+    """An HDF5 file written under a temporary name and renamed to ``path`` when the block completes; on any
+    failure the temporary file is emptied before HDF5 closes it (so a full disk cannot fail the close too) and
+    removed."""
+    from segood.io import atomic_output
+
+    with atomic_output(path) as tmp:
+        f = h5py.File(tmp, "w")
+        try:
+            yield f
+            with _naming(path):
+                f.close()
+        except BaseException:
+            _discard(f, tmp)
+            raise
+
+
+def _discard(f, tmp):
+    try:
+        os.truncate(tmp, 0)  # frees the room HDF5 needs to close the file
+    except OSError:
+        pass
+    try:
+        f.close()
+    except Exception:  # noqa: BLE001 - the file is removed either way
+        pass
 
 
 def _target(out_dir, layout, method, set_name):
@@ -168,13 +230,12 @@ def _write_file(layout, path, score):
     """One frame's file of a folder layout, written atomically."""
     from segood.io import atomic_output
 
-    with atomic_output(path) as tmp:
-        if layout == "smiyc":
-            with h5py.File(tmp, "w") as f:
-                f.create_dataset("value", data=score.astype(np.float16), compression="gzip", compression_opts=9)
-        else:
-            with open(tmp, "wb") as f:
-                np.save(f, score.astype(np.float32), allow_pickle=False)
+    if layout == "smiyc":
+        with _h5_output(path) as f:
+            f.create_dataset("value", data=score.astype(np.float16), compression="gzip", compression_opts=9)
+        return
+    with atomic_output(path) as tmp, open(tmp, "wb") as f:
+        np.save(f, score.astype(np.float32), allow_pickle=False)
 
 
 def _some(names):
