@@ -225,3 +225,19 @@ def test_a_full_disk_during_export_leaves_no_partial_file_and_the_old_maps(tmp_p
         exchange.export_scores(model, {"t": data}, [get_method("entropy")], tmp_path / "out", progress=False)
     assert written[("entropy", "t")].read_bytes() == before
     assert sorted(p.name for p in (tmp_path / "out" / "entropy").iterdir()) == ["t.h5"]
+
+
+def test_a_state_header_declaring_more_than_it_holds_is_refused_before_allocation():
+    import io
+    import zipfile
+
+    from segood.leaderboard.safe import Rejected, load_npz
+
+    array = io.BytesIO()
+    np.lib.format.write_array_header_1_0(array, {"descr": "<i8", "fortran_order": False, "shape": (1 << 37,)})
+    array.write(bytes(64))
+    npz = io.BytesIO()
+    with zipfile.ZipFile(npz, "w") as archive:
+        archive.writestr("counts.npy", array.getvalue())
+    with pytest.raises(Rejected, match=f"'counts' declares {1 << 40} bytes in its header"):
+        load_npz(npz.getvalue(), ("counts",))

@@ -375,3 +375,14 @@ def test_verified_entries_get_intervals_and_share_ranks_only_when_not_significan
         lo, hi = entry["interval"]
         assert lo <= entry["score"] <= hi
     assert "image-level bootstrap interval" in (tmp_path / "board" / "leaderboard.md").read_text()
+
+
+def test_the_same_zip_under_two_names_is_ranked_once(world, tmp_path):
+    root = world[0]
+    (tmp_path / "subs").mkdir()
+    for name in ("a.zip", "b.zip"):
+        shutil.copy(root / "subs" / "entropy.zip", tmp_path / "subs" / name)
+    board = leaderboard(tmp_path / "subs", root / "bench" / "bench.json", tmp_path / "board")
+    assert [e["file"] for e in board["tracks"]["private"]["entries"]] == ["a.zip"]
+    [rejected] = board["rejected"]
+    assert rejected["file"] == "b.zip" and rejected["reason"].startswith("the same submission as a.zip")

@@ -392,15 +392,19 @@ def leaderboard(submissions_dir, benchmark_path, out_dir, limits=Limits(), boots
                          "with segood benchmark")
     _check_official_sets(benchmark)
     tracks = {track: [] for track in benchmark["tracks"]}
-    rejected, masks = [], {}
+    rejected, masks, seen = [], {}, {}  # seen: {content hash: the file first judged with it}
     with _work_folder(Path(work or out_dir)) as spill:
         for path in sorted(Path(submissions_dir).iterdir()):
             if path.resolve() == Path(out_dir).resolve() or path.name.startswith(".judge-"):
                 continue  # the board's own folder, were it put among the submissions
             rows, reason = judge(path, benchmark, limits, masks, spill)
+            digest = next(iter(rows.values()))["sha256"] if rows else None
+            if digest in seen:
+                reason = f"the same submission as {seen[digest]} (sha256 {digest}); an entry is ranked once"
             if reason:
                 rejected.append({"file": shown(path.name), "reason": reason})
                 continue
+            seen[digest] = shown(path.name)
             for track, row in rows.items():
                 tracks[track].append(row)
     for track, rows in tracks.items():

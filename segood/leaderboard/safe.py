@@ -225,11 +225,25 @@ def load_npz(data, keys, max_bytes=16 << 20, optional=()):
             for name, info in names.items():
                 if info.file_size > max_bytes:
                     raise Rejected(f"accumulator state array {name!r} has {info.file_size} bytes, over {max_bytes}")
+                declared = _declared_bytes(archive, info)  # what np.load would allocate, before it does
+                if declared > info.file_size:
+                    raise Rejected(f"accumulator state array {name!r} declares {declared} bytes in its header but "
+                                   f"holds {info.file_size}; submit the state as segood wrote it")
         with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
             return {key: arrays[key] for key in arrays.files}
     except ValueError as err:
         if "pickle" in str(err):
             raise Rejected("an accumulator state holds pickled objects; states hold plain arrays only") from None
         raise Rejected(f"an accumulator state holds a malformed array ({err})") from None
-    except (OSError, EOFError, zipfile.BadZipFile) as err:
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError, RuntimeError) as err:
         raise Rejected(f"an accumulator state is not a readable npz file ({err})") from None
+
+
+def _declared_bytes(archive, info):
+    """The bytes an npz member's .npy header declares (shape × item size)."""
+    with archive.open(info) as member:
+        version = np.lib.format.read_magic(member)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+            np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(member)
+    return int(np.prod(shape, dtype=object)) * dtype.itemsize
