@@ -241,3 +241,39 @@ def test_a_state_header_declaring_more_than_it_holds_is_refused_before_allocatio
         archive.writestr("counts.npy", array.getvalue())
     with pytest.raises(Rejected, match=f"'counts' declares {1 << 40} bytes in its header"):
         load_npz(npz.getvalue(), ("counts",))
+
+
+def test_folder_score_files_with_a_group_or_a_lying_header_are_named(tmp_path):
+    import h5py
+
+    from segood.evaluation.exchange import ScoreMaps
+
+    ids = ["f/0", "f/1"]
+    (tmp_path / "smiyc").mkdir()
+    for k in range(2):
+        with h5py.File(tmp_path / "smiyc" / f"{k}.hdf5", "w") as f:
+            if k:
+                f.create_group("value")
+            else:
+                f["value"] = np.zeros((4, 4), np.float16)
+    with ScoreMaps(tmp_path / "smiyc", ids) as maps:
+        assert maps["f/0"].shape == (4, 4)
+        with pytest.raises(ValueError, match=r"frame f/1: .*1.hdf5 .*its 'value' is a group"):
+            maps["f/1"]
+    (tmp_path / "fishy").mkdir()
+    for k in range(2):
+        with open(tmp_path / "fishy" / f"{k}_anomaly.npy", "wb") as f:
+            shape = (1 << 20, 1 << 20) if k else (4, 4)
+            np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": shape})
+            f.write(bytes(64))
+    with ScoreMaps(tmp_path / "fishy", ids) as maps:
+        with pytest.raises(ValueError, match=r"frame f/1: .*declares a 1048576×1048576 float32 array"):
+            maps["f/1"]
+
+
+def test_a_score_just_outside_the_range_is_shown_as_it_is():
+    from segood.metrics import PixelOODAccumulator
+
+    scores = np.array([[[0.25, 1.0000001]]], np.float32)
+    with pytest.raises(ValueError, match=r"min 0\.25, max 1\.0000001\d*\)"):
+        PixelOODAccumulator(10).update(scores, np.zeros((1, 1, 2), np.uint8))

@@ -90,15 +90,22 @@ class ScoreMaps:
 
     def __getitem__(self, frame_id):
         if self.layout == "segood":
-            score = self.file[frame_id][...]
+            node = self.file[frame_id]
+            if node.ndim != 2:
+                raise ValueError(f"frame {frame_id}: the scores in {self.path} have shape {node.shape}, not (H, W)")
+            score = node[...]
         else:
             path = self.path / f"{self.names[frame_id]}{_SUFFIX[self.layout]}"
             try:
                 if self.layout == "smiyc":
                     with h5py.File(path, "r") as f:
-                        score = f["value"][...]
+                        value = f.get("value")
+                        if not isinstance(value, h5py.Dataset) or value.ndim != 2:
+                            raise ValueError(f"its 'value' is {_what(value)}; SegmentMeIfYouCan files hold the "
+                                             "H×W scores in a dataset 'value'")
+                        score = value[...]
                 else:
-                    score = np.load(path, allow_pickle=False)
+                    score = _load_npy(path)
             except (OSError, KeyError, ValueError, EOFError) as err:
                 raise ValueError(f"frame {frame_id}: {path} is not a readable {self.layout} score file "
                                  f"({type(err).__name__}: {str(err)[:200]})") from None
@@ -107,7 +114,7 @@ class ScoreMaps:
         return score.astype(score.dtype.newbyteorder("="), copy=False)  # big-endian files too
 
     def close(self):
-        if self.file is not None:
+        if getattr(self, "file", None) is not None:
             self.file.close()
 
     def __enter__(self):
@@ -160,6 +167,31 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
                                 _write_file(layout, target, score)
         written.update({(m.name, set_name): targets[m.name] for m in methods})
     return written
+
+
+def _what(node):
+    if node is None:
+        return "missing"
+    if isinstance(node, h5py.Dataset):
+        return f"a dataset of shape {node.shape}"
+    return f"a {type(node).__name__.lower()}"
+
+
+def _load_npy(path):
+    """An H×W array of an .npy file, its header checked first: two dimensions, and no more bytes declared than
+    the file holds (so that nothing is allocated for a header's claims)."""
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+            np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(f)
+        if len(shape) != 2:
+            raise ValueError(f"its array has shape {shape}, not (H, W)")
+        declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        if declared > os.fstat(f.fileno()).st_size - f.tell():
+            raise ValueError(f"its header declares a {shape[0]}×{shape[1]} {dtype} array ({declared} bytes), more "
+                             "than the file holds: truncated or not written by numpy")
+    return np.load(path, allow_pickle=False)
 
 
 ROOM_MARGIN = 1 << 20  # bytes kept free beyond a map: what HDF5 needs to close a file cleanly
