@@ -381,7 +381,7 @@ def _benchmark(args):
 def _leaderboard(args):
     from segood.leaderboard import leaderboard
 
-    doc = leaderboard(args.submissions, args.benchmark, args.out)
+    doc = leaderboard(args.submissions, args.benchmark, args.out, work=args.work)
     accepted = sum(len(t["entries"]) for t in doc["tracks"].values())
     print((args.out / "leaderboard.md").read_text(), end="")
     print(f"\n{accepted} entries, {len(doc['rejected'])} rejected; wrote {args.out}/index.html")
@@ -691,6 +691,8 @@ def build_parser():
     board.add_argument("submissions", type=Path, help="folder of submission zips (or folders)")
     board.add_argument("--benchmark", type=Path, required=True, help="BENCH.json (segood benchmark)")
     board.add_argument("--out", type=Path, required=True, help="folder for leaderboard.md/.json and index.html")
+    board.add_argument("--work", type=Path, help="folder to copy submitted score maps into while judging (default "
+                                                 "--out; emptied on every exit)")
     board.set_defaults(run=_leaderboard)
     return parser
 

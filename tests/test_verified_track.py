@@ -4,6 +4,7 @@ wrong map file rejected with its reason."""
 import json
 import shutil
 import zipfile
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -386,3 +387,39 @@ def test_the_same_zip_under_two_names_is_ranked_once(world, tmp_path):
     assert [e["file"] for e in board["tracks"]["private"]["entries"]] == ["a.zip"]
     [rejected] = board["rejected"]
     assert rejected["file"] == "b.zip" and rejected["reason"].startswith("the same submission as a.zip")
+
+
+def test_a_board_stopped_by_sigterm_leaves_no_copies_and_no_board(world, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    root = world[0]
+    marker = tmp_path / "judging"
+    child = """
+import pathlib, sys, time
+from segood.leaderboard import leaderboard, safe
+spill = safe._spill
+def slow(*args):
+    path = spill(*args)
+    pathlib.Path(sys.argv[4]).write_text(str(path))
+    time.sleep(120)
+safe._spill = slow
+leaderboard(sys.argv[1], sys.argv[2], sys.argv[3])
+"""
+    process = subprocess.Popen([sys.executable, "-c", child, str(root / "subs"), str(root / "bench" / "bench.json"),
+                                str(tmp_path / "board"), str(marker)])
+    try:
+        for _ in range(600):
+            if marker.exists() and marker.read_text():
+                break
+            process.poll()
+            assert process.returncode is None
+            subprocess.run(["sleep", "0.1"])
+        copied = Path(marker.read_text())
+        assert copied.exists() and (tmp_path / "board") in copied.parents
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) != 0
+    finally:
+        process.kill()
+    assert list((tmp_path / "board").iterdir()) == []
