@@ -277,3 +277,26 @@ def test_a_score_just_outside_the_range_is_shown_as_it_is():
     scores = np.array([[[0.25, 1.0000001]]], np.float32)
     with pytest.raises(ValueError, match=r"min 0\.25, max 1\.0000001\d*\)"):
         PixelOODAccumulator(10).update(scores, np.zeros((1, 1, 2), np.uint8))
+
+
+def test_a_run_that_failed_before_saving_anything_leaves_no_run_behind(tmp_path, monkeypatch):
+    import torch
+
+    from segood.evaluation import api, evaluate
+    from segood.models import build_model
+
+    data = tiny_set(tmp_path / "t.h5", side=32)
+    torch.manual_seed(0)
+    model = build_model("pspnet", "resnet18").eval()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    run = api.run
+    monkeypatch.setattr(api, "run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(model, [data], ["entropy"], tmp_path / "run", progress=False, figures=False)
+    assert not (tmp_path / "run" / "run.json").exists()
+    monkeypatch.setattr(api, "run", run)
+    doc = evaluate(model, [data], ["max_softmax"], tmp_path / "run", progress=False, figures=False)  # not refused
+    assert list(doc["results"]) == ["max_softmax"]
