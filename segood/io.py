@@ -1,5 +1,6 @@
 """Small file helpers: writes are atomic, so a run that dies never leaves a half-written file."""
 
+import errno
 import io
 import json
 import os
@@ -14,18 +15,33 @@ from pathlib import Path
 def atomic_output(path):
     """Yield a temporary path beside ``path``; it replaces ``path`` only when the block completes."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    with _naming_full_disk(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
     try:
-        yield tmp
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would surprise whoever shares the run folder
-        os.replace(tmp, path)
+        with _naming_full_disk(path):
+            yield tmp
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would surprise whoever shares the run folder
+            os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def _naming_full_disk(path):
+    """A full disk (ENOSPC, EDQUOT) met inside names ``path``, which the system's message does not."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT) or str(path) in str(err):
+            raise
+        raise OSError(err.errno, f"cannot write {path} ({err.strerror or err}); free space and rerun: "
+                                 f"{'the previous file is unchanged' if path.exists() else 'nothing was left'}") \
+            from None
 
 
 @contextmanager

@@ -300,3 +300,16 @@ def test_a_run_that_failed_before_saving_anything_leaves_no_run_behind(tmp_path,
     monkeypatch.setattr(api, "run", run)
     doc = evaluate(model, [data], ["max_softmax"], tmp_path / "run", progress=False, figures=False)  # not refused
     assert list(doc["results"]) == ["max_softmax"]
+
+
+def test_a_full_disk_names_the_file_it_could_not_write(tmp_path):
+    import errno
+
+    from segood.io import atomic_output, write_json
+
+    write_json(tmp_path / "results.json", {"a": 1})
+    with pytest.raises(OSError, match=f"cannot write {tmp_path / 'results.json'} .*the previous file is unchanged"):
+        with atomic_output(tmp_path / "results.json"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert (tmp_path / "results.json").read_text() == '{\n  "a": 1\n}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
