@@ -82,7 +82,8 @@ def self_reported(tmp_path, edit=None):
     with zipfile.ZipFile(tmp_path / "subs" / "s.zip", "w") as archive:
         archive.writestr("submission.json", json.dumps(doc))
         archive.writestr("states/t.npz", npz.getvalue())
-    return [r["reason"] for r in leaderboard(tmp_path / "subs", tmp_path / "bench.json", tmp_path / "board")["rejected"]]
+    board = leaderboard(tmp_path / "subs", tmp_path / "bench.json", tmp_path / "board")
+    return [r["reason"] for r in board["rejected"]]
 
 
 def move_mass(state):

@@ -122,7 +122,7 @@ BAD_MAPS = {
                                                  compression="gzip"), "larger than the 64×64 frame"),
     "damaged gzip chunk": (lambda f, fr: (replace(f, fr[0], chunks=(64, 64), compression="gzip"),
                                           f[fr[0]].id.write_direct_chunk((0, 0), b"not deflate data" * 8)),
-                           f"frame {{}}: its stored scores cannot be read"),
+                           "frame {}: its stored scores cannot be read"),
     "hard links": (lambda f, fr: [f.__setitem__(f"again_{k}", f[fr[0]]) for k in range(50)], "more than the"),
 }
 

@@ -130,7 +130,6 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
     (float16, dataset ``value``); ``fishyscapes``: ``out_dir/<method>/<set>/<fid>_anomaly.npy`` (float32).
     Every file is written atomically. Returns {(method, set): path written}."""
     from segood.data.h5 import H5SegmentationDataset, frame_ids, frame_loader
-    from segood.io import atomic_output
     from segood.methods.schedule import check_methods, score_batch
     from segood.models.network import preprocess
 

@@ -1,6 +1,7 @@
 """Judging a folder of submissions against a benchmark: recompute, never believe; one bad file never stops
 the board. Outputs leaderboard.md, leaderboard.json and a self-contained index.html."""
 
+import errno
 import hashlib
 import html
 import json
@@ -11,8 +12,8 @@ import signal
 import tempfile
 import threading
 import unicodedata
-from contextlib import contextmanager
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -107,15 +108,12 @@ def judge(path, benchmark, limits=Limits(), masks=None, spill=None):
         except Exception as err:  # a board must survive whatever a stranger uploads
             if _out_of_room(err):
                 raise MaintainerError(f"cannot judge {Path(path).name}: the maintainer's machine ran out of room "
-                                      f"({type(err).__name__}: {err}); free space under {folder} (or memory) and "
-                                      "rerun") from err
+                                      f"({type(err).__name__}: {err}); free space under {folder} and rerun") from err
             return None, shown(f"unreadable submission ({type(err).__name__}: {_no_paths(err, folder)})")
 
 
 def _out_of_room(err):
     """Whether an error says the maintainer's machine ran out of room, not that a file is bad."""
-    import errno
-
     return isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -163,8 +161,6 @@ def _judge(path, benchmark, limits, masks, spill):
     return rows
 
 
-
-
 def _wanted_maps(files, benchmark, limits):
     """The score-map members a submission may hold, read from its submission.json before any map is copied:
     those of the benchmark's sets it submits maps for. Raises :class:`Rejected` for anything else."""
@@ -179,6 +175,7 @@ def _wanted_maps(files, benchmark, limits):
     validate(doc)
     matches = {track: match_sets(doc, spec, track) for track, spec in benchmark["tracks"].items()}
     return {map_member(s) for match in matches.values() for s in match.values() if "scores" in doc["sets"][s]}
+
 
 def match_sets(doc, spec, track):
     """{benchmark set name: the name the submission gives it}, matched by content: a submission's set is the

@@ -4,7 +4,8 @@ A submission's ``scores/<set>.h5`` holds one float16 H×W dataset per frame id o
 ``segood`` layout of :mod:`segood.evaluation.exchange`, in float16). Before any score is read the file's
 structure is checked: hard links only (no soft or external links), no virtual datasets or external storage,
 filters gzip / lzf / none, exactly the benchmark's frame ids, each of its frame's shape and float16, in chunks and
-storage of at most about one frame. Memory stays bounded by one frame; NaN scores are refused. Nothing here imports torch.
+storage of at most about one frame. Memory stays bounded by one frame; NaN scores are refused. Nothing here imports
+torch.
 """
 
 import h5py
