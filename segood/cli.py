@@ -123,7 +123,8 @@ def _model(args):
 def _protocol(args):
     from segood.evaluation.protocol import cross_source
 
-    doc = cross_source(_model(args), {p.stem: p for p in args.tune_sets}, {p.stem: p for p in args.test_sets},
+    tune, test = sets_by_stem(args.tune_sets, "--tune-sets"), sets_by_stem(args.test_sets, "--test-sets")
+    doc = cross_source(_model(args), tune, test,
                        args.methods, args.out, rule=args.rule, metric=args.metric, batch_size=args.batch_size,
                        device=args.device, fit_set=args.fit_set, resume=args.resume, progress=not args.quiet)
     print((args.out / "protocol.md").read_text(), end="")
@@ -136,6 +137,7 @@ def _export(args):
     from segood.evaluation.exchange import export_scores
     from segood.methods import get_method
 
+    sets = sets_by_stem(args.sets, "--sets")
     model = _model(args)
     methods = [get_method(name) for name in args.methods]
     for method in methods:
@@ -143,7 +145,7 @@ def _export(args):
             if not args.fit_set:
                 raise ValueError(f"{method.name} needs its training statistics: pass --fit-set")
             method.fit(model, frame_loader(H5SegmentationDataset(args.fit_set), 2), progress=not args.quiet)
-    written = export_scores(model, {p.stem: p for p in args.sets}, methods, args.out, layout=args.layout,
+    written = export_scores(model, sets, methods, args.out, layout=args.layout,
                             batch_size=args.batch_size, device=args.device, progress=not args.quiet)
     for (method, set_name), path in written.items():
         print(f"{method} on {set_name}: {path}")
@@ -305,9 +307,14 @@ def _robustness(args):
 
 
 def _approve(args):
-    from segood.robustness.suite import write_robustness_report
+    from segood.robustness.approval import load_requirements
+    from segood.robustness.suite import is_robustness_run, write_robustness_report
 
-    doc = write_robustness_report(args.run_dir, figures=False, requirements=args.requirements)
+    if not is_robustness_run(args.run_dir):
+        raise ValueError(f"{args.run_dir} is not a run of segood robustness (its run.json names no corruptions); "
+                         "approve checks robustness runs: run segood robustness first")
+    requirements = load_requirements(args.requirements)  # a refused file changes nothing in the run
+    doc = write_robustness_report(args.run_dir, figures=False, requirements=requirements)
     print((args.run_dir / "approval.md").read_text(), end="")
     return 0 if doc["approval"]["passed"] else 1
 
@@ -360,7 +367,7 @@ def _benchmark(args):
 
     from segood.metrics import grid_spec
 
-    sets = {p.stem: p for p in args.sets}
+    sets = sets_by_stem(args.sets, "--sets")
     make_benchmark({args.track: {"sets": sets, "rank_by": args.rank_by, "private": args.private or [],
                                  "verified_only": args.verified_only}}, args.out,
                    grid=grid_spec(args.num_thresholds, None, args.mantissa_bits, kind=args.grid))
@@ -371,11 +378,23 @@ def _benchmark(args):
 def _leaderboard(args):
     from segood.leaderboard import leaderboard
 
-    doc = leaderboard(args.submissions, args.benchmark, args.out)
+    doc = leaderboard(args.submissions, args.benchmark, args.out, work=args.work)
     accepted = sum(len(t["entries"]) for t in doc["tracks"].values())
     print((args.out / "leaderboard.md").read_text(), end="")
     print(f"\n{accepted} entries, {len(doc['rejected'])} rejected; wrote {args.out}/index.html")
     return 0
+
+
+def sets_by_stem(paths, option):
+    """{file stem: path} of the sets given to ``option``; sets are named by their stems, so two that share one
+    are refused (one would silently replace the other)."""
+    sets = {}
+    for path in paths:
+        if path.stem in sets:
+            raise ValueError(f"{option}: {sets[path.stem]} and {path} share the name {path.stem!r} (sets are named by "
+                             "their file stems); copy or link one under another name")
+        sets[path.stem] = path
+    return sets
 
 
 def set_and_path(text):
@@ -696,6 +715,8 @@ def build_parser():
     board.add_argument("submissions", type=Path, help="folder of submission zips (or folders)")
     board.add_argument("--benchmark", type=Path, required=True, help="BENCH.json (segood benchmark)")
     board.add_argument("--out", type=Path, required=True, help="folder for leaderboard.md/.json and index.html")
+    board.add_argument("--work", type=Path, help="folder to copy submitted score maps into while judging (default "
+                                                 "--out; emptied on every exit)")
     board.set_defaults(run=_leaderboard)
     return parser
 

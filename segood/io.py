@@ -1,5 +1,6 @@
 """Small file helpers: writes are atomic, so a run that dies never leaves a half-written file."""
 
+import errno
 import io
 import json
 import os
@@ -14,18 +15,60 @@ from pathlib import Path
 def atomic_output(path):
     """Yield a temporary path beside ``path``; it replaces ``path`` only when the block completes."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    with _naming_full_disk(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
     try:
-        yield tmp
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would surprise whoever shares the run folder
-        os.replace(tmp, path)
+        with _naming_full_disk(path):
+            yield tmp
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would surprise whoever shares the run folder
+            os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def _naming_full_disk(path):
+    """A full disk (ENOSPC, EDQUOT) met inside names ``path``, which the system's message does not."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT) or str(path) in str(err):
+            raise
+        raise OSError(err.errno, f"cannot write {path} ({err.strerror or err}); free space and rerun: "
+                                 f"{'the previous file is unchanged' if path.exists() else 'nothing was left'}") \
+            from None
+
+
+@contextmanager
+def exclusive(path, what="writer"):
+    """Hold an exclusive lock on ``path`` (a lock file ``.<name>.lock`` beside it) for the block; raises
+    FileExistsError naming the file when another ``what`` holds it. The lock dies with its process (flock), so a
+    killed writer never leaves ``path`` locked."""
+    import fcntl
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = path.with_name(f".{path.name}.lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(fd).st_ino != os.stat(lock).st_ino:  # removed by the holder that just finished
+                raise BlockingIOError
+        except (BlockingIOError, FileNotFoundError):
+            raise FileExistsError(f"another {what} is writing {path} right now; wait for it to finish, or write "
+                                  "elsewhere") from None
+        try:
+            yield
+        finally:
+            lock.unlink(missing_ok=True)
+    finally:
+        os.close(fd)
 
 
 def atomic_write_bytes(path, data):

@@ -81,3 +81,50 @@ def test_names_the_run_lacks_are_errors():
     with pytest.raises(ValueError, match=r"the run has no methods \['odin'\]"):
         check_requirements(RESULT, parse_requirements({"requirements": [{"require": "auroc >= 0.5",
                                                                          "methods": ["odin"]}]}))
+
+
+ALIAS_BOMB = "\n".join(["a0: &a0 [x, x, x, x, x, x, x, x, x, x]",
+                        *(f"a{k}: &a{k} [{', '.join([f'*a{k - 1}'] * 10)}]" for k in range(1, 7)),
+                        "requirements:", "  - require: auroc >= 0.9", "    name: *a6"]) + "\n"
+
+HOSTILE = {
+    "alias bomb": (ALIAS_BOMB, "aliases expand to more than"),
+    "many aliases": ("a: &a x\nb: [" + ", ".join(["*a"] * 200) + "]\nrequirements: [{require: auroc >= 0.9}]\n",
+                     "more than 100 aliases"),
+    "a tag": ("requirements:\n  - require: !!python/name:os.system auroc >= 0.9\n", "without tags"),
+    "a core tag": ("requirements:\n  - require: !!str auroc >= 0.9\n", "without tags"),
+    "repeated key": ("requirements:\n  - require: auroc >= 0.9\n    require: auroc >= 0.1\n", "appear twice"),
+    "an infinite bound": ("requirements:\n  - require: auroc >= -1e999\n", "not a finite number"),
+    "a huge file": ("requirements:\n  - require: auroc >= 0.9\n" + "#" * (70 << 10) + "\n", "more than 65536 bytes"),
+    "a name that is a list": ("requirements:\n  - require: auroc >= 0.9\n    name: [a, b]\n", "name must be a text"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_requirement_files_are_refused_with_their_reason(tmp_path, case):
+    text, reason = HOSTILE[case]
+    path = tmp_path / "req.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=reason) as err:
+        load_requirements(path)
+    assert str(path) in str(err.value)
+
+
+def test_a_plain_requirement_file_still_reads(tmp_path):
+    path = tmp_path / "req.yaml"
+    path.write_text("limits: &strict {up_to_severity: 3}\nrequirements:\n  - require: auroc >= 0.9\n"
+                    "    up_to_severity: 3\n    name: 'AUROC, the seed criterion'\n")
+    [req] = load_requirements(path)
+    assert req["name"] == "AUROC, the seed criterion" and req["value"] == 0.9 and req["up_to_severity"] == 3
+
+
+def test_approve_refuses_a_run_that_is_not_a_robustness_run(tmp_path, capsys):
+    import json
+
+    from segood.cli import main
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.json").write_text(json.dumps({"config": {}}))
+    (tmp_path / "req.yaml").write_text("requirements:\n  - require: auroc >= 0.9\n")
+    assert main(["approve", str(tmp_path / "run"), str(tmp_path / "req.yaml")]) == 2
+    assert "is not a run of segood robustness" in capsys.readouterr().err

@@ -231,6 +231,13 @@ def test_targets_and_frames_are_checked(world):
         parse_targets(["energy=a.pt", "energy=b.pt"])
     with pytest.raises(ValueError, match="budget >= 1"):
         SearchConfig(budget=0)
+    with pytest.raises(ValueError, match="a/net.pt and b/net.pt share the name 'net'"):
+        parse_targets(["max_softmax=a/net.pt", "entropy=b/net.pt"])
+    assert parse_targets(["max_softmax=a/net.pt", "entropy=a/../a/net.pt"])[1][1].stem == "net"
+    bank = ood_only(demo_objects(SunLabelMap("sun"))[0], SunLabelMap("sun"))
+    for ratio in ((0.6, -0.1), (float("nan"), float("nan")), (0.6, 0.2), (0.1, float("inf"))):
+        with pytest.raises(ValueError, match="0 < LOW <= HIGH"):
+            SearchSpace(bank, lambda obj: obj.image, height_ratio=ratio)
     item = H5SegmentationDataset(world["root"] / "val.h5")[0]
     item["ood_mask"][:2] = OOD
     with pytest.raises(ValueError, match="clean ID frames"):

@@ -125,6 +125,18 @@ def test_report_files_figures_and_approval(whole):
     assert main(["approve", str(out), str(out.parent / "req.yaml")]) == 1
 
 
+def test_a_refused_requirement_file_changes_nothing_in_the_run(whole):
+    from test_approval import ALIAS_BOMB
+
+    out = whole[0]
+    main(["report", str(out)])
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    bomb = out.parent / "bomb.yaml"
+    bomb.write_text(ALIAS_BOMB)
+    assert main(["approve", str(out), str(bomb)]) == 2
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
 def test_resume_after_a_kill_equals_an_uninterrupted_run(sets, whole, tmp_path, monkeypatch):
     _, doc = whole
     net = model()

@@ -4,6 +4,7 @@ wrong map file rejected with its reason."""
 import json
 import shutil
 import zipfile
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -11,10 +12,11 @@ import pytest
 import torch
 
 from segood.cli import main
-from segood.data.h5 import H5SegmentationDataset, frame_ids
+from segood.data.h5 import H5SegmentationDataset, frame_ids, manifest_path
 from segood.evaluation import evaluate_score_maps
 from segood.evaluation.exchange import export_scores
 from segood.leaderboard import Limits, leaderboard, make_benchmark, submit
+from segood.leaderboard.safe import MaintainerError
 from segood.methods import get_method
 from segood.models import build_model
 
@@ -115,6 +117,13 @@ BAD_MAPS = {
                       "ExternalLink"),
     "soft link": (lambda f, fr: (f.__delitem__(fr[0]), f.__setitem__(fr[0], h5py.SoftLink("/" + fr[1]))), "SoftLink"),
     "virtual dataset": (virtual, "virtual"),
+    # one map in a chunk far larger than its frame: decompressing it would take 32 MiB for a 64×64 frame
+    "chunk over a frame": (lambda f, fr: replace(f, fr[0], maxshape=(None, None), chunks=(4096, 4096),
+                                                 compression="gzip"), "larger than the 64×64 frame"),
+    "damaged gzip chunk": (lambda f, fr: (replace(f, fr[0], chunks=(64, 64), compression="gzip"),
+                                          f[fr[0]].id.write_direct_chunk((0, 0), b"not deflate data" * 8)),
+                           "frame {}: its stored scores cannot be read"),
+    "hard links": (lambda f, fr: [f.__setitem__(f"again_{k}", f[fr[0]]) for k in range(50)], "more than the"),
 }
 
 
@@ -126,7 +135,151 @@ def test_every_bad_map_file_is_rejected_with_its_reason(world, tmp_path, case):
                       edit)
     board = leaderboard(tmp_path / "subs", root / "bench" / "bench.json", tmp_path / "board")
     assert board["tracks"]["private"]["entries"] == []
-    assert len(board["rejected"]) == 1 and reason in board["rejected"][0]["reason"], board["rejected"]
+    assert len(board["rejected"]) == 1 and reason.format(frame_ids(sets["perlin_mixed"])[0]) in \
+        board["rejected"][0]["reason"], board["rejected"]
+
+
+def test_big_endian_float16_maps_score_as_the_native_ones(world, tmp_path):
+    root, sets, maps = world
+    frames = frame_ids(sets["perlin_mixed"])
+
+    def big_endian(f, fr):
+        for frame_id in fr:
+            replace(f, frame_id, data=f[frame_id][...].astype(">f2"))
+
+    folder_submission(tmp_path / "subs" / "native", maps[("entropy", "perlin_mixed")], frames)
+    folder_submission(tmp_path / "subs" / "swapped", maps[("entropy", "perlin_mixed")], frames, big_endian)
+    board = leaderboard(tmp_path / "subs", root / "bench" / "bench.json", tmp_path / "board")
+    assert board["rejected"] == []
+    native, swapped = (e["sets"] for e in board["tracks"]["private"]["entries"])
+    assert native == swapped
+
+
+def private_world(world, tmp_path):
+    """A benchmark of a copy of the private set (to damage), and the entropy submission."""
+    root, sets, _ = world
+    shutil.copy(sets["perlin_mixed"], tmp_path / "perlin_mixed.h5")
+    shutil.copy(manifest_path(sets["perlin_mixed"]), manifest_path(tmp_path / "perlin_mixed.h5"))
+    (tmp_path / "bench").mkdir()
+    make_benchmark({"private": {"sets": {"perlin_mixed": tmp_path / "perlin_mixed.h5"}, "rank_by": "auroc",
+                                "private": ["perlin_mixed"], "verified_only": True}}, tmp_path / "bench" / "bench.json")
+    (tmp_path / "subs").mkdir()
+    shutil.copy(root / "subs" / "entropy.zip", tmp_path / "subs" / "entropy.zip")
+    return tmp_path / "perlin_mixed.h5", tmp_path / "bench" / "bench.json", tmp_path / "subs"
+
+
+def test_a_damaged_private_mask_stops_the_board_and_blames_no_submission(world, tmp_path, capsys):
+    private, bench, subs = private_world(world, tmp_path)
+    with h5py.File(private, "r+") as f:  # a mask chunk rewritten; the manifest unchanged
+        mask = f["ood_mask"]["1"][...]
+        f["ood_mask"]["1"][...] = np.where(mask == 1, 0, mask)
+    with pytest.raises(MaintainerError, match=f"the maintainer's set {private}"):
+        leaderboard(subs, bench, tmp_path / "board")
+    assert not (tmp_path / "board" / "leaderboard.json").exists()
+    assert main(["leaderboard", str(subs), "--benchmark", str(bench), "--out", str(tmp_path / "board")]) == 2
+    err = capsys.readouterr().err
+    assert str(private) in err and "unreadable submission" not in err
+    assert sorted(p.name for p in (tmp_path / "board").iterdir()) == []  # nothing published, nothing left
+
+
+def test_a_full_disk_stops_the_board_naming_the_file_it_could_not_write(world, tmp_path, monkeypatch):
+    import errno
+
+    from segood.leaderboard import safe
+
+    _, bench, subs = private_world(world, tmp_path)
+
+    class Full:
+        def __init__(self, path, mode):
+            self.path = path
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(safe, "open", Full, raising=False)
+    with pytest.raises(MaintainerError, match=r"cannot write .*scores_perlin_mixed\.h5 .*No space left"):
+        leaderboard(subs, bench, tmp_path / "board")
+    assert sorted(p.name for p in (tmp_path / "board").iterdir()) == []
+
+
+def test_the_board_copies_maps_under_its_own_folder_and_removes_them(world, tmp_path, monkeypatch):
+    import subprocess
+    import sys
+    import tempfile
+
+    from segood.leaderboard import safe
+
+    root = world[0]
+    system_temp = tmp_path / "system_temp"
+    system_temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(system_temp))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / "board" / f".judge-{int(dead.stdout)}-killed"  # left by a board that was killed
+    stale.mkdir(parents=True)
+    (stale / "scores_perlin_mixed.h5").write_bytes(b"x")
+    spilled, spill = [], safe._spill
+    monkeypatch.setattr(safe, "_spill", lambda *a: spilled.append(spill(*a)) or spilled[-1])
+    board = leaderboard(root / "subs", root / "bench" / "bench.json", tmp_path / "board")
+    assert board["rejected"] == [] and len(spilled) == 2
+    assert all((tmp_path / "board") in p.parents for p in spilled)
+    assert list(system_temp.iterdir()) == []
+    assert sorted(p.name for p in (tmp_path / "board").iterdir()) == ["index.html", "leaderboard.json",
+                                                                      "leaderboard.md"]
+
+
+def test_maps_of_sets_the_benchmark_lacks_are_refused_before_any_is_copied(world, tmp_path, monkeypatch):
+    from segood.leaderboard import safe
+
+    root = world[0]
+    (tmp_path / "subs").mkdir()
+    with zipfile.ZipFile(root / "subs" / "entropy.zip") as a, \
+            zipfile.ZipFile(tmp_path / "subs" / "many.zip", "w") as b:
+        for info in a.infolist():
+            b.writestr(info, a.read(info))
+        for k in range(20):  # maps for sets the benchmark lacks: none may reach the disk
+            b.writestr(f"scores/other_{k}.h5", a.read("scores/perlin_mixed.h5"))
+    spilled = []
+    monkeypatch.setattr(safe, "_spill", lambda *a: spilled.append(a))
+    board = leaderboard(tmp_path / "subs", root / "bench" / "bench.json", tmp_path / "board")
+    assert spilled == [] and "scores/other_0.h5: the benchmark has no such set" in board["rejected"][0]["reason"]
+
+
+def test_the_maps_of_one_submission_are_capped_in_all(world, tmp_path):
+    root = world[0]
+    size = zipfile.ZipFile(root / "subs" / "entropy.zip").getinfo("scores/perlin_mixed.h5").file_size
+    board = leaderboard(root / "subs", root / "bench" / "bench.json", tmp_path / "board",
+                        Limits(maps_bytes=size - 1))
+    reasons = {r["file"]: r["reason"] for r in board["rejected"]}
+    assert reasons["entropy.zip"] == f"score maps of {size} bytes in all, over the limit {size - 1}"
+    assert len(reasons) == 2 and "in all, over the limit" in reasons["max_logit.zip"]
+
+
+@pytest.mark.parametrize("flag, reason", [(0x1, "submit an unencrypted zip"), (None, "compression method")])
+def test_encrypted_and_unknown_compression_members_are_refused_with_a_reason(world, tmp_path, flag, reason):
+    root = world[0]
+    (tmp_path / "subs").mkdir()
+    with zipfile.ZipFile(root / "subs" / "entropy.zip") as a, zipfile.ZipFile(tmp_path / "subs" / "x.zip", "w") as b:
+        for info in a.infolist():
+            b.writestr(info, a.read(info))
+    data = bytearray((tmp_path / "subs" / "x.zip").read_bytes())
+    with zipfile.ZipFile(tmp_path / "subs" / "x.zip") as archive:
+        info = archive.getinfo("submission.json")
+    # the central directory entry of submission.json: flag bits at +8, compression method at +10
+    central = data.index(b"PK\x01\x02" + data[data.index(b"PK\x01\x02") + 4:][:0], data.rindex(b"submission.json")
+                         - 46)
+    if flag:
+        data[central + 8] |= flag
+    else:
+        data[central + 10:central + 12] = (99).to_bytes(2, "little")
+    (tmp_path / "subs" / "x.zip").write_bytes(bytes(data))
+    board = leaderboard(tmp_path / "subs", root / "bench" / "bench.json", tmp_path / "board")
+    assert reason in board["rejected"][0]["reason"], board["rejected"]
 
 
 def test_sizes_foreign_sets_and_states_for_private_sets_are_refused(world, tmp_path):
@@ -223,3 +376,50 @@ def test_verified_entries_get_intervals_and_share_ranks_only_when_not_significan
         lo, hi = entry["interval"]
         assert lo <= entry["score"] <= hi
     assert "image-level bootstrap interval" in (tmp_path / "board" / "leaderboard.md").read_text()
+
+
+def test_the_same_zip_under_two_names_is_ranked_once(world, tmp_path):
+    root = world[0]
+    (tmp_path / "subs").mkdir()
+    for name in ("a.zip", "b.zip"):
+        shutil.copy(root / "subs" / "entropy.zip", tmp_path / "subs" / name)
+    board = leaderboard(tmp_path / "subs", root / "bench" / "bench.json", tmp_path / "board")
+    assert [e["file"] for e in board["tracks"]["private"]["entries"]] == ["a.zip"]
+    [rejected] = board["rejected"]
+    assert rejected["file"] == "b.zip" and rejected["reason"].startswith("the same submission as a.zip")
+
+
+def test_a_board_stopped_by_sigterm_leaves_no_copies_and_no_board(world, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    root = world[0]
+    marker = tmp_path / "judging"
+    child = """
+import pathlib, sys, time
+from segood.leaderboard import leaderboard, safe
+spill = safe._spill
+def slow(*args):
+    path = spill(*args)
+    pathlib.Path(sys.argv[4]).write_text(str(path))
+    time.sleep(120)
+safe._spill = slow
+leaderboard(sys.argv[1], sys.argv[2], sys.argv[3])
+"""
+    process = subprocess.Popen([sys.executable, "-c", child, str(root / "subs"), str(root / "bench" / "bench.json"),
+                                str(tmp_path / "board"), str(marker)])
+    try:
+        for _ in range(600):
+            if marker.exists() and marker.read_text():
+                break
+            process.poll()
+            assert process.returncode is None
+            subprocess.run(["sleep", "0.1"])
+        copied = Path(marker.read_text())
+        assert copied.exists() and (tmp_path / "board") in copied.parents
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) != 0
+    finally:
+        process.kill()
+    assert list((tmp_path / "board").iterdir()) == []

@@ -8,6 +8,7 @@ with manifests), ``eval/<network>/`` (the evaluation runs), ``figures/worst_<met
 """
 
 import hashlib
+import os
 import shutil
 import time
 from pathlib import Path
@@ -39,6 +40,12 @@ def parse_targets(pairs):
     names = [m for m, _ in targets]
     if len(set(names)) != len(names) or not names:
         raise ValueError(f"each target method is named once (METHOD=CHECKPOINT), got {names}")
+    networks = {}
+    for _, checkpoint in targets:  # a network is named by its file stem (its sets and calibration carry it)
+        other = networks.setdefault(checkpoint.stem, checkpoint)
+        if Path(os.path.abspath(other)) != Path(os.path.abspath(checkpoint)):
+            raise ValueError(f"targets' checkpoints {other} and {checkpoint} share the name {checkpoint.stem!r}, by "
+                             "which the attack names each network: copy or link one under another name")
     return targets
 
 

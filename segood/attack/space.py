@@ -106,6 +106,10 @@ class SearchSpace:
             raise ValueError(f"blend must be one of {BLENDS}, got {blend!r}")
         self.objects, self.object_image = list(objects), object_image
         self.blend, self.height_ratio = blend, tuple(float(v) for v in height_ratio)
+        low, high = self.height_ratio if len(self.height_ratio) == 2 else (math.nan, math.nan)
+        if not (0 < low <= high and math.isfinite(high)):
+            raise ValueError(f"height_ratio (--height-ratio LOW HIGH) must be two finite numbers with 0 < LOW <= HIGH, "
+                             f"got {list(height_ratio)}; the default is {list(HEIGHT_RATIO)}")
         self.generator = generator
         self.textures = TEXTURES + (("learned",) if generator is not None else ())
         self.dimensions = DIMENSIONS + (tuple(f"z{k}" for k in range(generator.latent)) if generator is not None

@@ -25,7 +25,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from segood.io import atomic_output
+from segood.io import atomic_output, exclusive
 from segood.labels import ID, IGNORE, OOD
 from segood.version import __version__
 
@@ -101,7 +101,7 @@ class SetWriter:
     """
 
     def __init__(self, path, size, attrs, *, overwrite=False):
-        self.path = Path(path)
+        self.path, self.overwrite = Path(path), overwrite
         if self.path.exists() and not overwrite:
             raise FileExistsError(f"{self.path} exists; pass --overwrite to replace it")
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -169,9 +169,13 @@ class SetWriter:
             self.file.create_dataset("frame_sha256", data=digests)
             self.file.create_dataset("manifest", data=text, dtype=h5py.string_dtype())
             self.file.close()
-            with atomic_output(manifest_path(self.path)) as copy:
-                Path(copy).write_text(text)
-            os.replace(self.tmp, self.path)  # the commit point, and the last step: the set with its manifest
+            with exclusive(self.path, "conversion"):  # of two conversions to one output, exactly one wins
+                if self.path.exists() and not self.overwrite:
+                    raise FileExistsError(f"{self.path} was written by another conversion meanwhile; pass "
+                                          "--overwrite to replace it")
+                with atomic_output(manifest_path(self.path)) as copy:
+                    Path(copy).write_text(text)
+                os.replace(self.tmp, self.path)  # the commit point, and the last step: the set with its manifest
         except BaseException:
             self.abort()
             raise

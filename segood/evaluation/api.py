@@ -142,10 +142,16 @@ def execute(model, sets, methods, out_dir, description, **options):
     folder = RunFolder(out_dir)
     _check_run_folder(folder, description)
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+    fresh = not folder.run.exists()
     if rank == 0:
         write_json(folder.run, description)
     progress = options.pop("progress", True) and rank == 0
-    ev = run(model, sets, methods, folder.path, progress=progress, rank=rank, world_size=world, **options)
+    try:
+        ev = run(model, sets, methods, folder.path, progress=progress, rank=rank, world_size=world, **options)
+    except BaseException:
+        if fresh and rank == 0 and not list(folder.path.glob("state*.npz")):  # nothing to resume: no run here
+            folder.run.unlink(missing_ok=True)
+        raise
     if rank != 0:
         return None
     if world > 1:

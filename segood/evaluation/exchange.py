@@ -9,7 +9,9 @@ In the two folder layouts ``<fid>`` is the last component of segood's frame id (
 Every missing, extra, unreadable or misshapen file is an error that names the frame and the path.
 """
 
-from contextlib import ExitStack
+import errno
+import os
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import h5py
@@ -88,15 +90,22 @@ class ScoreMaps:
 
     def __getitem__(self, frame_id):
         if self.layout == "segood":
-            score = self.file[frame_id][...]
+            node = self.file[frame_id]
+            if node.ndim != 2:
+                raise ValueError(f"frame {frame_id}: the scores in {self.path} have shape {node.shape}, not (H, W)")
+            score = node[...]
         else:
             path = self.path / f"{self.names[frame_id]}{_SUFFIX[self.layout]}"
             try:
                 if self.layout == "smiyc":
                     with h5py.File(path, "r") as f:
-                        score = f["value"][...]
+                        value = f.get("value")
+                        if not isinstance(value, h5py.Dataset) or value.ndim != 2:
+                            raise ValueError(f"its 'value' is {_what(value)}; SegmentMeIfYouCan files hold the "
+                                             "H×W scores in a dataset 'value'")
+                        score = value[...]
                 else:
-                    score = np.load(path, allow_pickle=False)
+                    score = _load_npy(path)
             except (OSError, KeyError, ValueError, EOFError) as err:
                 raise ValueError(f"frame {frame_id}: {path} is not a readable {self.layout} score file "
                                  f"({type(err).__name__}: {str(err)[:200]})") from None
@@ -105,7 +114,7 @@ class ScoreMaps:
         return score.astype(score.dtype.newbyteorder("="), copy=False)  # big-endian files too
 
     def close(self):
-        if self.file is not None:
+        if getattr(self, "file", None) is not None:
             self.file.close()
 
     def __enter__(self):
@@ -121,7 +130,6 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
     (float16, dataset ``value``); ``fishyscapes``: ``out_dir/<method>/<set>/<fid>_anomaly.npy`` (float32).
     Every file is written atomically. Returns {(method, set): path written}."""
     from segood.data.h5 import H5SegmentationDataset, frame_ids, frame_loader
-    from segood.io import atomic_output
     from segood.methods.schedule import check_methods, score_batch
     from segood.models.network import preprocess
 
@@ -140,20 +148,105 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
             files = {}
             if layout == "segood":
                 for m in methods:
-                    files[m.name] = stack.enter_context(h5py.File(stack.enter_context(atomic_output(targets[m.name])),
-                                                                  "w"))
+                    files[m.name] = stack.enter_context(_h5_output(targets[m.name]))
             loader = frame_loader(dataset, batch_size)
             for batch in tqdm(loader, desc=f"export {set_name}", unit="batch", disable=not progress):
                 scored = score_batch(model, preprocess(batch["image"].to(device)), methods)
                 for method, scores in zip(methods, scored.scores):
                     for frame_id, score in zip(batch["frame_id"], scores.float().cpu().numpy()):
                         if layout == "segood":
-                            files[method.name].create_dataset(frame_id, data=score, compression="gzip",
-                                                              compression_opts=1)
+                            with _naming(targets[method.name]):
+                                _check_room(targets[method.name], score.nbytes)
+                                files[method.name].create_dataset(frame_id, data=score, compression="gzip",
+                                                                  compression_opts=1)
                         else:
-                            _write_file(layout, targets[method.name] / f"{names[frame_id]}{_SUFFIX[layout]}", score)
+                            target = targets[method.name] / f"{names[frame_id]}{_SUFFIX[layout]}"
+                            with _naming(target):
+                                _check_room(target, score.nbytes)
+                                _write_file(layout, target, score)
         written.update({(m.name, set_name): targets[m.name] for m in methods})
     return written
+
+
+def _what(node):
+    if node is None:
+        return "missing"
+    if isinstance(node, h5py.Dataset):
+        return f"a dataset of shape {node.shape}"
+    return f"a {type(node).__name__.lower()}"
+
+
+def _load_npy(path):
+    """An H×W array of an .npy file, its header checked first: two dimensions, and no more bytes declared than
+    the file holds (so that nothing is allocated for a header's claims)."""
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+            np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(f)
+        if len(shape) != 2:
+            raise ValueError(f"its array has shape {shape}, not (H, W)")
+        declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        if declared > os.fstat(f.fileno()).st_size - f.tell():
+            raise ValueError(f"its header declares a {shape[0]}×{shape[1]} {dtype} array ({declared} bytes), more "
+                             "than the file holds: truncated or not written by numpy")
+    return np.load(path, allow_pickle=False)
+
+
+ROOM_MARGIN = 1 << 20  # bytes kept free beyond a map: what HDF5 needs to close a file cleanly
+
+
+def _check_room(path, nbytes):
+    """Refuse to start a write that the disk cannot hold: HDF5 that meets a full disk mid-write leaves a file it
+    cannot close (and may crash), so the room for ``nbytes`` (uncompressed, an upper bound) is checked first."""
+    folder = Path(path).parent
+    while not folder.exists():
+        folder = folder.parent
+    stats = os.statvfs(folder)
+    free = stats.f_bavail * stats.f_frsize
+    if free < nbytes + ROOM_MARGIN:
+        raise OSError(errno.ENOSPC, f"No space left on device: {free} bytes free, a map may take {nbytes}")
+
+
+@contextmanager
+def _naming(path):
+    """An OSError (a full disk) raised inside names ``path`` and says what to do."""
+    try:
+        yield
+    except OSError as err:
+        if str(path) in str(err):
+            raise
+        raise OSError(err.errno, f"cannot write {path} ({err.strerror or err}); free space (or choose another "
+                                 "--out) and rerun: nothing partial was left") from None
+
+
+@contextmanager
+def _h5_output(path):
+    """An HDF5 file written under a temporary name and renamed to ``path`` when the block completes; on any
+    failure the temporary file is emptied before HDF5 closes it (so a full disk cannot fail the close too) and
+    removed."""
+    from segood.io import atomic_output
+
+    with atomic_output(path) as tmp:
+        f = h5py.File(tmp, "w")
+        try:
+            yield f
+            with _naming(path):
+                f.close()
+        except BaseException:
+            _discard(f, tmp)
+            raise
+
+
+def _discard(f, tmp):
+    try:
+        os.truncate(tmp, 0)  # frees the room HDF5 needs to close the file
+    except OSError:
+        pass
+    try:
+        f.close()
+    except Exception:  # noqa: BLE001 - the file is removed either way
+        pass
 
 
 def _target(out_dir, layout, method, set_name):
@@ -168,13 +261,12 @@ def _write_file(layout, path, score):
     """One frame's file of a folder layout, written atomically."""
     from segood.io import atomic_output
 
-    with atomic_output(path) as tmp:
-        if layout == "smiyc":
-            with h5py.File(tmp, "w") as f:
-                f.create_dataset("value", data=score.astype(np.float16), compression="gzip", compression_opts=9)
-        else:
-            with open(tmp, "wb") as f:
-                np.save(f, score.astype(np.float32), allow_pickle=False)
+    if layout == "smiyc":
+        with _h5_output(path) as f:
+            f.create_dataset("value", data=score.astype(np.float16), compression="gzip", compression_opts=9)
+        return
+    with atomic_output(path) as tmp, open(tmp, "wb") as f:
+        np.save(f, score.astype(np.float32), allow_pickle=False)
 
 
 def _some(names):

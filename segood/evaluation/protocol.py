@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 
-from segood.data.h5 import H5SegmentationDataset, frame_loader, set_identity
+from segood.data.h5 import H5SegmentationDataset, frame_loader, read_manifest, set_identity
 from segood.evaluation.api import evaluate
 from segood.io import atomic_write_text, write_json
 from segood.methods import get_method
@@ -42,6 +42,12 @@ def cross_source(model, tuning_sets, test_sets, methods, out_dir, *, grids=None,
     if clash:
         raise ValueError(f"sets {clash} are named both as tuning and as test sets: a tuning set is a held-out split; "
                          "name its own test split differently")
+    for name, path in tuning_sets.items():  # a tuning set must rank: without both kinds, nothing is tuned
+        pixels = read_manifest(path)["pixels"]
+        if not pixels["ood"] or not pixels["id"]:
+            raise ValueError(f"tuning set {name!r} ({path}) has {pixels['id']} ID and {pixels['ood']} OOD pixels: "
+                             "tuning ranks OOD against ID pixels, so a tuning set needs both; give a set with OOD "
+                             "objects (e.g. segood convert mix)")
     sources = {name: set(set_identity(path)["ood_sources"]) for name, path in {**tuning_sets, **test_sets}.items()}
     out_dir = Path(out_dir)
     cells = {m: {} for m in methods}

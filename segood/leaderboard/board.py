@@ -1,13 +1,19 @@
 """Judging a folder of submissions against a benchmark: recompute, never believe; one bad file never stops
 the board. Outputs leaderboard.md, leaderboard.json and a self-contained index.html."""
 
+import errno
 import hashlib
 import html
 import json
 import math
+import os
+import shutil
+import signal
 import tempfile
+import threading
 import unicodedata
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -16,12 +22,13 @@ from segood.data.h5 import frame_ids, frame_sizes, ood_masks, read_array, read_m
 from segood.io import atomic_write_text, write_json
 from segood.labels import IGNORE
 from segood.leaderboard.maps import map_member, read_maps
-from segood.leaderboard.safe import Limits, Rejected, is_map, load_npz, read_submission_files, strict_json
+from segood.leaderboard.safe import (Limits, MaintainerError, Rejected, is_map, load_npz, read_submission_files,
+                                     strict_json)
 from segood.leaderboard.submission import validate
 from segood.metrics import (METRICS, UndefinedMetricWarning, accumulator_from_state, describe_grid, grid_spec,
                             make_accumulator)
 from segood.metrics.accumulator import OPTIONAL_STATE
-from segood.metrics.bootstrap import Bootstrap, shifted_metrics, tied_ranks
+from segood.metrics.bootstrap import Bootstrap, coarse_keys, shifted_metrics, tied_ranks
 
 BENCHMARK_SCHEMA = "segood.benchmark/1"
 TOLERANCE = 1e-6
@@ -88,36 +95,43 @@ def write_public_set(path, out):
         writer.commit()
 
 
-def judge(path, benchmark, limits=Limits(), masks=None):
-    """One submission: (accepted entries {track: row}, None) or (None, reason). Never raises for bad input.
+def judge(path, benchmark, limits=Limits(), masks=None, spill=None):
+    """One submission: (accepted entries {track: row}, None) or (None, reason). Never raises for bad input; a
+    fault on the maintainer's side (a private set that fails its checks, a full disk) raises
+    :class:`MaintainerError` naming the maintainer's file, since it says nothing about the submission.
 
     ``masks``: {set path: [(frame id, ood_mask)]}, a cache of the maintainer's masks shared by one board's
-    submissions (filled on first use); score maps are scored against them here, never believed."""
-    with tempfile.TemporaryDirectory(prefix="segood-judge-") as spill:
+    submissions (filled on first use); score maps are scored against them here, never believed. ``spill``: the
+    folder score-map members are copied into (emptied afterwards; default: a temporary folder)."""
+    with tempfile.TemporaryDirectory(prefix="judge-", dir=spill) as folder:
         try:
-            return _judge(path, benchmark, limits, masks if masks is not None else {}, spill), None
+            return _judge(path, benchmark, limits, masks if masks is not None else {}, folder), None
         except Rejected as reason:
             return None, shown(str(reason))
+        except MaintainerError:
+            raise
         except Exception as err:  # a board must survive whatever a stranger uploads
-            return None, shown(f"unreadable submission ({type(err).__name__}: {err})")
+            if _out_of_room(err):
+                raise MaintainerError(f"cannot judge {Path(path).name}: the maintainer's machine ran out of room "
+                                      f"({type(err).__name__}: {err}); free space under {folder} and rerun") from err
+            return None, shown(f"unreadable submission ({type(err).__name__}: {_no_paths(err, folder)})")
+
+
+def _out_of_room(err):
+    """Whether an error says the maintainer's machine ran out of room, not that a file is bad."""
+    return isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _no_paths(err, spill):
+    """An error's text with the judge's own folder left out (the board is public)."""
+    return str(err).replace(str(spill), "<submission>")
 
 
 def _judge(path, benchmark, limits, masks, spill):
-    files = read_submission_files(path, limits, spill)
-    if "submission.json" not in files:
-        raise Rejected("no submission.json at the top of the submission")
-    unexpected = [n for n in files if n != "submission.json" and not is_map(n)
-                  and not (n.startswith("states/") and n.endswith(".npz"))]
-    if unexpected:
-        raise Rejected(f"unexpected members {unexpected[:3]}: only submission.json, states/*.npz and scores/*.h5 "
-                       "are read")
+    files = read_submission_files(path, limits, spill, select_maps=lambda read: _wanted_maps(read, benchmark, limits))
     doc = strict_json(files["submission.json"], limits)
     validate(doc)
     matches = {track: match_sets(doc, spec, track) for track, spec in benchmark["tracks"].items()}
-    read = {map_member(s) for match in matches.values() for s in match.values() if "scores" in doc["sets"][s]}
-    foreign = sorted(n for n in files if is_map(n) and n not in read)
-    if foreign:
-        raise Rejected(f"{foreign[0]}: the benchmark has no such set; maps are read only for its own sets")
     grid = benchmark_grid(benchmark)
     rows = {}
     for track, spec in benchmark["tracks"].items():
@@ -150,6 +164,22 @@ def _judge(path, benchmark, limits, masks, spill):
             "_images": images,  # per-image counts, for the intervals (not written out)
         }
     return rows
+
+
+def _wanted_maps(files, benchmark, limits):
+    """The score-map members a submission may hold, read from its submission.json before any map is copied:
+    those of the benchmark's sets it submits maps for. Raises :class:`Rejected` for anything else."""
+    if "submission.json" not in files:
+        raise Rejected("no submission.json at the top of the submission")
+    unexpected = [n for n in files if n != "submission.json" and not is_map(n)
+                  and not (n.startswith("states/") and n.endswith(".npz"))]
+    if unexpected:
+        raise Rejected(f"unexpected members {unexpected[:3]}: only submission.json, states/*.npz and scores/*.h5 "
+                       "are read")
+    doc = strict_json(files["submission.json"], limits)
+    validate(doc)
+    matches = {track: match_sets(doc, spec, track) for track, spec in benchmark["tracks"].items()}
+    return {map_member(s) for match in matches.values() for s in match.values() if "scores" in doc["sets"][s]}
 
 
 def match_sets(doc, spec, track):
@@ -197,7 +227,42 @@ def _self_reported(set_name, entry, files, official, grid):
         acc = accumulator_from_state(state)
     except (ValueError, KeyError, TypeError) as err:
         raise Rejected(f"set {set_name!r}: invalid accumulator state ({err})") from None
-    return _check(set_name, acc, entry["claims"], official["pixels"]), acc.images
+    values = _check(set_name, acc, entry["claims"], official["pixels"])
+    _check_images(set_name, acc, official)
+    return values, acc.images
+
+
+def _check_images(set_name, acc, official):
+    """A state's per-image counts (where it has them) must be those of the set's frames: one image per frame,
+    each image's pixels fitting a frame (images may come in another order, so the largest images are matched to
+    the largest frames), and their sum, bin by coarse bin, the pooled histogram's."""
+    images = acc.images
+    if not len(images):
+        return
+    sizes = official.get("frame_sizes") or [official["size"]] * len(official["frame_ids"])
+    if len(images) != len(sizes):
+        raise Rejected(f"set {set_name!r}: the state holds counts of {len(images)} images; the set has "
+                       f"{len(sizes)} frames")
+    pixels = sorted((int(c.sum()) for c in images.counts), reverse=True)
+    room = sorted((h * w for h, w in sizes), reverse=True)
+    over = next((k for k, (n, r) in enumerate(zip(pixels, room)) if n > r), None)
+    if over is not None:
+        raise Rejected(f"set {set_name!r}: the state's images hold more pixels than the set's frames (an image of "
+                       f"{pixels[over]} pixels where at most {room[over]} fit)")
+    thresholds, hist = acc.curve_counts()
+    pooled = _by_key(coarse_keys(thresholds), np.asarray(hist, np.int64).T)
+    summed = _by_key(np.concatenate(images.keys).astype(np.int64), np.concatenate(images.counts))
+    if pooled != summed:
+        raise Rejected(f"set {set_name!r}: the pooled histogram is not the sum of the per-image counts (pixels "
+                       "moved between bins?); submit the state as segood wrote it")
+
+
+def _by_key(keys, counts):
+    """{key: (ID, OOD)} of (n,) keys and (n, 2) counts, summed per key, empty bins left out."""
+    unique, inverse = np.unique(keys, return_inverse=True)
+    sums = np.zeros((unique.size, 2), np.int64)
+    np.add.at(sums, inverse, counts)
+    return {int(k): (int(a), int(b)) for k, (a, b) in zip(unique, sums) if a or b}
 
 
 def _verified(set_name, files, official, grid, masks):
@@ -206,7 +271,7 @@ def _verified(set_name, files, official, grid, masks):
     if member not in files:
         raise Rejected(f"set {set_name!r}: no score maps {member}")
     if official["path"] not in masks:
-        masks[official["path"]] = list(ood_masks(official["path"]))
+        masks[official["path"]] = _maintainer_masks(official["path"])
     sizes = official.get("frame_sizes") or [official["size"]] * len(official["frame_ids"])  # (older files: one size)
     frames = [(frame_id, *size) for frame_id, size in zip(official["frame_ids"], sizes)]
     acc = make_accumulator(grid, per_image=True)
@@ -216,6 +281,17 @@ def _verified(set_name, files, official, grid, masks):
         except (ValueError, TypeError) as err:
             raise Rejected(f"set {set_name!r}, frame {frame_id}: {err}") from None
     return _values(acc)[1], acc.images
+
+
+def _maintainer_masks(path):
+    """[(frame id, ood_mask)] of a maintainer's set, each checked against its digest; any failure is the
+    maintainer's (:class:`MaintainerError`), never a submission's."""
+    try:
+        return list(ood_masks(path))
+    except Exception as err:  # noqa: BLE001 - whatever it is, it is the maintainer's file
+        raise MaintainerError(f"the maintainer's set {path} cannot be read ({type(err).__name__}: {err}); no "
+                              "submission was judged against it: restore or reconvert the set, write the "
+                              "benchmark again (segood benchmark) if it changed, and rerun the board") from err
 
 
 def _same_source(doc, set_name, official):
@@ -302,26 +378,37 @@ def _check(set_name, acc, claims, pixels):
     return values
 
 
-def leaderboard(submissions_dir, benchmark_path, out_dir, limits=Limits(), bootstrap=Bootstrap()):
+def leaderboard(submissions_dir, benchmark_path, out_dir, limits=Limits(), bootstrap=Bootstrap(), *, work=None):
     """Judge every zip / folder in ``submissions_dir``; write the board; returns its JSON document. Each entry's
     score gets an image-level bootstrap interval where its per-image counts cover every frame (``bootstrap``;
     None: none), and verified entries, scored here frame by frame, are compared pairwise: one not significantly
-    worse than a better one shares its rank."""
-    benchmark = json.loads(Path(benchmark_path).read_text())
-    if benchmark.get("schema") != BENCHMARK_SCHEMA or "tracks" not in benchmark \
+    worse than a better one shares its rank.
+
+    Score maps are copied into a folder ``.judge-*`` under ``work`` (default ``out_dir``), removed on every exit
+    (SIGTERM included; one left by a killed board is removed by the next). A fault on the maintainer's side (a
+    private set that fails its checks, a full disk) raises :class:`MaintainerError` and writes no board."""
+    benchmark = _read_benchmark(benchmark_path)
+    if not isinstance(benchmark, dict) or benchmark.get("schema") != BENCHMARK_SCHEMA or "tracks" not in benchmark \
             or not ({"grid"} <= set(benchmark) or {"num_thresholds", "score_range"} <= set(benchmark)):
         raise ValueError(f"{benchmark_path} is not a segood benchmark file (schema {BENCHMARK_SCHEMA!r}); write one "
                          "with segood benchmark")
     _check_official_sets(benchmark)
     tracks = {track: [] for track in benchmark["tracks"]}
-    rejected, masks = [], {}
-    for path in sorted(Path(submissions_dir).iterdir()):
-        rows, reason = judge(path, benchmark, limits, masks)
-        if reason:
-            rejected.append({"file": shown(path.name), "reason": reason})
-            continue
-        for track, row in rows.items():
-            tracks[track].append(row)
+    rejected, masks, seen = [], {}, {}  # seen: {content hash: the file first judged with it}
+    with _work_folder(Path(work or out_dir)) as spill:
+        for path in sorted(Path(submissions_dir).iterdir()):
+            if path.resolve() == Path(out_dir).resolve() or path.name.startswith(".judge-"):
+                continue  # the board's own folder, were it put among the submissions
+            rows, reason = judge(path, benchmark, limits, masks, spill)
+            digest = next(iter(rows.values()))["sha256"] if rows else None
+            if digest in seen:
+                reason = f"the same submission as {seen[digest]} (sha256 {digest}); an entry is ranked once"
+            if reason:
+                rejected.append({"file": shown(path.name), "reason": reason})
+                continue
+            seen[digest] = shown(path.name)
+            for track, row in rows.items():
+                tracks[track].append(row)
     for track, rows in tracks.items():
         metric = benchmark["tracks"][track]["rank_by"]
         sign = -1 if METRICS[metric].higher_is_better else 1
@@ -335,6 +422,54 @@ def leaderboard(submissions_dir, benchmark_path, out_dir, limits=Limits(), boots
     atomic_write_text(out_dir / "leaderboard.md", board_markdown(doc))
     atomic_write_text(out_dir / "index.html", board_html(doc))
     return doc
+
+
+def _read_benchmark(path):
+    """The parsed benchmark file; a ValueError naming it when it is unreadable or not one."""
+    try:
+        benchmark = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not a readable benchmark file ({err}); write it again with segood "
+                         "benchmark") from None
+    except OSError as err:
+        raise OSError(err.errno, f"cannot read the benchmark file {path} ({err.strerror})") from None
+    return benchmark
+
+
+@contextmanager
+def _work_folder(parent):
+    """A fresh folder ``parent/.judge-<pid>-*`` for this board's copies of score maps, removed on every exit:
+    SIGTERM is turned into SystemExit while it exists, and folders of boards whose process is gone (killed) are
+    removed first."""
+    parent.mkdir(parents=True, exist_ok=True)
+    for stale in parent.glob(".judge-*"):
+        pid = stale.name.split("-")[1] if stale.name.count("-") >= 2 else ""
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    folder = Path(tempfile.mkdtemp(prefix=f".judge-{os.getpid()}-", dir=parent))
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        yield folder
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _intervals_and_ties(rows, spec, settings):
@@ -371,7 +506,15 @@ def _check_official_sets(benchmark):
     """The maintainer's sets must still be the ones the benchmark was written for (a ValueError otherwise)."""
     for spec in benchmark["tracks"].values():
         for name, official in spec["sets"].items():
-            if "path" in official and set_identity(official["path"])["manifest_sha256"] != official["manifest_sha256"]:
+            if "path" not in official:
+                continue
+            try:
+                digest = set_identity(official["path"])["manifest_sha256"]
+            except Exception as err:  # noqa: BLE001 - whatever it is, it is the maintainer's file
+                raise MaintainerError(f"set {name}: the maintainer's set {official['path']} cannot be read "
+                                      f"({type(err).__name__}: {err}); restore it, or write the benchmark again "
+                                      "with segood benchmark") from err
+            if digest != official["manifest_sha256"]:
                 raise ValueError(f"set {name} at {official['path']} is not the one the benchmark was written for: "
                                  "its manifest changed; write the benchmark again with segood benchmark")
 

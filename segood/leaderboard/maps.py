@@ -3,8 +3,9 @@
 A submission's ``scores/<set>.h5`` holds one float16 H×W dataset per frame id of the benchmark's set (the
 ``segood`` layout of :mod:`segood.evaluation.exchange`, in float16). Before any score is read the file's
 structure is checked: hard links only (no soft or external links), no virtual datasets or external storage,
-filters gzip / lzf / none, exactly the benchmark's frame ids, each of its frame's shape and float16. Memory
-stays bounded by one frame; NaN scores are refused. Nothing here imports torch.
+filters gzip / lzf / none, exactly the benchmark's frame ids, each of its frame's shape and float16, in chunks and
+storage of at most about one frame. Memory stays bounded by one frame; NaN scores are refused. Nothing here imports
+torch.
 """
 
 import h5py
@@ -43,7 +44,11 @@ def read_maps(path, frames, max_objects=100_000):
             dataset = datasets[frame_id]
             if dataset.shape != (height, width):
                 raise Rejected(f"frame {frame_id}: scores of shape {dataset.shape}, the frame is ({height}, {width})")
-            scores = dataset[...]
+            try:
+                scores = dataset[...].astype(np.float16, copy=False)  # native byte order (big-endian files too)
+            except OSError as err:
+                raise Rejected(f"frame {frame_id}: its stored scores cannot be read ({err}): damaged compressed "
+                               "data; write the map again") from None
             nan = int(np.isnan(scores).sum())
             if nan:
                 raise Rejected(f"frame {frame_id}: {nan} NaN scores; every pixel needs a score (±inf are allowed)")
@@ -53,10 +58,14 @@ def read_maps(path, frames, max_objects=100_000):
 def _check_structure(f, frames, max_objects):
     """{frame id: dataset} once every link, object, dtype and filter of the file has been checked."""
     links = []
+    expected = [frame_id for frame_id, _, _ in frames]
+    groups = {prefix for frame_id in expected for prefix in _prefixes(frame_id)}
+    bound = min(max_objects, len(expected) + len(groups))  # what the set's frames need: the visit stops beyond
 
     def visit(name, link):  # a returned reason stops the visit (an exception cannot cross HDF5's C callback)
-        if len(links) >= max_objects:
-            return f"the score file holds more than {max_objects} objects"
+        if len(links) >= bound:
+            return (f"the score file holds more than the {bound} maps and groups the set's {len(expected)} frames "
+                    f"need: extra {name!r}")
         if not isinstance(link, h5py.HardLink):
             return f"{name!r} is a {type(link).__name__}: score files may hold hard links only"
         links.append(name)
@@ -65,8 +74,6 @@ def _check_structure(f, frames, max_objects):
     reason = f.visititems_links(visit)
     if reason:
         raise Rejected(reason)
-    expected = [frame_id for frame_id, _, _ in frames]
-    groups = {prefix for frame_id in expected for prefix in _prefixes(frame_id)}
     stored = {name for name in links if f.get(name, getclass=True) is h5py.Dataset}
     strays = [name for name in links if name not in stored and name not in groups]
     missing, extra = sorted(set(expected) - stored), sorted(stored - set(expected)) + strays
@@ -74,12 +81,19 @@ def _check_structure(f, frames, max_objects):
         raise Rejected(f"the score file has {len(stored)} maps for the set's {len(expected)} frames: missing "
                        f"{_some(missing)}, extra {_some(extra)}")
     datasets = {}
-    for frame_id in expected:
+    for frame_id, height, width in frames:
         dataset = f[frame_id]
         if dataset.is_virtual or dataset.external:
             raise Rejected(f"frame {frame_id}: a virtual dataset or external storage; store the scores in the file")
-        if dataset.dtype != np.float16:
+        if dataset.dtype.kind != "f" or dataset.dtype.itemsize != 2:  # float16 of either byte order
             raise Rejected(f"frame {frame_id}: scores of dtype {dataset.dtype}; verified maps are float16")
+        frame_bytes = height * width * 2
+        if dataset.chunks is not None and int(np.prod(dataset.chunks, dtype=np.int64)) * 2 > frame_bytes:
+            raise Rejected(f"frame {frame_id}: stored in chunks of shape {dataset.chunks}, larger than the "
+                           f"{height}×{width} frame; store each map in chunks of at most its frame")
+        if dataset.id.get_storage_size() > 2 * frame_bytes + (64 << 10):
+            raise Rejected(f"frame {frame_id}: {dataset.id.get_storage_size()} bytes stored for a {height}×{width} "
+                           "float16 map; a map takes at most about its frame's size")
         plist = dataset.id.get_create_plist()
         for k in range(plist.get_nfilters()):
             code, _, _, name = plist.get_filter(k)

@@ -5,6 +5,7 @@ import json
 import stat
 import zipfile
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -15,6 +16,11 @@ class Rejected(Exception):
     """A submission is refused; the message is the reason shown on the board."""
 
 
+class MaintainerError(RuntimeError):
+    """A fault on the maintainer's side (a private set that fails its checks, a full disk): the board stops and
+    publishes nothing, since the fault says nothing about any submission."""
+
+
 @dataclass(frozen=True)
 class Limits:
     member_bytes: int = 64 << 20  # one uncompressed member
@@ -23,6 +29,7 @@ class Limits:
     members: int = 1000
     ratio: int = 200  # uncompressed / compressed size beyond which a member is a bomb
     map_bytes: int = 4 << 30  # one score-map file (scores/<set>.h5), written to disk rather than held in memory
+    maps_bytes: int = 8 << 30  # all score-map files of one submission together
 
 
 def is_map(name):
@@ -30,13 +37,18 @@ def is_map(name):
     return name.startswith("scores/") and name.endswith(".h5") and name.count("/") == 1
 
 
-def read_submission_files(path, limits=Limits(), spill=None):
+def read_submission_files(path, limits=Limits(), spill=None, select_maps=None):
     """{relative name: bytes} of a submission zip or folder, refusing anything unsafe. Score-map members
     (:func:`is_map`) are {name: Path} instead: a folder's own file, or a zip member copied into the folder
-    ``spill`` (at most ``limits.map_bytes``, whatever the zip declares)."""
+    ``spill`` (each at most ``limits.map_bytes``, together at most ``limits.maps_bytes``, whatever the zip
+    declares). ``select_maps(files)``, given the other members, returns the map names the submission may hold
+    (raising :class:`Rejected` for what it may not); any other map is refused before anything is copied.
+    A failure to write into ``spill`` (a full disk) is a :class:`MaintainerError`."""
     path = Path(path)
     if path.is_dir():
-        return _read_folder(path, limits)
+        files = _read_folder(path, limits)
+        _refuse_unselected(files, select_maps)
+        return files
     try:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as err:
@@ -45,34 +57,69 @@ def read_submission_files(path, limits=Limits(), spill=None):
         infos = archive.infolist()
         if len(infos) > limits.members:
             raise Rejected(f"{len(infos)} members, more than the limit {limits.members}")
-        files, total = {}, 0
+        files, maps, total, names = {}, [], 0, set()
         for info in infos:
             name = _safe_name(info.filename)
             if stat.S_ISLNK(info.external_attr >> 16):
                 raise Rejected(f"member {name!r} is a symbolic link")
             if info.is_dir():
                 continue
-            if name in files:
+            if name in names:
                 raise Rejected(f"duplicate member name {name!r}")
+            names.add(name)
             if is_map(name) and spill is not None:
-                files[name] = _spill(archive, info, name, Path(spill), limits.map_bytes)
+                maps.append((name, info))  # copied once the other members say which maps are wanted
                 continue
             if info.file_size > limits.member_bytes or (info.compress_size and
                                                          info.file_size > limits.ratio * info.compress_size > 0):
                 raise Rejected(f"member {name!r} would expand to {info.file_size} bytes: over the limits (zip bomb?)")
-            try:
-                with archive.open(info) as member:  # never trust the declared size: read at most the limit
-                    data = member.read(limits.member_bytes + 1)
-            except (zipfile.BadZipFile, zlib.error, EOFError) as err:
-                raise Rejected(f"member {name!r} is corrupt ({err}): a CRC mismatch or damaged compressed data") \
-                    from None
+            with _member(archive, info, name) as member:  # never trust the declared size: read at most the limit
+                data = member.read(limits.member_bytes + 1)
             if len(data) > limits.member_bytes:
                 raise Rejected(f"member {name!r} expands beyond {limits.member_bytes} bytes (zip bomb?)")
             total += len(data)
             if total > limits.total_bytes:
                 raise Rejected(f"members expand beyond {limits.total_bytes} bytes in all (zip bomb?)")
             files[name] = data
+        if select_maps is not None:
+            wanted = select_maps(files)
+            foreign = sorted(name for name, _ in maps if name not in wanted)
+            if foreign:
+                raise Rejected(f"{foreign[0]}: the benchmark has no such set; maps are read only for its own sets")
+        declared = sum(info.file_size for _, info in maps)
+        if declared > limits.maps_bytes:
+            raise Rejected(f"score maps of {declared} bytes in all, over the limit {limits.maps_bytes}")
+        budget = limits.maps_bytes
+        for name, info in maps:
+            files[name] = _spill(archive, info, name, Path(spill), min(limits.map_bytes, budget))
+            budget -= files[name].stat().st_size
         return files
+
+
+@contextmanager
+def _member(archive, info, name):
+    """An open zip member; any failure to decompress it (damaged data, a CRC mismatch, encryption, an unknown
+    compression method) is :class:`Rejected` naming the member."""
+    try:
+        with archive.open(info) as member:
+            yield member
+    except (Rejected, MaintainerError):
+        raise
+    except (zipfile.BadZipFile, zlib.error, EOFError) as err:
+        raise Rejected(f"member {name!r} is corrupt ({err}): a CRC mismatch or damaged compressed data") from None
+    except RuntimeError as err:  # zipfile: "File ... is encrypted, password required for extraction"
+        raise Rejected(f"member {name!r} cannot be read ({err}); submit an unencrypted zip") from None
+    except NotImplementedError as err:  # zipfile: "That compression method is not supported"
+        raise Rejected(f"member {name!r} uses a compression method that is not read ({err}); store or deflate "
+                       "members") from None
+
+
+def _refuse_unselected(files, select_maps):
+    if select_maps is not None:
+        wanted = select_maps(files)
+        foreign = sorted(name for name in files if is_map(name) and name not in wanted)
+        if foreign:
+            raise Rejected(f"{foreign[0]}: the benchmark has no such set; maps are read only for its own sets")
 
 
 def _spill(archive, info, name, spill, max_bytes):
@@ -81,15 +128,21 @@ def _spill(archive, info, name, spill, max_bytes):
         raise Rejected(f"member {name!r} would expand to {info.file_size} bytes, over the limit {max_bytes}")
     target = spill / name.replace("/", "_")
     written = 0
-    try:
-        with archive.open(info) as member, open(target, "wb") as out:
+    with _member(archive, info, name) as member:
+        try:
+            out = open(target, "wb")
+        except OSError as err:
+            raise MaintainerError(f"cannot write {target} ({err}); give the board room to copy score maps") from err
+        with out:
             while piece := member.read(1 << 20):
                 written += len(piece)
                 if written > max_bytes:
                     raise Rejected(f"member {name!r} expands beyond {max_bytes} bytes (zip bomb?)")
-                out.write(piece)
-    except (zipfile.BadZipFile, zlib.error, EOFError) as err:
-        raise Rejected(f"member {name!r} is corrupt ({err}): a CRC mismatch or damaged compressed data") from None
+                try:
+                    out.write(piece)
+                except OSError as err:
+                    raise MaintainerError(f"cannot write {target} ({err}); free space there (or give the board "
+                                          "another folder) and rerun") from err
     return target
 
 
@@ -172,11 +225,25 @@ def load_npz(data, keys, max_bytes=16 << 20, optional=()):
             for name, info in names.items():
                 if info.file_size > max_bytes:
                     raise Rejected(f"accumulator state array {name!r} has {info.file_size} bytes, over {max_bytes}")
+                declared = _declared_bytes(archive, info)  # what np.load would allocate, before it does
+                if declared > info.file_size:
+                    raise Rejected(f"accumulator state array {name!r} declares {declared} bytes in its header but "
+                                   f"holds {info.file_size}; submit the state as segood wrote it")
         with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
             return {key: arrays[key] for key in arrays.files}
     except ValueError as err:
         if "pickle" in str(err):
             raise Rejected("an accumulator state holds pickled objects; states hold plain arrays only") from None
         raise Rejected(f"an accumulator state holds a malformed array ({err})") from None
-    except (OSError, EOFError, zipfile.BadZipFile) as err:
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError, RuntimeError) as err:
         raise Rejected(f"an accumulator state is not a readable npz file ({err})") from None
+
+
+def _declared_bytes(archive, info):
+    """The bytes an npz member's .npy header declares (shape × item size)."""
+    with archive.open(info) as member:
+        version = np.lib.format.read_magic(member)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+            np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(member)
+    return int(np.prod(shape, dtype=object)) * dtype.itemsize

@@ -1,5 +1,6 @@
 """Packaging a run into a submission, and validating a submission's JSON against its schema."""
 
+import errno
 import io
 import json
 import re
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from segood.io import atomic_output, exclusive
 from segood.leaderboard.maps import map_member
 from segood.leaderboard.safe import Rejected
 from segood.metrics import METRICS
@@ -43,19 +45,28 @@ def submit(run_dir, out, *, method=None, name, description="", allow_same_source
     document = ({"schema": SCHEMA, "method": {"name": name, "description": description, "params": {},
                                                "uses_ood_data": bool(uses_ood_data)}, "sets": {}}
                 if run_dir is None else None)
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        if run_dir is not None:
-            document = _add_states(archive, run_dir, method, name, description, allow_same_source, skip=score_maps)
-        for set_name, path in score_maps.items():
-            _add_float16_maps(archive, map_member(set_name), path, data.get(set_name))
-            previous = document["sets"].get(set_name, {})
-            identity = _maps_identity(set_name, data.get(set_name), previous)
-            document["sets"][set_name] = {"scores": map_member(set_name), **identity,
-                                          "same_source_tuning": previous.get("same_source_tuning", False)}
-        archive.writestr("submission.json", json.dumps(document, indent=2, allow_nan=False))
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_bytes(buffer.getvalue())
+    out = Path(out)
+    # one submit at a time into ``out``; the zip is written under a temporary name and renamed when complete, so
+    # a failure (a full disk) leaves no partial zip and the previous one as it was
+    with exclusive(out, "segood submit"), atomic_output(out) as tmp:
+        try:
+            with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as archive:
+                if run_dir is not None:
+                    document = _add_states(archive, run_dir, method, name, description, allow_same_source,
+                                           skip=score_maps)
+                for set_name, path in score_maps.items():
+                    _add_float16_maps(archive, map_member(set_name), path, data.get(set_name))
+                    previous = document["sets"].get(set_name, {})
+                    identity = _maps_identity(set_name, data.get(set_name), previous)
+                    document["sets"][set_name] = {"scores": map_member(set_name), **identity,
+                                                  "same_source_tuning": previous.get("same_source_tuning", False)}
+                archive.writestr("submission.json", json.dumps(document, indent=2, allow_nan=False))
+        except OSError as err:
+            if err.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise OSError(err.errno, f"cannot write {out} ({err.strerror}); free space and rerun: "
+                                         f"{'the previous zip is unchanged' if out.exists() else 'nothing was left'}") \
+                    from None
+            raise
     return document
 
 

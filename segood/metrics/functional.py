@@ -306,7 +306,8 @@ def raise_bad_scores(scores, labels, lo, hi, clip):
     nan = np.isnan(s)
     finite = s[~nan]
     outside = int(np.count_nonzero((finite < lo) | (finite > hi)))
-    seen = f"min {finite.min():.6g}, max {finite.max():.6g}" if finite.size else "no finite score"
+    # shortest round-trip text: a score of 1.0000001 must not read as "max 1" beside a range of [0, 1]
+    seen = f"min {float(finite.min())!r}, max {float(finite.max())!r}" if finite.size else "no finite score"
     if clip:
         raise ValueError(f"{int(nan.sum())} of {s.size} counted pixels have NaN scores; clip=True cannot fix NaN")
     raise ValueError(

@@ -19,6 +19,7 @@ levels up to it, ``severities`` names levels the run must have. A value that is 
 set without OOD pixels) fails, since nothing was shown.
 """
 
+import math
 import re
 
 import yaml
@@ -32,13 +33,73 @@ _COMPARISON = re.compile(r"^\s*([a-z_0-9]+)\s*(>=|<=|>|<)\s*([-+0-9.eE]+)\s*$")
 _OPERATORS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, "<": lambda a, b: a < b}
 
 
+MAX_BYTES = 64 << 10  # a requirements file is a few lines
+MAX_ALIASES = 100
+MAX_VALUES = 10_000  # scalars, lists and mappings of the document, every alias counted as often as it is used
+
+
 def load_requirements(path):
-    """The checked requirements of a YAML file (see the module docstring)."""
+    """The checked requirements of a YAML file (see the module docstring), parsed safely: at most
+    :data:`MAX_BYTES`, no tags, no repeated keys, at most :data:`MAX_ALIASES` aliases and :data:`MAX_VALUES`
+    values once the aliases are expanded. A ValueError names the file and what is wrong."""
     try:
-        doc = yaml.safe_load(open(path, encoding="utf-8").read())
+        with open(path, "rb") as f:
+            data = f.read(MAX_BYTES + 1)
+        if len(data) > MAX_BYTES:
+            raise ValueError(f"{path}: more than {MAX_BYTES} bytes; a requirements file is a short list")
+        doc = yaml.load(data.decode("utf-8"), Loader=_RequirementsLoader)  # noqa: S506 - a SafeLoader, bounded
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
         raise ValueError(f"{path} is not a readable YAML file of requirements ({err})") from None
+    except _Refused as err:
+        raise ValueError(f"{path}: {err}") from None
+    if _count(doc) > MAX_VALUES:
+        raise ValueError(f"{path}: its aliases expand to more than {MAX_VALUES} values; write the requirements out")
     return parse_requirements(doc, source=str(path))
+
+
+class _Refused(Exception):
+    """What the requirements loader refuses (tags, repeated keys, too many aliases)."""
+
+
+class _RequirementsLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader without tags or repeated keys, with a bounded number of aliases."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self.aliases = 0
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_ALIASES:
+                raise _Refused(f"more than {MAX_ALIASES} aliases (*name); write the requirements out")
+        elif getattr(event, "tag", None) is not None:
+            raise _Refused(f"line {event.start_mark.line + 1}: tag {event.tag!r}; requirements take plain values, "
+                           "without tags")
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        keys = [self.construct_object(key, deep=True) for key, _ in node.value]
+        repeated = sorted({str(k) for k in keys if keys.count(k) > 1})
+        if repeated:
+            raise _Refused(f"line {node.start_mark.line + 1}: the keys {repeated} appear twice in one mapping; "
+                           "which one counts would be undefined, so give each once")
+        return super().construct_mapping(node, deep=deep)
+
+
+def _count(value, budget=MAX_VALUES + 1):
+    """The number of values in ``value`` (shared ones counted each time), stopping once over ``budget``."""
+    seen, stack = 0, [value]
+    while stack and seen <= budget:
+        item = stack.pop()
+        seen += 1
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return seen
 
 
 def parse_requirements(doc, source="requirements"):
@@ -59,7 +120,14 @@ def parse_requirements(doc, source="requirements"):
         match = _COMPARISON.match(str(item["require"]))
         if not match:
             raise ValueError(f"{where}: cannot read {item['require']!r}; write e.g. 'auroc >= 0.90'")
-        metric, op, value = match.group(1), match.group(2), float(match.group(3))
+        try:
+            metric, op, value = match.group(1), match.group(2), float(match.group(3))
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise ValueError(f"{where}: the bound {match.group(3)} is not a finite number; write e.g. 'auroc >= 0.90'")
+        if "name" in item and not (isinstance(item["name"], str) and 0 < len(item["name"]) <= 200):
+            raise ValueError(f"{where}: name must be a text of 1-200 characters")
         if metric not in METRICS and metric not in SEGMENTATION_METRICS:
             raise ValueError(f"{where}: unknown metric {metric!r}; choose from {', '.join([*METRICS, *SEGMENTATION_METRICS])}")
         question = item.get("question", "corrupted_id")
