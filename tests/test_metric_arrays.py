@@ -64,7 +64,8 @@ def test_undefined_is_nan_with_a_warning_and_bad_input_is_named():
         assert np.isnan(metrics.auroc(np.array([0.1, 0.2]), np.array([0, 0], np.uint8)))
     with pytest.raises(ValueError, match="tpr must be in"):
         metrics.fpr_at_tpr(np.array([0.1, 0.2]), np.array([0, 1], np.uint8), 0)
-    with pytest.raises(ValueError, match="grid must be"):
+    assert metrics.auroc(np.array([0.1, 0.2, 0.2]), np.array([0, 1, 0], np.uint8), grid="exact") == 0.75
+    with pytest.raises(ValueError, match="unknown grid kind 'log'"):
         metrics.auroc(np.array([0.1, 0.2]), np.array([0, 1], np.uint8), grid="log")
     with pytest.raises(ValueError, match="labels"):
         metrics.auroc(np.array([0.1, 0.2]), np.array([0, 3], np.uint8))

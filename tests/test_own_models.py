@@ -14,6 +14,7 @@ from segood.cli import main
 from segood.data.h5 import H5SegmentationDataset, set_identity
 from segood.evaluation import evaluate, evaluate_score_maps
 from segood.evaluation.exchange import export_scores
+from segood.evaluation.options import EvaluateOptions
 from segood.evaluation.runner import run
 from segood.leaderboard import leaderboard, make_benchmark, submit
 from segood.methods import Scorer, get_method
@@ -135,7 +136,7 @@ def test_other_classes_run_every_method_that_needs_no_class_mapping(sets, tmp_pa
 @pytest.mark.parametrize("classes", [19, 5])
 def test_segmentation_quality_only_where_the_classes_are_the_sets(sets, tmp_path, classes):
     ev = run(ExternalModel(QuarterNet(classes)), {"cs": sets["cs"]}, [get_method("entropy")], tmp_path,
-             quality=True, progress=False)
+             EvaluateOptions(progress=False), quality=True)
     assert (ev.confusion["cs"].sum() > 0) == (classes == 19)
     assert any("segmentation quality (mIoU, confusion, calibration) is not computed" in n
                for n in ev.notes()) == (classes != 19)

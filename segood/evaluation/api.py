@@ -1,5 +1,6 @@
 """``segood.evaluate`` for any segmentation model, and the evaluation of black-box score maps."""
 
+import dataclasses
 import hashlib
 import json
 import tempfile
@@ -68,13 +69,13 @@ def evaluate(model, sets, methods=None, out_dir=None, options: EvaluateOptions |
         if options.resume:
             raise ValueError("resume continues a run saved in a folder: pass out_dir")
         with tempfile.TemporaryDirectory(prefix="segood-run-") as tmp:
-            ev = execute(model, sets, methods, tmp, description, **options.run_options())
+            ev = execute(model, sets, methods, tmp, description, options)
             run_description = RunFolder(tmp).read_run() if ev is not None else None
         if ev is None:
             return None
         return Results(build_results(run_description, ev, bootstrap=options.bootstrap, commit_on=options.commit_on),
                        ev)
-    ev = execute(model, sets, methods, out_dir, description, resume=options.resume, **options.run_options())
+    ev = execute(model, sets, methods, out_dir, description, options)
     if ev is None:
         return None
     return Results(write_report(out_dir, figures=options.figures, bootstrap=options.bootstrap,
@@ -133,10 +134,10 @@ def prepare(model, sets, methods, options):
     return model, sets, methods, description
 
 
-def execute(model, sets, methods, out_dir, description, **options):
+def execute(model, sets, methods, out_dir, description, options, **run_options):
     """Run into ``out_dir``: refuse a folder that holds another run, write run.json (rank 0), evaluate (sharded
-    under torchrun, :func:`segood.evaluation.runner.run` with ``options``) and save the merged state. Returns the
-    :class:`Evaluation` on rank 0, None on the other ranks."""
+    under torchrun, :func:`segood.evaluation.runner.run` with ``options`` and ``run_options``) and save the merged
+    state. Returns the :class:`Evaluation` on rank 0, None on the other ranks."""
     import torch.distributed as dist
 
     folder = RunFolder(out_dir)
@@ -145,9 +146,9 @@ def execute(model, sets, methods, out_dir, description, **options):
     fresh = not folder.run.exists()
     if rank == 0:
         write_json(folder.run, description)
-    progress = options.pop("progress", True) and rank == 0
+    options = dataclasses.replace(options, progress=options.progress and rank == 0)
     try:
-        ev = run(model, sets, methods, folder.path, progress=progress, rank=rank, world_size=world, **options)
+        ev = run(model, sets, methods, folder.path, options, rank=rank, world_size=world, **run_options)
     except BaseException:
         if fresh and rank == 0 and not list(folder.path.glob("state*.npz")):  # nothing to resume: no run here
             folder.run.unlink(missing_ok=True)

@@ -88,9 +88,3 @@ class EvaluateOptions:
         if not isinstance(options, cls):
             raise TypeError(f"options must be an {cls.__name__}, got {type(options).__name__}")
         return dataclasses.replace(options, **keywords) if keywords else options
-
-    def run_options(self):
-        """The options the runner takes (:func:`segood.evaluation.runner.run`)."""
-        return {"batch_size": self.batch_size, "device": self.device, "grid": self.grid, "save_every": self.save_every,
-                "progress": self.progress, "skip_bad": self.skip_bad, "verify": self.verify,
-                "components": self.components, "official": self.official}

@@ -491,28 +491,29 @@ class UnreadableFrame(ValueError):
         self.index = index
 
 
-def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, resume=False,
-        save_every=20, progress=True, rank=0, world_size=1, skip_bad=False, seed=0, verify=True, components=None,
-        quality=False, examples=(EXAMPLES_PER_SET, None), official=None):
+def run(model, sets, methods, out_dir, options, *, rank=0, world_size=1, seed=0, quality=False,
+        examples=(EXAMPLES_PER_SET, None)):
     """Evaluate ``methods`` (method objects) of ``model`` on ``sets`` ({name: .h5 path, or a Dataset of segood
-    items such as :class:`segood.robustness.CorruptedSet`}); returns the :class:`Evaluation` (all-reduced over
-    ranks). Writes ``state.npz`` (per rank) in ``out_dir``. ``quality`` and ``examples``: see
-    :class:`Evaluation`. ``components``: a :func:`component_spec`; when the run chooses its thresholds, a
-    components pass over the sets follows the pixel pass (only the methods and sets with a threshold).
-    ``official``: also "smiyc"'s or "fishyscapes"' own computation of its numbers (:mod:`segood.metrics.official`).
+    items such as :class:`segood.robustness.CorruptedSet`}) with ``options`` (an
+    :class:`~segood.evaluation.options.EvaluateOptions`: batch size, device, grid, resume, save_every, progress,
+    skip_bad, verify, components, official mode); returns the :class:`Evaluation` (all-reduced over ranks).
+    Writes ``state.npz`` (per rank) in ``out_dir``. ``quality`` and ``examples``: see :class:`Evaluation`. When
+    the run chooses its component thresholds, a components pass over the sets follows the pixel pass (only the
+    methods and sets with a threshold).
 
     Monte-Carlo dropout is seeded per batch from (seed, set, first frame), so a resumed run draws the same
     samples as an uninterrupted one (for the same batch size and sharding)."""
+    grid, components, official = options.grid, options.components, options.official
     folder = RunFolder(out_dir)
     folder.path.mkdir(parents=True, exist_ok=True)
     scorer = isinstance(model, Scorer)
     if scorer and quality:
         raise ValueError(f"segmentation quality (mIoU, calibration) needs a network's logits; scorer {model.name} "
                          "gives anomaly scores only")
-    device = device or (torch.device("cpu") if scorer else next(model.parameters()).device)
+    device = options.device or (torch.device("cpu") if scorer else next(model.parameters()).device)
     check_methods(model, methods)
     datasets = {name: path if hasattr(path, "__getitem__") and not isinstance(path, (str, Path)) else
-                H5SegmentationDataset(path, verify=verify) for name, path in sets.items()}
+                H5SegmentationDataset(path, verify=options.verify) for name, path in sets.items()}
     for path in sets.values():
         if isinstance(path, (str, Path)):  # (datasets built elsewhere, e.g. corrupted on the fly, check their own)
             require_labels(path)
@@ -520,7 +521,7 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, 
     if len(set(names)) != len(names):
         raise ValueError(f"each method once per run, got {names}")
     state_path = folder.state(rank, world_size)
-    if resume and state_path.exists():
+    if options.resume and state_path.exists():
         ev = Evaluation.load(state_path)
         if ev.method_names != names or ev.set_names != list(sets) or ev.grid != (grid or grid_spec()) \
                 or ev.quality != quality or ev.official != official:
@@ -531,8 +532,9 @@ def run(model, sets, methods, out_dir, *, batch_size=2, device=None, grid=None, 
         ev = Evaluation(names, list(sets), grid, components, quality=quality, examples=examples, official=official)
     model.eval()
     make_accumulator(ev.grid).update(np.zeros(1, np.float32), np.zeros(1, np.uint8))  # load the grid's kernel once
-    loop = _Loop(model, datasets, ev, state_path, device=device, batch_size=batch_size, save_every=save_every,
-                 shard=(rank, world_size), skip_bad=skip_bad, seed=seed, progress=progress)
+    loop = _Loop(model, datasets, ev, state_path, device=device, batch_size=options.batch_size,
+                 save_every=options.save_every, shard=(rank, world_size), skip_bad=options.skip_bad, seed=seed,
+                 progress=options.progress)
     loop.run_pass("evaluate", ev.done, lambda s: methods, ev.update_pixels)
     if chosen_by_run(ev.components):
         thresholds = chosen_thresholds(ev.components, _pooled_results(ev))  # from saved counts: not saved here

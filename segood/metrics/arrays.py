@@ -7,7 +7,8 @@
 (ignore). Exact by default: every distinct score is a threshold (equal to scikit-learn's ``roc_auc_score`` and
 ``average_precision_score``; O(n log n), the pixels sorted in memory). ``grid=`` bins them instead, as the
 accumulators do: ``"float"`` (the float-order grid at 10 mantissa bits), ``"linear"`` (the paper's 400
-thresholds on [0, 1]) or a :func:`~segood.metrics.grid_spec` dict. A metric without OOD or without ID pixels is
+thresholds on [0, 1]), ``"exact"`` (the exact grid's accumulator: the same numbers as the default) or a
+:func:`~segood.metrics.grid_spec` dict. A metric without OOD or without ID pixels is
 NaN, with an :class:`~segood.metrics.UndefinedMetricWarning`.
 """
 
@@ -27,11 +28,7 @@ def curve(scores, labels, *, grid=None) -> fn.Curve:
     """The :class:`~segood.metrics.Curve` (TP and FP at increasing thresholds) every metric here is read from."""
     if grid is None:
         return fn.exact_curve(scores, labels)[0]
-    if isinstance(grid, str):
-        if grid not in ("float", "linear"):
-            raise ValueError(f"grid must be 'float', 'linear' or a grid_spec dict, got {grid!r}")
-        grid = grid_spec() if grid == "float" else grid_spec(num_thresholds=400)
-    acc = make_accumulator(grid)
+    acc = make_accumulator(grid_spec(kind=grid))  # a name ("float", "linear", "exact") or a whole grid
     acc.update(scores, labels)
     thresholds, hist = acc.curve_counts()
     fp, tp = (np.cumsum(row[::-1])[::-1].astype(np.int64) for row in hist)

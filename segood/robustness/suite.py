@@ -76,8 +76,8 @@ def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corrupti
             for level in severities:
                 conditions[condition_name(set_name, corruption, level)] = _corrupted(clean, corruption, level, seed,
                                                                                      standard_size)
-    ev = execute(model, conditions, methods, out_dir, description, resume=resume, quality=True,
-                 examples=(1, EXAMPLE_WIDTH), **options.run_options())
+    ev = execute(model, conditions, methods, out_dir, description, options, quality=True,
+                 examples=(1, EXAMPLE_WIDTH))
     return None if ev is None else write_robustness_report(out_dir, figures=figures, requirements=requirements,
                                                            reference=reference)
 
