@@ -7,10 +7,11 @@ from segood.methods.functional import entropy, max_softmax, mutual_info, odin, v
 from segood.methods.methods import (METHODS, ODIN_EPSILONS, ODIN_TEMPERATURES, ClassFeatureStats, Confidence, Energy,
                                     Entropy, Mahalanobis, MaxLogit, MaxSoftmax, Method, MonteCarlo, MutualInfo, Needs,
                                     Odin, StandardizedMaxLogit, VarSum, get_method, list_methods, register_method)
+from segood.methods.mask import MASK_HEADS, EnsembleOverMasks, MaskMaxSoftmax, RbA
 from segood.methods.schedule import perturb, score_batch
 from segood.methods.scorer import Scorer, load_scorer
 
-__all__ = ["METHODS", "ClassFeatureStats", "ODIN_EPSILONS", "ODIN_TEMPERATURES", "Confidence", "Energy", "Entropy",
-           "Mahalanobis", "MaxLogit", "MaxSoftmax", "Method", "MonteCarlo", "MutualInfo", "Needs", "Odin", "Scorer",
+__all__ = ["MASK_HEADS", "METHODS", "ClassFeatureStats", "ODIN_EPSILONS", "ODIN_TEMPERATURES", "Confidence", "Energy",
+           "EnsembleOverMasks", "Entropy", "Mahalanobis", "MaskMaxSoftmax", "RbA", "MaxLogit", "MaxSoftmax", "Method", "MonteCarlo", "MutualInfo", "Needs", "Odin", "Scorer",
            "StandardizedMaxLogit", "VarSum", "entropy", "get_method", "list_methods", "load_scorer", "max_softmax",
            "mutual_info", "odin", "perturb", "register_method", "score_batch", "varsum"]

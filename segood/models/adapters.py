@@ -140,7 +140,7 @@ class LibraryModel(ExternalModel):
         self.inference = inference
         self.size = None if size is None else tuple(int(v) for v in size)
         self.crop = None if crop is None else tuple(int(v) for v in crop)
-        self.stride = None if stride is None else tuple(int(v) for v in (stride if stride is not None else crop))
+        self.stride = self.crop if stride is None else tuple(int(v) for v in stride)
         self.multiple = int(multiple)
         self.processor_size = processor_size
         if inference == "resize" and size is None and processor_size is None:
