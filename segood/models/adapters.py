@@ -120,6 +120,8 @@ class LibraryModel(ExternalModel):
 
     Args:
         module: the library's ``nn.Module``.
+        fixed_size: (h, w) the network's only input size (EoMT's position embeddings): ``resize`` resizes to it,
+            ``slide`` windows must be it (border windows of a smaller frame are padded), ``whole`` frames must be it.
         mean, std, scale: the network's input normalisation, ``(pixels * scale - mean) / std`` for pixels in
             [0, 1] (an image processor: ``scale`` = 255 × ``rescale_factor``).
         multiple: the network's input sides must be multiples of this (the scorer pads in ``whole`` mode).
@@ -133,7 +135,7 @@ class LibraryModel(ExternalModel):
 
     def __init__(self, module, *, mean=IMAGENET_MEAN, std=IMAGENET_STD, scale=1.0, multiple=1, inference="whole",
                  size=None, crop=None, stride=None, classes=None, class_names=None, processor_size=None,
-                 align_corners=False):
+                 fixed_size=None, align_corners=False):
         super().__init__(module, align_corners=align_corners)
         check_inference(inference, size=size, crop=crop, stride=stride)
         self.module.eval()
@@ -143,7 +145,11 @@ class LibraryModel(ExternalModel):
         self.stride = self.crop if stride is None else tuple(int(v) for v in stride)
         self.multiple = int(multiple)
         self.processor_size = processor_size
-        if inference == "resize" and size is None and processor_size is None:
+        self.fixed_size = None if fixed_size is None else tuple(int(v) for v in fixed_size)
+        if self.fixed_size and (self.size or self.crop or self.fixed_size) != self.fixed_size:
+            raise ValueError(f"this network sees inputs of exactly {self.fixed_size[0]}x{self.fixed_size[1]} (its "
+                             f"position embeddings); give size=crop={self.fixed_size} or leave them out")
+        if inference == "resize" and size is None and processor_size is None and fixed_size is None:
             raise ValueError("resize inference needs the network's size: size=(H, W) (--infer-size H W), or an "
                              "image processor that has one")
         self.class_names = None if class_names is None else tuple(str(n) for n in class_names)
@@ -181,16 +187,21 @@ class LibraryModel(ExternalModel):
     def forward(self, x):
         x = self.network_input(x)
         if self.inference == "whole":
+            if self.fixed_size and tuple(x.shape[-2:]) != self.fixed_size:
+                raise ValueError(f"this network sees inputs of exactly {self.fixed_size[0]}x{self.fixed_size[1]}; "
+                                 f"these frames are {x.shape[-2]}x{x.shape[-1]}: use inference 'resize' or 'slide' "
+                                 f"(window {self.fixed_size[0]} {self.fixed_size[1]})")
             divisible = x.shape[-2] % self.multiple == 0 and x.shape[-1] % self.multiple == 0
             out = self.network_output(x) if divisible else run_padded(self.network_output, x, self.multiple,
                                                                       align_corners=self.align_corners)
         elif self.inference == "resize":
-            size = self.size or processor_size(*x.shape[-2:], self.processor_size, multiple=self.multiple)
+            size = self.size or self.fixed_size or processor_size(*x.shape[-2:], self.processor_size,
+                                                                  multiple=self.multiple)
             size = tuple(-(-s // self.multiple) * self.multiple for s in size)
             out = resize_and_back(self.network_output, x, size, align_corners=self.align_corners)
         else:
-            logits = slide(lambda window: run_padded(self.network_output, window, self.multiple,
-                                                     align_corners=self.align_corners),
+            pad = self.fixed_size[0] if self.fixed_size else self.multiple  # (border windows of smaller frames)
+            logits = slide(lambda window: run_padded(self.network_output, window, pad, align_corners=self.align_corners),
                            x, crop=self.crop, stride=self.stride, align_corners=self.align_corners)
             out = SegOutput(logits, None)
         return self.mapped(out)

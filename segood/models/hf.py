@@ -99,6 +99,8 @@ def hf_model(module, processor=None, **options):
     adapter = HFMaskClassification if model_type in ("mask2former", "eomt") else HFSegmentation
     id2label = dict(config.id2label)
     names = [id2label[i] for i in sorted(id2label)] if len(id2label) == config.num_labels else None
+    if model_type == "eomt":  # a ViT with fixed position embeddings: image_size x image_size inputs only
+        options["fixed_size"] = (config.image_size, config.image_size)
     return adapter(module, mean=processor.image_mean if normalize else (0.0, 0.0, 0.0),
                    std=processor.image_std if normalize else (1.0, 1.0, 1.0),
                    scale=255.0 * processor.rescale_factor if rescale else 255.0, multiple=int(multiple),
