@@ -409,8 +409,9 @@ def test_evaluate_a_transformers_folder_from_the_command_line_and_the_api(sets, 
     assert run["model"]["adapter"] == "HFMaskClassification" and run["model"]["inference"] == "whole"
     assert len(run["model"]["class_indices"]) == 19
     model = load_library_model("hf", tmp_path / "m2f", classes="cityscapes")
-    doc = evaluate(model, [sets / "perlin_mixed.h5"], ["rba", "eam", "max_logit"], tmp_path / "api", progress=False,
-                   figures=False)
+    evaluate(model, [sets / "perlin_mixed.h5"], ["rba", "eam", "max_logit"], tmp_path / "api", progress=False,
+             figures=False)
+    doc = json.loads((tmp_path / "api" / "results.json").read_text())
     assert doc["model"] == results["model"]
     for name in ("rba", "eam", "max_logit"):
         assert doc["results"][name]["perlin_mixed"]["pooled"] == results["results"][name]["perlin_mixed"]["pooled"]

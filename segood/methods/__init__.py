@@ -1,7 +1,7 @@
 """Pixel-level OOD methods: pure formulas in :mod:`segood.methods.functional`, scorers on a network in
-:mod:`segood.methods.methods` (each registered with ``@register_method``), their scheduling in
-:mod:`segood.methods.schedule`, callables that return scores themselves in :mod:`segood.methods.scorer`, fair
-tuning in :mod:`segood.methods.tuning`."""
+:mod:`segood.methods.methods` and the mask-level ones in :mod:`segood.methods.mask` (each registered with
+``@register_method``), their scheduling in :mod:`segood.methods.schedule`, callables that return scores
+themselves in :mod:`segood.methods.scorer`, fair tuning in :mod:`segood.methods.tuning`."""
 
 from segood.methods.functional import entropy, max_softmax, mutual_info, odin, varsum
 from segood.methods.methods import (METHODS, ODIN_EPSILONS, ODIN_TEMPERATURES, ClassFeatureStats, Confidence, Energy,
@@ -12,6 +12,7 @@ from segood.methods.schedule import perturb, score_batch
 from segood.methods.scorer import Scorer, load_scorer
 
 __all__ = ["MASK_HEADS", "METHODS", "ClassFeatureStats", "ODIN_EPSILONS", "ODIN_TEMPERATURES", "Confidence", "Energy",
-           "EnsembleOverMasks", "Entropy", "Mahalanobis", "MaskMaxSoftmax", "RbA", "MaxLogit", "MaxSoftmax", "Method", "MonteCarlo", "MutualInfo", "Needs", "Odin", "Scorer",
-           "StandardizedMaxLogit", "VarSum", "entropy", "get_method", "list_methods", "load_scorer", "max_softmax",
-           "mutual_info", "odin", "perturb", "register_method", "score_batch", "varsum"]
+           "EnsembleOverMasks", "Entropy", "Mahalanobis", "MaskMaxSoftmax", "MaxLogit", "MaxSoftmax", "Method",
+           "MonteCarlo", "MutualInfo", "Needs", "Odin", "RbA", "Scorer", "StandardizedMaxLogit", "VarSum", "entropy",
+           "get_method", "list_methods", "load_scorer", "max_softmax", "mutual_info", "odin", "perturb",
+           "register_method", "score_batch", "varsum"]

@@ -201,7 +201,8 @@ class LibraryModel(ExternalModel):
             out = resize_and_back(self.network_output, x, size, align_corners=self.align_corners)
         else:
             pad = self.fixed_size[0] if self.fixed_size else self.multiple  # (border windows of smaller frames)
-            logits = slide(lambda window: run_padded(self.network_output, window, pad, align_corners=self.align_corners),
+            logits = slide(lambda window: run_padded(self.network_output, window, pad,
+                                                     align_corners=self.align_corners),
                            x, crop=self.crop, stride=self.stride, align_corners=self.align_corners)
             out = SegOutput(logits, None)
         return self.mapped(out)

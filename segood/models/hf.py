@@ -120,6 +120,9 @@ def load_hf(path, **options):
     if config.model_type not in HF_CLASSES:
         raise ValueError(f"{path} holds a {config.model_type!r} network; segood adapts {', '.join(HF_CLASSES)}")
     model_class, processor_class = HF_CLASSES[config.model_type]
+    if not hasattr(transformers, model_class):
+        raise ValueError(f"{path} holds a {config.model_type} network and transformers {transformers.__version__} "
+                         f"has no {model_class}: upgrade it (pip install -U transformers)")
     module = getattr(transformers, model_class).from_pretrained(path, local_files_only=True)
     processor = None
     if (path / "preprocessor_config.json").is_file():
