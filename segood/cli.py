@@ -108,7 +108,8 @@ def _miou(args):
 def _model(args):
     from segood.models import load_model, load_smp_weights
 
-    if getattr(args, "model_type", None) or getattr(args, "model", None):
+    library = ("model_type", "model", "infer_size", "window", "stride", "class_map")
+    if any(getattr(args, name, None) for name in library) or getattr(args, "inference", "whole") != "whole":
         return _library_model(args)
     if args.checkpoint:
         if getattr(args, "align_corners", False):
@@ -128,7 +129,8 @@ def _library_model(args):
 
     if not args.model_type or not args.model:
         raise ValueError("--model-type and --model go together: the library (hf, torchvision, smp) and the local "
-                         "folder or state dict of its network")
+                         "folder or state dict of its network; --inference, --infer-size, --window, --stride and "
+                         "--class-map set up such a network")
     other = [flag for flag, given in (("--checkpoint", args.checkpoint), ("--encoder", args.encoder),
                                       ("--weights", args.weights), ("--align-corners", args.align_corners)) if given]
     if args.model_type != "torchvision" and args.arch:

@@ -377,7 +377,7 @@ def test_mask_level_methods_refuse_networks_without_query_outputs(mask2former):
     assert score_batch(sliding, preprocess(frames(1, 64, 128)), [get_method("rba")]).scores[0].shape == (1, 64, 128)
 
 
-def test_pixel_level_methods_run_on_a_mask_networks_semantic_scores(mask2former):
+def test_pixel_level_methods_run_on_a_mask_networks_semantic_scores():
     network = tiny_mask2former(list(CLASS_NAMES))
     model = hf_model(network)
     x = preprocess(frames(2, 64, 64))
