@@ -1,6 +1,6 @@
 """What segood's library adapters add per frame over the bare network's forward pass, in one run.
 
-    python benchmarks/bench_adapters.py [--height 256] [--width 512] [--repeat 3] [--device cpu]
+    python benchmarks/bench_adapters.py [--height 256] [--width 512] [--repeat 7] [--device cpu]
 
 Random-weight networks of the libraries' default sizes (no download): torchvision LRASPP-MobileNetV3 and
 DeepLabV3-MobileNetV3, smp FPN-ResNet18, transformers SegFormer (MiT-b0), Mask2Former (Swin-T, 100 queries) and
@@ -8,7 +8,7 @@ EoMT (ViT-S, 100 queries, 256 x 256 only). Per network, best of ``--repeat`` rou
 
 - bare: the module on an input already in its own normalisation, its own output (no resize, no aggregation);
 - library: bare + the library's own semantic post-processing to the frame (transformers'
-  ``post_process_semantic_segmentation``; torchvision and smp give frame-sized logits already);
+  ``post_process_semantic_segmentation``; none for torchvision and smp, which give frame-sized logits);
 - adapter: segood's adapter on ImageNet-normalised frames (renormalisation, forward, mask aggregation);
 - scored: :func:`segood.methods.score_batch` with ``max_logit`` (adapter + resize to the frame + argmax + score).
 
@@ -54,7 +54,7 @@ def networks(height, width):
 
 @torch.no_grad()
 def main():
-    args = parse_args(__doc__, repeat=3)
+    args = parse_args(__doc__, repeat=7, height=256, width=512)
     device = torch.device(args.device)
     method = get_method("max_logit")
     print(f"{device_name(device)}, best of {args.repeat}\n")
@@ -70,10 +70,15 @@ def main():
             if processor is not None:
                 processor.post_process_semantic_segmentation(out, target_sizes=[(height, width)])
 
-        times = interleaved_best_ms([lambda: bare(inner), library, lambda: model(x),
-                                     lambda: score_batch(model, x, [method])], args.repeat, device)
-        print(f"| {name} | {height}x{width} | " + " | ".join(f"{t:.1f}" for t in times) + " | "
-              + " | ".join(f"{t / times[0]:.3f}" for t in times[1:]) + " |", flush=True)
+        contenders = [lambda: bare(inner), library, lambda: model(x), lambda: score_batch(model, x, [method])]
+        if processor is None:  # (library = bare)
+            contenders.pop(1)
+        times = interleaved_best_ms(contenders, args.repeat, device)
+        if processor is None:
+            times.insert(1, None)
+        cells = ["—" if t is None else f"{t:.1f}" for t in times]
+        ratios = ["—" if t is None else f"{t / times[0]:.3f}" for t in times[1:]]
+        print(f"| {name} | {height}x{width} | " + " | ".join(cells + ratios) + " |", flush=True)
 
     import torchvision
 
