@@ -1,6 +1,8 @@
 """What segood's library adapters add per frame over the bare network's forward pass, in one run.
 
-    python benchmarks/bench_adapters.py [--height 256] [--width 512] [--repeat 7] [--device cpu]
+    OMP_NUM_THREADS=1 python benchmarks/bench_adapters.py [--height 256] [--width 512] [--repeat 9] [--device cpu]
+
+(one thread: on a shared machine, the ratios are steadier; results in ``results/bench_adapters_cpu.txt``)
 
 Random-weight networks of the libraries' default sizes (no download): torchvision LRASPP-MobileNetV3 and
 DeepLabV3-MobileNetV3, smp FPN-ResNet18, transformers SegFormer (MiT-b0), Mask2Former (Swin-T, 100 queries) and
@@ -54,7 +56,7 @@ def networks(height, width):
 
 @torch.no_grad()
 def main():
-    args = parse_args(__doc__, repeat=7, height=256, width=512)
+    args = parse_args(__doc__, repeat=9, height=256, width=512)
     device = torch.device(args.device)
     method = get_method("max_logit")
     print(f"{device_name(device)}, best of {args.repeat}\n")
