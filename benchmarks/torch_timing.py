@@ -21,11 +21,11 @@ def with_stable_malloc():
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC_ENV})
 
 
-def parse_args(doc, repeat):
+def parse_args(doc, repeat, height=512, width=1024):
     """The options every network benchmark takes: input size, repeats, device."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--height", type=int, default=512)
-    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--height", type=int, default=height)
+    parser.add_argument("--width", type=int, default=width)
     parser.add_argument("--repeat", type=int, default=repeat)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()

@@ -108,6 +108,9 @@ def _miou(args):
 def _model(args):
     from segood.models import load_model, load_smp_weights
 
+    library = ("model_type", "model", "infer_size", "window", "stride", "class_map")
+    if any(getattr(args, name, None) for name in library) or getattr(args, "inference", "whole") != "whole":
+        return _library_model(args)
     if args.checkpoint:
         if getattr(args, "align_corners", False):
             raise ValueError("--align-corners sets how a model's smaller logits are resized to the frame; a segood "
@@ -118,6 +121,41 @@ def _model(args):
         model.align_corners = bool(getattr(args, "align_corners", False))
         return model
     raise ValueError("give --checkpoint, or --arch, --encoder and --weights for a plain smp state dict")
+
+
+def _library_model(args):
+    """A library's network (--model-type, --model and the inference and class-map options)."""
+    from segood.models import load_library_model
+
+    if not args.model_type or not args.model:
+        raise ValueError("--model-type and --model go together: the library (hf, torchvision, smp) and the local "
+                         "folder or state dict of its network; --inference, --infer-size, --window, --stride and "
+                         "--class-map set up such a network")
+    other = [flag for flag, given in (("--checkpoint", args.checkpoint), ("--encoder", args.encoder),
+                                      ("--weights", args.weights), ("--align-corners", args.align_corners)) if given]
+    if args.model_type != "torchvision" and args.arch:
+        other.append("--arch")
+    if other:
+        raise ValueError(f"--model-type {args.model_type} loads the network from --model: drop {', '.join(other)}")
+    options = {"inference": args.inference, "size": args.infer_size, "crop": args.window, "stride": args.stride,
+               "classes": _class_map(args.class_map)}
+    if args.model_type == "torchvision":
+        options["arch"] = args.arch
+    return load_library_model(args.model_type, args.model, **options)
+
+
+def _class_map(spec):
+    """--class-map: None, 'cityscapes', or a JSON file of a list (network class per target class) or a dict
+    {Cityscapes class: network class}."""
+    from pathlib import Path
+
+    if spec is None or spec == "cityscapes":
+        return spec
+    try:
+        return json.loads(Path(spec).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"--class-map {spec}: give 'cityscapes' or a readable JSON file of a list or a dict "
+                         f"({err})") from None
 
 
 def _protocol(args):
@@ -165,6 +203,7 @@ def _evaluate(args):
         network = [flag for flag, given in (("--checkpoint", args.checkpoint), ("--arch", args.arch),
                                             ("--weights", args.weights), ("--feature-layer", args.feature_layer),
                                             ("--fit-set", args.fit_set), ("--align-corners", args.align_corners),
+                                            ("--model-type", args.model_type),
                                             ("--methods", args.methods != ["all"])) if given]
         if network:
             raise ValueError(f"--scorer returns the anomaly scores itself: drop {', '.join(network)}, which set up "
@@ -241,6 +280,8 @@ def _analysis_options(args):
 def add_model_options(parser):
     from pathlib import Path
 
+    from segood.models import INFERENCE_MODES, list_model_types
+
     parser.add_argument("--checkpoint", type=Path, help="a segood checkpoint")
     parser.add_argument("--arch", help="with --encoder and --weights: a plain smp model and its state dict "
                                        "(any smp architecture name, e.g. pspnet, deeplabv3plus)")
@@ -252,6 +293,22 @@ def add_model_options(parser):
     parser.add_argument("--align-corners", action="store_true",
                         help="resize logits that come out smaller than the frame with align_corners=True, as the "
                              "model's library does (default: False, as torch and smp)")
+    parser.add_argument("--model-type", choices=list_model_types(),
+                        help="a network of another library, read from --model (docs/models.md): hf (a transformers "
+                             "folder), torchvision (a state dict, with --arch), smp (a save_pretrained folder)")
+    parser.add_argument("--model", type=Path, help="with --model-type: the network's local folder or state dict")
+    parser.add_argument("--inference", choices=INFERENCE_MODES, default="whole",
+                        help="with --model-type: whole frames (default), resize to the network's size and back, "
+                             "or a sliding window (--window, --stride)")
+    parser.add_argument("--infer-size", type=positive_int, nargs=2, metavar=("H", "W"),
+                        help="--inference resize: the network's size (default: its image processor's)")
+    parser.add_argument("--window", type=positive_int, nargs=2, metavar=("H", "W"),
+                        help="--inference slide: the window (e.g. the training crop)")
+    parser.add_argument("--stride", type=positive_int, nargs=2, metavar=("H", "W"),
+                        help="--inference slide: the step between windows (default: the window)")
+    parser.add_argument("--class-map", metavar="cityscapes|FILE.json",
+                        help="with --model-type: map the network's classes to the 19 Cityscapes trainIds, by name "
+                             "('cityscapes') or by a JSON list / dict")
 
 
 def add_run_options(parser):

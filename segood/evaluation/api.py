@@ -260,7 +260,8 @@ def _model_identity(model, checkpoint):
     return {"class": f"{type(inner).__module__}.{type(inner).__qualname__}",
             "parameters": int(sum(p.numel() for p in inner.parameters())),
             "served_heads": sorted(model.served_heads), "weights_sha256": weights,
-            **({"align_corners": True} if model.align_corners else {})}  # (False, the default, as before it existed)
+            **({"align_corners": True} if model.align_corners else {}),  # (False, the default, as before it existed)
+            **(model.describe() if hasattr(model, "describe") else {})}  # a library adapter: its inference mode
 
 
 def _weights_sha256(model):

@@ -33,14 +33,41 @@ class ModelConfig:
         return asdict(self)
 
 
+class QueryOutput:
+    """The per-query outputs of a mask-classification network (Mask2Former, EoMT), which mask-level methods score.
+
+    class_logits: (N, Q, K + 1), the last entry the "no object" class; mask_logits: (N, Q, h, w) before the
+    sigmoid, covering the whole input at the network's own resolution; class_indices: the K' network classes that
+    make the semantic classes, in their order (a class mapping), or None for all K. A plain class, not a dataclass,
+    so that cropping a padded frame's outputs leaves these low-resolution tensors as they are.
+    """
+
+    __slots__ = ("class_logits", "mask_logits", "class_indices")
+
+    def __init__(self, class_logits, mask_logits, class_indices=None):
+        self.class_logits, self.mask_logits = class_logits, mask_logits
+        self.class_indices = None if class_indices is None else tuple(int(i) for i in class_indices)
+
+    def class_probabilities(self):
+        """(N, Q, K') softmax over the K + 1 classes, the "no object" class and unmapped classes dropped after it."""
+        probs = self.class_logits.softmax(dim=-1)[..., :-1]
+        return probs if self.class_indices is None else probs[..., list(self.class_indices)]
+
+    def mask_probabilities(self, size, *, queries=None):
+        """(N, Q, H, W) sigmoid of the mask logits resized bilinearly to ``size`` (``queries``: a subset)."""
+        logits = self.mask_logits if queries is None else self.mask_logits[:, queries]
+        return F.interpolate(logits, size=tuple(size), mode="bilinear", align_corners=False).sigmoid()
+
+
 @dataclass
 class SegOutput:
     """logits (N, C, H, W); features: the penultimate layer (N, D, h, w); confidence (N, 1, H, W) in (0, 1) or
-    None."""
+    None; queries: a mask-classification network's :class:`QueryOutput`, or None."""
 
     logits: torch.Tensor
     features: torch.Tensor
     confidence: torch.Tensor | None = None
+    queries: QueryOutput | None = None
 
 
 class SegmentationNetwork(nn.Module):
@@ -141,9 +168,10 @@ def _upsample(logits, size):
 def resize_output(output, size, *, align_corners=False):
     """``output`` (:class:`SegOutput`) with its logits and confidence resized bilinearly to ``size`` = (H, W) where
     they come out at another resolution (mmseg and detectron2 heads before their final resize, at 1/4 or 1/8 of the
-    input); unchanged where they already have it. The features keep their own resolution (Mahalanobis resizes its
-    distances itself). ``align_corners`` as the model's own library resizes: False for torch and smp
-    (``F.interpolate(..., mode="bilinear", align_corners=False)``), True for some mmseg configs."""
+    input); unchanged where they already have it. The features and query outputs keep their own resolution
+    (Mahalanobis and the mask-level methods resize what they derive). ``align_corners`` as the model's own library
+    resizes: False for torch and smp (``F.interpolate(..., mode="bilinear", align_corners=False)``), True for some
+    mmseg configs."""
     size = tuple(size)
     if tuple(output.logits.shape[-2:]) == size:
         return output
@@ -151,7 +179,7 @@ def resize_output(output, size, *, align_corners=False):
     def resize(t):
         return None if t is None else F.interpolate(t, size=size, mode="bilinear", align_corners=align_corners)
 
-    return SegOutput(resize(output.logits), output.features, resize(output.confidence))
+    return SegOutput(resize(output.logits), output.features, resize(output.confidence), output.queries)
 
 
 def frame_output(model, x):

@@ -1,0 +1,422 @@
+"""Networks from transformers, torchvision and smp as segood networks, their inference modes and class mapping,
+and the mask-level methods: each checked against the library's own post-processing or a literal reference, on
+tiny random networks built offline from configs."""
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("transformers")
+import torchvision  # noqa: E402
+from transformers import (EomtConfig, EomtForUniversalSegmentation, EomtImageProcessor, Mask2FormerConfig,  # noqa: E402
+                          Mask2FormerForUniversalSegmentation, Mask2FormerImageProcessor, SegformerConfig,
+                          SegformerForSemanticSegmentation, SegformerImageProcessor, SwinConfig)
+
+from segood.cli import main  # noqa: E402
+from segood.evaluation import evaluate  # noqa: E402
+from segood.labels import CLASS_NAMES  # noqa: E402
+from segood.methods import get_method, score_batch  # noqa: E402
+from segood.methods.mask import eam, mask_max_softmax, rba  # noqa: E402
+from segood.models import (build_model, class_indices, hf_model, load_library_model, preprocess,  # noqa: E402
+                           sliding_windows, torchvision_model)
+from segood.models.inference import slide  # noqa: E402
+from segood.models.network import SegOutput  # noqa: E402
+
+from rawtrees import mixed_noise_sets  # noqa: E402
+
+OWN_MEAN, OWN_STD = [0.5, 0.4, 0.3], [0.2, 0.3, 0.25]  # not ImageNet's, so that honouring them is visible
+PIXEL_METHODS = ("max_softmax", "entropy", "max_logit", "energy")
+MASK_METHODS = ("rba", "mask_max_softmax", "eam")
+
+
+def frames(n, height, width, seed=0):
+    return torch.randint(0, 256, (n, 3, height, width), dtype=torch.uint8,
+                         generator=torch.Generator().manual_seed(seed))
+
+
+def processed(processor, images):
+    """The library's own preprocessing of uint8 frames (N, 3, H, W), resizing off."""
+    return processor(images=[i.permute(1, 2, 0).numpy() for i in images], do_resize=False,
+                     return_tensors="pt").pixel_values
+
+
+def tiny_segformer(labels=4):
+    torch.manual_seed(0)
+    names = labels if isinstance(labels, (list, tuple)) else [f"class{i}" for i in range(labels)]
+    config = SegformerConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[8, 16],
+                             num_attention_heads=[1, 2], decoder_hidden_size=16, num_labels=len(names),
+                             id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)})
+    return SegformerForSemanticSegmentation(config).eval()
+
+
+def tiny_mask2former(labels=4, queries=5):
+    torch.manual_seed(0)
+    names = labels if isinstance(labels, (list, tuple)) else [f"class{i}" for i in range(labels)]
+    swin = SwinConfig(embed_dim=32, depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 2], window_size=4, image_size=64,
+                      out_features=["stage1", "stage2", "stage3", "stage4"])
+    config = Mask2FormerConfig(backbone_config=swin, feature_size=32, mask_feature_size=32, hidden_dim=32,
+                               encoder_feedforward_dim=32, encoder_layers=1, decoder_layers=2, num_attention_heads=2,
+                               dim_feedforward=32, num_queries=queries, id2label=dict(enumerate(names)),
+                               label2id={n: i for i, n in enumerate(names)})
+    return Mask2FormerForUniversalSegmentation(config).eval()
+
+
+def tiny_eomt(labels=4):
+    torch.manual_seed(0)
+    config = EomtConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=64, patch_size=16,
+                        num_queries=5, num_blocks=1, num_upscale_blocks=2,
+                        id2label={i: f"class{i}" for i in range(labels)})
+    return EomtForUniversalSegmentation(config).eval()
+
+
+@pytest.fixture(scope="module")
+def mask2former():
+    return tiny_mask2former()
+
+
+# every adapter against its library's own post-processing
+
+
+def test_segformer_equals_transformers_post_processing_and_honours_its_processor():
+    network = tiny_segformer()
+    processor = SegformerImageProcessor(image_mean=OWN_MEAN, image_std=OWN_STD)
+    images = frames(2, 37, 50)
+    batch = score_batch(hf_model(network, processor), preprocess(images), [get_method("max_softmax")])
+    with torch.no_grad():
+        out = network(pixel_values=processed(processor, images))
+    ref = processor.post_process_semantic_segmentation(out, target_sizes=[(37, 50)] * 2,
+                                                       return_segmentation_scores=True)
+    torch.testing.assert_close(batch.output.logits, torch.stack([r.segmentation_scores for r in ref]),
+                               atol=1e-5, rtol=1e-5)
+    assert torch.equal(batch.classes, torch.stack([r.segmentation for r in ref]))
+    default = score_batch(hf_model(network), preprocess(images), [get_method("max_softmax")])
+    assert not torch.allclose(default.output.logits, batch.output.logits)  # the processor's mean/std matter
+
+
+def test_mask2former_semantic_scores_equal_transformers_post_processing(mask2former):
+    processor = Mask2FormerImageProcessor(image_mean=OWN_MEAN, image_std=OWN_STD)
+    images = frames(1, 384, 384)  # transformers resizes the masks to 384 x 384 before its sum over queries
+    batch = score_batch(hf_model(mask2former, processor), preprocess(images), [get_method("eam")])
+    with torch.no_grad():
+        out = mask2former(pixel_values=processed(processor, images))
+    ref = processor.post_process_semantic_segmentation(out, target_sizes=[(384, 384)], return_segmentation_scores=True)
+    torch.testing.assert_close(batch.output.logits, torch.stack([r.segmentation_scores for r in ref]),
+                               atol=1e-5, rtol=1e-5)
+    assert torch.equal(batch.classes, torch.stack([r.segmentation for r in ref]))
+    queries = batch.output.queries  # kept as the network gives them
+    torch.testing.assert_close(queries.class_logits, out.class_queries_logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(queries.mask_logits, out.masks_queries_logits, atol=1e-5, rtol=1e-5)
+    assert queries.class_logits.shape == (1, 5, 5) and queries.mask_logits.shape == (1, 5, 96, 96)
+
+
+def test_eomt_semantic_scores_equal_transformers_post_processing():
+    network = tiny_eomt()
+    processor = EomtImageProcessor(image_mean=OWN_MEAN, image_std=OWN_STD, size={"shortest_edge": 64,
+                                                                                 "longest_edge": 64})
+    images = frames(1, 64, 64)
+    batch = score_batch(hf_model(network, processor), preprocess(images), [get_method("rba")])
+    with torch.no_grad():
+        out = network(pixel_values=processed(processor, images))
+    ref = processor.post_process_semantic_segmentation(out, target_sizes=[(64, 64)], return_segmentation_scores=True)
+    torch.testing.assert_close(batch.output.logits, ref[0].segmentation_scores[None], atol=1e-5, rtol=1e-5)
+    model = hf_model(network, processor)
+    with pytest.raises(ValueError, match="exactly 64x64.*'resize' or 'slide'"):
+        score_batch(model, preprocess(frames(1, 48, 80)), [get_method("rba")])
+    resized = hf_model(network, processor, inference="resize")
+    assert score_batch(resized, preprocess(frames(1, 48, 80)), [get_method("eam")]).scores[0].shape == (1, 48, 80)
+
+
+@pytest.mark.parametrize("arch", ["deeplabv3_mobilenet_v3_large", "fcn_resnet50", "lraspp_mobilenet_v3_large"])
+def test_torchvision_state_dict_loads_and_equals_the_module(arch, tmp_path):
+    torch.manual_seed(0)
+    aux = {"aux_loss": True} if arch.startswith(("deeplab", "fcn")) else {}
+    network = torchvision.models.get_model(arch, weights=None, weights_backbone=None, num_classes=3, **aux).eval()
+    torch.save(network.state_dict(), tmp_path / "weights.pt")
+    model = load_library_model("torchvision", tmp_path / "weights.pt", arch=arch)
+    x = preprocess(frames(1, 40, 56))
+    with torch.no_grad():
+        expected = network(x)["out"]  # torchvision takes ImageNet-normalised inputs, as segood gives them
+    torch.testing.assert_close(score_batch(model, x, [get_method("energy")]).output.logits, expected)
+    with pytest.raises(ValueError, match="predicts 3 classes, not 19"):
+        load_library_model("torchvision", tmp_path / "weights.pt", arch=arch, num_classes=19)
+    with pytest.raises(ValueError, match="needs its architecture"):
+        load_library_model("torchvision", tmp_path / "weights.pt", arch="resnet50")
+
+
+def test_smp_folder_and_hf_folder_load_offline(tmp_path):
+    import segmentation_models_pytorch as smp
+
+    torch.manual_seed(0)
+    network = smp.create_model("fpn", encoder_name="resnet18", encoder_weights=None, classes=3).eval()
+    network.save_pretrained(str(tmp_path / "smp"))
+    x = preprocess(frames(1, 64, 64))
+    with torch.no_grad():
+        expected = network(x)
+    torch.testing.assert_close(load_library_model("smp", tmp_path / "smp")(x).logits, expected)
+    segformer = tiny_segformer()
+    segformer.save_pretrained(tmp_path / "hf")
+    SegformerImageProcessor(image_mean=OWN_MEAN, image_std=OWN_STD).save_pretrained(tmp_path / "hf")
+    loaded = load_library_model("hf", tmp_path / "hf")
+    images = frames(1, 32, 48)
+    with torch.no_grad():
+        expected = segformer(pixel_values=processed(SegformerImageProcessor(image_mean=OWN_MEAN, image_std=OWN_STD),
+                                                    images)).logits
+    torch.testing.assert_close(loaded(preprocess(images)).logits, expected, atol=1e-5, rtol=1e-5)
+    with pytest.raises(FileNotFoundError, match="not a transformers model folder"):
+        load_library_model("hf", tmp_path / "smp" / "nothing")
+    with pytest.raises(KeyError, match="unknown model type 'keras'; choose one of .*'hf'"):
+        load_library_model("keras", tmp_path)
+
+
+# inference modes
+
+
+def literal_windows(length, size, step):
+    """Window starts written out: every step, until a window reaches the border, which ends the last one."""
+    starts, start = [], 0
+    while True:
+        if start + size >= length:
+            starts.append(max(length - size, 0))
+            return starts
+        starts.append(start)
+        start += step
+
+
+@pytest.mark.parametrize("height, width, crop, stride", [(13, 17, (6, 8), (4, 5)), (12, 12, (6, 6), (3, 3)),
+                                                         (5, 9, (8, 8), (4, 4)), (16, 24, (8, 8), (8, 8))])
+def test_sliding_window_equals_a_literal_loop(height, width, crop, stride):
+    assert sliding_windows(height, width, crop, stride) == [
+        (t, min(t + crop[0], height), left, min(left + crop[1], width))
+        for t in literal_windows(height, crop[0], stride[0]) for left in literal_windows(width, crop[1], stride[1])]
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+    x = torch.randn(2, 3, height, width)
+
+    def run(window):  # logits at half the window's size, as a head before its final resize
+        return SegOutput(F.avg_pool2d(conv(window), 2, ceil_mode=True), None)
+
+    with torch.no_grad():
+        got = slide(run, x, crop=crop, stride=stride)
+        expected = torch.zeros(2, 4, height, width)
+        for i in range(height):  # each pixel: the mean over the windows that cover it
+            for j in range(width):
+                values = []
+                for top in literal_windows(height, crop[0], stride[0]):
+                    for left in literal_windows(width, crop[1], stride[1]):
+                        bottom, right = min(top + crop[0], height), min(left + crop[1], width)
+                        if top <= i < bottom and left <= j < right:
+                            window = F.interpolate(run(x[..., top:bottom, left:right]).logits,
+                                                   size=(bottom - top, right - left), mode="bilinear")
+                            values.append(window[..., i - top, j - left])
+                expected[..., i, j] = sum(values) / len(values)
+    torch.testing.assert_close(got, expected)
+
+
+def test_adapter_modes_resize_and_slide_against_the_module():
+    torch.manual_seed(0)
+    network = torchvision.models.get_model("lraspp_mobilenet_v3_large", weights=None, weights_backbone=None,
+                                           num_classes=3).eval()
+    x = preprocess(frames(1, 40, 72))
+    with torch.no_grad():
+        small = F.interpolate(x, size=(32, 64), mode="bilinear", antialias=True)
+        expected = F.interpolate(network(small)["out"], size=(40, 72), mode="bilinear")
+        got = torchvision_model(network, inference="resize", size=(32, 64))(x).logits
+        torch.testing.assert_close(got, expected)
+        windows = sliding_windows(40, 72, (32, 32), (16, 24))
+        total, count = torch.zeros(1, 3, 40, 72), torch.zeros(1, 1, 40, 72)
+        for top, bottom, left, right in windows:
+            total[..., top:bottom, left:right] += network(x[..., top:bottom, left:right])["out"]
+            count[..., top:bottom, left:right] += 1
+        got = torchvision_model(network, inference="slide", crop=(32, 32), stride=(16, 24))(x).logits
+        torch.testing.assert_close(got, total / count)
+    with pytest.raises(ValueError, match="sliding-window inference needs crop"):
+        torchvision_model(network, inference="slide")
+    with pytest.raises(ValueError, match="unknown inference mode 'tiles'"):
+        torchvision_model(network, inference="tiles")
+    with pytest.raises(ValueError, match="larger than the crop"):
+        torchvision_model(network, inference="slide", crop=(8, 8), stride=(9, 8))
+
+
+# class mapping
+
+
+def test_class_mapping_by_name_dict_and_list_and_its_refusals():
+    shuffled = ["void"] + list(reversed(CLASS_NAMES)) + ["anomaly"]
+    indices = class_indices(shuffled, "cityscapes")
+    assert [shuffled[i] for i in indices] == list(CLASS_NAMES)
+    assert class_indices([n.upper().replace(" ", "_") for n in shuffled], "cityscapes") == indices
+    assert class_indices(shuffled, {name: shuffled.index(name) for name in CLASS_NAMES}) == indices
+    assert class_indices(5, [4, 0, 2]) == (4, 0, 2)
+    with pytest.raises(ValueError, match="cannot be mapped to the 19 Cityscapes trainIds: it has no class named "
+                                         "'rider'"):
+        class_indices([n for n in shuffled if n != "rider"], "cityscapes")
+    with pytest.raises(ValueError, match="leaves Cityscapes classes .*sky.* unmapped"):
+        class_indices(shuffled, {name: name for name in CLASS_NAMES if name != "sky"})
+    with pytest.raises(ValueError, match="maps to network class 7, but the network has classes 0..4"):
+        class_indices(5, [7])
+    with pytest.raises(ValueError, match="names none of its 5 classes"):
+        class_indices(5, "cityscapes")
+
+
+def test_a_mapped_network_gives_the_target_classes_and_refuses_an_unmappable_one():
+    names = ["void"] + list(reversed(CLASS_NAMES))
+    network = tiny_segformer(names)
+    x = preprocess(frames(1, 32, 32))
+    full, mapped = hf_model(network)(x).logits, hf_model(network, classes="cityscapes")(x).logits
+    torch.testing.assert_close(mapped, full[:, [names.index(n) for n in CLASS_NAMES]])
+    with pytest.raises(ValueError, match="cannot be mapped.*'road'"):
+        hf_model(tiny_segformer(4), classes="cityscapes")
+    masks = tiny_mask2former(names)
+    out = hf_model(masks, classes="cityscapes")(preprocess(frames(1, 64, 64)))
+    assert out.logits.shape[1] == 19 and out.queries.class_probabilities().shape == (1, 5, 19)
+
+
+# mask-level methods against their authors' definitions
+
+
+CLASS_LOGITS = torch.tensor([[[0.0, 6.0, 0.0, 0.0],    # a confident class-1 mask
+                              [0.0, 5.5, 0.0, -1.0],   # another
+                              [4.0, 0.0, 1.0, 0.0],    # class 0, not confident enough
+                              [0.0, 0.0, 0.0, 3.0]]])  # "no object"
+MASK_LOGITS = torch.tensor([[[[2.0, -1.0], [0.5, -3.0]],
+                             [[-2.0, 1.0], [0.0, -0.5]],
+                             [[1.0, 1.0], [-1.0, 3.0]],
+                             [[0.0, -2.0], [2.0, 0.0]]]])
+
+
+def softmax_row(row):
+    exps = [math.exp(v) for v in row]
+    return [e / sum(exps) for e in exps]
+
+
+def sigmoid(v):
+    return 1 / (1 + math.exp(-v))
+
+
+def authors_semseg(cls, masks):
+    """semantic_inference, written out: softmax over classes, "no object" dropped, times sigmoid masks, summed
+    over queries: semseg[c][i][j] = Σ_q p[q][c] σ(m[q][i][j])."""
+    probs = [softmax_row(row)[:-1] for row in cls]
+    return [[[sum(probs[q][c] * sigmoid(masks[q][i][j]) for q in range(len(cls))) for j in range(len(masks[0][0]))]
+             for i in range(len(masks[0]))] for c in range(len(probs[0]))]
+
+
+def test_mask_level_methods_equal_their_authors_code_on_literal_values():
+    cls, masks = CLASS_LOGITS[0].tolist(), MASK_LOGITS[0].tolist()
+    semseg = authors_semseg(cls, masks)
+    # RbA (support.py get_RbA): -semseg.tanh().sum(dim=0)
+    expected_rba = [[-sum(math.tanh(semseg[c][i][j]) for c in range(3)) for j in range(2)] for i in range(2)]
+    # Mask2Anomaly (semantic_inference, then anomaly_inference.py): keep queries whose top class is not "no object",
+    # with probability > 0.95 and a class in the trusted set (here {1}); 1 - max over semseg and the kept masks
+    # weighted by their probability; with more than one kept mask, zero where the max kept mask >= 0.5
+    kept = []
+    for q, row in enumerate(cls):
+        probs = softmax_row(row)
+        label = probs.index(max(probs))
+        if label != 3 and max(probs) > 0.95 and label == 1:
+            kept.append([[max(probs) * sigmoid(masks[q][i][j]) for j in range(2)] for i in range(2)])
+    assert len(kept) == 2
+    expected_m2a = [[(1 - max([semseg[c][i][j] for c in range(3)] + [k[i][j] for k in kept]))
+                     * (0.0 if max(k[i][j] for k in kept) >= 0.5 else 1.0) for j in range(2)] for i in range(2)]
+    # EAM (ood_detection_evaluation.py): 1 - Σ_q max(softmax[:-1]) σ(mask)
+    expected_eam = [[1 - sum(max(softmax_row(cls[q])[:-1]) * sigmoid(masks[q][i][j]) for q in range(4))
+                     for j in range(2)] for i in range(2)]
+
+    scores = torch.einsum("nqc,nqhw->nchw", CLASS_LOGITS.softmax(-1)[..., :-1], MASK_LOGITS.sigmoid())
+    torch.testing.assert_close(scores[0], torch.tensor(semseg))
+    torch.testing.assert_close(rba(scores)[0], torch.tensor(expected_rba))
+    got = mask_max_softmax(scores[0], CLASS_LOGITS[0].softmax(-1), MASK_LOGITS[0].sigmoid(), inlier_count=3,
+                           refine_classes=(1,))
+    torch.testing.assert_close(got, torch.tensor(expected_m2a))
+    assert (got == 0).any() and (got != 0).any()  # the refinement bites on some pixels only
+    torch.testing.assert_close(eam(CLASS_LOGITS.softmax(-1)[..., :-1], MASK_LOGITS.sigmoid())[0],
+                               torch.tensor(expected_eam))
+    assert -3 < min(min(r) for r in expected_rba) and max(max(r) for r in expected_rba) <= 0  # (-K, 0]
+
+
+def test_mask_level_methods_score_a_mask2former_as_its_authors_code(mask2former):
+    images = frames(2, 64, 96)
+    model = hf_model(mask2former, Mask2FormerImageProcessor(image_mean=OWN_MEAN, image_std=OWN_STD))
+    methods = [get_method("rba"), get_method("mask_max_softmax", refine_classes=(0, 1, 2, 3), min_score=0.0),
+               get_method("eam")]
+    batch = score_batch(model, preprocess(images), methods)
+    with torch.no_grad():
+        out = mask2former(pixel_values=processed(Mask2FormerImageProcessor(image_mean=OWN_MEAN, image_std=OWN_STD),
+                                                 images))
+    for n in range(2):  # the authors' steps, image by image, on the network's raw outputs
+        mask_cls, mask_pred = out.class_queries_logits[n], out.masks_queries_logits[n]
+        mask_pred = F.interpolate(mask_pred[None], size=(64, 96), mode="bilinear", align_corners=False)[0]
+        semseg = torch.einsum("qc,qhw->chw", F.softmax(mask_cls, dim=-1)[..., :-1], mask_pred.sigmoid())
+        torch.testing.assert_close(batch.scores[0][n], -semseg.tanh().sum(dim=0), atol=1e-5, rtol=1e-5)
+        top, labels = F.softmax(mask_cls, dim=-1).max(-1)
+        keep = labels.ne(4) & (top > 0.0) & (labels < 4) & (labels >= 0)
+        kept = top[keep].view(-1, 1, 1) * mask_pred.sigmoid()[keep]
+        expected = 1 - torch.max(torch.cat((semseg, kept)), dim=0)[0]
+        if kept.shape[0] > 1:
+            expected = expected * (1 - (torch.max(kept, dim=0)[0] >= 0.5).float())
+        torch.testing.assert_close(batch.scores[1][n], expected, atol=1e-5, rtol=1e-5)
+        max_p = mask_cls.softmax(-1)[..., :-1].max(1)[0]
+        torch.testing.assert_close(batch.scores[2][n], 1 - (mask_pred.sigmoid() * max_p.view(-1, 1, 1)).sum(0),
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_mask_level_methods_refuse_networks_without_query_outputs(mask2former):
+    x = preprocess(frames(1, 64, 64))
+    for model in (hf_model(tiny_segformer()), build_model("pspnet", "resnet18").eval()):
+        for name in MASK_METHODS:
+            with pytest.raises(ValueError, match=f"{name} needs a mask-classification network's .*Load a "
+                                                 "Mask2Former or EoMT network"):
+                score_batch(model, x, [get_method(name)])
+    sliding = hf_model(mask2former, inference="slide", crop=(64, 64), stride=(32, 32))
+    for name in ("mask_max_softmax", "eam"):
+        with pytest.raises(ValueError, match="Sliding-window inference .* keeps no queries"):
+            score_batch(sliding, x, [get_method(name)])
+    assert score_batch(sliding, preprocess(frames(1, 64, 128)), [get_method("rba")]).scores[0].shape == (1, 64, 128)
+
+
+def test_pixel_level_methods_run_on_a_mask_networks_semantic_scores():
+    network = tiny_mask2former(list(CLASS_NAMES))
+    model = hf_model(network)
+    x = preprocess(frames(2, 64, 64))
+    sml = get_method("sml").fit(model, [{"image": frames(2, 64, 64, seed=1)}])
+    methods = [get_method(n) for n in PIXEL_METHODS] + [sml] + [get_method(n) for n in MASK_METHODS]
+    batch = score_batch(model, x, methods)
+    for method, scores in zip(methods, batch.scores):
+        assert scores.shape == (2, 64, 64) and torch.isfinite(scores).all(), method.name
+    torch.testing.assert_close(batch.scores[0], 1 - batch.output.logits.softmax(dim=1).amax(dim=1))
+
+
+# command line and Python API
+
+
+@pytest.fixture(scope="module")
+def sets(tmp_path_factory):
+    return mixed_noise_sets(tmp_path_factory.mktemp("adapters"))
+
+
+def test_evaluate_a_transformers_folder_from_the_command_line_and_the_api(sets, tmp_path):
+    tiny_mask2former(list(CLASS_NAMES)).save_pretrained(tmp_path / "m2f")
+    Mask2FormerImageProcessor(image_mean=OWN_MEAN, image_std=OWN_STD).save_pretrained(tmp_path / "m2f")
+    assert main(["evaluate", "--model-type", "hf", "--model", str(tmp_path / "m2f"), "--class-map", "cityscapes",
+                 "--sets", str(sets / "perlin_mixed.h5"), "--methods", "rba", "eam", "max_logit",
+                 "--out", str(tmp_path / "run"), "--resamples", "0", "--quiet"]) == 0
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert set(results["methods"]) == {"rba", "eam", "max_logit"}
+    assert run["model"]["adapter"] == "HFMaskClassification" and run["model"]["inference"] == "whole"
+    assert len(run["model"]["class_indices"]) == 19
+    model = load_library_model("hf", tmp_path / "m2f", classes="cityscapes")
+    evaluate(model, [sets / "perlin_mixed.h5"], ["rba", "eam", "max_logit"], tmp_path / "api", progress=False,
+             figures=False)
+    doc = json.loads((tmp_path / "api" / "results.json").read_text())
+    assert doc["model"] == results["model"]
+    for name in ("rba", "eam", "max_logit"):
+        assert doc["results"][name]["perlin_mixed"]["pooled"] == results["results"][name]["perlin_mixed"]["pooled"]
+    assert main(["evaluate", "--model-type", "hf", "--model", str(tmp_path / "m2f"), "--inference", "slide",
+                 "--window", "32", "32", "--sets", str(sets / "perlin_mixed.h5"), "--methods", "eam",
+                 "--out", str(tmp_path / "bad"), "--quiet"]) == 2
+    assert main(["evaluate", "--model", str(tmp_path / "m2f"), "--sets", str(sets / "perlin_mixed.h5"),
+                 "--out", str(tmp_path / "bad2"), "--quiet"]) == 2
