@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.segood-installed
 
-.PHONY: install demo test bench gpu-check clean
+.PHONY: install demo test docs bench gpu-check clean
 
 install: $(STAMP)
 
@@ -20,6 +20,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# The documentation site (mkdocs.yml) into site/, every warning an error.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
 bench: $(STAMP)
 	$(PY) benchmarks/bench_metrics.py
 
@@ -28,4 +32,4 @@ gpu-check: $(STAMP)
 	$(PY) benchmarks/gpu_check.py --out gpu_check.json
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info
