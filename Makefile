@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.segood-installed
 
-.PHONY: install demo test docs bench gpu-check clean
+.PHONY: install demo test test-fast docs bench gpu-check clean
 
 install: $(STAMP)
 
@@ -19,6 +19,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The unit tests of the metric engine, statistics, CLI start-up and docs (tests/conftest.py lists them).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m fast
 
 # The documentation site (mkdocs.yml) into site/, every warning an error.
 docs: $(STAMP)
