@@ -40,3 +40,23 @@ def test_readme_is_short_and_its_links_exist():
 def test_every_docs_page_is_in_the_navigation():
     nav = (ROOT / "mkdocs.yml").read_text()
     assert [p.name for p in sorted((ROOT / "docs").glob("*.md")) if f": {p.name}" not in nav] == []
+
+
+def _table_rows(text, header):
+    lines = text.splitlines()
+    start = lines.index(header)
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(line)
+    return rows
+
+
+def test_the_readme_headline_is_the_demo_tables_sun_rows():
+    """The README's short table is the SUN rows of the demo's full table (docs/getting_started.md), verbatim."""
+    header = "| method | set | AUROC ↑ | AUPRC ↑ | FPR95 ↓ | MaxIoU ↑ |"
+    short = _table_rows((ROOT / "README.md").read_text(), header)
+    full = _table_rows((ROOT / "docs" / "getting_started.md").read_text(), header)
+    assert len(full) == 50 and len(short) == 10
+    assert short == [row for row in full if row.split(" | ")[1] == "sun"]
