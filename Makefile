@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.segood-installed
 
-.PHONY: install demo test bench gpu-check clean
+.PHONY: install demo test test-fast docs bench gpu-check clean
 
 install: $(STAMP)
 
@@ -20,6 +20,14 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# The unit tests of the metric engine, statistics, CLI start-up and docs (tests/conftest.py lists them).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m fast
+
+# The documentation site (mkdocs.yml) into site/, every warning an error.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
 bench: $(STAMP)
 	$(PY) benchmarks/bench_metrics.py
 
@@ -28,4 +36,4 @@ gpu-check: $(STAMP)
 	$(PY) benchmarks/gpu_check.py --out gpu_check.json
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

@@ -1,6 +1,12 @@
 """segood: pixel-level out-of-distribution detection benchmark for semantic segmentation."""
 
+import os
+
 from segood.version import __version__
+
+# albumentations asks the package index for a newer version when it is imported, unless this is set: segood
+# makes no network access (every import of albumentations in segood comes after this package's import).
+os.environ["NO_ALBUMENTATIONS_UPDATE"] = "1"
 
 __all__ = ["__version__", "evaluate"]
 

@@ -495,15 +495,14 @@ def grid_choice(args):
     return {"kind": "exact", "max_pixels": args.max_pixels}
 
 
-def build_parser():
+def build_parser(*, adapters=True):
+    """The whole parser. ``adapters=False`` leaves out the options of each ``segood convert DATASET`` (which import
+    the dataset adapters, h5py and OpenCV): ``main`` passes it unless the command is ``convert``."""
     from pathlib import Path
 
-    from segood.data.registry import ADAPTERS
-    from segood.methods import METHODS
-    from segood.metrics import METRICS
-    from segood.metrics.thresholds import RULES as THRESHOLD_RULES
-    from segood.models import ARCHS, HEADS
-    from segood.robustness import FAMILIES, STANDARD_SIZES, corruption_names
+    # Plain name tuples, not the registries: the registries' modules import torch, numba and albumentations.
+    from segood.names import (ARCHS, BLENDS, CORRUPTIONS, FAMILIES, HEADS, HEIGHT_RATIO, METHODS, METRICS,
+                              STANDARD_CORRUPTIONS, STANDARD_SIZES, THRESHOLD_RULES)
 
     parser = argparse.ArgumentParser(
         prog="segood", description="segood: pixel-level out-of-distribution detection benchmark for semantic segmentation.")
@@ -534,7 +533,7 @@ def build_parser():
     common.add_argument("--strict", action="store_true", help="fail on the first frame that cannot be converted")
     common.add_argument("--overwrite", action="store_true", help="replace an existing output")
     common.add_argument("--quiet", action="store_true", help="no progress bar")
-    for name, adapter in ADAPTERS.items():
+    for name, adapter in _adapters(adapters).items():
         adapter.add_arguments(kinds.add_parser(name, parents=[common], help=adapter.help.replace("%", "%%")))
     mixer = kinds.add_parser("mix", help="OOD set + ID frames (e.g. Cityscapes val) -> an evaluation set")
     mixer.add_argument("--ood", type=Path, required=True)
@@ -610,8 +609,6 @@ def build_parser():
     ev.add_argument("--quiet", action="store_true")
     ev.set_defaults(run=_evaluate)
 
-    from segood.data.paste import BLENDS, HEIGHT_RATIO
-
     att = sub.add_parser("attack", help="search each method's worst-case pasted objects (adversarial OOD "
                                         "distributions), write them as sets, and evaluate every method on each")
     att.add_argument("--target", nargs="+", required=True, metavar="METHOD=CHECKPOINT",
@@ -678,8 +675,8 @@ def build_parser():
                      help="the corruptions by default: segood (its own 14), standard (the 15 of ImageNet-C / "
                           "Cityscapes-C, named c:NAME) or all (default segood)")
     rob.add_argument("--corruptions", nargs="+", metavar="CORRUPTION",
-                     help=f"default all of --family; segood: {', '.join(corruption_names())}; standard: "
-                          f"{', '.join(corruption_names('standard'))} (the c: may be left out with --family standard)")
+                     help=f"default all of --family; segood: {', '.join(CORRUPTIONS)}; standard: "
+                          f"{', '.join(STANDARD_CORRUPTIONS)} (the c: may be left out with --family standard)")
     rob.add_argument("--standard-size", choices=STANDARD_SIZES, default="fixed",
                      help="lengths of the standard corruptions: fixed (the standard's pixel sizes, comparable with "
                           "published numbers; default) or height (scaled to the frames' rows / 1024)")
@@ -778,8 +775,18 @@ def build_parser():
     return parser
 
 
+def _adapters(wanted):
+    if not wanted:
+        return {}
+    from segood.data.registry import ADAPTERS
+
+    return ADAPTERS
+
+
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((arg for arg in argv if not arg.startswith("-")), None)
+    args = build_parser(adapters=command == "convert").parse_args(argv)
     try:
         return args.run(args)
     except (ValueError, OSError, RuntimeError) as err:  # bad input: one clear line, no traceback

@@ -241,7 +241,7 @@ def histogram_torch(scores, labels, thresholds, clip, chunk_pixels=1 << 24):
 
 
 # -- float-order grid ------------------------------------------------------------------------------------------
-# A pixel's bin is the top bits of the order-preserving key of its float64 value (README, "The metric engine"):
+# A pixel's bin is the top bits of the order-preserving key of its float64 value (docs/metric_engine.md):
 # bin = key >> (52 - m), split into its binade (key >> 52: sign and exponent, 4096 of them) and m low bits.
 # Counts are kept per occupied binade: a table maps a binade to a slot of 2 x 2^m counters (ID, OOD).
 

@@ -19,7 +19,7 @@ from segood.metrics.functional import (METRICS, as_numpy_inputs, metrics_from_co
 from segood.metrics.state import check_counts
 
 STATE_FORMAT = "segood.FloatOrderAccumulator/1"
-DEFAULT_MANTISSA_BITS = 10  # float16 and 8-bit scores exact; measured fastest (README, "The metric engine")
+DEFAULT_MANTISSA_BITS = 10  # float16 and 8-bit scores exact; measured fastest (docs/metric_engine.md)
 MAX_MANTISSA_BITS = 14  # counts are dense per occupied binade: 2 x 2^14 int64 = 256 KiB each
 _MIN_CHUNK = 1 << 16
 

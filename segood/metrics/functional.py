@@ -1,4 +1,4 @@
-"""The maths of the metric contract (README, "The metric engine") as pure functions.
+"""The maths of the metric contract (docs/metric_engine.md) as pure functions.
 
 OOD is the positive class and a higher score means "more OOD". Everything here works on per-threshold
 counts, so the binned accumulator and the exact (sort-based) reference share one implementation.
