@@ -280,7 +280,7 @@ def _analysis_options(args):
 def add_model_options(parser):
     from pathlib import Path
 
-    from segood.models import INFERENCE_MODES, list_model_types
+    from segood.names import INFERENCE_MODES, MODEL_TYPES
 
     parser.add_argument("--checkpoint", type=Path, help="a segood checkpoint")
     parser.add_argument("--arch", help="with --encoder and --weights: a plain smp model and its state dict "
@@ -293,7 +293,7 @@ def add_model_options(parser):
     parser.add_argument("--align-corners", action="store_true",
                         help="resize logits that come out smaller than the frame with align_corners=True, as the "
                              "model's library does (default: False, as torch and smp)")
-    parser.add_argument("--model-type", choices=list_model_types(),
+    parser.add_argument("--model-type", choices=MODEL_TYPES,
                         help="a network of another library, read from --model (docs/models.md): hf (a transformers "
                              "folder), torchvision (a state dict, with --arch), smp (a save_pretrained folder)")
     parser.add_argument("--model", type=Path, help="with --model-type: the network's local folder or state dict")

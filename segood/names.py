@@ -7,7 +7,7 @@ against its registry, so a method, metric or corruption added there and not here
 
 #: segood.methods.METHODS, in registration order.
 METHODS = ("max_softmax", "odin", "mahalanobis", "confidence", "entropy", "varsum", "mutual_info", "max_logit",
-           "energy", "sml")
+           "energy", "sml", "rba", "mask_max_softmax", "eam")
 #: segood.metrics.METRICS.
 METRICS = ("auroc", "auprc", "fpr95", "max_iou")
 #: segood.metrics.thresholds.RULES.
@@ -24,6 +24,9 @@ CORRUPTIONS = ("noise", "grey", "snow", "rain", "fog", "perspective", "blur", "r
 STANDARD_CORRUPTIONS = tuple("c:" + name for name in (
     "gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glass_blur", "motion_blur", "zoom_blur", "snow",
     "frost", "fog", "brightness", "contrast", "elastic_transform", "pixelate", "jpeg_compression"))
+#: segood.models.list_model_types() and INFERENCE_MODES.
+MODEL_TYPES = ("hf", "smp", "torchvision")
+INFERENCE_MODES = ("whole", "resize", "slide")
 #: segood.data.paste.BLENDS and HEIGHT_RATIO.
 BLENDS = ("none", "feather", "seamless")
 HEIGHT_RATIO = (0.15, 0.6)

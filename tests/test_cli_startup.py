@@ -62,7 +62,7 @@ def test_name_tuples_match_the_registries():
     from segood.methods import METHODS
     from segood.metrics import METRICS
     from segood.metrics.thresholds import RULES
-    from segood.models import ARCHS, HEADS
+    from segood.models import ARCHS, HEADS, INFERENCE_MODES, list_model_types
     from segood.robustness import FAMILIES, STANDARD_SIZES, corruption_names
 
     assert names.METHODS == tuple(METHODS)
@@ -73,6 +73,7 @@ def test_name_tuples_match_the_registries():
     assert names.CORRUPTIONS == corruption_names("segood")
     assert names.STANDARD_CORRUPTIONS == corruption_names("standard")
     assert (names.BLENDS, names.HEIGHT_RATIO) == (tuple(BLENDS), tuple(HEIGHT_RATIO))
+    assert (names.MODEL_TYPES, names.INFERENCE_MODES) == (tuple(list_model_types()), tuple(INFERENCE_MODES))
 
 
 NETWORK_GUARD = """
