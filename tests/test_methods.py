@@ -17,8 +17,6 @@ from segood.methods.tuning import same_source_tuning, tune
 from segood.metrics import FloatOrderAccumulator, grid_spec, make_accumulator
 from segood.models import build_model, predict, preprocess
 
-from rawtrees import mixed_noise_sets
-
 C = 19
 
 
@@ -130,8 +128,8 @@ def test_mahalanobis_distance_equals_the_definition(distance_elements, monkeypat
 
 
 @pytest.fixture(scope="module")
-def sets(tmp_path_factory):
-    return mixed_noise_sets(tmp_path_factory.mktemp("sets"))
+def sets(noise_sets):
+    return noise_sets()
 
 
 def loader(path, batch_size=2):
