@@ -349,7 +349,8 @@ def test_tau_of_six_tenths_is_the_official_linspaces():
 def perlin(noise_sets):
     from networks import tiny_network
 
-    return tiny_network(), noise_sets(kinds=("perlin",), seed=2, side=64) / "perlin_mixed.h5"
+    sets = noise_sets(kinds=("perlin",), seed=2, side=64)
+    return tiny_network(), sets / "perlin_mixed.h5"
 
 
 def test_official_mode_in_an_evaluation_leaves_segoods_numbers_unchanged(perlin, tmp_path):
