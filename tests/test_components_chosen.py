@@ -150,8 +150,8 @@ def _distributed_worker(rank, world, port, paths, out_dir):
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    evaluate(tiny_network("dropout"), paths, ["entropy"], out_dir, components={"preset": "obstacle", "source": "oracle"},
-             **{**OPTIONS, "batch_size": 1})
+    evaluate(tiny_network("dropout"), paths, ["entropy"], out_dir,
+             components={"preset": "obstacle", "source": "oracle"}, **{**OPTIONS, "batch_size": 1})
     dist.destroy_process_group()
 
 

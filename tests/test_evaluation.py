@@ -180,8 +180,8 @@ def test_the_exact_grid_end_to_end(sets, tmp_path, capsys, monkeypatch):
 
 
 def test_odin_named_on_the_linear_grid_takes_the_paper_form(sets, tmp_path):
-    doc = evaluate(tiny_network("dropout"), [sets / "perlin_mixed.h5"], ["odin"], tmp_path / "linear", num_thresholds=400,
-                   progress=False, figures=False)
+    doc = evaluate(tiny_network("dropout"), [sets / "perlin_mixed.h5"], ["odin"], tmp_path / "linear",
+                   num_thresholds=400, progress=False, figures=False)
     assert doc["methods"]["odin"]["params"]["form"] == "softmax"
     spread = evaluate(tiny_network("dropout"), [sets / "perlin_mixed.h5"], ["odin"], tmp_path / "float", progress=False,
                       figures=False)
@@ -249,8 +249,9 @@ def test_bad_inputs_fail_before_any_compute(sets, tmp_path):
         evaluate(model, [sets / "cs.h5"], ["max_softmax"], tmp_path / "d", progress=False)
     torch.manual_seed(1)
     with pytest.raises(ValueError, match="holds a different run"):  # same architecture, other weights
-        evaluate(tiny_network("dropout").apply(lambda m: torch.nn.init.zeros_(m.weight) if isinstance(m, torch.nn.Conv2d)
-                                       else None), [sets / "cs.h5"], ["entropy"], tmp_path / "d", progress=False)
+        evaluate(tiny_network("dropout").apply(lambda m: torch.nn.init.zeros_(m.weight)
+                                               if isinstance(m, torch.nn.Conv2d) else None),
+                 [sets / "cs.h5"], ["entropy"], tmp_path / "d", progress=False)
     with pytest.raises(ValueError, match="file stems must differ"):
         evaluate(model, [sets / "cs.h5", sets / "cs.h5"], ["entropy"], tmp_path / "f", progress=False)
     save_checkpoint(tmp_path / "m.pt", model)
@@ -291,7 +292,8 @@ def test_results_tex_holds_the_tables_of_results_md(sets, tmp_path):
     import re
 
     names = {"perlin_50%&co": sets / "perlin_mixed.h5", "[plain] <copy> ≈": sets / "perlin_mixed.h5"}
-    evaluate(tiny_network("dropout"), names, ["max_softmax", "entropy"], tmp_path / "run", progress=False, figures=False)
+    evaluate(tiny_network("dropout"), names, ["max_softmax", "entropy"], tmp_path / "run", progress=False,
+             figures=False)
     tex = (tmp_path / "run/results.tex").read_text()
     md = (tmp_path / "run/results.md").read_text()
     assert tex.count("\\begin{") == tex.count("\\end{") == 2 * 2 * len(METRIC_NAMES)  # table and tabular, 8 tables

@@ -35,7 +35,8 @@ def test_the_matrix_flags_same_source_cells_and_equals_direct_evaluations(source
         assert doc["headline"][m]["auroc"] == pytest.approx(sum(c["auroc"] for c in off) / 2)
     # a cell is the evaluation of the method tuned on its tuning set, at the threshold committed there
     loader = torch.utils.data.DataLoader(H5SegmentationDataset(tuning["normal_tune"]), batch_size=2)
-    odin = tune("odin", tiny_network(), loader, GRIDS["odin"], tuning_set=tuning["normal_tune"], progress=False).method()
+    odin = tune("odin", tiny_network(), loader, GRIDS["odin"], tuning_set=tuning["normal_tune"],
+                progress=False).method()
     direct = evaluate(tiny_network(), {"normal_tune": tuning["normal_tune"], **tests}, [odin], tmp_path / "direct",
                       progress=False, figures=False, bootstrap=None, commit_on="normal_tune")
     cell = doc["cells"]["odin"]["normal_tune"]["perlin_test"]

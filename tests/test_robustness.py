@@ -35,7 +35,8 @@ def whole(sets, tmp_path_factory):
     requirements = out.parent / "req.yaml"
     requirements.write_text("requirements:\n  - require: auroc >= 0.0\n    up_to_severity: 3\n"
                             "  - require: miou >= 0.99\n    corruptions: [fog]\n")
-    return out, robustness(tiny_network("plain"), [sets / "perlin_mixed.h5"], METHODS, out, requirements=requirements, **OPTIONS)
+    return out, robustness(tiny_network(), [sets / "perlin_mixed.h5"], METHODS, out, requirements=requirements,
+                           **OPTIONS)
 
 
 def direct(net, dataset):
@@ -59,7 +60,7 @@ def direct(net, dataset):
 
 def test_every_cell_equals_a_direct_computation(sets, whole):
     out, doc = whole
-    net = tiny_network("plain")
+    net = tiny_network()
     clean = H5SegmentationDataset(sets / "perlin_mixed.h5")
     ref_clean = direct(net, clean)
     for corruption in ("fog", "rotation"):
@@ -84,7 +85,7 @@ def test_every_cell_equals_a_direct_computation(sets, whole):
             assert cell["segmentation"]["ece"] == pytest.approx(calibration.compute()["ece"], abs=1e-9)
             assert cell["segmentation"]["brier"] == pytest.approx(calibration.compute()["brier"], abs=1e-9)
     # the clean set is what segood evaluate reports
-    plain = evaluate(tiny_network("plain"), [sets / "perlin_mixed.h5"], METHODS, out.parent / "plain", batch_size=1,
+    plain = evaluate(tiny_network(), [sets / "perlin_mixed.h5"], METHODS, out.parent / "plain", batch_size=1,
                      progress=False, figures=False)
     for m in METHODS:
         for metric in METRIC_NAMES:
@@ -134,7 +135,7 @@ def test_a_refused_requirement_file_changes_nothing_in_the_run(whole):
 
 def test_resume_after_a_kill_equals_an_uninterrupted_run(sets, whole, tmp_path, monkeypatch):
     _, doc = whole
-    net = tiny_network("plain")
+    net = tiny_network()
     original = net.forward
     monkeypatch.setattr(net, "forward", killed_after(net, 9))  # dies in the third of five sets
     with pytest.raises(KeyboardInterrupt):
@@ -151,7 +152,7 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(sets, whole, tmp_path, 
 
 
 def test_cli_and_clear_errors(sets, tmp_path):
-    net = tiny_network("plain")
+    net = tiny_network()
     save_checkpoint(tmp_path / "m.pt", net)
     assert main(["robustness", "--checkpoint", str(tmp_path / "m.pt"), "--sets", str(sets / "perlin_mixed.h5"),
                  "--methods", "entropy", "--corruptions", "jpeg", "--severities", "5", "--out", str(tmp_path / "c"),
@@ -188,7 +189,7 @@ def test_corruption_as_ood_equals_relabelled_pixels(grid):
 
 
 def test_the_standard_family_and_its_summary_against_a_reference_run(sets, tmp_path, capsys):
-    net = tiny_network("plain")
+    net = tiny_network()
     save_checkpoint(tmp_path / "m.pt", net)
     common = ["robustness", "--checkpoint", str(tmp_path / "m.pt"), "--sets", str(sets / "perlin_mixed.h5"),
               "--methods", "entropy", "--severities", "1", "5", "--quiet"]
