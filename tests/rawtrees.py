@@ -1,5 +1,5 @@
-"""Tiny raw dataset trees in the exact published layouts (datasets/README.md), with known contents; and a
-simulated kill for the resume tests."""
+"""Tiny raw dataset trees in the exact published layouts (datasets/README.md), with known contents; a
+simulated kill for the resume tests and a damaged frame for the integrity tests."""
 
 import json
 from pathlib import Path
@@ -408,3 +408,15 @@ def killed_after(model, calls_allowed):
         return original(x)
 
     return forward
+
+
+def replace_chunk(path, name, index, array):
+    """Overwrite frame ``index`` of dataset ``name`` in a converted set with ``array``, validly compressed: damage
+    that leaves the file readable, found only by the per-frame digests."""
+    import zlib
+
+    import h5py
+
+    with h5py.File(path, "r+") as f:
+        dataset = f[name][str(index)]
+        dataset.id.write_direct_chunk((0,) * dataset.ndim, zlib.compress(array.tobytes()))

@@ -9,9 +9,9 @@ from segood.data.h5 import H5SegmentationDataset
 from segood.evaluation import evaluate
 from segood.methods import functional as fn
 from segood.methods import get_method
-from segood.models import build_model, preprocess
+from segood.models import preprocess
 
-from rawtrees import mixed_noise_sets
+from networks import tiny_network
 
 
 def test_max_logit_and_energy_equal_their_definitions():
@@ -83,13 +83,12 @@ def test_dilated_smoothing_equals_the_definition():
 
 
 @pytest.fixture(scope="module")
-def sets(tmp_path_factory):
-    return mixed_noise_sets(tmp_path_factory.mktemp("baselines"), seed=5)
+def sets(noise_sets):
+    return noise_sets(seed=5)
 
 
 def test_sml_statistics_and_score_equal_their_definitions(sets):
-    torch.manual_seed(0)
-    model = build_model("pspnet", "resnet18").eval()
+    model = tiny_network()
     data = H5SegmentationDataset(sets / "cs.h5")
     loader = torch.utils.data.DataLoader(data, batch_size=2)
     sml = get_method("sml").fit(model, loader)
@@ -115,8 +114,7 @@ def test_sml_statistics_and_score_equal_their_definitions(sets):
 
 
 def test_unbounded_baselines_through_evaluate(sets, tmp_path):
-    torch.manual_seed(0)
-    model = build_model("pspnet", "resnet18").eval()
+    model = tiny_network()
     doc = evaluate(model, [sets / "perlin_mixed.h5"], ["max_logit", "energy", "sml"], tmp_path / "run",
                    fit_set=sets / "cs.h5", progress=False, figures=True)
     for name in ("max_logit", "energy", "sml"):

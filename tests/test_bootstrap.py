@@ -147,7 +147,7 @@ def test_committed_thresholds_equal_a_literal_computation(rule):
         commit(tune, "accuracy")
 
 
-def test_a_run_reports_intervals_ranks_committed_thresholds_and_runtime(tmp_path, capsys):
+def test_a_run_reports_intervals_ranks_committed_thresholds_and_runtime(noise_sets, tmp_path, capsys):
     import torch
 
     from segood.cli import main
@@ -155,9 +155,7 @@ def test_a_run_reports_intervals_ranks_committed_thresholds_and_runtime(tmp_path
     from segood.evaluation.runner import Evaluation
     from segood.models import build_model
 
-    from rawtrees import mixed_noise_sets
-
-    root = mixed_noise_sets(tmp_path, seed=2)
+    root = noise_sets(seed=2)
     sets = {"perlin_mixed": root / "perlin_mixed.h5", "normal_mixed": root / "normal_mixed.h5"}
     torch.manual_seed(0)
     doc = evaluate(build_model("pspnet", "resnet18").eval(), sets, ["max_softmax", "entropy"], tmp_path / "run",

@@ -185,15 +185,14 @@ def test_best_f1_threshold_is_the_pixel_f1_maximiser():
         ComponentAccumulator(0.5, "road")
 
 
-def test_component_metrics_in_an_evaluation_equal_the_accumulator(tmp_path):
+def test_component_metrics_in_an_evaluation_equal_the_accumulator(noise_sets, tmp_path):
     import torch
 
-    from rawtrees import mixed_noise_sets
     from segood.data.h5 import H5SegmentationDataset
     from segood.evaluation import Evaluation, evaluate
     from segood.models import build_model, preprocess
 
-    sets = mixed_noise_sets(tmp_path / "sets", kinds=("perlin",), seed=2, side=64)
+    sets = noise_sets(kinds=("perlin",), seed=2, side=64)
     torch.manual_seed(0)
     model = build_model("pspnet", "resnet18").eval()
     components = {"preset": "obstacle", "thresholds": {"entropy": 0.001}, "source": "committed"}
@@ -216,16 +215,15 @@ def test_component_metrics_in_an_evaluation_equal_the_accumulator(tmp_path):
                                                                                              "thresholds": {}})
 
 
-def test_component_metrics_from_the_command_line(tmp_path, capsys):
+def test_component_metrics_from_the_command_line(noise_sets, tmp_path, capsys):
     import json
 
     import torch
 
-    from rawtrees import mixed_noise_sets
     from segood.cli import main
     from segood.models import build_model, save_checkpoint
 
-    sets = mixed_noise_sets(tmp_path / "sets", kinds=("perlin",), seed=2, side=64)
+    sets = noise_sets(kinds=("perlin",), seed=2, side=64)
     torch.manual_seed(0)
     save_checkpoint(tmp_path / "m.pt", build_model("pspnet", "resnet18"))
     (tmp_path / "t.json").write_text(json.dumps({"entropy": {"perlin_mixed": 0.001}}))
@@ -239,14 +237,13 @@ def test_component_metrics_from_the_command_line(tmp_path, capsys):
     assert "thresholds ORACLE: tuned on the test set itself)" in capsys.readouterr().out
 
 
-def test_combined_runs_keep_their_component_metrics(tmp_path):
+def test_combined_runs_keep_their_component_metrics(noise_sets, tmp_path):
     import torch
 
-    from rawtrees import mixed_noise_sets
     from segood.evaluation import combine_runs, evaluate
     from segood.models import build_model
 
-    sets = mixed_noise_sets(tmp_path / "sets", kinds=("perlin",), seed=2, side=64)
+    sets = noise_sets(kinds=("perlin",), seed=2, side=64)
     torch.manual_seed(0)
     model = build_model("pspnet", "resnet18").eval()
     runs = []

@@ -14,23 +14,19 @@ from segood.evaluation import Evaluation, evaluate
 from segood.evaluation.report import combine_runs
 from segood.metrics.components import best_f1_threshold
 from segood.metrics.thresholds import commit
-from segood.models import build_model, save_checkpoint
+from segood.models import save_checkpoint
 
-from rawtrees import killed_after, mixed_noise_sets
+from networks import tiny_network
+from rawtrees import killed_after
 
 METHODS = ["entropy", "mutual_info"]  # one from the forward pass, one from Monte-Carlo dropout samples
 OPTIONS = {"batch_size": 2, "progress": False, "figures": False, "bootstrap": None}
 
 
 @pytest.fixture(scope="module")
-def sets(tmp_path_factory):
-    root = mixed_noise_sets(tmp_path_factory.mktemp("chosen_sets"), kinds=("perlin", "normal"), seed=2, side=64)
+def sets(noise_sets):
+    root = noise_sets(kinds=("perlin", "normal"), seed=2, side=64)
     return [root / "perlin_mixed.h5", root / "normal_mixed.h5", root / "cs.h5"]  # cs: ID pixels only
-
-
-def dropout_model():
-    torch.manual_seed(0)
-    return build_model("pspnet", "resnet18", head="dropout").eval()
 
 
 def components_of(doc):
@@ -38,7 +34,7 @@ def components_of(doc):
 
 
 def test_committed_thresholds_equal_the_rule_and_a_run_given_them_in_a_file(sets, tmp_path):
-    model = dropout_model()
+    model = tiny_network("dropout")
     doc = evaluate(model, sets, METHODS, tmp_path / "chosen", components={"preset": "obstacle"},
                    commit_on="perlin_mixed", **OPTIONS)
     ev = Evaluation.load(tmp_path / "chosen" / "state.npz")
@@ -65,7 +61,7 @@ def test_committed_thresholds_equal_the_rule_and_a_run_given_them_in_a_file(sets
 
 
 def test_oracle_thresholds_are_each_sets_best_pixel_f1(sets, tmp_path):
-    doc = evaluate(dropout_model(), sets, METHODS, tmp_path / "oracle",
+    doc = evaluate(tiny_network("dropout"), sets, METHODS, tmp_path / "oracle",
                    components={"preset": "obstacle", "source": "oracle"}, **OPTIONS)
     ev = Evaluation.load(tmp_path / "oracle" / "state.npz")
     for (m, s), cell in components_of(doc).items():
@@ -80,7 +76,7 @@ def test_oracle_thresholds_are_each_sets_best_pixel_f1(sets, tmp_path):
 
 
 def test_missing_or_unusable_thresholds_are_errors_that_say_what_to_give(sets, tmp_path, capsys):
-    model = dropout_model()
+    model = tiny_network("dropout")
     with pytest.raises(ValueError, match=r"--commit-on SET.*--component-thresholds FILE.json.*--component-thresholds "
                                          r"oracle"):
         evaluate(model, sets, METHODS, tmp_path / "a", components={"preset": "obstacle"}, **OPTIONS)
@@ -125,9 +121,9 @@ def test_missing_or_unusable_thresholds_are_errors_that_say_what_to_give(sets, t
 
 def test_a_run_killed_in_the_components_pass_resumes_to_the_same_numbers(sets, tmp_path, monkeypatch):
     components = {"preset": "obstacle"}
-    whole = evaluate(dropout_model(), sets, METHODS, tmp_path / "whole", components=components,
+    whole = evaluate(tiny_network("dropout"), sets, METHODS, tmp_path / "whole", components=components,
                      commit_on="normal_mixed", **OPTIONS)
-    model = dropout_model()
+    model = tiny_network("dropout")
     original = model.forward
     monkeypatch.setattr(model, "forward", killed_after(model, 5 + 3))  # 5 batches per pass: dies in the second
     with pytest.raises(KeyboardInterrupt):
@@ -154,13 +150,13 @@ def _distributed_worker(rank, world, port, paths, out_dir):
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    evaluate(dropout_model(), paths, ["entropy"], out_dir, components={"preset": "obstacle", "source": "oracle"},
-             **{**OPTIONS, "batch_size": 1})
+    evaluate(tiny_network("dropout"), paths, ["entropy"], out_dir,
+             components={"preset": "obstacle", "source": "oracle"}, **{**OPTIONS, "batch_size": 1})
     dist.destroy_process_group()
 
 
 def test_two_process_gloo_run_chooses_the_thresholds_of_the_whole_sets(sets, tmp_path):
-    single = evaluate(dropout_model(), sets[:2], ["entropy"], tmp_path / "single",
+    single = evaluate(tiny_network("dropout"), sets[:2], ["entropy"], tmp_path / "single",
                       components={"preset": "obstacle", "source": "oracle"}, **{**OPTIONS, "batch_size": 1})
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

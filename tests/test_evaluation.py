@@ -13,20 +13,15 @@ from segood.data.h5 import H5SegmentationDataset
 from segood.evaluation import evaluate, evaluate_score_maps
 from segood.methods import get_method
 from segood.metrics import METRIC_NAMES, make_accumulator
-from segood.models import build_model, preprocess, save_checkpoint
+from segood.models import preprocess, save_checkpoint
 
-from rawtrees import killed_after, mixed_noise_sets
+from networks import tiny_network
+from rawtrees import killed_after
 
 
 @pytest.fixture(scope="module")
-def sets(tmp_path_factory):
-    return mixed_noise_sets(tmp_path_factory.mktemp("eval_sets"), kinds=("perlin",), noise_frames=3,
-                            cityscapes_frames=3)
-
-
-def dropout_model():
-    torch.manual_seed(0)
-    return build_model("pspnet", "resnet18", head="dropout").eval()
+def sets(noise_sets):
+    return noise_sets(kinds=("perlin",), noise_frames=3, cityscapes_frames=3)
 
 
 def direct_counts(model, method, path):
@@ -40,7 +35,7 @@ def direct_counts(model, method, path):
 
 
 def test_results_equal_a_direct_computation(sets, tmp_path):
-    model = dropout_model()
+    model = tiny_network("dropout")
     doc = evaluate(model, {"perlin_mixed": sets / "perlin_mixed.h5"}, ["max_softmax", "entropy", "odin"],
                    tmp_path / "run", batch_size=2, progress=False)
     for name in ("max_softmax", "entropy", "odin"):
@@ -65,7 +60,7 @@ def test_results_equal_a_direct_computation(sets, tmp_path):
 
 
 def test_all_methods_share_passes_and_monte_carlo(sets, tmp_path):
-    doc = evaluate(dropout_model(), [sets / "perlin_mixed.h5", sets / "cs.h5"], None, tmp_path, progress=False)
+    doc = evaluate(tiny_network("dropout"), [sets / "perlin_mixed.h5", sets / "cs.h5"], None, tmp_path, progress=False)
     # every method the head serves, but those that need a fit (no fit_set given)
     assert set(doc["results"]) == {"max_softmax", "odin", "entropy", "varsum", "mutual_info", "max_logit", "energy"}
     assert doc["results"]["entropy"]["cs"]["pooled"]["auroc"] is None  # no OOD pixel: undefined, not made up
@@ -74,7 +69,7 @@ def test_all_methods_share_passes_and_monte_carlo(sets, tmp_path):
 
 
 def test_score_maps_equal_the_model_path(sets, tmp_path):
-    model = dropout_model()
+    model = tiny_network("dropout")
     dataset = H5SegmentationDataset(sets / "perlin_mixed.h5")
     with h5py.File(tmp_path / "scores.h5", "w") as f:
         f.attrs["score_range"] = [0.0, 1.0]
@@ -145,7 +140,7 @@ def test_the_exact_grid_end_to_end(sets, tmp_path, capsys, monkeypatch):
     bounds and bootstrap intervals; --grid exact on the command line, for score maps too."""
     from segood.metrics import exact_metrics
 
-    model = dropout_model()
+    model = tiny_network("dropout")
     doc = evaluate(model, [sets / "perlin_mixed.h5"], ["entropy", "max_logit"], tmp_path / "run", grid="exact",
                    batch_size=1, progress=False, figures=False, save_every=1)  # the reference's batches
     assert json.loads((tmp_path / "run/run.json").read_text())["config"]["grid"] == {"kind": "exact",
@@ -185,10 +180,10 @@ def test_the_exact_grid_end_to_end(sets, tmp_path, capsys, monkeypatch):
 
 
 def test_odin_named_on_the_linear_grid_takes_the_paper_form(sets, tmp_path):
-    doc = evaluate(dropout_model(), [sets / "perlin_mixed.h5"], ["odin"], tmp_path / "linear", num_thresholds=400,
-                   progress=False, figures=False)
+    doc = evaluate(tiny_network("dropout"), [sets / "perlin_mixed.h5"], ["odin"], tmp_path / "linear",
+                   num_thresholds=400, progress=False, figures=False)
     assert doc["methods"]["odin"]["params"]["form"] == "softmax"
-    spread = evaluate(dropout_model(), [sets / "perlin_mixed.h5"], ["odin"], tmp_path / "float", progress=False,
+    spread = evaluate(tiny_network("dropout"), [sets / "perlin_mixed.h5"], ["odin"], tmp_path / "float", progress=False,
                       figures=False)
     assert spread["methods"]["odin"]["params"]["form"] == "spread"
     for metric in METRIC_NAMES:  # the same order: the float-order grid's bounds hold the linear grid's exact values
@@ -196,16 +191,16 @@ def test_odin_named_on_the_linear_grid_takes_the_paper_form(sets, tmp_path):
         linear_lo, linear_hi = doc["results"]["odin"]["perlin_mixed"]["bounds"][metric]
         assert max(lo, linear_lo) <= min(hi, linear_hi) + 1e-9, metric
     with pytest.raises(ValueError, match="odin: form='softmax'"):
-        evaluate(dropout_model(), [sets / "perlin_mixed.h5"], [get_method("odin")], tmp_path / "refused",
+        evaluate(tiny_network("dropout"), [sets / "perlin_mixed.h5"], [get_method("odin")], tmp_path / "refused",
                  num_thresholds=400, progress=False)
 
 
 @pytest.mark.parametrize("methods,batch_size", [(["entropy"], 2), (["max_softmax", "varsum", "mutual_info"], 1)])
 def test_resume_after_a_kill_equals_an_uninterrupted_run(sets, tmp_path, monkeypatch, methods, batch_size):
     paths = [sets / "perlin_mixed.h5", sets / "cs.h5"]
-    whole = evaluate(dropout_model(), paths, methods, tmp_path / "whole", batch_size=batch_size, progress=False,
+    whole = evaluate(tiny_network("dropout"), paths, methods, tmp_path / "whole", batch_size=batch_size, progress=False,
                      figures=False)
-    model = dropout_model()
+    model = tiny_network("dropout")
     original = model.forward
     monkeypatch.setattr(model, "forward", killed_after(model, 4))
     with pytest.raises(KeyboardInterrupt):
@@ -222,13 +217,13 @@ def _distributed_worker(rank, world, port, sets_dir, out_dir):
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    evaluate(dropout_model(), [f"{sets_dir}/perlin_mixed.h5", f"{sets_dir}/cs.h5"], ["max_softmax", "entropy"],
+    evaluate(tiny_network("dropout"), [f"{sets_dir}/perlin_mixed.h5", f"{sets_dir}/cs.h5"], ["max_softmax", "entropy"],
              out_dir, batch_size=1, progress=False, figures=False)
     dist.destroy_process_group()
 
 
 def test_two_process_gloo_run_equals_single_process(sets, tmp_path):
-    single = evaluate(dropout_model(), [sets / "perlin_mixed.h5", sets / "cs.h5"], ["max_softmax", "entropy"],
+    single = evaluate(tiny_network("dropout"), [sets / "perlin_mixed.h5", sets / "cs.h5"], ["max_softmax", "entropy"],
                       tmp_path / "single", batch_size=1, progress=False, figures=False)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -243,7 +238,7 @@ def test_two_process_gloo_run_equals_single_process(sets, tmp_path):
 
 
 def test_bad_inputs_fail_before_any_compute(sets, tmp_path):
-    model = dropout_model()
+    model = tiny_network("dropout")
     with pytest.raises(ValueError, match="needs a network with the 'dimreduce' head"):
         evaluate(model, [sets / "cs.h5"], ["mahalanobis"], tmp_path / "a", progress=False)
     (tmp_path / "not_a_set.h5").write_bytes(b"hello")
@@ -254,8 +249,9 @@ def test_bad_inputs_fail_before_any_compute(sets, tmp_path):
         evaluate(model, [sets / "cs.h5"], ["max_softmax"], tmp_path / "d", progress=False)
     torch.manual_seed(1)
     with pytest.raises(ValueError, match="holds a different run"):  # same architecture, other weights
-        evaluate(dropout_model().apply(lambda m: torch.nn.init.zeros_(m.weight) if isinstance(m, torch.nn.Conv2d)
-                                       else None), [sets / "cs.h5"], ["entropy"], tmp_path / "d", progress=False)
+        evaluate(tiny_network("dropout").apply(lambda m: torch.nn.init.zeros_(m.weight)
+                                               if isinstance(m, torch.nn.Conv2d) else None),
+                 [sets / "cs.h5"], ["entropy"], tmp_path / "d", progress=False)
     with pytest.raises(ValueError, match="file stems must differ"):
         evaluate(model, [sets / "cs.h5", sets / "cs.h5"], ["entropy"], tmp_path / "f", progress=False)
     save_checkpoint(tmp_path / "m.pt", model)
@@ -270,7 +266,7 @@ def test_a_corrupt_frame_stops_with_its_id_or_is_skipped(sets, tmp_path):
     shutil.copy(sets / "perlin_mixed.manifest.json", tmp_path / "broken.manifest.json")
     with h5py.File(tmp_path / "broken.h5", "a") as f:
         f["images"]["4"].id.write_direct_chunk((0, 0, 0), b"not a zlib stream")
-    model = dropout_model()
+    model = tiny_network("dropout")
     with pytest.raises(ValueError, match="cannot read frame 4"):
         evaluate(model, [tmp_path / "broken.h5"], ["entropy"], tmp_path / "run", progress=False, figures=False)
     doc = evaluate(model, [tmp_path / "broken.h5"], ["entropy"], tmp_path / "run", progress=False, figures=False,
@@ -296,7 +292,8 @@ def test_results_tex_holds_the_tables_of_results_md(sets, tmp_path):
     import re
 
     names = {"perlin_50%&co": sets / "perlin_mixed.h5", "[plain] <copy> ≈": sets / "perlin_mixed.h5"}
-    evaluate(dropout_model(), names, ["max_softmax", "entropy"], tmp_path / "run", progress=False, figures=False)
+    evaluate(tiny_network("dropout"), names, ["max_softmax", "entropy"], tmp_path / "run", progress=False,
+             figures=False)
     tex = (tmp_path / "run/results.tex").read_text()
     md = (tmp_path / "run/results.md").read_text()
     assert tex.count("\\begin{") == tex.count("\\end{") == 2 * 2 * len(METRIC_NAMES)  # table and tabular, 8 tables

@@ -4,7 +4,6 @@ Fishyscapes) or of its float16-rounded scores (SMIYC stores float16); bad files 
 import h5py
 import numpy as np
 import pytest
-import torch
 
 from segood.cli import main
 from segood.data.h5 import H5SegmentationDataset
@@ -12,16 +11,15 @@ from segood.evaluation import evaluate, evaluate_score_maps
 from segood.evaluation.exchange import export_scores, file_ids
 from segood.methods import get_method
 from segood.metrics import make_accumulator
-from segood.models import build_model, preprocess, save_checkpoint
+from segood.models import preprocess, save_checkpoint
 
-from rawtrees import mixed_noise_sets
+from networks import tiny_network
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    root = mixed_noise_sets(tmp_path_factory.mktemp("exchange"), kinds=("perlin",), seed=3)
-    torch.manual_seed(0)
-    model = build_model("pspnet", "resnet18").eval()
+def world(noise_sets):
+    root = noise_sets(kinds=("perlin",), seed=3)
+    model = tiny_network()
     return root, model
 
 

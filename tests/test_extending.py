@@ -17,9 +17,9 @@ from segood.labels import ID, IGNORE, OOD
 from segood.leaderboard import leaderboard, make_benchmark, submit
 from segood.methods import METHODS, Method, get_method
 from segood.metrics import METRICS, Metric, exact_metrics, get_metric, make_accumulator
-from segood.models import build_model, preprocess
+from segood.models import preprocess
 
-from rawtrees import mixed_noise_sets
+from networks import tiny_network
 
 
 class Squares(Adapter):
@@ -90,15 +90,14 @@ class MaxLogitToy(Method):
 
 
 @pytest.fixture(scope="module")
-def sets(tmp_path_factory):
-    return mixed_noise_sets(tmp_path_factory.mktemp("extending"), kinds=("perlin",), seed=4, side=32)
+def sets(noise_sets):
+    return noise_sets(kinds=("perlin",), seed=4, side=32)
 
 
 def test_a_registered_method_reaches_the_cli_and_the_report(sets, tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(METHODS, "toy_max_logit", MaxLogitToy)
     assert "toy_max_logit" in help_text(capsys, "evaluate")
-    torch.manual_seed(0)
-    model = build_model("pspnet", "resnet18").eval()
+    model = tiny_network()
     doc = evaluate(model, [sets / "perlin_mixed.h5"], ["toy_max_logit", "max_softmax"], tmp_path / "run",
                    progress=False, figures=False)
     assert "| toy_max_logit |" in (tmp_path / "run" / "results.md").read_text()
@@ -130,8 +129,7 @@ def test_a_registered_metric_reaches_the_cli_the_report_and_the_leaderboard(sets
     exact = exact_metrics(scores, labels)
     assert exact["log_odds_auroc"] == pytest.approx(np.log(exact["auroc"] / (1 - exact["auroc"])))
 
-    torch.manual_seed(0)
-    model = build_model("pspnet", "resnet18").eval()
+    model = tiny_network()
     run = tmp_path / "run"
     doc = evaluate(model, {"perlin": sets / "perlin_mixed.h5"}, ["max_softmax"], run, progress=False, figures=False)
     value = doc["results"]["max_softmax"]["perlin"]["pooled"]["log_odds_auroc"]

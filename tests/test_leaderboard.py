@@ -15,20 +15,19 @@ from segood.evaluation import evaluate
 from segood.leaderboard import Limits, leaderboard, make_benchmark, submit
 from segood.methods.tuning import tune
 from segood.metrics import grid_spec
-from segood.models import build_model
 
-from rawtrees import mixed_noise_sets
+from networks import tiny_network
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """Two sets, a benchmark over them, a run of three methods and their valid submissions."""
-    root = mixed_noise_sets(tmp_path_factory.mktemp("board"), seed=1)
+def world(noise_sets, tmp_path_factory):
+    """Two sets, a benchmark over them, a run of three methods and their valid submissions: all in a private
+    copy of the sets' folder."""
+    root = noise_sets(seed=1, copy_to=tmp_path_factory.mktemp("board") / "sets")
     sets = {"perlin_mixed": root / "perlin_mixed.h5", "normal_mixed": root / "normal_mixed.h5"}
     # the paper's linear grid here: the forgeries below edit its state; the float-order grid's board: test_float_order_board
     make_benchmark({"noise": {"sets": sets, "rank_by": "auroc"}}, root / "bench.json", grid=grid_spec(400))
-    torch.manual_seed(0)
-    model = build_model("pspnet", "resnet18").eval()
+    model = tiny_network()
     loader = torch.utils.data.DataLoader(H5SegmentationDataset(sets["perlin_mixed"]), batch_size=2)
     tuned = tune("odin", model, loader, {"temperature": [1, 1000], "epsilon": [0.0], "form": ["softmax"]},
                  progress=False).method()  # the paper's [0, 1] form: the linear grid below

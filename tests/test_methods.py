@@ -17,7 +17,7 @@ from segood.methods.tuning import same_source_tuning, tune
 from segood.metrics import FloatOrderAccumulator, grid_spec, make_accumulator
 from segood.models import build_model, predict, preprocess
 
-from rawtrees import mixed_noise_sets
+from networks import tiny_network
 
 C = 19
 
@@ -130,8 +130,8 @@ def test_mahalanobis_distance_equals_the_definition(distance_elements, monkeypat
 
 
 @pytest.fixture(scope="module")
-def sets(tmp_path_factory):
-    return mixed_noise_sets(tmp_path_factory.mktemp("sets"))
+def sets(noise_sets):
+    return noise_sets()
 
 
 def loader(path, batch_size=2):
@@ -178,8 +178,7 @@ class MeanMaxProb(MonteCarlo):
 def test_score_batch_schedules_from_the_declared_needs(sets):
     """One call for a batch of methods gives what each method's own passes give: the shared forward pass,
     one set of dropout samples (the largest count, its prefixes for the smaller ones), perturbed passes."""
-    torch.manual_seed(0)
-    model = build_model("pspnet", "resnet18", head="dropout").eval()
+    model = tiny_network("dropout")
     x = preprocess(next(iter(loader(sets / "perlin_mixed.h5", 2)))["image"])
     methods = [get_method("entropy"), get_method("varsum", samples=4), get_method("mutual_info", samples=2),
                MeanMaxProb(samples=4), get_method("odin", temperature=10, epsilon=0.002)]
@@ -226,8 +225,7 @@ def test_a_monte_carlo_method_registers_itself_beside_the_built_in_ones(sets, tm
 
     try:
         assert "sample_spread" in list_methods(head="dropout") and "sample_spread" not in list_methods(head=None)
-        torch.manual_seed(0)
-        model = build_model("pspnet", "resnet18", head="dropout").eval()
+        model = tiny_network("dropout")
         x = preprocess(next(iter(loader(sets / "perlin_mixed.h5", 2)))["image"])
         methods = [get_method("sample_spread", samples=4), get_method("varsum", samples=4),
                    get_method("mutual_info", samples=4)]
@@ -275,8 +273,7 @@ def test_registries_refuse_a_second_definition_under_one_name():
 
 
 def test_odin_t1_eps0_is_max_softmax_and_perturbation_direction():
-    torch.manual_seed(0)
-    model = build_model("pspnet", "resnet18").eval()
+    model = tiny_network()
     x = torch.randn(2, 3, 64, 64)
     torch.testing.assert_close(get_method("odin", temperature=1, epsilon=0, form="softmax").score(model, x)[0],
                                get_method("max_softmax").score(model, x)[0])
@@ -286,8 +283,7 @@ def test_odin_t1_eps0_is_max_softmax_and_perturbation_direction():
     plain = get_method("odin", temperature=10, epsilon=0, form="softmax").score(model, x)[0]
     perturbed = get_method("odin", temperature=10, epsilon=0.004, form="softmax").score(model, x)[0]
     assert perturbed.mean() < plain.mean()  # the step raises the max softmax: the input looks more ID
-    torch.manual_seed(0)
-    conf_model = build_model("pspnet", "resnet18", head="confidence").eval()
+    conf_model = tiny_network("confidence")
     plain = get_method("confidence").score(conf_model, x)[0]
     perturbed = get_method("confidence", epsilon=0.004).score(conf_model, x)[0]
     assert perturbed.mean() < plain.mean()  # the step raises the confidence
@@ -375,8 +371,7 @@ def test_odin_on_the_linear_grid_takes_the_paper_form():
 
 
 def test_tuning_picks_the_best_point_and_records_provenance(sets):
-    torch.manual_seed(0)
-    model = build_model("pspnet", "resnet18").eval()
+    model = tiny_network()
     grid = {"temperature": [1, 10, 1000], "epsilon": [0.0, 0.002]}
     result = tune("odin", model, loader(sets / "perlin_mixed.h5"), grid, metric="auroc", progress=False)
     assert len(result.table) == 6

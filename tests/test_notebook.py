@@ -11,13 +11,10 @@ from segood.methods import get_method
 from segood.models import preprocess
 from segood.models.external import ExternalModel
 
-from rawtrees import mixed_noise_sets
-
 
 @pytest.fixture(scope="module")
-def sets(tmp_path_factory):
-    return mixed_noise_sets(tmp_path_factory.mktemp("notebook"), kinds=("perlin",), noise_frames=2,
-                            cityscapes_frames=2)
+def sets(noise_sets):
+    return noise_sets(kinds=("perlin",), noise_frames=2, cityscapes_frames=2)
 
 
 def plain_module(seed=0):

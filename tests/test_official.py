@@ -346,16 +346,11 @@ def test_tau_of_six_tenths_is_the_official_linspaces():
 # ---- in an evaluation: beside segood's numbers, which stay unchanged ------------------------------------------------
 
 @pytest.fixture(scope="module")
-def perlin(tmp_path_factory):
-    import torch
+def perlin(noise_sets):
+    from networks import tiny_network
 
-    from rawtrees import mixed_noise_sets
-    from segood.models import build_model
-
-    tmp = tmp_path_factory.mktemp("official")
-    sets = mixed_noise_sets(tmp / "sets", kinds=("perlin",), seed=2, side=64)
-    torch.manual_seed(0)
-    return build_model("pspnet", "resnet18").eval(), sets / "perlin_mixed.h5"
+    sets = noise_sets(kinds=("perlin",), seed=2, side=64)
+    return tiny_network(), sets / "perlin_mixed.h5"
 
 
 def test_official_mode_in_an_evaluation_leaves_segoods_numbers_unchanged(perlin, tmp_path):

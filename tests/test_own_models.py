@@ -23,8 +23,6 @@ from segood.methods.schedule import score_batch
 from segood.metrics import make_accumulator
 from segood.models import ExternalModel, build_model, preprocess
 
-from rawtrees import mixed_noise_sets
-
 
 class QuarterNet(torch.nn.Module):
     """A head before its final resize: logits at 1/4 of the input, as mmseg and detectron2 heads give them.
@@ -45,8 +43,8 @@ class QuarterNet(torch.nn.Module):
 
 
 @pytest.fixture(scope="module")
-def sets(tmp_path_factory):
-    root = mixed_noise_sets(tmp_path_factory.mktemp("own_models"))
+def sets(noise_sets):
+    root = noise_sets()
     return {"perlin_mixed": root / "perlin_mixed.h5", "normal_mixed": root / "normal_mixed.h5", "cs": root / "cs.h5"}
 
 

@@ -10,28 +10,22 @@ from segood.data.h5 import H5SegmentationDataset
 from segood.evaluation import evaluate
 from segood.evaluation.protocol import GRIDS, cross_source
 from segood.methods.tuning import tune
-from segood.models import build_model
 
-from rawtrees import mixed_noise_sets
+from networks import tiny_network
 
 
 @pytest.fixture(scope="module")
-def sources(tmp_path_factory):
-    tune_root = mixed_noise_sets(tmp_path_factory.mktemp("tune"), seed=4)
-    test_root = mixed_noise_sets(tmp_path_factory.mktemp("test"), seed=5)
+def sources(noise_sets):
+    tune_root = noise_sets(seed=4)
+    test_root = noise_sets(seed=5)
     tuning = {"perlin_tune": tune_root / "perlin_mixed.h5", "normal_tune": tune_root / "normal_mixed.h5"}
     tests = {"perlin_test": test_root / "perlin_mixed.h5", "normal_test": test_root / "normal_mixed.h5"}
     return tuning, tests
 
 
-def model():
-    torch.manual_seed(0)
-    return build_model("pspnet", "resnet18").eval()
-
-
 def test_the_matrix_flags_same_source_cells_and_equals_direct_evaluations(sources, tmp_path):
     tuning, tests = sources
-    doc = cross_source(model(), tuning, tests, ["odin", "entropy"], tmp_path / "p", progress=False)
+    doc = cross_source(tiny_network(), tuning, tests, ["odin", "entropy"], tmp_path / "p", progress=False)
     for m in ("odin", "entropy"):
         for s in tuning:
             for t in tests:
@@ -41,8 +35,9 @@ def test_the_matrix_flags_same_source_cells_and_equals_direct_evaluations(source
         assert doc["headline"][m]["auroc"] == pytest.approx(sum(c["auroc"] for c in off) / 2)
     # a cell is the evaluation of the method tuned on its tuning set, at the threshold committed there
     loader = torch.utils.data.DataLoader(H5SegmentationDataset(tuning["normal_tune"]), batch_size=2)
-    odin = tune("odin", model(), loader, GRIDS["odin"], tuning_set=tuning["normal_tune"], progress=False).method()
-    direct = evaluate(model(), {"normal_tune": tuning["normal_tune"], **tests}, [odin], tmp_path / "direct",
+    odin = tune("odin", tiny_network(), loader, GRIDS["odin"], tuning_set=tuning["normal_tune"],
+                progress=False).method()
+    direct = evaluate(tiny_network(), {"normal_tune": tuning["normal_tune"], **tests}, [odin], tmp_path / "direct",
                       progress=False, figures=False, bootstrap=None, commit_on="normal_tune")
     cell = doc["cells"]["odin"]["normal_tune"]["perlin_test"]
     assert cell["auroc"] == direct["results"]["odin"]["perlin_test"]["pooled"]["auroc"]
@@ -57,9 +52,9 @@ def test_the_matrix_flags_same_source_cells_and_equals_direct_evaluations(source
 def test_bad_protocols_are_refused(sources, tmp_path):
     tuning, tests = sources
     with pytest.raises(ValueError, match="both as tuning and as test"):
-        cross_source(model(), tuning, {**tests, "perlin_tune": tests["perlin_test"]}, ["entropy"], tmp_path)
+        cross_source(tiny_network(), tuning, {**tests, "perlin_tune": tests["perlin_test"]}, ["entropy"], tmp_path)
     with pytest.raises(ValueError, match="unknown threshold rule"):
-        cross_source(model(), tuning, tests, ["entropy"], tmp_path, rule="accuracy")
+        cross_source(tiny_network(), tuning, tests, ["entropy"], tmp_path, rule="accuracy")
 
 
 def test_cli_protocol(sources, tmp_path, capsys):
@@ -72,7 +67,7 @@ def test_cli_protocol(sources, tmp_path, capsys):
     for name, path in {**tuning, **tests}.items():
         shutil.copy(path, tmp_path / f"{name}.h5")
         named.append(str(tmp_path / f"{name}.h5"))
-    save_checkpoint(tmp_path / "model.pt", model())
+    save_checkpoint(tmp_path / "model.pt", tiny_network())
     assert main(["protocol", "--checkpoint", str(tmp_path / "model.pt"), "--tune-sets", *named[:2], "--test-sets",
                  *named[2:], "--methods", "entropy", "--out", str(tmp_path / "p"), "--quiet"]) == 0
     assert "Cross-source protocol" in capsys.readouterr().out

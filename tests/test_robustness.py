@@ -17,16 +17,16 @@ from segood.models import build_model, preprocess, save_checkpoint
 from segood.robustness import CorruptedSet
 from segood.robustness.suite import corruption_as_ood, robustness, write_robustness_report
 
-from rawtrees import killed_after, mixed_noise_sets
+from networks import tiny_network
+from rawtrees import killed_after
 
 METHODS = ["max_softmax", "entropy"]
 OPTIONS = {"corruptions": ["fog", "rotation"], "severities": [1, 3], "seed": 4, "batch_size": 1, "progress": False}
 
 
 @pytest.fixture(scope="module")
-def sets(tmp_path_factory):
-    return mixed_noise_sets(tmp_path_factory.mktemp("robustness_sets"), kinds=("perlin",), noise_frames=2,
-                            cityscapes_frames=2)
+def sets(noise_sets):
+    return noise_sets(kinds=("perlin",), noise_frames=2, cityscapes_frames=2)
 
 
 @pytest.fixture(scope="module")
@@ -35,12 +35,8 @@ def whole(sets, tmp_path_factory):
     requirements = out.parent / "req.yaml"
     requirements.write_text("requirements:\n  - require: auroc >= 0.0\n    up_to_severity: 3\n"
                             "  - require: miou >= 0.99\n    corruptions: [fog]\n")
-    return out, robustness(model(), [sets / "perlin_mixed.h5"], METHODS, out, requirements=requirements, **OPTIONS)
-
-
-def model():
-    torch.manual_seed(0)
-    return build_model("pspnet", "resnet18", head="plain").eval()
+    return out, robustness(tiny_network(), [sets / "perlin_mixed.h5"], METHODS, out, requirements=requirements,
+                           **OPTIONS)
 
 
 def direct(net, dataset):
@@ -64,7 +60,7 @@ def direct(net, dataset):
 
 def test_every_cell_equals_a_direct_computation(sets, whole):
     out, doc = whole
-    net = model()
+    net = tiny_network()
     clean = H5SegmentationDataset(sets / "perlin_mixed.h5")
     ref_clean = direct(net, clean)
     for corruption in ("fog", "rotation"):
@@ -89,7 +85,7 @@ def test_every_cell_equals_a_direct_computation(sets, whole):
             assert cell["segmentation"]["ece"] == pytest.approx(calibration.compute()["ece"], abs=1e-9)
             assert cell["segmentation"]["brier"] == pytest.approx(calibration.compute()["brier"], abs=1e-9)
     # the clean set is what segood evaluate reports
-    plain = evaluate(model(), [sets / "perlin_mixed.h5"], METHODS, out.parent / "plain", batch_size=1,
+    plain = evaluate(tiny_network(), [sets / "perlin_mixed.h5"], METHODS, out.parent / "plain", batch_size=1,
                      progress=False, figures=False)
     for m in METHODS:
         for metric in METRIC_NAMES:
@@ -139,7 +135,7 @@ def test_a_refused_requirement_file_changes_nothing_in_the_run(whole):
 
 def test_resume_after_a_kill_equals_an_uninterrupted_run(sets, whole, tmp_path, monkeypatch):
     _, doc = whole
-    net = model()
+    net = tiny_network()
     original = net.forward
     monkeypatch.setattr(net, "forward", killed_after(net, 9))  # dies in the third of five sets
     with pytest.raises(KeyboardInterrupt):
@@ -156,7 +152,7 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(sets, whole, tmp_path, 
 
 
 def test_cli_and_clear_errors(sets, tmp_path):
-    net = model()
+    net = tiny_network()
     save_checkpoint(tmp_path / "m.pt", net)
     assert main(["robustness", "--checkpoint", str(tmp_path / "m.pt"), "--sets", str(sets / "perlin_mixed.h5"),
                  "--methods", "entropy", "--corruptions", "jpeg", "--severities", "5", "--out", str(tmp_path / "c"),
@@ -193,7 +189,7 @@ def test_corruption_as_ood_equals_relabelled_pixels(grid):
 
 
 def test_the_standard_family_and_its_summary_against_a_reference_run(sets, tmp_path, capsys):
-    net = model()
+    net = tiny_network()
     save_checkpoint(tmp_path / "m.pt", net)
     common = ["robustness", "--checkpoint", str(tmp_path / "m.pt"), "--sets", str(sets / "perlin_mixed.h5"),
               "--methods", "entropy", "--severities", "1", "5", "--quiet"]

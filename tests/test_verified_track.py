@@ -20,20 +20,19 @@ from segood.leaderboard.safe import MaintainerError
 from segood.methods import get_method
 from segood.models import build_model
 
-from rawtrees import mixed_noise_sets
+from networks import tiny_network
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(noise_sets, tmp_path_factory):
     """A benchmark whose set perlin_mixed keeps its masks private, maps exported from its public copy and a
-    submission of them."""
-    root = mixed_noise_sets(tmp_path_factory.mktemp("verified"), seed=3)
+    submission of them; all in a private copy of the sets' folder."""
+    root = noise_sets(seed=3, copy_to=tmp_path_factory.mktemp("verified") / "sets")
     sets = {"perlin_mixed": root / "perlin_mixed.h5", "normal_mixed": root / "normal_mixed.h5"}
     (root / "bench").mkdir()
     make_benchmark({"private": {"sets": {"perlin_mixed": sets["perlin_mixed"]}, "rank_by": "auroc",
                                 "private": ["perlin_mixed"], "verified_only": True}}, root / "bench" / "bench.json")
-    torch.manual_seed(0)
-    model = build_model("pspnet", "resnet18").eval()
+    model = tiny_network()
     public = root / "bench" / "perlin_mixed.public.h5"
     maps = export_scores(model, {"perlin_mixed": public}, [get_method("max_logit"), get_method("entropy")],
                          root / "exports", progress=False)

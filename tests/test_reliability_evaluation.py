@@ -1,0 +1,108 @@
+"""Faults met while evaluating: bad masks, NaN scores, unreadable or odd score files, infinite scores and bad
+grids; each a clear message naming the set, the frame and the file, and never a half-counted saved state."""
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from segood.cli import main
+from segood.data import Sample
+from segood.data.h5 import H5SegmentationDataset, SetWriter
+from segood.evaluation import Evaluation, evaluate, evaluate_score_maps
+from segood.methods import Method
+from segood.models import build_model
+
+from rawtrees import replace_chunk
+
+
+def test_big_endian_and_complex_score_maps(small_set, tmp_path, capsys):
+    dataset = H5SegmentationDataset(small_set)
+    rng = np.random.default_rng(0)
+    maps = {dataset[i]["frame_id"]: rng.random((32, 64)).astype(np.float32) for i in range(len(dataset))}
+    for name, dtype in (("little", "<f4"), ("big", ">f4"), ("complex", np.complex64)):
+        with h5py.File(tmp_path / f"{name}.h5", "w") as f:
+            for frame_id, score in maps.items():
+                f[frame_id] = score.astype(dtype)
+    little, big = (evaluate_score_maps(tmp_path / f"{n}.h5", small_set, tmp_path / n, figures=False)
+                   for n in ("little", "big"))
+    assert little["results"]["external"]["cs"]["pooled"] == big["results"]["external"]["cs"]["pooled"]
+    assert main(["score", "--scores", str(tmp_path / "complex.h5"), "--data", str(small_set), "--out",
+                 str(tmp_path / "c")]) == 2
+    assert "scores must be real numbers" in capsys.readouterr().err
+
+
+# 14. Messages name the set, the frame and the file; --skip-bad passes a bad frame.
+def test_bad_mask_values_name_the_set_and_frame(small_set, tmp_path):
+    mask = H5SegmentationDataset(small_set)[2]["ood_mask"].numpy().copy()
+    mask[0, 0] = 2
+    replace_chunk(small_set, "ood_mask", 2, mask)
+    model = build_model("pspnet", "resnet18").eval()
+    with pytest.raises(ValueError, match=r"cs: cannot read frame 2 .*frame 2 \(.*\): ood_mask holds values \[2\]"):
+        evaluate(model, [small_set], ["max_softmax"], tmp_path / "a", progress=False, figures=False, verify=False)
+    doc = evaluate(model, [small_set], ["max_softmax"], tmp_path / "b", progress=False, figures=False,
+                   verify=False, skip_bad=True)
+    assert doc["skipped_frames"][0][:2] == ["cs", 2] and "holds values [2]" in doc["skipped_frames"][0][2]
+    with pytest.raises(ValueError, match="x/2: the ood_mask must be uint8 with 0 .* holding \\[2\\]"):
+        SetWriter(tmp_path / "bad.h5", (32, 64), {"source": "test"}).append(
+            Sample(np.zeros((32, 64, 3), np.uint8), mask, mask, "x/2"))
+
+
+class NanOnSecondBatch(Method):
+    """A toy method whose scores turn NaN on the frames after the first batch."""
+
+    name = "nan_later"
+    calls = 0
+
+    def from_output(self, output):
+        NanOnSecondBatch.calls += 1
+        scores = torch.sigmoid(-output.logits.amax(dim=1))
+        return scores if NanOnSecondBatch.calls == 1 else scores * float("nan")
+
+
+def test_a_failing_batch_names_the_frames_and_never_saves_a_half_counted_state(small_set, tmp_path):
+    model = build_model("pspnet", "resnet18").eval()
+    with pytest.raises(ValueError, match=r"cs: frames \[1\]: .*NaN.*--resume continues from the last saved batch"):
+        evaluate(model, [small_set], ["max_softmax", NanOnSecondBatch()], tmp_path / "run", batch_size=1,
+                 save_every=1, progress=False, figures=False)
+    state = Evaluation.load(tmp_path / "run" / "state.npz")  # the save after batch 0, consistent
+    assert state.done == {"cs": 1} and {acc.n_images for acc in state.acc.values()} == {1}
+
+
+def test_garbage_score_file_and_npz_name_the_file(small_set, tmp_path, capsys):
+    (tmp_path / "garbage.h5").write_bytes(b"not hdf5 at all")
+    assert main(["score", "--scores", str(tmp_path / "garbage.h5"), "--data", str(small_set), "--out",
+                 str(tmp_path / "run")]) == 2
+    assert f"{tmp_path / 'garbage.h5'} is not a readable HDF5 score file" in capsys.readouterr().err
+    np.savez(tmp_path / "objects.npz", hist=np.array([{"a": 1}], dtype=object))
+    assert main(["metrics", str(tmp_path / "objects.npz")]) == 2
+    err = capsys.readouterr().err
+    assert "objects.npz" in err and "pickled Python objects" in err and "allow_pickle" not in err
+
+
+def test_infinite_scores_report_and_resume(small_set, tmp_path):
+    dataset = H5SegmentationDataset(small_set)
+    with h5py.File(tmp_path / "inf.h5", "w") as f:
+        for i in range(len(dataset)):
+            score = np.random.default_rng(i).random((32, 64)).astype(np.float32)
+            score[0, 0], score[5, 5] = np.inf, -np.inf
+            f[dataset[i]["frame_id"]] = score
+    doc = evaluate_score_maps(tmp_path / "inf.h5", small_set, tmp_path / "run", figures=False)
+    assert doc["results"]["external"]["cs"]["n_id"] > 0
+    assert Evaluation.load(tmp_path / "run" / "state.npz").images == {"cs": 3}  # reloadable
+
+
+def test_a_bad_grid_writes_nothing_and_old_run_files_still_resume(small_set, tmp_path):
+    model = build_model("pspnet", "resnet18").eval()
+    with pytest.raises(ValueError, match="mantissa_bits must be in"):
+        evaluate(model, [small_set], ["max_softmax"], tmp_path / "bad", mantissa_bits=20, progress=False)
+    assert not (tmp_path / "bad" / "run.json").exists()
+    evaluate(model, [small_set], ["max_softmax"], tmp_path / "old", num_thresholds=400, progress=False,
+             figures=False)
+    run = json.loads((tmp_path / "old" / "run.json").read_text())
+    run["config"] = {"num_thresholds": 400, "batch_size": 2}  # as runs before the float-order grid wrote it
+    (tmp_path / "old" / "run.json").write_text(json.dumps(run))
+    evaluate(model, [small_set], ["max_softmax"], tmp_path / "old", num_thresholds=400, resume=True,
+             progress=False, figures=False)
