@@ -36,6 +36,29 @@ class _Streaming:
         """Write the state to an ``.npz`` file, atomically."""
         write_npz(path, self.state_dict())
 
+    @classmethod
+    def load(cls, path):
+        """Read a state written by :meth:`save` (never unpickles); a ValueError names the file when it is not one."""
+        return read_state(cls.from_state_dict, path, "accumulator state")
+
+    def _reset_shared(self):
+        """Forget what every accumulator keeps beside its counts: ignored pixels and the per-image bookkeeping."""
+        self.n_ignored = 0
+        self.n_images = 0
+        self.per_image_sum = np.zeros(len(self.metric_names))
+        self.per_image_defined = 0  # images where the per-image metrics are defined
+        self.images = ImageCounts(self.metric_names)  # per image: coarse counts and metrics (bootstrap)
+
+    @staticmethod
+    def _declared_range(score_range):
+        """A declared score range as (lo, hi) floats with lo < hi, or None."""
+        if score_range is None:
+            return None
+        lo, hi = (float(v) for v in score_range)
+        if not lo < hi:
+            raise ValueError(f"score_range must have lo < hi, got {score_range!r}")
+        return lo, hi
+
     def _shared_state(self):
         """The state entries both accumulators have: ignored pixels and the per-image bookkeeping."""
         return {
@@ -154,11 +177,7 @@ class LinearGridAccumulator(_Streaming):
     def reset(self):
         """Forget every count."""
         self.hist = np.zeros((2, self.num_thresholds), dtype=np.int64)  # rows: ID, OOD; column = bin
-        self.n_ignored = 0
-        self.n_images = 0
-        self.per_image_sum = np.zeros(len(self.metric_names))
-        self.per_image_defined = 0  # images where the per-image metrics are defined
-        self.images = ImageCounts(self.metric_names)  # per image: coarse counts and metrics (bootstrap)
+        self._reset_shared()
         return self
 
     def update(self, scores, labels, *, clip=False):
@@ -263,11 +282,6 @@ class LinearGridAccumulator(_Streaming):
         acc.n_ignored = _count(state, "n_ignored")
         load_per_image(acc, state)
         return acc
-
-    @classmethod
-    def load(cls, path):
-        """Read a state written by :meth:`save` (never unpickles); a ValueError names the file when it is not one."""
-        return read_state(cls.from_state_dict, path, "accumulator state")
 
     def all_reduce(self):
         """Sum the counts over all ``torch.distributed`` ranks (in place); a no-op without a process group.

@@ -11,11 +11,10 @@ and whose bounds say how far it can be from these values, is the tool.
 
 import numpy as np
 
-from segood.io import read_state
 from segood.metrics.accumulator import (OPTIONAL_STATE, _count, _flag, _flat_cuda, _host, _is_cuda, _reverse_cumsum,
                                         _Streaming, load_per_image)
-from segood.metrics.bootstrap import ImageCounts
-from segood.metrics.functional import METRICS, as_numpy_inputs, distinct_score_counts, metrics_from_counts, raise_bad_labels
+from segood.metrics.functional import (METRICS, as_numpy_inputs, distinct_score_counts, metrics_from_counts,
+                                       raise_bad_labels)
 
 STATE_FORMAT = "segood.ExactAccumulator/1"
 DEFAULT_MAX_PIXELS = 1 << 28  # 268 million counted pixels: 1 GiB of float32 scores (2 GiB of float64)
@@ -47,11 +46,7 @@ class ExactAccumulator(_Streaming):
             raise TypeError(f"max_pixels must be an int, got {max_pixels!r}")
         if max_pixels < 1:
             raise ValueError(f"max_pixels must be positive, got {max_pixels}")
-        if score_range is not None:
-            lo, hi = (float(v) for v in score_range)
-            if not lo < hi:
-                raise ValueError(f"score_range must have lo < hi, got {score_range!r}")
-            score_range = (lo, hi)
+        score_range = self._declared_range(score_range)
         self.max_pixels = int(max_pixels)
         self.per_image = bool(per_image)
         self.score_range = score_range
@@ -63,11 +58,7 @@ class ExactAccumulator(_Streaming):
         self._parts = [[], []]  # the ID and the OOD scores, one array per update (joined when read)
         self._curve = None  # (thresholds, hist) of the scores held, kept until they change
         self.n_stored = 0
-        self.n_ignored = 0
-        self.n_images = 0
-        self.per_image_sum = np.zeros(len(self.metric_names))
-        self.per_image_defined = 0
-        self.images = ImageCounts(self.metric_names)  # per image: coarse counts and metrics (bootstrap)
+        self._reset_shared()
         return self
 
     @property
@@ -175,11 +166,6 @@ class ExactAccumulator(_Streaming):
         acc.n_ignored = _count(state, "n_ignored")
         load_per_image(acc, state)
         return acc
-
-    @classmethod
-    def load(cls, path):
-        """Read a state written by :meth:`save` (never unpickles); a ValueError names the file when it is not one."""
-        return read_state(cls.from_state_dict, path, "accumulator state")
 
     def all_reduce(self):
         """Concatenate the scores of all ``torch.distributed`` ranks, in rank order, on every rank (in place);

@@ -11,7 +11,6 @@ import numba
 import numpy as np
 
 from segood.metrics import _kernels
-from segood.metrics.bootstrap import ImageCounts
 from segood.metrics.accumulator import (OPTIONAL_STATE, _count, _flag, _flat_cuda, _host, _is_cuda,
                                         _Streaming, load_per_image)
 from segood.metrics.functional import (METRICS, as_numpy_inputs, metrics_from_counts,
@@ -72,11 +71,7 @@ class FloatOrderAccumulator(_Streaming):
             raise TypeError(f"mantissa_bits must be an int, got {mantissa_bits!r}")
         if not 1 <= mantissa_bits <= MAX_MANTISSA_BITS:
             raise ValueError(f"mantissa_bits must be in [1, {MAX_MANTISSA_BITS}], got {mantissa_bits}")
-        if score_range is not None:
-            lo, hi = (float(v) for v in score_range)
-            if not lo < hi:
-                raise ValueError(f"score_range must have lo < hi, got {score_range!r}")
-            score_range = (lo, hi)
+        score_range = self._declared_range(score_range)
         self.mantissa_bits = int(mantissa_bits)
         self.per_image = bool(per_image)
         self.score_range = score_range
@@ -88,11 +83,7 @@ class FloatOrderAccumulator(_Streaming):
         self.binades = np.zeros(0, np.int64)  # occupied binades, increasing
         self.counts = np.zeros((0, 2, 1 << self.mantissa_bits), np.int64)  # per binade: ID, OOD per low bits
         self.exact = True  # every bin holds one distinct value, from the dtypes seen so far
-        self.n_ignored = 0
-        self.n_images = 0
-        self.per_image_sum = np.zeros(len(self.metric_names))
-        self.per_image_defined = 0
-        self.images = ImageCounts(self.metric_names)  # per image: coarse counts and metrics (bootstrap)
+        self._reset_shared()
         return self
 
     def update(self, scores, labels, *, clip=False):
