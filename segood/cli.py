@@ -501,8 +501,10 @@ def build_parser(*, adapters=True):
     from pathlib import Path
 
     # Plain name tuples, not the registries: the registries' modules import torch, numba and albumentations.
-    from segood.names import (ARCHS, BLENDS, CORRUPTIONS, FAMILIES, HEADS, HEIGHT_RATIO, METHODS, METRICS,
-                              STANDARD_CORRUPTIONS, STANDARD_SIZES, THRESHOLD_RULES)
+    from segood.names import (ARCHS, BLENDS, CORRUPTIONS, FAMILIES, HEADS, HEIGHT_RATIO, STANDARD_CORRUPTIONS,
+                              STANDARD_SIZES, THRESHOLD_RULES, method_names, metric_names)
+
+    method_choices, metric_choices = method_names(), metric_names()  # with what a plugin registered
 
     parser = argparse.ArgumentParser(
         prog="segood", description="segood: pixel-level out-of-distribution detection benchmark for semantic segmentation.")
@@ -586,8 +588,8 @@ def build_parser(*, adapters=True):
                     help="the scorer takes one image at a time as SegmentMeIfYouCan calls a method: a uint8 RGB "
                          "array (H, W, 3) -> scores (H, W)")
     ev.add_argument("--sets", type=Path, nargs="+", required=True, help="converted evaluation sets (.h5)")
-    ev.add_argument("--methods", nargs="+", default=["all"], choices=["all", *METHODS], metavar="METHOD",
-                    help=f"method names ({', '.join(METHODS)}), or all (default: every method the head serves)")
+    ev.add_argument("--methods", nargs="+", default=["all"], choices=["all", *method_choices], metavar="METHOD",
+                    help=f"method names ({', '.join(method_choices)}), or all (default: every method the head serves)")
     add_run_options(ev)
     ev.add_argument("--components", choices=("anomaly", "obstacle"),
                     help="also the component-level metrics of SegmentMeIfYouCan with this preset's size filters")
@@ -653,9 +655,9 @@ def build_parser(*, adapters=True):
     add_model_options(proto)
     proto.add_argument("--tune-sets", type=Path, nargs="+", required=True, help="converted tuning sets, one per source")
     proto.add_argument("--test-sets", type=Path, nargs="+", required=True, help="converted test sets")
-    proto.add_argument("--methods", nargs="+", required=True, choices=list(METHODS), metavar="METHOD")
+    proto.add_argument("--methods", nargs="+", required=True, choices=list(method_choices), metavar="METHOD")
     proto.add_argument("--rule", default="tpr95", choices=list(THRESHOLD_RULES), help="threshold rule (default tpr95)")
-    proto.add_argument("--metric", default="auroc", choices=list(METRICS), help="the matrix's metric (default auroc)")
+    proto.add_argument("--metric", default="auroc", choices=list(metric_choices), help="the matrix's metric (default auroc)")
     proto.add_argument("--fit-set", type=Path, help="converted training set for the methods that need a fit")
     proto.add_argument("--out", type=Path, required=True)
     proto.add_argument("--batch-size", type=int, default=2)
@@ -669,7 +671,7 @@ def build_parser(*, adapters=True):
     add_model_options(rob)
     rob.add_argument("--feature-layer", help="for external models: the layer Mahalanobis models")
     rob.add_argument("--sets", type=Path, nargs="+", required=True, help="converted evaluation sets (.h5)")
-    rob.add_argument("--methods", nargs="+", default=["all"], choices=["all", *METHODS], metavar="METHOD",
+    rob.add_argument("--methods", nargs="+", default=["all"], choices=["all", *method_choices], metavar="METHOD",
                      help="method names, or all (default: every method the head serves)")
     rob.add_argument("--family", choices=FAMILIES, default="segood",
                      help="the corruptions by default: segood (its own 14), standard (the 15 of ImageNet-C / "
@@ -702,7 +704,7 @@ def build_parser(*, adapters=True):
                                            "Fishyscapes layout)")
     add_model_options(export)
     export.add_argument("--sets", type=Path, nargs="+", required=True, help="converted sets (.h5)")
-    export.add_argument("--methods", nargs="+", required=True, choices=list(METHODS), metavar="METHOD")
+    export.add_argument("--methods", nargs="+", required=True, choices=list(method_choices), metavar="METHOD")
     export.add_argument("--fit-set", type=Path, help="converted training set for the methods that need a fit")
     export.add_argument("--layout", choices=("segood", "smiyc", "fishyscapes"), default="segood",
                         help="segood: OUT/<method>/<set>.h5 (segood score reads it); smiyc: OUT/anomaly_p/<method>/"
@@ -760,7 +762,7 @@ def build_parser(*, adapters=True):
     bench.add_argument("--private", nargs="+", metavar="SET", help="sets (by file stem) whose masks stay private: "
                        "entered with score maps only; a public copy without masks is written beside --out")
     bench.add_argument("--verified-only", action="store_true", help="rank only entries scored here from maps")
-    bench.add_argument("--rank-by", default="auroc", choices=list(METRICS), help=f"one of {', '.join(METRICS)}")
+    bench.add_argument("--rank-by", default="auroc", choices=list(metric_choices), help=f"one of {', '.join(metric_choices)}")
     add_grid_options(bench, exact=False)  # submissions carry states: an exact one would hold every pixel
     bench.add_argument("--out", type=Path, required=True)
     bench.set_defaults(run=_benchmark)

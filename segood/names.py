@@ -30,3 +30,21 @@ INFERENCE_MODES = ("whole", "resize", "slide")
 #: segood.data.paste.BLENDS and HEIGHT_RATIO.
 BLENDS = ("none", "feather", "seamless")
 HEIGHT_RATIO = (0.15, 0.6)
+
+
+def method_names():
+    """:data:`METHODS`, or the live registry where its module is imported already (a plugin registered methods of
+    its own before the command line was built): the command line offers those too."""
+    return _live(METHODS, "segood.methods.methods", "METHODS")
+
+
+def metric_names():
+    """:data:`METRICS`, or the live registry where its module is imported already (as :func:`method_names`)."""
+    return _live(METRICS, "segood.metrics.functional", "METRICS")
+
+
+def _live(names, module, registry):
+    import sys
+
+    loaded = sys.modules.get(module)
+    return tuple(getattr(loaded, registry)) if loaded is not None else names
