@@ -215,3 +215,13 @@ def test_mahalanobis_names_a_frame_size_it_was_not_fitted_on(track, tmp_path):
     image = H5SegmentationDataset(track[0].parent / "native.h5")[0]["image"]  # 24x40: 3x5 features, not 2x4
     with pytest.raises(ValueError, match=r"per-location class means of 2×4 feature maps .*these frames give 3×5"):
         method.score(model, preprocess(image[None]))
+
+
+def test_cropping_back_touches_only_what_is_at_the_padded_input_size():
+    """Scores and logits of a padded input are cropped to the frame; a mask model's query outputs (here 100 queries
+    of 40 class logits, larger than the frame on both axes) and features are left whole."""
+    from segood.methods.schedule import _crop
+
+    logits, queries, features = torch.zeros(1, 3, 24, 40), torch.zeros(1, 100, 40), torch.zeros(1, 8, 3, 5)
+    out = _crop((logits, [queries, features]), (24, 40), (20, 36))
+    assert [tuple(t.shape) for t in (out[0], *out[1])] == [(1, 3, 20, 36), (1, 100, 40), (1, 8, 3, 5)]

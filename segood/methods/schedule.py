@@ -103,7 +103,7 @@ def score_batch(model, x, methods, *, mc_seed=None):
                 scores[k] = method.from_output(at_input(model(x_tilde)))
             clock.lap(f"score/{method.name}")
     if size != frame:
-        output, classes, scores = _crop((output, classes, scores), frame)
+        output, classes, scores = _crop((output, classes, scores), size, frame)
     return ScoredBatch(output, classes, scores, seconds, resized)
 
 
@@ -143,16 +143,15 @@ def pad_to_multiple(x, multiple):
     return torch.nn.functional.pad(x, (0, pad_w, 0, pad_h)) if pad_h or pad_w else x
 
 
-def _crop(value, size):
-    """Every tensor in ``value`` (nested in lists, tuples and dataclasses) of a padded input's resolution, cropped
-    to ``size`` = (H, W); lower-resolution tensors (features) are left as they are."""
+def _crop(value, padded, size):
+    """Every tensor in ``value`` (nested in lists, tuples and dataclasses) at the ``padded`` input's resolution,
+    cropped to the frame's ``size`` = (H, W); every other tensor (features, query outputs) is left as it is."""
     if isinstance(value, (list, tuple)):
-        return type(value)(_crop(v, size) for v in value)
+        return type(value)(_crop(v, padded, size) for v in value)
     if dataclasses.is_dataclass(value):
-        return dataclasses.replace(value, **{f.name: _crop(getattr(value, f.name), size)
+        return dataclasses.replace(value, **{f.name: _crop(getattr(value, f.name), padded, size)
                                              for f in dataclasses.fields(value)})
-    if isinstance(value, torch.Tensor) and value.ndim >= 2 and value.shape[-2] >= size[0] and \
-            value.shape[-1] >= size[1] and value.shape[-2:] != size:
+    if isinstance(value, torch.Tensor) and value.ndim >= 2 and tuple(value.shape[-2:]) == tuple(padded):
         return value[..., : size[0], : size[1]].contiguous()
     return value
 
