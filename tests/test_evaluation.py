@@ -1,5 +1,6 @@
 """The evaluation run end to end on tiny generated sets and tiny real networks."""
 
+import csv
 import json
 import socket
 
@@ -117,7 +118,11 @@ def test_report_flags_values_the_binning_cannot_resolve(sets, tmp_path):
     assert result["pooled"]["auroc"] == pytest.approx(0.5) and result["bounds"]["auroc"] == [0.0, 1.0]
     markdown = (tmp_path / "coarse" / "results.md").read_text()
     assert "**0.5000** [0.500, 0.500] ≈" in markdown and "rerun on the float-order grid" in markdown
-    assert "auroc_lo,auroc_hi" in (tmp_path / "coarse" / "results.csv").read_text().splitlines()[0]
+    rows = list(csv.DictReader((tmp_path / "coarse" / "results.csv").read_text().splitlines()))
+    pooled = rows[0]  # the bins' bounds and the bootstrap interval, each in columns of its own
+    assert (pooled["aggregation"], float(pooled["auroc_bin_low"]), float(pooled["auroc_bin_high"])) == ("pooled", 0, 1)
+    low, high = (float(pooled[f"auroc_ci_{side}"]) for side in ("low", "high"))
+    assert [low, high] == result["intervals"]["auroc"] and low <= result["pooled"]["auroc"] <= high
     fine = evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "fine", figures=False)
     assert fine["results"]["external"]["perlin_mixed"]["pooled"]["auroc"] == pytest.approx(1.0)
     assert "≈" not in (tmp_path / "fine" / "results.md").read_text()

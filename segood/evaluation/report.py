@@ -163,24 +163,33 @@ def combine_runs(run_dirs, out_dir, *, figures=True, bootstrap=Bootstrap(), comm
 
 
 def results_csv(doc):
+    """One row per (method, set, aggregation); each metric's bootstrap interval (``<metric>_ci_low`` /
+    ``_ci_high``, empty without a bootstrap) and, for the pooled rows, where the exact value lies given the grid's
+    bins (``<metric>_bin_low`` / ``_bin_high``), in named columns."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    bound_columns = [f"{m}_{side}" for m in METRICS for side in ("lo", "hi")]
+    interval_columns = [f"{m}_ci_{side}" for m in METRICS for side in ("low", "high")]
+    bound_columns = [f"{m}_bin_{side}" for m in METRICS for side in ("low", "high")]
     writer.writerow(["method", "set", "aggregation", *METRICS, "max_iou_threshold", "n_images", "n_id", "n_ood",
-                     "same_source_tuning", *bound_columns])
+                     "same_source_tuning", *interval_columns, *bound_columns])
+
+    def intervals(found):
+        return [v for m in METRICS for v in ((found or {}).get(m) or ("", ""))]
+
     for m, by_set in doc["results"].items():
         for s, r in by_set.items():
             writer.writerow([m, s, "pooled", *(r["pooled"].get(k) for k in (*METRICS, "max_iou_threshold")),
-                             "", r["n_id"], r["n_ood"], r["same_source_tuning"],
+                             "", r["n_id"], r["n_ood"], r["same_source_tuning"], *intervals(r.get("intervals")),
                              *(v for m in METRICS for v in r["bounds"][m])])
             per_image = r["per_image_mean"] or {}
             writer.writerow([m, s, "per-image mean", *(per_image.get(k) for k in METRICS), "",
-                             per_image.get("n_images"), "", "", r["same_source_tuning"], *[""] * len(bound_columns)])
+                             per_image.get("n_images"), "", "", r["same_source_tuning"],
+                             *intervals(r.get("per_image_intervals")), *[""] * len(bound_columns)])
             official = r.get("official")
             if official:  # the benchmark's own computation: only the metrics it defines
                 writer.writerow([m, s, official["label"], *(official.get(k, "") for k in METRICS), "", "",
                                  official["n_id"], official["n_ood"], r["same_source_tuning"],
-                                 *[""] * len(bound_columns)])
+                                 *[""] * (len(interval_columns) + len(bound_columns))])
     return buffer.getvalue()
 
 
