@@ -438,7 +438,8 @@ def _leaderboard(args):
     doc = leaderboard(args.submissions, args.benchmark, args.out, work=args.work)
     accepted = sum(len(t["entries"]) for t in doc["tracks"].values())
     print((args.out / "leaderboard.md").read_text(), end="")
-    print(f"\n{accepted} entries, {len(doc['rejected'])} rejected; wrote {args.out}/index.html")
+    print(f"\n{accepted} {'entry' if accepted == 1 else 'entries'}, {len(doc['rejected'])} rejected; wrote "
+          f"{args.out}/index.html")
     return 0
 
 

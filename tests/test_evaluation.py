@@ -61,8 +61,10 @@ def test_results_equal_a_direct_computation(sets, tmp_path):
 
 
 def test_all_methods_share_passes_and_monte_carlo(sets, tmp_path):
-    doc = evaluate(tiny_network("dropout"), [sets / "perlin_mixed.h5", sets / "cs.h5"], None, tmp_path, progress=False)
-    # every method the head serves, but those that need a fit (no fit_set given)
+    with pytest.warns(UserWarning, match="sml left out: it needs a fit on training data"):
+        doc = evaluate(tiny_network("dropout"), [sets / "perlin_mixed.h5", sets / "cs.h5"], None, tmp_path,
+                       progress=False)
+    # every method the head serves, but those that need a fit (no fit_set given), said so
     assert set(doc["results"]) == {"max_softmax", "odin", "entropy", "varsum", "mutual_info", "max_logit", "energy"}
     assert doc["results"]["entropy"]["cs"]["pooled"]["auroc"] is None  # no OOD pixel: undefined, not made up
     classes = doc["per_class_mean_score"]["entropy"]["cs"]
@@ -117,7 +119,7 @@ def test_report_flags_values_the_binning_cannot_resolve(sets, tmp_path):
     result = coarse["results"]["external"]["perlin_mixed"]
     assert result["pooled"]["auroc"] == pytest.approx(0.5) and result["bounds"]["auroc"] == [0.0, 1.0]
     markdown = (tmp_path / "coarse" / "results.md").read_text()
-    assert "**0.5000** [0.500, 0.500] ≈" in markdown and "rerun on the float-order grid" in markdown
+    assert "**0.5000** ≈" in markdown and "rerun on the float-order grid" in markdown  # (no zero-width interval)
     rows = list(csv.DictReader((tmp_path / "coarse" / "results.csv").read_text().splitlines()))
     pooled = rows[0]  # the bins' bounds and the bootstrap interval, each in columns of its own
     assert (pooled["aggregation"], float(pooled["auroc_bin_low"]), float(pooled["auroc_bin_high"])) == ("pooled", 0, 1)
@@ -316,4 +318,5 @@ def test_results_tex_holds_the_tables_of_results_md(sets, tmp_path):
             assert re.findall(r"-?\d+\.\d+", m) == re.findall(r"-?\d+\.\d+", t)
             assert m.startswith("**") == t.startswith("\\textbf{")
             numbers += len(re.findall(r"-?\d+\.\d+", t))
-    assert numbers >= 3 * 2 * 2 * len(METRIC_NAMES)  # the pooled tables: a value and its interval per cell
+    # a value per cell (2 cells, 2 aggregations, every metric) and intervals where they have width at 3 decimals
+    assert 2 * 2 * len(METRIC_NAMES) < numbers <= 3 * 2 * 2 * len(METRIC_NAMES)

@@ -340,7 +340,7 @@ def test_cli_private_benchmark_and_maps_only_submission(world, tmp_path, capsys)
                  "--out", str(tmp_path / "subs" / "e.zip")]) == 0
     assert main(["leaderboard", str(tmp_path / "subs"), "--benchmark", str(tmp_path / "b" / "bench.json"), "--out",
                  str(tmp_path / "board")]) == 0
-    assert "1 entries, 0 rejected" in capsys.readouterr().out
+    assert "1 entry, 0 rejected" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["submit", "--scores", "no-equals-sign", "--method-name", "E", "--out", str(tmp_path / "x.zip")])
     assert "write SET=FILE" in capsys.readouterr().err

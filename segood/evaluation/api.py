@@ -4,6 +4,7 @@ import dataclasses
 import hashlib
 import json
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -111,6 +112,11 @@ def prepare(model, sets, methods, options):
     frames = {name: len(_open_set(path, o.verify)) for name, path in sets.items()}
     if methods is None:
         methods = default_methods(model, fitted=o.fit_set is not None)
+        unfitted = [m.name for m in default_methods(model) if m.needs.fit and m.name not in {x.name for x in methods}]
+        if unfitted:
+            need = "it needs" if len(unfitted) == 1 else "they need"
+            warnings.warn(f"{', '.join(unfitted)} left out: {need} a fit on training data (fit_set, --fit-set)",
+                          stacklevel=3)
     methods = [method_for_grid(m, o.grid) if isinstance(m, str) else m for m in methods]  # by name: the grid's form
     if o.components and o.components.get("commit_on") is not None and o.components["commit_on"] not in sets:
         raise ValueError(f"the component thresholds' tuning set {o.components['commit_on']!r} is not a set of the "

@@ -237,6 +237,8 @@ def _cell(doc, m, s, metric, aggregation):
     top = ranks[m] == 1 if ranks and aggregation == "pooled" else value is not None and value == best
     interval = (r.get("intervals" if aggregation == "pooled" else "per_image_intervals") or {}).get(metric)
     interval = tuple(interval) if value is not None and interval and interval[0] is not None else None
+    if interval and f"{interval[0]:.3f}" == f"{interval[1]:.3f}":  # no width at the precision shown: nothing to say
+        interval = None
     return Cell(value, bool(top), interval, bool(r["same_source_tuning"]),
                 aggregation == "pooled" and too_coarse(metric, r))
 
