@@ -4,7 +4,6 @@
 import numba
 import numpy as np
 
-from segood.io import read_state, write_npz
 from segood.metrics import _kernels
 from segood.metrics.bootstrap import ImageCounts
 from segood.metrics.functional import (
@@ -14,7 +13,7 @@ from segood.metrics.functional import (
     raise_bad_labels,
     raise_bad_scores,
 )
-from segood.metrics.state import check_counts
+from segood.metrics.state import StateFile, check_counts
 
 STATE_FORMAT = "segood.PixelOODAccumulator/1"  # (the class's first name; every state since carries it)
 # state arrays that older states lack: the names of the per-image metrics, the per-image counts (bootstrap)
@@ -23,23 +22,20 @@ MAX_THRESHOLDS = 1 << 24  # 256 MiB of counts: beyond that a "state" is a mistak
 _MIN_CHUNK = 1 << 16  # pixels per thread; below this, threads cost more than they save
 
 
-class _Streaming:
-    """What both accumulators share: adding, copying, saving, per-image splitting and per-image bookkeeping."""
+class _Streaming(StateFile):
+    """What the accumulators share: adding, copying, saving, per-image splitting and per-image bookkeeping."""
+
+    STATE_NAME = "accumulator state"
 
     def __add__(self, other):
         return self.copy().merge(other)
 
-    def copy(self):
-        return type(self).from_state_dict(self.state_dict())
-
-    def save(self, path):
-        """Write the state to an ``.npz`` file, atomically."""
-        write_npz(path, self.state_dict())
-
-    @classmethod
-    def load(cls, path):
-        """Read a state written by :meth:`save` (never unpickles); a ValueError names the file when it is not one."""
-        return read_state(cls.from_state_dict, path, "accumulator state")
+    def _setup(self, *, per_image, score_range):
+        """The settings every grid's accumulator takes beside its own, checked; then an empty state."""
+        self.per_image = bool(per_image)
+        self.score_range = self._declared_range(score_range)
+        self.metric_names = tuple(METRICS)  # the per-image sums follow the metric table of the accumulator's making
+        self.reset()
 
     def _reset_shared(self):
         """Forget what every accumulator keeps beside its counts: ignored pixels and the per-image bookkeeping."""

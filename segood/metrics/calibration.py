@@ -9,14 +9,14 @@ accumulators.
 
 import numpy as np
 
-from segood.io import read_state, write_npz
 from segood.labels import IGNORE
+from segood.metrics.state import StateFile
 
 STATE_FORMAT = "segood.CalibrationAccumulator/1"
 NUM_BINS = 15
 
 
-class CalibrationAccumulator:
+class CalibrationAccumulator(StateFile):
     """Streaming ECE (``num_bins`` equal-width bins of the top-class confidence, bin k = (k/B, (k+1)/B], the
     first closed at 0) and Brier score over pixels whose target is a class (255 = no class, skipped).
 
@@ -29,6 +29,8 @@ class CalibrationAccumulator:
         >>> acc.update(torch.softmax(logits, 1), semantic)   # (N, C, H, W) probabilities, (N, H, W) trainIds
         >>> acc.compute()["ece"]
     """
+
+    STATE_NAME = "calibration state"
 
     def __init__(self, num_bins=NUM_BINS):
         if isinstance(num_bins, bool) or not isinstance(num_bins, (int, np.integer)) or num_bins < 1:
@@ -131,12 +133,6 @@ class CalibrationAccumulator:
         acc.brier = float(brier)
         return acc
 
-    def save(self, path):
-        write_npz(path, self.state_dict())
-
-    @classmethod
-    def load(cls, path):
-        return read_state(cls.from_state_dict, path, "calibration state")
 
     def __repr__(self):
         return f"CalibrationAccumulator(num_bins={self.num_bins}, n_pixels={int(self.count.sum())})"

@@ -46,12 +46,8 @@ class ExactAccumulator(_Streaming):
             raise TypeError(f"max_pixels must be an int, got {max_pixels!r}")
         if max_pixels < 1:
             raise ValueError(f"max_pixels must be positive, got {max_pixels}")
-        score_range = self._declared_range(score_range)
         self.max_pixels = int(max_pixels)
-        self.per_image = bool(per_image)
-        self.score_range = score_range
-        self.metric_names = tuple(METRICS)
-        self.reset()
+        self._setup(per_image=per_image, score_range=score_range)
 
     def reset(self):
         """Forget every score."""

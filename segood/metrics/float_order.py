@@ -71,12 +71,8 @@ class FloatOrderAccumulator(_Streaming):
             raise TypeError(f"mantissa_bits must be an int, got {mantissa_bits!r}")
         if not 1 <= mantissa_bits <= MAX_MANTISSA_BITS:
             raise ValueError(f"mantissa_bits must be in [1, {MAX_MANTISSA_BITS}], got {mantissa_bits}")
-        score_range = self._declared_range(score_range)
         self.mantissa_bits = int(mantissa_bits)
-        self.per_image = bool(per_image)
-        self.score_range = score_range
-        self.metric_names = tuple(METRICS)
-        self.reset()
+        self._setup(per_image=per_image, score_range=score_range)
 
     def reset(self):
         """Forget every count."""

@@ -54,10 +54,10 @@ arrays.
 
 import numpy as np
 
-from segood.io import read_state, write_npz
 from segood.labels import IGNORE, OOD
 from segood.metrics.components import ComponentAccumulator, frame_components
 from segood.metrics.functional import _to_numpy, raise_bad_labels
+from segood.metrics.state import StateFile
 
 BENCHMARKS = ("smiyc", "fishyscapes")
 #: How each benchmark's numbers are named in reports: "AUPRC (SMIYC official)".
@@ -280,7 +280,7 @@ class _CountsByKey:
         return self
 
 
-class _OfficialPixels:
+class _OfficialPixels(StateFile):
     """What the two pixel accumulators share: the counts per key, the protocol around them."""
 
     format = None
@@ -328,16 +328,6 @@ class _OfficialPixels:
         acc.n_frames, acc.n_skipped_frames = (int(v) for v in frames)
         return acc
 
-    def copy(self):
-        return type(self).from_state_dict(self.state_dict())
-
-    def save(self, path):
-        """Write the state to an ``.npz`` file, atomically."""
-        write_npz(path, self.state_dict())
-
-    @classmethod
-    def load(cls, path):
-        return read_state(cls.from_state_dict, path, f"{cls.__name__} state")
 
     def all_reduce(self):
         """Gather every rank's counts (torch.distributed; a no-op without a process group): afterwards each rank
