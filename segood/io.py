@@ -98,11 +98,21 @@ def _nan_to_none(obj):
 
 
 def write_npz(path, arrays, *, compressed=False):
-    """Write {name: array} (plain arrays, no pickles) as an ``.npz`` file, atomically."""
+    """Write {name: array} (plain arrays, no pickles) as an ``.npz`` file, atomically. ``compressed``: deflate
+    every member (True), none (False), or those whose name it accepts (a callable: compress what compresses
+    well, store what would only cost time, such as images)."""
+    import zipfile
+
     import numpy as np
 
+    deflate = compressed if callable(compressed) else lambda name: compressed
     buffer = io.BytesIO()
-    (np.savez_compressed if compressed else np.savez)(buffer, **arrays)
+    with zipfile.ZipFile(buffer, "w", allowZip64=True) as archive:
+        for name, value in arrays.items():
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED if deflate(name) else zipfile.ZIP_STORED
+            with archive.open(info, "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
     atomic_write_bytes(path, buffer.getvalue())
 
 

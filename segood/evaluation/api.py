@@ -80,7 +80,7 @@ def evaluate(model, sets, methods=None, out_dir=None, options: EvaluateOptions |
     if ev is None:
         return None
     return Results(write_report(out_dir, figures=options.figures, bootstrap=options.bootstrap,
-                                commit_on=options.commit_on), ev)
+                                commit_on=options.commit_on, state=ev), ev)
 
 
 def prepare(model, sets, methods, options):

@@ -21,6 +21,8 @@ class EvaluateOptions:
 
     Attributes:
         batch_size: frames per forward pass (frames of different sizes are scored apart).
+        workers: processes that read and decode frames ahead of the network (None: one per spare core, at most
+            8; 0: read in the main process).
         device: "cpu", "cuda", "cuda:1" (None: the model's).
         grid: the threshold grid, a :func:`segood.metrics.grid_spec` dict; made from ``grid`` ("float", "linear",
             "exact" or a dict) and the init-only ``num_thresholds``, ``score_range``, ``mantissa_bits``,
@@ -41,6 +43,7 @@ class EvaluateOptions:
     """
 
     batch_size: int = 2
+    workers: int | None = None
     device: str | None = None
     grid: str | dict | None = None
     resume: bool = False
@@ -67,6 +70,9 @@ class EvaluateOptions:
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.workers is not None and (type(self.workers) is not int or self.workers < 0):
+            raise ValueError(f"workers must be a non-negative integer (0: read in the main process) or None, got "
+                             f"{self.workers!r}")
         for name in ("resume", "progress", "figures", "skip_bad", "verify"):
             if type(getattr(self, name)) is not bool:
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")

@@ -96,12 +96,12 @@ def component_choice(spec):
     return {"chosen_on": spec["commit_on"] if spec["source"] == "committed" else oracle, "rule": spec["rule"]}
 
 
-def write_report(out_dir, *, figures=True, bootstrap=Bootstrap(), commit_on=None):
+def write_report(out_dir, *, figures=True, bootstrap=Bootstrap(), commit_on=None, state=None):
     """(Re)write results.json, results.csv, results.md, results.tex and the figures of ``out_dir`` from its state, with
     bootstrap intervals (``bootstrap``: resamples and seed; None: none) and thresholds committed on the set
-    ``commit_on``."""
+    ``commit_on``. ``state``: the run's :class:`Evaluation` where it is at hand (else read from the folder)."""
     folder = RunFolder(out_dir)
-    ev = Evaluation.load(folder.state())
+    ev = Evaluation.load(folder.state()) if state is None else state
     doc = build_results(folder.read_run(), ev, bootstrap=bootstrap, commit_on=commit_on)
     write_json(folder.results_json, doc)
     atomic_write_text(folder.results_csv, results_csv(doc))

@@ -15,6 +15,7 @@ components pass scores the frames again (the scores are not kept), in the same l
 import copy
 import json
 import math
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -24,8 +25,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from segood.data.h5 import H5SegmentationDataset, require_labels, same_size_batches
+from segood.data.h5 import H5SegmentationDataset, require_labels
 from segood.evaluation.layout import RunFolder
+from segood.evaluation.reading import UnreadableFrame, batch_reader, default_workers
 from segood.io import read_npz, write_npz
 from segood.labels import NUM_CLASSES
 from segood.methods import METHODS, get_method
@@ -141,8 +143,9 @@ class Evaluation:
         ``names``) into :meth:`process`; predictions of other classes than the sets' are not compared with their
         labels."""
         comparable = self.classes_match()
+        wanted = comparable and (self.quality or min(indices) < self.example_count)  # (an argmax of every map)
         self.process(set_name, indices, batch, dict(zip(names, scored.scores)),
-                     scored.classes if comparable else None,
+                     scored.classes if wanted else None,
                      logits=scored.output.logits if self.quality and comparable else None)
 
     def update_components_pass(self, set_name, indices, batch, scored, names):
@@ -288,7 +291,7 @@ class Evaluation:
         return ev
 
     def save(self, path):
-        write_npz(path, self.arrays(), compressed=True)  # histograms are mostly zeros at 65536 thresholds
+        write_state(path, self.arrays())
 
     @classmethod
     def load(cls, path):
@@ -363,6 +366,12 @@ class Evaluation:
             counts = np.rint(tensor.cpu().numpy()).astype(np.int64)
             comp.load_state({"taus": counts[:-3].reshape(3, -1), "counts": counts[-3:], "sums": sums.cpu().numpy()})
         return self
+
+
+def write_state(path, arrays):
+    """Write a state's :meth:`Evaluation.arrays`: the counts deflated (mostly zeros at 65536 thresholds), the example
+    frames stored as they are (they hardly compress, and deflating them took most of a save's time)."""
+    write_npz(path, arrays, compressed=lambda key: not key.startswith("ex|"))
 
 
 def component_spec(components, commit_on=None):
@@ -460,37 +469,6 @@ def _frame_counts(value, sets, key):
     return dict(value)
 
 
-def read_batch(dataset, indices, *, skip_bad=False):
-    """(items, kept indices, [(index, reason)] of unreadable frames passed over). Without ``skip_bad`` an
-    unreadable frame raises :class:`UnreadableFrame`."""
-    items, kept, bad = [], [], []
-    for i in indices:
-        try:
-            items.append(dataset[i])
-            kept.append(i)
-        except (OSError, ValueError) as err:
-            if not skip_bad:
-                raise UnreadableFrame(i, err) from None
-            bad.append((i, str(err)))
-    return items, kept, bad
-
-
-def stacked(items, indices):
-    """(batch of stacked tensors, its frame indices) for each run of consecutive ``items`` of one size."""
-    sizes = [tuple(item["image"].shape) for item in items]
-    for run in same_size_batches(sizes, len(items)):
-        yield ({key: torch.stack([items[k][key] for k in run]) for key in ("image", "ood_mask", "semantic")},
-               [indices[k] for k in run])
-
-
-class UnreadableFrame(ValueError):
-    """A frame of a set could not be read."""
-
-    def __init__(self, index, err):
-        super().__init__(f"cannot read frame {index} ({err})")
-        self.index = index
-
-
 def run(model, sets, methods, out_dir, options, *, rank=0, world_size=1, seed=0, quality=False,
         examples=(EXAMPLES_PER_SET, None)):
     """Evaluate ``methods`` (method objects) of ``model`` on ``sets`` ({name: .h5 path, or a Dataset of segood
@@ -532,72 +510,118 @@ def run(model, sets, methods, out_dir, options, *, rank=0, world_size=1, seed=0,
         ev = Evaluation(names, list(sets), grid, components, quality=quality, examples=examples, official=official)
     model.eval()
     make_accumulator(ev.grid).update(np.zeros(1, np.float32), np.zeros(1, np.uint8))  # load the grid's kernel once
-    loop = _Loop(model, datasets, ev, state_path, device=device, batch_size=options.batch_size,
+    workers = default_workers() if options.workers is None else options.workers
+    loop = _Loop(model, datasets, ev, _Saver(state_path), device=torch.device(device), batch_size=options.batch_size,
                  save_every=options.save_every, shard=(rank, world_size), skip_bad=options.skip_bad, seed=seed,
-                 progress=options.progress)
-    loop.run_pass("evaluate", ev.done, lambda s: methods, ev.update_pixels)
-    if chosen_by_run(ev.components):
-        thresholds = chosen_thresholds(ev.components, _pooled_results(ev))  # from saved counts: not saved here
-        if ev.components["thresholds"] is None:  # (a resumed run chose them already: the same numbers)
-            ev.choose_component_thresholds(thresholds)
-        loop.run_pass("components", ev.components_done, lambda s: [m for m in methods if (m.name, s) in ev.comp],
-                      ev.update_components_pass)
+                 progress=options.progress, workers=workers)
+    try:
+        loop.run_pass("evaluate", ev.done, lambda s: methods, ev.update_pixels)
+        if chosen_by_run(ev.components):
+            thresholds = chosen_thresholds(ev.components, _pooled_results(ev))  # from saved counts: not saved here
+            if ev.components["thresholds"] is None:  # (a resumed run chose them already: the same numbers)
+                ev.choose_component_thresholds(thresholds)
+            loop.run_pass("components", ev.components_done,
+                          lambda s: [m for m in methods if (m.name, s) in ev.comp], ev.update_components_pass)
+    finally:
+        loop.saver.wait()
     return ev.all_reduce()
+
+
+class _Saver:
+    """Saves the run's state (atomically) in a background thread, one save at a time, so that the next batches
+    are scored while the last state is compressed and written; a save that failed is raised by the next
+    :meth:`save` or :meth:`wait`."""
+
+    def __init__(self, path):
+        self.path, self.thread, self.error = path, None, None
+
+    def save(self, ev, *, wait=False):
+        self.wait()
+        arrays = {key: np.array(value, copy=True) for key, value in ev.arrays().items()}  # as they are now
+        self.thread = threading.Thread(target=self._write, args=(arrays,), name="segood-save", daemon=True)
+        self.thread.start()
+        if wait:
+            self.wait()
+
+    def _write(self, arrays):
+        try:
+            write_state(self.path, arrays)
+        except BaseException as err:  # noqa: BLE001 - handed to the main thread
+            self.error = err
+
+    def wait(self):
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
 
 
 @dataclass
 class _Loop:
-    """A pass over the sets is read -> score -> update per batch, saved every ``save_every`` batches; the pixel
-    pass and the components pass are two uses of it (the same batches, so the same Monte-Carlo seeds and scores).
-    ``shard`` = (rank, world size): this process scores every world-size-th frame."""
+    """A pass over the sets is read -> score -> update per batch, saved every ``save_every`` batches and at the
+    end of each set; the pixel pass and the components pass are two uses of it (the same batches, so the same
+    Monte-Carlo seeds and scores). Batches are read ahead by ``workers`` processes
+    (:func:`~segood.evaluation.reading.batch_reader`). ``shard`` = (rank, world size): this process scores every
+    world-size-th frame."""
 
     model: object
     datasets: dict
     ev: "Evaluation"
-    state_path: Path
-    device: object
+    saver: _Saver
+    device: torch.device
     batch_size: int
     save_every: int
     shard: tuple
     skip_bad: bool
     seed: int
     progress: bool
+    workers: int
+
+    def plan(self, done, methods_of):
+        """[(set name, frame indices)]: the batches of every set's frames not yet ``done`` that has methods."""
+        rank, world_size = self.shard
+        plan = []
+        for set_name, dataset in self.datasets.items():
+            if methods_of(set_name):
+                frames = list(range(rank, len(dataset), world_size))[done[set_name]:]
+                plan += [(set_name, frames[k : k + self.batch_size]) for k in range(0, len(frames), self.batch_size)]
+        return plan
 
     def run_pass(self, label, done, methods_of, update):
         """Every set's frames not yet ``done`` (frames per set, advanced here) scored with ``methods_of(set)`` and
         handed to ``update(set, frame indices, batch, scored, method names)``."""
-        for set_index, (set_name, dataset) in enumerate(self.datasets.items()):
-            methods = methods_of(set_name)
-            if not methods:
-                continue
-            rank, world_size = self.shard
-            frames = list(range(rank, len(dataset), world_size))[done[set_name]:]
-            with tqdm(total=len(frames), desc=f"{label} {set_name}", unit="img", disable=not self.progress) as bar:
-                for count, start in enumerate(range(0, len(frames), self.batch_size), 1):
-                    indices = frames[start : start + self.batch_size]
-                    self.step(label, set_index, set_name, dataset, indices, methods, update)
-                    done[set_name] += len(indices)
-                    bar.update(len(indices))
-                    if count % self.save_every == 0:
-                        self.ev.save(self.state_path)
-            self.ev.save(self.state_path)
+        plan = self.plan(done, methods_of)
+        reads = batch_reader(self.datasets, plan, workers=self.workers, pin=self.device.type == "cuda",
+                             skip_bad=self.skip_bad)
+        with tqdm(total=sum(len(indices) for _, indices in plan), desc=label, unit="img",
+                  disable=not self.progress) as bar:
+            for count, (set_name, indices) in enumerate(plan, 1):
+                self.step(label, set_name, indices, reads, methods_of(set_name), update)
+                done[set_name] += len(indices)
+                bar.update(len(indices))
+                if count % self.save_every == 0 or count == len(plan) or plan[count][0] != set_name:
+                    self.saver.save(self.ev)
+        if not plan:
+            self.saver.save(self.ev)
 
-    def step(self, label, set_index, set_name, dataset, indices, methods, update):
+    def step(self, label, set_name, indices, reads, methods, update):
         """One batch: read (unreadable frames stop the run, saved, or are passed over with ``skip_bad``), then
         score and update each run of frames of one size."""
         ev, pixel_pass, t0 = self.ev, label != "components", time.perf_counter()
         try:
-            items, kept, bad = read_batch(dataset, indices, skip_bad=self.skip_bad)
+            batches, bad = next(reads)
         except UnreadableFrame as err:
-            ev.save(self.state_path)
+            self.saver.save(ev, wait=True)
             raise ValueError(f"{set_name}: {err}; what was accumulated is saved in the run folder (--resume "
                              "continues), or pass --skip-bad") from None
         if pixel_pass:  # (the components pass meets the same frames: recorded once)
             ev.skipped += [[set_name, i, reason] for i, reason in bad]
-            if items:
+            if batches:
                 ev.seconds["data"] += time.perf_counter() - t0
-        for batch, part in stacked(items, kept):  # frames of different sizes are scored apart
-            scored = self.score(set_index, set_name, batch, part, methods)
+        for batch, part in batches:  # frames of different sizes are scored apart
+            scored = self.score(set_name, batch, part, methods)
             t1 = time.perf_counter()
             try:
                 update(set_name, part, batch, scored, [m.name for m in methods])
@@ -612,10 +636,11 @@ class _Loop:
                 ev.seconds["components"] = ev.seconds.get("components", 0.0) + _lap(self.device, t0)
                 t0 = time.perf_counter()
 
-    def score(self, set_index, set_name, batch, indices, methods):
+    def score(self, set_name, batch, indices, methods):
         """The batch's scores (:func:`score_frames`), Monte-Carlo dropout seeded by (seed, set, first frame)."""
+        set_index = list(self.datasets).index(set_name)
         try:
-            scored = score_frames(self.model, batch["image"].to(self.device), methods,
+            scored = score_frames(self.model, batch["image"].to(self.device, non_blocking=True), methods,
                                   mc_seed=self.seed * 1_000_003 + set_index * 10_007 + indices[0])
         except ValueError as err:  # e.g. a scorer's misshapen or NaN scores
             raise ValueError(f"{set_name}: frames {indices}: {err}") from None

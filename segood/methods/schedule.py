@@ -9,8 +9,9 @@ resolution than the input (heads before their final resize) are resized to it fi
 """
 
 import dataclasses
+import functools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -22,15 +23,24 @@ from segood.models.predict import predicted_classes
 @dataclass
 class ScoredBatch:
     """output: the plain forward pass (:class:`~segood.models.SegOutput`, logits at the input's size; None for a
-    :class:`~segood.methods.scorer.Scorer`); classes: its predicted classes (N, H, W) or None; scores: one
-    (N, H, W) tensor per method, in the order given; seconds: time per stage (``forward`` and
-    ``score/<method name>``); resized: whether the model's logits came out at another size and were resized."""
+    :class:`~segood.methods.scorer.Scorer`); scores: one (N, H, W) tensor per method, in the order given; clock:
+    the time per stage (:attr:`seconds`); resized: whether the model's logits came out at another size and were
+    resized. :attr:`classes`, the predicted classes (N, H, W) or None, are computed when first asked for (an
+    argmax over every logit map costs as much as scoring a method)."""
 
     output: object
-    classes: torch.Tensor
     scores: list
-    seconds: dict = field(default_factory=dict)
+    clock: "_Clock"
     resized: bool = False
+
+    @functools.cached_property
+    def classes(self):
+        return None if self.output is None else predicted_classes(self.output.logits)
+
+    @property
+    def seconds(self):
+        """{stage: seconds} for ``forward`` and ``score/<method name>``."""
+        return self.clock.seconds()
 
 
 def check_methods(model, methods):
@@ -58,8 +68,7 @@ def score_batch(model, x, methods, *, mc_seed=None):
     check_methods(model, methods)
     needs = [m.needs for m in methods]
     scores = [None] * len(methods)
-    seconds = {}
-    clock = _Clock(x.device, seconds)
+    clock = _Clock(x.device)
     size, align_corners = tuple(x.shape[-2:]), getattr(model, "align_corners", False)
 
     def at_input(output):
@@ -69,7 +78,6 @@ def score_batch(model, x, methods, *, mc_seed=None):
         raw = model(x)
         resized = tuple(raw.logits.shape[-2:]) != size
         output = at_input(raw)
-        classes = predicted_classes(output.logits)
         clock.lap("forward")
         for k, method in enumerate(methods):
             if needs[k].forward:
@@ -103,8 +111,8 @@ def score_batch(model, x, methods, *, mc_seed=None):
                 scores[k] = method.from_output(at_input(model(x_tilde)))
             clock.lap(f"score/{method.name}")
     if size != frame:
-        output, classes, scores = _crop((output, classes, scores), size, frame)
-    return ScoredBatch(output, classes, scores, seconds, resized)
+        output, scores = _crop((output, scores), size, frame)
+    return ScoredBatch(output, scores, clock, resized)
 
 
 def score_frames(model, images, methods, *, mc_seed=None):
@@ -114,11 +122,10 @@ def score_frames(model, images, methods, *, mc_seed=None):
     if not getattr(model, "scores_frames", False):  # (a Scorer: it returns the anomaly scores itself)
         return score_batch(model, preprocess(images), methods, mc_seed=mc_seed)
     check_methods(model, methods)
-    seconds = {}
-    clock = _Clock(images.device, seconds)
+    clock = _Clock(images.device)
     scores = model(images)
     clock.lap(f"score/{model.name}")
-    return ScoredBatch(None, None, [scores], seconds)
+    return ScoredBatch(None, [scores], clock)
 
 
 def perturb(model, x, objective, epsilon, *, ascend):
@@ -157,14 +164,28 @@ def _crop(value, padded, size):
 
 
 class _Clock:
-    """Adds the seconds since the last lap to ``seconds[stage]`` (after a CUDA synchronisation)."""
+    """The time of each stage since the last lap. On CUDA a lap records an event and waits for nothing: the
+    stages' times are read (:meth:`seconds`) once the work is done, so timing never stalls the device's queue."""
 
-    def __init__(self, device, seconds):
-        self.cuda, self.seconds, self.last = torch.device(device).type == "cuda", seconds, time.perf_counter()
+    def __init__(self, device):
+        self.cuda = torch.device(device).type == "cuda"
+        self.laps = [(None, self._mark())]
+
+    def _mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def lap(self, stage):
-        if self.cuda:
-            torch.cuda.synchronize()
-        now = time.perf_counter()
-        self.seconds[stage] = self.seconds.get(stage, 0.0) + now - self.last
-        self.last = now
+        self.laps.append((stage, self._mark()))
+
+    def seconds(self):
+        out = {}
+        for (_, start), (stage, end) in zip(self.laps, self.laps[1:]):
+            if self.cuda:
+                end.synchronize()
+            seconds = start.elapsed_time(end) / 1000 if self.cuda else end - start
+            out[stage] = out.get(stage, 0.0) + seconds
+        return out

@@ -1,0 +1,117 @@
+"""The evaluation pipeline's own cost: a null network isolates it, and each stage is timed alone.
+
+    python benchmarks/bench_pipeline.py [--frames 24] [--height 512] [--width 1024] [--workers N] [--device cpu]
+
+The null network returns a view of fixed logits (no work), so ``segood.evaluate`` spends its time reading frames,
+scoring (max logit) and accumulating. A perfectly overlapped pipeline runs at the pace of its slowest stage, so the
+stages are timed alone on the same frames — reading (decode + sha256 verification, through the reader evaluate uses,
+with its workers) and scoring + accumulating in the main process (from frames already in memory) — and evaluate's
+throughput is reported as a share of the slowest stage's (no figures, no bootstrap; the state saved as evaluate
+saves it). Best of ``--repeat`` rounds each.
+"""
+
+import argparse
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from segood.data.common import Sample
+from segood.data.h5 import H5SegmentationDataset, SetWriter
+from segood.data.synthetic import scene_batch
+from segood.evaluation import evaluate
+from segood.evaluation.runner import Evaluation, batch_reader, default_workers
+from segood.methods import get_method
+from segood.methods.schedule import score_frames
+from segood.models.external import as_network
+
+
+class NullNetwork(torch.nn.Module):
+    """Returns a view of fixed logits whatever the input: a network that costs nothing."""
+
+    def __init__(self, size, classes=19):
+        super().__init__()
+        self.logits = torch.nn.Parameter(torch.randn(1, classes, *size, generator=torch.Generator().manual_seed(0)),
+                                         requires_grad=False)
+
+    def forward(self, x):
+        return self.logits.expand(x.shape[0], -1, -1, -1)
+
+
+def make_set(path, frames, size):
+    images, semantic, ood = scene_batch(0, frames, *size)
+    writer = SetWriter(path, size, {"source": "synthetic", "split": "val"})
+    for k in range(frames):
+        writer.append(Sample(images[k], ood[k], semantic[k], f"scene/{k}"))
+    writer.commit()
+
+
+def best(repeat, fn):
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--frames", type=int, default=24)
+    parser.add_argument("--height", type=int, default=512)
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--batch-size", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=None, help="reader processes (default: evaluate's default)")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/segood-bench-pipeline"))
+    args = parser.parse_args()
+    shutil.rmtree(args.workdir, ignore_errors=True)
+    args.workdir.mkdir(parents=True)
+    size, path = (args.height, args.width), args.workdir / "scenes.h5"
+    make_set(path, args.frames, size)
+    workers = default_workers() if args.workers is None else args.workers
+    device = torch.device(args.device)
+    model = as_network(NullNetwork(size)).to(device).eval()
+    method = get_method("max_logit")
+    dataset = H5SegmentationDataset(path)
+    plan = [("scenes", list(range(k, min(k + args.batch_size, args.frames)))) for k in range(0, args.frames,
+                                                                                            args.batch_size)]
+
+    def read():
+        for _ in batch_reader({"scenes": dataset}, plan, workers=workers, pin=device.type == "cuda"):
+            pass
+
+    batches = [batch for runs, _ in batch_reader({"scenes": dataset}, plan, workers=0) for batch in runs]
+
+    def score_and_accumulate():
+        ev = Evaluation([method.name], ["scenes"])
+        for batch, kept in batches:
+            scored = score_frames(model, batch["image"].to(device, non_blocking=True), [method])
+            ev.update_pixels("scenes", kept, batch, scored, [method.name])
+        ev.all_reduce()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def run():
+        evaluate(model, {"scenes": path}, [method], args.workdir / "run", batch_size=args.batch_size, device=device,
+                 progress=False, figures=False, bootstrap=None, workers=workers)
+        shutil.rmtree(args.workdir / "run")
+
+    score_and_accumulate()  # warm: the kernels compiled, the caches filled
+    run()
+    stages = {"reading": best(args.repeat, read), "scoring + accumulating": best(args.repeat, score_and_accumulate),
+              "evaluate": best(args.repeat, run)}
+    where = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    print(f"{args.frames} frames of {args.height}x{args.width}, batch {args.batch_size}, null network, max logit, "
+          f"{workers} reader workers, {where}\n")
+    print("| stage | ms/frame |\n|---|---:|")
+    for stage, seconds in stages.items():
+        print(f"| {stage} | {1000 * seconds / args.frames:.1f} |")
+    slowest = max(stages["reading"], stages["scoring + accumulating"])
+    print(f"\nevaluate runs at {slowest / stages['evaluate']:.0%} of the slowest stage's pace")
+
+
+if __name__ == "__main__":
+    main()

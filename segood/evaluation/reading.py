@@ -1,0 +1,87 @@
+"""Reading a run's frames ahead of the network: batches read, verified and decoded in worker processes.
+
+A pass over the sets is a plan of batches, (set name, frame indices) each, read in that order by
+:func:`batch_reader`. With ``workers`` > 0 the batches are read by that many ``DataLoader`` worker processes, a
+few batches ahead, into pinned memory where the network runs on CUDA (so that the copy to the device is
+asynchronous), while the main process scores the batch before; with 0 they are read in the main process, one
+at a time. The batches and their order are the same either way, so are the counts.
+"""
+
+import os
+
+import torch
+
+from segood.data.h5 import same_size_batches
+
+MAX_WORKERS = 8  # decoding a frame takes milliseconds; more processes than this only cost memory
+
+
+def default_workers():
+    """A reader process per core the main process leaves spare, at most :data:`MAX_WORKERS`."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(0, min(MAX_WORKERS, cores - 1))
+
+
+class UnreadableFrame(ValueError):
+    """A frame of a set could not be read."""
+
+    def __init__(self, index, err):
+        super().__init__(f"cannot read frame {index} ({err})")
+        self.index, self.reason = index, str(err)
+
+
+def read_batch(dataset, indices, *, skip_bad=False):
+    """(items, kept indices, [(index, reason)] of unreadable frames passed over). Without ``skip_bad`` an
+    unreadable frame raises :class:`UnreadableFrame`."""
+    items, kept, bad = [], [], []
+    for i in indices:
+        try:
+            items.append(dataset[i])
+            kept.append(i)
+        except (OSError, ValueError) as err:
+            if not skip_bad:
+                raise UnreadableFrame(i, err) from None
+            bad.append((i, str(err)))
+    return items, kept, bad
+
+
+def stacked(items, indices):
+    """[(batch of stacked tensors, its frame indices)], one for each run of consecutive ``items`` of one size."""
+    sizes = [tuple(item["image"].shape) for item in items]
+    return [({key: torch.stack([items[k][key] for k in run]) for key in ("image", "ood_mask", "semantic")},
+             [indices[k] for k in run]) for run in same_size_batches(sizes, len(items))]
+
+
+class _Batches(torch.utils.data.Dataset):
+    """The k-th batch of a plan: ([(stacked batch, frame indices)], [(index, reason)] passed over), or
+    ``("unreadable", index, reason)`` for a frame that cannot be read without ``skip_bad`` (raised as
+    :class:`UnreadableFrame` by the main process, which saves the run first)."""
+
+    def __init__(self, datasets, plan, skip_bad):
+        self.datasets, self.plan, self.skip_bad = datasets, plan, skip_bad
+
+    def __len__(self):
+        return len(self.plan)
+
+    def __getitem__(self, k):
+        set_name, indices = self.plan[k]
+        try:
+            items, kept, bad = read_batch(self.datasets[set_name], indices, skip_bad=self.skip_bad)
+        except UnreadableFrame as err:
+            return "unreadable", err.index, err.reason
+        return stacked(items, kept), bad
+
+
+def batch_reader(datasets, plan, *, workers=0, pin=False, skip_bad=False):
+    """Yield the batches of ``plan`` ([(set name, frame indices)]) of ``datasets`` ({name: Dataset}) in order, as
+    ``([(batch, frame indices)] per run of one frame size, [(index, reason)] of frames passed over)``; raises
+    :class:`UnreadableFrame` for an unreadable frame without ``skip_bad``. ``workers`` > 0: read that many
+    batches at once in worker processes (never more than the plan has batches to read ahead); ``pin``: into
+    pinned memory (for an asynchronous copy to a CUDA device)."""
+    workers = max(0, min(workers, len(plan) - 1))
+    loader = torch.utils.data.DataLoader(_Batches(datasets, plan, skip_bad), batch_size=None, shuffle=False,
+                                         num_workers=workers, pin_memory=pin and torch.cuda.is_available())
+    for read in loader:
+        if read[0] == "unreadable":
+            raise UnreadableFrame(read[1], read[2])
+        yield read
