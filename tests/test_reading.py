@@ -1,0 +1,119 @@
+"""Reading ahead in worker processes: the same batches, the same errors and the same counts as reading in the main
+process; the state written in the background as it was when saved."""
+
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+from segood.evaluation import evaluate
+from segood.evaluation.options import EvaluateOptions
+from segood.evaluation.reading import UnreadableFrame, batch_reader, default_workers
+from segood.evaluation.runner import Evaluation, _Saver
+from segood.io import read_npz, write_npz
+
+from networks import tiny_network
+
+
+class Frames(torch.utils.data.Dataset):
+    """Frames of two sizes, frame ``bad`` unreadable (an OSError, as a damaged file gives)."""
+
+    def __init__(self, n=7, bad=None):
+        self.n, self.bad = n, bad
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            raise OSError(f"frame {i} is damaged")
+        g = torch.Generator().manual_seed(i)
+        height, width = (8, 12) if i % 3 else (6, 10)
+        return {"image": torch.randint(0, 256, (3, height, width), dtype=torch.uint8, generator=g),
+                "ood_mask": torch.randint(0, 2, (height, width), dtype=torch.uint8, generator=g),
+                "semantic": torch.randint(0, 19, (height, width), dtype=torch.uint8, generator=g)}
+
+
+def flat(reads):
+    return [(name, [(indices, {k: v.clone() for k, v in batch.items()}) for batch, indices in runs], bad)
+            for name, (runs, bad) in reads]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_workers_give_the_batches_of_the_main_process_in_order(workers):
+    sets = {"a": Frames(7), "b": Frames(5)}
+    plan = [("a", [0, 1, 2]), ("a", [3, 4, 5]), ("a", [6]), ("b", [0, 1]), ("b", [2, 3, 4])]
+    want = flat(zip([n for n, _ in plan], batch_reader(sets, plan, workers=0)))
+    got = flat(zip([n for n, _ in plan], batch_reader(sets, plan, workers=workers)))
+    assert [(n, [i for i, _ in runs], bad) for n, runs, bad in got] == \
+        [("a", [[0], [1, 2]], []), ("a", [[3], [4, 5]], []), ("a", [[6]], []), ("b", [[0], [1]], []),
+         ("b", [[2], [3], [4]], [])]  # split where the frame size changes
+    for (_, runs_w, _), (_, runs_0, _) in zip(got, want):
+        for (_, batch_w), (_, batch_0) in zip(runs_w, runs_0):
+            assert all(torch.equal(batch_w[k], batch_0[k]) for k in batch_0)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_unreadable_frame_is_raised_or_passed_over_in_the_main_process(workers):
+    sets = {"a": Frames(6, bad=4)}
+    plan = [("a", [0, 1]), ("a", [2, 3]), ("a", [4, 5])]
+    reads = batch_reader(sets, plan, workers=workers)
+    assert [indices for _, indices in next(reads)[0]] == [[0], [1]]
+    next(reads)
+    with pytest.raises(UnreadableFrame, match="cannot read frame 4 .frame 4 is damaged.") as caught:
+        next(reads)
+    assert caught.value.index == 4
+    reads = list(batch_reader(sets, plan, workers=workers, skip_bad=True))
+    assert [indices for _, indices in reads[2][0]] == [[5]] and [tuple(b) for b in reads[2][1]] == [(4, "frame 4 is damaged")]
+
+
+def test_evaluation_with_workers_gives_the_counts_of_reading_in_the_main_process(noise_sets, tmp_path):
+    root = noise_sets()
+    sets = {p.stem: p for p in sorted(root.glob("*.h5"))[:2]}
+    model, states = tiny_network("dropout"), []
+    for workers in (0, 2):
+        evaluate(model, sets, ["max_softmax", "varsum"], tmp_path / f"w{workers}", batch_size=1, workers=workers,
+                 save_every=1, progress=False, figures=False, bootstrap=None)
+        states.append(read_npz(tmp_path / f"w{workers}" / "state.npz", "evaluation state"))
+    counts = [k for k in states[0] if k.startswith(("acc|", "cls|", "clscount|", "ex|"))]
+    assert counts and set(states[0]) == set(states[1])
+    for key in counts:
+        np.testing.assert_array_equal(states[0][key], states[1][key], err_msg=key)
+
+
+def test_workers_must_be_a_count():
+    assert 0 <= default_workers() <= 8
+    assert EvaluateOptions(workers=0).workers == 0
+    for bad in (-1, 1.5, "2", True):
+        with pytest.raises(ValueError, match="workers must be a non-negative integer"):
+            EvaluateOptions(workers=bad)
+
+
+def test_the_background_save_writes_the_state_as_it_was_when_saved(tmp_path):
+    ev = Evaluation(["max_logit"], ["s"])
+    saver = _Saver(tmp_path / "state.npz")
+    saver.save(ev)
+    ev.class_count["s"][3] = 7  # changed while the save may still be writing
+    saver.wait()
+    assert Evaluation.load(tmp_path / "state.npz").class_count["s"][3] == 0
+    (tmp_path / "taken").mkdir()
+    broken = _Saver(tmp_path / "taken")  # a folder where the file should go
+    broken.save(ev)
+    with pytest.raises(OSError):
+        broken.wait()
+    broken.wait()  # raised once
+
+
+def test_write_npz_deflates_the_members_it_is_told_to(tmp_path):
+    arrays = {"counts": np.zeros(1000, np.int64), "ex|image": np.arange(12, dtype=np.uint8).reshape(3, 4)}
+    path = tmp_path / "arrays.npz"
+    write_npz(path, arrays, compressed=lambda name: not name.startswith("ex|"))
+    with zipfile.ZipFile(path) as archive:
+        kinds = {info.filename: info.compress_type for info in archive.infolist()}
+    assert kinds == {"counts.npy": zipfile.ZIP_DEFLATED, "ex|image.npy": zipfile.ZIP_STORED}
+    back = read_npz(path, "test arrays")
+    assert all(np.array_equal(back[k], arrays[k]) for k in arrays)
+    first = path.read_bytes()
+    write_npz(path, arrays, compressed=lambda name: not name.startswith("ex|"))
+    assert path.read_bytes() == first  # no time stamps: the same state, the same bytes
