@@ -233,6 +233,7 @@ def _evaluate(args):
         components = {"preset": args.components, "thresholds": thresholds, "rule": args.component_rule,
                       "source": "oracle" if oracle else "committed"}
     doc = evaluate(model, args.sets, methods, args.out, batch_size=args.batch_size, device=device,
+                   workers=args.workers, amp=args.amp,
                    num_thresholds=args.num_thresholds, mantissa_bits=args.mantissa_bits, grid=grid_choice(args),
                    resume=args.resume, save_every=args.save_every,
                    progress=not args.quiet, skip_bad=args.skip_bad, fit_set=args.fit_set,
@@ -319,6 +320,10 @@ def add_run_options(parser):
     parser.add_argument("--out", type=Path, required=True, help="run folder, e.g. runs/NAME")
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--device", help="cpu, cuda, cuda:1 (default: the model's)")
+    parser.add_argument("--workers", type=int, help="processes reading frames ahead of the network (default: one "
+                        "per spare core, at most 8; 0: read in the main process)")
+    parser.add_argument("--amp", choices=("fp16", "bf16"), help="the network's forward passes in mixed precision "
+                        "(autocast; the scores are computed from float32 logits)")
     add_grid_options(parser)
     parser.add_argument("--save-every", type=int, default=20, help="batches between saved states (default 20)")
     parser.add_argument("--resume", action="store_true", help="continue a killed run from its saved state")
@@ -348,6 +353,7 @@ def _robustness(args):
     methods = None if args.methods == ["all"] else list(args.methods)  # by name: in the form the grid bins
     doc = robustness(model, args.sets, methods, args.out, corruptions=corruptions, severities=args.severities,
                      seed=args.seed, requirements=args.requirements, batch_size=args.batch_size, device=device,
+                     workers=args.workers, amp=args.amp,
                      num_thresholds=args.num_thresholds, mantissa_bits=args.mantissa_bits, grid=grid_choice(args),
                      resume=args.resume,
                      save_every=args.save_every, progress=not args.quiet, skip_bad=args.skip_bad,

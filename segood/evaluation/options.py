@@ -8,6 +8,7 @@ from pathlib import Path
 from segood.evaluation.runner import component_spec
 from segood.metrics import grid_spec, make_accumulator
 from segood.metrics.bootstrap import Bootstrap
+from segood.methods.schedule import AMP_DTYPES
 from segood.metrics.official import check_benchmark
 
 
@@ -24,6 +25,8 @@ class EvaluateOptions:
         workers: processes that read and decode frames ahead of the network (None: one per spare core, at most
             8; 0: read in the main process).
         device: "cpu", "cuda", "cuda:1" (None: the model's).
+        amp: "fp16" or "bf16": the network's forward passes under autocast in that precision, its logits (and
+            features) widened to float32 before any method scores them (None: float32 throughout).
         grid: the threshold grid, a :func:`segood.metrics.grid_spec` dict; made from ``grid`` ("float", "linear",
             "exact" or a dict) and the init-only ``num_thresholds``, ``score_range``, ``mantissa_bits``,
             ``max_pixels`` (docs/grids.md). Default: the float-order grid at 10 mantissa bits.
@@ -45,6 +48,7 @@ class EvaluateOptions:
     batch_size: int = 2
     workers: int | None = None
     device: str | None = None
+    amp: str | None = None
     grid: str | dict | None = None
     resume: bool = False
     save_every: int = 20
@@ -73,6 +77,8 @@ class EvaluateOptions:
         if self.workers is not None and (type(self.workers) is not int or self.workers < 0):
             raise ValueError(f"workers must be a non-negative integer (0: read in the main process) or None, got "
                              f"{self.workers!r}")
+        if self.amp not in AMP_DTYPES:
+            raise ValueError(f"amp must be one of {sorted(k for k in AMP_DTYPES if k)} or None, got {self.amp!r}")
         for name in ("resume", "progress", "figures", "skip_bad", "verify"):
             if type(getattr(self, name)) is not bool:
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")

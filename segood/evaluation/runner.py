@@ -513,7 +513,7 @@ def run(model, sets, methods, out_dir, options, *, rank=0, world_size=1, seed=0,
     workers = default_workers() if options.workers is None else options.workers
     loop = _Loop(model, datasets, ev, _Saver(state_path), device=torch.device(device), batch_size=options.batch_size,
                  save_every=options.save_every, shard=(rank, world_size), skip_bad=options.skip_bad, seed=seed,
-                 progress=options.progress, workers=workers)
+                 progress=options.progress, workers=workers, amp=options.amp)
     try:
         loop.run_pass("evaluate", ev.done, lambda s: methods, ev.update_pixels)
         if chosen_by_run(ev.components):
@@ -578,6 +578,7 @@ class _Loop:
     seed: int
     progress: bool
     workers: int
+    amp: str | None
 
     def plan(self, done, methods_of):
         """[(set name, frame indices)]: the batches of every set's frames not yet ``done`` that has methods."""
@@ -641,7 +642,7 @@ class _Loop:
         set_index = list(self.datasets).index(set_name)
         try:
             scored = score_frames(self.model, batch["image"].to(self.device, non_blocking=True), methods,
-                                  mc_seed=self.seed * 1_000_003 + set_index * 10_007 + indices[0])
+                                  mc_seed=self.seed * 1_000_003 + set_index * 10_007 + indices[0], amp=self.amp)
         except ValueError as err:  # e.g. a scorer's misshapen or NaN scores
             raise ValueError(f"{set_name}: frames {indices}: {err}") from None
         self.ev.note_output(None if scored.output is None else scored.output.logits.shape[1],

@@ -8,6 +8,7 @@ resolution than the input (heads before their final resize) are resized to it fi
 (:func:`segood.models.network.resize_output`), so every method scores frame-sized outputs.
 """
 
+import contextlib
 import dataclasses
 import functools
 import time
@@ -18,6 +19,8 @@ import torch.nn.functional as F
 
 from segood.models.network import IMAGENET_STD, preprocess, resize_output
 from segood.models.predict import predicted_classes
+
+AMP_DTYPES = {None: None, "fp16": torch.float16, "bf16": torch.bfloat16}  # segood's names -> autocast's dtypes
 
 
 @dataclass
@@ -52,7 +55,7 @@ def check_methods(model, methods):
                              "(segood evaluate --fit-set)")
 
 
-def score_batch(model, x, methods, *, mc_seed=None):
+def score_batch(model, x, methods, *, mc_seed=None, amp=None):
     """Score ``methods`` on ImageNet-normalised images ``x`` (N, 3, H, W) on the model's device.
 
     Frames of any size: where the network needs sides divisible by its stride (``model.input_multiple``),
@@ -61,7 +64,9 @@ def score_batch(model, x, methods, *, mc_seed=None):
     ``mc_seed``: seed of the dropout masks (drawn right before sampling), so that a resumed or sharded run
     draws the samples of an uninterrupted one. Logits (and confidence) at another resolution than ``x`` are
     resized to it bilinearly, with the model's ``align_corners`` (False where it declares none), before any
-    method sees them, in the perturbing methods' objectives too. Returns a :class:`ScoredBatch`.
+    method sees them, in the perturbing methods' objectives too. ``amp`` ("fp16", "bf16"): the forward passes
+    and Monte-Carlo samples under autocast in that precision, their outputs widened to float32 before scoring.
+    Returns a :class:`ScoredBatch`.
     """
     frame = tuple(x.shape[-2:])
     x = pad_to_multiple(x, getattr(model, "input_multiple", 1))
@@ -74,8 +79,13 @@ def score_batch(model, x, methods, *, mc_seed=None):
     def at_input(output):
         return resize_output(output, size, align_corners=align_corners)
 
+    def mixed():
+        return torch.autocast(x.device.type, dtype=AMP_DTYPES[amp]) if amp else contextlib.nullcontext()
+
     with torch.no_grad():
-        raw = model(x)
+        with mixed():
+            raw = model(x)
+        raw = _tensors(raw, _widened) if amp else raw
         resized = tuple(raw.logits.shape[-2:]) != size
         output = at_input(raw)
         clock.lap("forward")
@@ -87,7 +97,9 @@ def score_batch(model, x, methods, *, mc_seed=None):
         if sampled:
             if mc_seed is not None:
                 torch.manual_seed(mc_seed)
-            logits = model.mc_logits(x, samples=max(needs[k].samples for k in sampled), features=output.features)
+            with mixed():
+                logits = model.mc_logits(x, samples=max(needs[k].samples for k in sampled), features=output.features)
+            logits = _widened(logits)
             if tuple(logits.shape[-2:]) != size:
                 logits = F.interpolate(logits.flatten(0, 1), size=size, mode="bilinear",
                                        align_corners=align_corners).unflatten(0, logits.shape[:2])
@@ -115,12 +127,12 @@ def score_batch(model, x, methods, *, mc_seed=None):
     return ScoredBatch(output, scores, clock, resized)
 
 
-def score_frames(model, images, methods, *, mc_seed=None):
+def score_frames(model, images, methods, *, mc_seed=None, amp=None):
     """Score uint8 RGB frames ``images`` (N, 3, H, W) on the model's device: a
     :class:`~segood.methods.scorer.Scorer` (``methods`` is ``[model]``) gets them as they are, a network their
-    ImageNet-normalised copy (:func:`score_batch`). Returns a :class:`ScoredBatch`."""
+    ImageNet-normalised copy (:func:`score_batch`, with ``amp``). Returns a :class:`ScoredBatch`."""
     if not getattr(model, "scores_frames", False):  # (a Scorer: it returns the anomaly scores itself)
-        return score_batch(model, preprocess(images), methods, mc_seed=mc_seed)
+        return score_batch(model, preprocess(images), methods, mc_seed=mc_seed, amp=amp)
     check_methods(model, methods)
     clock = _Clock(images.device)
     scores = model(images)
@@ -150,17 +162,30 @@ def pad_to_multiple(x, multiple):
     return torch.nn.functional.pad(x, (0, pad_w, 0, pad_h)) if pad_h or pad_w else x
 
 
-def _crop(value, padded, size):
-    """Every tensor in ``value`` (nested in lists, tuples and dataclasses) at the ``padded`` input's resolution,
-    cropped to the frame's ``size`` = (H, W); every other tensor (features, query outputs) is left as it is."""
+def _tensors(value, change):
+    """``value`` with ``change`` applied to every tensor in it (nested in lists, tuples and dataclasses)."""
     if isinstance(value, (list, tuple)):
-        return type(value)(_crop(v, padded, size) for v in value)
+        return type(value)(_tensors(v, change) for v in value)
     if dataclasses.is_dataclass(value):
-        return dataclasses.replace(value, **{f.name: _crop(getattr(value, f.name), padded, size)
+        return dataclasses.replace(value, **{f.name: _tensors(getattr(value, f.name), change)
                                              for f in dataclasses.fields(value)})
-    if isinstance(value, torch.Tensor) and value.ndim >= 2 and tuple(value.shape[-2:]) == tuple(padded):
-        return value[..., : size[0], : size[1]].contiguous()
-    return value
+    return change(value) if isinstance(value, torch.Tensor) else value
+
+
+def _widened(tensor):
+    """A half-precision tensor (from autocast) as float32; any other as it is."""
+    return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
+
+
+def _crop(value, padded, size):
+    """Every tensor in ``value`` at the ``padded`` input's resolution, cropped to the frame's ``size`` = (H, W); every
+    other tensor (features, query outputs) is left as it is."""
+    def crop(tensor):
+        if tensor.ndim >= 2 and tuple(tensor.shape[-2:]) == tuple(padded):
+            return tensor[..., : size[0], : size[1]].contiguous()
+        return tensor
+
+    return _tensors(value, crop)
 
 
 class _Clock:

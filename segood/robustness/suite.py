@@ -35,13 +35,13 @@ EXAMPLE_WIDTH = 512  # example frames kept in the state at most this wide: one p
 
 
 def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corruptions=None, severities=SEVERITIES,
-               seed=0, requirements=None, batch_size=2, device=None, num_thresholds=None, score_range=None,
-               mantissa_bits=None, grid=None, resume=False, save_every=20, progress=True, figures=True,
-               skip_bad=False, fit_set=None, checkpoint=None, feature_layer=None, verify=True, family="segood",
-               standard_size="fixed", reference=None):
+               seed=0, requirements=None, family="segood", standard_size="fixed", reference=None,
+               options: EvaluateOptions | None = None, **keywords):
     """Evaluate ``methods`` of ``model`` on ``sets`` clean and under ``corruptions`` (default: all of the severity
     table) at ``severities``; writes ``out_dir`` (results.json, results.md, figures/) and returns the results
-    document. Arguments as :func:`segood.evaluate`; ``seed`` seeds the corruptions (per frame, corruption and
+    document. ``options`` and ``keywords`` as :func:`segood.evaluate` (batch size, device, grid, workers, ...; the
+    components, official mode and bootstrap do not apply); the corruptions are applied where the frames are
+    read, in the reader processes (``workers``). ``seed`` seeds the corruptions (per frame, corruption and
     severity); ``requirements``: type-approval requirements (a YAML path, or parsed ones) checked at the end.
     ``family``: the corruptions by default, "segood" (segood's own), "standard" (the 15 of ImageNet-C /
     Cityscapes-C, ``c:NAME``) or "all"; ``standard_size``: "fixed" (the standard's pixel sizes) or "height"
@@ -59,10 +59,7 @@ def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corrupti
         check_corruption(corruptions[0], level)
     if requirements is not None and not isinstance(requirements, list):
         requirements = load_requirements(requirements)  # a bad file fails before the run, not after it
-    options = EvaluateOptions(batch_size=batch_size, device=device, num_thresholds=num_thresholds,
-                              score_range=score_range, mantissa_bits=mantissa_bits, grid=grid, resume=resume,
-                              save_every=save_every, progress=progress, skip_bad=skip_bad, fit_set=fit_set,
-                              checkpoint=checkpoint, feature_layer=feature_layer, verify=verify)
+    options = EvaluateOptions.of(options, **keywords)
     model, sets, methods, description = prepare(model, sets, methods, options)
     description["config"]["robustness"] = {"corruptions": corruptions, "severities": severities, "seed": int(seed),
                                            "levels": {c: levels_table()[c] for c in corruptions}}
@@ -70,7 +67,7 @@ def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corrupti
         description["config"]["robustness"]["standard_size"] = standard_size
     conditions = {}
     for set_name, path in sets.items():
-        clean = H5SegmentationDataset(path, verify=verify)
+        clean = H5SegmentationDataset(path, verify=options.verify)
         conditions[set_name] = clean
         for corruption in corruptions:
             for level in severities:
@@ -78,7 +75,7 @@ def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corrupti
                                                                                      standard_size)
     ev = execute(model, conditions, methods, out_dir, description, options, quality=True,
                  examples=(1, EXAMPLE_WIDTH))
-    return None if ev is None else write_robustness_report(out_dir, figures=figures, requirements=requirements,
+    return None if ev is None else write_robustness_report(out_dir, figures=options.figures, requirements=requirements,
                                                            reference=reference)
 
 

@@ -1,5 +1,5 @@
-"""Reading ahead in worker processes: the same batches, the same errors and the same counts as reading in the main
-process; the state written in the background as it was when saved."""
+"""The evaluation pipeline: reading ahead in worker processes gives the batches, errors and counts of reading in the
+main process; the state is written in the background as it was when saved; mixed precision scores float32 logits."""
 
 import zipfile
 
@@ -12,6 +12,8 @@ from segood.evaluation.options import EvaluateOptions
 from segood.evaluation.reading import UnreadableFrame, batch_reader, default_workers
 from segood.evaluation.runner import Evaluation, _Saver
 from segood.io import read_npz, write_npz
+from segood.methods import get_method
+from segood.methods.schedule import score_frames
 
 from networks import tiny_network
 
@@ -117,3 +119,19 @@ def test_write_npz_deflates_the_members_it_is_told_to(tmp_path):
     first = path.read_bytes()
     write_npz(path, arrays, compressed=lambda name: not name.startswith("ex|"))
     assert path.read_bytes() == first  # no time stamps: the same state, the same bytes
+
+
+def test_mixed_precision_scores_from_float32_logits_near_the_float32_scores():
+    model = tiny_network("dropout")
+    images = torch.randint(0, 256, (2, 3, 32, 48), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    methods = [get_method(name) for name in ("max_softmax", "entropy", "max_logit", "varsum")]
+    full = score_frames(model, images, methods, mc_seed=0)
+    for amp in ("bf16", "fp16"):
+        mixed = score_frames(model, images, methods, mc_seed=0, amp=amp)
+        assert mixed.output.logits.dtype == torch.float32
+        for name, want, got in zip(["max_softmax", "entropy", "max_logit", "varsum"], full.scores, mixed.scores):
+            assert got.dtype == want.dtype and not torch.equal(got, want), (amp, name)  # it did run in half
+            scale = want.abs().max().item()
+            assert (got - want).abs().max().item() <= 0.05 * scale, (amp, name)
+    with pytest.raises(ValueError, match="amp must be one of"):
+        EvaluateOptions(amp="fp8")
