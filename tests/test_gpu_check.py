@@ -24,7 +24,15 @@ def test_gpu_check_dry_run(tmp_path):
     assert set(throughput["methods"]["per_method"]) == {"max_softmax", "odin", "entropy", "mahalanobis", "varsum",
                                                         "mutual_info", "confidence"}
     assert throughput["accumulators"]["floor_ms"] > 0 and throughput["evaluate"]["images_per_s"] > 0
-    assert len(report["targets"]) == 3 and "| target | met |" in run.stdout
+    pipeline = throughput["pipeline"]
+    assert [(r["precision"], r["batch"]) for r in pipeline["rows"]] == [("fp32", 1), ("fp32", 2), ("bf16", 1),
+                                                                       ("bf16", 2)]
+    assert all(r["forward_ms_per_frame"] > 0 and r["evaluate_ms_per_frame_with_startup"] > 0
+               for r in pipeline["rows"])
+    assert throughput["robustness"]["clean_and_one_condition_ms_per_frame"] > 0
+    effect = throughput["amp_effect"]
+    assert len(effect["rows"]) == 4 * 4 * 3 and 0 <= effect["largest_difference"] < 0.1
+    assert len(report["targets"]) == 4 and "| target | met |" in run.stdout
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here")
