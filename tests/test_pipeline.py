@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from segood.evaluation import evaluate
+from segood.evaluation.class_sums import class_counts, class_sums
 from segood.evaluation.options import EvaluateOptions
 from segood.evaluation.reading import UnreadableFrame, batch_reader, default_workers
 from segood.evaluation.runner import Evaluation, _Saver
@@ -135,3 +136,18 @@ def test_mixed_precision_scores_from_float32_logits_near_the_float32_scores():
             assert (got - want).abs().max().item() <= 0.05 * scale, (amp, name)
     with pytest.raises(ValueError, match="amp must be one of"):
         EvaluateOptions(amp="fp8")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_class_sums_equal_a_float64_bincount_bit_for_bit(dtype):
+    g = torch.Generator().manual_seed(2)
+    semantic = torch.randint(0, 24, (3, 40, 50), dtype=torch.uint8, generator=g)
+    semantic[0, :5] = 255
+    scores = (torch.randn(3, 40, 50, generator=g) * 1e3).to(dtype)
+    scores[1, 0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
+    index = torch.where(semantic < 19, semantic, 19).long().flatten()
+    weights = scores.flatten().to(torch.float64).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    want = torch.bincount(index, weights=weights, minlength=20)[:19]
+    got = class_sums(semantic, scores, 19)
+    assert got.dtype == torch.float64 and torch.equal(got, want)
+    np.testing.assert_array_equal(class_counts(semantic, 19), torch.bincount(index, minlength=20)[:19].numpy())

@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 from segood.data.h5 import H5SegmentationDataset, require_labels
+from segood.evaluation.class_sums import class_counts, class_sums
 from segood.evaluation.layout import RunFolder
 from segood.evaluation.reading import UnreadableFrame, batch_reader, default_workers
 from segood.io import read_npz, write_npz
@@ -34,6 +35,7 @@ from segood.methods import METHODS, get_method
 from segood.methods.schedule import check_methods, score_frames
 from segood.methods.methods import served_heads
 from segood.methods.scorer import Scorer
+from segood.models.predict import predicted_classes
 from segood.metrics import UndefinedMetricWarning, accumulator_from_state, grid_of, grid_spec, make_accumulator
 from segood.metrics.calibration import CalibrationAccumulator
 from segood.metrics.components import PRESETS, ComponentAccumulator
@@ -82,6 +84,7 @@ class Evaluation:
                     for s in set_names}
         self.class_sum = {(m, s): np.zeros(NUM_CLASSES) for m in method_names for s in set_names}
         self.class_count = {s: np.zeros(NUM_CLASSES, np.int64) for s in set_names}
+        self.pending_sums = {}  # {(method, set): per-class score sums still on the device}
         self.examples = {}
         self.seconds = {"data": 0.0, "forward": 0.0, "accumulate": 0.0, **{f"score/{m}": 0.0 for m in method_names}}
         self.images = {s: 0 for s in set_names}
@@ -142,11 +145,9 @@ class Evaluation:
         """The pixel pass's update: one scored batch (:class:`~segood.methods.schedule.ScoredBatch` of the methods
         ``names``) into :meth:`process`; predictions of other classes than the sets' are not compared with their
         labels."""
-        comparable = self.classes_match()
-        wanted = comparable and (self.quality or min(indices) < self.example_count)  # (an argmax of every map)
+        comparable = self.classes_match() and scored.output is not None
         self.process(set_name, indices, batch, dict(zip(names, scored.scores)),
-                     scored.classes if wanted else None,
-                     logits=scored.output.logits if self.quality and comparable else None)
+                     logits=scored.output.logits if comparable else None)
 
     def update_components_pass(self, set_name, indices, batch, scored, names):
         """The components pass's update: the batch's scores into the component accumulators only."""
@@ -155,33 +156,39 @@ class Evaluation:
 
     def process(self, set_name, indices, batch, scores, classes=None, *, clip=False, logits=None):
         """Accumulate one batch of a set: ``batch`` holds ``image`` (N, 3, H, W), ``ood_mask`` and ``semantic``
-        (N, H, W) tensors of the frames ``indices``; ``scores`` {method: (N, H, W)}; ``classes`` the predicted
-        classes (None for score maps from elsewhere); ``logits`` (N, C, H, W), needed with ``quality``. Updates
+        (N, H, W) tensors of the frames ``indices``; ``scores`` {method: (N, H, W)}; ``logits`` (N, C, H, W) the
+        network's (None for score maps from elsewhere), needed with ``quality``; ``classes`` its predicted classes,
+        where they are at hand (else computed from ``logits`` where needed: an argmax over every map costs as much
+        as a method). Updates
         the accumulators, the per-class score sums (pixels without a class go to an overflow bin, no masked
         copies), the segmentation quality and the example frames."""
         ood_mask, semantic = batch["ood_mask"], batch["semantic"]
         if self.quality and self.classes_match():  # (another number of classes: skipped, said in notes())
-            if logits is None or classes is None:
-                raise ValueError("an evaluation with quality=True needs the network's logits and classes")
+            if logits is None:
+                raise ValueError("an evaluation with quality=True needs the network's logits")
+            classes = predicted_classes(logits) if classes is None else classes
             self.confusion[set_name] += confusion_matrix(classes.cpu().numpy(), semantic.numpy(), NUM_CLASSES)
             self.calibration[set_name].update(torch.softmax(logits.float(), dim=1), semantic.to(logits.device))
         device = next(iter(scores.values())).device if scores else semantic.device
-        labels = ood_mask.to(device)
-        class_index = torch.where(semantic < NUM_CLASSES, semantic, NUM_CLASSES).long().flatten().to(device)
-        self.class_count[set_name] += torch.bincount(class_index, minlength=NUM_CLASSES + 1)[:NUM_CLASSES].cpu().numpy()
+        labels, semantic_there = (x.to(device, non_blocking=True) for x in (ood_mask, semantic))  # (from pinned)
+        self.class_count[set_name] += class_counts(semantic, NUM_CLASSES)
         for name, score in scores.items():
             self.acc[(name, set_name)].update(score, labels, clip=clip)
             if self.official:
                 self.official_acc[(name, set_name)].update(score, ood_mask)
             if (name, set_name) in self.comp and not chosen_by_run(self.components):  # else: the components pass
                 self.update_components(name, set_name, score, ood_mask)
-            weights = score.flatten().to(torch.float64, copy=True).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)  # ±inf: 0
-            self.class_sum[(name, set_name)] += torch.bincount(
-                class_index, weights=weights, minlength=NUM_CLASSES + 1)[:NUM_CLASSES].cpu().numpy()
+            sums = class_sums(semantic_there, score, NUM_CLASSES)
+            if sums.device.type == "cpu":
+                self.class_sum[(name, set_name)] += sums.numpy()
+            else:  # kept on the device until the state is read (settle)
+                pending = self.pending_sums.get((name, set_name))
+                self.pending_sums[(name, set_name)] = sums if pending is None else pending + sums
         for k, index in enumerate(indices):
             if index < self.example_count:
-                predicted = np.full(semantic.shape[1:], 255, np.uint8) if classes is None else \
-                    classes[k].cpu().numpy().astype(np.uint8)
+                predicted = np.full(semantic.shape[1:], 255, np.uint8) if logits is None and classes is None else \
+                    (predicted_classes(logits[k : k + 1])[0] if classes is None else classes[k]).cpu().numpy() \
+                    .astype(np.uint8)
                 step = -(-semantic.shape[-1] // self.example_width) if self.example_width else 1  # keep every step-th
                 self.examples[(set_name, index)] = {key: np.ascontiguousarray(value[::step, ::step]) for key, value in {
                     "image": batch["image"][k].permute(1, 2, 0).numpy(), "ood_mask": ood_mask[k].numpy(),
@@ -189,7 +196,15 @@ class Evaluation:
                     **{f"score_{n}": s[k].float().cpu().numpy() for n, s in scores.items()}}.items()}
         self.images[set_name] += len(indices)
 
+    def settle(self):
+        """Bring the per-class sums still on the device into the state (after every update, before reading it)."""
+        for key, sums in self.pending_sums.items():
+            self.class_sum[key] += sums.cpu().numpy()
+        self.pending_sums = {}
+        return self
+
     def arrays(self):
+        self.settle()
         out = {"meta": np.array(json.dumps({"methods": self.method_names, "sets": self.set_names,
                                             "grid": self.grid, "components": self.components,
                                             "seconds": self.seconds,
@@ -299,6 +314,7 @@ class Evaluation:
         return cls.from_arrays(read_npz(path, "evaluation state"), path)
 
     def merge(self, other):
+        self.settle(), other.settle()
         for key in self.acc:
             self.acc[key].merge(other.acc[key])
             self.class_sum[key] += other.class_sum[key]
@@ -324,6 +340,7 @@ class Evaluation:
         """Sum counts over torch.distributed ranks (a no-op without a process group)."""
         import torch.distributed as dist
 
+        self.settle()
         for acc in (*self.acc.values(), *self.official_acc.values()):
             acc.all_reduce()
         if not (dist.is_available() and dist.is_initialized()):

@@ -190,10 +190,9 @@ def frame_output(model, x):
 
 def preprocess(images):
     """(N, 3, H, W) uint8 RGB tensor -> float, ImageNet-normalised, on the same device."""
-    x = images.float() / 255.0
-    mean = torch.tensor(IMAGENET_MEAN, device=x.device).view(1, 3, 1, 1)
-    std = torch.tensor(IMAGENET_STD, device=x.device).view(1, 3, 1, 1)
-    return (x - mean) / std
+    mean = torch.tensor(IMAGENET_MEAN, device=images.device).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD, device=images.device).view(1, 3, 1, 1)
+    return images.float().div_(255.0).sub_(mean).div_(std)  # in place: one copy of the frames, not four
 
 
 def build_model(arch="pspnet", encoder="resnet50", num_classes=19, head="plain", *, dropout_p=0.5, reduced_dim=32,

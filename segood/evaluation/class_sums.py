@@ -1,0 +1,41 @@
+"""Per-class sums of a score map over its pixels' labelled classes (the paper's Figure 2: mean score per class).
+
+Pixels of no class (labels >= ``num_classes``: void, ignore) are left out, as are non-finite scores (added as 0).
+Sums are float64, added pixel by pixel in order (as ``torch.bincount`` with float64 weights adds them on the CPU,
+so both paths give the same bits); on CUDA the sums are made on the device, where they can stay until they are
+needed (no wait for the device per frame).
+"""
+
+import numba
+import numpy as np
+import torch
+
+
+def class_counts(semantic, num_classes):
+    """(num_classes,) int64 array: pixels of each class in ``semantic`` (a uint8 tensor on the CPU, any shape)."""
+    return np.bincount(semantic.numpy().reshape(-1), minlength=256)[:num_classes]
+
+
+def class_sums(semantic, scores, num_classes):
+    """(num_classes,) float64 tensor where ``scores`` are: their sum over the pixels of each class of ``semantic``
+    (a uint8 tensor of the same shape on the same device)."""
+    if scores.device.type == "cpu":
+        values = scores.numpy().reshape(-1)
+        if values.dtype not in (np.float32, np.float64):
+            values = values.astype(np.float64)  # exact for every float16 and integer score
+        return torch.from_numpy(_sums(semantic.numpy().reshape(-1), values, num_classes))
+    index = torch.where(semantic < num_classes, semantic, num_classes).long().flatten()
+    weights = scores.flatten().to(torch.float64, copy=True).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+    return torch.bincount(index, weights=weights, minlength=num_classes + 1)[:num_classes]
+
+
+@numba.njit(cache=True, nogil=True)
+def _sums(labels, scores, num_classes):
+    sums = np.zeros(num_classes, np.float64)
+    for i in range(labels.size):
+        c = labels[i]
+        if c < num_classes:
+            value = np.float64(scores[i])
+            if np.isfinite(value):
+                sums[c] += value
+    return sums
