@@ -46,6 +46,7 @@ def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK):
     if scores.dtype == torch.bool:
         scores = scores.view(torch.uint8)
     narrow = str(scores.dtype).replace("torch.", "") in _NARROW
+    bf16 = scores.dtype == torch.bfloat16
     if not narrow and scores.dtype not in (torch.float64, torch.int32, torch.int64):
         scores = scores.to(torch.float64)  # uint16/32/64: rare, converted as numpy converts them
     scores, labels = scores.contiguous(), labels.contiguous()
@@ -56,7 +57,7 @@ def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK):
         from segood.metrics import _device_triton as kernels  # made on first use: importing Triton is slow
 
         kernels.presence[(triton_cdiv(p, block), n)](scores, labels, presence, problems, p, M=m, WIDE=not narrow,
-                                                       BLOCK=block)
+                                                       BF16=bf16, BLOCK=block)
     elif kernel == "torch":
         _torch_presence(scores, labels, presence, problems, m, narrow)
     else:
@@ -76,7 +77,7 @@ def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK):
             if kernel == "triton":
                 kernels.count[(triton_cdiv(p, block), stop - start)](
                     scores[start:stop], labels[start:stop], slot_of, table, p, union.size, M=m, WIDE=not narrow,
-                    BLOCK=block)
+                    BF16=bf16, BLOCK=block)
             else:
                 _torch_count(scores[start:stop], labels[start:stop], slot_of, table, union.size, m, narrow)
             table = table.cpu().numpy().reshape(stop - start, union.size, 2, width)

@@ -25,7 +25,7 @@ def _or(a, b):
 
 
 @triton.jit
-def _pixels(scores, labels, base, offsets, inside, M: tl.constexpr, WIDE: tl.constexpr):
+def _pixels(scores, labels, base, offsets, inside, M: tl.constexpr, WIDE: tl.constexpr, BF16: tl.constexpr):
     """(binade, low bits, label, counted, NaN) of a block's pixels: the top 12 and the next M bits of the key of
     each score's exact float64 value (as _device._torch_key)."""
     label = tl.load(labels + base + offsets, mask=inside, other=0).to(tl.int32)
@@ -37,7 +37,10 @@ def _pixels(scores, labels, base, offsets, inside, M: tl.constexpr, WIDE: tl.con
         top = ((magnitude >> (52 - M)) & ((1 << M) - 1)).to(tl.int32)
         nan = magnitude > 0x7FF0000000000000
     else:  # float32 bits (float16, bfloat16 and small integers convert exactly) to float64 fields
-        bits = x.to(tl.float32).to(tl.int32, bitcast=True)
+        if BF16:  # a bfloat16 is the top half of its float32
+            bits = x.to(tl.int16, bitcast=True).to(tl.int32) << 16
+        else:
+            bits = x.to(tl.float32).to(tl.int32, bitcast=True)
         magnitude = bits & 0x7FFFFFFF
         exponent = magnitude >> 23
         mantissa = magnitude & 0x7FFFFF
@@ -57,13 +60,14 @@ def _pixels(scores, labels, base, offsets, inside, M: tl.constexpr, WIDE: tl.con
 
 
 @triton.jit
-def presence(scores, labels, flags, problems, P, M: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr):
+def presence(scores, labels, flags, problems, P, M: tl.constexpr, WIDE: tl.constexpr, BF16: tl.constexpr,
+             BLOCK: tl.constexpr):
     """flags[image, binade] = 1 for each binade that holds a counted pixel; problems += the block's."""
     image = tl.program_id(1)
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inside = offsets < P
     base = image.to(tl.int64) * P
-    binade, low, label, counted, nan = _pixels(scores, labels, base, offsets, inside, M, WIDE)
+    binade, low, label, counted, nan = _pixels(scores, labels, base, offsets, inside, M, WIDE, BF16)
     known = inside & (label <= LABEL_OOD)
     ignored = inside & (label == LABEL_IGNORE)
     tl.atomic_add(problems + N_IGNORED, tl.sum(ignored.to(tl.int64), 0), sem="relaxed")
@@ -86,13 +90,14 @@ def presence(scores, labels, flags, problems, P, M: tl.constexpr, WIDE: tl.const
 
 
 @triton.jit
-def count(scores, labels, slot_of, table, P, SLOTS, M: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr):
+def count(scores, labels, slot_of, table, P, SLOTS, M: tl.constexpr, WIDE: tl.constexpr, BF16: tl.constexpr,
+             BLOCK: tl.constexpr):
     """table[image, slot_of[binade], label, low] += 1 for every counted pixel."""
     image = tl.program_id(1)
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inside = offsets < P
     base = image.to(tl.int64) * P
-    binade, low, label, counted, nan = _pixels(scores, labels, base, offsets, inside, M, WIDE)
+    binade, low, label, counted, nan = _pixels(scores, labels, base, offsets, inside, M, WIDE, BF16)
     slot = tl.load(slot_of + binade, mask=counted, other=0).to(tl.int64)
     index = ((image.to(tl.int64) * SLOTS + slot) * 2 + label) * (1 << M) + low
     tl.atomic_add(table + index, 1, mask=counted, sem="relaxed")
