@@ -73,14 +73,14 @@ def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK):
         counts_dtype = torch.int32 if p < 1 << 31 else torch.int64
         for start in range(0, n, group):
             stop = min(n, start + group)
-            table = torch.zeros((stop - start) * union.size * 2 * width, dtype=counts_dtype, device=device)
+            table = torch.zeros((stop - start) * union.size * 2 * width + 1, dtype=counts_dtype, device=device)
             if kernel == "triton":
                 kernels.count[(triton_cdiv(p, block), stop - start)](
                     scores[start:stop], labels[start:stop], slot_of, table, p, union.size, M=m, WIDE=not narrow,
                     BF16=bf16, BLOCK=block)
             else:
                 _torch_count(scores[start:stop], labels[start:stop], slot_of, table, union.size, m, narrow)
-            table = table.cpu().numpy().reshape(stop - start, union.size, 2, width)
+            table = table.cpu().numpy()[:-1].reshape(stop - start, union.size, 2, width)  # the last: a dump
             for i in range(start, stop):
                 rows = present[i, union]
                 images[i] = (union[rows].astype(np.int64), table[i - start, rows].astype(np.int64))
@@ -103,30 +103,31 @@ def triton_cdiv(a, b):
 # -- torch path ------------------------------------------------------------------------------------------------
 
 def _torch_key(scores, m, narrow):
-    """(binade, low bits) int64 and a NaN mask of flat ``scores``, as the Triton kernel computes them."""
+    """(binade, low bits) and a NaN mask of flat ``scores``, as the Triton kernel computes them (int32 from a
+    narrow dtype's float32 bits, int64 from float64)."""
     import torch
 
     mask = (1 << m) - 1
     if narrow:
-        bits = scores.to(torch.float32).view(torch.int32).to(torch.int64)  # exact: every value is a float32
+        bits = scores.to(torch.float32).view(torch.int32)  # exact: every value is a float32
         magnitude = bits & 0x7FFFFFFF
         exponent, mantissa = magnitude >> 23, magnitude & 0x7FFFFF
         subnormal = (exponent == 0) & (mantissa != 0)
         # a subnormal is mantissa x 2^-149: the exact float32 of the mantissa gives its exponent and normal bits
-        normalised = mantissa.to(torch.float32).view(torch.int32).to(torch.int64)
-        exponent64 = torch.where(exponent == 255, 2047, torch.where(magnitude == 0, 0, exponent + 896))
-        exponent64 = torch.where(subnormal, (normalised >> 23) + 747, exponent64)
-        top = torch.where(subnormal, normalised & 0x7FFFFF, mantissa) >> (23 - m)
+        normalised = mantissa.to(torch.float32).view(torch.int32)
+        exponent64 = torch.where(subnormal, (normalised >> 23) + 747, exponent + 896)
+        exponent64.masked_fill_(exponent == 255, 2047).masked_fill_(magnitude == 0, 0)
+        top = torch.where(subnormal, normalised, mantissa).bitwise_and_(0x7FFFFF).bitwise_right_shift_(23 - m)
         nan = magnitude > 0x7F800000
     else:
         bits = scores.to(torch.float64).view(torch.int64)
         magnitude = bits & 0x7FFFFFFFFFFFFFFF
-        exponent64, top = magnitude >> 52, (magnitude >> (52 - m)) & mask
+        exponent64, top = magnitude >> 52, (magnitude >> (52 - m)).bitwise_and_(mask)
         nan = magnitude > 0x7FF0000000000000
-    negative = (bits < 0) & (magnitude != 0)  # -0.0 is +0.0
-    # the key is the bits with the sign flipped (x >= 0) or every bit flipped (x < 0)
-    binade = torch.where(negative, 2047 - exponent64, 2048 + exponent64)
-    return binade, torch.where(negative, top ^ mask, top), nan
+    # The key is the bits with the sign flipped (x >= 0) or every bit flipped (x < 0; -0.0 is +0.0): for x < 0
+    # the binade is 2047 - e = 2048 + ~e and the low bits are flipped, an XOR with all ones either way.
+    flip = -((bits < 0) & (magnitude != 0)).to(bits.dtype)
+    return (exponent64 ^ flip).add_(2048), top.bitwise_xor_(flip & mask), nan
 
 
 def _torch_steps(scores, labels):
@@ -145,22 +146,26 @@ def _torch_presence(scores, labels, presence, problems, m, narrow):
         binade, _, nan = _torch_key(scores[i, part], m, narrow)
         label = labels[i, part]
         known = label <= OOD
-        ignored = label == IGNORE
-        problems[N_IGNORED] += ignored.sum()
-        problems[N_BAD_LABEL] += (~known & ~ignored).sum()
+        ignored = (label == IGNORE).sum()
+        problems[N_IGNORED] += ignored
+        problems[N_BAD_LABEL] += label.numel() - known.sum() - ignored
         problems[N_BAD_SCORE] += (known & nan).sum()
         dump.zero_()
-        dump.index_fill_(0, torch.where(known & ~nan, binade, BINADES), 1)  # no compaction: no wait for the device
+        # uncounted pixels flag a dump entry: no compaction, so no wait for the device
+        dump.index_fill_(0, binade.masked_fill_(~known | nan, BINADES).long(), 1)
         presence[i] |= dump[:BINADES]
 
 
 def _torch_count(scores, labels, slot_of, table, slots, m, narrow):
+    """Adds each counted pixel to ``table`` ((n x slots x 2 x 2^m) + 1 counters, the last one the dump)."""
     import torch
 
+    index_dtype = torch.int32 if table.numel() < 1 << 31 else torch.int64
+    one = torch.ones(1, dtype=table.dtype, device=table.device)
     for i, part in _torch_steps(scores, labels):
         binade, low, nan = _torch_key(scores[i, part], m, narrow)
         label = labels[i, part]
-        counted = (label <= OOD) & ~nan
-        index = ((i * slots + slot_of[binade].to(torch.int64)) * 2 + label.to(torch.int64) << m) + low
-        index = torch.where(counted, index, 0)
-        table.index_add_(0, index, counted.to(table.dtype))
+        slot = slot_of[binade.long()].to(index_dtype)
+        index = slot.add_(i * slots).mul_(2).add_(label).bitwise_left_shift_(m).add_(low.to(index_dtype))
+        index.masked_fill_((label > OOD) | nan, table.numel() - 1)
+        table.index_add_(0, index, one.expand(index.numel()))
