@@ -144,7 +144,8 @@ def check_accumulators(device, scale, work):
 
 def check_float_order_kernel(device, scores, wide, labels):
     """The device kernel (Triton on CUDA, the torch path on the CPU) against the numba kernel, per image of a batch
-    of the adversarial and the wide scores, in each score dtype, at m = 1, 10, 14. Returns the kernel's name."""
+    of the adversarial and the wide scores: float32 at m = 1, 10, 14, float16 and float64 at m = 10 (each case a
+    compilation of the Triton kernels). Returns the kernel's name."""
     from segood.metrics import _device, _kernels
     from segood.metrics.functional import as_numpy_inputs
 
@@ -155,7 +156,7 @@ def check_float_order_kernel(device, scores, wide, labels):
     with np.errstate(over="ignore"):
         inputs = {"float32": batch.astype(np.float32), "float16": batch.astype(np.float16), "float64": batch}
     for name, data in inputs.items():
-        for m in (1, 10, 14):
+        for m in (1, 10, 14) if name == "float32" else (10,):
             images, problems = _device.float_histograms(torch.from_numpy(data).to(device),
                                                         torch.from_numpy(batch_labels).to(device), m, kernel=kernel)
             expected = np.zeros(3, np.int64)

@@ -98,8 +98,8 @@ class FloatOrderAccumulator(_Streaming):
             results = self._device_histograms(*_matching(scores, labels))
         else:
             results = [self._histogram(s, lab) for s, lab in self._split_images(scores, labels)]
-        for binades, counts, n_ignored, exact in results:  # every piece validated before the state changes
-            self._add(binades, counts)
+        self._add(*[(binades, counts) for binades, counts, _, _ in results])  # all validated before any change
+        for binades, counts, n_ignored, exact in results:
             self.n_ignored += n_ignored
             self.exact &= exact
             if self.per_image:
@@ -109,7 +109,7 @@ class FloatOrderAccumulator(_Streaming):
     def merge(self, other):
         """Add the counts of another accumulator with the same resolution (in place); returns self."""
         self._check_mergeable(other, ("mantissa_bits", "score_range"))
-        self._add(other.binades, other.counts)
+        self._add((other.binades, other.counts))
         self.exact &= other.exact
         return self._merge_per_image(other)
 
@@ -261,10 +261,11 @@ class FloatOrderAccumulator(_Streaming):
                                  f"{hi:g}] (min {low:.9g}, max {high:.9g}); declare the range the scores really have, "
                                  "or none: the float-order grid needs no range")
 
-    def _add(self, binades, counts):
-        if not binades.size:
-            return
-        self.binades, self.counts = _kernels.merge_binades([(self.binades, self.counts), (binades, counts)])
+    def _add(self, *parts):
+        """Add [(binades, counts)] to the state, in one pass over it."""
+        parts = [(binades, counts) for binades, counts in parts if binades.size]
+        if parts:
+            self.binades, self.counts = _kernels.merge_binades([(self.binades, self.counts), *parts])
 
     def _curve_counts(self, binades, counts):
         thresholds, hist, _, _ = _kernels.float_order_curve(binades, counts, self.mantissa_bits)
