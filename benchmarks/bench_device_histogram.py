@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import numba
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

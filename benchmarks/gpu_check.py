@@ -23,6 +23,7 @@ script never rots. On one H100/H200 the full check is built to take under 8 minu
 """
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -350,7 +351,8 @@ def time_accumulators(device, scale, work):
     """The accumulators against the memory-read floor on ``maps`` score maps: the linear grid and the float-order
     grid over the whole batch; the float-order grid with per-image counts as the evaluation runs it (one (N, H, W)
     batch per update, and one frame per update), compute() excluded and included; float16 scores (against their
-    own floor); the device kernel alone; and the earlier torch path (one image, integer torch ops)."""
+    own floor); the device kernel alone (at three block sizes); and the earlier torch path (one image, integer torch
+    ops)."""
     from segood.metrics import _device, _kernels
 
     height, width = scale["size"]
@@ -385,6 +387,8 @@ def time_accumulators(device, scale, work):
         "float16_floor_ms": floor16,
         "float16_m10_per_image_ms": per_image(half),
         "float_m10_kernel_ms": lambda: _device.float_histograms(flat_scores, flat_labels, 10),
+        **{f"float_m10_kernel_block{block}_ms": functools.partial(_device.float_histograms, flat_scores, flat_labels,
+                                                                  10, block=block) for block in (1024, 4096)},
         "float_m10_old_torch_ms": lambda: _kernels.float_histogram_torch(scores.reshape(-1), labels.reshape(-1), 10),
     }
     ms = dict(zip(named, interleaved_best_ms(list(named.values()), scale["repeat"] * 3, device)))
