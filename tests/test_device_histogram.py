@@ -90,8 +90,8 @@ def test_the_torch_path_equals_the_numba_kernel_per_image(dtype, m):
 
 
 def test_the_triton_kernel_in_the_interpreter_equals_the_numba_kernel_per_image():
-    """Every dtype and m as above, through the Triton kernel run by Triton's CPU interpreter, with blocks of 256
-    pixels so that each image spans several programs."""
+    """Every dtype and m as above and the empty cases, through the Triton kernel run by Triton's CPU interpreter,
+    with blocks of 256 pixels so that each image spans several programs."""
     pytest.importorskip("triton", reason="Triton does not import here; the Triton kernel cannot run")
     root = str(Path(__file__).resolve().parents[1])
     path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
@@ -101,14 +101,21 @@ def test_the_triton_kernel_in_the_interpreter_equals_the_numba_kernel_per_image(
     assert run.stdout.count("equal") == len(DTYPES) * 3, run.stdout
 
 
-def test_a_batch_of_empty_images_and_images_without_counted_pixels():
+def check_empty(kernel):
+    """An image without counted pixels beside one with; batches without images or without pixels."""
     scores = torch.tensor([[0.5, np.nan], [1.0, 2.0]], dtype=torch.float32)
     labels = torch.tensor([[255, 255], [255, 0]], dtype=torch.uint8)
-    images, problems = _device.float_histograms(scores, labels, 10, kernel="torch")
+    images, problems = _device.float_histograms(scores, labels, 10, kernel=kernel)
     assert images[0][0].size == 0 and images[0][1].shape == (0, 2, 1024) and images[1][0].size == 1
     np.testing.assert_array_equal(problems, [3, 0, 0])
-    images, problems = _device.float_histograms(scores[:0], labels[:0], 10, kernel="torch")
+    images, problems = _device.float_histograms(scores[:0], labels[:0], 10, kernel=kernel)
     assert images == [] and not problems.any()
+    images, problems = _device.float_histograms(scores[:, :0], labels[:, :0], 10, kernel=kernel)
+    assert len(images) == 2 and images[1][0].size == 0 and not problems.any()
+
+
+def test_a_batch_of_empty_images_and_images_without_counted_pixels():
+    check_empty("torch")
 
 
 @pytest.fixture()
@@ -169,6 +176,7 @@ def test_the_device_path_refuses_what_the_numpy_path_refuses(device_path):
 
 
 if __name__ == "__main__":  # the interpreter test's subprocess: TRITON_INTERPRET=1 is set
+    check_empty("triton")
     for name in DTYPES:
         for bits in (1, 10, 14):
             check_kernel("triton", name, bits, block=256)

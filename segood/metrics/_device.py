@@ -1,6 +1,6 @@
 """Private float-order histogram kernels for tensors on a device: a fused Triton kernel for CUDA, torch ops
 elsewhere. Both give, per image of a batch, the counts of :func:`segood.metrics._kernels.float_histogram_numpy`
-bit for bit; the public wrapper is ``FloatOrderAccumulator._histogram``.
+bit for bit; the public wrapper is ``FloatOrderAccumulator.update``.
 
 Two passes over the scores, two waits for the device per batch whatever its size:
 1. per image the binades (sign and exponent of the float64 value, 4096 of them) that hold a counted pixel, and
@@ -13,6 +13,8 @@ exponent and the top m mantissa bits of its exact float64 value (a subnormal is 
 float32 conversion of its mantissa), so no float64 copy of the map is made. Float64 and integer scores go
 through float64 (integers round as numpy's astype does).
 """
+
+import functools
 
 import numpy as np
 
@@ -53,15 +55,17 @@ def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK):
     device = scores.device
     flags = torch.zeros(n * BINADES + 3, dtype=torch.int64, device=device)  # presence, then problems: one read
     presence, problems = flags[: n * BINADES].view(n, BINADES), flags[n * BINADES :]
+    if kernel not in ("triton", "torch"):
+        raise ValueError(f"kernel must be 'triton' or 'torch', got {kernel!r}")
     if kernel == "triton":
         from segood.metrics import _device_triton as kernels  # made on first use: importing Triton is slow
-
+    if not scores.numel():
+        pass  # nothing to launch
+    elif kernel == "triton":
         kernels.presence[(triton_cdiv(p, block), n)](scores, labels, presence, problems, p, M=m, WIDE=not narrow,
                                                        BF16=bf16, BLOCK=block)
-    elif kernel == "torch":
-        _torch_presence(scores, labels, presence, problems, m, narrow)
     else:
-        raise ValueError(f"kernel must be 'triton' or 'torch', got {kernel!r}")
+        _torch_presence(scores, labels, presence, problems, m, narrow)
     host = flags.cpu().numpy()
     present = host[: n * BINADES].reshape(n, BINADES) != 0
     union = np.flatnonzero(present.any(axis=0))
@@ -87,6 +91,7 @@ def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK):
     return images, host[n * BINADES :].copy()
 
 
+@functools.lru_cache(maxsize=None)
 def triton_available():
     """Whether Triton imports (it ships with torch's CUDA builds on Linux)."""
     try:
