@@ -177,6 +177,7 @@ def test_the_device_path_refuses_what_the_numpy_path_refuses(device_path):
 
 if __name__ == "__main__":  # the interpreter test's subprocess: TRITON_INTERPRET=1 is set
     check_empty("triton")
+    check_kernel("triton", "float32", 10)  # the default block: one partly filled program per image
     for name in DTYPES:
         for bits in (1, 10, 14):
             check_kernel("triton", name, bits, block=256)

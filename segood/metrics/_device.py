@@ -62,8 +62,8 @@ def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK):
     if not scores.numel():
         pass  # nothing to launch
     elif kernel == "triton":
-        kernels.presence[(triton_cdiv(p, block), n)](scores, labels, presence, problems, p, M=m, WIDE=not narrow,
-                                                       BF16=bf16, BLOCK=block)
+        kernels.presence[(n * triton_cdiv(p, block),)](scores, labels, presence, problems, n, p, M=m,
+                                                         WIDE=not narrow, BF16=bf16, BLOCK=block)
     else:
         _torch_presence(scores, labels, presence, problems, m, narrow)
     host = flags.cpu().numpy()
@@ -79,9 +79,9 @@ def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK):
             stop = min(n, start + group)
             table = torch.zeros((stop - start) * union.size * 2 * width + 1, dtype=counts_dtype, device=device)
             if kernel == "triton":
-                kernels.count[(triton_cdiv(p, block), stop - start)](
-                    scores[start:stop], labels[start:stop], slot_of, table, p, union.size, M=m, WIDE=not narrow,
-                    BF16=bf16, BLOCK=block)
+                kernels.count[((stop - start) * triton_cdiv(p, block),)](
+                    scores[start:stop], labels[start:stop], slot_of, table, stop - start, p, union.size, M=m,
+                    WIDE=not narrow, BF16=bf16, BLOCK=block)
             else:
                 _torch_count(scores[start:stop], labels[start:stop], slot_of, table, union.size, m, narrow)
             table = table.cpu().numpy()[:-1].reshape(stop - start, union.size, 2, width)  # the last: a dump

@@ -1,8 +1,9 @@
 """The Triton kernels of :mod:`segood.metrics._device` (imported on first use: Triton is slow to import, and
 ``TRITON_INTERPRET=1``, read when a kernel is made, runs them on CPU tensors).
 
-One program handles BLOCK pixels of one image (grid: blocks of an image, images). Pixel i of image n is at
-n * P + i of the (N, P) scores and labels.
+One program handles BLOCK pixels of one image, the images taking turns (program k: image k % N, block k // N), so
+that the programs running at once add into every image's counters, not all into one image's few hot ones. Pixel
+i of image n is at n * P + i of the (N, P) scores and labels.
 """
 
 import triton
@@ -60,11 +61,11 @@ def _pixels(scores, labels, base, offsets, inside, M: tl.constexpr, WIDE: tl.con
 
 
 @triton.jit
-def presence(scores, labels, flags, problems, P, M: tl.constexpr, WIDE: tl.constexpr, BF16: tl.constexpr,
+def presence(scores, labels, flags, problems, N, P, M: tl.constexpr, WIDE: tl.constexpr, BF16: tl.constexpr,
              BLOCK: tl.constexpr):
     """flags[image, binade] = 1 for each binade that holds a counted pixel; problems += the block's."""
-    image = tl.program_id(1)
-    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    image = tl.program_id(0) % N
+    offsets = (tl.program_id(0) // N) * BLOCK + tl.arange(0, BLOCK)
     inside = offsets < P
     base = image.to(tl.int64) * P
     binade, low, label, counted, nan = _pixels(scores, labels, base, offsets, inside, M, WIDE, BF16)
@@ -90,11 +91,11 @@ def presence(scores, labels, flags, problems, P, M: tl.constexpr, WIDE: tl.const
 
 
 @triton.jit
-def count(scores, labels, slot_of, table, P, SLOTS, M: tl.constexpr, WIDE: tl.constexpr, BF16: tl.constexpr,
-             BLOCK: tl.constexpr):
+def count(scores, labels, slot_of, table, N, P, SLOTS, M: tl.constexpr, WIDE: tl.constexpr, BF16: tl.constexpr,
+          BLOCK: tl.constexpr):
     """table[image, slot_of[binade], label, low] += 1 for every counted pixel."""
-    image = tl.program_id(1)
-    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    image = tl.program_id(0) % N
+    offsets = (tl.program_id(0) // N) * BLOCK + tl.arange(0, BLOCK)
     inside = offsets < P
     base = image.to(tl.int64) * P
     binade, low, label, counted, nan = _pixels(scores, labels, base, offsets, inside, M, WIDE, BF16)
