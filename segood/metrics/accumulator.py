@@ -118,15 +118,14 @@ class _Streaming(StateFile):
 
     def _split_images(self, scores, labels):
         """[(scores, labels)] per image with ``per_image``, else the whole input as one piece."""
-        scores, labels = (x if hasattr(x, "shape") else np.asarray(x) for x in (scores, labels))
-        if tuple(scores.shape) != tuple(labels.shape):
-            raise ValueError(
-                f"scores have shape {tuple(scores.shape)} but labels have shape {tuple(labels.shape)}; "
-                "they must match pixel for pixel"
-            )
+        scores, labels = _matching(scores, labels)
         if self.per_image and len(scores.shape) >= 3:
             return list(zip(scores, labels))
         return [(scores, labels)]
+
+    def _images(self, scores):
+        """How many images an input of this shape holds: its first axis with ``per_image`` and 3+ dimensions."""
+        return scores.shape[0] if self.per_image and len(scores.shape) >= 3 else 1
 
 
 class LinearGridAccumulator(_Streaming):
@@ -395,11 +394,29 @@ def _is_cuda(x):
     return type(x).__module__.startswith("torch") and x.is_cuda
 
 
+def _matching(scores, labels):
+    """scores and labels as arrays or tensors, checked to have the same shape."""
+    scores, labels = (x if hasattr(x, "shape") else np.asarray(x) for x in (scores, labels))
+    if tuple(scores.shape) != tuple(labels.shape):
+        raise ValueError(
+            f"scores have shape {tuple(scores.shape)} but labels have shape {tuple(labels.shape)}; "
+            "they must match pixel for pixel"
+        )
+    return scores, labels
+
+
 def _flat_cuda(scores, labels):
+    scores, labels = _device_tensors(scores, labels)
+    return scores.reshape(-1), labels.reshape(-1)
+
+
+def _device_tensors(scores, labels):
+    """Torch scores and uint8 labels on one device, checked (shapes kept)."""
     import torch
 
-    if not (_is_cuda(scores) and _is_cuda(labels)) or scores.device != labels.device:
-        raise ValueError(f"scores and labels must be on the same device, got {scores.device} and {labels.device}")
+    if not all(type(x).__module__.startswith("torch") for x in (scores, labels)) or scores.device != labels.device:
+        raise ValueError(f"scores and labels must be on the same device, got {getattr(scores, 'device', 'numpy')} "
+                         f"and {getattr(labels, 'device', 'numpy')}")
     if scores.dtype.is_complex:
         raise TypeError(f"scores must be real numbers (float or integer), got dtype {scores.dtype}: take the real "
                         "part or the magnitude first")
@@ -411,7 +428,7 @@ def _flat_cuda(scores, labels):
         if labels.numel() and (labels.min() < 0 or labels.max() > 255):
             raise_bad_labels(labels.cpu().numpy())
         labels = labels.to(torch.uint8)
-    return scores.detach().reshape(-1), labels.reshape(-1)
+    return scores.detach(), labels
 
 
 def _host(x):

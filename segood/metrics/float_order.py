@@ -10,8 +10,8 @@ crowded scores (1e-6 next to 1e-5) are resolved as finely as scores near 1.
 import numba
 import numpy as np
 
-from segood.metrics import _kernels
-from segood.metrics.accumulator import (OPTIONAL_STATE, _count, _flag, _flat_cuda, _host, _is_cuda,
+from segood.metrics import _device, _kernels
+from segood.metrics.accumulator import (OPTIONAL_STATE, _count, _device_tensors, _flag, _host, _is_cuda, _matching,
                                         _Streaming, load_per_image)
 from segood.metrics.functional import (METRICS, as_numpy_inputs, metrics_from_counts,
                                        raise_bad_labels)
@@ -94,10 +94,12 @@ class FloatOrderAccumulator(_Streaming):
         if clip:
             raise ValueError("clip has no meaning on the float-order grid: every real score has a bin. Drop "
                              "clip=True (or use the linear grid: num_thresholds / score_range)")
-        pieces = self._split_images(scores, labels)
-        results = [self._histogram(s, lab) for s, lab in pieces]  # validate all before changing state
+        if _on_device(scores, labels):  # the whole batch in one call: a fixed number of waits for the device
+            results = self._device_histograms(*_matching(scores, labels))
+        else:
+            results = [self._histogram(s, lab) for s, lab in self._split_images(scores, labels)]
+        self._add(*[(binades, counts) for binades, counts, _, _ in results])  # all validated before any change
         for binades, counts, n_ignored, exact in results:
-            self._add(binades, counts)
             self.n_ignored += n_ignored
             self.exact &= exact
             if self.per_image:
@@ -107,7 +109,7 @@ class FloatOrderAccumulator(_Streaming):
     def merge(self, other):
         """Add the counts of another accumulator with the same resolution (in place); returns self."""
         self._check_mergeable(other, ("mantissa_bits", "score_range"))
-        self._add(other.binades, other.counts)
+        self._add((other.binades, other.counts))
         self.exact &= other.exact
         return self._merge_per_image(other)
 
@@ -218,17 +220,34 @@ class FloatOrderAccumulator(_Streaming):
     # -- internals ---------------------------------------------------------------------------------
 
     def _histogram(self, scores, labels):
-        """(binades, counts, n_ignored, exact) of one input, validated."""
+        """(binades, counts, n_ignored, exact) of one input on the host, validated."""
         m = self.mantissa_bits
-        exact_bits = _exact_bits(scores.dtype)
-        exact = exact_bits is not None and m >= exact_bits
-        if _is_cuda(scores) or _is_cuda(labels):
-            scores, labels = _flat_cuda(scores, labels)
-            binades, counts, problems = _kernels.float_histogram_torch(scores, labels, m)
-        else:
-            scores, labels = as_numpy_inputs(scores, labels, keep_float32_exact=True)
-            threads = max(1, min(numba.get_num_threads(), scores.size // _MIN_CHUNK))
-            binades, counts, problems = _kernels.float_histogram_numpy(scores, labels, m, threads)
+        scores_dtype = scores.dtype
+        scores, labels = as_numpy_inputs(scores, labels, keep_float32_exact=True)
+        threads = max(1, min(numba.get_num_threads(), scores.size // _MIN_CHUNK))
+        binades, counts, problems = _kernels.float_histogram_numpy(scores, labels, m, threads)
+        self._check(scores, labels, problems)
+        return binades, counts, int(problems[_kernels.N_IGNORED]), self._exact(scores_dtype)
+
+    def _device_histograms(self, scores, labels):
+        """[(binades, counts, n_ignored, exact)] of torch tensors on their device, validated: one per image with
+        ``per_image`` (the ignored pixels all with the first), from one call of the device kernels."""
+        scores, labels = _device_tensors(scores, labels)
+        n = self._images(scores)
+        images, problems = _device.float_histograms(scores.reshape(n, -1), labels.reshape(n, -1),
+                                                    self.mantissa_bits)
+        self._check(scores, labels, problems)
+        exact = self._exact(scores.dtype)
+        ignored = [int(problems[_kernels.N_IGNORED])] + [0] * (n - 1)
+        return [(binades, counts, n_ignored, exact) for (binades, counts), n_ignored in zip(images, ignored)]
+
+    def _exact(self, dtype):
+        """Whether every bin holds one distinct value of ``dtype`` at this resolution."""
+        exact_bits = _exact_bits(dtype)
+        return exact_bits is not None and self.mantissa_bits >= exact_bits
+
+    def _check(self, scores, labels, problems):
+        """Raise on the problems a kernel counted, and on scores outside a declared range."""
         if problems[_kernels.N_BAD_LABEL]:
             raise_bad_labels(_host(labels))
         if problems[_kernels.N_BAD_SCORE]:
@@ -241,16 +260,22 @@ class FloatOrderAccumulator(_Streaming):
                 raise ValueError(f"{outside} counted pixels have scores outside the declared score_range [{lo:g}, "
                                  f"{hi:g}] (min {low:.9g}, max {high:.9g}); declare the range the scores really have, "
                                  "or none: the float-order grid needs no range")
-        return binades, counts, int(problems[_kernels.N_IGNORED]), exact
 
-    def _add(self, binades, counts):
-        if not binades.size:
-            return
-        self.binades, self.counts = _kernels.merge_binades([(self.binades, self.counts), (binades, counts)])
+    def _add(self, *parts):
+        """Add [(binades, counts)] to the state, in one pass over it."""
+        parts = [(binades, counts) for binades, counts in parts if binades.size]
+        if parts:
+            self.binades, self.counts = _kernels.merge_binades([(self.binades, self.counts), *parts])
 
     def _curve_counts(self, binades, counts):
         thresholds, hist, _, _ = _kernels.float_order_curve(binades, counts, self.mantissa_bits)
         return thresholds, hist
+
+
+def _on_device(scores, labels):
+    """Whether an input goes to the device kernels: CUDA tensors (host arrays and CPU tensors take the numba
+    kernel, faster on the CPU than the torch path)."""
+    return _is_cuda(scores) or _is_cuda(labels)
 
 
 def _counted_extent(scores, labels, lo, hi):

@@ -1,0 +1,176 @@
+"""Private float-order histogram kernels for tensors on a device: a fused Triton kernel for CUDA, torch ops
+elsewhere. Both give, per image of a batch, the counts of :func:`segood.metrics._kernels.float_histogram_numpy`
+bit for bit; the public wrapper is ``FloatOrderAccumulator.update``.
+
+Two passes over the scores, two waits for the device per batch whatever its size:
+1. per image the binades (sign and exponent of the float64 value, 4096 of them) that hold a counted pixel, and
+   the problem counters; the host reads these flags (N x 4096);
+2. every counted pixel adds one to its bin in a compact (N, K, 2, 2^m) table, K the binades occupied anywhere in
+   the batch, through a 4096-entry binade -> slot lookup; the host reads the table.
+
+The key of a float16 / bfloat16 / float32 score is computed from its own bits in 32-bit integers: the float64
+exponent and the top m mantissa bits of its exact float64 value (a subnormal is normalised through the exact
+float32 conversion of its mantissa), so no float64 copy of the map is made. Float64 and integer scores go
+through float64 (integers round as numpy's astype does).
+"""
+
+import functools
+
+import numpy as np
+
+from segood.labels import IGNORE, OOD
+from segood.metrics._kernels import BINADES, N_BAD_LABEL, N_BAD_SCORE, N_IGNORED
+
+_NARROW = ("float16", "bfloat16", "float32", "int8", "uint8", "int16", "bool")  # exact in float32
+_TABLE_LIMIT = 1 << 28  # counters per pass-2 table (1 GiB of int32); larger batches run in groups of images
+_CHUNK = 1 << 22  # pixels per step of the torch path: its int64 temporaries stay near 100 MiB
+BLOCK = 2048  # pixels per Triton program
+
+
+def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK):
+    """Float-order counts of each image of a batch, on the tensors' own device.
+
+    Args:
+        scores: (N, P) tensor of any real dtype (float16, bfloat16, float32, float64, integer, bool).
+        labels: (N, P) uint8 tensor on the same device: 0 (ID), 1 (OOD), 255 (ignore), anything else a problem.
+        m: mantissa bits, 1 to 14.
+        kernel: "triton" or "torch"; default Triton for CUDA tensors when it imports, torch otherwise.
+        block: pixels per Triton program (a power of two).
+
+    Returns:
+        ([(binades (k,) int64 increasing, counts (k, 2, 2^m) int64)] per image, problems (3,) int64), numpy.
+    """
+    import torch
+
+    n, p = scores.shape
+    if kernel is None:
+        kernel = "triton" if scores.is_cuda and triton_available() else "torch"
+    if scores.dtype == torch.bool:
+        scores = scores.view(torch.uint8)
+    narrow = str(scores.dtype).replace("torch.", "") in _NARROW
+    bf16 = scores.dtype == torch.bfloat16
+    if not narrow and scores.dtype not in (torch.float64, torch.int32, torch.int64):
+        scores = scores.to(torch.float64)  # uint16/32/64: rare, converted as numpy converts them
+    scores, labels = scores.contiguous(), labels.contiguous()
+    device = scores.device
+    flags = torch.zeros(n * BINADES + 3, dtype=torch.int64, device=device)  # presence, then problems: one read
+    presence, problems = flags[: n * BINADES].view(n, BINADES), flags[n * BINADES :]
+    if kernel not in ("triton", "torch"):
+        raise ValueError(f"kernel must be 'triton' or 'torch', got {kernel!r}")
+    if kernel == "triton":
+        from segood.metrics import _device_triton as kernels  # made on first use: importing Triton is slow
+    if not scores.numel():
+        pass  # nothing to launch
+    elif kernel == "triton":
+        kernels.presence[(n * triton_cdiv(p, block),)](scores, labels, presence, problems, n, p, M=m,
+                                                         WIDE=not narrow, BF16=bf16, BLOCK=block)
+    else:
+        _torch_presence(scores, labels, presence, problems, m, narrow)
+    host = flags.cpu().numpy()
+    present = host[: n * BINADES].reshape(n, BINADES) != 0
+    union = np.flatnonzero(present.any(axis=0))
+    width = 1 << m
+    images = [(np.zeros(0, np.int64), np.zeros((0, 2, width), np.int64)) for _ in range(n)]
+    if union.size:
+        slot_of = torch.cumsum(presence.amax(dim=0) > 0, 0, dtype=torch.int32) - 1  # on the device: no upload
+        group = max(1, _TABLE_LIMIT // (union.size * 2 * width))  # one group unless the table would be huge
+        counts_dtype = torch.int32 if p < 1 << 31 else torch.int64
+        for start in range(0, n, group):
+            stop = min(n, start + group)
+            table = torch.zeros((stop - start) * union.size * 2 * width + 1, dtype=counts_dtype, device=device)
+            if kernel == "triton":
+                kernels.count[((stop - start) * triton_cdiv(p, block),)](
+                    scores[start:stop], labels[start:stop], slot_of, table, stop - start, p, union.size, M=m,
+                    WIDE=not narrow, BF16=bf16, BLOCK=block)
+            else:
+                _torch_count(scores[start:stop], labels[start:stop], slot_of, table, union.size, m, narrow)
+            table = table.cpu().numpy()[:-1].reshape(stop - start, union.size, 2, width)  # the last: a dump
+            for i in range(start, stop):
+                rows = present[i, union]
+                images[i] = (union[rows].astype(np.int64), table[i - start, rows].astype(np.int64))
+    return images, host[n * BINADES :].copy()
+
+
+@functools.lru_cache(maxsize=None)
+def triton_available():
+    """Whether Triton imports (it ships with torch's CUDA builds on Linux)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def triton_cdiv(a, b):
+    return -(-a // b)
+
+
+# -- torch path ------------------------------------------------------------------------------------------------
+
+def _torch_key(scores, m, narrow):
+    """(binade, low bits) and a NaN mask of flat ``scores``, as the Triton kernel computes them (int32 from a
+    narrow dtype's float32 bits, int64 from float64)."""
+    import torch
+
+    mask = (1 << m) - 1
+    if narrow:
+        bits = scores.to(torch.float32).view(torch.int32)  # exact: every value is a float32
+        magnitude = bits & 0x7FFFFFFF
+        exponent, mantissa = magnitude >> 23, magnitude & 0x7FFFFF
+        subnormal = (exponent == 0) & (mantissa != 0)
+        # a subnormal is mantissa x 2^-149: the exact float32 of the mantissa gives its exponent and normal bits
+        normalised = mantissa.to(torch.float32).view(torch.int32)
+        exponent64 = torch.where(subnormal, (normalised >> 23) + 747, exponent + 896)
+        exponent64.masked_fill_(exponent == 255, 2047).masked_fill_(magnitude == 0, 0)
+        top = torch.where(subnormal, normalised, mantissa).bitwise_and_(0x7FFFFF).bitwise_right_shift_(23 - m)
+        nan = magnitude > 0x7F800000
+    else:
+        bits = scores.to(torch.float64).view(torch.int64)
+        magnitude = bits & 0x7FFFFFFFFFFFFFFF
+        exponent64, top = magnitude >> 52, (magnitude >> (52 - m)).bitwise_and_(mask)
+        nan = magnitude > 0x7FF0000000000000
+    # The key is the bits with the sign flipped (x >= 0) or every bit flipped (x < 0; -0.0 is +0.0): for x < 0
+    # the binade is 2047 - e = 2048 + ~e and the low bits are flipped, an XOR with all ones either way.
+    flip = -((bits < 0) & (magnitude != 0)).to(bits.dtype)
+    return (exponent64 ^ flip).add_(2048), top.bitwise_xor_(flip & mask), nan
+
+
+def _torch_steps(scores, labels):
+    """(image, slice) steps of at most _CHUNK pixels over (N, P) inputs."""
+    n, p = scores.shape
+    for i in range(n):
+        for start in range(0, p, _CHUNK):
+            yield i, slice(start, start + _CHUNK)
+
+
+def _torch_presence(scores, labels, presence, problems, m, narrow):
+    import torch
+
+    dump = torch.zeros(BINADES + 1, dtype=presence.dtype, device=presence.device)
+    for i, part in _torch_steps(scores, labels):
+        binade, _, nan = _torch_key(scores[i, part], m, narrow)
+        label = labels[i, part]
+        known = label <= OOD
+        ignored = (label == IGNORE).sum()
+        problems[N_IGNORED] += ignored
+        problems[N_BAD_LABEL] += label.numel() - known.sum() - ignored
+        problems[N_BAD_SCORE] += (known & nan).sum()
+        dump.zero_()
+        # uncounted pixels flag a dump entry: no compaction, so no wait for the device
+        dump.index_fill_(0, binade.masked_fill_(~known | nan, BINADES).long(), 1)
+        presence[i] |= dump[:BINADES]
+
+
+def _torch_count(scores, labels, slot_of, table, slots, m, narrow):
+    """Adds each counted pixel to ``table`` ((n x slots x 2 x 2^m) + 1 counters, the last one the dump)."""
+    import torch
+
+    index_dtype = torch.int32 if table.numel() < 1 << 31 else torch.int64
+    one = torch.ones(1, dtype=table.dtype, device=table.device)
+    for i, part in _torch_steps(scores, labels):
+        binade, low, nan = _torch_key(scores[i, part], m, narrow)
+        label = labels[i, part]
+        slot = slot_of[binade.long()].to(index_dtype)
+        index = slot.add_(i * slots).mul_(2).add_(label).bitwise_left_shift_(m).add_(low.to(index_dtype))
+        index.masked_fill_((label > OOD) | nan, table.numel() - 1)
+        table.index_add_(0, index, one.expand(index.numel()))

@@ -1,0 +1,184 @@
+"""The device kernels of the float-order grid (segood.metrics._device) against the numba kernel, per image of a
+batch, bit for bit: the torch path on CPU tensors here, the Triton kernel in Triton's interpreter (a subprocess
+with TRITON_INTERPRET=1, which Triton reads when it makes a kernel); and the accumulator fed tensors through the
+device path against the numpy path, state for state."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from segood.metrics import FloatOrderAccumulator, _device, _kernels, float_order
+from segood.metrics.float_order import bin_thresholds
+from segood.metrics.functional import as_numpy_inputs
+
+DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8", "bool")
+
+
+def adversarial(m, seed=0):
+    """(float64 scores, uint8 labels): ±0, float64 / float32 / float16 subnormals, ±inf, NaN at counted and at
+    ignored pixels, bad labels, every bin edge of a few binades and the value one float64 and one float32 step
+    either side, both signs over 40 decades, ignored pixels."""
+    rng = np.random.default_rng(seed)
+    special = [0.0, -0.0, np.inf, -np.inf, np.nan, np.nan, 5e-324, -5e-324, 2.2250738585072014e-308, 1e-45, -1e-45,
+               1.4e-45, 1e-40, -3e-39, 6e-8, -6e-8, 3e-5, 1.0, -1.0, 65504.0, 65520.0, 3.4e38, 1e39]
+    mixed = rng.standard_normal(400) * 10.0 ** rng.integers(-20, 20, 400)
+    edges = bin_thresholds(np.repeat([2048 + 1020, 2048 + 1023, 1024, 2048 + 1023 - 20], 16),
+                           np.tile(np.arange(16) * ((1 << m) // 16 or 1) % (1 << m), 4), m)
+    edges = edges[np.isfinite(edges)]
+    near = np.concatenate([edges, np.nextafter(edges, -np.inf), np.nextafter(edges, np.inf),
+                           edges.astype(np.float32).astype(np.float64),
+                           np.nextafter(edges.astype(np.float32), np.float32(np.inf)).astype(np.float64)])
+    scores = np.concatenate([special, mixed, near])
+    labels = rng.integers(0, 2, scores.size).astype(np.uint8)
+    labels[4] = 0  # NaN at a counted pixel: a problem
+    labels[5] = 255  # NaN at an ignored pixel: fine
+    labels[7::23] = 255
+    labels[11::101] = 7  # bad labels: problems
+    return scores, labels
+
+
+def batch(dtype, m):
+    """(scores (3, P) of ``dtype`` as a numpy array or a tensor for bfloat16 / bool, labels (3, P) uint8): three
+    images of different content (the adversarial values, the same reversed and scaled, every float16 value)."""
+    scores, labels = adversarial(m)
+    rows = [scores, scores[::-1] * -3.0, np.resize(np.arange(1 << 16, dtype=np.uint16).view(np.float16), scores.size)]
+    label_rows = [labels, labels[::-1], np.resize(labels[::7], labels.size)]
+    stacked = np.stack(rows)
+    with np.errstate(all="ignore"):
+        if dtype == "bfloat16":
+            return torch.from_numpy(stacked).to(torch.bfloat16), np.stack(label_rows)
+        if dtype == "bool":
+            return torch.from_numpy(stacked > 0), np.stack(label_rows)
+        if dtype.startswith(("int", "uint")):
+            info = np.iinfo(dtype)
+            stacked = np.nan_to_num(stacked * 1e3, nan=0.0, posinf=info.max, neginf=info.min)
+            return np.clip(stacked, info.min, info.max).astype(dtype), np.stack(label_rows)
+        return stacked.astype(dtype), np.stack(label_rows)
+
+
+def numba_reference(scores, labels, m):
+    """The numba kernel on one image, the way the accumulator calls it on the host."""
+    if isinstance(scores, torch.Tensor):
+        scores = scores.float() if scores.dtype == torch.bfloat16 else scores
+    return _kernels.float_histogram_numpy(*as_numpy_inputs(scores, labels, keep_float32_exact=True), m, 1)
+
+
+def check_kernel(kernel, dtype, m, block=_device.BLOCK):
+    scores, labels = batch(dtype, m)
+    images, problems = _device.float_histograms(torch.as_tensor(scores), torch.as_tensor(labels), m, kernel=kernel,
+                                                block=block)
+    want_problems = np.zeros(3, np.int64)
+    for i, (binades, counts) in enumerate(images):
+        want_binades, want_counts, want = numba_reference(scores[i], labels[i], m)
+        want_problems += want
+        for got, expected in ((binades, want_binades), (counts, want_counts)):
+            assert got.dtype == expected.dtype, f"{kernel} {dtype} m={m} image {i}: dtype {got.dtype}"
+            np.testing.assert_array_equal(got, expected, err_msg=f"{kernel} {dtype} m={m} image {i}")
+    np.testing.assert_array_equal(problems, want_problems, err_msg=f"{kernel} {dtype} m={m} problems")
+    assert want_problems[_kernels.N_IGNORED] and want_problems[_kernels.N_BAD_LABEL]  # the cases are there
+
+
+@pytest.mark.parametrize("m", [1, 10, 14])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_torch_path_equals_the_numba_kernel_per_image(dtype, m):
+    check_kernel("torch", dtype, m)
+
+
+def test_the_triton_kernel_in_the_interpreter_equals_the_numba_kernel_per_image():
+    """Every dtype and m as above and the empty cases, through the Triton kernel run by Triton's CPU interpreter,
+    with blocks of 256 pixels so that each image spans several programs."""
+    pytest.importorskip("triton", reason="Triton does not import here; the Triton kernel cannot run")
+    root = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    run = subprocess.run([sys.executable, __file__], capture_output=True, text=True, timeout=900, cwd=root,
+                         env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.stdout.count("equal") == len(DTYPES) * 3, run.stdout
+
+
+def check_empty(kernel):
+    """An image without counted pixels beside one with; batches without images or without pixels."""
+    scores = torch.tensor([[0.5, np.nan], [1.0, 2.0]], dtype=torch.float32)
+    labels = torch.tensor([[255, 255], [255, 0]], dtype=torch.uint8)
+    images, problems = _device.float_histograms(scores, labels, 10, kernel=kernel)
+    assert images[0][0].size == 0 and images[0][1].shape == (0, 2, 1024) and images[1][0].size == 1
+    np.testing.assert_array_equal(problems, [3, 0, 0])
+    images, problems = _device.float_histograms(scores[:0], labels[:0], 10, kernel=kernel)
+    assert images == [] and not problems.any()
+    images, problems = _device.float_histograms(scores[:, :0], labels[:, :0], 10, kernel=kernel)
+    assert len(images) == 2 and images[1][0].size == 0 and not problems.any()
+
+
+def test_a_batch_of_empty_images_and_images_without_counted_pixels():
+    check_empty("torch")
+
+
+@pytest.fixture()
+def device_path(monkeypatch):
+    """Torch CPU tensors take the device path (the torch kernels), as CUDA tensors do; numpy arrays the numba one."""
+    calls = []
+    real = _device.float_histograms
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(float_order, "_on_device", lambda scores, labels: isinstance(scores, torch.Tensor))
+    monkeypatch.setattr(_device, "float_histograms", counted)
+    return calls
+
+
+def assert_same_state(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        np.testing.assert_array_equal(sa[key], sb[key], err_msg=key)
+
+
+@pytest.mark.parametrize("per_image", [True, False])
+def test_the_accumulator_on_the_device_path_keeps_the_numpy_paths_state(device_path, per_image):
+    rng = np.random.default_rng(1)
+    batches = [(rng.random((3, 16, 24)).astype(np.float32), rng.integers(0, 2, (3, 16, 24)).astype(np.uint8)),
+               (-(10.0 ** rng.uniform(-30, 30, (2, 16, 24))), rng.integers(0, 2, (2, 16, 24)).astype(np.uint8)),
+               (rng.random((4, 16, 24)).astype(np.float16), rng.integers(0, 2, (4, 16, 24)).astype(np.uint8))]
+    batches[0][1][1] = 255  # an image without counted pixels
+    batches[1][1][0, :4] = 255
+    host, device = FloatOrderAccumulator(per_image=per_image), FloatOrderAccumulator(per_image=per_image)
+    for scores, labels in batches:
+        host.update(scores, labels)
+        device.update(torch.from_numpy(scores), torch.from_numpy(labels).to(torch.int64))
+    assert device_path == [(3, 384), (2, 384), (4, 384)] if per_image else [(1, 1152), (1, 768), (1, 1536)]
+    assert_same_state(host, device)
+    assert host.compute()["per_image_mean" if per_image else "auroc"] == \
+        device.compute()["per_image_mean" if per_image else "auroc"]
+
+
+def test_the_device_path_refuses_what_the_numpy_path_refuses(device_path):
+    labels = torch.tensor([0, 1, 1], dtype=torch.uint8)
+    acc = FloatOrderAccumulator(per_image=True).update(torch.rand(2, 3, 3), torch.zeros(2, 3, 3, dtype=torch.uint8))
+    before = acc.state_dict()
+    with pytest.raises(ValueError, match="1 counted pixels have NaN scores"):
+        acc.update(torch.tensor([0.1, np.nan, 0.3]), labels)
+    with pytest.raises(ValueError, match=r"labels contain values \{7\}"):
+        acc.update(torch.tensor([0.1, 0.2]), torch.tensor([0, 7], dtype=torch.uint8))
+    with pytest.raises(ValueError, match="must be on the same device"):
+        acc.update(torch.tensor([0.1, 0.2]), np.array([0, 1], np.uint8))
+    with pytest.raises(ValueError, match="but labels have shape"):
+        acc.update(torch.rand(2, 3, 3), torch.zeros(2, 3, 4, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="outside the declared score_range"):
+        FloatOrderAccumulator(score_range=(0, 1)).update(torch.tensor([0.1, 2.0, 0.3]), labels)
+    assert_same_state(acc, FloatOrderAccumulator.from_state_dict(before))
+
+
+if __name__ == "__main__":  # the interpreter test's subprocess: TRITON_INTERPRET=1 is set
+    check_empty("triton")
+    check_kernel("triton", "float32", 10)  # the default block: one partly filled program per image
+    for name in DTYPES:
+        for bits in (1, 10, 14):
+            check_kernel("triton", name, bits, block=256)
+            print(f"{name} m={bits}: equal", flush=True)
