@@ -15,6 +15,7 @@ through float64 (integers round as numpy's astype does).
 """
 
 import functools
+import warnings
 
 import numpy as np
 
@@ -25,6 +26,7 @@ _NARROW = ("float16", "bfloat16", "float32", "int8", "uint8", "int16", "bool")  
 _TABLE_LIMIT = 1 << 28  # counters per pass-2 table (1 GiB of int32); larger batches run in groups of images
 _CHUNK = 1 << 22  # pixels per step of the torch path: its int64 temporaries stay near 100 MiB
 BLOCK = 2048  # pixels per Triton program
+_BROKEN = []  # why the Triton kernels failed on this machine, once they have
 
 
 def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK):
@@ -34,7 +36,8 @@ def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK):
         scores: (N, P) tensor of any real dtype (float16, bfloat16, float32, float64, integer, bool).
         labels: (N, P) uint8 tensor on the same device: 0 (ID), 1 (OOD), 255 (ignore), anything else a problem.
         m: mantissa bits, 1 to 14.
-        kernel: "triton" or "torch"; default Triton for CUDA tensors when it imports, torch otherwise.
+        kernel: "triton" or "torch"; default Triton for CUDA tensors when it imports and builds its kernels here
+            (where it cannot, a warning says why and the torch path, which counts alike, is used from then on).
         block: pixels per Triton program (a power of two).
 
     Returns:
@@ -42,9 +45,25 @@ def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK):
     """
     import torch
 
+    if kernel is not None:
+        return _histograms(scores, labels, m, kernel, block)
+    if not (scores.is_cuda and triton_available()):
+        return _histograms(scores, labels, m, "torch", block)
+    try:
+        return _histograms(scores, labels, m, "triton", block)
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a Triton that cannot build or launch its kernels on this machine
+        _BROKEN.append(f"{type(err).__name__}: {err}")
+        warnings.warn(f"segood's Triton histogram kernel failed here ({_BROKEN[0][:300]}); counting with torch "
+                      "operations instead (the same counts, slower)", RuntimeWarning, stacklevel=3)
+        return _histograms(scores, labels, m, "torch", block)
+
+
+def _histograms(scores, labels, m, kernel, block):
+    import torch
+
     n, p = scores.shape
-    if kernel is None:
-        kernel = "triton" if scores.is_cuda and triton_available() else "torch"
     if scores.dtype == torch.bool:
         scores = scores.view(torch.uint8)
     narrow = str(scores.dtype).replace("torch.", "") in _NARROW
@@ -91,9 +110,13 @@ def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK):
     return images, host[n * BINADES :].copy()
 
 
-@functools.lru_cache(maxsize=None)
 def triton_available():
-    """Whether Triton imports (it ships with torch's CUDA builds on Linux)."""
+    """Whether Triton imports (it ships with torch's CUDA builds on Linux) and has not failed here."""
+    return _triton_imports() and not _BROKEN
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_imports():
     try:
         import triton  # noqa: F401
     except ImportError:
