@@ -282,6 +282,47 @@ def results_markdown(doc):
     return "\n".join(lines) + "\n"
 
 
+def summary_text(doc):
+    """What ``segood evaluate`` prints: one compact table per set, the methods ranked by the set's headline metric
+    (its benchmark's, :mod:`segood.data.benchmarks`: AUPRC and FPR95 for SegmentMeIfYouCan and Fishyscapes, AUROC
+    for the paper's sets) and the headline first; pooled values, best in each column marked *. The full report
+    (intervals, per-image means, thresholds, runtime) is results.md."""
+    from segood.data.benchmarks import benchmark_of, headline_metrics
+
+    sets = list(next(iter(doc["results"].values())))
+    blocks = []
+    for s in sets:
+        sources = (doc.get("sets") or {}).get(s, {}).get("ood_sources")
+        metrics = headline_metrics(sources, list(METRICS))
+        lead = metrics[0]
+        higher = METRICS[lead].higher_is_better
+        rows = [(m, by_set[s]["pooled"]) for m, by_set in doc["results"].items()]
+        rows.sort(key=lambda row: (row[1].get(lead) is None,
+                                   -(row[1].get(lead) or 0) if higher else (row[1].get(lead) or 0)))
+        best = {}
+        for k in metrics:
+            values = [p.get(k) for _, p in rows if p.get(k) is not None]
+            best[k] = (max if METRICS[k].higher_is_better else min)(values) if values else None
+        width = max(len("method"), *(len(m) for m, _ in rows))
+        headers = [f"{METRICS[k].label} {arrow(k)}" for k in metrics]
+        cells = [max(len(h), 7) for h in headers]
+        benchmark = benchmark_of(sources)
+        n_images = (doc.get("sets") or {}).get(s, {}).get("frames")
+        title = f"{s} ({benchmark.label}: {', '.join(METRICS[k].label for k in benchmark.headline)} first" + \
+            (f"; {n_images} images" if n_images is not None else "") + "; pooled, * the best)"
+        if not any(doc["results"][m][s]["n_ood"] for m in doc["results"]):
+            blocks += [f"{s}: no OOD pixels, so no OOD metric is defined", ""]
+            continue
+        blocks.append(title)
+        blocks.append("  " + "method".ljust(width) + "".join(f"  {h:>{c}}" for h, c in zip(headers, cells)))
+        for m, pooled in rows:
+            texts = ["–" if pooled.get(k) is None else f"{pooled[k]:.4f}" + ("*" if pooled[k] == best[k] else " ")
+                     for k in metrics]
+            blocks.append(("  " + m.ljust(width) + "".join(f"  {t:>{c}}" for t, c in zip(texts, cells))).rstrip())
+        blocks.append("")
+    return "\n".join(blocks)
+
+
 def write_figures(figures, doc, ev):
     """ROC and PR curves per set, grouped bars per metric, mean score per class, example panels (PNG files in
     the folder ``figures``)."""
