@@ -225,7 +225,7 @@ def _export(args):
     written = export_scores(model, sets, methods, args.out, layout=args.layout,
                             batch_size=args.batch_size, device=args.device, progress=not args.quiet)
     for (method, set_name), path in written.items():
-        print(f"{method} on {set_name}: {path}")
+        print(f"wrote {path}: {method} scores of {set_name}")
     return 0
 
 
@@ -779,7 +779,8 @@ def build_parser(*, adapters=True):
     export.add_argument("--fit-set", type=Path, help="converted training set for the methods that need a fit")
     export.add_argument("--layout", choices=("segood", "smiyc", "fishyscapes"), default="segood",
                         help="segood: OUT/<method>/<set>.h5 (segood score reads it); smiyc: OUT/anomaly_p/<method>/"
-                             "<set>/<fid>.hdf5; fishyscapes: OUT/<method>/<set>/<fid>_anomaly.npy")
+                             "<set>/<fid>.hdf5; fishyscapes: OUT/<method>/<set>/<fid>_anomaly.npy; in these two "
+                             "<set> is the benchmark's name of the split (e.g. AnomalyTrack-validation)")
     export.add_argument("--out", type=Path, required=True)
     export.add_argument("--batch-size", type=int, default=2)
     export.add_argument("--device")
