@@ -167,3 +167,58 @@ def test_export_folders_carry_the_benchmarks_names_and_every_write_is_said(world
     assert main(["metrics", str(tmp_path / "a.npz"), "--curves", str(tmp_path / "c.csv")]) == 0
     assert re.search(rf"wrote {re.escape(str(tmp_path / 'c.csv'))}: the counts at each of \d+ thresholds",
                      capsys.readouterr().out)
+
+
+# example panels: every method's heat map on its own scale
+
+def test_heat_limits_are_each_methods_own_percentiles():
+    from segood.evaluation.report import heat_limits
+
+    rng = np.random.default_rng(0)
+    small = [rng.uniform(0, 0.002, (8, 8)) for _ in range(3)]  # VarSum-like: far below 1
+    assert heat_limits(small) == pytest.approx(tuple(np.percentile(np.concatenate([m.ravel() for m in small]),
+                                                                   [1, 99])))
+    assert heat_limits(small)[1] < 0.002
+    logits = [rng.normal(-5, 3, (8, 8)), np.array([[np.inf, np.nan]])]  # unbounded, non-finite values left out
+    assert heat_limits(logits) == pytest.approx(tuple(np.percentile(logits[0], [1, 99])))
+    assert heat_limits([np.full((4, 4), 0.3)]) == pytest.approx((-0.2, 0.8))  # constant: a unit-wide range
+    assert heat_limits([np.array([np.nan])]) == (0.0, 1.0)
+    assert heat_limits(small, (5, 95)) == pytest.approx(tuple(np.percentile(np.concatenate(small), [5, 95])))
+
+
+def test_example_panels_draw_each_method_on_its_own_scale_and_say_so(run, tmp_path, monkeypatch):
+    import matplotlib.axes
+    import matplotlib.figure
+
+    from segood.evaluation import Evaluation, report
+    from segood.evaluation.report import heat_limits, write_figures
+
+    out, argv = run
+    if not (out / "state.npz").exists():
+        assert main([*argv, "-q"]) == 0
+    doc = json.loads((out / "results.json").read_text())
+    ev = Evaluation.load(out / "state.npz")
+    drawn, captions, saved = [], [], {}
+    imshow, text, save = matplotlib.axes.Axes.imshow, matplotlib.figure.Figure.text, report._save
+    monkeypatch.setattr(matplotlib.axes.Axes, "imshow", lambda ax, panel, **kw: (
+        drawn.append((ax.figure, panel, kw.get("vmin"), kw.get("vmax"))), imshow(ax, panel, **kw))[1])
+    monkeypatch.setattr(matplotlib.figure.Figure, "text", lambda fig, x, y, s, **kw: (
+        captions.append((fig, s)), text(fig, x, y, s, **kw))[1])
+    monkeypatch.setattr(report, "_save", lambda fig, path, **kw: (saved.update({id(fig): path.name}),
+                                                                  save(fig, path, **kw))[1])
+    write_figures(tmp_path / "figures", doc, ev)
+    assert (tmp_path / "figures" / "examples_ra21_val.png").stat().st_size > 5000
+    for s in ("perlin_mixed", "ra21_val"):
+        keys = sorted(k for k in ev.examples if k[0] == s)
+        panels = [(panel, vmin, vmax) for fig, panel, vmin, vmax in drawn if saved[id(fig)] == f"examples_{s}.png"]
+        for m in METHODS:
+            maps = [ev.examples[k][f"score_{m}"] for k in keys]
+            limits = heat_limits(maps)
+            low, high = np.percentile(np.concatenate([x.ravel() for x in maps]), [1, 99])
+            assert limits == pytest.approx((low, high))
+            shown = [(vmin, vmax) for panel, vmin, vmax in panels
+                     if any(np.array_equal(panel, x.astype(np.float32)) for x in maps)]
+            assert len(shown) == len(keys) and all(v == pytest.approx(limits) for v in shown), (s, m)
+        assert [c for fig, c in captions if saved[id(fig)] == f"examples_{s}.png"] == [
+            "Heat maps: each method's scale spans the 1st to 99th percentile of its own scores on these frames "
+            "(dark: most in-distribution, bright: most OOD)."]

@@ -21,6 +21,7 @@ from segood.metrics.official import LABELS as OFFICIAL_LABELS
 SCHEMA = "segood.results/1"
 COARSE = 0.01  # a pooled value the binning may move by more than this is flagged ≈ in results.md
 CURVE_POINTS = 1 << 16  # points of a drawn ROC or PR curve at most
+HEAT_PERCENTILES = (1, 99)  # each method's heat maps span these percentiles of its own scores
 
 
 def arrow(metric):
@@ -410,7 +411,19 @@ def write_figures(figures, doc, ev):
                 ax.set_axis_off()
                 if row == 0:
                     ax.set_title(title, fontsize=8)
-        _save(fig, figures / _file_name(f"examples_{s}.png"))
+        fig.text(0.5, 0.01, heat_caption(), ha="center", va="bottom", fontsize=7)
+        _save(fig, figures / _file_name(f"examples_{s}.png"), bottom=0.25)
+
+
+def heat_caption(percentiles=HEAT_PERCENTILES):
+    """The example panels' note on how their heat maps are scaled."""
+    lo, hi = percentiles
+    return (f"Heat maps: each method's scale spans the {_ordinal(lo)} to {_ordinal(hi)} percentile of its own scores "
+            "on these frames (dark: most in-distribution, bright: most OOD).")
+
+
+def _ordinal(n):
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def _markdown_cell(cell):
@@ -566,15 +579,17 @@ def official_markdown(doc, sets):
     return lines + [""]
 
 
-def heat_limits(maps):
-    """(vmin, vmax) of a method's heat maps: [0, 1] for scores in [0, 1] (comparable across methods, as in the
-    paper's figures); the 1st and 99th percentile of the finite values for unbounded scores."""
+def heat_limits(maps, percentiles=HEAT_PERCENTILES):
+    """(vmin, vmax) of one method's heat maps: the ``percentiles`` (default the 1st and 99th) of the finite values
+    of its ``maps`` (the frames it is drawn on), so that every method shows its own ranking of the pixels whatever
+    its range (VarSum's and mutual information's small values, unbounded logit scores); (0, 1) without finite
+    values, and a unit-wide range around a constant map."""
     values = np.concatenate([np.asarray(v, np.float64).ravel() for v in maps])
     values = values[np.isfinite(values)]
-    if not values.size or (values.min() >= 0 and values.max() <= 1):
+    if not values.size:
         return 0.0, 1.0
-    lo, hi = np.percentile(values, [1, 99])
-    return float(lo), float(hi if hi > lo else lo + 1)
+    lo, hi = np.percentile(values, percentiles)
+    return (float(lo), float(hi)) if hi > lo else (float(lo) - 0.5, float(lo) + 0.5)
 
 
 def too_coarse(metric, result):
@@ -604,8 +619,9 @@ def _number(value):
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
 
-def _save(fig, path):
-    fig.tight_layout()
+def _save(fig, path, *, bottom=0.0):
+    """Lay out and write ``fig`` to ``path``, keeping ``bottom`` inches free below the axes (for a caption)."""
+    fig.tight_layout(rect=(0, bottom / fig.get_figheight(), 1, 1))
     fig.savefig(path, dpi=110)
     import matplotlib.pyplot as plt
 
