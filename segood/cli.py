@@ -566,12 +566,13 @@ def grid_choice(args):
 
 def build_parser(*, adapters=True):
     """The whole parser. ``adapters=False`` leaves out the options of each ``segood convert DATASET`` (which import
-    the dataset adapters, h5py and OpenCV): ``main`` passes it unless the command is ``convert``."""
+    the dataset adapters, h5py and OpenCV) and lists the datasets by name only: ``main`` passes it unless the
+    command is ``convert`` with a dataset named."""
     from pathlib import Path
 
     # Plain name tuples, not the registries: the registries' modules import torch, numba and albumentations.
     from segood.names import (ARCHS, BLENDS, CORRUPTIONS, FAMILIES, HEADS, HEIGHT_RATIO, STANDARD_CORRUPTIONS,
-                              STANDARD_SIZES, THRESHOLD_RULES, method_names, metric_names)
+                              STANDARD_SIZES, THRESHOLD_RULES, adapter_help, method_names, metric_names)
 
     method_choices, metric_choices = method_names(), metric_names()  # with what a plugin registered
 
@@ -606,8 +607,12 @@ def build_parser(*, adapters=True):
     common.add_argument("--strict", action="store_true", help="fail on the first frame that cannot be converted")
     common.add_argument("--overwrite", action="store_true", help="replace an existing output")
     common.add_argument("--quiet", action="store_true", help="no progress bar")
-    for name, adapter in _adapters(adapters).items():
-        adapter.add_arguments(kinds.add_parser(name, parents=[common], help=adapter.help.replace("%", "%%")))
+    if adapters:
+        for name, adapter in _adapters(adapters).items():
+            adapter.add_arguments(kinds.add_parser(name, parents=[common], help=adapter.help.replace("%", "%%")))
+    else:  # listed by name and help only (segood.names): their options are read once a dataset is named
+        for name, text in adapter_help().items():
+            kinds.add_parser(name, help=text.replace("%", "%%"))
     mixer = kinds.add_parser("mix", help="OOD set + ID frames (e.g. Cityscapes val) -> an evaluation set")
     mixer.add_argument("--ood", type=Path, required=True)
     mixer.add_argument("--id", type=Path, required=True)
@@ -861,8 +866,9 @@ def _adapters(wanted):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    command = next((arg for arg in argv if not arg.startswith("-")), None)
-    args = build_parser(adapters=command == "convert").parse_args(argv)
+    words = [arg for arg in argv if not arg.startswith("-")]
+    converting = words[:1] == ["convert"] and len(words) > 1  # a dataset named: its adapter's options are needed
+    args = build_parser(adapters=converting).parse_args(argv)
     try:
         return args.run(args)
     except (ValueError, OSError, RuntimeError) as err:  # bad input: one clear line, no traceback
