@@ -282,7 +282,7 @@ def _evaluate(args):
     return 0
 
 
-def _print_run(args, folder, doc, *, figures=True):
+def _print_run(args, folder, doc):
     """A run's report on the terminal: nothing with -q; the full results.md with -v; else one compact table per
     set (:func:`segood.evaluation.report.summary_text`); then what was written where."""
     if args.quiet:
@@ -293,8 +293,7 @@ def _print_run(args, folder, doc, *, figures=True):
         from segood.evaluation.report import summary_text
 
         print(summary_text(doc))
-    print(f"wrote {folder}/: results.md (the full report), results.json, results.csv, results.tex"
-          + (", figures/" if figures else ""))
+    print(f"wrote {folder}/: results.md (the full report), results.json, results.csv, results.tex, figures/")
 
 
 def add_verbosity(parser, *, progress=True):
