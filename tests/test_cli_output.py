@@ -222,3 +222,22 @@ def test_example_panels_draw_each_method_on_its_own_scale_and_say_so(run, tmp_pa
         assert [c for fig, c in captions if saved[id(fig)] == f"examples_{s}.png"] == [
             "Heat maps: each method's scale spans the 1st to 99th percentile of its own scores on these frames "
             "(dark: most in-distribution, bright: most OOD)."]
+
+
+def test_a_per_image_protocol_is_summarised_by_its_per_image_means():
+    from segood.evaluation.report import summary_text
+
+    def cell(pooled, per_image):
+        return {"pooled": {"auroc": pooled, "auprc": 0.5, "fpr95": 0.5, "max_iou": 0.5}, "n_ood": 10,
+                "per_image_mean": {"auroc": per_image, "auprc": 0.4, "fpr95": 0.6, "max_iou": None}}
+
+    doc = {"results": {"a": {"sh": cell(0.9, 0.6)}, "b": {"sh": cell(0.8, 0.7)}},
+           "sets": {"sh": {"ood_sources": ["streethazards"], "frames": 2,
+                           "per_image_headline": "per-image mean, StreetHazards' protocol"}}}
+    title, labels, rows = table(summary_text(doc), "sh")
+    assert title == "sh (the paper's protocol: AUROC first; 2 images; per-image mean, StreetHazards' protocol, " \
+                    "* the best)"
+    assert list(rows) == ["b", "a"] and rows["b"]["AUROC"] == 0.7 and rows["a"]["MaxIoU"] is None
+    del doc["sets"]["sh"]["per_image_headline"]
+    title, labels, rows = table(summary_text(doc), "sh")
+    assert "pooled, * the best" in title and list(rows) == ["a", "b"] and rows["a"]["AUROC"] == 0.9

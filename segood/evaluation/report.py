@@ -286,18 +286,21 @@ def results_markdown(doc):
 def summary_text(doc):
     """What ``segood evaluate`` prints: one compact table per set, the methods ranked by the set's headline metric
     (its benchmark's, :mod:`segood.data.benchmarks`: AUPRC and FPR95 for SegmentMeIfYouCan and Fishyscapes, AUROC
-    for the paper's sets) and the headline first; pooled values, best in each column marked *. The full report
-    (intervals, per-image means, thresholds, runtime) is results.md."""
+    for the paper's sets) and the headline first; pooled values (per-image means for a set whose protocol averages
+    per image, its identity's ``per_image_headline``), best in each column marked *. The full report (intervals,
+    per-image means, thresholds, runtime) is results.md."""
     from segood.data.benchmarks import benchmark_of, headline_metrics
 
     sets = list(next(iter(doc["results"].values())))
     blocks = []
     for s in sets:
-        sources = (doc.get("sets") or {}).get(s, {}).get("ood_sources")
+        identity = (doc.get("sets") or {}).get(s, {})
+        sources, per_image = identity.get("ood_sources"), identity.get("per_image_headline")
         metrics = headline_metrics(sources, list(METRICS))
         lead = metrics[0]
         higher = METRICS[lead].higher_is_better
-        rows = [(m, by_set[s]["pooled"]) for m, by_set in doc["results"].items()]
+        aggregation = "per_image_mean" if per_image else "pooled"
+        rows = [(m, by_set[s].get(aggregation) or {}) for m, by_set in doc["results"].items()]
         rows.sort(key=lambda row: (row[1].get(lead) is None,
                                    -(row[1].get(lead) or 0) if higher else (row[1].get(lead) or 0)))
         best = {}
@@ -308,9 +311,9 @@ def summary_text(doc):
         headers = [f"{METRICS[k].label} {arrow(k)}" for k in metrics]
         cells = [max(len(h), 7) for h in headers]
         benchmark = benchmark_of(sources)
-        n_images = (doc.get("sets") or {}).get(s, {}).get("frames")
+        n_images = identity.get("frames")
         title = f"{s} ({benchmark.label}: {', '.join(METRICS[k].label for k in benchmark.headline)} first" + \
-            (f"; {n_images} images" if n_images is not None else "") + "; pooled, * the best)"
+            (f"; {n_images} images" if n_images is not None else "") + f"; {per_image or 'pooled'}, * the best)"
         if not any(doc["results"][m][s]["n_ood"] for m in doc["results"]):
             blocks += [f"{s}: no OOD pixels, so no OOD metric is defined", ""]
             continue
