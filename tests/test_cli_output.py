@@ -1,6 +1,7 @@
 """What the commands print, read back: a compact table per set with the benchmark's headline metric first (the
 set's source decides), -q for nothing and -v for the full report; a line for every file a command writes;
-export folders named as the benchmark names its splits; ``segood metrics`` on a run's own state."""
+export folders named as the benchmark names its splits; ``segood metrics`` on a run's own state; example panels
+whose heat maps each span their method's own percentiles."""
 
 import json
 import re
