@@ -28,8 +28,12 @@ def _demo(args):
 def _metrics(args):
     import numpy as np
 
+    from segood.io import read_npz
     from segood.metrics import METRICS, load_accumulator
 
+    arrays = read_npz(args.state, "accumulator or evaluation state")
+    if "meta" in arrays:  # an evaluation run's state: one accumulator per method and set
+        return _run_metrics(args, arrays)
     acc = load_accumulator(args.state)
     result = acc.compute()
     for name in (*METRICS, "max_iou_threshold", "n_id", "n_ood", "n_ignored"):
@@ -37,7 +41,42 @@ def _metrics(args):
     if args.curves:
         np.savetxt(args.curves, np.column_stack([result[k] for k in ("thresholds", "tp", "fp", "fn", "tn")]),
                    delimiter=",", header="threshold,tp,fp,fn,tn", comments="", fmt=["%.17g"] + ["%d"] * 4)
+        print(f"wrote {args.curves}: the counts at each of {len(result['thresholds'])} thresholds")
     return 0
+
+
+def _run_metrics(args, arrays):
+    """``segood metrics RUN/state.npz``: the pooled metrics of every method on every set of an evaluation state, one
+    compact table per set (what ``segood evaluate`` prints)."""
+    from segood.evaluation.analysis import computed
+    from segood.evaluation.report import summary_text
+    from segood.evaluation.runner import Evaluation
+    from segood.metrics import METRICS
+
+    if args.curves:
+        raise ValueError(f"{args.state} is an evaluation state, one accumulator per method and set: --curves writes "
+                         "one accumulator's counts; the run's curves are drawn in its figures/ (segood report RUN)")
+    ev = Evaluation.from_arrays(arrays, args.state)
+    run = args.state.parent / "run.json"
+    try:
+        identities = json.loads(run.read_text()).get("sets", {})
+    except (OSError, ValueError):  # a state without its run folder: the sets' sources are unknown
+        identities = {}
+    results = {m: {} for m in ev.method_names}
+    for (m, s), r in computed(ev).items():
+        per_image = (r or {}).get("per_image_mean") or {}
+        results[m][s] = {"pooled": {k: _defined(r.get(k, "nan")) for k in METRICS} if r else {},
+                         "per_image_mean": {k: _defined(per_image[k]) for k in METRICS if k in per_image},
+                         "n_ood": int(r["n_ood"]) if r else 0}
+    sets = {s: {**identities.get(s, {}), "frames": ev.images[s]} for s in ev.set_names}
+    print(summary_text({"results": results, "sets": sets}), end="")
+    return 0
+
+
+def _defined(value):
+    """A metric's value as a float, None where it is undefined (NaN)."""
+    value = float(value)
+    return None if value != value else value
 
 
 def _convert(args):
@@ -102,6 +141,7 @@ def _miou(args):
     if args.out:
         atomic_write_text(args.out, table)
         atomic_write_text(args.out.with_suffix(".csv"), csv)
+        print(f"wrote {args.out} and {args.out.with_suffix('.csv')}")
     return 0
 
 
@@ -186,7 +226,7 @@ def _export(args):
     written = export_scores(model, sets, methods, args.out, layout=args.layout,
                             batch_size=args.batch_size, device=args.device, progress=not args.quiet)
     for (method, set_name), path in written.items():
-        print(f"{method} on {set_name}: {path}")
+        print(f"wrote {path}: {method} scores of {set_name}")
     return 0
 
 
@@ -240,9 +280,30 @@ def _evaluate(args):
                    checkpoint=args.checkpoint, feature_layer=args.feature_layer, verify=not args.no_verify,
                    components=components, official=args.official, **_analysis_options(args))
     if doc is not None:
-        print((args.out / "results.md").read_text(), end="")
-        print(f"\nwrote {args.out}/results.json, results.csv, results.md and figures/")
+        _print_run(args, args.out, doc)
     return 0
+
+
+def _print_run(args, folder, doc):
+    """A run's report on the terminal: nothing with -q; the full results.md with -v; else one compact table per
+    set (:func:`segood.evaluation.report.summary_text`); then what was written where."""
+    if args.quiet:
+        return
+    if args.verbose:
+        print((folder / "results.md").read_text())
+    else:
+        from segood.evaluation.report import summary_text
+
+        print(summary_text(doc))
+    print(f"wrote {folder}/: results.md (the full report), results.json, results.csv, results.tex, figures/")
+
+
+def add_verbosity(parser, *, progress=True):
+    """-q and -v of the commands that print a run's report."""
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="print nothing" + (" (no progress bars either)" if progress else ""))
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="print the full report (results.md) instead of one compact table per set")
 
 
 def _attack(args):
@@ -379,6 +440,7 @@ def _approve(args):
     requirements = load_requirements(args.requirements)  # a refused file changes nothing in the run
     doc = write_robustness_report(args.run_dir, figures=False, requirements=requirements)
     print((args.run_dir / "approval.md").read_text(), end="")
+    print(f"\nwrote {args.run_dir}/: approval.md, results.json and results.md")
     return 0 if doc["approval"]["passed"] else 1
 
 
@@ -388,28 +450,30 @@ def _report(args):
 
     if not args.combine and is_robustness_run(args.run_dir):
         write_robustness_report(args.run_dir)
-        print((args.run_dir / "results.md").read_text(), end="")
+        if args.verbose and not args.quiet:
+            print((args.run_dir / "results.md").read_text())
+        if not args.quiet:
+            print(f"wrote {args.run_dir}/: results.md (the full report), results.json and figures/")
         return 0
     if args.combine:
         from segood.evaluation import combine_runs
 
         out = args.out or args.run_dir.with_name(args.run_dir.name + "_combined")
-        combine_runs([args.run_dir, *args.combine], out, **_analysis_options(args))
+        doc = combine_runs([args.run_dir, *args.combine], out, **_analysis_options(args))
     else:
-        write_report(args.run_dir, **_analysis_options(args))
+        doc = write_report(args.run_dir, **_analysis_options(args))
         out = args.run_dir
-    print((out / "results.md").read_text(), end="")
+    _print_run(args, out, doc)
     return 0
 
 
 def _score(args):
     from segood.evaluation import evaluate_score_maps
 
-    evaluate_score_maps(args.scores, args.data, args.out, name=args.name, score_range=args.score_range,
-                        num_thresholds=args.num_thresholds, mantissa_bits=args.mantissa_bits, grid=grid_choice(args),
-                        clip=args.clip,
-                        verify=not args.no_verify)
-    print((args.out / "results.md").read_text(), end="")
+    doc = evaluate_score_maps(args.scores, args.data, args.out, name=args.name, score_range=args.score_range,
+                              num_thresholds=args.num_thresholds, mantissa_bits=args.mantissa_bits,
+                              grid=grid_choice(args), clip=args.clip, verify=not args.no_verify)
+    _print_run(args, args.out, doc)
     return 0
 
 
@@ -431,10 +495,14 @@ def _benchmark(args):
     from segood.metrics import grid_spec
 
     sets = sets_by_stem(args.sets, "--sets")
-    make_benchmark({args.track: {"sets": sets, "rank_by": args.rank_by, "private": args.private or [],
-                                 "verified_only": args.verified_only}}, args.out,
-                   grid=grid_spec(args.num_thresholds, None, args.mantissa_bits, kind=args.grid))
-    print(f"wrote {args.out}")
+    doc = make_benchmark({args.track: {"sets": sets, "rank_by": args.rank_by, "private": args.private or [],
+                                       "verified_only": args.verified_only}}, args.out,
+                         grid=grid_spec(args.num_thresholds, None, args.mantissa_bits, kind=args.grid))
+    track = doc["tracks"][args.track]
+    print(f"wrote {args.out}: track {args.track}, {len(track['sets'])} "
+          f"{'set' if len(track['sets']) == 1 else 'sets'}, ranked by {args.rank_by}")
+    for name in args.private or ():
+        print(f"wrote {args.out.parent / (name + '.public.h5')}: the public copy of {name} (images, no masks)")
     return 0
 
 
@@ -445,7 +513,7 @@ def _leaderboard(args):
     accepted = sum(len(t["entries"]) for t in doc["tracks"].values())
     print((args.out / "leaderboard.md").read_text(), end="")
     print(f"\n{accepted} {'entry' if accepted == 1 else 'entries'}, {len(doc['rejected'])} rejected; wrote "
-          f"{args.out}/index.html")
+          f"{args.out}/: leaderboard.md, leaderboard.json and index.html")
     return 0
 
 
@@ -504,12 +572,13 @@ def grid_choice(args):
 
 def build_parser(*, adapters=True):
     """The whole parser. ``adapters=False`` leaves out the options of each ``segood convert DATASET`` (which import
-    the dataset adapters, h5py and OpenCV): ``main`` passes it unless the command is ``convert``."""
+    the dataset adapters, h5py and OpenCV) and lists the datasets by name only: ``main`` passes it unless the
+    command is ``convert`` with a dataset named."""
     from pathlib import Path
 
     # Plain name tuples, not the registries: the registries' modules import torch, numba and albumentations.
     from segood.names import (ARCHS, BLENDS, CORRUPTIONS, FAMILIES, HEADS, HEIGHT_RATIO, STANDARD_CORRUPTIONS,
-                              STANDARD_SIZES, THRESHOLD_RULES, method_names, metric_names)
+                              STANDARD_SIZES, THRESHOLD_RULES, adapter_help, method_names, metric_names)
 
     method_choices, metric_choices = method_names(), metric_names()  # with what a plugin registered
 
@@ -527,8 +596,10 @@ def build_parser(*, adapters=True):
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
     demo.set_defaults(run=_demo)
 
-    metrics = sub.add_parser("metrics", help="print the metrics of a saved accumulator state (.npz)")
-    metrics.add_argument("state", type=Path, help="file written by LinearGridAccumulator.save")
+    metrics = sub.add_parser("metrics", help="print the metrics of a saved accumulator state or of a run's "
+                                             "evaluation state (.npz)")
+    metrics.add_argument("state", type=Path, help="a file written by an accumulator's save, or a run's state.npz "
+                                                  "(every method on every set)")
     metrics.add_argument("--curves", type=Path, help="also write the per-threshold counts to this CSV")
     metrics.set_defaults(run=_metrics)
     convert = sub.add_parser("convert", help="convert a raw dataset once into an HDF5 set (see tools/README.md)")
@@ -542,8 +613,12 @@ def build_parser(*, adapters=True):
     common.add_argument("--strict", action="store_true", help="fail on the first frame that cannot be converted")
     common.add_argument("--overwrite", action="store_true", help="replace an existing output")
     common.add_argument("--quiet", action="store_true", help="no progress bar")
-    for name, adapter in _adapters(adapters).items():
-        adapter.add_arguments(kinds.add_parser(name, parents=[common], help=adapter.help.replace("%", "%%")))
+    if adapters:
+        for name, adapter in _adapters(adapters).items():
+            adapter.add_arguments(kinds.add_parser(name, parents=[common], help=adapter.help.replace("%", "%%")))
+    else:  # listed by name and help only (segood.names): their options are read once a dataset is named
+        for name, text in adapter_help().items():
+            kinds.add_parser(name, help=text.replace("%", "%%"))
     mixer = kinds.add_parser("mix", help="OOD set + ID frames (e.g. Cityscapes val) -> an evaluation set")
     mixer.add_argument("--ood", type=Path, required=True)
     mixer.add_argument("--id", type=Path, required=True)
@@ -615,7 +690,7 @@ def build_parser(*, adapters=True):
     ev.add_argument("--no-verify", action="store_true",
                     help="do not check frames against their set's sha256 digests (faster; corruption goes unseen)")
     add_analysis_options(ev)
-    ev.add_argument("--quiet", action="store_true")
+    add_verbosity(ev)
     ev.set_defaults(run=_evaluate)
 
     att = sub.add_parser("attack", help="search each method's worst-case pasted objects (adversarial OOD "
@@ -715,7 +790,8 @@ def build_parser(*, adapters=True):
     export.add_argument("--fit-set", type=Path, help="converted training set for the methods that need a fit")
     export.add_argument("--layout", choices=("segood", "smiyc", "fishyscapes"), default="segood",
                         help="segood: OUT/<method>/<set>.h5 (segood score reads it); smiyc: OUT/anomaly_p/<method>/"
-                             "<set>/<fid>.hdf5; fishyscapes: OUT/<method>/<set>/<fid>_anomaly.npy")
+                             "<set>/<fid>.hdf5; fishyscapes: OUT/<method>/<set>/<fid>_anomaly.npy; in these two "
+                             "<set> is the benchmark's name of the split (e.g. AnomalyTrack-validation)")
     export.add_argument("--out", type=Path, required=True)
     export.add_argument("--batch-size", type=int, default=2)
     export.add_argument("--device")
@@ -728,6 +804,7 @@ def build_parser(*, adapters=True):
                         help="more runs on the same sets (e.g. one per head) to report side by side")
     report.add_argument("--out", type=Path, help="with --combine: the combined report's folder")
     add_analysis_options(report)
+    add_verbosity(report, progress=False)
     report.set_defaults(run=_report)
 
     score = sub.add_parser("score", help="evaluate per-pixel score maps computed elsewhere (HDF5)")
@@ -743,6 +820,7 @@ def build_parser(*, adapters=True):
     score.add_argument("--clip", action="store_true", help="with --num-thresholds: clip out-of-range scores into the "
                                                            "range instead of failing")
     score.add_argument("--no-verify", action="store_true", help="do not check the set's frames against its digests")
+    add_verbosity(score, progress=False)
     score.set_defaults(run=_score)
 
     sub_ = sub.add_parser("submit", help="package one method of a run as a leaderboard submission (zip)")
@@ -794,8 +872,9 @@ def _adapters(wanted):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    command = next((arg for arg in argv if not arg.startswith("-")), None)
-    args = build_parser(adapters=command == "convert").parse_args(argv)
+    words = [arg for arg in argv if not arg.startswith("-")]
+    converting = words[:1] == ["convert"] and len(words) > 1  # a dataset named: its adapter's options are needed
+    args = build_parser(adapters=converting).parse_args(argv)
     try:
         return args.run(args)
     except (ValueError, OSError, RuntimeError) as err:  # bad input: one clear line, no traceback

@@ -27,6 +27,33 @@ STANDARD_CORRUPTIONS = tuple("c:" + name for name in (
 #: segood.models.list_model_types() and INFERENCE_MODES.
 MODEL_TYPES = ("hf", "smp", "torchvision")
 INFERENCE_MODES = ("whole", "resize", "slide")
+#: segood.data.registry.ADAPTERS: {name: its help}, what ``segood convert --help`` lists (each one's options are
+#: read from the adapter itself once a dataset is named).
+ADAPTERS = {
+    "cityscapes": "leftImg8bit + gtFine_labelIds; every class pixel ID, the rest ignore",
+    "idd": "polygon JSON in file order; car ID, autorickshaw OOD, the rest ignore",
+    "noise": "Perlin or random normal noise, every pixel OOD, the same bytes on every machine",
+    "sun": "SUN2012 LabelMe XML through label_maps/sun.yaml; size filter; seeded 25% tune / 75% eval split",
+    "bdd_anomaly": "BDD-Anomaly: BDD100K seg trainIds; train/motorcycle/bicycle OOD, other classes ID; --split "
+                   "test",
+    "lostandfound": "LostAndFound gtCoarse labelIds: 1 free space ID, 2..200 OOD, else ignore; --split testNoKnown "
+                    "(SMIYC)",
+    "fishyscapes_laf": "Fishyscapes Lost & Found labels (0 ID, 1 OOD, 255 ignore) with images from "
+                       "--lostandfound-root",
+    "fishyscapes_static": "Fishyscapes Static: Cityscapes val image (--cityscapes-root) + shipped overlay; 0 ID, 1 "
+                          "OOD, 255 ignore",
+    "paste": "objects from --objects (a SUN2012 root or 'demo') pasted onto the road and sidewalk of Cityscapes "
+             "frames: pasted OOD objects OOD, pasted ID objects (--negatives) ID, the rest the frame's labels",
+    "road_anomaly": "Road Anomaly (Lis et al. 2019): 0 ID, 2 OOD; labels of another size resized nearest (listed)",
+    "road_obstacles_v0": "RoadObstacles v0 (Road Anomaly's layout): road 1 ID, anomaly 2 OOD, background 0 and 255 "
+                         "ignore",
+    "smiyc_anomaly": "SMIYC RoadAnomaly21 (dataset_AnomalyTrack): 0 ID, 1 OOD, else ignore; test frames have no "
+                     "labels",
+    "smiyc_obstacle": "SMIYC RoadObstacle21 (dataset_ObstacleTrack, webp): road 0 ID, 1 OOD, else ignore; test has "
+                      "no labels",
+    "streethazards": "StreetHazards: its 13 classes ID, anomaly (14) OOD, unlabeled ignore (--protocol original: "
+                     "ID)",
+}
 #: segood.data.paste.BLENDS and HEIGHT_RATIO.
 BLENDS = ("none", "feather", "seamless")
 HEIGHT_RATIO = (0.15, 0.6)
@@ -36,6 +63,15 @@ def method_names():
     """:data:`METHODS`, or the live registry where its module is imported already (a plugin registered methods of
     its own before the command line was built): the command line offers those too."""
     return _live(METHODS, "segood.methods.methods", "METHODS")
+
+
+def adapter_help():
+    """:data:`ADAPTERS`, or {name: help} of the live registry where its module is imported already (an adapter a
+    plugin registered)."""
+    import sys
+
+    loaded = sys.modules.get("segood.data.adapter")
+    return {name: adapter.help for name, adapter in loaded.ADAPTERS.items()} if loaded is not None else ADAPTERS
 
 
 def metric_names():

@@ -179,7 +179,7 @@ def test_a_run_reports_intervals_ranks_committed_thresholds_and_runtime(noise_se
     markdown = (tmp_path / "run" / "results.md").read_text()
     assert "At the tpr95 threshold (chosen on perlin_mixed" in markdown and "inference ms / image" in markdown
     assert (tmp_path / "run" / "figures" / "metrics.png").exists()
-    assert main(["report", str(tmp_path / "run"), "--resamples", "0"]) == 0  # no intervals; oracle, named so
+    assert main(["report", str(tmp_path / "run"), "--resamples", "0", "-v"]) == 0  # no intervals; oracle, named so
     assert "ORACLE: chosen on each test set itself" in capsys.readouterr().out
     with pytest.raises(ValueError, match="not a set of the run"):
         evaluate(build_model("pspnet", "resnet18").eval(), sets, ["entropy"], tmp_path / "run2", progress=False,

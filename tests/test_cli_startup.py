@@ -33,7 +33,8 @@ print("\\n" + json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)))
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["--version"], ["evaluate", "--help"], ["robustness", "--help"],
-                                  ["attack", "--help"], ["train", "--help"], ["leaderboard", "--help"]])
+                                  ["attack", "--help"], ["train", "--help"], ["leaderboard", "--help"],
+                                  ["convert", "--help"]])
 def test_help_imports_no_heavy_library(argv):
     out = run_python(HELP.format(argv=argv, heavy=HEAVY))
     assert json.loads(out.splitlines()[-1]) == []
@@ -59,6 +60,7 @@ def test_convert_help_lists_every_adapter():
 def test_name_tuples_match_the_registries():
     from segood import names
     from segood.data.paste import BLENDS, HEIGHT_RATIO
+    from segood.data.registry import ADAPTERS
     from segood.methods import METHODS
     from segood.metrics import METRICS
     from segood.metrics.thresholds import RULES
@@ -74,6 +76,7 @@ def test_name_tuples_match_the_registries():
     assert names.STANDARD_CORRUPTIONS == corruption_names("standard")
     assert (names.BLENDS, names.HEIGHT_RATIO) == (tuple(BLENDS), tuple(HEIGHT_RATIO))
     assert (names.MODEL_TYPES, names.INFERENCE_MODES) == (tuple(list_model_types()), tuple(INFERENCE_MODES))
+    assert names.ADAPTERS == {name: adapter.help for name, adapter in ADAPTERS.items()}
 
 
 NETWORK_GUARD = """

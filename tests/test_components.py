@@ -228,7 +228,7 @@ def test_component_metrics_from_the_command_line(noise_sets, tmp_path, capsys):
     save_checkpoint(tmp_path / "m.pt", build_model("pspnet", "resnet18"))
     (tmp_path / "t.json").write_text(json.dumps({"entropy": {"perlin_mixed": 0.001}}))
     base = ["evaluate", "--checkpoint", str(tmp_path / "m.pt"), "--sets", str(sets / "perlin_mixed.h5"),
-            "--methods", "entropy", "--quiet", "--components", "obstacle"]
+            "--methods", "entropy", "-v", "--components", "obstacle"]
     assert main([*base, "--out", str(tmp_path / "a")]) == 2
     assert "the component metrics need a threshold per method: commit it on a tuning set of the run (--commit-on SET" \
         in capsys.readouterr().err

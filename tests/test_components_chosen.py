@@ -91,7 +91,7 @@ def test_missing_or_unusable_thresholds_are_errors_that_say_what_to_give(sets, t
                  **OPTIONS)
     save_checkpoint(tmp_path / "m.pt", model)
     base = ["evaluate", "--checkpoint", str(tmp_path / "m.pt"), "--sets", str(sets[0]), "--methods", "entropy",
-            "--quiet", "--resamples", "0", "--components", "obstacle"]
+            "-v", "--resamples", "0", "--components", "obstacle"]
     assert main([*base, "--out", str(tmp_path / "e")]) == 2
     err = capsys.readouterr().err
     assert "need a threshold per method: commit it on a tuning set of the run (--commit-on SET" in err

@@ -405,7 +405,7 @@ def test_official_fishyscapes_from_the_command_line(perlin, tmp_path, capsys):
     model, data = perlin
     save_checkpoint(tmp_path / "m.pt", model)
     args = ["evaluate", "--checkpoint", str(tmp_path / "m.pt"), "--sets", str(data), "--methods", "max_softmax",
-            "--quiet", "--resamples", "0", "--out", str(tmp_path / "run"), "--official", "fishyscapes"]
+            "-v", "--resamples", "0", "--out", str(tmp_path / "run"), "--official", "fishyscapes"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "## Fishyscapes official beside segood" in out and "| AUPRC (Fishyscapes official) |" in out

@@ -128,8 +128,11 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
     """Score every frame of ``sets`` ({name: converted set}) with ``methods`` and write the maps in ``layout``:
     ``segood``: ``out_dir/<method>/<set>.h5``; ``smiyc``: ``out_dir/anomaly_p/<method>/<set>/<fid>.hdf5``
     (float16, dataset ``value``); ``fishyscapes``: ``out_dir/<method>/<set>/<fid>_anomaly.npy`` (float32).
-    Every file is written atomically. Returns {(method, set): path written}."""
-    from segood.data.h5 import H5SegmentationDataset, frame_ids, frame_loader
+    In the two folder layouts ``<set>`` is the benchmark's own name of a set that is one of its splits (from its
+    manifest, :func:`segood.data.benchmarks.split_name`: ``AnomalyTrack-validation``, ``LostAndFound``), the
+    name in ``sets`` for any other. Every file is written atomically. Returns {(method, set): path written}."""
+    from segood.data.benchmarks import split_name
+    from segood.data.h5 import H5SegmentationDataset, frame_ids, frame_loader, read_manifest
     from segood.methods.schedule import check_methods, score_batch
     from segood.models.network import preprocess
 
@@ -139,11 +142,18 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
     device = device or next(model.parameters()).device
     model = model.to(device).eval()
     check_methods(model, methods)
+    folders = {name: name if layout == "segood" else split_name(read_manifest(path), layout) or name
+               for name, path in sets.items()}
+    shared = {f for f in folders.values() if list(folders.values()).count(f) > 1}
+    if shared:
+        raise ValueError(f"sets {sorted(n for n, f in folders.items() if f in shared)} would share the folder "
+                         f"{sorted(shared)[0]!r} (a benchmark's name for its split): export them to different --out "
+                         "folders")
     written = {}
     for set_name, path in sets.items():
         dataset = H5SegmentationDataset(path)
         names = file_ids(frame_ids(path)) if layout != "segood" else None
-        targets = {m.name: _target(out_dir, layout, m.name, set_name) for m in methods}
+        targets = {m.name: _target(out_dir, layout, m.name, folders[set_name]) for m in methods}
         with ExitStack() as stack:  # on an error the segood layout's temporary files are removed, nothing renamed
             files = {}
             if layout == "segood":

@@ -21,6 +21,7 @@ from segood.metrics.official import LABELS as OFFICIAL_LABELS
 SCHEMA = "segood.results/1"
 COARSE = 0.01  # a pooled value the binning may move by more than this is flagged ≈ in results.md
 CURVE_POINTS = 1 << 16  # points of a drawn ROC or PR curve at most
+HEAT_PERCENTILES = (1, 99)  # each method's heat maps span these percentiles of its own scores
 
 
 def arrow(metric):
@@ -282,6 +283,50 @@ def results_markdown(doc):
     return "\n".join(lines) + "\n"
 
 
+def summary_text(doc):
+    """What ``segood evaluate`` prints: one compact table per set, the methods ranked by the set's headline metric
+    (its benchmark's, :mod:`segood.data.benchmarks`: AUPRC and FPR95 for SegmentMeIfYouCan and Fishyscapes, AUROC
+    for the paper's sets) and the headline first; pooled values (per-image means for a set whose protocol averages
+    per image, its identity's ``per_image_headline``), best in each column marked *. The full report (intervals,
+    per-image means, thresholds, runtime) is results.md."""
+    from segood.data.benchmarks import benchmark_of, headline_metrics
+
+    sets = list(next(iter(doc["results"].values())))
+    blocks = []
+    for s in sets:
+        identity = (doc.get("sets") or {}).get(s, {})
+        sources, per_image = identity.get("ood_sources"), identity.get("per_image_headline")
+        metrics = headline_metrics(sources, list(METRICS))
+        lead = metrics[0]
+        higher = METRICS[lead].higher_is_better
+        aggregation = "per_image_mean" if per_image else "pooled"
+        rows = [(m, by_set[s].get(aggregation) or {}) for m, by_set in doc["results"].items()]
+        rows.sort(key=lambda row: (row[1].get(lead) is None,
+                                   -(row[1].get(lead) or 0) if higher else (row[1].get(lead) or 0)))
+        best = {}
+        for k in metrics:
+            values = [p.get(k) for _, p in rows if p.get(k) is not None]
+            best[k] = (max if METRICS[k].higher_is_better else min)(values) if values else None
+        width = max(len("method"), *(len(m) for m, _ in rows))
+        headers = [f"{METRICS[k].label} {arrow(k)}" for k in metrics]
+        cells = [max(len(h), 7) for h in headers]
+        benchmark = benchmark_of(sources)
+        n_images = identity.get("frames")
+        title = f"{s} ({benchmark.label}: {', '.join(METRICS[k].label for k in benchmark.headline)} first" + \
+            (f"; {n_images} images" if n_images is not None else "") + f"; {per_image or 'pooled'}, * the best)"
+        if not any(doc["results"][m][s]["n_ood"] for m in doc["results"]):
+            blocks += [f"{s}: no OOD pixels, so no OOD metric is defined", ""]
+            continue
+        blocks.append(title)
+        blocks.append("  " + "method".ljust(width) + "".join(f"  {h:>{c}}" for h, c in zip(headers, cells)))
+        for m, pooled in rows:
+            texts = ["–" if pooled.get(k) is None else f"{pooled[k]:.4f}" + ("*" if pooled[k] == best[k] else " ")
+                     for k in metrics]
+            blocks.append(("  " + m.ljust(width) + "".join(f"  {t:>{c}}" for t, c in zip(texts, cells))).rstrip())
+        blocks.append("")
+    return "\n".join(blocks)
+
+
 def write_figures(figures, doc, ev):
     """ROC and PR curves per set, grouped bars per metric, mean score per class, example panels (PNG files in
     the folder ``figures``)."""
@@ -369,7 +414,19 @@ def write_figures(figures, doc, ev):
                 ax.set_axis_off()
                 if row == 0:
                     ax.set_title(title, fontsize=8)
-        _save(fig, figures / _file_name(f"examples_{s}.png"))
+        fig.text(0.5, 0.01, heat_caption(), ha="center", va="bottom", fontsize=7)
+        _save(fig, figures / _file_name(f"examples_{s}.png"), bottom=0.25)
+
+
+def heat_caption(percentiles=HEAT_PERCENTILES):
+    """The example panels' note on how their heat maps are scaled."""
+    lo, hi = percentiles
+    return (f"Heat maps: each method's scale spans the {_ordinal(lo)} to {_ordinal(hi)} percentile of its own scores "
+            "on these frames (dark: most in-distribution, bright: most OOD).")
+
+
+def _ordinal(n):
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def _markdown_cell(cell):
@@ -525,15 +582,17 @@ def official_markdown(doc, sets):
     return lines + [""]
 
 
-def heat_limits(maps):
-    """(vmin, vmax) of a method's heat maps: [0, 1] for scores in [0, 1] (comparable across methods, as in the
-    paper's figures); the 1st and 99th percentile of the finite values for unbounded scores."""
+def heat_limits(maps, percentiles=HEAT_PERCENTILES):
+    """(vmin, vmax) of one method's heat maps: the ``percentiles`` (default the 1st and 99th) of the finite values
+    of its ``maps`` (the frames it is drawn on), so that every method shows its own ranking of the pixels whatever
+    its range (VarSum's and mutual information's small values, unbounded logit scores); (0, 1) without finite
+    values, and a unit-wide range around a constant map."""
     values = np.concatenate([np.asarray(v, np.float64).ravel() for v in maps])
     values = values[np.isfinite(values)]
-    if not values.size or (values.min() >= 0 and values.max() <= 1):
+    if not values.size:
         return 0.0, 1.0
-    lo, hi = np.percentile(values, [1, 99])
-    return float(lo), float(hi if hi > lo else lo + 1)
+    lo, hi = np.percentile(values, percentiles)
+    return (float(lo), float(hi)) if hi > lo else (float(lo) - 0.5, float(lo) + 0.5)
 
 
 def too_coarse(metric, result):
@@ -563,8 +622,9 @@ def _number(value):
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
 
-def _save(fig, path):
-    fig.tight_layout()
+def _save(fig, path, *, bottom=0.0):
+    """Lay out and write ``fig`` to ``path``, keeping ``bottom`` inches free below the axes (for a caption)."""
+    fig.tight_layout(rect=(0, bottom / fig.get_figheight(), 1, 1))
     fig.savefig(path, dpi=110)
     import matplotlib.pyplot as plt
 

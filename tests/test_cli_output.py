@@ -1,0 +1,244 @@
+"""What the commands print, read back: a compact table per set with the benchmark's headline metric first (the
+set's source decides), -q for nothing and -v for the full report; a line for every file a command writes;
+export folders named as the benchmark names its splits; ``segood metrics`` on a run's own state; example panels
+whose heat maps each span their method's own percentiles."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from segood.cli import main
+from segood.data import convert
+from segood.data.benchmarks import benchmark_of, headline_metrics, split_name
+from segood.data.smiyc import RoadAnomaly21
+from segood.models import save_checkpoint
+
+from networks import tiny_network
+from rawtrees import smiyc_tree
+from test_anomaly_benchmarks import ANOMALY_FRAMES
+
+METHODS = ["entropy", "max_logit"]
+
+
+@pytest.fixture(scope="module")
+def world(noise_sets, tmp_path_factory):
+    """A checkpoint, the noise sets and a converted SMIYC RoadAnomaly21 validation split."""
+    root = tmp_path_factory.mktemp("output")
+    save_checkpoint(root / "m.pt", tiny_network())
+    smiyc_tree(root / "dataset_AnomalyTrack", "dataset_AnomalyTrack", ANOMALY_FRAMES)
+    convert(RoadAnomaly21(root / "dataset_AnomalyTrack", "validation"), root / "ra21_val.h5", size=(64, 64),
+            progress=False)
+    return {"root": root, "sets": noise_sets(kinds=("perlin",), seed=3)}
+
+
+@pytest.fixture(scope="module")
+def run(world):
+    """An evaluation from the command line at the default verbosity, and what it printed."""
+    out = world["root"] / "run"
+    argv = ["evaluate", "--checkpoint", str(world["root"] / "m.pt"), "--sets", str(world["sets"] / "perlin_mixed.h5"),
+            str(world["root"] / "ra21_val.h5"), str(world["sets"] / "cs.h5"), "--methods", *METHODS,
+            "--resamples", "0", "--out", str(out)]
+    return out, argv
+
+
+def table(printed, set_name):
+    """{method: {column label: value or None}} of the compact table of ``set_name``, rows in printed order."""
+    lines = printed.splitlines()
+    start = next(k for k, line in enumerate(lines) if line.startswith(f"{set_name} ("))
+    header = lines[start + 1].split()[1:]
+    labels = [h for h in header if h not in "↑↓"]
+    rows = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("  "):
+            break
+        name, *cells = line.split()
+        rows[name] = {label: None if c == "–" else float(c.rstrip("*")) for label, c in zip(labels, cells)}
+    return lines[start], labels, rows
+
+
+def test_evaluate_prints_one_compact_table_per_set_and_the_report_path(run, capsys):
+    out, argv = run
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    doc = json.loads((out / "results.json").read_text())
+    title, labels, rows = table(printed, "perlin_mixed")  # noise: the paper's protocol, AUROC first
+    assert "AUROC first" in title and labels == ["AUROC", "AUPRC", "FPR95", "MaxIoU"]
+    assert list(rows) == sorted(METHODS, key=lambda m: -doc["results"][m]["perlin_mixed"]["pooled"]["auroc"])
+    title, labels, rows = table(printed, "ra21_val")  # SegmentMeIfYouCan: AUPRC, then FPR95
+    assert "SegmentMeIfYouCan: AUPRC, FPR95 first" in title and labels[:2] == ["AUPRC", "FPR95"]
+    for m in METHODS:
+        pooled = doc["results"][m]["ra21_val"]["pooled"]
+        assert rows[m] == {"AUPRC": pytest.approx(pooled["auprc"], abs=5e-5),
+                           "FPR95": pytest.approx(pooled["fpr95"], abs=5e-5),
+                           "AUROC": pytest.approx(pooled["auroc"], abs=5e-5),
+                           "MaxIoU": pytest.approx(pooled["max_iou"], abs=5e-5)}
+    assert "cs: no OOD pixels, so no OOD metric is defined" in printed
+    # nothing else: the tables, then one line with the full report's path
+    assert "##" not in printed and "|" not in printed
+    assert printed.rstrip().splitlines()[-1] == (f"wrote {out}/: results.md (the full report), results.json, "
+                                                 "results.csv, results.tex, figures/")
+    assert len([line for line in printed.splitlines() if line]) == 2 * (2 + len(METHODS)) + 1 + 1
+
+
+def test_quiet_prints_nothing_and_verbose_the_whole_report(run, capsys):
+    out, argv = run
+    assert main([*argv, "--resume", "-q"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "" and "evaluate perlin_mixed" not in captured.err  # no progress bars either
+    assert main([*argv, "--resume", "-v"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith((out / "results.md").read_text()) and "## AUROC ↑ (pooled over all pixels)" in printed
+    assert main(["report", str(out), "--resamples", "0"]) == 0  # report and score print alike
+    printed = capsys.readouterr().out
+    assert "ra21_val (SegmentMeIfYouCan" in printed and "##" not in printed
+    assert main(["report", str(out), "--resamples", "0", "-q"]) == 0 and capsys.readouterr().out == ""
+
+
+def test_metrics_reads_a_run_state(run, capsys):
+    out, argv = run
+    if not (out / "state.npz").exists():
+        assert main([*argv, "-q"]) == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert main(["metrics", str(out / "state.npz")]) == 0
+    printed = capsys.readouterr().out
+    for set_name in ("perlin_mixed", "ra21_val"):
+        _, labels, rows = table(printed, set_name)
+        assert set(rows) == set(METHODS)
+        for m in METHODS:
+            pooled = doc["results"][m][set_name]["pooled"]
+            assert rows[m]["AUROC"] == pytest.approx(pooled["auroc"], abs=5e-5)
+            assert rows[m]["FPR95"] == pytest.approx(pooled["fpr95"], abs=5e-5)
+    assert "SegmentMeIfYouCan" in printed  # the sets' sources from run.json beside the state
+    assert main(["metrics", str(out / "state.npz"), "--curves", str(out / "c.csv")]) == 2
+    assert "is an evaluation state" in capsys.readouterr().err
+
+
+def test_headline_metrics_follow_the_benchmark_of_the_sets_source():
+    metrics = ["auroc", "auprc", "fpr95", "max_iou"]
+    assert headline_metrics(["smiyc_roadobstacle21"], metrics) == ["auprc", "fpr95", "auroc", "max_iou"]
+    assert headline_metrics(["fishyscapes_static"], metrics) == ["auprc", "fpr95", "auroc", "max_iou"]
+    assert headline_metrics(["sun2012"], metrics) == metrics and headline_metrics(None, metrics) == metrics
+    assert benchmark_of(["lostandfound"]).label == "SegmentMeIfYouCan"
+    assert benchmark_of(["fishyscapes_laf"]).label == "Fishyscapes"
+    assert benchmark_of(["perlin_noise"]).label == "the paper's protocol"
+
+
+@pytest.mark.parametrize("manifest, layout, name", [
+    ({"source": "smiyc_roadanomaly21", "split": "validation"}, "smiyc", "AnomalyTrack-validation"),
+    ({"source": "smiyc_roadobstacle21", "split": "night"}, "smiyc", "ObstacleTrack-night"),
+    ({"source": "lostandfound", "split": "testNoKnown"}, "smiyc", "LostAndFound-testNoKnown"),
+    ({"source": "fishyscapes_laf", "split": "val"}, "smiyc", "FishyLAFAnomaly-val"),
+    ({"source": "fishyscapes_laf", "split": "val"}, "fishyscapes", "LostAndFound"),
+    ({"source": "fishyscapes_static", "split": "val"}, "fishyscapes", "Static"),
+    ({"source": "smiyc_roadanomaly21", "split": "validation"}, "fishyscapes", None),
+    ({"source": "mix", "split": "eval"}, "smiyc", None),
+])
+def test_split_names(manifest, layout, name):
+    assert split_name(manifest, layout) == name
+
+
+def test_export_folders_carry_the_benchmarks_names_and_every_write_is_said(world, tmp_path, capsys):
+    checkpoint, ra21 = str(world["root"] / "m.pt"), str(world["root"] / "ra21_val.h5")
+    perlin = str(world["sets"] / "perlin_mixed.h5")
+    assert main(["export", "--checkpoint", checkpoint, "--sets", ra21, perlin, "--methods", "entropy",
+                 "--layout", "smiyc", "--out", str(tmp_path / "ex"), "--quiet"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    folder = tmp_path / "ex" / "anomaly_p" / "entropy" / "AnomalyTrack-validation"
+    assert sorted(p.name for p in folder.iterdir()) == ["validation0000.hdf5", "validation0001.hdf5"]
+    assert (tmp_path / "ex" / "anomaly_p" / "entropy" / "perlin_mixed").is_dir()  # not a benchmark's split
+    assert printed == [f"wrote {folder}: entropy scores of ra21_val",
+                       f"wrote {tmp_path / 'ex' / 'anomaly_p' / 'entropy' / 'perlin_mixed'}: entropy scores of "
+                       "perlin_mixed"]
+    assert main(["score", "--scores", str(folder), "--data", ra21, "--out", str(tmp_path / "scored"),
+                 "--name", "entropy"]) == 0
+    assert "ra21_val (SegmentMeIfYouCan: AUPRC, FPR95 first" in capsys.readouterr().out
+
+    bench = tmp_path / "b" / "bench.json"
+    assert main(["benchmark", "--track", "t", "--sets", perlin, "--private", "perlin_mixed", "--out", str(bench)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"wrote {bench}: track t, 1 set, ranked by auroc",
+        f"wrote {bench.parent / 'perlin_mixed.public.h5'}: the public copy of perlin_mixed (images, no masks)"]
+    assert bench.exists() and (bench.parent / "perlin_mixed.public.h5").exists()
+
+    from segood.metrics import PixelOODAccumulator
+
+    PixelOODAccumulator(10).update(np.array([0.1, 0.9, 0.4]), np.array([0, 1, 1], np.uint8)).save(tmp_path / "a.npz")
+    assert main(["metrics", str(tmp_path / "a.npz"), "--curves", str(tmp_path / "c.csv")]) == 0
+    assert re.search(rf"wrote {re.escape(str(tmp_path / 'c.csv'))}: the counts at each of \d+ thresholds",
+                     capsys.readouterr().out)
+
+
+# example panels: every method's heat map on its own scale
+
+def test_heat_limits_are_each_methods_own_percentiles():
+    from segood.evaluation.report import heat_limits
+
+    rng = np.random.default_rng(0)
+    small = [rng.uniform(0, 0.002, (8, 8)) for _ in range(3)]  # VarSum-like: far below 1
+    assert heat_limits(small) == pytest.approx(tuple(np.percentile(np.concatenate([m.ravel() for m in small]),
+                                                                   [1, 99])))
+    assert heat_limits(small)[1] < 0.002
+    logits = [rng.normal(-5, 3, (8, 8)), np.array([[np.inf, np.nan]])]  # unbounded, non-finite values left out
+    assert heat_limits(logits) == pytest.approx(tuple(np.percentile(logits[0], [1, 99])))
+    assert heat_limits([np.full((4, 4), 0.3)]) == pytest.approx((-0.2, 0.8))  # constant: a unit-wide range
+    assert heat_limits([np.array([np.nan])]) == (0.0, 1.0)
+    assert heat_limits(small, (5, 95)) == pytest.approx(tuple(np.percentile(np.concatenate(small), [5, 95])))
+
+
+def test_example_panels_draw_each_method_on_its_own_scale_and_say_so(run, tmp_path, monkeypatch):
+    import matplotlib.axes
+    import matplotlib.figure
+
+    from segood.evaluation import Evaluation, report
+    from segood.evaluation.report import heat_limits, write_figures
+
+    out, argv = run
+    if not (out / "state.npz").exists():
+        assert main([*argv, "-q"]) == 0
+    doc = json.loads((out / "results.json").read_text())
+    ev = Evaluation.load(out / "state.npz")
+    drawn, captions, saved = [], [], {}
+    imshow, text, save = matplotlib.axes.Axes.imshow, matplotlib.figure.Figure.text, report._save
+    monkeypatch.setattr(matplotlib.axes.Axes, "imshow", lambda ax, panel, **kw: (
+        drawn.append((ax.figure, panel, kw.get("vmin"), kw.get("vmax"))), imshow(ax, panel, **kw))[1])
+    monkeypatch.setattr(matplotlib.figure.Figure, "text", lambda fig, x, y, s, **kw: (
+        captions.append((fig, s)), text(fig, x, y, s, **kw))[1])
+    monkeypatch.setattr(report, "_save", lambda fig, path, **kw: (saved.update({id(fig): path.name}),
+                                                                  save(fig, path, **kw))[1])
+    write_figures(tmp_path / "figures", doc, ev)
+    assert (tmp_path / "figures" / "examples_ra21_val.png").stat().st_size > 5000
+    for s in ("perlin_mixed", "ra21_val"):
+        keys = sorted(k for k in ev.examples if k[0] == s)
+        panels = [(panel, vmin, vmax) for fig, panel, vmin, vmax in drawn if saved[id(fig)] == f"examples_{s}.png"]
+        for m in METHODS:
+            maps = [ev.examples[k][f"score_{m}"] for k in keys]
+            limits = heat_limits(maps)
+            low, high = np.percentile(np.concatenate([x.ravel() for x in maps]), [1, 99])
+            assert limits == pytest.approx((low, high))
+            shown = [(vmin, vmax) for panel, vmin, vmax in panels
+                     if any(np.array_equal(panel, x.astype(np.float32)) for x in maps)]
+            assert len(shown) == len(keys) and all(v == pytest.approx(limits) for v in shown), (s, m)
+        assert [c for fig, c in captions if saved[id(fig)] == f"examples_{s}.png"] == [
+            "Heat maps: each method's scale spans the 1st to 99th percentile of its own scores on these frames "
+            "(dark: most in-distribution, bright: most OOD)."]
+
+
+def test_a_per_image_protocol_is_summarised_by_its_per_image_means():
+    from segood.evaluation.report import summary_text
+
+    def cell(pooled, per_image):
+        return {"pooled": {"auroc": pooled, "auprc": 0.5, "fpr95": 0.5, "max_iou": 0.5}, "n_ood": 10,
+                "per_image_mean": {"auroc": per_image, "auprc": 0.4, "fpr95": 0.6, "max_iou": None}}
+
+    doc = {"results": {"a": {"sh": cell(0.9, 0.6)}, "b": {"sh": cell(0.8, 0.7)}},
+           "sets": {"sh": {"ood_sources": ["streethazards"], "frames": 2,
+                           "per_image_headline": "per-image mean, StreetHazards' protocol"}}}
+    title, labels, rows = table(summary_text(doc), "sh")
+    assert title == "sh (the paper's protocol: AUROC first; 2 images; per-image mean, StreetHazards' protocol, " \
+                    "* the best)"
+    assert list(rows) == ["b", "a"] and rows["b"]["AUROC"] == 0.7 and rows["a"]["MaxIoU"] is None
+    del doc["sets"]["sh"]["per_image_headline"]
+    title, labels, rows = table(summary_text(doc), "sh")
+    assert "pooled, * the best" in title and list(rows) == ["a", "b"] and rows["a"]["AUROC"] == 0.9
