@@ -65,6 +65,9 @@ def main():
     parser.add_argument("--workers", type=int, default=None, help="reader processes (default: evaluate's default)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--methods", nargs="+", default=["max_logit"])
+    parser.add_argument("--profile", action="store_true", help="then profile one evaluate run: where the main "
+                        "process spends its time, by function")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/segood-bench-pipeline"))
     args = parser.parse_args()
     shutil.rmtree(args.workdir, ignore_errors=True)
@@ -74,7 +77,7 @@ def main():
     workers = default_workers() if args.workers is None else args.workers
     device = torch.device(args.device)
     model = as_network(NullNetwork(size)).to(device).eval()
-    method = get_method("max_logit")
+    methods = [get_method(name) for name in args.methods]
     dataset = H5SegmentationDataset(path)
     plan = [("scenes", list(range(k, min(k + args.batch_size, args.frames)))) for k in range(0, args.frames,
                                                                                             args.batch_size)]
@@ -86,16 +89,16 @@ def main():
     batches = [batch for runs, _ in batch_reader({"scenes": dataset}, plan, workers=0) for batch in runs]
 
     def score_and_accumulate():
-        ev = Evaluation([method.name], ["scenes"])
+        ev = Evaluation(args.methods, ["scenes"])
         for batch, kept in batches:
-            scored = score_frames(model, batch["image"].to(device, non_blocking=True), [method])
-            ev.update_pixels("scenes", kept, batch, scored, [method.name])
+            scored = score_frames(model, batch["image"].to(device, non_blocking=True), methods)
+            ev.update_pixels("scenes", kept, batch, scored, args.methods)
         ev.all_reduce()
         if device.type == "cuda":
             torch.cuda.synchronize()
 
     def run():
-        evaluate(model, {"scenes": path}, [method], args.workdir / "run", batch_size=args.batch_size, device=device,
+        evaluate(model, {"scenes": path}, methods, args.workdir / "run", batch_size=args.batch_size, device=device,
                  progress=False, figures=False, bootstrap=None, workers=workers)
         shutil.rmtree(args.workdir / "run")
 
@@ -104,13 +107,20 @@ def main():
     stages = {"reading": best(args.repeat, read), "scoring + accumulating": best(args.repeat, score_and_accumulate),
               "evaluate": best(args.repeat, run)}
     where = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"{args.frames} frames of {args.height}x{args.width}, batch {args.batch_size}, null network, max logit, "
+    print(f"{args.frames} frames of {args.height}x{args.width}, batch {args.batch_size}, null network, {', '.join(args.methods)}, "
           f"{workers} reader workers, {where}\n")
     print("| stage | ms/frame |\n|---|---:|")
     for stage, seconds in stages.items():
         print(f"| {stage} | {1000 * seconds / args.frames:.1f} |")
     slowest = max(stages["reading"], stages["scoring + accumulating"])
     print(f"\nevaluate runs at {slowest / stages['evaluate']:.0%} of the slowest stage's pace")
+    if args.profile:
+        import cProfile
+        import pstats
+
+        profile = cProfile.Profile()
+        profile.runcall(run)
+        pstats.Stats(profile).sort_stats("tottime").print_stats(20)
 
 
 if __name__ == "__main__":

@@ -58,7 +58,10 @@ def main():
     parser.add_argument("--out", type=Path, default=Path("gpu_check.json"))
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes: a test of this script")
+    parser.add_argument("--only", nargs="+", choices=[*CHECKS, *MEASURES], metavar="PART",
+                        help=f"run only these parts (checks: {', '.join(CHECKS)}; measurements: {', '.join(MEASURES)})")
     args = parser.parse_args()
+    wanted = set(args.only or [*CHECKS, *MEASURES])
     scale = DRY if args.dry_run else FULL
     device = torch.device("cpu" if args.dry_run else args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -73,18 +76,14 @@ def main():
         args.out.write_text(json.dumps(report, indent=2, default=lambda v: v.item()) + "\n")  # numpy scalars
 
     try:
-        for name, check in (("accumulator_counts", check_accumulators), ("methods_device_vs_cpu", check_methods),
-                            ("amp_training", check_amp_training), ("distributed_evaluate", check_distributed)):
+        for name, check in ((n, c) for n, c in CHECKS.items() if n in wanted):
             try:
                 report["checks"][name] = {"passed": True, **(check(device, scale, work) or {})}
             except Exception as err:  # noqa: BLE001 - a failed check is reported, and the rest still run
                 report["checks"][name] = {"passed": False, "why": f"{type(err).__name__}: {err}"}
             print(f"check {name}: {'passed' if report['checks'][name]['passed'] else 'FAILED'}", flush=True)
             save()
-        for name, measure in (("forward_ms", time_forwards), ("methods", time_methods),
-                              ("accumulators", time_accumulators), ("evaluate", time_evaluate),
-                              ("pipeline", time_pipeline), ("robustness", time_robustness),
-                              ("amp_effect", amp_effect)):
+        for name, measure in ((n, m) for n, m in MEASURES.items() if n in wanted):
             try:
                 report["throughput"][name] = measure(device, scale, work)
             except Exception as err:  # noqa: BLE001 - reported; the other measurements still run
@@ -97,6 +96,10 @@ def main():
     if failed:
         print(f"wrote {args.out}; measurements that failed: {failed}")
         return 1
+    if args.only:
+        print(json.dumps(report["throughput"], indent=1, default=lambda v: v.item()))
+        print(f"wrote {args.out} ({report['seconds']} s; parts {', '.join(args.only)})")
+        return 0 if all(c["passed"] for c in report["checks"].values()) else 1
     methods, acc = report["throughput"]["methods"], report["throughput"]["accumulators"]
     pipeline = report["throughput"]["pipeline"]
     report["targets"] = {
@@ -518,6 +521,13 @@ def amp_effect(device, scale, work):
     return {"half": half, "rows": rows,
             "largest_difference": max(abs(r["difference"]) for r in rows if r["difference"] == r["difference"]),
             "significant": sum(r["significant"] for r in rows)}
+
+
+CHECKS = {"accumulator_counts": check_accumulators, "methods_device_vs_cpu": check_methods,
+          "amp_training": check_amp_training, "distributed_evaluate": check_distributed}
+MEASURES = {"forward_ms": time_forwards, "methods": time_methods, "accumulators": time_accumulators,
+            "evaluate": time_evaluate, "pipeline": time_pipeline, "robustness": time_robustness,
+            "amp_effect": amp_effect}
 
 
 def table(report):

@@ -12,8 +12,14 @@ import torch
 
 
 def class_counts(semantic, num_classes):
-    """(num_classes,) int64 array: pixels of each class in ``semantic`` (a uint8 tensor on the CPU, any shape)."""
-    return np.bincount(semantic.numpy().reshape(-1), minlength=256)[:num_classes]
+    """(num_classes,) int64 counts of each class's pixels in ``semantic`` (a uint8 tensor of any shape), where it
+    is: a numpy array on the CPU, a tensor on a device."""
+    if semantic.device.type == "cpu":
+        return np.bincount(semantic.numpy().reshape(-1), minlength=256)[:num_classes]
+    index = _class_index(semantic, num_classes)
+    ones = torch.ones(1, dtype=torch.int64, device=semantic.device).expand(index.numel())
+    return torch.zeros(num_classes + 1, dtype=torch.int64, device=semantic.device).index_add_(0, index, ones)[
+        :num_classes]
 
 
 def class_sums(semantic, scores, num_classes):
@@ -24,9 +30,14 @@ def class_sums(semantic, scores, num_classes):
         if values.dtype not in (np.float32, np.float64):
             values = values.astype(np.float64)  # exact for every float16 and integer score
         return torch.from_numpy(_sums(semantic.numpy().reshape(-1), values, num_classes))
-    index = torch.where(semantic < num_classes, semantic, num_classes).long().flatten()
     weights = scores.flatten().to(torch.float64, copy=True).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
-    return torch.bincount(index, weights=weights, minlength=num_classes + 1)[:num_classes]
+    return torch.zeros(num_classes + 1, dtype=torch.float64, device=scores.device).index_add_(
+        0, _class_index(semantic, num_classes), weights)[:num_classes]  # (bincount would wait for its maximum)
+
+
+def _class_index(semantic, num_classes):
+    """Each pixel's class as an int64 index, pixels of no class in the extra bin ``num_classes``."""
+    return torch.where(semantic < num_classes, semantic, num_classes).long().flatten()
 
 
 @numba.njit(cache=True, nogil=True)

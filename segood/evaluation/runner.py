@@ -84,7 +84,7 @@ class Evaluation:
                     for s in set_names}
         self.class_sum = {(m, s): np.zeros(NUM_CLASSES) for m in method_names for s in set_names}
         self.class_count = {s: np.zeros(NUM_CLASSES, np.int64) for s in set_names}
-        self.pending_sums = {}  # {(method, set): per-class score sums still on the device}
+        self.pending_sums = {}  # per-class counts and score sums still on the device (see _add_sums)
         self.examples = {}
         self.seconds = {"data": 0.0, "forward": 0.0, "accumulate": 0.0, **{f"score/{m}": 0.0 for m in method_names}}
         self.images = {s: 0 for s in set_names}
@@ -171,19 +171,14 @@ class Evaluation:
             self.calibration[set_name].update(torch.softmax(logits.float(), dim=1), semantic.to(logits.device))
         device = next(iter(scores.values())).device if scores else semantic.device
         labels, semantic_there = (x.to(device, non_blocking=True) for x in (ood_mask, semantic))  # (from pinned)
-        self.class_count[set_name] += class_counts(semantic, NUM_CLASSES)
+        self._add_sums(self.class_count, set_name, class_counts(semantic_there, NUM_CLASSES))
         for name, score in scores.items():
             self.acc[(name, set_name)].update(score, labels, clip=clip)
             if self.official:
                 self.official_acc[(name, set_name)].update(score, ood_mask)
             if (name, set_name) in self.comp and not chosen_by_run(self.components):  # else: the components pass
                 self.update_components(name, set_name, score, ood_mask)
-            sums = class_sums(semantic_there, score, NUM_CLASSES)
-            if sums.device.type == "cpu":
-                self.class_sum[(name, set_name)] += sums.numpy()
-            else:  # kept on the device until the state is read (settle)
-                pending = self.pending_sums.get((name, set_name))
-                self.pending_sums[(name, set_name)] = sums if pending is None else pending + sums
+            self._add_sums(self.class_sum, (name, set_name), class_sums(semantic_there, score, NUM_CLASSES))
         for k, index in enumerate(indices):
             if index < self.example_count:
                 predicted = np.full(semantic.shape[1:], 255, np.uint8) if logits is None and classes is None else \
@@ -196,10 +191,19 @@ class Evaluation:
                     **{f"score_{n}": s[k].float().cpu().numpy() for n, s in scores.items()}}.items()}
         self.images[set_name] += len(indices)
 
+    def _add_sums(self, store, key, sums):
+        """Add per-class ``sums`` (numpy, or a tensor) to ``store[key]``; a device tensor waits on the device until
+        :meth:`settle` (no wait for the device per frame)."""
+        if isinstance(sums, torch.Tensor) and sums.device.type != "cpu":
+            pending = self.pending_sums.get((id(store), key))
+            self.pending_sums[(id(store), key)] = (store, key, sums if pending is None else pending[2] + sums)
+        else:
+            store[key] += np.asarray(sums)
+
     def settle(self):
-        """Bring the per-class sums still on the device into the state (after every update, before reading it)."""
-        for key, sums in self.pending_sums.items():
-            self.class_sum[key] += sums.cpu().numpy()
+        """Bring the per-class counts and sums still on the device into the state (before reading it)."""
+        for store, key, sums in self.pending_sums.values():
+            store[key] += sums.cpu().numpy()
         self.pending_sums = {}
         return self
 
@@ -554,7 +558,8 @@ class _Saver:
 
     def save(self, ev, *, wait=False):
         self.wait()
-        arrays = {key: np.array(value, copy=True) for key, value in ev.arrays().items()}  # as they are now
+        arrays = {key: value if key.startswith("ex|") else np.array(value, copy=True)  # as they are now (example
+                  for key, value in ev.arrays().items()}  # frames are never changed once taken: not copied)
         self.thread = threading.Thread(target=self._write, args=(arrays,), name="segood-save", daemon=True)
         self.thread.start()
         if wait:

@@ -60,7 +60,7 @@ def _pixels(scores, labels, base, offsets, inside, M: tl.constexpr, WIDE: tl.con
     return binade, low, label, counted, nan
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])  # the batch size changes at a set's end: one build, not one per value
 def presence(scores, labels, flags, problems, N, P, M: tl.constexpr, WIDE: tl.constexpr, BF16: tl.constexpr,
              BLOCK: tl.constexpr):
     """flags[image, binade] = 1 for each binade that holds a counted pixel; problems += the block's."""
@@ -90,7 +90,7 @@ def presence(scores, labels, flags, problems, N, P, M: tl.constexpr, WIDE: tl.co
     tl.store(row + binade, 1, mask=counted & ~in_low & ~in_high)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N", "SLOTS"])  # SLOTS, the binades in use, changes from batch to batch
 def count(scores, labels, slot_of, table, N, P, SLOTS, M: tl.constexpr, WIDE: tl.constexpr, BF16: tl.constexpr,
           BLOCK: tl.constexpr):
     """table[image, slot_of[binade], label, low] += 1 for every counted pixel."""
