@@ -86,7 +86,7 @@ def test_evaluation_with_workers_gives_the_counts_of_reading_in_the_main_process
 
 
 def test_workers_must_be_a_count():
-    assert 0 <= default_workers() <= 8
+    assert 0 <= default_workers() <= 16
     assert EvaluateOptions(workers=0).workers == 0
     for bad in (-1, 1.5, "2", True):
         with pytest.raises(ValueError, match="workers must be a non-negative integer"):
