@@ -151,3 +151,20 @@ def test_class_sums_equal_a_float64_bincount_bit_for_bit(dtype):
     got = class_sums(semantic, scores, 19)
     assert got.dtype == torch.float64 and torch.equal(got, want)
     np.testing.assert_array_equal(class_counts(semantic, 19), torch.bincount(index, minlength=20)[:19].numpy())
+
+
+def test_the_weights_digest_is_made_again_only_when_a_weight_changes():
+    from segood.evaluation.api import _weights_sha256
+
+    model = tiny_network()
+    first = _weights_sha256(model)
+    assert _weights_sha256(model) == first
+    with torch.no_grad():
+        next(model.parameters()).mul_(2.0)  # in place: its version counter moves
+    changed = _weights_sha256(model)
+    assert changed != first
+    with torch.no_grad():
+        next(model.parameters()).mul_(0.5)  # exactly back
+    assert _weights_sha256(model) == first  # the same bytes, the same digest, recomputed
+    model.load_state_dict(tiny_network("plain").state_dict())
+    assert _weights_sha256(model) == first
