@@ -46,6 +46,8 @@ from segood.metrics.thresholds import RULES, commit
 from segood.version import __version__
 
 EXAMPLES_PER_SET = 3
+EXAMPLE_WIDTH = 1024  # example frames kept at most this wide (every k-th pixel): a figure panel is ~300 px wide,
+# and a 2048-wide frame with its score maps would make each save of the state ~4x larger
 
 
 def default_methods(model, *, fitted=True):
@@ -60,7 +62,7 @@ class Evaluation:
     """The mutable state of a run: accumulators, per-class sums, examples, timings, progress."""
 
     def __init__(self, method_names, set_names, grid=None, components=None, *, quality=False,
-                 examples=(EXAMPLES_PER_SET, None), official=None):
+                 examples=(EXAMPLES_PER_SET, EXAMPLE_WIDTH), official=None):
         """``quality``: also the network's segmentation quality per set (confusion matrix for mIoU, calibration
         of its softmax); ``examples``: (frames kept per set, their largest width or None) for the figures;
         ``official``: also a benchmark's own computation ("smiyc" or "fishyscapes", :mod:`segood.metrics.official`)
@@ -491,7 +493,7 @@ def _frame_counts(value, sets, key):
 
 
 def run(model, sets, methods, out_dir, options, *, rank=0, world_size=1, seed=0, quality=False,
-        examples=(EXAMPLES_PER_SET, None)):
+        examples=(EXAMPLES_PER_SET, EXAMPLE_WIDTH)):
     """Evaluate ``methods`` (method objects) of ``model`` on ``sets`` ({name: .h5 path, or a Dataset of segood
     items such as :class:`segood.robustness.CorruptedSet`}) with ``options`` (an
     :class:`~segood.evaluation.options.EvaluateOptions`: batch size, device, grid, resume, save_every, progress,
