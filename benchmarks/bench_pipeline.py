@@ -21,7 +21,8 @@ from segood.data.common import Sample
 from segood.data.h5 import H5SegmentationDataset, SetWriter
 from segood.data.synthetic import scene_batch
 from segood.evaluation import evaluate
-from segood.evaluation.runner import Evaluation, batch_reader, default_workers
+from segood.evaluation.reading import batch_reader, default_workers
+from segood.evaluation.runner import Evaluation
 from segood.methods import get_method
 from segood.methods.schedule import score_frames
 from segood.models.external import as_network
