@@ -7,15 +7,16 @@ scoring (max logit) and accumulating. A perfectly overlapped pipeline runs at th
 stages are timed alone on the same frames — reading (decode + sha256 verification, through the reader evaluate uses,
 with its workers) and scoring + accumulating in the main process (from frames already in memory) — and evaluate's
 throughput is reported as a share of the slowest stage's (no figures, no bootstrap; the state saved as evaluate
-saves it). Best of ``--repeat`` rounds each.
+saves it). Best of ``--repeat`` rounds each, after one warm-up.
 """
 
 import argparse
 import shutil
-import time
 from pathlib import Path
 
 import torch
+
+from torch_timing import best_ms
 
 from segood.data.common import Sample
 from segood.data.h5 import H5SegmentationDataset, SetWriter
@@ -46,15 +47,6 @@ def make_set(path, frames, size):
     for k in range(frames):
         writer.append(Sample(images[k], ood[k], semantic[k], f"scene/{k}"))
     writer.commit()
-
-
-def best(repeat, fn):
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main():
@@ -103,10 +95,8 @@ def main():
                  progress=False, figures=False, bootstrap=None, workers=workers)
         shutil.rmtree(args.workdir / "run")
 
-    score_and_accumulate()  # warm: the kernels compiled, the caches filled
-    run()
-    stages = {"reading": best(args.repeat, read), "scoring + accumulating": best(args.repeat, score_and_accumulate),
-              "evaluate": best(args.repeat, run)}
+    stages = {name: best_ms(fn, args.repeat, device) / 1000 for name, fn in (  # (each after one warm-up run)
+        ("reading", read), ("scoring + accumulating", score_and_accumulate), ("evaluate", run))}
     where = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"{args.frames} frames of {args.height}x{args.width}, batch {args.batch_size}, null network, {', '.join(args.methods)}, "
           f"{workers} reader workers, {where}\n")
