@@ -1,11 +1,12 @@
 """The evaluation run: every method on every set in one pass per set, resumable and shardable over ranks.
 
-Three steps per batch: reading (:func:`read_batch`), scoring (:func:`segood.methods.schedule.score_frames`:
+Three steps per batch: reading (:mod:`segood.evaluation.reading`: ahead of the network, in worker processes),
+scoring (:func:`segood.methods.schedule.score_frames`:
 one forward pass for every single-pass method, one set of Monte-Carlo samples for the dropout methods, own
 passes for perturbing methods; or a :class:`~segood.methods.scorer.Scorer`'s own call) and accumulation
 (:meth:`Evaluation.process`: an accumulator on the run's threshold grid per (method, set), per-class score sums
-for the paper's Figure 2, a few example frames). State is saved atomically every ``save_every`` batches, so a
-killed run resumes to exactly the counts of an uninterrupted one.
+for the paper's Figure 2, a few example frames). State is saved atomically every ``save_every`` batches (in a
+background thread), so a killed run resumes to exactly the counts of an uninterrupted one.
 
 Component metrics whose thresholds the run chooses itself (committed on a tuning set, or tuned on each test set)
 need the pixel counts first: after the pixel pass the thresholds are chosen (:func:`chosen_thresholds`) and a
