@@ -1,8 +1,11 @@
 """Submissions and the leaderboard: recompute, never believe; every bad file rejected with its reason."""
 
+import html.parser
 import io
 import json
 import pickle
+import shutil
+import subprocess
 import zipfile
 
 import numpy as np
@@ -235,3 +238,64 @@ def test_hostile_strings_forged_flags_and_malformed_files(world, tmp_path):
     run = subprocess.run([sys.executable, "-c", "import sys, segood.leaderboard; print('torch' in sys.modules)"],
                          capture_output=True, text=True, check=True)
     assert run.stdout.strip() == "False"  # judging never imports torch
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+class _Tables(html.parser.HTMLParser):
+    """The cells of each row of the page's sortable tables, as a browser rendered them."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows, self.inside, self.cell = [], False, None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.inside = ("class", "sortable") in attrs
+        elif self.inside and tag == "tr":
+            self.rows.append([])
+        elif self.inside and tag in ("td", "th"):
+            self.cell = ""
+
+    def handle_data(self, data):
+        if self.cell is not None:
+            self.cell += data
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self.cell is not None:
+            self.rows[-1].append(self.cell)
+            self.cell = None
+        elif tag == "table":
+            self.inside = False
+
+
+def rendered(page):
+    """The page's sortable table after Chromium loaded it and ran its scripts (--dump-dom)."""
+    done = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", page.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    tables = _Tables()
+    tables.feed(done.stdout)
+    return tables.rows
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no headless Chromium here (Debian: apt-get install chromium)")
+def test_the_board_page_renders_and_sorts_in_a_browser(world, tmp_path):
+    root, _ = world
+    board = leaderboard(root / "subs", root / "bench.json", tmp_path)
+    track = board["tracks"]["noise"]
+    header, *rows = rendered(tmp_path / "index.html")
+    assert header == ["rank", "method", "score", *track["sets"], "notes", "file (sha256)"]
+    assert [row[1] for row in rows] == [entry["name"] for entry in track["entries"]]  # in rank order
+    for row, entry in zip(rows, track["entries"]):
+        assert row[2].startswith(f"{entry['score']:.4f} [")  # the score with its bootstrap interval
+        assert row[-2].startswith("verified; " if entry.get("verified") else "self-reported; ")  # marked either way
+    page = (tmp_path / "index.html").read_text()
+    names = sorted(entry["name"] for entry in track["entries"])
+    for clicks, want in ((1, names), (2, names[::-1])):  # clicks on the "method" header, as a reader makes them
+        clicked = tmp_path / f"clicked{clicks}.html"
+        clicked.write_text(page.replace("</body>", "<script>" + "document.querySelectorAll('table.sortable th')[1]"
+                                        ".click();" * clicks + "</script></body>"))
+        _, *by_name = rendered(clicked)
+        assert [row[1] for row in by_name] == want
