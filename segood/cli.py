@@ -8,7 +8,7 @@ from segood.version import __version__
 
 
 def _demo(args):
-    from segood.demo import COMPONENT_PRESET, component_table, run_demo, summary_table
+    from segood.demo import COMPONENT_PRESET, component_table, oe_table, run_demo, summary_table
 
     doc = run_demo(args.out, args.data, seed=args.seed, quick=args.quick, retrain=args.retrain,
                    progress=not args.quiet)
@@ -18,7 +18,13 @@ def _demo(args):
     print(f"(lo–hi): {b['confidence']:.0%} image-level bootstrap intervals ({b['resamples']} resamples, seed {b['seed']}).")
     print(f"\nComponent-level metrics (SMIYC, {COMPONENT_PRESET} preset), thresholds committed on the tuning set:\n")
     print(component_table(doc), end="")
-    print(f"\n† tuned on the SUN tune split, the same source as the sun test set. Full report: {args.out}/results.md, "
+    record = doc["outlier_exposure"]["record"]
+    print(f"\nOutlier exposure: the plain network fine-tuned with {record['paper']} (λ "
+          f"{record['weight']}) on {', '.join(record['object_sources']).upper()} objects pasted onto the train frames, "
+          "beside its parent (paired bootstrap on the same resampled images):\n")
+    print(oe_table(doc), end="")
+    print(f"\n† tuned on the SUN tune split, the same source as the sun test set. ‡ OE objects of the same "
+          f"source as the test set's OOD objects (SUN): not unseen objects. Full report: {args.out}/results.md, "
           f"figures in {args.out}/figures/, one run per head in {args.out}/<head>/. {doc['demo_seconds']} s.")
     if "≈" in table:
         print("≈ exact mode may differ from these values by more than 0.01 (its bounds: \"bounds\" in results.json).")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from segood.cli import main
-from segood.data import Noise, convert, mix
+from segood.data import Noise, Sun, convert, mix
 from segood.data.h5 import object_sources, read_manifest
 from segood.data.paste import Paste
 from segood.data.synthetic import write_cityscapes_tree, write_sun_tree
@@ -129,7 +129,7 @@ def test_rba_oe_loss_with_the_authors_margins_by_hand():
 @pytest.fixture(scope="module")
 def oe_sets(tmp_path_factory):
     """A training set, pasted-object sets of SUN objects (train frames) and of generated objects (val frames), and
-    a noise test set mixed with val frames."""
+    noise and SUN-image test sets mixed with val frames."""
     root = tmp_path_factory.mktemp("oe")
     write_cityscapes_tree(root / "cs", 0, (("train", 8), ("val", 4)), SIZE)
     write_sun_tree(root / "sun", 2, count=6, small=0)
@@ -141,10 +141,12 @@ def oe_sets(tmp_path_factory):
             "paste_demo": convert(Paste(root / "cs", "val", "demo"), root / "paste_demo.h5", size=SIZE,
                                   progress=False),
             "val": convert(Cityscapes(root / "cs", "val"), root / "val.h5", size=SIZE, progress=False),
-            "perlin": convert(Noise("perlin", 2, size=SIZE), root / "perlin.h5", progress=False)}
+            "perlin": convert(Noise("perlin", 2, size=SIZE), root / "perlin.h5", progress=False),
+            "sun_images": convert(Sun(root / "sun", "all"), root / "sun_images.h5", size=SIZE, progress=False)}
     mix(root / "oe_sun.h5", root / "val.h5", root / "mixed_sun_objects.h5", progress=False)
     mix(root / "perlin.h5", root / "val.h5", root / "mixed_perlin.h5", progress=False)
-    paths = {name: root / f"{name}.h5" for name in (*sets, "mixed_sun_objects", "mixed_perlin")}
+    mix(root / "sun_images.h5", root / "val.h5", root / "mixed_sun_images.h5", progress=False)
+    paths = {name: root / f"{name}.h5" for name in (*sets, "mixed_sun_objects", "mixed_perlin", "mixed_sun_images")}
     parent = tiny_network()
     save_checkpoint(root / "parent.pt", parent)
     paths["parent"] = root / "parent.pt"
@@ -152,10 +154,11 @@ def oe_sets(tmp_path_factory):
 
 
 def test_object_sources_name_where_the_ood_pixels_come_from(oe_sets):
-    assert object_sources(read_manifest(oe_sets["oe_sun"])) == ["sun"]
+    assert object_sources(read_manifest(oe_sets["oe_sun"])) == ["sun2012"]
     assert object_sources(read_manifest(oe_sets["paste_demo"])) == ["generated objects"]
-    assert object_sources(read_manifest(oe_sets["mixed_sun_objects"])) == ["sun"]  # through the mix
+    assert object_sources(read_manifest(oe_sets["mixed_sun_objects"])) == ["sun2012"]  # through the mix
     assert object_sources(read_manifest(oe_sets["mixed_perlin"])) == ["perlin_noise"]
+    assert object_sources(read_manifest(oe_sets["mixed_sun_images"])) == ["sun2012"]  # SUN objects, SUN images
     assert object_sources(read_manifest(oe_sets["train"])) == []
 
 
@@ -177,7 +180,7 @@ def test_fine_tuning_resumes_to_the_same_weights_and_records_its_source(oe_sets,
     assert all(math.isfinite(row["loss"]) for row in a["log"])
     assert a["iteration"] == 2 * ((8 + 8) // 4)  # the train frames and the pasted frames, every epoch
     record = a["outlier_exposure"]
-    assert record["loss"] == loss and record["object_sources"] == ["sun"]
+    assert record["loss"] == loss and record["object_sources"] == ["sun2012"]
     assert record["set"]["manifest_sha256"] and record["parent"]["checkpoint"] == "parent.pt"
     parent = read_checkpoint(oe_sets["parent"])["model"]
     assert any(not torch.equal(parent[k], v) for k, v in a["model"].items())  # it did fine-tune the parent
@@ -187,12 +190,13 @@ def test_evaluation_flags_test_sets_of_the_oe_source(oe_sets, tmp_path):
     train(oe_config(oe_sets, tmp_path / "oe", epochs=1), progress=False)
     model, _ = load_model(tmp_path / "oe/final.pt")
     sets = {"sun_objects": oe_sets["mixed_sun_objects"], "generated": oe_sets["paste_demo"],
-            "perlin": oe_sets["mixed_perlin"]}
-    with pytest.warns(UserWarning, match="same source as the OOD objects of test set.*sun_objects"):
+            "perlin": oe_sets["mixed_perlin"], "sun_images": oe_sets["mixed_sun_images"]}
+    with pytest.warns(UserWarning, match="same source as the OOD objects of test set.*sun_objects, sun_images"):
         results = evaluate(model, sets, ["entropy"], tmp_path / "run", batch_size=4, progress=False, figures=False,
                            checkpoint=tmp_path / "oe/final.pt")
     flags = {s: r["same_source_oe"] for s, r in results["results"]["entropy"].items()}
-    assert flags == {"sun_objects": True, "generated": False, "perlin": False}
+    assert flags == {"sun_objects": True, "generated": False, "perlin": False, "sun_images": True}
+    assert results["methods"]["entropy"]["uses_ood_data"]  # the network has seen OOD data, whatever the method
     report = (tmp_path / "run/results.md").read_text()
     assert "‡ the network was fine-tuned with outlier exposure" in report and " ‡" in report.split("## ")[1]
     # the parent, never exposed, flags nothing and warns about nothing
@@ -201,6 +205,7 @@ def test_evaluation_flags_test_sets_of_the_oe_source(oe_sets, tmp_path):
         warnings.simplefilter("error")
         results = evaluate(parent, sets, ["entropy"], None, batch_size=4, progress=False, figures=False)
     assert not any(r["same_source_oe"] for r in results["results"]["entropy"].values())
+    assert not results["methods"]["entropy"]["uses_ood_data"]
 
 
 def test_command_line_fine_tunes_and_checks_its_options(oe_sets, tmp_path, capsys):

@@ -313,9 +313,11 @@ def set_identity(path):
 
 def object_sources(manifest):
     """Where the OOD pixels of a converted set come from, from its manifest: a pasted-object set names its objects'
-    source ("sun" for objects cut from SUN2012, "generated objects" for the demo's), a mix its OOD component's,
-    any other set its own source (none without OOD pixels). Outlier exposure on one source and a test set of the
-    same source are flagged (:func:`segood.models.train.same_source_sets`)."""
+    source ("sun2012" for objects cut from SUN2012, the source of segood's SUN sets; "generated objects" for the
+    demo's), a mix its OOD component's, any other set its own source (none without OOD pixels). Outlier exposure
+    on one source and a test set of the same source are flagged (:func:`segood.models.train.same_source_sets`)."""
+    from segood.data.sun import Sun
+
     if manifest["source"] == "mix":
         first = manifest["components"][0]  # mix() puts the OOD set first
         return list(first.get("object_sources", [first["source"]]))
@@ -323,7 +325,7 @@ def object_sources(manifest):
         return []
     if manifest["source"] == "paste":
         objects = (manifest.get("params") or {}).get("objects")
-        return ["generated objects" if objects == "demo" else "sun"]
+        return ["generated objects" if objects == "demo" else Sun.source]
     return [manifest["source"]]
 
 

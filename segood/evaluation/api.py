@@ -133,7 +133,8 @@ def prepare(model, sets, methods, options):
         "toolkit": run_identity(),
         "model": {**_model_identity(model, o.checkpoint), **_outlier_exposure(model, sets)},
         "sets": {name: {**set_identity(path), "frames": frames[name]} for name, path in sets.items()},
-        "methods": {m.name: m.describe() for m in methods},
+        # a network fine-tuned with outlier exposure has seen OOD data, whatever the method
+        "methods": {m.name: {**m.describe(), **({"uses_ood_data": True} if _exposed(model) else {})} for m in methods},
         "config": {"grid": o.grid, "batch_size": o.batch_size, **({"components": o.components} if o.components else {}),
                    **({"official": o.official} if o.official else {})},
     }
@@ -285,6 +286,10 @@ def _outlier_exposure(model, sets):
                       f"set(s) {', '.join(same)}: their results are flagged (same_source_oe); test on objects of "
                       "another source", stacklevel=4)
     return {"outlier_exposure": {**record, "same_source_sets": same}}
+
+
+def _exposed(model):
+    return isinstance(getattr(model, "outlier_exposure", None), dict)
 
 
 def _weights_sha256(model):

@@ -276,8 +276,8 @@ def results_markdown(doc):
     if any(r["same_source_tuning"] for by_set in doc["results"].values() for r in by_set.values()):
         lines.append("† tuned on data from the same OOD source as this test set (same_source_tuning).")
     if any(r.get("same_source_oe") for by_set in doc["results"].values() for r in by_set.values()):
-        lines.append("‡ the network was fine-tuned with outlier exposure on objects from the same source as this test "
-                     "set's OOD objects (same_source_oe): not a test on unseen objects.")
+        lines.append("‡ the network was fine-tuned with outlier exposure on objects from the same source as this "
+                     "test set's OOD objects (same_source_oe): not a test on unseen objects.")
     cells = [r for by_set in doc["results"].values() for r in by_set.values()]
     if any(too_coarse(metric, r) for r in cells for metric in METRICS):
         lines.append(f"≈ {describe_grid(grid_of_config(doc['config']))} cannot pin these values down to {COARSE}: exact mode lies within "

@@ -90,7 +90,7 @@ def energy_oe_loss(logits, target, ood_mask, *, weight=0.1, m_in=-25.0, m_out=-7
 
 
 def rba_oe_loss(scores, ood_mask, *, m_in=0.0, m_out=5.0):
-    """RbA's outlier supervision (Nayal, Yavuz, Yemez, Güney & Yemez, "RbA: Segmenting Unknown Regions Rejected by
+    """RbA's outlier supervision (Nayal, Yavuz, Henriques & Güney, "RbA: Segmenting Unknown Regions Rejected by
     All", ICCV 2023, eq. 6): squared hinges on the RbA score R = -Σ_k tanh(s_k).
 
     L = mean_ID[max(0, R - m_in)²] + mean_OOD[max(0, m_out - R)²], halved when the batch has OOD pixels (as in
