@@ -8,7 +8,7 @@ from segood.version import __version__
 
 
 def _demo(args):
-    from segood.demo import COMPONENT_PRESET, component_table, run_demo, summary_table
+    from segood.demo import COMPONENT_PRESET, component_table, oe_table, run_demo, summary_table
 
     doc = run_demo(args.out, args.data, seed=args.seed, quick=args.quick, retrain=args.retrain,
                    progress=not args.quiet)
@@ -18,7 +18,13 @@ def _demo(args):
     print(f"(lo–hi): {b['confidence']:.0%} image-level bootstrap intervals ({b['resamples']} resamples, seed {b['seed']}).")
     print(f"\nComponent-level metrics (SMIYC, {COMPONENT_PRESET} preset), thresholds committed on the tuning set:\n")
     print(component_table(doc), end="")
-    print(f"\n† tuned on the SUN tune split, the same source as the sun test set. Full report: {args.out}/results.md, "
+    record = doc["outlier_exposure"]["record"]
+    print(f"\nOutlier exposure: the plain network fine-tuned with {record['paper']} (λ "
+          f"{record['weight']}) on {', '.join(record['object_sources']).upper()} objects pasted onto the train frames, "
+          "beside its parent (paired bootstrap on the same resampled images):\n")
+    print(oe_table(doc), end="")
+    print(f"\n† tuned on the SUN tune split, the same source as the sun test set. ‡ OE objects of the same "
+          f"source as the test set's OOD objects (SUN): not unseen objects. Full report: {args.out}/results.md, "
           f"figures in {args.out}/figures/, one run per head in {args.out}/<head>/. {doc['demo_seconds']} s.")
     if "≈" in table:
         print("≈ exact mode may differ from these values by more than 0.01 (its bounds: \"bounds\" in results.json).")
@@ -122,12 +128,14 @@ def _convert(args):
 def _train(args):
     from dataclasses import fields
 
-    from segood.models.train import TrainConfig, train
+    from segood.models.train import TrainConfig, finetune_config, train
 
     names = {f.name for f in fields(TrainConfig)}
-    config = TrainConfig(**{k: v for k, v in vars(args).items() if k in names and v is not None})
+    given = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    config = finetune_config(**given) if args.init else TrainConfig(**given)
     log = train(config, resume=args.resume, progress=not args.quiet, stop_after=args.stop_after)
-    print(f"trained {config.arch}/{config.encoder}/{config.head}: {log[-1] if log else 'nothing to do'}; "
+    oe = f" with outlier exposure ({config.oe_loss}) on {config.outlier_exposure}" if config.outlier_exposure else ""
+    print(f"trained {config.arch}/{config.encoder}/{config.head}{oe}: {log[-1] if log else 'nothing to do'}; "
           f"checkpoints in {config.out_dir}")
     return 0
 
@@ -577,8 +585,9 @@ def build_parser(*, adapters=True):
     from pathlib import Path
 
     # Plain name tuples, not the registries: the registries' modules import torch, numba and albumentations.
-    from segood.names import (ARCHS, BLENDS, CORRUPTIONS, FAMILIES, HEADS, HEIGHT_RATIO, STANDARD_CORRUPTIONS,
-                              STANDARD_SIZES, THRESHOLD_RULES, adapter_help, method_names, metric_names)
+    from segood.names import (ARCHS, BLENDS, CORRUPTIONS, FAMILIES, HEADS, HEIGHT_RATIO, OE_LOSSES,
+                              STANDARD_CORRUPTIONS, STANDARD_SIZES, THRESHOLD_RULES, adapter_help, method_names,
+                              metric_names)
 
     method_choices, metric_choices = method_names(), metric_names()  # with what a plugin registered
 
@@ -645,6 +654,18 @@ def build_parser(*, adapters=True):
     train.add_argument("--crop", type=int, nargs=2, metavar=("H", "W"), help="training crop (default 512 1024)")
     train.add_argument("--scale", type=float, nargs=2, metavar=("MIN", "MAX"), help="random scale (default 0.5 2)")
     train.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
+    train.add_argument("--init", help="start from this checkpoint (its network settings; fine-tuning)")
+    train.add_argument("--outlier-exposure", metavar="SET",
+                       help="fine-tune --init with outlier exposure on the frames of SET (pasted OOD objects, segood "
+                            "convert paste) besides --train; test sets whose objects share SET's source are flagged")
+    train.add_argument("--oe-loss", choices=OE_LOSSES,
+                       help="entropy (Meta-OOD, the default), energy (Liu et al. 2020) or rba (Nayal et al. 2023)")
+    train.add_argument("--oe-weight", type=float,
+                       help="the OOD term's weight (default: the paper's, entropy λ 0.9, energy 0.1, rba 1)")
+    train.add_argument("--oe-margins", type=float, nargs=2, metavar=("M_IN", "M_OUT"),
+                       help="hinge margins of energy (default -25 -7) and rba (default 0 5)")
+    train.add_argument("--oe-reduction", choices=("sets", "pixels"),
+                       help="entropy: each term a mean over its pixels (sets, the paper) or over all (pixels)")
     train.add_argument("--resume", action="store_true", help="continue from OUT/last.pt")
     train.add_argument("--stop-after", type=int, help="stop after this many epochs (resume later with --resume)")
     train.add_argument("--quiet", action="store_true")

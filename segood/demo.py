@@ -6,16 +6,20 @@
 2. Convert them with the real converters and mix each OOD set with Cityscapes-format val frames (as the paper
    does; the pasted-object set already holds those frames); the tuning set is the SUN tune split mixed with
    Cityscapes-format train frames.
-3. Load the shipped checkpoints (one small PSPNet per head, ``checkpoints/demo_*.pt``) or, with ``retrain``,
-   train them with the project's own training code.
+3. Load the shipped checkpoints (one small PSPNet per head, ``checkpoints/demo_*.pt``, and the plain one
+   fine-tuned with outlier exposure, ``demo_plain_oe.pt``) or, with ``retrain``, train them with the project's
+   own training code. The OE objects are SUN objects pasted onto the train frames: another source than the
+   generated objects of the pasted test set (the sun test set shares their source and is flagged ‡).
 4. Tune ODIN's temperature on the tuning set only (ε = 0), fit Mahalanobis on the training split, evaluate all
-   seven methods on the five sets, and combine the four runs into one report.
+   seven methods on the five sets, and combine the four runs into one report; evaluate the OE network's entropy
+   beside its parent's, with a paired bootstrap per set (``doc["outlier_exposure"]``).
 """
 
 import json
 import shutil
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -26,12 +30,13 @@ from segood.data.paste import Paste
 from segood.data.synthetic import write_cityscapes_tree, write_idd_tree, write_sun_tree
 from segood.evaluation import Evaluation, combine_runs, evaluate
 from segood.evaluation.layout import RunFolder
+from segood.metrics.bootstrap import Bootstrap, compare
 from segood.metrics.components import best_f1_threshold
 from segood.io import write_json
 from segood.methods import ODIN_TEMPERATURES, get_method
 from segood.methods.tuning import tune
 from segood.models import HEADS, load_model, save_checkpoint
-from segood.models.train import TrainConfig, train
+from segood.models.train import TrainConfig, finetune_config, train
 
 # checkpoints/ sits beside the package in a checkout and in <prefix>/share/segood/checkpoints when installed.
 _CHECKPOINT_DIRS = (Path(__file__).resolve().parents[1] / "checkpoints", Path(sys.prefix) / "share/segood/checkpoints")
@@ -46,6 +51,13 @@ TRAIN = {"arch": "pspnet", "encoder": "mobilenet_v2", "epochs": 12, "batch_size"
 COMPONENT_PRESET = "obstacle"
 #: The pasted-object set: two generated OOD objects and one ID negative (a car or a person) per val frame, feathered
 PASTE = {"objects": "demo", "blend": "feather", "per_frame": 2, "negatives": 1}
+#: Outlier exposure: the plain network fine-tuned with Meta-OOD's entropy maximisation (λ 0.9, both terms over all
+#: pixels as in the authors' code) on the train frames and the same frames with SUN objects pasted (two OOD objects
+#: and one ID negative each, feathered), briefly.
+OE = {"epochs": 2, "batch_size": 8, "lr": 0.01, "scale": [0.75, 1.5], "oe_loss": "entropy", "oe_reduction": "pixels"}
+PASTE_OE = {"blend": "feather", "per_frame": 2, "negatives": 1}
+#: the score the OE table compares (Meta-OOD's) and its metrics
+OE_METHOD, OE_METRICS = "entropy", ("auroc", "auprc", "fpr95")
 METHODS_BY_HEAD = {"plain": ["max_softmax", "odin", "entropy", "max_logit", "energy", "sml"], "dimreduce": ["mahalanobis"],
                    "dropout": ["varsum", "mutual_info"], "confidence": ["confidence"]}
 
@@ -89,9 +101,11 @@ def prepare_data(data_dir, scale, seed=0, progress=True):
     return sets
 
 
-def demo_checkpoints(sets, *, retrain=False, directory=CHECKPOINTS, epochs=None, progress=True):
-    """{head: path} of the demo networks; trains (and stores as fp16) the missing ones or all with ``retrain``."""
-    paths = {}
+def demo_checkpoints(sets, *, retrain=False, directory=CHECKPOINTS, epochs=None, progress=True, raw=None):
+    """{head: path} of the demo networks and {"plain_oe": path} of the plain one fine-tuned with outlier exposure;
+    trains (and stores as fp16) the missing ones or all with ``retrain``. ``raw``: the raw trees (the OE set is
+    made from them when the OE network is trained)."""
+    paths, trained = {}, retrain
     for head in HEADS:
         path = Path(directory) / f"demo_{head}.pt"
         if retrain or not path.exists():
@@ -102,13 +116,44 @@ def demo_checkpoints(sets, *, retrain=False, directory=CHECKPOINTS, epochs=None,
             log = train(config, progress=progress)
             model, _ = load_model(work / "final.pt")
             save_checkpoint(path, model.half(), log=log, train_config={**config.__dict__, "train_set": "demo"})
-            for file in work.iterdir():
-                file.unlink()
-            work.rmdir()
+            _remove(work)
+            trained = True
         paths[head] = path
-    if retrain or not (Path(directory) / "frozen.json").exists():
+    paths["plain_oe"] = Path(directory) / "demo_plain_oe.pt"
+    if retrain or not paths["plain_oe"].exists():
+        if raw is None:
+            raise ValueError(f"{paths['plain_oe']} is missing: train it with the raw trees (run_demo does)")
+        train_oe_checkpoint(paths["plain_oe"], paths["plain"], sets, raw, epochs=epochs, progress=progress)
+        trained = True
+    if trained or not (Path(directory) / "frozen.json").exists():
         freeze_outputs(paths, Path(directory) / "frozen.json")
     return paths
+
+
+def train_oe_checkpoint(path, parent, sets, raw, *, epochs=None, progress=True):
+    """Fine-tune ``parent`` with entropy-maximisation outlier exposure (``OE``) on the train frames and the same
+    frames with SUN objects pasted (``PASTE_OE``, converted into ``sets``' folder), and store it as fp16 at
+    ``path`` with its training log and OE record."""
+    size = _size(sets["cityscapes_train"])
+    oe_set = Path(sets["cityscapes_train"]).with_name("paste_sun_train.h5")
+    convert(Paste(Path(raw) / "cityscapes", "train", Path(raw) / "sun2012", seed=0, **PASTE_OE), oe_set, size=size,
+            overwrite=True, progress=progress)
+    work = Path(path).parent / ".train_plain_oe"
+    config = finetune_config(parent, train_set=str(sets["cityscapes_train"]), val_set=str(sets["cityscapes_val"]),
+                             out_dir=str(work), outlier_exposure=str(oe_set), crop=list(size), seed=0,
+                             **{**OE, "epochs": epochs and max(1, epochs // 2) or OE["epochs"]})
+    log = train(config, progress=progress)
+    model, state = load_model(work / "final.pt")
+    save_checkpoint(path, model.half(), log=log, outlier_exposure=state["outlier_exposure"],
+                    train_config={**config.__dict__, "train_set": "demo", "val_set": "demo", "out_dir": "demo",
+                                  "init": Path(parent).name, "outlier_exposure": oe_set.name})
+    _remove(work)
+
+
+def _remove(folder):
+    for file in folder.iterdir():
+        file.unlink()
+    folder.rmdir()
 
 
 def freeze_outputs(paths, out):
@@ -116,14 +161,20 @@ def freeze_outputs(paths, out):
     checkpoints load and compute the same as when they were made)."""
     import hashlib
 
+    out = Path(out)
+    kept = json.loads(out.read_text()) if out.exists() else {}
     frozen = {}
     for head, path in paths.items():
+        sha256 = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        if kept.get(head, {}).get("sha256") == sha256:  # an unchanged file keeps its record
+            frozen[head] = kept[head]
+            continue
         model, _ = load_model(path)
         torch.manual_seed(0)
         x = torch.rand(1, 3, 64, 128) * 2 - 1
         with torch.no_grad():
             logits = model(x).logits
-        frozen[head] = {"sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest(),
+        frozen[head] = {"sha256": sha256,
                         "logits_mean": float(logits.mean()), "logits_at_31_63": logits[0, :, 31, 63].tolist()}
     write_json(out, frozen)
 
@@ -135,7 +186,7 @@ def run_demo(out_dir="runs/demo", data_dir="datasets/demo", *, seed=0, quick=Fal
     scale = QUICK if quick else FULL
     sets = prepare_data(data_dir, scale, seed, progress)
     checkpoints = demo_checkpoints(sets, retrain=retrain, directory=checkpoints_dir,
-                                   epochs=2 if quick else None, progress=progress)
+                                   epochs=2 if quick else None, progress=progress, raw=Path(data_dir) / "raw")
     evaluation_sets = {name: sets[f"mixed_{name}"] for name in ("sun", "idd", "perlin", "normal")}
     evaluation_sets["paste"] = sets["paste"]  # pasted onto the val frames: ID and OOD pixels in every frame
     tune_loader = frame_loader(H5SegmentationDataset(sets["mixed_tune"]), 8)
@@ -163,9 +214,69 @@ def run_demo(out_dir="runs/demo", data_dir="datasets/demo", *, seed=0, quick=Fal
                  components={"preset": COMPONENT_PRESET, "thresholds": thresholds, "source": "committed"})
         runs.append(run_dir)
     doc = combine_runs(runs, out_dir)
+    oe_dir = out_dir / "plain_oe"
+    shutil.rmtree(oe_dir, ignore_errors=True)
+    oe_model, _ = load_model(checkpoints["plain_oe"])
+    with warnings.catch_warnings():  # the same-source warning: the demo's table flags the sun rows (‡) itself
+        warnings.filterwarnings("ignore", message="the network was fine-tuned with outlier exposure")
+        oe_doc = evaluate(oe_model, evaluation_sets, [OE_METHOD], oe_dir, batch_size=8, progress=progress,
+                          figures=False, checkpoint=checkpoints["plain_oe"])
+    doc["outlier_exposure"] = oe_comparison(out_dir / "plain", oe_dir, doc, oe_doc, OE_METHOD)
     doc["demo_seconds"] = round(time.perf_counter() - started, 1)
     write_json(out_dir / "results.json", doc)
     return doc
+
+
+def oe_comparison(parent_dir, oe_dir, parent_doc, oe_doc, method, *, bootstrap=Bootstrap(), metrics=OE_METRICS):
+    """The OE network against its parent, per set and metric, for ``method``: both pooled values with their
+    intervals, P(OE better) and whether the difference is significant, from a paired bootstrap over the same
+    resampled images (:func:`segood.metrics.bootstrap.compare`, the report's own). Returns {"method", "record",
+    "rows": [...]} (``record``: the OE checkpoint's outlier-exposure record)."""
+    parent, oe = (Evaluation.load(RunFolder(d).state()) for d in (parent_dir, oe_dir))
+    rows = []
+    for set_name in oe.set_names:
+        before, after = parent_doc["results"][method][set_name], oe_doc["results"][method][set_name]
+        found = compare({"parent": parent.acc[(method, set_name)].images, "oe": oe.acc[(method, set_name)].images},
+                        bootstrap, metric_names=metrics, points={"parent": before["pooled"], "oe": after["pooled"]})
+        for metric in metrics:
+            rows.append({"set": set_name, "metric": metric, "parent": before["pooled"][metric],
+                         "oe": after["pooled"][metric], "parent_interval": found["intervals"]["parent"][metric],
+                         "oe_interval": found["intervals"]["oe"][metric],
+                         "p_oe_better": found["p_better"][metric]["oe"]["parent"],
+                         "significant": found["significant"][metric]["oe"]["parent"],
+                         "same_source_oe": bool(after["same_source_oe"])})
+    record = oe_doc["model"]["outlier_exposure"]
+    return {"method": method, "record": {k: record[k] for k in ("loss", "paper", "weight", "object_sources",
+                                                                "parent", "same_source_sets")}, "rows": rows}
+
+
+def oe_table(doc):
+    """The OE network beside its parent (``doc["outlier_exposure"]``): the table ``segood demo`` prints third."""
+    from segood.metrics import METRICS
+
+    oe = doc["outlier_exposure"]
+    lines = ["| score | set | metric | plain | plain + OE | P(OE better) | OE wins? |",
+             "|---|---|---|---:|---:|---:|---|"]
+    for r in oe["rows"]:
+        metric = METRICS[r["metric"]]
+        if r["parent"] is None or r["oe"] is None:
+            verdict = "–"
+        elif r["oe"] == r["parent"]:
+            verdict = "tie"
+        else:
+            wins = (r["oe"] > r["parent"]) == metric.higher_is_better
+            verdict = ("yes" if wins else "no") + (", significant" if r["significant"] else ", not significant")
+        cells = [("–" if v is None else f"{v:.3f}" + _bounds(i)) for v, i in ((r["parent"], r["parent_interval"]),
+                                                                           (r["oe"], r["oe_interval"]))]
+        p = "–" if r["p_oe_better"] is None else f"{r['p_oe_better']:.2f}"
+        lines.append(f"| {oe['method']} | {r['set']}{' ‡' if r['same_source_oe'] else ''} | "
+                     f"{metric.label} {metric.arrow()} | {cells[0]} | {cells[1]} | {p} | {verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def _bounds(interval):
+    lo, hi = interval or (None, None)
+    return "" if lo is None else f" ({lo:.2f}–{hi:.2f})"
 
 
 def summary_table(doc):

@@ -15,6 +15,8 @@ THRESHOLD_RULES = ("tpr95", "balanced_accuracy", "f1", "iou")
 #: segood.models.ARCHS and HEADS.
 ARCHS = ("pspnet", "deeplabv3plus")
 HEADS = ("plain", "dimreduce", "dropout", "confidence")
+#: segood.models.train.OE_LOSSES.
+OE_LOSSES = ("entropy", "energy", "rba")
 #: segood.robustness.FAMILIES and STANDARD_SIZES.
 FAMILIES = ("segood", "standard", "all")
 STANDARD_SIZES = ("fixed", "height")

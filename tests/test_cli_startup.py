@@ -65,12 +65,14 @@ def test_name_tuples_match_the_registries():
     from segood.metrics import METRICS
     from segood.metrics.thresholds import RULES
     from segood.models import ARCHS, HEADS, INFERENCE_MODES, list_model_types
+    from segood.models.train import OE_LOSSES
     from segood.robustness import FAMILIES, STANDARD_SIZES, corruption_names
 
     assert names.METHODS == tuple(METHODS)
     assert names.METRICS == tuple(METRICS)
     assert names.THRESHOLD_RULES == tuple(RULES)
     assert (names.ARCHS, names.HEADS) == (tuple(ARCHS), tuple(HEADS))
+    assert names.OE_LOSSES == tuple(OE_LOSSES)
     assert (names.FAMILIES, names.STANDARD_SIZES) == (tuple(FAMILIES), tuple(STANDARD_SIZES))
     assert names.CORRUPTIONS == corruption_names("segood")
     assert names.STANDARD_CORRUPTIONS == corruption_names("standard")

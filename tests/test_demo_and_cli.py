@@ -65,6 +65,10 @@ def test_reduced_demo_end_to_end_with_the_shipped_checkpoints(tmp_path, capsys):
             assert r["n_ood"] > 0 and r["n_id"] > 0
             assert r["components"]["threshold_source"] == "committed" and r["components"]["min_pred"] == 50
     assert doc["results"]["odin"]["sun"]["same_source_tuning"] and not doc["results"]["odin"]["idd"]["same_source_tuning"]
+    oe = doc["outlier_exposure"]  # the OE network beside its parent, SUN objects: the sun set flagged, paste not
+    assert oe["record"]["same_source_sets"] == ["sun"] and {r["set"] for r in oe["rows"]} == set(by_set)
+    assert all(0.0 <= r["p_oe_better"] <= 1.0 for r in oe["rows"] if r["p_oe_better"] is not None)
+    assert "| entropy | sun ‡ | AUROC ↑ |" in out and "| entropy | paste | AUROC ↑ |" in out
     assert (tmp_path / "run/figures/metrics.png").stat().st_size > 10_000
 
 

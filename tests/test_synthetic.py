@@ -62,14 +62,18 @@ def test_generated_trees_through_the_real_converters(tmp_path):
     assert rules.get("wall", "ambiguous") == "ambiguous" and "default" in rules.values() and "class" in rules.values()
 
 
-@pytest.mark.parametrize("head", ["plain", "dimreduce", "dropout", "confidence"])
+@pytest.mark.parametrize("head", ["plain", "dimreduce", "dropout", "confidence", "plain_oe"])
 def test_shipped_checkpoints_reproduce_their_frozen_output(head):
     frozen = json.loads((CHECKPOINTS / "frozen.json").read_text())[head]
     path = CHECKPOINTS / f"demo_{head}.pt"
     assert hashlib.sha256(path.read_bytes()).hexdigest() == frozen["sha256"]
     model, state = load_model(path)
     model = model.float()
-    assert state["config"]["head"] == head and state["config"]["num_classes"] == NUM_CLASSES
+    assert state["config"]["head"] == head.removesuffix("_oe") and state["config"]["num_classes"] == NUM_CLASSES
+    if head == "plain_oe":  # fine-tuned from the shipped plain network on SUN objects, never the test sets' own
+        record = state["outlier_exposure"]
+        assert record["parent"]["sha256"] == hashlib.sha256((CHECKPOINTS / "demo_plain.pt").read_bytes()).hexdigest()
+        assert record["object_sources"] == ["sun2012"] and record["loss"] == "entropy" and record["weight"] == 0.9
     torch.manual_seed(0)
     x = torch.rand(1, 3, 64, 128) * 2 - 1
     with torch.no_grad():

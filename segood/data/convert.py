@@ -8,7 +8,7 @@ import numpy as np
 from tqdm import tqdm
 
 from segood.data.common import Sample, SkipFrame, resize_sample
-from segood.data.h5 import H5SegmentationDataset, SetWriter, encode, read_manifest
+from segood.data.h5 import H5SegmentationDataset, SetWriter, encode, object_sources, read_manifest
 from segood.io import atomic_write_text
 
 
@@ -115,7 +115,8 @@ def mix(ood_path, id_path, out, *, seed=0, id_frames=None, overwrite=False, prog
         manifest = read_manifest(path)
         unlabelled += [f"{manifest['source']}/{f}" for f in manifest.get("unlabelled_frames", ())]
         sources.append({"file": str(path), "source": manifest["source"], "split": manifest["split"],
-                        "frames": manifest["frames"], "sha256": manifest["sha256"]})
+                        "frames": manifest["frames"], "sha256": manifest["sha256"],
+                        "object_sources": object_sources(manifest)})
     a, b = (H5SegmentationDataset(path) for path in (ood_path, id_path))  # frames verified as they are read
     n_id = len(b) if id_frames is None else min(int(id_frames), len(b))
     frames = [(0, i) for i in range(len(a))] + [(1, i) for i in range(n_id)]

@@ -311,6 +311,24 @@ def set_identity(path):
     return {"file": Path(path).name, "ood_sources": ood_sources, "manifest_sha256": digest, **headline}
 
 
+def object_sources(manifest):
+    """Where the OOD pixels of a converted set come from, from its manifest: a pasted-object set names its objects'
+    source ("sun2012" for objects cut from SUN2012, the source of segood's SUN sets; "generated objects" for the
+    demo's), a mix its OOD component's, any other set its own source (none without OOD pixels). Outlier exposure
+    on one source and a test set of the same source are flagged (:func:`segood.models.train.same_source_sets`)."""
+    from segood.data.sun import Sun
+
+    if manifest["source"] == "mix":
+        first = manifest["components"][0]  # mix() puts the OOD set first
+        return list(first.get("object_sources", [first["source"]]))
+    if not manifest["pixels"]["ood"]:
+        return []
+    if manifest["source"] == "paste":
+        objects = (manifest.get("params") or {}).get("objects")
+        return ["generated objects" if objects == "demo" else Sun.source]
+    return [manifest["source"]]
+
+
 class CorruptFrame(ValueError):
     """A frame of a set does not match its manifest, or holds values a set never holds."""
 

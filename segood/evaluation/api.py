@@ -132,9 +132,10 @@ def prepare(model, sets, methods, options):
             method.fit(model, frame_loader(H5SegmentationDataset(o.fit_set), o.batch_size), progress=o.progress)
     description = {
         "toolkit": run_identity(),
-        "model": _model_identity(model, o.checkpoint),
+        "model": {**_model_identity(model, o.checkpoint), **_outlier_exposure(model, sets)},
         "sets": {name: {**set_identity(path), "frames": frames[name]} for name, path in sets.items()},
-        "methods": {m.name: m.describe() for m in methods},
+        # a network fine-tuned with outlier exposure has seen OOD data, whatever the method
+        "methods": {m.name: {**m.describe(), **({"uses_ood_data": True} if _exposed(model) else {})} for m in methods},
         "config": {"grid": o.grid, "batch_size": o.batch_size, **({"components": o.components} if o.components else {}),
                    **({"official": o.official} if o.official else {})},
     }
@@ -269,6 +270,27 @@ def _model_identity(model, checkpoint):
             "served_heads": sorted(model.served_heads), "weights_sha256": weights,
             **({"align_corners": True} if model.align_corners else {}),  # (False, the default, as before it existed)
             **(model.describe() if hasattr(model, "describe") else {})}  # a library adapter: its inference mode
+
+
+def _outlier_exposure(model, sets):
+    """{"outlier_exposure": the checkpoint's OE record with ``same_source_sets``} for a network fine-tuned with
+    outlier exposure ({} for others), warning about test sets whose OOD objects share the OE objects' source."""
+    from segood.models.train import same_source_sets
+
+    record = getattr(model, "outlier_exposure", None)
+    if not isinstance(record, dict):
+        return {}
+    same = same_source_sets(record, sets)
+    if same:
+        warnings.warn(f"the network was fine-tuned with outlier exposure on objects from "
+                      f"{', '.join(record.get('object_sources') or [])}, the same source as the OOD objects of test "
+                      f"set(s) {', '.join(same)}: their results are flagged (same_source_oe); test on objects of "
+                      "another source", stacklevel=4)
+    return {"outlier_exposure": {**record, "same_source_sets": same}}
+
+
+def _exposed(model):
+    return isinstance(getattr(model, "outlier_exposure", None), dict)
 
 
 def _weights_sha256(model):

@@ -54,6 +54,7 @@ def build_results(run, ev, *, bootstrap=Bootstrap(), commit_on=None):
                 "n_id": n_id, "n_ood": n_ood, "n_ignored": int(acc.n_ignored),
                 "id_to_ood_ratio": n_id / n_ood if n_ood else None,
                 "same_source_tuning": same_source_tuning(params, run["sets"][s]),
+                "same_source_oe": s in _outlier_exposure(run, m).get("same_source_sets", ()),
                 **cells.get((m, s), {}),
                 **thresholds[(m, s)],
             }
@@ -73,6 +74,16 @@ def build_results(run, ev, *, bootstrap=Bootstrap(), commit_on=None):
     return {"schema": SCHEMA, **run, "results": results, "per_class_mean_score": per_class, "timings": timings,
             "skipped_frames": ev.skipped, "bootstrap": described, "comparisons": comparisons,
             "commit_on": commit_on, "notes": ev.notes()}
+
+
+def _outlier_exposure(run, method):
+    """The OE record of the network that ``method`` ran on ({} for a network without outlier exposure); a
+    combined run keeps one model per run folder (``method_models`` names it)."""
+    model = run.get("model") or {}
+    if "method_models" in run:
+        model = model.get(run["method_models"].get(method), {})
+    record = model.get("outlier_exposure") if isinstance(model, dict) else None
+    return record if isinstance(record, dict) else {}
 
 
 def official_results(ev, m, s):
@@ -155,6 +166,7 @@ def combine_runs(run_dirs, out_dir, *, figures=True, bootstrap=Bootstrap(), comm
             combined.seconds[stage] = combined.seconds.get(stage, 0.0) + seconds
     combined.class_count, combined.images = states[0].class_count, states[0].images
     run = {"toolkit": runs[0]["toolkit"], "model": {str(d): r["model"] for d, r in zip(run_dirs, runs)},
+           "method_models": {m: str(d) for d, r in zip(run_dirs, runs) for m in r["methods"]},
            "sets": runs[0]["sets"], "methods": {m: d for r in runs for m, d in r["methods"].items()},
            "config": runs[0]["config"], "combined_from": [str(d) for d in run_dirs]}
     folder = RunFolder(out_dir)
@@ -220,13 +232,15 @@ def metric_tables(doc):
 @dataclass(frozen=True)
 class Cell:
     """One value of a metric table: ``value`` (None: undefined), ``top`` (bold: the best, or not significantly
-    worse), its bootstrap ``interval`` or None, ``same_source`` (†) and ``coarse`` (≈) flags."""
+    worse), its bootstrap ``interval`` or None, ``same_source`` (†: tuned on the test set's source), ``coarse``
+    (≈) and ``same_source_oe`` (‡: the network saw OE objects of the test set's source) flags."""
 
     value: float | None
     top: bool
     interval: tuple | None
     same_source: bool
     coarse: bool
+    same_source_oe: bool = False
 
 
 def _cell(doc, m, s, metric, aggregation):
@@ -241,7 +255,7 @@ def _cell(doc, m, s, metric, aggregation):
     if interval and f"{interval[0]:.3f}" == f"{interval[1]:.3f}":  # no width at the precision shown: nothing to say
         interval = None
     return Cell(value, bool(top), interval, bool(r["same_source_tuning"]),
-                aggregation == "pooled" and too_coarse(metric, r))
+                aggregation == "pooled" and too_coarse(metric, r), bool(r.get("same_source_oe")))
 
 
 def results_markdown(doc):
@@ -262,6 +276,9 @@ def results_markdown(doc):
                                       for s, r in ratios.items()) + ".")
     if any(r["same_source_tuning"] for by_set in doc["results"].values() for r in by_set.values()):
         lines.append("† tuned on data from the same OOD source as this test set (same_source_tuning).")
+    if any(r.get("same_source_oe") for by_set in doc["results"].values() for r in by_set.values()):
+        lines.append("‡ the network was fine-tuned with outlier exposure on objects from the same source as this "
+                     "test set's OOD objects (same_source_oe): not a test on unseen objects.")
     cells = [r for by_set in doc["results"].values() for r in by_set.values()]
     if any(too_coarse(metric, r) for r in cells for metric in METRICS):
         lines.append(f"≈ {describe_grid(grid_of_config(doc['config']))} cannot pin these values down to {COARSE}: exact mode lies within "
@@ -432,7 +449,7 @@ def _ordinal(n):
 def _markdown_cell(cell):
     text = "–" if cell.value is None else f"{cell.value:.4f}"
     flags = (f" [{cell.interval[0]:.3f}, {cell.interval[1]:.3f}]" if cell.interval else "") + \
-        (" †" if cell.same_source else "") + (" ≈" if cell.coarse else "")
+        (" †" if cell.same_source else "") + (" ‡" if cell.same_source_oe else "") + (" ≈" if cell.coarse else "")
     return (f"**{text}**" if cell.top else text) + flags
 
 
@@ -460,6 +477,8 @@ def results_latex(doc):
     cells = [c for _, _, _, rows in tables for _, row in rows for c in row]
     if any(c.same_source for c in cells):
         notes += r" $^\dagger$ tuned on data from the same OOD source as the test set."
+    if any(c.same_source_oe for c in cells):
+        notes += r" $^\ddagger$ outlier exposure on objects from the same source as the test set."
     if any(c.coarse for c in cells):
         notes += rf" $\approx$ the binning may move the value by more than {COARSE}."
     out = [rf"% segood {doc['toolkit']['segood_version']} ({doc['schema']}): the tables of results.md; needs "
@@ -482,7 +501,8 @@ def _latex_cell(cell):
     text = rf"\textbf{{{cell.value:.4f}}}" if cell.top else f"{cell.value:.4f}"
     if cell.interval:
         text += rf" {{\scriptsize [{cell.interval[0]:.3f}, {cell.interval[1]:.3f}]}}"
-    return text + (r"$^\dagger$" if cell.same_source else "") + (r" $\approx$" if cell.coarse else "")
+    return text + (r"$^\dagger$" if cell.same_source else "") + (r"$^\ddagger$" if cell.same_source_oe else "") + \
+        (r" $\approx$" if cell.coarse else "")
 
 
 def committed_markdown(doc, sets):

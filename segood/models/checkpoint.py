@@ -76,7 +76,9 @@ def model_config(config, path="the checkpoint"):
 
 def load_model(path, map_location="cpu"):
     """(model in eval mode, checkpoint dict). The weights come from the file: the encoder is built without
-    fetching pretrained weights whatever ``encoder_weights`` the config records (kept in ``model.config``)."""
+    fetching pretrained weights whatever ``encoder_weights`` the config records (kept in ``model.config``). A
+    network fine-tuned with outlier exposure carries the checkpoint's record as ``model.outlier_exposure`` (None
+    for others), which an evaluation reads to flag test sets of the same object source."""
     state = read_checkpoint(path, map_location)
     config = model_config(state["config"], path)
     model = SegmentationNetwork(replace(config, encoder_weights=None))
@@ -86,4 +88,6 @@ def load_model(path, map_location="cpu"):
     except RuntimeError as err:
         raise ValueError(f"{path}: the weights do not fit the network its config describes ({config.arch}, "
                          f"{config.encoder}, head {config.head!r}): {str(err).splitlines()[0]}") from None
+    record = state.get("outlier_exposure")
+    model.outlier_exposure = record if isinstance(record, dict) else None
     return model.eval(), state

@@ -1,10 +1,17 @@
-"""Training on a converted set (Cityscapes trainIds), resumable to the same result, and mIoU evaluation."""
+"""Training on a converted set (Cityscapes trainIds), resumable to the same result, and mIoU evaluation; fine-tuning
+with outlier exposure on a set of pasted OOD objects (``segood convert paste``).
+
+Outlier exposure (``TrainConfig.outlier_exposure``) starts from a trained checkpoint (``init``) and trains on the
+frames of ``train_set`` and of the OE set together, with one of :data:`OE_LOSSES` (:mod:`segood.models.losses`).
+The checkpoint records where the OE objects came from (``outlier_exposure``: the set's identity and its
+:func:`~segood.data.h5.object_sources`), so that an evaluation flags test sets of the same source.
+"""
 
 import csv
 import io
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -12,17 +19,23 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from segood.data.h5 import H5SegmentationDataset
+from segood.data.h5 import H5SegmentationDataset, object_sources, read_manifest, set_identity
 from segood.io import atomic_write_text
 from segood.labels import IGNORE, NUM_CLASSES
-from segood.models.checkpoint import read_checkpoint, save_checkpoint
-from segood.models.losses import confidence_loss
+from segood.models.checkpoint import load_model, read_checkpoint, save_checkpoint
+from segood.models.losses import confidence_loss, energy_oe_loss, entropy_oe_loss, rba_oe_loss
 from segood.models.miou import evaluate_miou
 from segood.models.network import build_model, preprocess
 
 
 #: settings that may change between a run and its --resume: they do not change the weights
 RESUMABLE_CHANGES = ("workers", "device", "out_dir")
+#: outlier-exposure losses: {name: (default weight, default margins (m_in, m_out) or None, paper)}
+OE_LOSSES = {"entropy": (0.9, None, "Meta-OOD entropy maximisation, Chan et al. ICCV 2021"),
+             "energy": (0.1, (-25.0, -7.0), "energy-bounded OE, Liu et al. NeurIPS 2020"),
+             "rba": (1.0, (0.0, 5.0), "RbA outlier supervision, Nayal et al. ICCV 2023")}
+#: the network settings a fine-tuning run takes from its --init checkpoint
+NETWORK_KEYS = ("arch", "encoder", "head", "dropout_p", "reduced_dim")
 
 
 @dataclass
@@ -48,11 +61,108 @@ class TrainConfig:
     workers: int = 0
     seed: int = 0
     device: str = "auto"
+    init: str | None = None
+    outlier_exposure: str | None = None
+    oe_loss: str = "entropy"
+    oe_weight: float | None = None
+    oe_margins: list | None = None
+    oe_reduction: str = "sets"
 
     def __post_init__(self):  # paths as strings: checkpoints hold plain values only
-        for key in ("train_set", "out_dir", "val_set"):
+        for key in ("train_set", "out_dir", "val_set", "init", "outlier_exposure"):
             if getattr(self, key) is not None:
                 setattr(self, key, str(getattr(self, key)))
+        if self.oe_margins is not None:
+            self.oe_margins = [float(v) for v in self.oe_margins]
+        check_oe_options(self)
+
+    @property
+    def oe_settings(self):
+        """(weight, margins) of the OE loss, the paper's defaults where not given; None without OE."""
+        if self.outlier_exposure is None:
+            return None
+        weight, margins, _ = OE_LOSSES[self.oe_loss]
+        return (weight if self.oe_weight is None else self.oe_weight,
+                None if margins is None else tuple(self.oe_margins or margins))
+
+
+def check_oe_options(config):
+    """Refuse outlier-exposure options that cannot work, saying which option and how to fix it."""
+    oe_given = [name for name, default in (("oe_loss", "entropy"), ("oe_weight", None), ("oe_margins", None),
+                                           ("oe_reduction", "sets")) if getattr(config, name) != default]
+    if config.outlier_exposure is None:
+        if oe_given:
+            raise ValueError(f"{', '.join('--' + n.replace('_', '-') for n in oe_given)} set up outlier exposure: "
+                             "pass --outlier-exposure SET (a set made by segood convert paste) or drop them")
+        return
+    if config.init is None:
+        raise ValueError("--outlier-exposure fine-tunes a trained network: pass --init CHECKPOINT (e.g. a final.pt "
+                         "of segood train)")
+    if config.oe_loss not in OE_LOSSES:
+        raise ValueError(f"--oe-loss must be one of {sorted(OE_LOSSES)}, got {config.oe_loss!r}")
+    weight, margins = config.oe_settings
+    if config.oe_loss == "entropy" and not 0.0 <= weight <= 1.0:
+        raise ValueError(f"--oe-weight is Meta-OOD's λ, the OOD term's share of the loss: it must lie in [0, 1], "
+                         f"got {weight}")
+    if weight < 0:
+        raise ValueError(f"--oe-weight must be at least 0, got {weight}")
+    if config.oe_margins is not None:
+        if margins is None:
+            raise ValueError(f"--oe-loss {config.oe_loss} has no margins: drop --oe-margins (they set the hinges of "
+                             "the energy and rba losses)")
+        if len(config.oe_margins) != 2:
+            raise ValueError(f"--oe-margins takes two values, M_IN M_OUT; got {config.oe_margins}")
+    if config.oe_loss == "energy" and margins[0] >= margins[1]:
+        raise ValueError(f"energy margins must have m_in < m_out (ID energies are pushed below m_in, OOD ones above "
+                         f"m_out), got m_in={margins[0]}, m_out={margins[1]}")
+    if config.oe_loss == "rba" and margins[0] >= margins[1]:
+        raise ValueError(f"rba margins must have m_in < m_out (ID RbA scores are pushed below m_in, OOD ones above "
+                         f"m_out), got m_in={margins[0]}, m_out={margins[1]}")
+    if config.oe_reduction not in ("sets", "pixels"):
+        raise ValueError(f"--oe-reduction must be 'sets' or 'pixels', got {config.oe_reduction!r}")
+    if config.oe_reduction != "sets" and config.oe_loss != "entropy":
+        raise ValueError("--oe-reduction applies to --oe-loss entropy only: drop it")
+    if config.head == "confidence":
+        raise ValueError("outlier exposure fine-tunes a network trained with cross-entropy; the confidence head's "
+                         "loss has no OE form here: fine-tune a plain, dropout or dimreduce network")
+
+
+def finetune_config(init, **settings):
+    """A :class:`TrainConfig` whose network settings (``NETWORK_KEYS``) are those of the checkpoint ``init``;
+    a setting given that differs from the checkpoint's is a ValueError."""
+    network = read_checkpoint(init)["config"]
+    differ = {k: (settings[k], network[k]) for k in NETWORK_KEYS if settings.get(k) is not None
+              and settings[k] != network[k]}
+    if differ:
+        shown = ", ".join(f"--{k.replace('_', '-')} {given!r} (the checkpoint: {saved!r})"
+                          for k, (given, saved) in differ.items())
+        raise ValueError(f"{init} is another network than the options say: {shown}; drop those options, the "
+                         "network comes from --init")
+    return TrainConfig(**{**settings, **{k: network[k] for k in NETWORK_KEYS}, "init": str(init)})
+
+
+def oe_record(config):
+    """What a checkpoint records about its outlier exposure: the loss, its settings, the OE set's identity and
+    the source of its objects, and the parent checkpoint."""
+    weight, margins = config.oe_settings
+    manifest = read_manifest(config.outlier_exposure)
+    return {"loss": config.oe_loss, "paper": OE_LOSSES[config.oe_loss][2], "weight": weight,
+            "margins": None if margins is None else list(margins), "reduction": config.oe_reduction,
+            "set": set_identity(config.outlier_exposure), "object_sources": object_sources(manifest),
+            "objects": (manifest.get("params") or {}).get("objects"),
+            "parent": {"checkpoint": Path(config.init).name, "sha256": _sha256(config.init)}}
+
+
+def same_source_sets(record, sets):
+    """The names of ``sets`` ({name: path}) whose OOD objects come from a source the OE ``record`` trained on."""
+    trained = set(record.get("object_sources") or ())
+    return [name for name, path in sets.items() if trained & set(object_sources(read_manifest(path)))]
+
+
+def _sha256(path):
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def check_resumable(saved, config, path):
@@ -60,9 +170,10 @@ def check_resumable(saved, config, path):
     configurations); ``RESUMABLE_CHANGES`` may differ."""
     if not isinstance(saved, dict):
         raise ValueError(f"{path} records no training configuration: it was not written by segood train")
-    current = asdict(config)
-    changed = sorted(k for k in set(saved) | set(current)
-                     if k not in RESUMABLE_CHANGES and _comparable(saved.get(k)) != _comparable(current.get(k)))
+    current, defaults = asdict(config), {f.name: f.default for f in fields(TrainConfig)}
+    # a setting added after the run started is compared as its default
+    changed = sorted(k for k in set(saved) | set(current) if k not in RESUMABLE_CHANGES
+                     and _comparable(saved.get(k, defaults.get(k))) != _comparable(current.get(k)))
     if changed:
         shown = ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed)
         raise ValueError(f"--resume with other settings than {path} was trained with ({shown}); resume with the "
@@ -108,8 +219,12 @@ def train(config, *, resume=False, progress=True, stop_after=None):
     out = Path(config.out_dir)
     device = _device(config.device)
     torch.manual_seed(config.seed)  # the initial weights
-    model = build_model(config.arch, config.encoder, NUM_CLASSES, config.head, dropout_p=config.dropout_p,
-                        reduced_dim=config.reduced_dim, encoder_weights=config.encoder_weights).to(device)
+    if config.init is not None:
+        model = _initial_model(config).to(device)
+    else:
+        model = build_model(config.arch, config.encoder, NUM_CLASSES, config.head, dropout_p=config.dropout_p,
+                            reduced_dim=config.reduced_dim, encoder_weights=config.encoder_weights).to(device)
+    record = oe_record(config) if config.outlier_exposure else None
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum,
                                 weight_decay=config.weight_decay)
     amp = device.type == "cuda"
@@ -126,7 +241,7 @@ def train(config, *, resume=False, progress=True, stop_after=None):
             raise ValueError(f"{out / 'last.pt'} cannot be resumed from ({type(err).__name__}: {err}); start a "
                              "new --out or drop --resume") from None
 
-    steps_per_epoch = len(H5SegmentationDataset(config.train_set)) // config.batch_size
+    steps_per_epoch = len(_dataset(config, None)) // config.batch_size
     if steps_per_epoch == 0:
         raise ValueError(f"{config.train_set} has fewer frames than one batch of {config.batch_size}")
     total = steps_per_epoch * config.epochs
@@ -136,7 +251,7 @@ def train(config, *, resume=False, progress=True, stop_after=None):
         torch.manual_seed(seed)
         np.random.seed(seed % 2**32)
         random.seed(seed)
-        dataset = H5SegmentationDataset(config.train_set, transform=augmentation(config, epoch))
+        dataset = _dataset(config, augmentation(config, epoch))
         loader = torch.utils.data.DataLoader(dataset, batch_size=config.batch_size, shuffle=True, drop_last=True,
                                              num_workers=config.workers, generator=torch.Generator().manual_seed(seed))
         model.train()
@@ -149,7 +264,9 @@ def train(config, *, resume=False, progress=True, stop_after=None):
             y = batch["semantic"].to(device).long()
             with torch.autocast(device.type, enabled=amp):
                 output = model(x)
-                if config.head == "confidence":
+                if record is not None:
+                    loss = oe_loss(config, output.logits.float(), y, batch["ood_mask"].to(device))
+                elif config.head == "confidence":
                     loss = confidence_loss(output.logits.float(), output.confidence.float(), y,
                                            lam=config.conf_lambda)
                 else:
@@ -167,13 +284,54 @@ def train(config, *, resume=False, progress=True, stop_after=None):
             row["val_miou"] = evaluate_miou(model, config.val_set, device=device, progress=False)["miou"]
         log.append(row)
         save_checkpoint(out / "last.pt", model, optimizer=optimizer.state_dict(), epoch=epoch, iteration=iteration,
-                        log=log, train_config=asdict(config))
+                        log=log, train_config=asdict(config), **_oe_entry(record))
         atomic_write_text(out / "log.csv", _csv(log))
     if last_epoch < config.epochs:
         return log
     save_checkpoint(out / "final.pt", model, epoch=config.epochs - 1, iteration=iteration, log=log,
-                    train_config=asdict(config))
+                    train_config=asdict(config), **_oe_entry(record))
     return log
+
+
+def oe_loss(config, logits, target, ood_mask):
+    """The configured outlier-exposure loss of a batch (``config.oe_loss``, with its weight and margins)."""
+    weight, margins = config.oe_settings
+    if config.oe_loss == "entropy":
+        return entropy_oe_loss(logits, target, ood_mask, lam=weight, reduction=config.oe_reduction)
+    if config.oe_loss == "energy":
+        return energy_oe_loss(logits, target, ood_mask, weight=weight, m_in=margins[0], m_out=margins[1])
+    # segood's networks have no queries: their logits stand for RbA's per-class scores
+    ce = F.cross_entropy(logits, torch.where(ood_mask == 1, IGNORE, target), ignore_index=IGNORE)
+    return ce + weight * rba_oe_loss(logits, ood_mask, m_in=margins[0], m_out=margins[1])
+
+
+def _initial_model(config):
+    """The network of the ``init`` checkpoint, checked against the config's network settings."""
+    model, state = load_model(config.init)
+    saved = state["config"]
+    differ = [k for k in NETWORK_KEYS if getattr(config, k) != saved[k]]
+    if differ:
+        raise ValueError(f"{config.init} is a {saved['arch']}/{saved['encoder']}/{saved['head']} network, but the "
+                         "settings say " + ", ".join(f"{k}={getattr(config, k)!r}" for k in differ)
+                         + "; build the settings with segood.models.train.finetune_config(init, ...), which takes "
+                         "them from the checkpoint")
+    return model.float()
+
+
+def _dataset(config, transform):
+    """The training frames: ``train_set``, followed by the OE set's frames when fine-tuning with outlier exposure."""
+    train_set = H5SegmentationDataset(config.train_set, transform=transform)
+    if config.outlier_exposure is None:
+        return train_set
+    oe_set = H5SegmentationDataset(config.outlier_exposure, transform=transform)
+    if read_manifest(config.outlier_exposure)["pixels"]["ood"] == 0:
+        raise ValueError(f"{config.outlier_exposure} has no OOD pixels: outlier exposure needs a set with pasted OOD "
+                         "objects (segood convert paste --cityscapes-root ... --split train --objects SUN2012_ROOT)")
+    return torch.utils.data.ConcatDataset([train_set, oe_set])
+
+
+def _oe_entry(record):
+    return {} if record is None else {"outlier_exposure": record}
 
 
 def _csv(rows):
