@@ -286,11 +286,13 @@ def test_the_board_page_renders_and_sorts_in_a_browser(world, tmp_path):
     board = leaderboard(root / "subs", root / "bench.json", tmp_path)
     track = board["tracks"]["noise"]
     header, *rows = rendered(tmp_path / "index.html")
-    assert header == ["rank", "method", "score", *track["sets"], "notes", "file (sha256)"]
+    assert header == ["rank", "method", "score", *track["sets"], "notes", "file (sha256)", "curves"]
     assert [row[1] for row in rows] == [entry["name"] for entry in track["entries"]]  # in rank order
     for row, entry in zip(rows, track["entries"]):
         assert row[2].startswith(f"{entry['score']:.4f} [")  # the score with its bootstrap interval
-        assert row[-2].startswith("verified; " if entry.get("verified") else "self-reported; ")  # marked either way
+        assert row[-3].startswith("verified; " if entry.get("verified") else "self-reported; ")  # marked either way
+        assert row[-1] == "ROC" and (tmp_path / entry["figure"]).stat().st_size > 5000  # its figure, linked
+    assert f"<a href='{track['entries'][0]['figure']}'>ROC</a>" in (tmp_path / "index.html").read_text()
     page = (tmp_path / "index.html").read_text()
     names = sorted(entry["name"] for entry in track["entries"])
     for clicks, want in ((1, names), (2, names[::-1])):  # clicks on the "method" header, as a reader makes them

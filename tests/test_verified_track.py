@@ -70,7 +70,7 @@ def test_verified_entries_equal_a_local_score_of_the_same_maps(world, tmp_path):
         shutil.rmtree(tmp_path / "local")
     assert "verified" in (tmp_path / "board" / "leaderboard.md").read_text()
     outputs = sorted(p.name for p in (tmp_path / "board").iterdir())
-    assert outputs == ["index.html", "leaderboard.json", "leaderboard.md"]
+    assert outputs == ["figures", "index.html", "leaderboard.json", "leaderboard.md"]
 
 
 def folder_submission(folder, maps, frames, edit=None):
@@ -228,7 +228,7 @@ def test_the_board_copies_maps_under_its_own_folder_and_removes_them(world, tmp_
     assert board["rejected"] == [] and len(spilled) == 2
     assert all((tmp_path / "board") in p.parents for p in spilled)
     assert list(system_temp.iterdir()) == []
-    assert sorted(p.name for p in (tmp_path / "board").iterdir()) == ["index.html", "leaderboard.json",
+    assert sorted(p.name for p in (tmp_path / "board").iterdir()) == ["figures", "index.html", "leaderboard.json",
                                                                       "leaderboard.md"]
 
 

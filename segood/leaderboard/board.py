@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from segood.data.h5 import frame_ids, frame_sizes, ood_masks, read_array, read_manifest, set_identity
-from segood.io import atomic_write_text, write_json
+from segood.io import atomic_write_bytes, atomic_write_text, write_json
 from segood.labels import IGNORE
 from segood.leaderboard.maps import map_member, read_maps
 from segood.leaderboard.safe import (Limits, MaintainerError, Rejected, is_map, load_npz, read_submission_files,
@@ -161,7 +161,8 @@ def _judge(path, benchmark, limits, masks, spill):
                                       for s, official in spec["sets"].items()),
             "score": None if any(v is None for v in values) else sum(values) / len(values),
             "sets": recomputed,
-            "_images": images,  # per-image counts, for the intervals (not written out)
+            "_images": {k: v[0] for k, v in images.items()},  # per-image counts, for the intervals (not written out)
+            "_curves": {k: v[1] for k, v in images.items()},  # ROC per set, for the entry's figure (not written out)
         }
     return rows
 
@@ -229,7 +230,7 @@ def _self_reported(set_name, entry, files, official, grid):
         raise Rejected(f"set {set_name!r}: invalid accumulator state ({err})") from None
     values = _check(set_name, acc, entry["claims"], official["pixels"])
     _check_images(set_name, acc, official)
-    return values, acc.images
+    return values, (acc.images, _roc(acc))
 
 
 def _check_images(set_name, acc, official):
@@ -280,7 +281,16 @@ def _verified(set_name, files, official, grid, masks):
             acc.update(scores[None], mask[None])
         except (ValueError, TypeError) as err:
             raise Rejected(f"set {set_name!r}, frame {frame_id}: {err}") from None
-    return _values(acc)[1], acc.images
+    return _values(acc)[1], (acc.images, _roc(acc))
+
+
+def _roc(acc, points=2000):
+    """(FPR, TPR) of an accumulator's curve, at most ``points`` of its thresholds (for the entry's figure)."""
+    _, hist = acc.curve_counts()
+    fp, tp = (np.cumsum(np.asarray(h, np.float64)[::-1])[::-1] for h in hist)
+    fpr, tpr = (np.r_[c / c[0] if c.size and c[0] else np.zeros(c.size), 0.0] for c in (fp, tp))
+    keep = np.unique(np.linspace(0, fpr.size - 1, min(points, fpr.size)).astype(int))
+    return fpr[keep], tpr[keep]
 
 
 def _maintainer_masks(path):
@@ -414,14 +424,42 @@ def leaderboard(submissions_dir, benchmark_path, out_dir, limits=Limits(), boots
         sign = -1 if METRICS[metric].higher_is_better else 1
         rows.sort(key=lambda r: (r["score"] is None, sign * (r["score"] or 0.0), r["name"]))
         _intervals_and_ties(rows, benchmark["tracks"][track], bootstrap)
+    out_dir = Path(out_dir)
+    for t, rows in enumerate(tracks.values()):
+        for k, row in enumerate(rows):
+            row["figure"] = f"figures/roc_{t}_{k}.png"  # named by position: no submitted string in a path
+            _draw_roc(out_dir / row["figure"], row.pop("_curves"), f"{row['name']} ({row['file']})")
     doc = {"schema": "segood.leaderboard/1", "bootstrap": vars(bootstrap) if bootstrap else None, "tracks": {
         t: {"rank_by": benchmark["tracks"][t]["rank_by"], "sets": list(benchmark["tracks"][t]["sets"]), "entries": rows}
         for t, rows in tracks.items()}, "rejected": rejected}
-    out_dir = Path(out_dir)
     write_json(out_dir / "leaderboard.json", doc)
     atomic_write_text(out_dir / "leaderboard.md", board_markdown(doc))
     atomic_write_text(out_dir / "index.html", board_html(doc))
     return doc
+
+
+def _draw_roc(path, curves, title):
+    """One entry's ROC curve on each set of its track, as a PNG (written atomically)."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4.2, 4))
+    for set_name, (fpr, tpr) in curves.items():
+        ax.plot(fpr, tpr, label=set_name)
+    ax.plot([0, 1], [0, 1], color="#bbb", lw=0.8)
+    ax.set(xlabel="false positive rate (ID pixels)", ylabel="true positive rate (OOD pixels)", xlim=(0, 1),
+           ylim=(0, 1))
+    ax.set_title(title[:80], fontsize=8)
+    ax.legend(fontsize=7, loc="lower right")
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, buffer.getvalue())
 
 
 def _read_benchmark(path):
@@ -555,12 +593,13 @@ def board_html(doc):
         metric = t["rank_by"]
         parts.append(f"<h2>{esc(track)} — ranked by mean {esc(metric)}</h2><table class='sortable'><thead><tr>"
                      + "".join(f"<th>{esc(h)}</th>" for h in ["rank", "method", "score", *t["sets"], "notes",
-                                                              "file (sha256)"])
+                                                              "file (sha256)", "curves"])
                      + "</tr></thead><tbody>")
         for k, row in enumerate(t["entries"], 1):
             cells = [_rank(row, k), row["name"], _score(row), *(_fmt(row["sets"][s][metric]) for s in t["sets"]),
                      _flags(row), f"{row['file']} ({row['sha256']})"]
-            parts.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")
+            parts.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells)
+                         + f"<td><a href='{esc(row['figure'])}'>ROC</a></td></tr>")
         parts.append("</tbody></table>")
     if doc["rejected"]:
         parts.append("<h2>Rejected</h2><table><thead><tr><th>file</th><th>reason</th></tr></thead><tbody>")
