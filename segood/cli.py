@@ -521,7 +521,7 @@ def _leaderboard(args):
     accepted = sum(len(t["entries"]) for t in doc["tracks"].values())
     print((args.out / "leaderboard.md").read_text(), end="")
     print(f"\n{accepted} {'entry' if accepted == 1 else 'entries'}, {len(doc['rejected'])} rejected; wrote "
-          f"{args.out}/: leaderboard.md, leaderboard.json and index.html")
+          f"{args.out}/: leaderboard.md, leaderboard.json, index.html and figures/ (each entry's ROC curves)")
     return 0
 
 
