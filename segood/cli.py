@@ -390,7 +390,7 @@ def add_run_options(parser):
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--device", help="cpu, cuda, cuda:1 (default: the model's)")
     parser.add_argument("--workers", type=int, help="processes reading frames ahead of the network (default: one "
-                        "per spare core, at most 16; 0: read in the main process)")
+                        "per spare core, at most 16, none for small sets; 0: read in the main process)")
     parser.add_argument("--amp", choices=("fp16", "bf16"), help="the network's forward passes in mixed precision "
                         "(autocast; the scores are computed from float32 logits)")
     add_grid_options(parser)

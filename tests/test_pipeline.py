@@ -168,3 +168,18 @@ def test_the_weights_digest_is_made_again_only_when_a_weight_changes():
     assert _weights_sha256(model) == first  # the same bytes, the same digest, recomputed
     model.load_state_dict(tiny_network("plain").state_dict())
     assert _weights_sha256(model) == first
+
+
+def test_a_small_pass_is_read_in_the_main_process_unless_workers_are_asked_for():
+    class Sized(Frames):
+        sizes = [(8, 12)] * 7
+
+    class Wrapper:
+        dataset = Sized()
+
+    plan = [("a", [0, 1, 2]), ("a", [3, 4])]
+    assert default_workers({"a": Sized()}, plan) == 0  # 480 pixels: starting a process costs more
+    assert default_workers({"a": Wrapper()}, plan) == 0  # a corrupted set: the sizes of the set it wraps
+    assert default_workers({"a": Frames()}, plan) == default_workers()  # sizes unknown: the readers
+    Sized.sizes = [(4096, 4096)] * 7
+    assert default_workers({"a": Sized()}, plan) == default_workers()

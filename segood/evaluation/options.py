@@ -23,7 +23,7 @@ class EvaluateOptions:
     Attributes:
         batch_size: frames per forward pass (frames of different sizes are scored apart).
         workers: processes that read and decode frames ahead of the network (None: one per spare core, at most
-            16; 0: read in the main process).
+            16, none for a pass of under 8 M pixels; 0: read in the main process).
         device: "cpu", "cuda", "cuda:1" (None: the model's).
         amp: "fp16" or "bf16": the network's forward passes under autocast in that precision, its logits (and
             features) widened to float32 before any method scores them (None: float32 throughout).

@@ -14,12 +14,30 @@ import torch
 from segood.data.h5 import same_size_batches
 
 MAX_WORKERS = 16  # decoding a 1024x2048 frame takes ~40 ms a core: 16 keep up with a fast GPU
+MIN_PIXELS = 1 << 23  # a pass reading fewer pixels (~0.2 s of decoding) is read in the main process: starting
+# the reader processes would cost more than they save (small sets, notebooks, tests)
 
 
-def default_workers():
-    """A reader process per core the main process leaves spare, at most :data:`MAX_WORKERS`."""
+def default_workers(datasets=None, plan=None):
+    """A reader process per core the main process leaves spare, at most :data:`MAX_WORKERS`; none for a ``plan``
+    of ``datasets`` whose frames (where their sizes are known) hold fewer than :data:`MIN_PIXELS` pixels."""
+    if plan is not None and _pixels(datasets, plan) < MIN_PIXELS:
+        return 0
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(0, min(MAX_WORKERS, cores - 1))
+
+
+def _pixels(datasets, plan):
+    """About the pixels of a plan's frames, by their datasets' ``sizes`` or those of the set a dataset wraps (a
+    corrupted set); infinite where neither is known."""
+    total = 0
+    for set_name, indices in plan:
+        dataset = datasets[set_name]
+        sizes = getattr(dataset, "sizes", None) or getattr(getattr(dataset, "dataset", None), "sizes", None)
+        if sizes is None:
+            return float("inf")
+        total += sum(sizes[i][0] * sizes[i][1] for i in indices)
+    return total
 
 
 class UnreadableFrame(ValueError):

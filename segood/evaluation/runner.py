@@ -534,10 +534,9 @@ def run(model, sets, methods, out_dir, options, *, rank=0, world_size=1, seed=0,
         ev = Evaluation(names, list(sets), grid, components, quality=quality, examples=examples, official=official)
     model.eval()
     make_accumulator(ev.grid).update(np.zeros(1, np.float32), np.zeros(1, np.uint8))  # load the grid's kernel once
-    workers = default_workers() if options.workers is None else options.workers
     loop = _Loop(model, datasets, ev, _Saver(state_path), device=torch.device(device), batch_size=options.batch_size,
                  save_every=options.save_every, shard=(rank, world_size), skip_bad=options.skip_bad, seed=seed,
-                 progress=options.progress, workers=workers, amp=options.amp)
+                 progress=options.progress, workers=options.workers, amp=options.amp)
     try:
         loop.run_pass("evaluate", ev.done, lambda s: methods, ev.update_pixels)
         if chosen_by_run(ev.components):
@@ -602,7 +601,7 @@ class _Loop:
     skip_bad: bool
     seed: int
     progress: bool
-    workers: int
+    workers: int | None  # None: default_workers of each pass's plan
     amp: str | None
 
     def plan(self, done, methods_of):
@@ -619,7 +618,8 @@ class _Loop:
         """Every set's frames not yet ``done`` (frames per set, advanced here) scored with ``methods_of(set)`` and
         handed to ``update(set, frame indices, batch, scored, method names)``."""
         plan = self.plan(done, methods_of)
-        reads = batch_reader(self.datasets, plan, workers=self.workers, pin=self.device.type == "cuda",
+        workers = default_workers(self.datasets, plan) if self.workers is None else self.workers
+        reads = batch_reader(self.datasets, plan, workers=workers, pin=self.device.type == "cuda",
                              skip_bad=self.skip_bad)
         with tqdm(total=sum(len(indices) for _, indices in plan), desc=label, unit="img",
                   disable=not self.progress) as bar:
