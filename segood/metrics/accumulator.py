@@ -30,6 +30,16 @@ class _Streaming(StateFile):
     def __add__(self, other):
         return self.copy().merge(other)
 
+    @staticmethod
+    def _check_keys_and_format(state, empty, state_format):
+        """The first checks of ``from_state_dict``: every key of an ``empty`` accumulator's state present (but the
+        optional ones), and the format ``state_format``."""
+        missing = [k for k in empty.state_dict() if k not in state and k not in OPTIONAL_STATE]
+        if missing:
+            raise ValueError(f"accumulator state lacks {missing}; was it written by state_dict()?")
+        if str(np.asarray(state["format"])) != state_format:
+            raise ValueError(f"unknown accumulator state format {state['format']!r}; expected {state_format!r}")
+
     def _setup(self, *, per_image, score_range):
         """The settings every grid's accumulator takes beside its own, checked; then an empty state."""
         self.per_image = bool(per_image)
@@ -256,11 +266,7 @@ class LinearGridAccumulator(_Streaming):
     def from_state_dict(cls, state):
         """Rebuild from :meth:`state_dict` output (or an ``np.load``-ed npz). Every field is checked for its
         type, shape and range before anything is allocated from it; counts must add up without overflow."""
-        missing = [k for k in cls(2).state_dict() if k not in state and k not in OPTIONAL_STATE]
-        if missing:
-            raise ValueError(f"accumulator state lacks {missing}; was it written by state_dict()?")
-        if str(np.asarray(state["format"])) != STATE_FORMAT:
-            raise ValueError(f"unknown accumulator state format {state['format']!r}; expected {STATE_FORMAT!r}")
+        cls._check_keys_and_format(state, cls(2), STATE_FORMAT)
         num_thresholds = _count(state, "num_thresholds")
         score_range = np.asarray(state["score_range"])
         if score_range.shape != (2,) or not np.issubdtype(score_range.dtype, np.number) \

@@ -11,7 +11,7 @@ and whose bounds say how far it can be from these values, is the tool.
 
 import numpy as np
 
-from segood.metrics.accumulator import (OPTIONAL_STATE, _count, _flag, _flat_cuda, _host, _is_cuda, _reverse_cumsum,
+from segood.metrics.accumulator import (_count, _flag, _flat_cuda, _host, _is_cuda, _reverse_cumsum,
                                         _Streaming, load_per_image)
 from segood.metrics.functional import (METRICS, as_numpy_inputs, distinct_score_counts, metrics_from_counts,
                                        raise_bad_labels)
@@ -135,11 +135,7 @@ class ExactAccumulator(_Streaming):
     @classmethod
     def from_state_dict(cls, state):
         """Rebuild from :meth:`state_dict` output; every field is checked before anything is built from it."""
-        missing = [k for k in cls().state_dict() if k not in state and k not in OPTIONAL_STATE]
-        if missing:
-            raise ValueError(f"accumulator state lacks {missing}; was it written by state_dict()?")
-        if str(np.asarray(state["format"])) != STATE_FORMAT:
-            raise ValueError(f"unknown accumulator state format {state['format']!r}; expected {STATE_FORMAT!r}")
+        cls._check_keys_and_format(state, cls(), STATE_FORMAT)
         max_pixels = _count(state, "max_pixels")
         if max_pixels < 1:
             raise ValueError("accumulator state 'max_pixels' must be positive")

@@ -11,7 +11,7 @@ import numba
 import numpy as np
 
 from segood.metrics import _device, _kernels
-from segood.metrics.accumulator import (OPTIONAL_STATE, _count, _device_tensors, _flag, _host, _is_cuda, _matching,
+from segood.metrics.accumulator import (_count, _device_tensors, _flag, _host, _is_cuda, _matching,
                                         _Streaming, load_per_image)
 from segood.metrics.functional import (METRICS, as_numpy_inputs, metrics_from_counts,
                                        raise_bad_labels)
@@ -152,11 +152,7 @@ class FloatOrderAccumulator(_Streaming):
     @classmethod
     def from_state_dict(cls, state):
         """Rebuild from :meth:`state_dict` output; every field is checked before anything is built from it."""
-        missing = [k for k in cls().state_dict() if k not in state and k not in OPTIONAL_STATE]
-        if missing:
-            raise ValueError(f"accumulator state lacks {missing}; was it written by state_dict()?")
-        if str(np.asarray(state["format"])) != STATE_FORMAT:
-            raise ValueError(f"unknown accumulator state format {state['format']!r}; expected {STATE_FORMAT!r}")
+        cls._check_keys_and_format(state, cls(), STATE_FORMAT)
         m = _count(state, "mantissa_bits")
         if not 1 <= m <= MAX_MANTISSA_BITS:
             raise ValueError(f"accumulator state 'mantissa_bits' must be in [1, {MAX_MANTISSA_BITS}], got {m}")
