@@ -18,9 +18,8 @@ import torch
 from torch_timing import with_stable_malloc
 
 from segood.data import Noise, convert, mix
-from segood.data.common import Sample
-from segood.data.h5 import H5SegmentationDataset, SetWriter, frame_loader
-from segood.data.synthetic import scene_batch
+from segood.data.h5 import H5SegmentationDataset, frame_loader
+from segood.data.synthetic import write_scene_set
 from segood.evaluation import evaluate
 from segood.evaluation.runner import default_methods
 from segood.models import build_model
@@ -38,11 +37,7 @@ def main():
     with_stable_malloc()
     shutil.rmtree(args.workdir, ignore_errors=True)
     size = (args.height, args.width)
-    images, semantic, ood = scene_batch(0, args.frames // 2, *size)
-    writer = SetWriter(args.workdir / "scenes.h5", size, {"source": "synthetic", "split": "val"})
-    for k in range(len(images)):
-        writer.append(Sample(images[k], ood[k], semantic[k], f"scene/{k}"))
-    writer.commit()
+    write_scene_set(args.workdir / "scenes.h5", args.frames // 2, size)
     convert(Noise("perlin", args.frames - args.frames // 2, size=size), args.workdir / "perlin.h5", size=size,
             progress=False)
     mix(args.workdir / "perlin.h5", args.workdir / "scenes.h5", args.workdir / "mixed.h5", progress=False)

@@ -18,9 +18,8 @@ import torch
 
 from torch_timing import best_ms
 
-from segood.data.common import Sample
-from segood.data.h5 import H5SegmentationDataset, SetWriter
-from segood.data.synthetic import scene_batch
+from segood.data.h5 import H5SegmentationDataset
+from segood.data.synthetic import write_scene_set
 from segood.evaluation import evaluate
 from segood.evaluation.reading import batch_reader, default_workers
 from segood.evaluation.runner import Evaluation
@@ -41,14 +40,6 @@ class NullNetwork(torch.nn.Module):
         return self.logits.expand(x.shape[0], -1, -1, -1)
 
 
-def make_set(path, frames, size):
-    images, semantic, ood = scene_batch(0, frames, *size)
-    writer = SetWriter(path, size, {"source": "synthetic", "split": "val"})
-    for k in range(frames):
-        writer.append(Sample(images[k], ood[k], semantic[k], f"scene/{k}"))
-    writer.commit()
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--frames", type=int, default=24)
@@ -66,7 +57,7 @@ def main():
     shutil.rmtree(args.workdir, ignore_errors=True)
     args.workdir.mkdir(parents=True)
     size, path = (args.height, args.width), args.workdir / "scenes.h5"
-    make_set(path, args.frames, size)
+    write_scene_set(path, args.frames, size)
     workers = default_workers() if args.workers is None else args.workers
     device = torch.device(args.device)
     model = as_network(NullNetwork(size)).to(device).eval()

@@ -225,17 +225,11 @@ def compare_methods(device, scale):
 
 
 def check_amp_training(device, scale, work):
-    from segood.data.common import Sample
-    from segood.data.h5 import SetWriter
-    from segood.data.synthetic import scene_batch
+    from segood.data.synthetic import write_scene_set
     from segood.models.train import TrainConfig, train
 
     height, width = scale["check_size"]
-    images, semantic, ood = scene_batch(0, 8, height, width)
-    writer = SetWriter(work / "train.h5", (height, width), {"source": "synthetic", "split": "train"})
-    for k in range(len(images)):
-        writer.append(Sample(images[k], ood[k], semantic[k], f"scene/{k}"))
-    writer.commit()
+    write_scene_set(work / "train.h5", 8, (height, width), split="train")
     config = TrainConfig(train_set=str(work / "train.h5"), out_dir=str(work / "train"), arch="pspnet",
                          encoder="resnet18", epochs=3, batch_size=4, lr=0.01, crop=[height, width],
                          scale=[1.0, 1.0], device=str(device))
@@ -248,19 +242,13 @@ def check_amp_training(device, scale, work):
 
 def make_eval_set(work, size, frames):
     from segood.data import Noise, convert, mix
-    from segood.data.common import Sample
-    from segood.data.h5 import SetWriter
-    from segood.data.synthetic import scene_batch
+    from segood.data.synthetic import write_scene_set
 
     tag = f"{size[0]}x{size[1]}_{frames}"
     path = work / f"mixed_{tag}.h5"
     if path.exists():
         return path
-    images, semantic, ood = scene_batch(1, frames // 2, *size)
-    writer = SetWriter(work / f"scenes_{tag}.h5", size, {"source": "synthetic", "split": "val"})
-    for k in range(len(images)):
-        writer.append(Sample(images[k], ood[k], semantic[k], f"scene/{k}"))
-    writer.commit()
+    write_scene_set(work / f"scenes_{tag}.h5", frames // 2, size, seed=1)
     convert(Noise("perlin", frames - frames // 2, size=size), work / f"perlin_{tag}.h5", size=size, progress=False)
     mix(work / f"perlin_{tag}.h5", work / f"scenes_{tag}.h5", path, progress=False)
     return path

@@ -10,20 +10,10 @@ PSPNet-ResNet18 per head, 192 training and 48 validation scenes of 96x192 from `
 import argparse
 from pathlib import Path
 
-from segood.data.common import Sample
-from segood.data.h5 import SetWriter
-from segood.data.synthetic import scene_batch
+from segood.data.synthetic import write_scene_set
 from segood.models import HEADS, load_model
 from segood.models.miou import evaluate_miou, miou_table
 from segood.models.train import TrainConfig, train
-
-
-def write_scenes(path, seed, count):
-    images, semantic, ood = scene_batch(seed, count, 96, 192)
-    writer = SetWriter(path, (96, 192), {"source": "synthetic", "split": str(seed)}, overwrite=True)
-    for k in range(count):
-        writer.append(Sample(images[k], ood[k], semantic[k], f"scene/{seed}/{k}"))
-    writer.commit()
 
 
 def main():
@@ -31,8 +21,8 @@ def main():
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/segood-rq1"))
     args = parser.parse_args()
-    write_scenes(args.workdir / "train.h5", 0, 192)
-    write_scenes(args.workdir / "val.h5", 1, 48)
+    write_scene_set(args.workdir / "train.h5", 192, seed=0, split="0", overwrite=True)
+    write_scene_set(args.workdir / "val.h5", 48, seed=1, split="1", overwrite=True)
     results = {}
     for head in HEADS:
         out = args.workdir / head

@@ -191,6 +191,20 @@ def scene_batch(seed, count, height=96, width=192, *, ood_fraction=0.0):
     return tuple(np.stack(parts) for parts in zip(*scenes))
 
 
+def write_scene_set(path, count, size=(96, 192), *, seed=0, split="val", overwrite=False):
+    """A converted set at ``path`` of the ``count`` scenes of :func:`scene_batch` (``seed``) at ``size`` = (H, W),
+    frames ``scene/<seed>/<k>``: a set without a raw tree, for benchmarks and device checks. Returns ``path``."""
+    from segood.data.common import Sample
+    from segood.data.h5 import SetWriter
+
+    images, semantic, ood = scene_batch(seed, count, *size)
+    writer = SetWriter(path, tuple(size), {"source": "synthetic", "split": split}, overwrite=overwrite)
+    for k in range(count):
+        writer.append(Sample(images[k], ood[k], semantic[k], f"scene/{seed}/{k}"))
+    writer.commit()
+    return path
+
+
 # -- raw dataset trees in the published layouts (datasets/README.md), for the demo and the tests ---------------
 
 #: trainId -> the first Cityscapes labelId with that trainId (255 -> 0, "unlabeled")
