@@ -15,6 +15,7 @@ from segood.evaluation.runner import Evaluation, _Saver
 from segood.io import read_npz, write_npz
 from segood.methods import get_method
 from segood.methods.schedule import score_frames
+from segood.robustness import CorruptedSet
 
 from networks import tiny_network
 
@@ -174,12 +175,10 @@ def test_a_small_pass_is_read_in_the_main_process_unless_workers_are_asked_for()
     class Sized(Frames):
         sizes = [(8, 12)] * 7
 
-    class Wrapper:
-        dataset = Sized()
-
     plan = [("a", [0, 1, 2]), ("a", [3, 4])]
     assert default_workers({"a": Sized()}, plan) == 0  # 480 pixels: starting a process costs more
-    assert default_workers({"a": Wrapper()}, plan) == 0  # a corrupted set: the sizes of the set it wraps
+    corrupted = CorruptedSet(Sized(), "noise", 1)
+    assert default_workers({"a": corrupted}, plan) == 0  # a corrupted set: the sizes of the set it corrupts
     assert default_workers({"a": Frames()}, plan) == default_workers()  # sizes unknown: the readers
     Sized.sizes = [(4096, 4096)] * 7
     assert default_workers({"a": Sized()}, plan) == default_workers()

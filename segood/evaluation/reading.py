@@ -28,12 +28,10 @@ def default_workers(datasets=None, plan=None):
 
 
 def _pixels(datasets, plan):
-    """About the pixels of a plan's frames, by their datasets' ``sizes`` or those of the set a dataset wraps (a
-    corrupted set); infinite where neither is known."""
+    """The pixels of a plan's frames, by their datasets' ``sizes``; infinite where a dataset does not know them."""
     total = 0
     for set_name, indices in plan:
-        dataset = datasets[set_name]
-        sizes = getattr(dataset, "sizes", None) or getattr(getattr(dataset, "dataset", None), "sizes", None)
+        sizes = getattr(datasets[set_name], "sizes", None)
         if sizes is None:
             return float("inf")
         total += sum(sizes[i][0] * sizes[i][1] for i in indices)

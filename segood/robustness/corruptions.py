@@ -165,6 +165,11 @@ class CorruptedSet:
     def __len__(self):
         return len(self.dataset)
 
+    @property
+    def sizes(self):
+        """Each frame's (H, W), as the set it corrupts has them (a corruption keeps a frame's size), or None."""
+        return getattr(self.dataset, "sizes", None)
+
     def __getitem__(self, index):
         import torch
 
