@@ -4,9 +4,9 @@
 
 Both see the same ``images`` max-softmax-like float32 maps (benchmarks/bench_metrics.py's data) at m = 10 and
 give per-image counts: the numba kernel one image at a time (as the accumulator runs it on host arrays), the torch
-path on the whole batch (segood.metrics._device, as the accumulator runs it on a device). Also the earlier torch
-path (one image, integer torch ops, float64 keys). Prints ms, the ratio to the memory-read floor and the torch
-path's time as a multiple of the numba kernel's: on a GPU the Triton kernel runs instead (benchmarks/gpu_check.py).
+path on the whole batch (segood.metrics._device, as the accumulator runs it on a device). Prints ms, the ratio to
+the memory-read floor and the torch path's time as a multiple of the numba kernel's: on a GPU the Triton kernel
+runs instead (benchmarks/gpu_check.py).
 """
 
 import argparse
@@ -42,12 +42,8 @@ def main():
     def torch_batch():
         return _device.float_histograms(*batch, 10, kernel="torch")
 
-    def torch_earlier():
-        return _kernels.float_histogram_torch(batch[0].reshape(-1), batch[1].reshape(-1), 10)
-
     rows = {"memory-read floor": floor, "numba kernel, per image": numba_per_image,
-            "torch path, one batch (segood.metrics._device)": torch_batch,
-            "earlier torch path, one image (_kernels.float_histogram_torch)": torch_earlier}
+            "torch path, one batch (segood.metrics._device)": torch_batch}
     seconds = dict(zip(rows, interleaved_best_times(list(rows.values()), args.repeat)))
     print(f"float-order histogram, m = 10, {args.images} maps of {args.height}x{args.width} float32, CPU "
           f"({torch.get_num_threads()} torch threads, {threads} numba threads)")

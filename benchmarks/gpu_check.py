@@ -348,9 +348,8 @@ def time_accumulators(device, scale, work):
     """The accumulators against the memory-read floor on ``maps`` score maps: the linear grid and the float-order
     grid over the whole batch; the float-order grid with per-image counts as the evaluation runs it (one (N, H, W)
     batch per update, and one frame per update), compute() excluded and included; float16 scores (against their
-    own floor); the device kernel alone (at three block sizes); and the earlier torch path (one image, integer torch
-    ops)."""
-    from segood.metrics import _device, _kernels
+    own floor); and the device kernel alone (at three block sizes)."""
+    from segood.metrics import _device
 
     height, width = scale["size"]
     rng = np.random.default_rng(0)
@@ -386,7 +385,6 @@ def time_accumulators(device, scale, work):
         "float_m10_kernel_ms": lambda: _device.float_histograms(flat_scores, flat_labels, 10),
         **{f"float_m10_kernel_block{block}_ms": functools.partial(_device.float_histograms, flat_scores, flat_labels,
                                                                   10, block=block) for block in (1024, 4096)},
-        "float_m10_old_torch_ms": lambda: _kernels.float_histogram_torch(scores.reshape(-1), labels.reshape(-1), 10),
     }
     ms = dict(zip(named, interleaved_best_ms(list(named.values()), scale["repeat"] * 3, device)))
     result = {**ms, "pixels": int(scores.numel()), "maps": scale["maps"], "size": [height, width],

@@ -608,38 +608,6 @@ def float_order_curve(binades, counts, m):
     return thresholds, hist, fp, tp
 
 
-def float_histogram_torch(scores, labels, m, chunk_pixels=1 << 24):
-    """The float-order histogram with integer torch ops on the tensors' device; one copy to the host.
-
-    The signed key k = bits ^ ((bits >> 63) & 0x7FF...F) orders like the float; the binade is (k >> 52) + 2048
-    and the low bits are the same as the unsigned key's. Occupied binades come from a 4096-bin count (no sort);
-    a pixel that is not counted goes to one extra bin that is dropped (no compaction, no wait for the device).
-    """
-    import torch
-
-    device = scores.device
-    parts, problems = [], torch.zeros(3, dtype=torch.int64, device=device)
-    for start in range(0, scores.numel(), chunk_pixels):
-        s = scores[start : start + chunk_pixels].to(torch.float64) + 0.0  # -0.0 becomes +0.0
-        lab = labels[start : start + chunk_pixels]
-        counted, nan = lab <= OOD, torch.isnan(s)
-        problems += _torch_problems(lab, counted, nan)
-        keep = counted & ~nan
-        bits = s.view(torch.int64)
-        index = ((bits ^ ((bits >> 63) & 0x7FFFFFFFFFFFFFFF)) >> (52 - m)) + (BINADES // 2 << m)  # >= 0
-        binade = torch.where(keep, index >> m, BINADES)
-        occupied = torch.bincount(binade, minlength=BINADES + 1)[:BINADES].nonzero()[:, 0]
-        dump = occupied.numel() * (2 << m)
-        base = torch.full((BINADES + 1,), dump, dtype=torch.int64, device=device)
-        base[occupied] = torch.arange(occupied.numel(), device=device) * (2 << m)
-        low = torch.where(keep, (index & ((1 << m) - 1)) + (lab.to(torch.int64) << m), 0)
-        counts = torch.bincount(base[binade] + low, minlength=dump + 1)[:-1]
-        parts.append((occupied, counts))
-    host = [(b.cpu().numpy(), c.cpu().numpy().reshape(b.numel(), 2, 1 << m)) for b, c in parts]
-    binades, counts = merge_binades(host) if host else (np.zeros(0, np.int64), np.zeros((0, 2, 1 << m), np.int64))
-    return binades, counts, problems.cpu().numpy()
-
-
 # -- the built-in metrics and their bounds ---------------------------------------------------------------------
 # The same numbers as functional.py's definitions (the metrics of a curve, and of the two refined curves for the
 # bounds, built as arrays), in one pass over the bins without building anything: compute() pays this per call.
