@@ -97,12 +97,26 @@ def main():
     slowest = max(stages["reading"], stages["scoring + accumulating"])
     print(f"\nevaluate runs at {slowest / stages['evaluate']:.0%} of the slowest stage's pace")
     if args.profile:
-        import cProfile
-        import pstats
+        profile_run(run, score_and_accumulate, device)
 
-        profile = cProfile.Profile()
-        profile.runcall(run)
-        pstats.Stats(profile).sort_stats("tottime").print_stats(20)
+
+def profile_run(run, score_and_accumulate, device):
+    """Where one evaluate run's main process spends its time, by function (own time, then with callees); on
+    CUDA also which operations the scoring and accumulating keep the device and the host busy with."""
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.runcall(run)
+    for order in ("tottime", "cumulative"):
+        pstats.Stats(profile).sort_stats(order).print_stats(25)
+    if device.type == "cuda":
+        from torch.profiler import ProfilerActivity, profile as torch_profile
+
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            score_and_accumulate()
+        for order in ("self_device_time_total", "cpu_time_total"):
+            print(prof.key_averages().table(sort_by=order, row_limit=25))
 
 
 if __name__ == "__main__":

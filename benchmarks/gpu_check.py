@@ -47,10 +47,12 @@ from segood.models import build_model  # noqa: E402
 HEAD_OF = {"max_softmax": "plain", "odin": "plain", "entropy": "plain", "mahalanobis": "dimreduce",
            "varsum": "dropout", "mutual_info": "dropout", "confidence": "confidence"}
 FULL = {"size": (1024, 2048), "check_size": (256, 512), "networks": (("pspnet", "resnet50"), ("pspnet", "resnet101"),
-        ("deeplabv3plus", "tu-xception65")), "repeat": 5, "maps": 8, "frames": 16, "pipeline_frames": (8, 24),
+        ("deeplabv3plus", "tu-xception65")), "repeat": 5, "maps": 8, "frames": 16, "pipeline_frames": 32,
+        "pipeline_copies": (4, 8),
         "batches": (1, 4, 8), "demo": "full"}
 DRY = {"size": (64, 128), "check_size": (64, 128), "networks": (("pspnet", "resnet18"),), "repeat": 1, "maps": 2,
-       "frames": 4, "pipeline_frames": (2, 4), "batches": (1, 2), "demo": "quick"}
+       "frames": 4, "pipeline_frames": 4, "pipeline_copies": (1, 2), "batches": (1, 2),
+       "demo": "quick"}
 
 
 def main():
@@ -412,14 +414,16 @@ def time_evaluate(device, scale, work):
 
 def time_pipeline(device, scale, work):
     """``segood evaluate`` of the plain head's single-pass methods against its network's forward pass alone, at
-    each batch size in fp32 and half precision (fp16 on CUDA, bf16 on the CPU). Two sets of n and m frames: the
-    run of m frames, start-up included, gives the end-to-end throughput; the difference of the two runs, the warm
-    one (the run's fixed costs cancel)."""
+    each batch size in fp32 and half precision (fp16 on CUDA, bf16 on the CPU). Two runs over a and b copies of one
+    set (as sets of their own: the frames of each are read and scored again): the run of b copies, start-up
+    included, gives the end-to-end throughput; the difference of the two runs, the warm one (the run's fixed
+    costs cancel: both runs have enough batches for every reader process evaluate starts)."""
     from segood.evaluation import evaluate
     from segood.evaluation.runner import default_methods
 
-    small, large = (make_eval_set(work, scale["size"], n) for n in scale["pipeline_frames"])
-    frames = scale["pipeline_frames"]
+    path = make_eval_set(work, scale["size"], scale["pipeline_frames"])
+    runs = [{f"copy{k}": path for k in range(copies)} for copies in scale["pipeline_copies"]]
+    frames = [scale["pipeline_frames"] * copies for copies in scale["pipeline_copies"]]
     torch.manual_seed(0)
     model = build_model("pspnet", scale["networks"][0][1]).to(device).eval()
     methods = [m.name for m in default_methods(model, fitted=False) if m.needs.forward and not m.needs.perturbs]
@@ -437,13 +441,13 @@ def time_pipeline(device, scale, work):
 
             forward_ms = interleaved_best_ms([forward], scale["repeat"], device)[0] / batch
 
-            def run(path, folder):
+            def run(sets, folder):
                 start = time.perf_counter()
-                evaluate(model, [path], methods, work / folder, batch_size=batch, device=device, amp=amp,
+                evaluate(model, sets, methods, work / folder, batch_size=batch, device=device, amp=amp,
                          progress=False, figures=False, bootstrap=None)
                 return time.perf_counter() - start
 
-            seconds = [run(path, f"pipeline_{precision}_{batch}_{k}") for k, path in enumerate((small, large))]
+            seconds = [run(sets, f"pipeline_{precision}_{batch}_{k}") for k, sets in enumerate(runs)]
             warm_ms = 1000 * (seconds[1] - seconds[0]) / (frames[1] - frames[0])
             rows.append({"precision": precision, "batch": batch, "forward_ms_per_frame": forward_ms,
                          "evaluate_ms_per_frame_warm": warm_ms,
@@ -459,8 +463,8 @@ def time_robustness(device, scale, work):
     from segood.evaluation import evaluate
     from segood.robustness.suite import robustness
 
-    path = make_eval_set(work, scale["size"], scale["pipeline_frames"][0])
-    frames = scale["pipeline_frames"][0]
+    frames = scale["pipeline_frames"]
+    path = make_eval_set(work, scale["size"], frames)
     torch.manual_seed(0)
     model = build_model("pspnet", scale["networks"][0][1]).to(device).eval()
     methods = ["max_softmax", "max_logit"]

@@ -154,6 +154,22 @@ def test_class_sums_equal_a_float64_bincount_bit_for_bit(dtype):
     np.testing.assert_array_equal(class_counts(semantic, 19), torch.bincount(index, minlength=20)[:19].numpy())
 
 
+def test_the_device_class_sums_in_blocks_equal_the_sums_pixel_by_pixel():
+    """The device path (partial sums per block of pixels, then the rows summed), run on CPU tensors: counts exact,
+    sums equal to the in-order float64 sums up to their rounding (another order of additions)."""
+    from segood.evaluation.class_sums import BLOCK, _blockwise_sums
+
+    g = torch.Generator().manual_seed(3)
+    semantic = torch.randint(0, 24, (2, 3 * BLOCK + 17), dtype=torch.uint8, generator=g)  # a partial last block
+    semantic[0, :BLOCK] = 7  # a block of one class
+    scores = torch.randn(semantic.shape, generator=g, dtype=torch.float64) * 1e3
+    index = torch.where(semantic < 19, semantic, 19).long().flatten()
+    ones = torch.ones(1, dtype=torch.int64).expand(semantic.numel())
+    assert torch.equal(_blockwise_sums(semantic, ones, 19), torch.bincount(index, minlength=20)[:19])
+    want = torch.bincount(index, weights=scores.flatten(), minlength=20)[:19]
+    torch.testing.assert_close(_blockwise_sums(semantic, scores.flatten(), 19), want, rtol=1e-12, atol=1e-9)
+
+
 def test_the_weights_digest_is_made_again_only_when_a_weight_changes():
     from segood.evaluation.api import _weights_sha256
 

@@ -8,6 +8,7 @@ at a time. The batches and their order are the same either way, so are the count
 """
 
 import os
+import threading
 
 import torch
 
@@ -97,7 +98,11 @@ def batch_reader(datasets, plan, *, workers=0, pin=False, skip_bad=False):
     workers = max(0, min(workers, len(plan) - 1))
     loader = torch.utils.data.DataLoader(_Batches(datasets, plan, skip_bad), batch_size=None, shuffle=False,
                                          num_workers=workers, pin_memory=pin and torch.cuda.is_available())
-    for read in loader:
+    reads = iter(loader)
+    for read in reads:
         if read[0] == "unreadable":
             raise UnreadableFrame(read[1], read[2])
         yield read
+    if workers:  # every batch read: the readers are stopped and joined in the background (a join waits for each
+        # process to exit, ~0.1 s a reader, while the run goes on; they are daemons, ended with the main process)
+        threading.Thread(target=reads._shutdown_workers, name="segood-readers-exit", daemon=True).start()
