@@ -157,10 +157,11 @@ def check_float_order_kernel(device, scores, wide, labels):
     """The device kernel (Triton on CUDA, the torch path on the CPU) against the numba kernel, per image of a batch
     of the adversarial and the wide scores: float32 at m = 1, 10, 14, float16 and float64 at m = 10 (each case a
     compilation of the Triton kernels). Returns the kernel's name."""
+    from segood import _triton
     from segood.metrics import _device, _kernels
     from segood.metrics.functional import as_numpy_inputs
 
-    kernel = "triton" if device.type == "cuda" and _device.triton_available() else "torch"
+    kernel = "triton" if device.type == "cuda" and _triton.available() else "torch"
     batch = np.stack([scores, wide]).astype(np.float64)
     batch_labels = np.stack([labels, labels[::-1]])
     batch_labels[1, ::101] = 7  # bad labels, counted as problems
@@ -351,6 +352,7 @@ def time_accumulators(device, scale, work):
     grid over the whole batch; the float-order grid with per-image counts as the evaluation runs it (one (N, H, W)
     batch per update, and one frame per update), compute() excluded and included; float16 scores (against their
     own floor); and the device kernel alone (at three block sizes)."""
+    from segood import _triton
     from segood.metrics import _device
 
     height, width = scale["size"]
@@ -390,7 +392,7 @@ def time_accumulators(device, scale, work):
     }
     ms = dict(zip(named, interleaved_best_ms(list(named.values()), scale["repeat"] * 3, device)))
     result = {**ms, "pixels": int(scores.numel()), "maps": scale["maps"], "size": [height, width],
-              "kernel": ("triton" if _device.triton_available() else "torch") if device.type == "cuda" else "numba"}
+              "kernel": ("triton" if _triton.available() else "torch") if device.type == "cuda" else "numba"}
     for name, value in ms.items():
         if name not in ("floor_ms", "float16_floor_ms"):
             floor_ms = ms["float16_floor_ms"] if name.startswith("float16") else ms["floor_ms"]

@@ -196,7 +196,8 @@ def test_score_batch_schedules_from_the_declared_needs(sets):
     torch.testing.assert_close(batch.scores[2], mutual_info(samples[:2].softmax(2)))
     torch.testing.assert_close(batch.scores[3], 1 - samples.softmax(2).mean(0).amax(1))
     torch.testing.assert_close(batch.scores[4], methods[4].score(model, x)[0])
-    assert set(batch.seconds) == {"forward", "score/entropy", "score/varsum", "score/odin"}
+    assert set(batch.seconds) == {"forward", "score/entropy", "score/varsum", "score/mutual_info",
+                                  "score/mean_max_prob", "score/odin"}
     plain = get_method("odin", temperature=10).score(model, x)[0]
     assert not torch.allclose(batch.scores[4], plain)  # the perturbed pass really ran
     assert get_method("mahalanobis").needs == Needs("dimreduce", forward=True, fit=True)

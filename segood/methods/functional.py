@@ -235,6 +235,71 @@ def energy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     return torch.logsumexp(logits / temperature, dim=1).mul_(-temperature)
 
 
+LOGIT_FORMS = {"max_softmax": lambda z, t: max_softmax_from_logits(z), "entropy": lambda z, t: entropy_from_logits(z),
+               "odin": odin, "odin_spread": odin_spread, "max_logit": lambda z, t: max_logit(z), "energy": energy}
+LOGIT_BLOCK = 1024  # pixels per program of the fused kernel
+_TEMPERED = ("odin", "odin_spread", "energy")  # the forms whose temperature counts
+
+
+@torch.no_grad()
+def logit_scores(logits, forms):
+    """[(N, H, W) scores] of each (form, temperature) of ``forms`` (forms: the keys of :data:`LOGIT_FORMS`; the
+    temperature counts for odin, odin_spread and energy) from (N, C, H, W) logits.
+
+    On CUDA, float32 logits are read once for all of them (twice per temperature other than 1): a fused kernel
+    (``segood.methods._logits_triton``) writes per pixel the maximum logit and the exponential sums every form
+    is made of, and each form is a few operations on those maps. It computes what each form's own function
+    computes, summed in another order (so up to float32 rounding). Elsewhere, and where Triton cannot run,
+    each form's own function."""
+    from segood import _triton
+
+    unknown = sorted({name for name, _ in forms} - set(LOGIT_FORMS))
+    if unknown:
+        raise ValueError(f"unknown logit forms {unknown}; known: {', '.join(LOGIT_FORMS)}")
+    if logits.is_cuda and logits.dtype == torch.float32 and logits.shape[1] > 1 and _triton.available():
+        try:
+            return _fused_logit_scores(logits, forms)
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a Triton that cannot build or launch its kernel on this machine
+            _triton.failed(err, "logit kernel", "each method scores the logits with torch operations")
+    return [LOGIT_FORMS[name](logits, temperature) for name, temperature in forms]
+
+
+def _fused_logit_scores(logits, forms, *, kernel=None):
+    """:func:`logit_scores` through the fused kernel (``kernel``: its module, for tests in Triton's interpreter)."""
+    if kernel is None:
+        from segood.methods import _logits_triton as kernel
+    n, c, h, w = logits.shape
+    logits = logits.contiguous()
+    stats = {}  # temperature -> (5, N, H, W): max z, S, W, S_T - 1, C - S_T (the first three at T = 1)
+    for t in dict.fromkeys(t for name, t in forms if name in _TEMPERED) or [1.0]:
+        if not t > 0:
+            raise ValueError(f"the temperature must be positive, got {t}")
+        out = logits.new_empty(5, n, h, w)
+        if n * h * w:
+            kernel.stats[(n * -(-(h * w) // LOGIT_BLOCK),)](logits, out, n, c, h * w, float(t), BLOCK=LOGIT_BLOCK)
+        stats[t] = out
+    tiny = torch.finfo(torch.float32).tiny
+    scores = []
+    for name, t in forms:
+        top, total, weighted, above_one, to_uniform = stats[t] if name in _TEMPERED else next(iter(stats.values()))
+        if name == "max_softmax":
+            score = 1.0 - 1.0 / total
+        elif name == "entropy":
+            score = ((torch.log(total) - weighted / total) / math.log(c)).clamp_(0.0, 1.0)
+        elif name == "max_logit":
+            score = -top
+        elif name == "odin":
+            score = 1.0 - 1.0 / (above_one + 1.0)
+        elif name == "odin_spread":
+            score = to_uniform.clamp(min=tiny).reciprocal_().sub_(above_one.clamp(min=tiny).reciprocal_())
+        else:  # energy: -T logsumexp(z / T) = -(max z + T log S_T)
+            score = torch.log1p(above_one).mul_(t).add_(top).neg_()
+        scores.append(score)
+    return scores
+
+
 def standardized_max_logit(logits, means, stds):
     """-(max_c f_c - mu_k) / sigma_k with k the predicted class (Jung et al. 2021, "Standardized max logits").
     ``means``, ``stds``: (C,) statistics of the max logit over training pixels predicted as each class."""

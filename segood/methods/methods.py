@@ -69,6 +69,9 @@ class Method:
     ascend = False
     #: the range of the scores (None: unbounded, for the float-order grid only)
     score_range = (0.0, 1.0)
+    #: methods scored from the same forward pass that share work opt in with one function, set on each class:
+    #: ``from_output_together(methods, output) -> [scores]``, called once with every method of a batch naming it
+    from_output_together = None
 
     def __init__(self, **params):
         self.params = params
@@ -190,18 +193,41 @@ def _dropout_uncertainties(methods, logits):
     return [out[m.quantity] for m in methods]
 
 
+def _logit_scores_together(methods, output):
+    """The methods that are a formula of the logits, from one read of them (:func:`fn.logit_scores`)."""
+    return fn.logit_scores(output.logits, [m.logit_form for m in methods])
+
+
+class LogitMethod(Method):
+    """Base of the methods that are a formula of the logits alone, (form, temperature) of
+    :data:`segood.methods.functional.LOGIT_FORMS`: scored together from one read of the logits where the device
+    can (:func:`~segood.methods.functional.logit_scores`), each alone otherwise."""
+
+    from_output_together = staticmethod(_logit_scores_together)
+
+    def __init_subclass__(cls, **keywords):
+        super().__init_subclass__(**keywords)
+        if "from_output" in vars(cls):  # a formula of its own: scored alone
+            cls.from_output_together = None
+
+    @property
+    def logit_form(self):
+        return self.name, self.params.get("temperature", 1.0)
+
+    def from_output(self, output):
+        name, temperature = self.logit_form
+        return fn.LOGIT_FORMS[name](output.logits, temperature)
+
+
 @register_method
-class MaxSoftmax(Method):
+class MaxSoftmax(LogitMethod):
     """1 - max softmax (Hendrycks & Gimpel 2017). Any head."""
 
     name = "max_softmax"
 
-    def from_output(self, output):
-        return fn.max_softmax_from_logits(output.logits)
-
 
 @register_method
-class Odin(Method):
+class Odin(LogitMethod):
     """ODIN (Liang et al. 2018): temperature T and input perturbation ε (the seed paper's eq. 4-6),
     x~ = x - ε sign(-∇_x Σ_pixels log S_ŷ(x; T)): the step that raises the max softmax, which moves ID inputs
     more than OOD ones. Any head. Grid: T in ODIN_TEMPERATURES, ε in ODIN_EPSILONS.
@@ -227,9 +253,9 @@ class Odin(Method):
     def score_range(self):
         return (0.0, 1.0) if self.params["form"] == "softmax" else None
 
-    def from_output(self, output):
-        score = fn.odin if self.params["form"] == "softmax" else fn.odin_spread
-        return score(output.logits, self.params["temperature"])
+    @property
+    def logit_form(self):
+        return "odin" if self.params["form"] == "softmax" else "odin_spread", self.params["temperature"]
 
     def objective(self, output):  # Σ_pixels log S_ŷ(x; T)
         return (output.logits / self.params["temperature"]).log_softmax(dim=1).amax(dim=1).sum()
@@ -348,13 +374,10 @@ class Confidence(Method):
 
 
 @register_method
-class Entropy(Method):
+class Entropy(LogitMethod):
     """Softmax entropy / log C (Mukhoti & Gal 2018). Any head."""
 
     name = "entropy"
-
-    def from_output(self, output):
-        return fn.entropy_from_logits(output.logits)
 
 
 @register_method
@@ -380,18 +403,15 @@ class MutualInfo(MonteCarlo):
 
 
 @register_method
-class MaxLogit(Method):
+class MaxLogit(LogitMethod):
     """-max_c f_c (Hendrycks et al. 2022). Any head; unbounded (the float-order grid)."""
 
     name = "max_logit"
     score_range = None
 
-    def from_output(self, output):
-        return fn.max_logit(output.logits)
-
 
 @register_method
-class Energy(Method):
+class Energy(LogitMethod):
     """Energy -T logsumexp(f / T) (Liu et al. 2020). Any head; unbounded."""
 
     name = "energy"
@@ -401,9 +421,6 @@ class Energy(Method):
         if not float(temperature) > 0:
             raise ValueError(f"the energy temperature must be positive, got {temperature}")
         super().__init__(temperature=float(temperature), **params)
-
-    def from_output(self, output):
-        return fn.energy(output.logits, self.params["temperature"])
 
 
 @register_method

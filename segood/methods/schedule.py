@@ -89,10 +89,8 @@ def score_batch(model, x, methods, *, mc_seed=None, amp=None):
         resized = tuple(raw.logits.shape[-2:]) != size
         output = at_input(raw)
         clock.lap("forward")
-        for k, method in enumerate(methods):
-            if needs[k].forward:
-                scores[k] = method.from_output(output)
-                clock.lap(f"score/{method.name}")
+        _score_shared(methods, [k for k, n in enumerate(needs) if n.forward], "from_output_together",
+                      lambda m, out: m.from_output(out), output, scores, clock)
         sampled = [k for k, n in enumerate(needs) if n.samples]
         if sampled:
             if mc_seed is not None:
@@ -104,17 +102,8 @@ def score_batch(model, x, methods, *, mc_seed=None, amp=None):
                 logits = F.interpolate(logits.flatten(0, 1), size=size, mode="bilinear",
                                        align_corners=align_corners).unflatten(0, logits.shape[:2])
             for count in sorted({needs[k].samples for k in sampled}):
-                together = {}  # methods of one sample count that share work: one call of their hook
-                for k in (k for k in sampled if needs[k].samples == count):
-                    hook = getattr(type(methods[k]), "from_samples_together", None)
-                    if hook is None:
-                        scores[k] = methods[k].from_samples(logits[:count])
-                    else:
-                        together.setdefault(hook, []).append(k)
-                for hook, group in together.items():
-                    for k, score in zip(group, hook([methods[k] for k in group], logits[:count])):
-                        scores[k] = score
-            clock.lap(f"score/{methods[sampled[0]].name}")
+                _score_shared(methods, [k for k in sampled if needs[k].samples == count], "from_samples_together",
+                              lambda m, samples: m.from_samples(samples), logits[:count], scores, clock)
     for k, method in enumerate(methods):
         if needs[k].perturbs:
             x_tilde = perturb(model, x, lambda out, m=method: m.objective(at_input(out)), method.params["epsilon"],
@@ -153,6 +142,24 @@ def perturb(model, x, objective, epsilon, *, ascend):
     step = epsilon * x.grad.sign() / std
     model.zero_grad(set_to_none=True)
     return (x + step if ascend else x - step).detach()
+
+
+def _score_shared(methods, indices, hook_name, alone, value, scores, clock):
+    """Put into ``scores[k]`` the scores of ``methods[k]`` for k in ``indices``, from ``value`` (the forward
+    pass, or Monte-Carlo samples): the methods whose class sets the hook ``hook_name`` share one call of it per
+    hook, the others are scored ``alone(method, value)``; a clock lap per call."""
+    together = {}
+    for k in indices:
+        hook = getattr(type(methods[k]), hook_name, None)
+        if hook is None:
+            scores[k] = alone(methods[k], value)
+            clock.lap(f"score/{methods[k].name}")
+        else:
+            together.setdefault(hook, []).append(k)
+    for hook, group in together.items():
+        for k, score in zip(group, hook([methods[k] for k in group], value)):
+            scores[k] = score
+        clock.lap(f"score/{methods[group[0]].name}")
 
 
 def pad_to_multiple(x, multiple):

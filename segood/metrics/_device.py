@@ -14,11 +14,9 @@ float32 conversion of its mantissa), so no float64 copy of the map is made. Floa
 through float64 (integers round as numpy's astype does).
 """
 
-import functools
-import warnings
-
 import numpy as np
 
+from segood import _triton
 from segood.labels import IGNORE, OOD
 from segood.metrics._kernels import BINADES, N_BAD_LABEL, N_BAD_SCORE, N_IGNORED
 
@@ -26,7 +24,6 @@ _NARROW = ("float16", "bfloat16", "float32", "int8", "uint8", "int16", "bool")  
 _TABLE_LIMIT = 1 << 28  # counters per pass-2 table (1 GiB of int32); larger batches run in groups of images
 _CHUNK = 1 << 22  # pixels per step of the torch path: its int64 temporaries stay near 100 MiB
 BLOCK = 2048  # pixels per Triton program
-_BROKEN = []  # why the Triton kernels failed on this machine, once they have
 
 
 def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK):
@@ -47,16 +44,14 @@ def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK):
 
     if kernel is not None:
         return _histograms(scores, labels, m, kernel, block)
-    if not (scores.is_cuda and triton_available()):
+    if not (scores.is_cuda and _triton.available()):
         return _histograms(scores, labels, m, "torch", block)
     try:
         return _histograms(scores, labels, m, "triton", block)
     except torch.cuda.OutOfMemoryError:
         raise
     except Exception as err:  # noqa: BLE001 - a Triton that cannot build or launch its kernels on this machine
-        _BROKEN.append(f"{type(err).__name__}: {err}")
-        warnings.warn(f"segood's Triton histogram kernel failed here ({_BROKEN[0][:300]}); counting with torch "
-                      "operations instead (the same counts, slower)", RuntimeWarning, stacklevel=3)
+        _triton.failed(err, "histogram kernel", "counting with torch operations (the same counts, slower)")
         return _histograms(scores, labels, m, "torch", block)
 
 
@@ -108,20 +103,6 @@ def _histograms(scores, labels, m, kernel, block):
                 rows = present[i, union]
                 images[i] = (union[rows].astype(np.int64), table[i - start, rows].astype(np.int64))
     return images, host[n * BINADES :].copy()
-
-
-def triton_available():
-    """Whether Triton imports (it ships with torch's CUDA builds on Linux) and has not failed here."""
-    return _triton_imports() and not _BROKEN
-
-
-@functools.lru_cache(maxsize=None)
-def _triton_imports():
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def triton_cdiv(a, b):

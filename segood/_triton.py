@@ -1,0 +1,28 @@
+"""Whether segood's Triton kernels can run here: Triton imports (it ships with torch's CUDA builds on Linux) and
+no kernel has failed to build or launch on this machine. After a failure every kernel gives way to its torch path,
+which computes the same."""
+
+import functools
+import warnings
+
+_BROKEN = []  # why a Triton kernel failed on this machine, once one has
+
+
+def available():
+    return _imports() and not _BROKEN
+
+
+@functools.lru_cache(maxsize=None)
+def _imports():
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def failed(err, kernel, fallback):
+    """Record that ``kernel`` failed with ``err`` and warn that ``fallback`` is used from now on."""
+    _BROKEN.append(f"{type(err).__name__}: {err}")
+    warnings.warn(f"segood's Triton {kernel} failed here ({_BROKEN[0][:300]}); {fallback} instead", RuntimeWarning,
+                  stacklevel=3)

@@ -1,0 +1,87 @@
+"""The logit methods scored together (:func:`segood.methods.functional.logit_scores`): on the CPU each method's
+own function, bit for bit; the fused kernel (CUDA) equal to those functions up to float32 rounding, run here in
+Triton's interpreter (a subprocess with TRITON_INTERPRET=1, which Triton reads when it makes a kernel) on logits
+with ties, -inf, NaN, a uniform pixel and spreads from 1e-6 to 1e4, at temperatures 1, 0.5, 2 and 1000."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from segood.methods import functional as fn, get_method
+from segood.methods.schedule import score_batch
+from tests.networks import tiny_network
+
+FORMS = [("max_softmax", 1.0), ("entropy", 1.0), ("max_logit", 1.0), ("energy", 1.0), ("energy", 2.0),
+         ("odin", 1000.0), ("odin_spread", 1000.0), ("odin_spread", 0.5)]
+
+
+def hard_logits():
+    g = torch.Generator().manual_seed(5)
+    n, c, h, w = 2, 19, 9, 131  # 1179 pixels an image: two programs of 1024, the second partly filled
+    logits = torch.randn(n, c, h, w, generator=g) * torch.logspace(-6, 4, h * w).view(1, 1, h, w)
+    logits[0, :, 0, 0] = 3.0  # a uniform pixel: S = C
+    logits[0, :3, 0, 1] = 50.0  # three equal maxima
+    logits[1, 4, 0, 2] = -float("inf")
+    logits[1, :, 0, 3] = -1e30
+    logits[1, 7, 0, 3] = 1e30  # one-hot: S = 1
+    logits[0, 5, 0, 4] = float("nan")
+    return logits
+
+
+def check_fused():
+    from segood.methods import _logits_triton
+
+    logits = hard_logits()
+    got = fn._fused_logit_scores(logits, FORMS, kernel=_logits_triton)
+    for (name, t), score in zip(FORMS, got):
+        want = fn.LOGIT_FORMS[name](logits, t)
+        assert torch.equal(score.isnan(), want.isnan()), name
+        torch.testing.assert_close(score, want, rtol=2e-5, atol=1e-6, equal_nan=True, msg=name)
+        print(f"{name} T={t}: equal", flush=True)
+
+
+def test_methods_scored_together_on_the_cpu_equal_each_alone_bit_for_bit():
+    model = tiny_network()
+    x = torch.randn(2, 3, 32, 48, generator=torch.Generator().manual_seed(0))
+    methods = [get_method(name, **params) for name, params in (
+        ("max_softmax", {}), ("entropy", {}), ("max_logit", {}), ("energy", {"temperature": 2.0}),
+        ("odin", {"temperature": 1000.0}), ("odin", {"temperature": 10.0, "form": "softmax"}))]
+    batch = score_batch(model, x, methods)
+    with torch.no_grad():
+        output = model(x)
+    for method, score in zip(methods, batch.scores):
+        assert torch.equal(score, method.from_output(output)), method.name
+    assert [fn.LOGIT_FORMS[n](hard_logits(), t).shape for n, t in FORMS[:1]] == [(2, 9, 131)]
+
+
+def test_a_method_with_a_formula_of_its_own_is_scored_alone():
+    from segood.methods.methods import MaxSoftmax
+
+    class Halved(MaxSoftmax):
+        def from_output(self, output):
+            return super().from_output(output) / 2
+
+    assert MaxSoftmax.from_output_together is not None and Halved.from_output_together is None
+
+
+def test_unknown_forms_are_refused():
+    with pytest.raises(ValueError, match="unknown logit forms"):
+        fn.logit_scores(torch.zeros(1, 2, 1, 1), [("softmax", 1.0)])
+
+
+def test_the_fused_kernel_in_the_interpreter_equals_each_form():
+    pytest.importorskip("triton", reason="Triton does not import here; the fused kernel cannot run")
+    root = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    run = subprocess.run([sys.executable, __file__], capture_output=True, text=True, timeout=600, cwd=root,
+                         env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.stdout.count("equal") == len(FORMS), run.stdout
+
+
+if __name__ == "__main__":  # the interpreter test's subprocess: TRITON_INTERPRET=1 is set
+    check_fused()
