@@ -44,6 +44,7 @@ from segood.methods import get_method  # noqa: E402
 from segood.methods.schedule import score_batch  # noqa: E402
 from segood.models import build_model  # noqa: E402
 
+LOGIT_METHODS = ("max_softmax", "odin", "entropy", "max_logit", "energy")
 HEAD_OF = {"max_softmax": "plain", "odin": "plain", "entropy": "plain", "mahalanobis": "dimreduce",
            "varsum": "dropout", "mutual_info": "dropout", "confidence": "confidence"}
 FULL = {"size": (1024, 2048), "check_size": (256, 512), "networks": (("pspnet", "resnet50"), ("pspnet", "resnet101"),
@@ -106,7 +107,8 @@ def main():
     pipeline = report["throughput"]["pipeline"]
     report["targets"] = {
         "evaluate (warm) >= 0.5 of forward-only throughput": min(r["warm_share"] for r in pipeline["rows"]) >= 0.5,
-        "single_pass_methods_overhead <= 0.10": methods["single_pass_together_overhead"] <= 0.10,
+        "logit methods scored together <= 0.10 over a forward": methods["logit_methods_scored_together_overhead"]
+        <= 0.10,
         "accumulation >= 0.5 of the memory-read floor": min(acc["ratio_linear_400"], acc["ratio_float_m10"],
                                                             acc["ratio_float_m10_per_image"]) >= 0.5,
         "mc_dropout_T8 <= 2.5 forwards": methods["mc_logits_T8_ratio"] <= 2.5,
@@ -202,8 +204,8 @@ def compare_methods(device, scale):
         model = build_model("pspnet", "resnet18", head=head).eval()
         names = [n for n, h in HEAD_OF.items() if h == head]
         methods = [get_method(n) for n in names]
-        if head == "plain":
-            methods.append(get_method("odin", temperature=10, epsilon=0.002))
+        if head == "plain":  # (with CUDA and Triton, the logit methods come from the fused kernel there)
+            methods += [get_method("max_logit"), get_method("energy"), get_method("odin", temperature=10, epsilon=0.002)]
         for method in methods:
             if method.needs.fit:
                 batch = {"image": torch.randint(0, 256, (2, 3, height, width), dtype=torch.uint8),
@@ -344,7 +346,12 @@ def time_methods(device, scale, work):
                                       device)
     single = [n for n in rows if get_method(n).needs.forward]
     together = sum(rows[n]["added_ms"] for n in single) / np.mean([rows[n]["forward_ms"] for n in single])
-    return {"per_method": rows, "single_pass_together_overhead": together, "mc_logits_T8_ratio": mc / one}
+    plain, logit_methods = models["plain"], [get_method(n) for n in LOGIT_METHODS]
+    with torch.no_grad():  # the logit methods scored together (one read of the logits), over the forward alone
+        forward_ms, scored_ms = interleaved_best_ms([lambda: plain(x), lambda: score_batch(plain, x, logit_methods)],
+                                                    scale["repeat"], device)
+    return {"per_method": rows, "single_pass_together_overhead": together, "mc_logits_T8_ratio": mc / one,
+            "logit_methods": LOGIT_METHODS, "logit_methods_scored_together_overhead": scored_ms / forward_ms - 1}
 
 
 def time_accumulators(device, scale, work):
@@ -536,7 +543,9 @@ def table(report):
     lines += [f"| {n} | {r['forward_ms']:.1f} | {r['added_ms']:.1f} | {r['overhead']:.1%} |"
               for n, r in methods["per_method"].items()]
     acc, ev = report["throughput"]["accumulators"], report["throughput"]["evaluate"]
-    lines += ["", f"single-pass methods together: {methods['single_pass_together_overhead']:.1%} of a forward; "
+    lines += ["", f"single-pass methods, the sum of each alone: {methods['single_pass_together_overhead']:.1%} of a "
+              f"forward; {', '.join(methods['logit_methods'])} scored together: "
+              f"{methods['logit_methods_scored_together_overhead']:.1%} over a forward; "
               f"mc_logits(T=8): {methods['mc_logits_T8_ratio']:.2f} forwards",
               f"accumulators on {acc['pixels'] / 1e6:.1f} M pixels: floor {acc['floor_ms']:.2f} ms, linear T=400 "
               f"{acc['linear_400_ms']:.2f} ms ({acc['ratio_linear_400']:.2f} of the floor), float-order m=10 "
