@@ -70,7 +70,8 @@ def train_generator(path, *, objects="demo", label_map="sun", latent=LATENT, epo
     return record
 
 
-def attack(targets, frames, out_dir, options: AttackOptions | None = None, **keywords) -> dict:
+def attack(targets: list[str | tuple[str, str | Path]], frames: str | Path, out_dir: str | Path,
+           options: AttackOptions | None = None, **keywords) -> dict:
     """Search every target's worst case on the clean frames of ``frames`` and evaluate every method on every set.
 
     Args:

@@ -18,13 +18,13 @@ from segood.evaluation.report import build_results, grid_of_config, write_report
 from segood.evaluation.results import Results
 from segood.evaluation.runner import Evaluation, default_methods, run, run_identity
 from segood.io import write_json
-from segood.methods.methods import check_grid, method_for_grid
+from segood.methods.methods import Method, check_grid, method_for_grid
 from segood.methods.scorer import Scorer
 from segood.models.external import as_network
 from segood.models.network import SegmentationNetwork
 
 
-def start_distributed(device=None):
+def start_distributed(device: str | None = None) -> str | None:
     """Join the process group when started by ``torchrun`` (WORLD_SIZE > 1): NCCL on CUDA (one GPU per local
     rank), gloo on CPU. Returns the device to evaluate on (``device`` unchanged outside torchrun)."""
     import os
@@ -39,8 +39,9 @@ def start_distributed(device=None):
     return device
 
 
-def evaluate(model, sets, methods=None, out_dir=None, options: EvaluateOptions | None = None,
-             **keywords) -> Results | None:
+def evaluate(model: torch.nn.Module | Scorer, sets: dict[str, str | Path] | list[str | Path],
+             methods: list[str | Method] | None = None, out_dir: str | Path | None = None,
+             options: EvaluateOptions | None = None, **keywords) -> Results | None:
     """Evaluate pixel-level OOD methods of ``model`` on converted sets; returns the :class:`Results` (the results
     document, the content of results.json, with ``table()``, ``save(folder)`` and ``figures(folder)``).
 
@@ -167,7 +168,8 @@ def execute(model, sets, methods, out_dir, description, options, **run_options):
     return ev
 
 
-def evaluate_score_maps(scores_path, data_path, out_dir, options: ScoreOptions | None = None, **keywords) -> dict:
+def evaluate_score_maps(scores_path: str | Path, data_path: str | Path, out_dir: str | Path,
+                        options: ScoreOptions | None = None, **keywords) -> dict:
     """Evaluate per-pixel scores computed elsewhere; writes the run folder ``out_dir`` and returns the results
     document.
 
