@@ -729,12 +729,12 @@ def build_parser(*, adapters=True):
     att.add_argument("--blend", choices=BLENDS, default="feather", help="default feather")
     att.add_argument("--height-ratio", type=float, nargs=2, default=HEIGHT_RATIO, metavar=("LOW", "HIGH"),
                      help="pasted height / distance of its base below the horizon (default %(default)s)")
-    att.add_argument("--budget", type=positive_int, default=100, help="network passes per frame and method (default 100)")
+    att.add_argument("--budget", type=int, default=100, help="network passes per frame and method (default 100)")
     att.add_argument("--temperature", type=float, default=0.1,
                      help="of the energy in units of the method's ID score spread (default 0.1)")
     att.add_argument("--step", type=float, default=0.1, help="proposal std in the unit cube (default 0.1)")
     att.add_argument("--seed", type=int, default=0, help="with the frame id and the method, seeds each chain")
-    att.add_argument("--max-frames", type=positive_int, help="attack the first N frames only")
+    att.add_argument("--max-frames", type=int, help="attack the first N frames only")
     att.add_argument("--standard", type=Path, help="a standard OOD set evaluated beside (e.g. the demo's paste.h5)")
     att.add_argument("--fit-set", type=Path, help="converted training set to fit sml and mahalanobis on")
     att.add_argument("--device", help="cpu, cuda (default: cpu)")

@@ -44,7 +44,8 @@ BAD = {
     "attack: unknown blend": (AttackOptions, {"blend": "poisson"}, ValueError,
                               "blend .--blend. must be one of none, feather, seamless"),
     "attack: height ratio": (AttackOptions, {"height_ratio": (0.6, 0.1)}, ValueError, "0 < LOW <= HIGH"),
-    "attack: no frames": (AttackOptions, {"max_frames": 0}, ValueError, "max_frames must be a positive integer or None"),
+    "attack: no frames": (AttackOptions, {"max_frames": 0}, ValueError,
+                          "max_frames must be a positive integer or None"),
     "attack: config not a SearchConfig": (AttackOptions, {"config": {"budget": 5}}, TypeError,
                                           "config must be a segood.attack.search.SearchConfig"),
     "attack: resume not a flag": (AttackOptions, {"resume": 1}, TypeError, "resume must be True or False"),
@@ -109,7 +110,11 @@ def test_the_functions_refuse_bad_options_before_reading_anything(tmp_path):
     (["attack", "--target", "energy=M.pt", "--frames", "F.h5", "--out", "OUT", "--height-ratio", "0.5", "0.1"],
      "0 < LOW <= HIGH"),
     (["attack", "--target", "energy=M.pt", "--frames", "F.h5", "--out", "OUT", "--temperature", "0"],
-     "temperature .--temperature. must be a positive finite number")])
+     "temperature .--temperature. must be a positive finite number"),
+    (["attack", "--target", "energy=M.pt", "--frames", "F.h5", "--out", "OUT", "--budget", "0"],
+     "budget .--budget. must be a positive integer"),
+    (["attack", "--target", "energy=M.pt", "--frames", "F.h5", "--out", "OUT", "--max-frames", "-1"],
+     "max_frames must be a positive integer")])
 def test_the_command_line_refuses_bad_options_before_reading_anything(argv, message, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2

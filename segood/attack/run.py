@@ -79,9 +79,9 @@ def attack(targets: list[str | tuple[str, str | Path]], frames: str | Path, out_
         frames: a converted set of clean ID frames with road or sidewalk (e.g. Cityscapes val).
         out_dir: the attack's folder (its layout: this module's docstring).
         options: an :class:`~segood.attack.options.AttackOptions` (objects, blending, the search's
-            :class:`~segood.attack.search.SearchConfig`, fit set, resume, device, generator, ...); ``keywords`` are its fields
-            (``config=SearchConfig(budget=50), max_frames=10``), put into ``options`` when both are given. Every
-            option is documented there and checked there, once.
+            :class:`~segood.attack.search.SearchConfig`, fit set, resume, device, generator, ...); ``keywords`` are
+            its fields (``config=SearchConfig(budget=50), max_frames=10``), put into ``options`` when both are
+            given. Every option is documented there and checked there, once.
 
     Returns the document written to ``attack.json``.
     """

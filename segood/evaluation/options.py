@@ -228,5 +228,6 @@ class ProtocolOptions(Options):
         keywords = {k: v for k, v in keywords.items() if k in own}
         if passed_on:
             base = keywords.get("evaluation") or (options.evaluation if isinstance(options, cls) else None)
-            keywords["evaluation"] = EvaluateOptions.of(base, **passed_on) if base else _protocol_evaluation(**passed_on)
+            keywords["evaluation"] = (EvaluateOptions.of(base, **passed_on) if base else
+                                      _protocol_evaluation(**passed_on))
         return super().of(options, **keywords)

@@ -22,19 +22,23 @@ SCHEMA = "segood.protocol/1"
 __all__ = ["GRIDS", "ProtocolOptions", "cross_source", "protocol_markdown"]
 
 
-def cross_source(model, tuning_sets: dict, test_sets: dict, methods: list[str], out_dir,
-                 options: ProtocolOptions | None = None, **keywords) -> dict:
+def cross_source(model, tuning_sets: dict[str, str | Path], test_sets: dict[str, str | Path], methods: list[str],
+                 out_dir: str | Path, options: ProtocolOptions | None = None, **keywords) -> dict:
     """Run the protocol; writes ``out_dir/<S>/`` (one evaluation per tuning set, resumable), ``protocol.json`` and
     ``protocol.md``, and returns the protocol document.
 
     Args:
-        tuning_sets, test_sets: {name: converted set}. methods: method names.
+        model: a segood network or any ``nn.Module`` returning logits, as :func:`segood.evaluate` takes.
+        tuning_sets: {name: converted set}, one per OOD source.
+        test_sets: {name: converted set}.
+        methods: method names.
+        out_dir: the protocol's folder.
         options: a :class:`~segood.evaluation.options.ProtocolOptions` (rule, metric, grids and the evaluation's
             options); ``keywords`` are its fields or those of its evaluation (``rule="f1", batch_size=4``), put into
             ``options`` when both are given. Every option is checked there, once.
     """
     options = ProtocolOptions.of(options, **keywords)
-    grids, rule, metric, ev = options.grids, options.rule, options.metric, options.evaluation
+    grids, rule, metric, evaluation = options.grids, options.rule, options.metric, options.evaluation
     clash = sorted(set(tuning_sets) & set(test_sets))
     if clash:
         raise ValueError(f"sets {clash} are named both as tuning and as test sets: a tuning set is a held-out split; "
@@ -50,11 +54,11 @@ def cross_source(model, tuning_sets: dict, test_sets: dict, methods: list[str], 
     cells = {m: {} for m in methods}
     tuned_params = {m: {} for m in methods}
     for s, path in tuning_sets.items():
-        loader = frame_loader(H5SegmentationDataset(path), ev.batch_size)
-        tuned = [tune(m, model, loader, grids[m], metric=metric, tuning_set=path, progress=ev.progress).method()
+        loader = frame_loader(H5SegmentationDataset(path), evaluation.batch_size)
+        tuned = [tune(m, model, loader, grids[m], metric=metric, tuning_set=path, progress=evaluation.progress).method()
                  if m in grids else get_method(m) for m in methods]
         doc = evaluate(model, {s: path, **test_sets}, tuned, out_dir / s, dataclasses.replace(
-            ev, resume=ev.resume and (out_dir / s / "run.json").exists(), commit_on=s))
+            evaluation, resume=evaluation.resume and (out_dir / s / "run.json").exists(), commit_on=s))
         for method in tuned:
             m = method.name
             tuned_params[m][s] = {k: v for k, v in method.params.items() if k != "tuning"}
