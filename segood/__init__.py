@@ -1,17 +1,22 @@
 """segood: pixel-level out-of-distribution detection benchmark for semantic segmentation."""
 
 import os
+from typing import TYPE_CHECKING
 
 from segood.version import __version__
+
+if TYPE_CHECKING:  # (imported on first use below: ``import segood`` stays light)
+    from segood.evaluation import evaluate
+    from segood.methods.scorer import Scorer
 
 # albumentations asks the package index for a newer version when it is imported, unless this is set: segood
 # makes no network access (every import of albumentations in segood comes after this package's import).
 os.environ["NO_ALBUMENTATIONS_UPDATE"] = "1"
 
-__all__ = ["__version__", "evaluate"]
+__all__ = ["Scorer", "__version__", "evaluate"]
 
 
-def __getattr__(name):  # ``segood.evaluate`` and ``segood.Scorer`` without importing torch at ``import segood``
+def __getattr__(name: str):  # ``segood.evaluate`` and ``segood.Scorer`` without importing torch at ``import segood``
     if name == "evaluate":
         from segood.evaluation import evaluate
 

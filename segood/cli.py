@@ -207,12 +207,13 @@ def _class_map(spec):
 
 
 def _protocol(args):
+    from segood.evaluation.options import ProtocolOptions
     from segood.evaluation.protocol import cross_source
 
+    options = ProtocolOptions.of(rule=args.rule, metric=args.metric, batch_size=args.batch_size, device=args.device,
+                                 fit_set=args.fit_set, resume=args.resume, progress=not args.quiet)
     tune, test = sets_by_stem(args.tune_sets, "--tune-sets"), sets_by_stem(args.test_sets, "--test-sets")
-    doc = cross_source(_model(args), tune, test,
-                       args.methods, args.out, rule=args.rule, metric=args.metric, batch_size=args.batch_size,
-                       device=args.device, fit_set=args.fit_set, resume=args.resume, progress=not args.quiet)
+    doc = cross_source(_model(args), tune, test, args.methods, args.out, options)
     print((args.out / "protocol.md").read_text(), end="")
     print(f"\nwrote {args.out}/protocol.json and protocol.md ({len(doc['tuning_sets'])} tuning sets)")
     return 0
@@ -245,23 +246,6 @@ def _evaluate(args):
     from segood.evaluation.api import start_distributed
 
     device = start_distributed(args.device)
-    if args.scorer:
-        from segood.methods.scorer import load_scorer
-
-        network = [flag for flag, given in (("--checkpoint", args.checkpoint), ("--arch", args.arch),
-                                            ("--weights", args.weights), ("--feature-layer", args.feature_layer),
-                                            ("--fit-set", args.fit_set), ("--align-corners", args.align_corners),
-                                            ("--model-type", args.model_type),
-                                            ("--methods", args.methods != ["all"])) if given]
-        if network:
-            raise ValueError(f"--scorer returns the anomaly scores itself: drop {', '.join(network)}, which set up "
-                             "a network and its methods")
-        model, methods = load_scorer(args.scorer, name=args.scorer_name, per_image=args.per_image), None
-    elif args.scorer_name or args.per_image:
-        raise ValueError("--scorer-name and --per-image describe a scorer: add --scorer MODULE:FUNCTION")
-    else:
-        model = _model(args)
-        methods = None if args.methods == ["all"] else list(args.methods)  # by name: in the form the grid bins
     components = None
     if not args.components and (args.component_thresholds or args.component_rule or args.oracle_thresholds):
         raise ValueError("--component-thresholds, --component-rule and --oracle-thresholds set up the component "
@@ -280,16 +264,40 @@ def _evaluate(args):
         oracle = given == "oracle" or args.oracle_thresholds
         components = {"preset": args.components, "thresholds": thresholds, "rule": args.component_rule,
                       "source": "oracle" if oracle else "committed"}
-    doc = evaluate(model, args.sets, methods, args.out, batch_size=args.batch_size, device=device,
-                   workers=args.workers, amp=args.amp,
-                   num_thresholds=args.num_thresholds, mantissa_bits=args.mantissa_bits, grid=grid_choice(args),
-                   resume=args.resume, save_every=args.save_every,
-                   progress=not args.quiet, skip_bad=args.skip_bad, fit_set=args.fit_set,
-                   checkpoint=args.checkpoint, feature_layer=args.feature_layer, verify=not args.no_verify,
-                   components=components, official=args.official, **_analysis_options(args))
+    options = _evaluate_options(args, device, components=components, official=args.official,
+                                **_analysis_options(args))
+    if args.scorer:
+        from segood.methods.scorer import load_scorer
+
+        network = [flag for flag, given in (("--checkpoint", args.checkpoint), ("--arch", args.arch),
+                                            ("--weights", args.weights), ("--feature-layer", args.feature_layer),
+                                            ("--fit-set", args.fit_set), ("--align-corners", args.align_corners),
+                                            ("--model-type", args.model_type),
+                                            ("--methods", args.methods != ["all"])) if given]
+        if network:
+            raise ValueError(f"--scorer returns the anomaly scores itself: drop {', '.join(network)}, which set up "
+                             "a network and its methods")
+        model, methods = load_scorer(args.scorer, name=args.scorer_name, per_image=args.per_image), None
+    elif args.scorer_name or args.per_image:
+        raise ValueError("--scorer-name and --per-image describe a scorer: add --scorer MODULE:FUNCTION")
+    else:
+        model = _model(args)
+        methods = None if args.methods == ["all"] else list(args.methods)  # by name: in the form the grid bins
+    doc = evaluate(model, args.sets, methods, args.out, options)
     if doc is not None:
         _print_run(args, args.out, doc)
     return 0
+
+
+def _evaluate_options(args, device, **more):
+    """The :class:`~segood.evaluation.options.EvaluateOptions` of ``segood evaluate`` and ``segood robustness``
+    (the flags of :func:`add_run_options`, --feature-layer, --no-verify and -q), with ``more``."""
+    from segood.evaluation.options import EvaluateOptions
+
+    return EvaluateOptions(batch_size=args.batch_size, device=device, workers=args.workers, amp=args.amp,
+                           resume=args.resume, save_every=args.save_every, progress=not args.quiet,
+                           skip_bad=args.skip_bad, fit_set=args.fit_set, checkpoint=args.checkpoint,
+                           feature_layer=args.feature_layer, verify=not args.no_verify, **grid_options(args), **more)
 
 
 def _print_run(args, folder, doc):
@@ -315,14 +323,17 @@ def add_verbosity(parser, *, progress=True):
 
 
 def _attack(args):
+    from segood.attack.options import AttackOptions
     from segood.attack.run import attack
     from segood.attack.search import SearchConfig
 
-    config = SearchConfig(args.budget, args.temperature, args.step, args.seed)
-    attack(args.target, args.frames, args.out, objects=args.objects, label_map=args.label_map, blend=args.blend,
-           height_ratio=args.height_ratio, config=config, standard=args.standard, fit_set=args.fit_set,
-           max_frames=args.max_frames, resume=args.resume, progress=not args.quiet, figures=not args.no_figures,
-           device=args.device, generator=args.generator)
+    config = SearchConfig(budget=args.budget, temperature=args.temperature, step=args.step, seed=args.seed)
+    options = AttackOptions(objects=args.objects, label_map=args.label_map, blend=args.blend,
+                            height_ratio=args.height_ratio, config=config, standard=args.standard,
+                            fit_set=args.fit_set, max_frames=args.max_frames, resume=args.resume,
+                            progress=not args.quiet, figures=not args.no_figures, device=args.device,
+                            generator=args.generator)
+    attack(args.target, args.frames, args.out, options)
     print((args.out / "attack.md").read_text(), end="")
     print(f"\nwrote {args.out}/attack.json, attack.md, sets/ (worst_<method>.h5, random_<network>.h5), eval/ and "
           "figures/")
@@ -417,18 +428,12 @@ def _robustness(args):
         corruptions = resolve_corruptions(args.corruptions, args.family)
     except KeyError as err:  # an unknown name: one clear line, like argparse's own errors
         raise ValueError(err.args[0]) from None
-    device = start_distributed(args.device)
+    options = _evaluate_options(args, start_distributed(args.device))
     model = _model(args)
     methods = None if args.methods == ["all"] else list(args.methods)  # by name: in the form the grid bins
     doc = robustness(model, args.sets, methods, args.out, corruptions=corruptions, severities=args.severities,
-                     seed=args.seed, requirements=args.requirements, batch_size=args.batch_size, device=device,
-                     workers=args.workers, amp=args.amp,
-                     num_thresholds=args.num_thresholds, mantissa_bits=args.mantissa_bits, grid=grid_choice(args),
-                     resume=args.resume,
-                     save_every=args.save_every, progress=not args.quiet, skip_bad=args.skip_bad,
-                     fit_set=args.fit_set, checkpoint=args.checkpoint, feature_layer=args.feature_layer,
-                     verify=not args.no_verify, family=args.family, standard_size=args.standard_size,
-                     reference=args.reference)
+                     seed=args.seed, requirements=args.requirements, family=args.family,
+                     standard_size=args.standard_size, reference=args.reference, options=options)
     if doc is None:
         return 0
     print(f"wrote {args.out}/results.json, results.md and figures/")
@@ -477,10 +482,11 @@ def _report(args):
 
 def _score(args):
     from segood.evaluation import evaluate_score_maps
+    from segood.evaluation.options import ScoreOptions
 
-    doc = evaluate_score_maps(args.scores, args.data, args.out, name=args.name, score_range=args.score_range,
-                              num_thresholds=args.num_thresholds, mantissa_bits=args.mantissa_bits,
-                              grid=grid_choice(args), clip=args.clip, verify=not args.no_verify)
+    options = ScoreOptions(name=args.name, score_range=args.score_range, clip=args.clip, verify=not args.no_verify,
+                           **grid_options(args))
+    doc = evaluate_score_maps(args.scores, args.data, args.out, options)
     _print_run(args, args.out, doc)
     return 0
 
@@ -569,13 +575,10 @@ def add_grid_options(parser, *, exact=True):
                             help="exact grid: the most counted pixels each method and set may hold (default 2^28)")
 
 
-def grid_choice(args):
-    """--grid and --max-pixels as the ``grid`` argument of evaluate (a name, a whole grid, or None)."""
-    if getattr(args, "max_pixels", None) is None:
-        return args.grid
-    if args.grid not in (None, "exact"):
-        raise ValueError(f"--max-pixels sets the exact grid's cap: use it with --grid exact, not --grid {args.grid}")
-    return {"kind": "exact", "max_pixels": args.max_pixels}
+def grid_options(args):
+    """The options of :func:`add_grid_options` as keywords of an options object (checked there)."""
+    return {"grid": args.grid, "num_thresholds": args.num_thresholds, "mantissa_bits": args.mantissa_bits,
+            "max_pixels": args.max_pixels}
 
 
 def build_parser(*, adapters=True):
@@ -726,12 +729,12 @@ def build_parser(*, adapters=True):
     att.add_argument("--blend", choices=BLENDS, default="feather", help="default feather")
     att.add_argument("--height-ratio", type=float, nargs=2, default=HEIGHT_RATIO, metavar=("LOW", "HIGH"),
                      help="pasted height / distance of its base below the horizon (default %(default)s)")
-    att.add_argument("--budget", type=positive_int, default=100, help="network passes per frame and method (default 100)")
+    att.add_argument("--budget", type=int, default=100, help="network passes per frame and method (default 100)")
     att.add_argument("--temperature", type=float, default=0.1,
                      help="of the energy in units of the method's ID score spread (default 0.1)")
     att.add_argument("--step", type=float, default=0.1, help="proposal std in the unit cube (default 0.1)")
     att.add_argument("--seed", type=int, default=0, help="with the frame id and the method, seeds each chain")
-    att.add_argument("--max-frames", type=positive_int, help="attack the first N frames only")
+    att.add_argument("--max-frames", type=int, help="attack the first N frames only")
     att.add_argument("--standard", type=Path, help="a standard OOD set evaluated beside (e.g. the demo's paste.h5)")
     att.add_argument("--fit-set", type=Path, help="converted training set to fit sml and mahalanobis on")
     att.add_argument("--device", help="cpu, cuda (default: cpu)")

@@ -229,7 +229,7 @@ def test_targets_and_frames_are_checked(world):
         parse_targets(["energy"])
     with pytest.raises(ValueError, match="named once"):
         parse_targets(["energy=a.pt", "energy=b.pt"])
-    with pytest.raises(ValueError, match="budget >= 1"):
+    with pytest.raises(ValueError, match="budget .--budget. must be a positive integer"):
         SearchConfig(budget=0)
     with pytest.raises(ValueError, match="a/net.pt and b/net.pt share the name 'net'"):
         parse_targets(["max_softmax=a/net.pt", "entropy=b/net.pt"])

@@ -183,7 +183,7 @@ def test_the_exact_grid_end_to_end(sets, tmp_path, capsys, monkeypatch):
     assert "above its cap of 1000 (max_pixels" in capsys.readouterr().err
     assert main(["score", "--scores", str(tmp_path / "scores.h5"), "--data", str(sets / "perlin_mixed.h5"),
                  "--out", str(tmp_path / "mixed"), "--grid", "linear", "--max-pixels", "1000"]) == 2
-    assert "use it with --grid exact, not --grid linear" in capsys.readouterr().err
+    assert "max_pixels belong to another grid than the linear one" in capsys.readouterr().err
 
 
 def test_odin_named_on_the_linear_grid_takes_the_paper_form(sets, tmp_path):

@@ -13,15 +13,15 @@ import shutil
 import time
 from pathlib import Path
 
-
 from segood.attack.constraints import ood_only
 from segood.attack.generator import LATENT, load_generator, object_crops, save_generator, train
+from segood.attack.options import AttackOptions
 from segood.attack.report import example_figure, markdown
-from segood.attack.search import SearchConfig, Target, calibrate, search_set
+from segood.attack.search import Target, calibrate, search_set
 from segood.attack.sets import transfer_matrix, write_set
 from segood.attack.space import Scene, SearchSpace
 from segood.data.h5 import H5SegmentationDataset, frame_loader, set_identity
-from segood.data.paste import HEIGHT_RATIO, demo_objects, sun_objects
+from segood.data.paste import demo_objects, sun_objects
 from segood.data.sun import SunLabelMap
 from segood.io import atomic_write_text, write_json
 from segood.methods import get_method
@@ -70,36 +70,34 @@ def train_generator(path, *, objects="demo", label_map="sun", latent=LATENT, epo
     return record
 
 
-def attack(targets, frames, out_dir, *, objects="demo", label_map="sun", blend="feather",
-           height_ratio=HEIGHT_RATIO, config=SearchConfig(), standard=None, fit_set=None, max_frames=None,
-           resume=False, progress=True, figures=True, device=None, generator=None):
+def attack(targets: list[str | tuple[str, str | Path]], frames: str | Path, out_dir: str | Path,
+           options: AttackOptions | None = None, **keywords) -> dict:
     """Search every target's worst case on the clean frames of ``frames`` and evaluate every method on every set.
 
     Args:
         targets: [(method name, checkpoint path)] or ``METHOD=CHECKPOINT`` texts (:func:`parse_targets`).
         frames: a converted set of clean ID frames with road or sidewalk (e.g. Cityscapes val).
-        objects: the outlines and pixels to paste: ``"demo"`` or a SUN2012 root; ``label_map`` says which are OOD.
-        config: :class:`SearchConfig` (budget of network passes per frame, temperature, step, seed).
-        standard: a converted standard OOD set evaluated beside (e.g. the demo's pasted-object set).
-        fit_set: a converted training set to fit the methods that need it (sml, mahalanobis).
-        max_frames: the first frames only.
-        resume: continue a killed run in ``out_dir`` from its per-frame states.
-        generator: a generator file (:func:`train_generator`): adds the ``learned`` fill and its latent
-            dimensions to the search space (None: the 13-dimensional space).
+        out_dir: the attack's folder (its layout: this module's docstring).
+        options: an :class:`~segood.attack.options.AttackOptions` (objects, blending, the search's
+            :class:`~segood.attack.search.SearchConfig`, fit set, resume, device, generator, ...); ``keywords`` are
+            its fields (``config=SearchConfig(budget=50), max_frames=10``), put into ``options`` when both are
+            given. Every option is documented there and checked there, once.
 
     Returns the document written to ``attack.json``.
     """
+    o = AttackOptions.of(options, **keywords)
+    config, fit_set, progress = o.config, o.fit_set, o.progress
     out = Path(out_dir)
-    if (out / "state").exists() and not resume:
+    if (out / "state").exists() and not o.resume:
         raise ValueError(f"{out} holds an attack; pass resume=True (--resume) to continue it, or choose another --out")
     targets = parse_targets(targets)
     dataset = H5SegmentationDataset(frames)
-    count = len(dataset) if max_frames is None else min(int(max_frames), len(dataset))
+    count = len(dataset) if o.max_frames is None else min(o.max_frames, len(dataset))
     scenes = [Scene.from_item(dataset[i]) for i in range(count)]
-    labels, bank = object_bank(objects, label_map)
-    decoder = None if generator is None else load_generator(generator)[0]
-    space = SearchSpace(bank, ObjectImages(), blend=blend, height_ratio=height_ratio, generator=decoder)
-    base = {"config": config.to_dict(), "space": space.describe(), "label_map": label_map,
+    labels, bank = object_bank(o.objects, o.label_map)
+    decoder = None if o.generator is None else load_generator(o.generator)[0]
+    space = SearchSpace(bank, ObjectImages(), blend=o.blend, height_ratio=o.height_ratio, generator=decoder)
+    base = {"config": config.to_dict(), "space": space.describe(), "label_map": o.label_map,
             "label_map_sha256": labels.sha256, "frames": {**set_identity(frames), "count": count}}
 
     networks = {}  # name: (model, [methods], checkpoint)
@@ -107,7 +105,7 @@ def attack(targets, frames, out_dir, *, objects="demo", label_map="sun", blend="
         name = checkpoint.stem
         if name not in networks:
             model, _ = load_model(checkpoint)
-            networks[name] = (model.to(device) if device else model, [], checkpoint)
+            networks[name] = (model.to(o.device) if o.device else model, [], checkpoint)
         networks[name][1].append(get_method(method_name))
     for name, (model, methods, _) in networks.items():
         for method in methods:
@@ -149,7 +147,7 @@ def attack(targets, frames, out_dir, *, objects="demo", label_map="sun", blend="
     search_seconds = time.perf_counter() - started
 
     started = time.perf_counter()
-    sets = {**({"standard": Path(standard)} if standard else {}), **set_paths}
+    sets = {**({"standard": Path(o.standard)} if o.standard else {}), **set_paths}
     shutil.rmtree(out / "eval", ignore_errors=True)  # the evaluation is derived: made anew from the sets
     matrix = transfer_matrix(networks, sets, out / "eval", progress=progress)
     evaluation_seconds = time.perf_counter() - started
@@ -160,7 +158,7 @@ def attack(targets, frames, out_dir, *, objects="demo", label_map="sun", blend="
            "passes": passes, "reused": reused, "search_seconds": search_seconds, "evaluation_seconds": evaluation_seconds}
     write_json(out / "attack.json", doc)
     atomic_write_text(out / "attack.md", markdown(doc))
-    if figures:
+    if o.figures:
         for name, (model, methods, _) in networks.items():
             for method in methods:
                 example_figure(out / "figures" / f"worst_{method.name}.png", model, method,

@@ -53,8 +53,18 @@ class SearchConfig:
     reuse_unchanged: bool = True
 
     def __post_init__(self):
-        if int(self.budget) < 1 or not self.temperature > 0 or not 0 < self.step <= 1:
-            raise ValueError(f"the search needs budget >= 1, temperature > 0 and 0 < step <= 1, got {self}")
+        if type(self.budget) is not int or self.budget < 1:
+            raise ValueError(f"budget (--budget) must be a positive integer, the network passes per frame and "
+                             f"method, got {self.budget!r}")
+        if not (isinstance(self.temperature, (int, float)) and 0 < self.temperature < math.inf):
+            raise ValueError(f"temperature (--temperature) must be a positive finite number, got {self.temperature!r}")
+        if not (isinstance(self.step, (int, float)) and 0 < self.step <= 1):
+            raise ValueError(f"step (--step) must be a number with 0 < step <= 1 (a standard deviation in the unit "
+                             f"cube), got {self.step!r}")
+        if type(self.seed) is not int or self.seed < 0:
+            raise ValueError(f"seed (--seed) must be a non-negative integer, got {self.seed!r}")
+        if type(self.reuse_unchanged) is not bool:
+            raise TypeError(f"reuse_unchanged must be True or False, got {self.reuse_unchanged!r}")
 
     def to_dict(self):
         return asdict(self)

@@ -87,6 +87,25 @@ class Candidate:
     params: dict
 
 
+def check_blend(blend):
+    """``blend``, or a ValueError: one of :data:`~segood.data.paste.BLENDS`."""
+    if blend not in BLENDS:
+        raise ValueError(f"blend (--blend) must be one of {', '.join(BLENDS)}, got {blend!r}")
+    return blend
+
+
+def check_height_ratio(height_ratio):
+    """(low, high) as two floats, or a ValueError: two finite numbers with 0 < low <= high."""
+    try:
+        low, high = (float(v) for v in height_ratio)
+    except (TypeError, ValueError):
+        low = high = math.nan
+    if not (0 < low <= high and math.isfinite(high)):
+        raise ValueError(f"height_ratio (--height-ratio LOW HIGH) must be two finite numbers with 0 < LOW <= HIGH, "
+                         f"got {height_ratio!r}; the default is {list(HEIGHT_RATIO)}")
+    return low, high
+
+
 class SearchSpace:
     """Points of [0, 1]^D (D = len(DIMENSIONS)) and how they render onto a :class:`Scene`.
 
@@ -102,14 +121,8 @@ class SearchSpace:
     def __init__(self, objects, object_image, *, blend="feather", height_ratio=HEIGHT_RATIO, generator=None):
         if not objects:
             raise ValueError("the search space needs at least one OOD object to take outlines from")
-        if blend not in BLENDS:
-            raise ValueError(f"blend must be one of {BLENDS}, got {blend!r}")
         self.objects, self.object_image = list(objects), object_image
-        self.blend, self.height_ratio = blend, tuple(float(v) for v in height_ratio)
-        low, high = self.height_ratio if len(self.height_ratio) == 2 else (math.nan, math.nan)
-        if not (0 < low <= high and math.isfinite(high)):
-            raise ValueError(f"height_ratio (--height-ratio LOW HIGH) must be two finite numbers with 0 < LOW <= HIGH, "
-                             f"got {list(height_ratio)}; the default is {list(HEIGHT_RATIO)}")
+        self.blend, self.height_ratio = check_blend(blend), check_height_ratio(height_ratio)
         self.generator = generator
         self.textures = TEXTURES + (("learned",) if generator is not None else ())
         self.dimensions = DIMENSIONS + (tuple(f"z{k}" for k in range(generator.latent)) if generator is not None

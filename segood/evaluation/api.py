@@ -13,19 +13,18 @@ import torch
 from segood.data.h5 import H5SegmentationDataset, frame_ids, frame_loader, require_labels, set_identity
 from segood.evaluation.exchange import ScoreMaps
 from segood.evaluation.layout import RunFolder
-from segood.evaluation.options import EvaluateOptions
+from segood.evaluation.options import EvaluateOptions, ScoreOptions, score_range_of
 from segood.evaluation.report import build_results, grid_of_config, write_report
 from segood.evaluation.results import Results
 from segood.evaluation.runner import Evaluation, default_methods, run, run_identity
 from segood.io import write_json
-from segood.methods.methods import check_grid, method_for_grid
+from segood.methods.methods import Method, check_grid, method_for_grid
 from segood.methods.scorer import Scorer
-from segood.metrics import grid_spec, make_accumulator
 from segood.models.external import as_network
 from segood.models.network import SegmentationNetwork
 
 
-def start_distributed(device=None):
+def start_distributed(device: str | None = None) -> str | None:
     """Join the process group when started by ``torchrun`` (WORLD_SIZE > 1): NCCL on CUDA (one GPU per local
     rank), gloo on CPU. Returns the device to evaluate on (``device`` unchanged outside torchrun)."""
     import os
@@ -40,8 +39,9 @@ def start_distributed(device=None):
     return device
 
 
-def evaluate(model, sets, methods=None, out_dir=None, options: EvaluateOptions | None = None,
-             **keywords) -> Results | None:
+def evaluate(model: torch.nn.Module | Scorer, sets: dict[str, str | Path] | list[str | Path],
+             methods: list[str | Method] | None = None, out_dir: str | Path | None = None,
+             options: EvaluateOptions | None = None, **keywords) -> Results | None:
     """Evaluate pixel-level OOD methods of ``model`` on converted sets; returns the :class:`Results` (the results
     document, the content of results.json, with ``table()``, ``save(folder)`` and ``figures(folder)``).
 
@@ -168,38 +168,38 @@ def execute(model, sets, methods, out_dir, description, options, **run_options):
     return ev
 
 
-def evaluate_score_maps(scores_path, data_path, out_dir, *, name="external", score_range=None, num_thresholds=None,
-                        mantissa_bits=None, grid=None, clip=False, figures=True, verify=True):
-    """Evaluate per-pixel scores computed elsewhere.
+def evaluate_score_maps(scores_path: str | Path, data_path: str | Path, out_dir: str | Path,
+                        options: ScoreOptions | None = None, **keywords) -> dict:
+    """Evaluate per-pixel scores computed elsewhere; writes the run folder ``out_dir`` and returns the results
+    document.
 
     ``scores_path``: the score maps of every frame of the set (H×W, any real dtype, higher = more OOD) in one of
     the layouts of :mod:`segood.evaluation.exchange`: segood's HDF5 file (one dataset per frame id), a folder of
-    SegmentMeIfYouCan's ``<fid>.hdf5`` files or of Fishyscapes' ``<fid>_anomaly.npy`` files. On the float-order
-    grid (the default) any real score is binned; a declared range (``score_range``, or the segood file's root
-    attribute ``score_range``) is checked. With ``num_thresholds`` the paper's linear grid is used, on the
-    declared range; ``grid`` names a grid as in :func:`evaluate` (on the exact grid too a declared range is
-    checked). Missing, extra or unreadable frames, shape mismatches and out-of-range values are errors that
-    name the frames and files.
+    SegmentMeIfYouCan's ``<fid>.hdf5`` files or of Fishyscapes' ``<fid>_anomaly.npy`` files. ``options``: a
+    :class:`~segood.evaluation.options.ScoreOptions` (the method's name, the declared score range, the grid,
+    clip, figures, verify); ``keywords`` are its fields (``num_thresholds=400``), put into ``options`` when both
+    are given. On the float-order grid (the default) any real score is binned; a declared range (``score_range``,
+    or the segood file's root attribute ``score_range``) is checked. With ``num_thresholds`` the paper's linear
+    grid is used, on the declared range; ``grid`` names a grid as in :func:`evaluate` (on the exact grid too a
+    declared range is checked). Missing, extra or unreadable frames, shape mismatches and out-of-range values are
+    errors that name the frames and files.
     """
-    dataset = _open_set(data_path, verify)
+    options = ScoreOptions.of(options, **keywords)
+    name, grid = options.name, options.grid
+    dataset = _open_set(data_path, options.verify)
     set_name = Path(data_path).stem
     with ScoreMaps(scores_path, frame_ids(data_path)) as maps:
-        score_range = score_range or maps.score_range
-        kind = (grid.get("kind") if isinstance(grid, dict) else grid) or ("linear" if num_thresholds is not None else
-                                                                       "float")
-        linear = kind == "linear"
-        if linear and score_range is None:
-            raise ValueError(f"{scores_path} declares no score_range, which the linear grid needs: pass --score-range "
-                             "LO HI, or drop --num-thresholds (the float-order grid needs no range)")
-        grid = grid_spec(num_thresholds, score_range if linear else None, None if linear else mantissa_bits, kind=grid)
-        make_accumulator(grid)
-        if clip and not linear:
-            raise ValueError(f"clip has no meaning on the {kind} grid (every real score has its place): drop "
-                             "--clip, or use the linear grid with --num-thresholds")
+        declared = None if maps.score_range is None else score_range_of(maps.score_range)  # (the file's, checked)
+        score_range = options.score_range or declared
+        if grid["kind"] == "linear" and grid["score_range"] is None:  # the linear grid on the file's declared range
+            if score_range is None:
+                raise ValueError(f"{scores_path} declares no score_range, which the linear grid needs: pass "
+                                 "--score-range LO HI, or drop --num-thresholds (the float-order grid needs no range)")
+            grid = {**grid, "score_range": list(score_range)}
         ev = Evaluation([name], [set_name], grid)
-        if not linear and score_range is not None:  # a declared range is checked, not a grid
+        if grid["kind"] != "linear" and score_range is not None:  # a declared range is checked, not a grid
             for acc in ev.acc.values():
-                acc.score_range = tuple(score_range)
+                acc.score_range = score_range
         for index, frame_id in enumerate(maps.frame_ids):
             item = dataset[index]
             score = maps[frame_id]
@@ -208,7 +208,7 @@ def evaluate_score_maps(scores_path, data_path, out_dir, *, name="external", sco
                                  f"{tuple(item['ood_mask'].shape)} (maps are exchanged at each frame's own size)")
             batch = {key: item[key][None] for key in ("image", "ood_mask", "semantic")}
             try:
-                ev.process(set_name, [index], batch, {name: torch.from_numpy(score)[None]}, clip=clip)
+                ev.process(set_name, [index], batch, {name: torch.from_numpy(score)[None]}, clip=options.clip)
             except (ValueError, TypeError) as err:
                 raise ValueError(f"frame {frame_id}: {err}") from None
     description = {"toolkit": run_identity(),
@@ -222,7 +222,7 @@ def evaluate_score_maps(scores_path, data_path, out_dir, *, name="external", sco
     _check_run_folder(folder, description)
     write_json(folder.run, description)
     ev.save(folder.state())
-    return write_report(folder.path, figures=figures)
+    return write_report(folder.path, figures=options.figures)
 
 
 def _check_run_folder(folder, description):

@@ -6,38 +6,39 @@ OOD source; the headline of a method is the mean over the other cells, where nei
 threshold saw the test's outliers.
 """
 
+import dataclasses
 import json
 from pathlib import Path
 
-
 from segood.data.h5 import H5SegmentationDataset, frame_loader, read_manifest, set_identity
 from segood.evaluation.api import evaluate
+from segood.evaluation.options import GRIDS, ProtocolOptions
 from segood.io import atomic_write_text, write_json
 from segood.methods import get_method
 from segood.methods.tuning import tune
 from segood.metrics import METRICS
-from segood.metrics.thresholds import RULES
 
 SCHEMA = "segood.protocol/1"
-#: hyperparameter grids tuned per source (methods without one are used as they are)
-GRIDS = {"odin": {"temperature": [1, 10, 100, 1000], "epsilon": [0.0]}}
+__all__ = ["GRIDS", "ProtocolOptions", "cross_source", "protocol_markdown"]
 
 
-def cross_source(model, tuning_sets, test_sets, methods, out_dir, *, grids=None, rule="tpr95", metric="auroc",
-                 batch_size=2, device=None, fit_set=None, resume=False, progress=True):
+def cross_source(model, tuning_sets: dict[str, str | Path], test_sets: dict[str, str | Path], methods: list[str],
+                 out_dir: str | Path, options: ProtocolOptions | None = None, **keywords) -> dict:
     """Run the protocol; writes ``out_dir/<S>/`` (one evaluation per tuning set, resumable), ``protocol.json`` and
     ``protocol.md``, and returns the protocol document.
 
     Args:
-        tuning_sets, test_sets: {name: converted set}. methods: method names.
-        grids: {method: {param: [values]}} (default :data:`GRIDS`). rule: how thresholds are committed
-            (:data:`segood.metrics.thresholds.RULES`). metric: the threshold-free metric of the matrix.
+        model: a segood network or any ``nn.Module`` returning logits, as :func:`segood.evaluate` takes.
+        tuning_sets: {name: converted set}, one per OOD source.
+        test_sets: {name: converted set}.
+        methods: method names.
+        out_dir: the protocol's folder.
+        options: a :class:`~segood.evaluation.options.ProtocolOptions` (rule, metric, grids and the evaluation's
+            options); ``keywords`` are its fields or those of its evaluation (``rule="f1", batch_size=4``), put into
+            ``options`` when both are given. Every option is checked there, once.
     """
-    grids = GRIDS if grids is None else grids
-    if rule not in RULES:
-        raise ValueError(f"unknown threshold rule {rule!r}; choose one of {', '.join(RULES)}")
-    if metric not in METRICS:
-        raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+    options = ProtocolOptions.of(options, **keywords)
+    grids, rule, metric, evaluation = options.grids, options.rule, options.metric, options.evaluation
     clash = sorted(set(tuning_sets) & set(test_sets))
     if clash:
         raise ValueError(f"sets {clash} are named both as tuning and as test sets: a tuning set is a held-out split; "
@@ -53,12 +54,11 @@ def cross_source(model, tuning_sets, test_sets, methods, out_dir, *, grids=None,
     cells = {m: {} for m in methods}
     tuned_params = {m: {} for m in methods}
     for s, path in tuning_sets.items():
-        loader = frame_loader(H5SegmentationDataset(path), batch_size)
-        tuned = [tune(m, model, loader, grids[m], metric=metric, tuning_set=path, progress=progress).method()
+        loader = frame_loader(H5SegmentationDataset(path), evaluation.batch_size)
+        tuned = [tune(m, model, loader, grids[m], metric=metric, tuning_set=path, progress=evaluation.progress).method()
                  if m in grids else get_method(m) for m in methods]
-        doc = evaluate(model, {s: path, **test_sets}, tuned, out_dir / s, batch_size=batch_size, device=device,
-                       fit_set=fit_set, resume=resume and (out_dir / s / "run.json").exists(), progress=progress,
-                       figures=False, bootstrap=None, commit_on=s)
+        doc = evaluate(model, {s: path, **test_sets}, tuned, out_dir / s, dataclasses.replace(
+            evaluation, resume=evaluation.resume and (out_dir / s / "run.json").exists(), commit_on=s))
         for method in tuned:
             m = method.name
             tuned_params[m][s] = {k: v for k, v in method.params.items() if k != "tuning"}

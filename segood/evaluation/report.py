@@ -5,6 +5,7 @@ import io
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -108,7 +109,8 @@ def component_choice(spec):
     return {"chosen_on": spec["commit_on"] if spec["source"] == "committed" else oracle, "rule": spec["rule"]}
 
 
-def write_report(out_dir, *, figures=True, bootstrap=Bootstrap(), commit_on=None, state=None):
+def write_report(out_dir: str | Path, *, figures: bool = True, bootstrap: Bootstrap | None = Bootstrap(),
+                 commit_on: str | None = None, state: Evaluation | None = None) -> dict:
     """(Re)write results.json, results.csv, results.md, results.tex and the figures of ``out_dir`` from its state, with
     bootstrap intervals (``bootstrap``: resamples and seed; None: none) and thresholds committed on the set
     ``commit_on``. ``state``: the run's :class:`Evaluation` where it is at hand (else read from the folder)."""
@@ -124,7 +126,8 @@ def write_report(out_dir, *, figures=True, bootstrap=Bootstrap(), commit_on=None
     return doc
 
 
-def combine_runs(run_dirs, out_dir, *, figures=True, bootstrap=Bootstrap(), commit_on=None):
+def combine_runs(run_dirs: list[str | Path], out_dir: str | Path, *, figures: bool = True,
+                 bootstrap: Bootstrap | None = Bootstrap(), commit_on: str | None = None) -> dict:
     """One report over several runs on the same sets (e.g. one network per head): their accumulators side by
     side, no recomputation. Method names must be distinct across the runs."""
     folders = [RunFolder(d) for d in run_dirs]

@@ -1,12 +1,20 @@
 """The results of a run as a notebook uses them: the results document (a dict, the content of results.json) that
 also makes a table, writes the report and draws the figures."""
 
+from __future__ import annotations
+
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from segood.evaluation.layout import RunFolder
 from segood.evaluation.report import results_csv, results_latex, results_markdown, write_figures
 from segood.io import atomic_write_text, write_json
 from segood.metrics import METRICS
+
+if TYPE_CHECKING:
+    import pandas
+
+    from segood.evaluation.runner import Evaluation
 
 
 class Results(dict):
@@ -18,11 +26,11 @@ class Results(dict):
     >>> results.save("runs/ra21"); results.figures("runs/ra21/figures")
     """
 
-    def __init__(self, doc: dict, state):
+    def __init__(self, doc: dict, state: Evaluation | None):
         super().__init__(doc)
         self.state = state
 
-    def table(self, *, aggregation: str = "pooled"):
+    def table(self, *, aggregation: str = "pooled") -> pandas.DataFrame:
         """A pandas DataFrame, one row per (method, set, metric): ``value`` and its bootstrap interval
         ``low``..``high`` (NaN where the run drew none); ``aggregation`` "pooled" (every pixel of the set, the
         default) or "per-image mean" (needs pandas)."""
@@ -43,7 +51,7 @@ class Results(dict):
         frame = pd.DataFrame(rows, columns=["method", "set", "metric", "aggregation", "value", "low", "high"])
         return frame.astype({"value": float, "low": float, "high": float})
 
-    def save(self, folder) -> Path:
+    def save(self, folder: str | Path) -> Path:
         """Write the run folder's files into ``folder``: run.json, state.npz (so ``segood report`` can rebuild the
         report with other settings), results.json, .csv, .md and .tex; returns the folder."""
         out = RunFolder(folder)
@@ -56,7 +64,7 @@ class Results(dict):
         atomic_write_text(out.results_tex, results_latex(self))
         return out.path
 
-    def figures(self, folder) -> Path:
+    def figures(self, folder: str | Path) -> Path:
         """Draw the run's figures (metrics, curves, per-class scores, examples) into ``folder``; returns it."""
         folder = Path(folder)
         write_figures(folder, self, self.state)
