@@ -556,7 +556,7 @@ UNSEEN_DISTANCE = 1e30  # Mahalanobis distance where no class was seen in traini
 LINEAR_FORMS = {"odin": {"form": "softmax"}}
 
 
-def method_for_grid(name, grid):
+def method_for_grid(name: str, grid: dict) -> Method:
     """The method ``name`` with default parameters, in the form ``grid`` can bin: on the linear grid, the
     [0, 1] form of its score where it has one of the same order (:data:`LINEAR_FORMS`: ODIN's paper form)."""
     return get_method(name, **(LINEAR_FORMS.get(name, {}) if grid["kind"] == "linear" else {}))
@@ -575,12 +575,12 @@ def check_grid(method, grid):
                          "1 - max softmax at T)")
 
 
-def get_method(name, **params):
+def get_method(name: str, **params) -> Method:
     """A method by name, with ``params``; KeyError listing the valid names."""
     return METHODS[name](**params)
 
 
-def list_methods(**needs):
+def list_methods(**needs) -> list[str]:
     """Names of the registered methods whose default :class:`Needs` match every field given, e.g.
     ``list_methods(head="dropout")``, ``list_methods(fit=False)``."""
     unknown = set(needs) - {f for f in Needs.__dataclass_fields__}

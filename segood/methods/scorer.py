@@ -8,6 +8,7 @@ that shape of method, batched or (``per_image``) exactly as SegmentMeIfYouCan ca
 import importlib
 import os
 import sys
+from typing import Callable
 
 import numpy as np
 import torch
@@ -34,7 +35,8 @@ class Scorer:
     ready = True
     served_heads = frozenset()
 
-    def __init__(self, fn, *, name=None, per_image=False, score_range=None):
+    def __init__(self, fn: Callable, *, name: str | None = None, per_image: bool = False,
+                 score_range: tuple[float, float] | None = None):
         if not callable(fn):
             raise TypeError(f"a scorer must be callable (images -> scores), got {type(fn).__name__}")
         self.fn = fn
@@ -44,7 +46,7 @@ class Scorer:
         self.params = {"scorer": _qualified_name(fn), "per_image": self.per_image,
                        **({"score_range": list(self.score_range)} if self.score_range else {})}
 
-    def __call__(self, images):
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
         """(N, H, W) scores of uint8 images (N, 3, H, W), checked: one real, non-NaN score per pixel."""
         if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1] != 3:
             raise ValueError(f"a scorer takes uint8 RGB images (N, 3, H, W), got {images.dtype} of shape "
@@ -104,7 +106,8 @@ class Scorer:
         return self
 
 
-def load_scorer(spec, *, name=None, per_image=False, score_range=None):
+def load_scorer(spec: str, *, name: str | None = None, per_image: bool = False,
+                score_range: tuple[float, float] | None = None) -> Scorer:
     """The :class:`Scorer` of ``spec`` = ``"module:function"`` (``function`` may be dotted, ``Class.method``),
     imported from the current folder (searched first, as ``python -m`` does) or PYTHONPATH; a ValueError that
     names what is missing."""

@@ -12,19 +12,27 @@ thresholds on [0, 1]), ``"exact"`` (the exact grid's accumulator: the same numbe
 NaN, with an :class:`~segood.metrics.UndefinedMetricWarning`.
 """
 
+from __future__ import annotations
+
 import math
 import warnings
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from segood.metrics import functional as fn
 from segood.metrics.grids import grid_spec, make_accumulator
 
+if TYPE_CHECKING:  # scores and labels: numpy arrays or torch tensors of any shape
+    import torch
+
+    ArrayLike = np.ndarray | torch.Tensor
+
 __all__ = ["auprc", "auroc", "curve", "fpr_at_tpr", "max_iou"]
 
 
-def curve(scores, labels, *, grid=None) -> fn.Curve:
+def curve(scores: ArrayLike, labels: ArrayLike, *, grid: str | dict | None = None) -> fn.Curve:
     """The :class:`~segood.metrics.Curve` (TP and FP at increasing thresholds) every metric here is read from."""
     if grid is None:
         return fn.exact_curve(scores, labels)[0]
@@ -35,22 +43,23 @@ def curve(scores, labels, *, grid=None) -> fn.Curve:
     return fn.Curve(thresholds, tp, fp, int(hist[1].sum()), int(hist[0].sum()))
 
 
-def auroc(scores, labels, *, grid=None) -> float:
+def auroc(scores: ArrayLike, labels: ArrayLike, *, grid: str | dict | None = None) -> float:
     """Area under the ROC curve (trapezoids), higher is better; the metric contract's AUROC."""
     return _defined(curve(scores, labels, grid=grid), fn.auroc)
 
 
-def auprc(scores, labels, *, grid=None) -> float:
+def auprc(scores: ArrayLike, labels: ArrayLike, *, grid: str | dict | None = None) -> float:
     """Average precision (a step sum over recall), higher is better; the metric contract's AUPRC."""
     return _defined(curve(scores, labels, grid=grid), fn.auprc)
 
 
-def max_iou(scores, labels, *, grid=None) -> float:
+def max_iou(scores: ArrayLike, labels: ArrayLike, *, grid: str | dict | None = None) -> float:
     """The largest TP / (TP + FP + FN) over the thresholds (Angus et al. 2019), higher is better."""
     return _defined(curve(scores, labels, grid=grid), fn.max_iou)
 
 
-def fpr_at_tpr(scores, labels, tpr=0.95, *, grid=None) -> float:
+def fpr_at_tpr(scores: ArrayLike, labels: ArrayLike, tpr: float = 0.95, *,
+               grid: str | dict | None = None) -> float:
     """The smallest FPR among the thresholds with TPR >= ``tpr`` (no interpolation), lower is better; ``tpr`` is
     read as the decimal it prints as (0.95 is 19/20), so TPR is compared in integers and no rounding decides
     which thresholds qualify. ``fpr_at_tpr(s, l)`` is the contract's FPR95."""

@@ -126,12 +126,12 @@ METRIC_NAMES = tuple(METRICS)  #: the built-in metrics (the paper's §4); what i
 _BUILTIN = dict(METRICS)
 
 
-def get_metric(name):
+def get_metric(name: str) -> Metric:
     """The metric registered as ``name``; KeyError listing the valid names."""
     return METRICS[name]
 
 
-def list_metrics(*, higher_is_better=None):
+def list_metrics(*, higher_is_better: bool | None = None) -> list[str]:
     """The names of the registered metrics, in registration order; ``higher_is_better`` filters by direction."""
     return [name for name, m in METRICS.items() if higher_is_better is None or m.higher_is_better == higher_is_better]
 

@@ -17,7 +17,9 @@ from segood.metrics.float_order import FloatOrderAccumulator
 GRID_KINDS = ("float", "linear", "exact")
 
 
-def grid_spec(num_thresholds=None, score_range=None, mantissa_bits=None, *, kind=None, max_pixels=None):
+def grid_spec(num_thresholds: int | None = None, score_range: tuple[float, float] | None = None,
+              mantissa_bits: int | None = None, *, kind: str | dict | None = None,
+              max_pixels: int | None = None) -> dict:
     """The grid asked for. ``kind`` names it ("float", "linear" or "exact"; or is a whole grid dict, taken as it
     is); without it, the linear grid (the paper's) iff ``num_thresholds`` or ``score_range`` is given (defaults
     400 and (0, 1)), else the float-order grid at ``mantissa_bits`` (default 10). The exact grid keeps at most
@@ -58,7 +60,7 @@ def describe_grid(grid):
     return f"the float-order grid at {grid['mantissa_bits']} mantissa bits"
 
 
-def make_accumulator(grid=None, *, per_image=False):
+def make_accumulator(grid: dict | None = None, *, per_image: bool = False):
     """An empty accumulator on ``grid`` (a :func:`grid_spec` dict; None: the default float-order grid)."""
     grid = grid or grid_spec()
     if grid["kind"] == "linear":
