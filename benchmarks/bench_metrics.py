@@ -67,7 +67,7 @@ def contenders(scores, labels):
     from segood.metrics import FloatOrderAccumulator, LinearGridAccumulator
 
     wide = spread(scores)
-    as64 = scores.astype(np.float64)
+    as64, half = scores.astype(np.float64), scores.astype(np.float16)
 
     def floor():
         return scores.sum() + labels.sum()
@@ -80,6 +80,15 @@ def contenders(scores, labels):
 
     def float_order(m, data=scores):
         return lambda: FloatOrderAccumulator(m).update(data, labels).compute()
+
+    def per_frame(data=scores, per_image=True):  # as segood evaluate calls it: an update per frame
+        def run():
+            acc = FloatOrderAccumulator(10, per_image=per_image)
+            for frame, frame_labels in zip(data, labels):
+                acc.update(frame, frame_labels)
+            return acc.compute()
+
+        return run
 
     def numpy_bincount():
         keep = labels != 255
@@ -108,6 +117,10 @@ def contenders(scores, labels):
         ("segood float-order grid, m = 14", float_order(14)),
         ("segood float-order grid, m = 10, scores over 30 binades", float_order(10, wide)),
         ("segood float-order grid, m = 14, scores over 30 binades", float_order(14, wide)),
+        ("float-order m = 10, an update per frame", per_frame(per_image=False)),
+        ("float-order m = 10, an update per frame, per-image counts (as segood evaluate)", per_frame()),
+        ("float-order m = 10, an update per frame, per-image counts, scores over 30 binades", per_frame(wide)),
+        ("float-order m = 10, an update per frame, per-image counts, float16 scores", per_frame(half)),
         ("memory-read floor of float64 scores: as64.sum() + labels.sum()", floor64),
         ("segood float-order grid, m = 10, float64 scores", float_order(10, as64)),
         ("segood float-order grid, m = 12, float64 scores (the general kernel)", float_order(12, as64)),

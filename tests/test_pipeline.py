@@ -109,6 +109,30 @@ def test_the_background_save_writes_the_state_as_it_was_when_saved(tmp_path):
     broken.wait()  # raised once
 
 
+def test_example_frames_are_written_when_one_is_taken_not_at_every_save(tmp_path):
+    from segood.evaluation.runner import examples_path
+
+    ev, path = Evaluation(["max_logit"], ["s"]), tmp_path / "state.npz"
+    saver, frames = _Saver(path), Frames(2)
+    first = frames[0]
+    batch = {k: v[None] for k, v in first.items()}
+    ev.process("s", [0], batch, {"max_logit": torch.rand(1, 6, 10, generator=torch.Generator().manual_seed(0))})
+    saver.save(ev, wait=True)
+    written = examples_path(path).stat()
+    ev.class_count["s"][3] = 7  # a save with the same examples: their file stays as it was
+    saver.save(ev, wait=True)
+    assert (examples_path(path).stat().st_ino, examples_path(path).stat().st_mtime_ns) == (written.st_ino,
+                                                                                     written.st_mtime_ns)
+    assert not any(key.startswith("ex|") for key in read_npz(path, "state"))
+    loaded = Evaluation.load(path)
+    assert loaded.class_count["s"][3] == 7 and list(loaded.examples) == [("s", 0)]
+    np.testing.assert_array_equal(loaded.examples[("s", 0)]["image"], first["image"].permute(1, 2, 0).numpy())
+    second = frames[1]  # a new example: both files written again
+    ev.process("s", [1], {k: v[None] for k, v in second.items()}, {"max_logit": torch.rand(1, 8, 12)})
+    saver.save(ev, wait=True)
+    assert sorted(Evaluation.load(path).examples) == [("s", 0), ("s", 1)]
+
+
 def test_write_npz_deflates_the_members_it_is_told_to(tmp_path):
     arrays = {"counts": np.zeros(1000, np.int64), "ex|image": np.arange(12, dtype=np.uint8).reshape(3, 4)}
     path = tmp_path / "arrays.npz"

@@ -1,7 +1,8 @@
 """The run folder: every file a run writes, named in one place.
 
     runs/NAME/run.json            what ran: toolkit, model, sets, methods, settings (written first)
-    runs/NAME/state.npz           accumulators, per-class sums, examples (state.rankK.npz per rank under torchrun)
+    runs/NAME/state.npz           accumulators, per-class sums (state.rankK.npz per rank under torchrun)
+    runs/NAME/state.examples.npz  the example frames of the figures (written when one is taken)
     runs/NAME/results.json|.csv|.md|.tex   the report, rebuilt from the state by ``segood report``
     runs/NAME/figures/*.png       curves, bars, per-class scores, example panels
 """

@@ -318,7 +318,7 @@ class Evaluation:
     @classmethod
     def load(cls, path):
         """Read a state written by :meth:`save` (never unpickles); a ValueError names the file when it is not one."""
-        return cls.from_arrays(read_npz(path, "evaluation state"), path)
+        return cls.from_arrays(read_state(path), path)
 
     def merge(self, other):
         self.settle(), other.settle()
@@ -392,10 +392,33 @@ class Evaluation:
         return self
 
 
-def write_state(path, arrays):
-    """Write a state's :meth:`Evaluation.arrays`: the counts deflated (mostly zeros at 65536 thresholds), the example
-    frames stored as they are (they hardly compress, and deflating them took most of a save's time)."""
-    write_npz(path, arrays, compressed=lambda key: not key.startswith("ex|"))
+def write_state(path, arrays, *, examples=True):
+    """Write a state's :meth:`Evaluation.arrays` as two files: the example frames beside ``path``
+    (:func:`examples_path`, first; stored as they are: they hardly compress), then everything else at ``path``
+    (deflated: mostly zeros at 65536 thresholds). Without ``examples`` their file is left as it is: the frames of a
+    run change only when a new example is taken, and rewriting them at every save (tens of MB per set) made a
+    run at batch 1 wait for its saves."""
+    if examples:
+        write_npz(examples_path(path), {k: v for k, v in arrays.items() if _is_example(k)}, compressed=False)
+    write_npz(path, {k: v for k, v in arrays.items() if not _is_example(k)})
+
+
+def examples_path(path):
+    """The file of a state's example frames: ``state.examples.npz`` beside ``state.npz``."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.examples.npz")
+
+
+def read_state(path):
+    """A state's arrays (:func:`write_state`): its file and, where there is one, its examples' file beside it
+    (a state written before the examples had a file of their own holds them itself)."""
+    arrays = read_npz(path, "evaluation state")
+    side = examples_path(path)
+    return {**read_npz(side, "evaluation examples"), **arrays} if side.exists() else arrays
+
+
+def _is_example(key):
+    return key.startswith("ex|")
 
 
 def component_spec(components, commit_on=None):
@@ -557,10 +580,11 @@ class _Saver:
 
     def __init__(self, path):
         self.path, self.thread, self.error = path, None, None
+        self.examples = None  # the example frames in their file (None: not written by this run yet)
 
     def save(self, ev, *, wait=False):
         self.wait()
-        arrays = {key: value if key.startswith("ex|") else np.array(value, copy=True)  # as they are now (example
+        arrays = {key: value if _is_example(key) else np.array(value, copy=True)  # as they are now (example
                   for key, value in ev.arrays().items()}  # frames are never changed once taken: not copied)
         self.thread = threading.Thread(target=self._write, args=(arrays,), name="segood-save", daemon=True)
         self.thread.start()
@@ -569,7 +593,9 @@ class _Saver:
 
     def _write(self, arrays):
         try:
-            write_state(self.path, arrays)
+            examples = {key for key in arrays if _is_example(key)}
+            write_state(self.path, arrays, examples=examples != self.examples)
+            self.examples = examples
         except BaseException as err:  # noqa: BLE001 - handed to the main thread
             self.error = err
 
