@@ -683,7 +683,8 @@ class _Loop:
             if pixel_pass:
                 for stage, seconds in scored.seconds.items():
                     ev.seconds[stage] += seconds
-                ev.seconds["accumulate"] += _lap(self.device, t1)
+                ev.seconds["accumulate"] += time.perf_counter() - t1  # (no wait for the device: what the
+                # accumulators read from it they waited for; the per-class sums still queued are not waited for)
             else:  # all of it: its forward passes are not the run's inference time
                 ev.seconds["components"] = ev.seconds.get("components", 0.0) + _lap(self.device, t0)
                 t0 = time.perf_counter()
