@@ -43,7 +43,7 @@ from segood.metrics.components import PRESETS, ComponentAccumulator
 from segood.metrics.official import (SMIYCComponentAccumulator, check_benchmark, pixel_accumulator,
                                      pixel_accumulator_from_state)
 from segood.metrics.segmentation import confusion_matrix
-from segood.metrics.state import Part, flatten, unflatten
+from segood.metrics.state import Part, all_reduce_state, distributed, flatten, unflatten
 from segood.metrics.thresholds import RULES, commit
 from segood.version import __version__
 
@@ -61,7 +61,8 @@ def default_methods(model, *, fitted=True):
 
 
 class Evaluation(Part):
-    """The mutable state of a run: accumulators, per-class sums, examples, timings, progress."""
+    """The mutable state of a run: accumulators, per-class sums, examples, timings, progress; a tree of parts
+    (:attr:`parts`) that saves, merges and all-reduces by the contract of :mod:`segood.metrics.state`."""
 
     def __init__(self, method_names, set_names, grid=None, components=None, *, quality=False,
                  examples=(EXAMPLES_PER_SET, EXAMPLE_WIDTH), official=None):
@@ -320,7 +321,9 @@ class Evaluation(Part):
         """Combine the run's state over torch.distributed ranks by its :attr:`reductions` (a no-op without a process
         group): counts and sums are summed; each rank keeps its own progress and example frames."""
         self.settle()
-        return super().all_reduce()
+        if distributed():
+            self.load_state_dict(all_reduce_state(*flatten(self.parts, PART_REDUCTIONS)))
+        return self
 
 
 STATE_FORMAT = "segood.Evaluation/2"  # a tree of parts; the flat format before it has no "format"

@@ -99,27 +99,35 @@ def all_reduce_state(state, reductions):
     import torch.distributed as dist
 
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    how = by_key(reductions)
+    how, state = by_key(reductions), {k: np.asarray(v) for k, v in state.items()}
     out = dict(state)
-    elementwise = [k for k in state if isinstance(how.get(k), str) and how[k] in ELEMENTWISE]
-    for op_name in ELEMENTWISE:
-        for dtype in sorted({np.asarray(state[k]).dtype for k in elementwise if how[k] == op_name}, key=str):
-            keys = [k for k in elementwise if how[k] == op_name and np.asarray(state[k]).dtype == dtype]
-            flat = np.concatenate([np.asarray(state[k], dtype).ravel() for k in keys])
-            tensor = torch.from_numpy(flat.astype(np.uint8) if dtype == bool else flat).to(device)
-            dist.all_reduce(tensor, getattr(dist.ReduceOp, op_name.upper()))
-            flat, start = tensor.cpu().numpy().astype(dtype), 0
-            for k in keys:
-                size = np.asarray(state[k]).size
-                out[k] = flat[start : start + size].reshape(np.shape(state[k]))
-                start += size
+    for op in ELEMENTWISE:
+        keys = [k for k in state if how.get(k) == op]
+        for dtype in sorted({state[k].dtype for k in keys}, key=str):  # (in one order on every rank)
+            group = [k for k in keys if state[k].dtype == dtype]
+            tensor = torch.from_numpy(_packed([state[k] for k in group], dtype)).to(device)
+            dist.all_reduce(tensor, getattr(dist.ReduceOp, op.upper()))
+            out.update(zip(group, _unpacked(tensor.cpu().numpy(), [state[k].shape for k in group], dtype)))
     gathered = [k for k in state if how.get(k, "same") not in (*ELEMENTWISE, "same", "local")]
     if gathered:
-        ranks = _all_gather({k: np.asarray(state[k]) for k in gathered}, device)
+        ranks = _all_gather({k: state[k] for k in gathered}, device)
         for other in ranks[1:]:
             ranks[0] = merge_states(ranks[0], other, reductions)
         out.update(ranks[0])
     return out
+
+
+def _packed(arrays, dtype, size=0):
+    """``arrays`` as one flat array of ``dtype`` (bool as uint8, which every backend carries), zero-padded to
+    ``size``."""
+    flat = np.concatenate([a.astype(dtype).ravel() for a in arrays]).astype(np.uint8 if dtype == bool else dtype)
+    return np.pad(flat, (0, max(0, size - flat.size)))
+
+
+def _unpacked(flat, shapes, dtype):
+    """The arrays of ``shapes`` that :func:`_packed` packed into ``flat``."""
+    ends = np.cumsum([int(np.prod(s)) for s in shapes]).astype(int)
+    return [part.astype(dtype).reshape(s) for part, s in zip(np.split(flat[: ends[-1]], ends[:-1]), shapes)]
 
 
 def _all_gather(arrays, device):
@@ -132,30 +140,22 @@ def _all_gather(arrays, device):
     header = np.concatenate([[_WIRE.index(a.dtype.name), *a.shape] for a in arrays.values()]).astype(np.int64)
     headers = [torch.zeros(header.size, dtype=torch.int64, device=device) for _ in range(world)]
     dist.all_gather(headers, torch.from_numpy(header).to(device))
-    shapes, dtypes = [], {}
-    for h in headers:
-        h, rank_shapes, start = h.cpu().numpy(), {}, 0
+    shapes, dtypes = [{} for _ in range(world)], {}
+    for rank, h in enumerate(headers):
+        h, start = h.cpu().numpy(), 0
         for key, a in arrays.items():
-            rank_shapes[key] = tuple(int(v) for v in h[start + 1 : start + 1 + a.ndim])
-            dtypes[key] = np.result_type(dtypes.get(key, np.dtype(_WIRE[h[start]])), np.dtype(_WIRE[h[start]]))
+            shapes[rank][key] = tuple(int(v) for v in h[start + 1 : start + 1 + a.ndim])
+            dtypes[key] = np.result_type(dtypes.get(key, _WIRE[h[start]]), _WIRE[h[start]])
             start += 1 + a.ndim
-        shapes.append(rank_shapes)
     ranks = [{} for _ in range(world)]
-    for dtype in sorted(set(dtypes.values()), key=str):  # (in one order on every rank)
+    for dtype in sorted(set(dtypes.values()), key=str):
         keys = [k for k in arrays if dtypes[k] == dtype]
-        wire = np.uint8 if dtype == bool else dtype
-        longest = max(sum(int(np.prod(s[k])) for k in keys) for s in shapes)
-        mine = np.zeros(longest, wire)
-        flat = np.concatenate([arrays[k].astype(wire).ravel() for k in keys])
-        mine[: flat.size] = flat
-        parts = [torch.zeros(longest, dtype=getattr(torch, np.dtype(wire).name), device=device) for _ in range(world)]
-        dist.all_gather(parts, torch.from_numpy(mine).to(device))
-        for rank, (part, rank_shapes) in enumerate(zip(parts, shapes)):
-            part, start = part.cpu().numpy(), 0
-            for k in keys:
-                size = int(np.prod(rank_shapes[k]))
-                ranks[rank][k] = part[start : start + size].astype(dtype).reshape(rank_shapes[k])
-                start += size
+        size = max(1, *(sum(int(np.prod(s[k])) for k in keys) for s in shapes))  # (no empty collectives)
+        mine = torch.from_numpy(_packed([arrays[k] for k in keys], dtype, size)).to(device)
+        parts = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(parts, mine)
+        for rank, part in enumerate(parts):
+            ranks[rank].update(zip(keys, _unpacked(part.cpu().numpy(), [shapes[rank][k] for k in keys], dtype)))
     return ranks
 
 
