@@ -14,24 +14,28 @@ from segood.metrics.state import all_reduce_state, flatten, merge_states, unflat
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
-# the numbers of tests/fixtures/flat_state.npz (tests/fixtures/make_flat_state.py), as the flat format's reader gave them
+# the numbers of tests/fixtures/flat_state.npz (written by tests/fixtures/make_flat_state.py), part by part
 FLAT_STATE_NUMBERS = {
-    "pixels/max_softmax/s1": [0.3922785209050321, 0.017117081601732764, 0.9593536565050808, 24012, 564, 0.41614505539917457, 3],
+    "pixels/max_softmax/s1": [0.3922785209050321, 0.017117081601732764, 0.9593536565050808,
+                              24012, 564, 0.41614505539917457, 3],
     "class_sums/max_softmax/s1": 21616.830729663372,
     "components/max_softmax/s1": [0.0, 0.034423828125, 0.02294921875, 2, 3],
     "official/max_softmax/s1": [0.016962624899277277, 0.9576045310677994, 3],
     "official_components/max_softmax/s1": [0.0, 2, 3],
-    "pixels/max_softmax/s2": [0.3479602161936665, 0.012180155510458106, 0.9519294468367009, 24152, 424, 0.3755012386235568, 3],
+    "pixels/max_softmax/s2": [0.3479602161936665, 0.012180155510458106, 0.9519294468367009,
+                              24152, 424, 0.3755012386235568, 3],
     "class_sums/max_softmax/s2": 21852.42591136694,
     "components/max_softmax/s2": [0.0, 0.02587890625, 0.017252604166666668, 2, 3],
     "official/max_softmax/s2": [0.012113029499979668, 0.9508529314342498, 3],
     "official_components/max_softmax/s2": [0.0, 2, 3],
-    "pixels/entropy/s1": [0.3259143182545843, 0.01570027714621124, 0.9951690821256038, 24012, 564, 0.40276243006777, 3],
+    "pixels/entropy/s1": [0.3259143182545843, 0.01570027714621124, 0.9951690821256038,
+                          24012, 564, 0.40276243006777, 3],
     "class_sums/entropy/s1": 23152.760938823223,
     "components/entropy/s1": [0.0, 0.034423828125, 0.02294921875, 2, 3],
     "official/entropy/s1": [0.015477667335767914, 0.9940029985007496, 3],
     "official_components/entropy/s1": [0.0, 2, 3],
-    "pixels/entropy/s2": [0.28829573667089564, 0.01114803473601135, 0.9756955945677377, 24152, 424, 0.29296964161432104, 3],
+    "pixels/entropy/s2": [0.28829573667089564, 0.01114803473601135, 0.9756955945677377,
+                          24152, 424, 0.29296964161432104, 3],
     "class_sums/entropy/s2": 23369.59352248907,
     "components/entropy/s2": [0.0, 0.02587890625, 0.017252604166666668, 2, 3],
     "official/entropy/s2": [0.010935521339098968, 0.9708098708181517, 3],
@@ -101,8 +105,10 @@ def _state(rank):
     rows = [np.array([1.5, 2.5], np.float32), np.array([0.1, 0.2, 0.3])][rank]
     return {"format": np.array("test/1"), "n": np.array([3, 1 << 60][rank], np.int64) + np.arange(3),
             "high": np.array([2.0, 7.0][rank]), "all": np.array([True, False][rank]), "mine": np.array(rank),
-            "rows": rows, "offsets": np.array([[0, 1, 2], [0, 3]][rank], np.int64), "values": np.full((1 + rank, 2), rank),
-            "keys": np.array([[1, 4], [4, 9, 12]][rank], np.int64), "counts": np.array([[1, 1], [2, 3, 4]][rank], np.int64)}
+            "rows": rows, "offsets": np.array([[0, 1, 2], [0, 3]][rank], np.int64),
+            "values": np.full((1 + rank, 2), rank),
+            "keys": np.array([[1, 4], [4, 9, 12]][rank], np.int64),
+            "counts": np.array([[1, 1], [2, 3, 4]][rank], np.int64)}
 
 
 def test_merge_states_combines_each_key_by_its_reduction():

@@ -7,8 +7,8 @@ import numpy as np
 from segood.metrics import _kernels
 from segood.metrics.functional import METRICS, as_numpy_inputs, metrics_from_counts, raise_bad_labels, raise_bad_scores
 from segood.metrics.state import check_counts
-from segood.metrics.streaming import (SHARED_REDUCTIONS, Streaming, flat_cuda, host, is_cuda, load_per_image, read_count,
-                                      read_flag, reverse_cumsum)
+from segood.metrics.streaming import (SHARED_REDUCTIONS, Streaming, flat_cuda, host, is_cuda, load_per_image,
+                                      read_count, read_flag, reverse_cumsum)
 
 STATE_FORMAT = "segood.PixelOODAccumulator/1"  # (the class's first name; every state since carries it)
 MAX_THRESHOLDS = 1 << 24  # 256 MiB of counts: beyond that a "state" is a mistake, not a configuration

@@ -11,8 +11,8 @@ and whose bounds say how far it can be from these values, is the tool.
 
 import numpy as np
 
-from segood.metrics.streaming import (SHARED_REDUCTIONS, Streaming, flat_cuda, host, is_cuda, load_per_image, read_count,
-                                      read_flag, reverse_cumsum)
+from segood.metrics.streaming import (SHARED_REDUCTIONS, Streaming, flat_cuda, host, is_cuda, load_per_image,
+                                      read_count, read_flag, reverse_cumsum)
 from segood.metrics.functional import (METRICS, as_numpy_inputs, distinct_score_counts, metrics_from_counts,
                                        raise_bad_labels)
 
@@ -216,7 +216,7 @@ class ExactAccumulator(Streaming):
         self.n_stored += id_scores.size + ood_scores.size
 
 
-def host_scores(x):
+def _host_scores(x):
     """A device tensor of scores as a host numpy array: float32 where that is exact (float16, bfloat16, 8- and
     16-bit integers, bool), float64 otherwise, as :func:`as_numpy_inputs` does on the host."""
     import torch

@@ -11,11 +11,10 @@ import numba
 import numpy as np
 
 from segood.metrics import _device, _kernels
+from segood.metrics.functional import METRICS, as_numpy_inputs, metrics_from_counts, raise_bad_labels
+from segood.metrics.state import check_counts
 from segood.metrics.streaming import (SHARED_REDUCTIONS, Streaming, device_tensors, host, is_cuda, load_per_image,
                                       matching_inputs, read_count, read_flag)
-from segood.metrics.functional import (METRICS, as_numpy_inputs, metrics_from_counts,
-                                       raise_bad_labels)
-from segood.metrics.state import check_counts
 
 STATE_FORMAT = "segood.FloatOrderAccumulator/1"
 DEFAULT_MANTISSA_BITS = 10  # float16 and 8-bit scores exact; measured fastest (docs/metric_engine.md)

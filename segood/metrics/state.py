@@ -161,8 +161,8 @@ def _all_gather(arrays, device):
 
 class Part:
     """``merge``, ``all_reduce``, ``copy``, ``save``, ``load`` and ``load_state_dict`` for a class with
-    ``state_dict()``, ``from_state_dict(state)`` and ``reductions`` (the module docstring); ``STATE_NAME`` names
-    its files in errors (default: "<class name> state")."""
+    ``state_dict()``, ``from_state_dict(state)`` (or its own ``load_state_dict``) and ``reductions`` (the module
+    docstring); ``STATE_NAME`` names its files in errors (default: "<class name> state")."""
 
     STATE_NAME = None
     reductions = {}
@@ -199,9 +199,6 @@ class Part:
     def load(cls, path):
         """Read a state written by :meth:`save` (never unpickles); a ValueError names the file when it is not one."""
         return read_state(cls.from_state_dict, path, cls.STATE_NAME or f"{cls.__name__} state")
-
-
-StateFile = Part  # the contract's first name
 
 
 def flatten(tree, rules, prefix=""):
