@@ -348,7 +348,7 @@ def _node(tree, *names):
     try:
         for name in names:
             tree = tree[name]
-    except (KeyError, TypeError):
+    except (KeyError, IndexError, TypeError):  # (an array where a part should be)
         raise KeyError("/".join(names)) from None
     return tree
 
