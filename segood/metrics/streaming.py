@@ -11,7 +11,7 @@ from segood.metrics.state import Part
 OPTIONAL_STATE = ("per_image_metrics", "image_offsets", "image_keys", "image_counts", "image_values")
 # how the keys every accumulator's state holds combine (segood.metrics.state)
 SHARED_REDUCTIONS = {"n_ignored": "sum", "n_images": "sum", "per_image_sum": "sum", "per_image_defined": "sum",
-              "image_offsets": "offsets", "image_keys": "cat", "image_counts": "cat", "image_values": "cat"}
+                     "image_offsets": "offsets", "image_keys": "cat", "image_counts": "cat", "image_values": "cat"}
 
 
 class Streaming(Part):
