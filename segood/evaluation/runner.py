@@ -43,6 +43,7 @@ from segood.metrics.components import PRESETS, ComponentAccumulator
 from segood.metrics.official import (SMIYCComponentAccumulator, check_benchmark, pixel_accumulator,
                                      pixel_accumulator_from_state)
 from segood.metrics.segmentation import confusion_matrix
+from segood.metrics.state import Part, all_reduce_state, distributed, flatten, unflatten
 from segood.metrics.thresholds import RULES, commit
 from segood.version import __version__
 
@@ -59,8 +60,9 @@ def default_methods(model, *, fitted=True):
             and (fitted or not m.needs.fit)]
 
 
-class Evaluation:
-    """The mutable state of a run: accumulators, per-class sums, examples, timings, progress."""
+class Evaluation(Part):
+    """The mutable state of a run: accumulators, per-class sums, examples, timings, progress; a tree of parts
+    (:attr:`parts`) that saves, merges and all-reduces by the contract of :mod:`segood.metrics.state`."""
 
     def __init__(self, method_names, set_names, grid=None, components=None, *, quality=False,
                  examples=(EXAMPLES_PER_SET, EXAMPLE_WIDTH), official=None):
@@ -73,9 +75,10 @@ class Evaluation:
         self.example_count, self.example_width = examples
         self.confusion = {s: np.zeros((NUM_CLASSES, NUM_CLASSES), np.int64) for s in set_names} if quality else {}
         self.calibration = {s: CalibrationAccumulator() for s in set_names} if quality else {}
-        odd = [n for n in self.method_names + self.set_names if not n or "|" in n]
+        odd = [n for n in self.method_names + self.set_names if not n or "/" in n]
         if odd:
-            raise ValueError(f"method and set names must be non-empty and free of '|' (the state's separator): {odd}")
+            raise ValueError(f"method and set names must be non-empty and free of '/' (the state's path separator): "
+                             f"{odd}")
         self.grid = grid or grid_spec()
         self.components = components  # None, or a spec of component_spec()
         self.official = check_benchmark(official)
@@ -210,54 +213,49 @@ class Evaluation:
         self.pending_sums = {}
         return self
 
+    @property
+    def parts(self):
+        """The run's state as a tree of parts by name: accumulators and arrays (see :meth:`arrays`)."""
+        return {"format": STATE_FORMAT, "meta": json.dumps(
+                    {"methods": self.method_names, "sets": self.set_names, "grid": self.grid,
+                     "components": self.components, "quality": self.quality,
+                     "examples": [self.example_count, self.example_width], "official": self.official}),
+                "progress": json.dumps({"seconds": self.seconds, "done": self.done,
+                                        "components_done": self.components_done, "skipped": self.skipped,
+                                        "model_output": self.model_output}),
+                "images": {s: np.array(n, np.int64) for s, n in self.images.items()}, "pixels": self.acc,
+                "class_sums": self.class_sum, "class_counts": self.class_count, "confusion": self.confusion,
+                "calibration": self.calibration, "components": self.comp, "official": self.official_acc,
+                "official_components": self.official_comp, "examples": self.examples}
+
+    @property
+    def reductions(self):
+        """How two states of the run combine, path by path (:mod:`segood.metrics.state`)."""
+        return flatten(self.parts, PART_REDUCTIONS)[1]
+
     def arrays(self):
+        """The state as plain arrays, a tree of parts by path (docs/layout.md): "format", "meta" (the run's
+        settings, JSON), "progress" (this process's frames done, timings, skipped frames, the model's outputs,
+        JSON), "images/<set>", "pixels/<method>/<set>/<key>" (the accumulator's state), "class_sums/<method>/<set>",
+        "class_counts/<set>", "confusion/<set>", "calibration/<set>/<key>", "components/<method>/<set>/<key>",
+        "official/<method>/<set>/<key>", "official_components/<method>/<set>/<key>" and
+        "examples/<set>/<frame index>/<field>"."""
         self.settle()
-        out = {"meta": np.array(json.dumps({"methods": self.method_names, "sets": self.set_names,
-                                            "grid": self.grid, "components": self.components,
-                                            "seconds": self.seconds,
-                                            "images": self.images, "done": self.done,
-                                            "components_done": self.components_done,
-                                            "skipped": self.skipped, "quality": self.quality,
-                                            "model_output": self.model_output,
-                                            "examples": [self.example_count, self.example_width],
-                                            "official": self.official}))}
-        for s, confusion in self.confusion.items():
-            out[f"confusion|{s}"] = confusion
-        for s, calibration in self.calibration.items():
-            for key, value in calibration.state_dict().items():
-                out[f"cal|{s}|{key}"] = value
-        for (m, s), acc in self.acc.items():
-            for key, value in acc.state_dict().items():
-                out[f"acc|{m}|{s}|{key}"] = value
-            out[f"cls|{m}|{s}"] = self.class_sum[(m, s)]
-        for (m, s), comp in self.comp.items():
-            for key, value in comp.state_arrays().items():
-                out[f"comp|{m}|{s}|{key}"] = value
-        for (m, s), acc in self.official_acc.items():
-            for key, value in acc.state_dict().items():
-                out[f"off|{m}|{s}|{key}"] = value
-        for (m, s), comp in self.official_comp.items():
-            for key, value in comp.state_arrays().items():
-                out[f"offcomp|{m}|{s}|{key}"] = value
-        for s, count in self.class_count.items():
-            out[f"clscount|{s}"] = count
-        for (s, i), example in self.examples.items():
-            for key, value in example.items():
-                out[f"ex|{s}|{i}|{key}"] = value
-        return out
+        return flatten(self.parts, PART_REDUCTIONS)[0]
+
+    state_dict = arrays
 
     @classmethod
     def from_arrays(cls, arrays, path="the evaluation state"):
-        """Rebuild from :meth:`arrays`; every field is validated before anything is allocated from it."""
+        """Rebuild from :meth:`arrays` (or a state of the flat format before it, "acc|<method>|<set>|<key>", ...);
+        every field is validated before anything is allocated from it."""
         try:
-            meta = json.loads(str(arrays["meta"]))
+            tree = unflatten(arrays if "format" in arrays else _from_flat(arrays))
+            if str(tree["format"]) != STATE_FORMAT:
+                raise ValueError(f"unknown evaluation state format {str(tree['format'])!r}; expected {STATE_FORMAT!r}")
+            meta = {**json.loads(str(tree["meta"])), **json.loads(str(tree.get("progress", "{}")))}
             methods, sets = [str(m) for m in meta["methods"]], [str(v) for v in meta["sets"]]
-            accumulators = {}
-            for m in methods:
-                for s in sets:
-                    prefix = f"acc|{m}|{s}|"
-                    state = {k[len(prefix):]: arrays[k] for k in arrays if k.startswith(prefix)}
-                    accumulators[(m, s)] = accumulator_from_state(state)
+            accumulators = {(m, s): accumulator_from_state(_node(tree, "pixels", m, s)) for m in methods for s in sets}
             grid = meta["grid"] if "grid" in meta else grid_spec(meta["num_thresholds"], meta["score_range"])
             if any(grid_of(a) != grid for a in accumulators.values()):
                 raise ValueError(f"an accumulator's thresholds differ from the run's grid {grid}")
@@ -269,21 +267,19 @@ class Evaluation:
                      examples=tuple(examples), official=meta.get("official"))
             ev.acc = accumulators
             for (m, s), acc in ev.official_acc.items():
-                prefix = f"off|{m}|{s}|"
-                restored = pixel_accumulator_from_state({k[len(prefix):]: arrays[k] for k in arrays
-                                                         if k.startswith(prefix)})
-                if type(restored) is not type(acc):
+                ev.official_acc[(m, s)] = pixel_accumulator_from_state(_node(tree, "official", m, s))
+                if type(ev.official_acc[(m, s)]) is not type(acc):
                     raise ValueError(f"the official accumulator of {m} on {s} is not {ev.official}'s")
-                ev.official_acc[(m, s)] = restored
-            for (m, s), comp in ev.official_comp.items():
-                comp.load_state({k: arrays[f"offcomp|{m}|{s}|{k}"] for k in ("taus", "sums", "counts")})
+            for kind, comps in (("components", ev.comp), ("official_components", ev.official_comp)):
+                for (m, s), comp in comps.items():
+                    comp.load_state_dict(_node(tree, kind, m, s))
             for s in ev.confusion:
-                ev.confusion[s] = _array(arrays[f"confusion|{s}"], (NUM_CLASSES, NUM_CLASSES), np.int64, counts=True)
-                ev.calibration[s] = CalibrationAccumulator.from_state_dict(
-                    {k: arrays[f"cal|{s}|{k}"] for k in ("format", "count", "correct", "confidence", "brier")})
-            for (m, s), comp in ev.comp.items():
-                comp.load_state({k: arrays[f"comp|{m}|{s}|{k}"] for k in ("taus", "sums", "counts")})
-            ev.images, ev.done = (_frame_counts(meta[key], sets, key) for key in ("images", "done"))
+                ev.confusion[s] = _array(_node(tree, "confusion", s), (NUM_CLASSES, NUM_CLASSES), np.int64, counts=True)
+                ev.calibration[s] = CalibrationAccumulator.from_state_dict(_node(tree, "calibration", s))
+            images = {s: int(_array(v, (), np.int64, counts=True)) for s, v in tree["images"].items()} \
+                if "images" in tree else meta["images"]
+            ev.images, ev.done = (_frame_counts(value, sets, key) for key, value in (("images", images),
+                                                                                      ("done", meta["done"])))
             ev.components_done = _frame_counts(meta.get("components_done", dict.fromkeys(sets, 0)), sets,
                                                "components_done")
             if not isinstance(meta["seconds"], dict) or not all(
@@ -297,20 +293,21 @@ class Evaluation:
             ev.skipped = meta["skipped"]
             ev.model_output = _model_output(meta.get("model_output", {}))
             for m, s in ev.acc:
-                ev.class_sum[(m, s)] = _array(arrays[f"cls|{m}|{s}"], (NUM_CLASSES,), np.float64)
+                ev.class_sum[(m, s)] = _array(_node(tree, "class_sums", m, s), (NUM_CLASSES,), np.float64)
             for s in sets:
-                ev.class_count[s] = _array(arrays[f"clscount|{s}"], (NUM_CLASSES,), np.int64, counts=True)
-            for key in arrays:
-                if key.startswith("ex|") and key.count("|") == 3:
-                    _, s, i, field = key.split("|")
-                    if s not in sets or not i.isdigit():
-                        raise ValueError(f"example {key!r} belongs to no set of the run")
-                    ev.examples.setdefault((s, int(i)), {})[field] = np.asarray(arrays[key])
+                ev.class_count[s] = _array(_node(tree, "class_counts", s), (NUM_CLASSES,), np.int64, counts=True)
+            for s, frames in tree.get("examples", {}).items():
+                for i, example in frames.items():
+                    if s not in sets or not i.isdigit() or not isinstance(example, dict):
+                        raise ValueError(f"example {s}/{i} belongs to no set of the run")
+                    ev.examples[(s, int(i))] = {field: np.asarray(v) for field, v in example.items()}
         except KeyError as err:
             raise ValueError(f"{path} is not a complete evaluation state: it lacks {err}") from None
         except (ValueError, TypeError, AttributeError) as err:
             raise ValueError(f"{path} is not a valid evaluation state: {err}") from None
         return ev
+
+    from_state_dict = from_arrays
 
     def save(self, path):
         write_state(path, self.arrays())
@@ -320,76 +317,40 @@ class Evaluation:
         """Read a state written by :meth:`save` (never unpickles); a ValueError names the file when it is not one."""
         return cls.from_arrays(read_state(path), path)
 
-    def merge(self, other):
-        self.settle(), other.settle()
-        for key in self.acc:
-            self.acc[key].merge(other.acc[key])
-            self.class_sum[key] += other.class_sum[key]
-        for key, comp in self.comp.items():
-            comp.merge(other.comp[key])
-        for key, acc in self.official_acc.items():
-            acc.merge(other.official_acc[key])
-        for key, comp in self.official_comp.items():
-            comp.merge(other.official_comp[key])
-        for s in self.set_names:
-            self.class_count[s] += other.class_count[s]
-            self.images[s] += other.images[s]
-        for s in self.confusion:
-            self.confusion[s] += other.confusion[s]
-            self.calibration[s].merge(other.calibration[s])
-        self.examples.update(other.examples)
-        if other.model_output:
-            self.note_output(other.model_output["classes"], resized=other.model_output["resized"],
-                             align_corners=other.model_output["align_corners"])
-        return self
-
     def all_reduce(self):
-        """Sum counts over torch.distributed ranks (a no-op without a process group)."""
-        import torch.distributed as dist
-
+        """Combine the run's state over torch.distributed ranks by its :attr:`reductions` (a no-op without a process
+        group): counts and sums are summed; each rank keeps its own progress and example frames."""
         self.settle()
-        for acc in (*self.acc.values(), *self.official_acc.values()):
-            acc.all_reduce()
-        if not (dist.is_available() and dist.is_initialized()):
-            return self
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-        flat = np.concatenate([*(self.class_sum[k] for k in self.class_sum), *(self.class_count[s].astype(np.float64)
-                                                                              for s in self.set_names),
-                               [self.images[s] for s in self.set_names]])
-        tensor = torch.from_numpy(flat).to(device)
-        dist.all_reduce(tensor)
-        flat = tensor.cpu().numpy()
-        k = 0
-        for key in self.class_sum:
-            self.class_sum[key] = flat[k : k + NUM_CLASSES]
-            k += NUM_CLASSES
-        for s in self.set_names:
-            self.class_count[s] = np.rint(flat[k : k + NUM_CLASSES]).astype(np.int64)
-            k += NUM_CLASSES
-        for s in self.set_names:
-            self.images[s] = int(round(flat[k]))
-            k += 1
-        for s in self.confusion:  # the segmentation quality: counts (exact in float64 below 2^53) and sums
-            cal = self.calibration[s]
-            tensor = torch.from_numpy(np.concatenate([self.confusion[s].ravel(), cal.count, cal.correct]).astype(
-                np.float64)).to(device)
-            sums = torch.from_numpy(np.append(cal.confidence, cal.brier)).to(device)
-            dist.all_reduce(tensor)
-            dist.all_reduce(sums)
-            counts, sums = np.rint(tensor.cpu().numpy()).astype(np.int64), sums.cpu().numpy()
-            self.confusion[s] = counts[: NUM_CLASSES**2].reshape(NUM_CLASSES, NUM_CLASSES)
-            cal.count[...], cal.correct[...] = counts[NUM_CLASSES**2 :].reshape(2, -1)
-            cal.confidence[...], cal.brier = sums[:-1], float(sums[-1])
-        for comp in (*self.comp.values(), *self.official_comp.values()):  # counts and sums (exact in float64)
-            arrays = comp.state_arrays()
-            tensor = torch.from_numpy(np.concatenate([arrays["taus"].ravel(), arrays["counts"]]).astype(np.float64))
-            sums = torch.from_numpy(arrays["sums"]).to(device)
-            tensor = tensor.to(device)
-            dist.all_reduce(tensor)
-            dist.all_reduce(sums)
-            counts = np.rint(tensor.cpu().numpy()).astype(np.int64)
-            comp.load_state({"taus": counts[:-3].reshape(3, -1), "counts": counts[-3:], "sums": sums.cpu().numpy()})
+        if distributed():
+            self.load_state_dict(all_reduce_state(*flatten(self.parts, PART_REDUCTIONS)))
         return self
+
+
+STATE_FORMAT = "segood.Evaluation/2"  # a tree of parts; the flat format before it has no "format"
+# how the arrays of the run's tree combine (the accumulators declare their own)
+PART_REDUCTIONS = {"meta": "same", "progress": "local", "images": "sum", "class_sums": "sum", "class_counts": "sum",
+                   "confusion": "sum", "examples": "local"}
+_FLAT_NAMES = {"acc": "pixels", "cls": "class_sums", "clscount": "class_counts", "cal": "calibration",
+               "comp": "components", "off": "official", "offcomp": "official_components", "ex": "examples"}
+
+
+def _from_flat(arrays):
+    """A state of the flat format ("acc|<method>|<set>|<key>", "cls|<method>|<set>", "clscount|<set>",
+    "confusion|<set>", "cal|<set>|<key>", "comp|...", "off|...", "offcomp|...", "ex|<set>|<index>|<field>", and
+    "meta" holding the progress and frame counts too) under the tree's paths."""
+    out = {"/".join([_FLAT_NAMES.get(kind, kind), *names]): value
+           for key, value in arrays.items() for kind, *names in [key.split("|")]}
+    return {**out, "format": np.array(STATE_FORMAT)}
+
+
+def _node(tree, *names):
+    """The node of ``tree`` at the path ``names``; a KeyError names the path."""
+    try:
+        for name in names:
+            tree = tree[name]
+    except (KeyError, IndexError, TypeError):  # (an array where a part should be)
+        raise KeyError("/".join(names)) from None
+    return tree
 
 
 def write_state(path, arrays, *, examples=True):
@@ -418,7 +379,7 @@ def read_state(path):
 
 
 def _is_example(key):
-    return key.startswith("ex|")
+    return key.startswith("examples/")
 
 
 def component_spec(components, commit_on=None):

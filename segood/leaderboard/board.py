@@ -27,7 +27,7 @@ from segood.leaderboard.safe import (Limits, MaintainerError, Rejected, is_map, 
 from segood.leaderboard.submission import validate
 from segood.metrics import (METRICS, UndefinedMetricWarning, accumulator_from_state, describe_grid, grid_spec,
                             make_accumulator)
-from segood.metrics.accumulator import OPTIONAL_STATE
+from segood.metrics.streaming import OPTIONAL_STATE
 from segood.metrics.bootstrap import Bootstrap, coarse_keys, shifted_metrics, tied_ranks
 
 BENCHMARK_SCHEMA = "segood.benchmark/1"

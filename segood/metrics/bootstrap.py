@@ -32,7 +32,8 @@ def coarse_keys(thresholds, bits=COARSE_BITS):
 
 class ImageCounts:
     """Per image: its counts on the coarse grid (keys increasing, counts (b, 2) ID/OOD) and its metric values
-    (NaN where undefined). Plain arrays in and out; mergeable by concatenation."""
+    (NaN where undefined). Plain arrays in and out; states merge by concatenation (their reductions:
+    :data:`segood.metrics.streaming.SHARED_REDUCTIONS`)."""
 
     def __init__(self, names):
         self.names = tuple(names)  # the metrics of the values' columns
@@ -50,12 +51,6 @@ class ImageCounts:
         self.keys.append(keys[starts][occupied].astype(np.int32))
         self.counts.append(counts[occupied])
         self.values.append(np.asarray(values, np.float64).reshape(len(self.names)))
-
-    def extend(self, other):
-        self.keys += other.keys
-        self.counts += other.counts
-        self.values += other.values
-        return self
 
     def arrays(self):
         sizes = [k.size for k in self.keys]

@@ -10,13 +10,13 @@ accumulators.
 import numpy as np
 
 from segood.labels import IGNORE
-from segood.metrics.state import StateFile
+from segood.metrics.state import Part
 
 STATE_FORMAT = "segood.CalibrationAccumulator/1"
 NUM_BINS = 15
 
 
-class CalibrationAccumulator(StateFile):
+class CalibrationAccumulator(Part):
     """Streaming ECE (``num_bins`` equal-width bins of the top-class confidence, bin k = (k/B, (k+1)/B], the
     first closed at 0) and Brier score over pixels whose target is a class (255 = no class, skipped).
 
@@ -31,6 +31,7 @@ class CalibrationAccumulator(StateFile):
     """
 
     STATE_NAME = "calibration state"
+    reductions = {"count": "sum", "correct": "sum", "confidence": "sum", "brier": "sum"}
 
     def __init__(self, num_bins=NUM_BINS):
         if isinstance(num_bins, bool) or not isinstance(num_bins, (int, np.integer)) or num_bins < 1:
@@ -79,15 +80,9 @@ class CalibrationAccumulator(StateFile):
         self.brier += float(brier.sum())
         return self
 
-    def merge(self, other):
-        """Add another accumulator's counts (in place); returns self."""
+    def _check_mergeable(self, other):
         if not isinstance(other, CalibrationAccumulator) or other.num_bins != self.num_bins:
             raise ValueError(f"can only merge a CalibrationAccumulator with {self.num_bins} bins, got {other!r}")
-        self.count += other.count
-        self.correct += other.correct
-        self.confidence += other.confidence
-        self.brier += other.brier
-        return self
 
     def compute(self):
         """{"ece", "brier", "accuracy", "n_pixels", "bins": {"count", "accuracy", "confidence"} per bin}; NaN
@@ -132,7 +127,6 @@ class CalibrationAccumulator(StateFile):
         acc.count[...], acc.correct[...], acc.confidence[...] = count, correct, confidence
         acc.brier = float(brier)
         return acc
-
 
     def __repr__(self):
         return f"CalibrationAccumulator(num_bins={self.num_bins}, n_pixels={int(self.count.sum())})"

@@ -25,6 +25,7 @@ import cv2
 import numpy as np
 
 from segood.labels import IGNORE, OOD
+from segood.metrics.state import Part
 
 PRESETS = {"anomaly": {"min_pred": 500, "min_gt": 100}, "obstacle": {"min_pred": 50, "min_gt": 10}}
 TAUS = tuple(round(0.25 + 0.05 * k, 2) for k in range(11))
@@ -76,7 +77,7 @@ def frame_components(prediction, ood_mask, *, min_pred, min_gt):
     return siou, ppv
 
 
-class ComponentAccumulator:
+class ComponentAccumulator(Part):
     """Streaming component-level metrics at one score ``threshold`` (a pixel is predicted OOD iff its score
     >= threshold), for a ``preset`` (``anomaly`` or ``obstacle``) or explicit ``min_pred`` / ``min_gt``.
 
@@ -86,6 +87,7 @@ class ComponentAccumulator:
     """
 
     taus = TAUS  #: the sIoU / PPV thresholds tau
+    reductions = {"taus": "sum", "sums": "sum", "counts": "sum"}
     strict = False  #: predicted OOD iff score > threshold (SMIYC's code) instead of score >= threshold
 
     def __init__(self, threshold, preset="anomaly", *, min_pred=None, min_gt=None, threshold_source="committed"):
@@ -123,22 +125,18 @@ class ComponentAccumulator:
             self.n_frames += 1
         return self
 
-    def merge(self, other):
-        """Add another accumulator's counts (same threshold and sizes); returns self."""
+    def _check_mergeable(self, other):
         if type(other) is not type(self) or \
                 (self.threshold, self.min_pred, self.min_gt) != (other.threshold, other.min_pred, other.min_gt):
             raise ValueError("cannot merge component accumulators with different thresholds or size filters")
-        for key in ("tp", "fn", "fp", "siou_sum", "ppv_sum", "n_gt", "n_pred", "n_frames"):
-            setattr(self, key, getattr(self, key) + getattr(other, key))
-        return self
 
-    def state_arrays(self):
+    def state_dict(self):
         """The counts as plain arrays: (3, 11) int64 TP / FN / FP per tau, the two sums, the three counts."""
         return {"taus": np.stack([self.tp, self.fn, self.fp]), "sums": np.array([self.siou_sum, self.ppv_sum]),
                 "counts": np.array([self.n_gt, self.n_pred, self.n_frames], np.int64)}
 
-    def load_state(self, arrays):
-        """Restore :meth:`state_arrays` output, checked (shapes, non-negative integer counts, finite sums)."""
+    def load_state_dict(self, arrays):
+        """Restore :meth:`state_dict` output, checked (shapes, non-negative integer counts, finite sums)."""
         taus, sums, counts = (np.asarray(arrays[k]) for k in ("taus", "sums", "counts"))
         if taus.shape != (3, len(self.taus)) or counts.shape != (3,) or sums.shape != (2,) \
                 or not (np.issubdtype(taus.dtype, np.integer) and np.issubdtype(counts.dtype, np.integer)) \

@@ -11,8 +11,8 @@ and whose bounds say how far it can be from these values, is the tool.
 
 import numpy as np
 
-from segood.metrics.accumulator import (_count, _flag, _flat_cuda, _host, _is_cuda, _reverse_cumsum,
-                                        _Streaming, load_per_image)
+from segood.metrics.streaming import (SHARED_REDUCTIONS, Streaming, flat_cuda, host, is_cuda, load_per_image,
+                                      read_count, read_flag, reverse_cumsum)
 from segood.metrics.functional import (METRICS, as_numpy_inputs, distinct_score_counts, metrics_from_counts,
                                        raise_bad_labels)
 
@@ -20,7 +20,7 @@ STATE_FORMAT = "segood.ExactAccumulator/1"
 DEFAULT_MAX_PIXELS = 1 << 28  # 268 million counted pixels: 1 GiB of float32 scores (2 GiB of float64)
 
 
-class ExactAccumulator(_Streaming):
+class ExactAccumulator(Streaming):
     """Every counted pixel's score, kept apart by label; metrics with every distinct score a threshold.
 
     A pixel is predicted OOD at threshold t iff ``float64(score) >= t``, for every distinct score t of the set:
@@ -40,6 +40,8 @@ class ExactAccumulator(_Streaming):
         >>> acc.update(scores, ood_mask)   # any real scores, higher = more OOD
         >>> acc.compute()["auroc"]         # == sklearn.metrics.roc_auc_score
     """
+
+    reductions = {**SHARED_REDUCTIONS, "id_scores": "cat", "ood_scores": "cat"}  # all-reduced by gathering
 
     def __init__(self, *, max_pixels=DEFAULT_MAX_PIXELS, per_image=False, score_range=None):
         if isinstance(max_pixels, bool) or not isinstance(max_pixels, (int, np.integer)):
@@ -86,12 +88,9 @@ class ExactAccumulator(_Streaming):
                 self._add_image(*distinct_score_counts(id_scores, ood_scores))
         return self
 
-    def merge(self, other):
-        """Append the scores of another exact accumulator (in place); returns self."""
-        self._check_mergeable(other, ("score_range",))
+    def _check_mergeable(self, other):
+        super()._check_mergeable(other)
         self._check_room(other.n_stored, "this merge")
-        self._store(*other.scores)
-        return self._merge_per_image(other)
 
     def curve_counts(self):
         """(thresholds (D,), hist (2, D) int64): every distinct score, increasing, and its ID and OOD pixels
@@ -109,7 +108,7 @@ class ExactAccumulator(_Streaming):
         n_id, n_ood = (int(v) for v in hist.sum(axis=1))
         if n_id + n_ood + self.n_ignored == 0:
             raise ValueError("the accumulator is empty: call update(scores, labels) before compute()")
-        fp, tp = _reverse_cumsum(hist)
+        fp, tp = reverse_cumsum(hist)
         result = metrics_from_counts(thresholds, tp, fp, n_ood, n_id)
         result["bounds"] = {k: (result[k], result[k]) for k in METRICS}
         result.update(n_id=n_id, n_ood=n_ood, n_ignored=int(self.n_ignored), thresholds=thresholds.copy(), tp=tp,
@@ -136,7 +135,7 @@ class ExactAccumulator(_Streaming):
     def from_state_dict(cls, state):
         """Rebuild from :meth:`state_dict` output; every field is checked before anything is built from it."""
         cls._check_keys_and_format(state, cls(), STATE_FORMAT)
-        max_pixels = _count(state, "max_pixels")
+        max_pixels = read_count(state, "max_pixels")
         if max_pixels < 1:
             raise ValueError("accumulator state 'max_pixels' must be positive")
         score_range = np.asarray(state["score_range"])
@@ -152,54 +151,12 @@ class ExactAccumulator(_Streaming):
         if rows[0].size + rows[1].size > max_pixels:
             raise ValueError(f"accumulator state holds {rows[0].size + rows[1].size} scores, more than its "
                              f"max_pixels ({max_pixels})")
-        acc = cls(max_pixels=max_pixels, per_image=_flag(state, "per_image"),
+        acc = cls(max_pixels=max_pixels, per_image=read_flag(state, "per_image"),
                   score_range=None if np.isnan(score_range).all() else tuple(score_range))
         acc._store(rows[0].copy(), rows[1].copy())
-        acc.n_ignored = _count(state, "n_ignored")
+        acc.n_ignored = read_count(state, "n_ignored")
         load_per_image(acc, state)
         return acc
-
-    def all_reduce(self):
-        """Concatenate the scores of all ``torch.distributed`` ranks, in rank order, on every rank (in place);
-        a no-op without a process group. Call it once, after the last update."""
-        import torch
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
-            return self
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-        world = dist.get_world_size()
-        id_scores, ood_scores = self.scores
-        wide = int(np.float64 in (id_scores.dtype, ood_scores.dtype))
-        sizes = torch.tensor([id_scores.size, ood_scores.size, wide], dtype=torch.int64, device=device)
-        every = [torch.zeros_like(sizes) for _ in range(world)]
-        dist.all_gather(every, sizes)
-        every = np.stack([t.cpu().numpy() for t in every])
-        total = int(every[:, :2].sum())
-        if total > self.max_pixels:
-            raise ValueError(f"the ranks hold {total} counted pixels in all, more than max_pixels ({self.max_pixels}) "
-                             "of the exact grid: use the float-order grid (the default), or a larger max_pixels")
-        dtype = np.float64 if every[:, 2].any() else np.float32
-        gathered = []
-        for row, local in enumerate((id_scores, ood_scores)):
-            longest = int(every[:, row].max())
-            padded = np.zeros(longest, dtype)
-            padded[: local.size] = local
-            parts = [torch.zeros(longest, dtype=getattr(torch, np.dtype(dtype).name), device=device)
-                     for _ in range(world)]
-            dist.all_gather(parts, torch.from_numpy(padded).to(device))
-            gathered.append(np.concatenate([p.cpu().numpy()[: int(n)] for p, n in zip(parts, every[:, row])]))
-        scalars = torch.tensor([self.n_ignored, self.n_images, self.per_image_defined], dtype=torch.int64,
-                               device=device)
-        sums = torch.from_numpy(self.per_image_sum.copy()).to(device)
-        dist.all_reduce(scalars)
-        dist.all_reduce(sums)
-        self._gather_images()
-        self._parts, self.n_stored = [[], []], 0
-        self._store(*gathered)  # (forgets the curve of the local scores)
-        self.n_ignored, self.n_images, self.per_image_defined = (int(v) for v in scalars.cpu().numpy())
-        self.per_image_sum[...] = sums.cpu().numpy()
-        return self
 
     def __repr__(self):
         n_id, n_ood = (sum(p.size for p in parts) for parts in self._parts)
@@ -211,11 +168,11 @@ class ExactAccumulator(_Streaming):
     def _split(self, scores, labels):
         """(ID scores, OOD scores, number of ignored pixels) of one input, validated; on a CUDA device only the
         counted pixels' scores are copied to the host."""
-        if _is_cuda(scores) or _is_cuda(labels):
-            scores, labels = _flat_cuda(scores, labels)
+        if is_cuda(scores) or is_cuda(labels):
+            scores, labels = flat_cuda(scores, labels)
             counted = labels <= 1
             if bool(((labels != 255) & ~counted).any()):
-                raise_bad_labels(_host(labels))
+                raise_bad_labels(host(labels))
             n_nan = int(scores[counted].isnan().sum()) if scores.dtype.is_floating_point else 0
             parts = [_host_scores(scores[labels == v]) for v in (0, 1)]
             n_ignored = int(labels.numel() - counted.sum())

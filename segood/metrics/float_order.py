@@ -11,11 +11,10 @@ import numba
 import numpy as np
 
 from segood.metrics import _device, _kernels
-from segood.metrics.accumulator import (_count, _device_tensors, _flag, _host, _is_cuda, _matching,
-                                        _Streaming, load_per_image)
-from segood.metrics.functional import (METRICS, as_numpy_inputs, metrics_from_counts,
-                                       raise_bad_labels)
+from segood.metrics.functional import METRICS, as_numpy_inputs, metrics_from_counts, raise_bad_labels
 from segood.metrics.state import check_counts
+from segood.metrics.streaming import (SHARED_REDUCTIONS, Streaming, device_tensors, host, is_cuda, load_per_image,
+                                      matching_inputs, read_count, read_flag)
 
 STATE_FORMAT = "segood.FloatOrderAccumulator/1"
 DEFAULT_MANTISSA_BITS = 10  # float16 and 8-bit scores exact; measured fastest (docs/metric_engine.md)
@@ -45,7 +44,7 @@ def bin_thresholds(binades, low, m):
     return np.where(np.isnan(values), -np.inf, values)
 
 
-class FloatOrderAccumulator(_Streaming):
+class FloatOrderAccumulator(Streaming):
     """Streaming ID / OOD counts per float-order bin, for scores of any real value (the default grid).
 
     A pixel is predicted OOD at threshold ``t_b`` iff ``float64(score) >= t_b``, exactly, for every bin b of
@@ -65,6 +64,10 @@ class FloatOrderAccumulator(_Streaming):
         >>> acc.update(distances, ood_mask)   # any real scores, higher = more OOD
         >>> acc.compute()["auroc"]
     """
+
+    # the occupied binades differ between states: (binades, counts) merge as one table, and all-reduce by gathering
+    reductions = {**SHARED_REDUCTIONS, "exact": "min",
+                  ("binades", "counts"): lambda b1, c1, b2, c2: _kernels.merge_binades([(b1, c1), (b2, c2)])}
 
     def __init__(self, mantissa_bits=DEFAULT_MANTISSA_BITS, *, per_image=False, score_range=None):
         if isinstance(mantissa_bits, bool) or not isinstance(mantissa_bits, (int, np.integer)):
@@ -95,7 +98,7 @@ class FloatOrderAccumulator(_Streaming):
             raise ValueError("clip has no meaning on the float-order grid: every real score has a bin. Drop "
                              "clip=True (or use the linear grid: num_thresholds / score_range)")
         if _on_device(scores, labels):  # the whole batch in one call: a fixed number of waits for the device
-            results = self._device_histograms(*_matching(scores, labels))
+            results = self._device_histograms(*matching_inputs(scores, labels))
         else:
             results = [self._histogram(s, lab) for s, lab in self._split_images(scores, labels)]
         self._add(*[(binades, counts) for binades, counts, _, _ in results])  # all validated before any change
@@ -105,13 +108,6 @@ class FloatOrderAccumulator(_Streaming):
             if self.per_image:
                 self._add_image(*self._curve_counts(binades, counts))
         return self
-
-    def merge(self, other):
-        """Add the counts of another accumulator with the same resolution (in place); returns self."""
-        self._check_mergeable(other, ("mantissa_bits", "score_range"))
-        self._add((other.binades, other.counts))
-        self.exact &= other.exact
-        return self._merge_per_image(other)
 
     def curve_counts(self):
         """(thresholds (B,), hist (2, B) int64) of the occupied bins in increasing order."""
@@ -153,7 +149,7 @@ class FloatOrderAccumulator(_Streaming):
     def from_state_dict(cls, state):
         """Rebuild from :meth:`state_dict` output; every field is checked before anything is built from it."""
         cls._check_keys_and_format(state, cls(), STATE_FORMAT)
-        m = _count(state, "mantissa_bits")
+        m = read_count(state, "mantissa_bits")
         if not 1 <= m <= MAX_MANTISSA_BITS:
             raise ValueError(f"accumulator state 'mantissa_bits' must be in [1, {MAX_MANTISSA_BITS}], got {m}")
         score_range = np.asarray(state["score_range"])
@@ -173,40 +169,13 @@ class FloatOrderAccumulator(_Streaming):
         nan_bins[binades == _kernels.BINADES - 1, 1:] = True
         if counts.any(axis=1)[nan_bins].any():
             raise ValueError("accumulator state 'counts' holds pixels in bins of NaN keys, where no score can fall")
-        acc = cls(m, per_image=_flag(state, "per_image"),
+        acc = cls(m, per_image=read_flag(state, "per_image"),
                   score_range=None if np.isnan(score_range).all() else tuple(score_range))
         acc.binades, acc.counts = binades.astype(np.int64), counts.astype(np.int64)
-        acc.exact = _flag(state, "exact")
-        acc.n_ignored = _count(state, "n_ignored")
+        acc.exact = read_flag(state, "exact")
+        acc.n_ignored = read_count(state, "n_ignored")
         load_per_image(acc, state)
         return acc
-
-    def all_reduce(self):
-        """Sum the counts over all ``torch.distributed`` ranks (in place): the union of the ranks' binades is
-        agreed first (a 4096-entry presence vector), then the counts are summed as one dense tensor."""
-        import torch
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
-            return self
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-        present = torch.zeros(_kernels.BINADES, dtype=torch.int64, device=device)
-        present[torch.from_numpy(self.binades).to(device)] = 1
-        dist.all_reduce(present)
-        union = torch.nonzero(present).flatten().cpu().numpy().astype(np.int64)
-        dense = np.zeros((union.size, 2, 1 << self.mantissa_bits), np.int64)
-        dense[np.searchsorted(union, self.binades)] = self.counts
-        scalars = np.array([self.n_ignored, self.n_images, self.per_image_defined, int(not self.exact)], np.int64)
-        tensors = [torch.from_numpy(a).to(device) for a in (dense, scalars, self.per_image_sum.copy())]
-        for tensor in tensors:
-            dist.all_reduce(tensor)
-        self._gather_images()
-        dense, scalars, sums = (t.cpu().numpy() for t in tensors)
-        self.binades, self.counts = union, dense
-        self.n_ignored, self.n_images, self.per_image_defined = (int(v) for v in scalars[:3])
-        self.exact = bool(scalars[3] == 0)
-        self.per_image_sum[...] = sums
-        return self
 
     def __repr__(self):
         n_id, n_ood = (int(v) for v in self.counts.sum(axis=(0, 2))) if self.counts.size else (0, 0)
@@ -228,7 +197,7 @@ class FloatOrderAccumulator(_Streaming):
     def _device_histograms(self, scores, labels):
         """[(binades, counts, n_ignored, exact)] of torch tensors on their device, validated: one per image with
         ``per_image`` (the ignored pixels all with the first), from one call of the device kernels."""
-        scores, labels = _device_tensors(scores, labels)
+        scores, labels = device_tensors(scores, labels)
         n = self._images(scores)
         images, problems = _device.float_histograms(scores.reshape(n, -1), labels.reshape(n, -1),
                                                     self.mantissa_bits)
@@ -245,7 +214,7 @@ class FloatOrderAccumulator(_Streaming):
     def _check(self, scores, labels, problems):
         """Raise on the problems a kernel counted, and on scores outside a declared range."""
         if problems[_kernels.N_BAD_LABEL]:
-            raise_bad_labels(_host(labels))
+            raise_bad_labels(host(labels))
         if problems[_kernels.N_BAD_SCORE]:
             raise ValueError(f"{int(problems[_kernels.N_BAD_SCORE])} counted pixels have NaN scores; every other real "
                              "value, ±inf included, has a bin on the float-order grid")
@@ -271,7 +240,7 @@ class FloatOrderAccumulator(_Streaming):
 def _on_device(scores, labels):
     """Whether an input goes to the device kernels: CUDA tensors (host arrays and CPU tensors take the numba
     kernel, faster on the CPU than the torch path)."""
-    return _is_cuda(scores) or _is_cuda(labels)
+    return is_cuda(scores) or is_cuda(labels)
 
 
 def _counted_extent(scores, labels, lo, hi):

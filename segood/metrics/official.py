@@ -57,7 +57,7 @@ import numpy as np
 from segood.labels import IGNORE, OOD
 from segood.metrics.components import ComponentAccumulator, frame_components
 from segood.metrics.functional import _to_numpy, raise_bad_labels
-from segood.metrics.state import StateFile
+from segood.metrics.state import Part
 
 BENCHMARKS = ("smiyc", "fishyscapes")
 #: How each benchmark's numbers are named in reports: "AUPRC (SMIYC official)".
@@ -238,6 +238,12 @@ def _merge_sorted(keys, counts):
     return keys[starts], merged[0], merged[1]
 
 
+def _table(keys, counts):
+    """(keys, (2, K) counts) of :func:`_merge_sorted`."""
+    keys, id_counts, ood_counts = _merge_sorted(keys, counts)
+    return keys, np.stack([id_counts, ood_counts])
+
+
 # ---- streaming accumulators ----------------------------------------------------------------------------------------
 
 class _CountsByKey:
@@ -258,9 +264,8 @@ class _CountsByKey:
 
     def consolidate(self):
         if self._pending:
-            keys, *counts = _merge_sorted([self.keys, *(k for k, _ in self._pending)],
-                                          [self.counts, *(c for _, c in self._pending)])
-            self.keys, self.counts = keys, np.stack(counts)
+            self.keys, self.counts = _table([self.keys, *(k for k, _ in self._pending)],
+                                            [self.counts, *(c for _, c in self._pending)])
             self._pending, self._pending_size = [], 0
         return self
 
@@ -280,26 +285,18 @@ class _CountsByKey:
         return self
 
 
-class _OfficialPixels(StateFile):
+class _OfficialPixels(Part):
     """What the two pixel accumulators share: the counts per key, the protocol around them."""
 
     format = None
     finite_keys = True
+    # the distinct keys differ between states: (thresholds, counts) merge as one table, and all-reduce by gathering
+    reductions = {"frames": "sum", ("thresholds", "counts"): lambda k1, c1, k2, c2: _table([k1, k2], [c1, c2])}
 
     def reset(self):
         """Forget every count."""
         self.table = _CountsByKey()
         self.n_frames = self.n_skipped_frames = 0
-        return self
-
-    def merge(self, other):
-        """Add another accumulator's counts (the same kind and settings); returns self."""
-        if type(other) is not type(self) or other.settings() != self.settings():
-            raise ValueError(f"can only merge a {type(self).__name__} with settings {self.settings()}, got {other!r}")
-        other_arrays = other.table.arrays()
-        self.table.add(other_arrays["keys"], *other_arrays["counts"])
-        self.n_frames += other.n_frames
-        self.n_skipped_frames += other.n_skipped_frames
         return self
 
     def settings(self):
@@ -327,34 +324,6 @@ class _OfficialPixels(StateFile):
             raise ValueError(f"{cls.__name__} state: 'frames' must be two non-negative counts")
         acc.n_frames, acc.n_skipped_frames = (int(v) for v in frames)
         return acc
-
-
-    def all_reduce(self):
-        """Gather every rank's counts (torch.distributed; a no-op without a process group): afterwards each rank
-        holds the counts of all."""
-        import torch
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return self
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-        arrays = self.table.arrays()  # keys and counts travel as float64: exact (counts below 2^53)
-        size = torch.tensor([arrays["keys"].size], device=device)
-        sizes = [torch.zeros_like(size) for _ in range(dist.get_world_size())]
-        dist.all_gather(sizes, size)
-        mine = np.zeros((3, max(int(n) for n in sizes)))
-        mine[0, : arrays["keys"].size], mine[1:, : arrays["keys"].size] = arrays["keys"], arrays["counts"]
-        mine = torch.from_numpy(mine).to(device)
-        parts = [torch.zeros_like(mine) for _ in sizes]
-        dist.all_gather(parts, mine)
-        frames = torch.tensor([self.n_frames, self.n_skipped_frames], device=device, dtype=torch.int64)
-        dist.all_reduce(frames)
-        self.table = _CountsByKey()
-        for part, n in zip(parts, sizes):
-            part = part.cpu().numpy()[:, : int(n)]
-            self.table.add(part[0], *np.rint(part[1:]).astype(np.int64))
-        self.n_frames, self.n_skipped_frames = (int(v) for v in frames.cpu().tolist())
-        return self
 
 
 class SMIYCPixelAccumulator(_OfficialPixels):
@@ -448,7 +417,7 @@ class SMIYCComponentAccumulator(ComponentAccumulator):
     def state_dict(self):
         """The state as plain numpy arrays: the threshold, the size filters and the counts."""
         return {"format": np.array(self.format), "threshold": np.array(self.threshold),
-                "sizes": np.array([self.min_pred, self.min_gt], np.int64), **self.state_arrays()}
+                "sizes": np.array([self.min_pred, self.min_gt], np.int64), **super().state_dict()}
 
     @classmethod
     def from_state_dict(cls, state, *, preset="anomaly", threshold_source="committed"):
@@ -461,7 +430,7 @@ class SMIYCComponentAccumulator(ComponentAccumulator):
                 raise ValueError("'sizes' must be (min_pred, min_gt), non-negative integers")
             acc = cls(float(np.asarray(state["threshold"])), preset, min_pred=int(sizes[0]), min_gt=int(sizes[1]),
                       threshold_source=threshold_source)
-            return acc.load_state(state)
+            return acc.load_state_dict(state)
         except KeyError as err:
             raise ValueError(f"{cls.__name__} state lacks {err}") from None
 
