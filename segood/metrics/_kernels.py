@@ -430,6 +430,33 @@ def _float64_kernel(scores, labels, m, table, occupied, problems):
     return careful
 
 
+_HALF_BLOCK = 1 << 14  # float16 scores converted to float32 bits this many at a time (64 KiB: in the core's cache)
+
+
+@numba.njit(nogil=True, cache=True)
+def _float16_kernel(halves, labels, m, table, occupied, problems):
+    """The float32 kernel on float16 scores (as their uint16 ``halves``), each block of them converted to float32
+    bits first (exact: a normal float16 is a normal float32 with the same top mantissa bits), so that no widened
+    copy of the whole map is made. Subnormal float16 scores, infinities and NaN take the bits of a NaN, so the
+    float32 kernel leaves them to the careful slot (:func:`_careful` bins them from their values). Returns the
+    number of careful pixels."""
+    bits = np.empty(_HALF_BLOCK, np.uint32)
+    careful = 0
+    for start in range(0, halves.size, _HALF_BLOCK):
+        block = halves[start : start + _HALF_BLOCK]
+        n = block.size
+        for k in range(n):  # branch-free, so it vectorises
+            h = np.uint32(block[k])
+            sign = (h & np.uint32(0x8000)) << np.uint32(16)
+            exponent = (h >> np.uint32(10)) & np.uint32(0x1F)
+            normal = (exponent - np.uint32(1)) < np.uint32(30)
+            converted = sign | ((exponent + np.uint32(112)) << np.uint32(23)) | ((h & np.uint32(0x3FF)) << np.uint32(13))
+            zero = (h & np.uint32(0x7FFF)) == np.uint32(0)
+            bits[k] = converted if normal else (sign if zero else np.uint32(0x7FC00000))
+        careful += _float32_kernel(bits[:n], labels[start : start + n], m, table, occupied, problems)
+    return careful
+
+
 def _rows(binades, reversed_rows):
     return binades.astype(np.int64), reversed_rows, np.argsort(binades, kind="stable")
 
@@ -447,6 +474,7 @@ def _float32_rows():
 #: increasing binade order (float64 rows are the binades themselves).
 ROW_BINADES = {np.dtype(np.float32): _float32_rows(),
                np.dtype(np.float64): _rows(np.arange(BINADES), np.zeros(BINADES, bool))}
+ROW_BINADES[np.dtype(np.float16)] = ROW_BINADES[np.dtype(np.float32)]  # (converted to float32 bits)
 
 
 @numba.njit(cache=True)
@@ -491,7 +519,8 @@ def _general(scores, labels, m, problems, initial_slots=8):
 
 
 _SCRATCH = threading.local()
-_FAST = {np.dtype(np.float32): 14, np.dtype(np.float64): 10}  # the largest m of each (float64: 32 MiB of table)
+_FAST = {np.dtype(np.float16): 14, np.dtype(np.float32): 14,  # the largest m of each (float64: 32 MiB of table)
+         np.dtype(np.float64): 10}
 
 
 def _scratch(dtype, m):
@@ -507,14 +536,17 @@ def _scratch(dtype, m):
 def _careful(scores, labels, m, problems):
     """The pixels a fast kernel leaves to its careful slot, binned by the general kernel: for float32 subnormals,
     infinities, NaN and bad labels; for float64 NaN and bad labels."""
-    if scores.dtype == np.float32:
-        magnitude = scores.view(np.uint32) & np.uint32(0x7FFFFFFF)
-        exponent = magnitude >> np.uint32(23)
-        odd = ((exponent == 0) & (magnitude != 0)) | (exponent == 255)
-    else:
+    if scores.dtype == np.float64:
         odd = np.isnan(scores)
+    else:  # float32 or float16: (magnitude, exponent) of their bits
+        uint, exponent_bits, top = (np.uint32, 23, 255) if scores.dtype == np.float32 else (np.uint16, 10, 31)
+        magnitude = scores.view(uint) & uint(np.iinfo(uint).max >> 1)
+        exponent = magnitude >> uint(exponent_bits)
+        odd = ((exponent == 0) & (magnitude != 0)) | (exponent == top)
     careful = (labels != IGNORE) & (odd | (labels > OOD))
-    return _general(scores[careful], labels[careful], m, problems)
+    values = scores[careful]
+    return _general(values.astype(np.float32) if values.dtype == np.float16 else values, labels[careful], m,
+                    problems)
 
 
 def float_histogram_numpy(scores, labels, m, threads, initial_slots=8):
@@ -529,7 +561,8 @@ def float_histogram_numpy(scores, labels, m, threads, initial_slots=8):
     results = [None] * chunks
     problems = np.zeros((chunks, 3), dtype=np.int64)
     fast = m <= _FAST.get(scores.dtype, -1)
-    kernel, view = (_float32_kernel, np.uint32) if scores.dtype == np.float32 else (_float64_kernel, np.float64)
+    kernel, view = {np.dtype(np.float16): (_float16_kernel, np.uint16),  # each with the view of the scores it reads
+                    np.dtype(np.float32): (_float32_kernel, np.uint32)}.get(scores.dtype, (_float64_kernel, np.float64))
 
     def work(c):
         part = slice(bounds[c], bounds[c + 1])

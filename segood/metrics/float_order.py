@@ -188,7 +188,7 @@ class FloatOrderAccumulator(Streaming):
         """(binades, counts, n_ignored, exact) of one input on the host, validated."""
         m = self.mantissa_bits
         scores_dtype = scores.dtype
-        scores, labels = as_numpy_inputs(scores, labels, keep_float32_exact=True)
+        scores, labels = as_numpy_inputs(scores, labels, keep_float32_exact=True, keep_float16=True)
         threads = max(1, min(numba.get_num_threads(), scores.size // _MIN_CHUNK))
         binades, counts, problems = _kernels.float_histogram_numpy(scores, labels, m, threads)
         self._check(scores, labels, problems)
@@ -227,9 +227,14 @@ class FloatOrderAccumulator(Streaming):
                                  "or none: the float-order grid needs no range")
 
     def _add(self, *parts):
-        """Add [(binades, counts)] to the state, in one pass over it."""
+        """Add [(binades, counts)] to the state: in place where it holds their binades already (after the first
+        frames, the usual case), else into a new table of the union of binades."""
         parts = [(binades, counts) for binades, counts in parts if binades.size]
-        if parts:
+        rows = [np.searchsorted(self.binades, binades) for binades, _ in parts]
+        if all(r[-1] < self.binades.size and np.array_equal(self.binades[r], b) for r, (b, _) in zip(rows, parts)):
+            for r, (_, counts) in zip(rows, parts):
+                self.counts[r] += counts
+        else:
             self.binades, self.counts = _kernels.merge_binades([(self.binades, self.counts), *parts])
 
     def _curve_counts(self, binades, counts):

@@ -253,11 +253,12 @@ def metrics_from_counts(thresholds, tp, fp, n_ood, n_id, *, warn=True, bounds=Fa
     return result
 
 
-def as_numpy_inputs(scores, labels, *, keep_float32_exact=False):
+def as_numpy_inputs(scores, labels, *, keep_float32_exact=False, keep_float16=False):
     """Validate shapes and dtypes and return flat numpy views: (float32/float64 scores, uint8 labels).
 
     Other score dtypes become float64 (exact for float16 and integers up to 2**53), or float32 with
-    ``keep_float32_exact`` where that is exact too (float16, 8- and 16-bit integers, bool).
+    ``keep_float32_exact`` where that is exact too (float16, 8- and 16-bit integers, bool); float16 scores stay
+    float16 with ``keep_float16`` (for kernels that read their bits).
 
     Raises:
         ValueError: on a shape mismatch. TypeError: on non-integer labels.
@@ -268,7 +269,7 @@ def as_numpy_inputs(scores, labels, *, keep_float32_exact=False):
             f"scores have shape {scores.shape} but labels have shape {labels.shape}; "
             "they must match pixel for pixel"
         )
-    if scores.dtype not in (np.float32, np.float64):
+    if scores.dtype not in (np.float32, np.float64) and not (keep_float16 and scores.dtype == np.float16):
         if not (np.issubdtype(scores.dtype, np.floating) or np.issubdtype(scores.dtype, np.integer)
                 or scores.dtype == bool):
             raise TypeError(f"scores must be real numbers (float or integer), got dtype {scores.dtype}"
