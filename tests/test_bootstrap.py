@@ -195,3 +195,24 @@ def test_the_coarsening_bias_is_shifted_away_given_the_fine_values():
     for name, value in fine.items():
         lo, hi = found[name]
         assert lo <= value <= hi, (name, lo, value, hi)
+
+
+def test_coarse_counts_equal_the_coarse_keys_grouped_by_numpy():
+    """The one-pass grouping of an image's counts on the coarse grid against coarse_keys and a numpy group sum:
+    -0.0 with +0.0, negatives, infinities, empty bins dropped, no thresholds at all."""
+    from segood.metrics.bootstrap import coarse_counts, coarse_keys
+
+    rng = np.random.default_rng(4)
+    thresholds = np.sort(np.concatenate([rng.standard_normal(3000) * 10.0 ** rng.integers(-8, 8, 3000),
+                                         [-0.0, 0.0, np.inf, -np.inf, 5e-324]]))
+    hist = rng.integers(0, 3, (2, thresholds.size)) * (rng.random(thresholds.size) < 0.5)
+    keys = coarse_keys(thresholds)
+    groups, first = np.unique(keys, return_index=True)
+    want = np.stack([np.bincount(np.searchsorted(groups, keys), weights=row, minlength=groups.size)
+                     for row in hist], axis=1).astype(np.int64)
+    got_keys, got = coarse_counts(thresholds, hist)
+    occupied = want.any(axis=1)
+    np.testing.assert_array_equal(got_keys, groups[occupied])
+    np.testing.assert_array_equal(got, want[occupied])
+    empty = coarse_counts(np.zeros(0), np.zeros((2, 0), np.int64))
+    assert empty[0].shape == (0,) and empty[1].shape == (0, 2)

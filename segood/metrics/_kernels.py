@@ -436,23 +436,29 @@ _HALF_BLOCK = 1 << 14  # float16 scores converted to float32 bits this many at a
 @numba.njit(nogil=True, cache=True)
 def _float16_kernel(halves, labels, m, table, occupied, problems):
     """The float32 kernel on float16 scores (as their uint16 ``halves``), each block of them converted to float32
-    bits first (exact: a normal float16 is a normal float32 with the same top mantissa bits), so that no widened
-    copy of the whole map is made. Subnormal float16 scores, infinities and NaN take the bits of a NaN, so the
-    float32 kernel leaves them to the careful slot (:func:`_careful` bins them from their values). Returns the
-    number of careful pixels."""
+    bits first, exactly (every float16 is a float32; a normal one keeps its top mantissa bits, a subnormal one,
+    mantissa x 2^-24, is the float32 of its mantissa, 24 binades down), so that no widened copy of the whole map is
+    made. Infinities and NaN take the bits of a NaN, which the float32 kernel leaves to the careful slot
+    (:func:`_careful` bins them from their values). Returns the number of careful pixels."""
     bits = np.empty(_HALF_BLOCK, np.uint32)
+    mantissas = np.empty(_HALF_BLOCK, np.float32)
+    mantissa_bits = mantissas.view(np.uint32)
     careful = 0
     for start in range(0, halves.size, _HALF_BLOCK):
         block = halves[start : start + _HALF_BLOCK]
         n = block.size
+        for k in range(n):
+            mantissas[k] = np.float32(block[k] & np.uint16(0x3FF))
         for k in range(n):  # branch-free, so it vectorises
             h = np.uint32(block[k])
             sign = (h & np.uint32(0x8000)) << np.uint32(16)
             exponent = (h >> np.uint32(10)) & np.uint32(0x1F)
-            normal = (exponent - np.uint32(1)) < np.uint32(30)
-            converted = sign | ((exponent + np.uint32(112)) << np.uint32(23)) | ((h & np.uint32(0x3FF)) << np.uint32(13))
-            zero = (h & np.uint32(0x7FFF)) == np.uint32(0)
-            bits[k] = converted if normal else (sign if zero else np.uint32(0x7FC00000))
+            mantissa = h & np.uint32(0x3FF)
+            normal = sign | ((exponent + np.uint32(112)) << np.uint32(23)) | (mantissa << np.uint32(13))
+            subnormal = sign | (mantissa_bits[k] - np.uint32(24 << 23))
+            low = sign if mantissa == np.uint32(0) else subnormal  # (exponent 0: zero or subnormal)
+            bits[k] = low if exponent == np.uint32(0) else (np.uint32(0x7FC00000) if exponent == np.uint32(31)
+                                                            else normal)
         careful += _float32_kernel(bits[:n], labels[start : start + n], m, table, occupied, problems)
     return careful
 
@@ -535,14 +541,15 @@ def _scratch(dtype, m):
 
 def _careful(scores, labels, m, problems):
     """The pixels a fast kernel leaves to its careful slot, binned by the general kernel: for float32 subnormals,
-    infinities, NaN and bad labels; for float64 NaN and bad labels."""
-    if scores.dtype == np.float64:
+    infinities, NaN and bad labels; for float16 infinities, NaN and bad labels; for float64 NaN and bad labels."""
+    if scores.dtype == np.float32:
+        magnitude = scores.view(np.uint32) & np.uint32(0x7FFFFFFF)
+        exponent = magnitude >> np.uint32(23)
+        odd = ((exponent == 0) & (magnitude != 0)) | (exponent == 255)
+    elif scores.dtype == np.float16:  # (its subnormals are float32 normals: counted by the kernel)
+        odd = (scores.view(np.uint16) & np.uint16(0x7C00)) == np.uint16(0x7C00)
+    else:
         odd = np.isnan(scores)
-    else:  # float32 or float16: (magnitude, exponent) of their bits
-        uint, exponent_bits, top = (np.uint32, 23, 255) if scores.dtype == np.float32 else (np.uint16, 10, 31)
-        magnitude = scores.view(uint) & uint(np.iinfo(uint).max >> 1)
-        exponent = magnitude >> uint(exponent_bits)
-        odd = ((exponent == 0) & (magnitude != 0)) | (exponent == top)
     careful = (labels != IGNORE) & (odd | (labels > OOD))
     values = scores[careful]
     return _general(values.astype(np.float32) if values.dtype == np.float16 else values, labels[careful], m,

@@ -14,6 +14,7 @@ reported values.
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from segood.metrics.functional import METRICS, metric_bounds, metrics_from_counts
@@ -30,6 +31,26 @@ def coarse_keys(thresholds, bits=COARSE_BITS):
     return (raw ^ ((raw >> 63) & 0x7FFFFFFFFFFFFFFF)) >> (52 - bits)
 
 
+@numba.njit(cache=True)
+def coarse_counts(thresholds, hist, bits=COARSE_BITS):
+    """(keys (b,) int64, counts (b, 2) int64): ``hist`` (2, B) at increasing ``thresholds`` summed per coarse bin
+    (:func:`coarse_keys`), the bins that hold a pixel, in one pass."""
+    raw = thresholds.view(np.int64)
+    keys = np.empty(raw.size, np.int64)
+    counts = np.zeros((raw.size, 2), np.int64)
+    b = -1
+    for i in range(raw.size):
+        r = raw[i] if raw[i] != np.int64(-0x8000000000000000) else np.int64(0)  # -0.0 is +0.0
+        key = (r ^ ((r >> 63) & np.int64(0x7FFFFFFFFFFFFFFF))) >> (52 - bits)
+        if b < 0 or key != keys[b]:
+            b += 1
+            keys[b] = key
+        counts[b, 0] += hist[0, i]
+        counts[b, 1] += hist[1, i]
+    occupied = (counts[: b + 1, 0] != 0) | (counts[: b + 1, 1] != 0)
+    return keys[: b + 1][occupied], counts[: b + 1][occupied]
+
+
 class ImageCounts:
     """Per image: its counts on the coarse grid (keys increasing, counts (b, 2) ID/OOD) and its metric values
     (NaN where undefined). Plain arrays in and out; states merge by concatenation (their reductions:
@@ -44,12 +65,9 @@ class ImageCounts:
 
     def add(self, thresholds, hist, values):
         """One image: ``hist`` (2, B) ID/OOD counts at increasing ``thresholds`` (B,); ``values`` its metrics."""
-        keys = coarse_keys(thresholds)
-        starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if keys.size else np.zeros(0, np.intp)
-        counts = np.add.reduceat(np.asarray(hist, np.int64), starts, axis=1).T if keys.size else np.zeros((0, 2), np.int64)
-        occupied = counts.any(axis=1)
-        self.keys.append(keys[starts][occupied].astype(np.int32))
-        self.counts.append(counts[occupied])
+        keys, counts = coarse_counts(np.ascontiguousarray(thresholds, np.float64), np.asarray(hist))
+        self.keys.append(keys.astype(np.int32))
+        self.counts.append(counts)
         self.values.append(np.asarray(values, np.float64).reshape(len(self.names)))
 
     def arrays(self):

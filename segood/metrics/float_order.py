@@ -106,7 +106,7 @@ class FloatOrderAccumulator(Streaming):
             self.n_ignored += n_ignored
             self.exact &= exact
             if self.per_image:
-                self._add_image(*self._curve_counts(binades, counts))
+                self._add_image(*_kernels.float_order_curve(binades, counts, self.mantissa_bits))
         return self
 
     def curve_counts(self):

@@ -76,10 +76,12 @@ class Streaming(Part):
         return {**{name: float(v) for name, v in zip(self.metric_names, means)}, "n_images": int(defined),
                 "n_images_total": int(self.n_images)}
 
-    def _add_image(self, thresholds, hist):
-        """Per-image bookkeeping for one image's counts: its metrics, where it has ID and OOD pixels."""
+    def _add_image(self, thresholds, hist, fp=None, tp=None):
+        """Per-image bookkeeping for one image's counts (``fp``, ``tp``: their reverse cumulative sums, where the
+        caller has them): its metrics, where it has ID and OOD pixels."""
         self.n_images += 1
-        fp, tp = reverse_cumsum(hist)
+        if fp is None:
+            fp, tp = reverse_cumsum(hist)
         values = np.full(len(self.metric_names), np.nan)
         if hist.size and fp[0] and tp[0]:
             metrics = metrics_from_counts(thresholds, tp, fp, int(tp[0]), int(fp[0]), warn=False)
