@@ -3,11 +3,6 @@ batch, bit for bit: the torch path on CPU tensors here, the Triton kernel in Tri
 with TRITON_INTERPRET=1, which Triton reads when it makes a kernel); and the accumulator fed tensors through the
 device path against the numpy path, state for state."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -15,6 +10,8 @@ import torch
 from segood.metrics import FloatOrderAccumulator, _device, _kernels, float_order
 from segood.metrics.float_order import bin_thresholds
 from segood.metrics.functional import as_numpy_inputs
+
+from interpreter import run_under_triton_interpreter
 
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8", "bool")
 
@@ -92,13 +89,8 @@ def test_the_torch_path_equals_the_numba_kernel_per_image(dtype, m):
 def test_the_triton_kernel_in_the_interpreter_equals_the_numba_kernel_per_image():
     """Every dtype and m as above and the empty cases, through the Triton kernel run by Triton's CPU interpreter,
     with blocks of 256 pixels so that each image spans several programs."""
-    pytest.importorskip("triton", reason="Triton does not import here; the Triton kernel cannot run")
-    root = str(Path(__file__).resolve().parents[1])
-    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-    run = subprocess.run([sys.executable, __file__], capture_output=True, text=True, timeout=900, cwd=root,
-                         env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path})
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert run.stdout.count("equal") == len(DTYPES) * 3, run.stdout
+    out = run_under_triton_interpreter(__file__)
+    assert out.count("equal") == len(DTYPES) * 3, out
 
 
 def check_empty(kernel):
