@@ -132,11 +132,11 @@ def _train(args):
 
     names = {f.name for f in fields(TrainConfig)}
     given = {k: v for k, v in vars(args).items() if k in names and v is not None}
-    config = finetune_config(**given) if args.init else TrainConfig(**given)
+    config = finetune_config(**given) if args.init and not args.init_type else TrainConfig(**given)
     log = train(config, resume=args.resume, progress=not args.quiet, stop_after=args.stop_after)
     oe = f" with outlier exposure ({config.oe_loss}) on {config.outlier_exposure}" if config.outlier_exposure else ""
-    print(f"trained {config.arch}/{config.encoder}/{config.head}{oe}: {log[-1] if log else 'nothing to do'}; "
-          f"checkpoints in {config.out_dir}")
+    network = config.init if config.init_type else f"{config.arch}/{config.encoder}/{config.head}"
+    print(f"trained {network}{oe}: {log[-1] if log else 'nothing to do'}; checkpoints in {config.out_dir}")
     return 0
 
 
@@ -658,6 +658,8 @@ def build_parser(*, adapters=True):
     train.add_argument("--scale", type=float, nargs=2, metavar=("MIN", "MAX"), help="random scale (default 0.5 2)")
     train.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
     train.add_argument("--init", help="start from this checkpoint (its network settings; fine-tuning)")
+    train.add_argument("--init-type", choices=("hf",), help="hf: --init is a transformers mask-classification "
+                       "network's folder (Mask2Former, EoMT), fine-tuned with --oe-loss rba into OUT/final/")
     train.add_argument("--outlier-exposure", metavar="SET",
                        help="fine-tune --init with outlier exposure on the frames of SET (pasted OOD objects, segood "
                             "convert paste) besides --train; test sets whose objects share SET's source are flagged")

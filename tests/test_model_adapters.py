@@ -11,9 +11,8 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers")
 import torchvision  # noqa: E402
-from transformers import (EomtConfig, EomtForUniversalSegmentation, EomtImageProcessor, Mask2FormerConfig,  # noqa: E402
-                          Mask2FormerForUniversalSegmentation, Mask2FormerImageProcessor, SegformerConfig,
-                          SegformerForSemanticSegmentation, SegformerImageProcessor, SwinConfig)
+from transformers import (EomtImageProcessor, Mask2FormerImageProcessor, SegformerConfig,  # noqa: E402
+                          SegformerForSemanticSegmentation, SegformerImageProcessor)
 
 from segood.cli import main  # noqa: E402
 from segood.evaluation import evaluate  # noqa: E402
@@ -25,6 +24,7 @@ from segood.models import (build_model, class_indices, hf_model, load_library_mo
 from segood.models.inference import slide  # noqa: E402
 from segood.models.network import SegOutput  # noqa: E402
 
+from networks import tiny_eomt, tiny_mask2former  # noqa: E402
 from rawtrees import mixed_noise_sets  # noqa: E402
 
 OWN_MEAN, OWN_STD = [0.5, 0.4, 0.3], [0.2, 0.3, 0.25]  # not ImageNet's, so that honouring them is visible
@@ -50,26 +50,6 @@ def tiny_segformer(labels=4):
                              num_attention_heads=[1, 2], decoder_hidden_size=16, num_labels=len(names),
                              id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)})
     return SegformerForSemanticSegmentation(config).eval()
-
-
-def tiny_mask2former(labels=4, queries=5):
-    torch.manual_seed(0)
-    names = labels if isinstance(labels, (list, tuple)) else [f"class{i}" for i in range(labels)]
-    swin = SwinConfig(embed_dim=32, depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 2], window_size=4, image_size=64,
-                      out_features=["stage1", "stage2", "stage3", "stage4"])
-    config = Mask2FormerConfig(backbone_config=swin, feature_size=32, mask_feature_size=32, hidden_dim=32,
-                               encoder_feedforward_dim=32, encoder_layers=1, decoder_layers=2, num_attention_heads=2,
-                               dim_feedforward=32, num_queries=queries, id2label=dict(enumerate(names)),
-                               label2id={n: i for i, n in enumerate(names)})
-    return Mask2FormerForUniversalSegmentation(config).eval()
-
-
-def tiny_eomt(labels=4):
-    torch.manual_seed(0)
-    config = EomtConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=64, patch_size=16,
-                        num_queries=5, num_blocks=1, num_upscale_blocks=2,
-                        id2label={i: f"class{i}" for i in range(labels)})
-    return EomtForUniversalSegmentation(config).eval()
 
 
 @pytest.fixture(scope="module")

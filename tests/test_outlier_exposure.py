@@ -237,3 +237,58 @@ def test_outlier_exposure_needs_ood_pixels(oe_sets, tmp_path):
     with pytest.raises(ValueError, match="confidence head"):
         TrainConfig(train_set="t.h5", out_dir=str(tmp_path), head="confidence", init="x.pt",
                     outlier_exposure="oe.h5")
+
+
+@pytest.fixture(scope="module")
+def mask_parent(tmp_path_factory):
+    """A tiny Mask2Former of the 19 Cityscapes classes, saved as a transformers folder."""
+    pytest.importorskip("transformers")
+    from segood.labels import CLASS_NAMES
+
+    from networks import tiny_mask2former
+
+    folder = tmp_path_factory.mktemp("mask") / "parent"
+    tiny_mask2former(list(CLASS_NAMES), train_num_points=256).save_pretrained(folder)  # (its loss: 256 points a mask)
+    return folder
+
+
+def mask_config(oe_sets, parent, out, **kw):
+    return TrainConfig(**{"train_set": str(oe_sets["train"]), "out_dir": str(out), "init": str(parent),
+                          "init_type": "hf", "outlier_exposure": str(oe_sets["oe_sun"]), "oe_loss": "rba",
+                          "batch_size": 4, "lr": 0.01, "crop": list(SIZE), "scale": [0.75, 1.25], **kw})
+
+
+def test_a_mask_classification_network_fine_tunes_with_rba_resumably(oe_sets, mask_parent, tmp_path):
+    """RbA's outlier supervision plus the network's own loss: resumed to the same weights, written as a transformers
+    folder that segood evaluate loads, with the OE record that flags test sets of the same source."""
+    from safetensors.torch import load_file
+
+    from segood.models import load_library_model
+
+    train(mask_config(oe_sets, mask_parent, tmp_path / "straight", epochs=2), progress=False)
+    train(mask_config(oe_sets, mask_parent, tmp_path / "resumed", epochs=2), progress=False, stop_after=1)
+    log = train(mask_config(oe_sets, mask_parent, tmp_path / "resumed", epochs=2), progress=False, resume=True)
+    a, b = (load_file(tmp_path / run / "final/model.safetensors") for run in ("straight", "resumed"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    parent = load_file(mask_parent / "model.safetensors")
+    assert any(not torch.equal(parent[k], v) for k, v in a.items())  # it did fine-tune the parent
+    assert len(log) == 2 and all(math.isfinite(row["loss"]) for row in log)
+    model = load_library_model("hf", tmp_path / "straight/final")
+    assert model.outlier_exposure["loss"] == "rba" and model.outlier_exposure["object_sources"] == ["sun2012"]
+    sets = {"sun_objects": oe_sets["mixed_sun_objects"], "generated": oe_sets["paste_demo"]}
+    with pytest.warns(UserWarning, match="same source as the OOD objects of test set.*sun_objects"):
+        results = evaluate(model, sets, ["rba", "max_softmax"], None, batch_size=4, progress=False, figures=False)
+    assert {s: r["same_source_oe"] for s, r in results["results"]["rba"].items()} == {"sun_objects": True,
+                                                                                     "generated": False}
+
+
+def test_a_mask_network_takes_the_rba_loss_and_a_crop_it_can_see(oe_sets, mask_parent, tmp_path):
+    with pytest.raises(ValueError, match="pass --oe-loss rba"):
+        mask_config(oe_sets, mask_parent, tmp_path, oe_loss="entropy")
+    with pytest.raises(ValueError, match="multiples of 32"):
+        train(mask_config(oe_sets, mask_parent, tmp_path, epochs=1, crop=[48, 128]), progress=False)
+    base = ["train", "--train", str(oe_sets["train"]), "--out", str(tmp_path / "cli"), "--epochs", "1",
+            "--batch-size", "4", "--crop", "64", "128", "--quiet", "--init", str(mask_parent), "--init-type", "hf",
+            "--outlier-exposure", str(oe_sets["oe_sun"])]
+    assert main(base + ["--oe-loss", "rba"]) == 0
+    assert (tmp_path / "cli/final/segood.json").is_file() and (tmp_path / "cli/last.pt").is_file()

@@ -10,6 +10,7 @@ dropped after the softmax. Those scores are probabilities summed over queries, n
 read them as they are, and the mask-level methods read the queries themselves.
 """
 
+import json
 from pathlib import Path
 
 import torch
@@ -127,4 +128,18 @@ def load_hf(path, **options):
     processor = None
     if (path / "preprocessor_config.json").is_file():
         processor = getattr(transformers, processor_class).from_pretrained(path, local_files_only=True)
-    return hf_model(module, processor, **options)
+    network = hf_model(module, processor, **options)
+    network.outlier_exposure = _outlier_exposure_record(path / "segood.json")
+    return network
+
+
+def _outlier_exposure_record(path):
+    """The OE record of a folder that ``segood train --init-type hf`` fine-tuned (None for others)."""
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text()).get("outlier_exposure")
+    except (ValueError, AttributeError):
+        raise ValueError(f"{path} is not segood's record of a fine-tuning (a JSON object); remove it or "
+                         "fine-tune again") from None
+    return record if isinstance(record, dict) else None

@@ -67,6 +67,7 @@ class TrainConfig:
     oe_weight: float | None = None
     oe_margins: list | None = None
     oe_reduction: str = "sets"
+    init_type: str | None = None  # "hf": ``init`` is a transformers mask-classification network's folder
 
     def __post_init__(self):  # paths as strings: checkpoints hold plain values only
         for key in ("train_set", "out_dir", "val_set", "init", "outlier_exposure"):
@@ -98,6 +99,12 @@ def check_oe_options(config):
     if config.init is None:
         raise ValueError("--outlier-exposure fine-tunes a trained network: pass --init CHECKPOINT (e.g. a final.pt "
                          "of segood train)")
+    if config.init_type not in (None, "hf"):
+        raise ValueError(f"--init-type must be hf (a transformers folder) or absent (a segood checkpoint), got "
+                         f"{config.init_type!r}")
+    if config.init_type == "hf" and config.oe_loss != "rba":
+        raise ValueError(f"a transformers mask-classification network is fine-tuned with RbA's outlier supervision: "
+                         f"pass --oe-loss rba (not {config.oe_loss!r}, whose losses are for per-pixel logits)")
     if config.oe_loss not in OE_LOSSES:
         raise ValueError(f"--oe-loss must be one of {sorted(OE_LOSSES)}, got {config.oe_loss!r}")
     weight, margins = config.oe_settings
@@ -150,7 +157,7 @@ def oe_record(config):
             "margins": None if margins is None else list(margins), "reduction": config.oe_reduction,
             "set": set_identity(config.outlier_exposure), "object_sources": object_sources(manifest),
             "objects": (manifest.get("params") or {}).get("objects"),
-            "parent": {"checkpoint": Path(config.init).name, "sha256": _sha256(config.init)}}
+            "parent": {"checkpoint": Path(config.init).name, "sha256": _sha256(config.init)}}  # (a folder: its files)
 
 
 def same_source_sets(record, sets):
@@ -160,9 +167,15 @@ def same_source_sets(record, sets):
 
 
 def _sha256(path):
+    """The sha256 of a file; of a folder, the sha256 of its files' relative names and digests, in name order."""
     import hashlib
 
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(f for f in path.rglob("*") if f.is_file())
+        return hashlib.sha256("".join(f"{f.relative_to(path).as_posix()} {_sha256(f)}\n" for f in files).encode()) \
+            .hexdigest()
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def check_resumable(saved, config, path):
@@ -210,7 +223,8 @@ def _device(name):
 
 
 def train(config, *, resume=False, progress=True, stop_after=None):
-    """Train, checkpointing atomically every epoch to ``out_dir/last.pt`` (and ``final.pt`` at the end).
+    """Train, checkpointing atomically every epoch to ``out_dir/last.pt`` (and, at the end, ``final.pt``; for a
+    transformers network, its folder ``final/``).
 
     Every epoch reseeds the data order, augmentation and dropout from (seed, epoch), so ``resume=True`` after
     an interruption gives the same weights as an uninterrupted run. ``stop_after``: return after this many
@@ -219,22 +233,22 @@ def train(config, *, resume=False, progress=True, stop_after=None):
     out = Path(config.out_dir)
     device = _device(config.device)
     torch.manual_seed(config.seed)  # the initial weights
-    if config.init is not None:
-        model = _initial_model(config).to(device)
+    if config.init_type == "hf":
+        from segood.models.hf_train import MaskLearner as learner_class  # (transformers: imported where needed)
     else:
-        model = build_model(config.arch, config.encoder, NUM_CLASSES, config.head, dropout_p=config.dropout_p,
-                            reduced_dim=config.reduced_dim, encoder_weights=config.encoder_weights).to(device)
+        learner_class = NetworkLearner
+    learner = learner_class(config, device)
     record = oe_record(config) if config.outlier_exposure else None
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum,
+    optimizer = torch.optim.SGD(learner.module.parameters(), lr=config.lr, momentum=config.momentum,
                                 weight_decay=config.weight_decay)
     amp = device.type == "cuda"
     scaler = torch.amp.GradScaler("cuda", enabled=amp)
     start_epoch, iteration, log = 0, 0, []
     if resume and (out / "last.pt").exists():
-        state = read_checkpoint(out / "last.pt", map_location=device)
+        state = learner.read(out / "last.pt", device)
         check_resumable(state.get("train_config"), config, out / "last.pt")
         try:
-            model.load_state_dict(state["model"])
+            learner.module.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             start_epoch, iteration, log = int(state["epoch"]) + 1, int(state["iteration"]), list(state["log"])
         except (KeyError, RuntimeError, ValueError, TypeError) as err:
@@ -254,23 +268,14 @@ def train(config, *, resume=False, progress=True, stop_after=None):
         dataset = _dataset(config, augmentation(config, epoch))
         loader = torch.utils.data.DataLoader(dataset, batch_size=config.batch_size, shuffle=True, drop_last=True,
                                              num_workers=config.workers, generator=torch.Generator().manual_seed(seed))
-        model.train()
+        learner.module.train()
         losses, started = [], time.perf_counter()
         bar = tqdm(loader, desc=f"epoch {epoch + 1}/{config.epochs}", unit="batch", disable=not progress)
         for batch in bar:
             for group in optimizer.param_groups:
                 group["lr"] = config.lr * (1 - iteration / total) ** config.poly_power
-            x = preprocess(batch["image"].to(device))
-            y = batch["semantic"].to(device).long()
             with torch.autocast(device.type, enabled=amp):
-                output = model(x)
-                if record is not None:
-                    loss = oe_loss(config, output.logits.float(), y, batch["ood_mask"].to(device))
-                elif config.head == "confidence":
-                    loss = confidence_loss(output.logits.float(), output.confidence.float(), y,
-                                           lam=config.conf_lambda)
-                else:
-                    loss = F.cross_entropy(output.logits.float(), y, ignore_index=IGNORE)
+                loss = learner.loss({k: batch[k].to(device) for k in ("image", "semantic", "ood_mask")}, record)
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.step(optimizer)
@@ -281,16 +286,50 @@ def train(config, *, resume=False, progress=True, stop_after=None):
         row = {"epoch": epoch + 1, "iteration": iteration, "loss": float(np.mean(losses)),
                "lr": optimizer.param_groups[0]["lr"], "seconds": round(time.perf_counter() - started, 2)}
         if config.val_set:
-            row["val_miou"] = evaluate_miou(model, config.val_set, device=device, progress=False)["miou"]
+            row["val_miou"] = evaluate_miou(learner.network, config.val_set, device=device, progress=False)["miou"]
         log.append(row)
-        save_checkpoint(out / "last.pt", model, optimizer=optimizer.state_dict(), epoch=epoch, iteration=iteration,
-                        log=log, train_config=asdict(config), **_oe_entry(record))
+        learner.save(out / "last.pt", optimizer=optimizer.state_dict(), epoch=epoch, iteration=iteration, log=log,
+                     train_config=asdict(config), **_oe_entry(record))
         atomic_write_text(out / "log.csv", _csv(log))
     if last_epoch < config.epochs:
         return log
-    save_checkpoint(out / "final.pt", model, epoch=config.epochs - 1, iteration=iteration, log=log,
-                    train_config=asdict(config), **_oe_entry(record))
+    learner.finish(out, epoch=config.epochs - 1, iteration=iteration, log=log, train_config=asdict(config),
+                   **_oe_entry(record))
     return log
+
+
+class NetworkLearner:
+    """Training a segood network: built from the config, or fine-tuned from its ``init`` checkpoint; cross-entropy,
+    the confidence head's loss, or an outlier-exposure loss; checkpoints ``last.pt`` and ``final.pt``."""
+
+    def __init__(self, config, device):
+        self.config = config
+        if config.init is not None:
+            self.network = _initial_model(config).to(device)
+        else:
+            self.network = build_model(config.arch, config.encoder, NUM_CLASSES, config.head,
+                                       dropout_p=config.dropout_p, reduced_dim=config.reduced_dim,
+                                       encoder_weights=config.encoder_weights).to(device)
+        self.module = self.network
+
+    def loss(self, batch, record):
+        config, output = self.config, self.network(preprocess(batch["image"]))
+        target = batch["semantic"].long()
+        if record is not None:
+            return oe_loss(config, output.logits.float(), target, batch["ood_mask"])
+        if config.head == "confidence":
+            return confidence_loss(output.logits.float(), output.confidence.float(), target, lam=config.conf_lambda)
+        return F.cross_entropy(output.logits.float(), target, ignore_index=IGNORE)
+
+    def read(self, path, device):
+        return read_checkpoint(path, map_location=device)
+
+    def save(self, path, **extra):
+        save_checkpoint(path, self.network, **extra)
+
+    def finish(self, out, **extra):
+        extra.pop("optimizer", None)
+        save_checkpoint(out / "final.pt", self.network, **extra)
 
 
 def oe_loss(config, logits, target, ood_mask):
