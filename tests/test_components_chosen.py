@@ -4,10 +4,8 @@ to the saved pixel accumulators (thresholds.commit, best_f1_threshold) and a run
 file, whose component metrics are counted in the pixel pass."""
 
 import json
-import socket
 
 import pytest
-import torch
 
 from segood.cli import main
 from segood.evaluation import Evaluation, evaluate
@@ -16,6 +14,7 @@ from segood.metrics.components import best_f1_threshold
 from segood.metrics.thresholds import commit
 from segood.models import save_checkpoint
 
+from gloo import run_in_group
 from networks import tiny_network
 from rawtrees import killed_after
 
@@ -146,22 +145,14 @@ def test_a_run_killed_in_the_components_pass_resumes_to_the_same_numbers(sets, t
         combine_runs([tmp_path / "whole", tmp_path / "early"], tmp_path / "combined", figures=False, bootstrap=None)
 
 
-def _distributed_worker(rank, world, port, paths, out_dir):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+def _distributed_worker(rank, world, paths, out_dir):
     evaluate(tiny_network("dropout"), paths, ["entropy"], out_dir,
              components={"preset": "obstacle", "source": "oracle"}, **{**OPTIONS, "batch_size": 1})
-    dist.destroy_process_group()
 
 
 def test_two_process_gloo_run_chooses_the_thresholds_of_the_whole_sets(sets, tmp_path):
     single = evaluate(tiny_network("dropout"), sets[:2], ["entropy"], tmp_path / "single",
                       components={"preset": "obstacle", "source": "oracle"}, **{**OPTIONS, "batch_size": 1})
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    torch.multiprocessing.spawn(_distributed_worker, args=(2, port, [str(p) for p in sets[:2]],
-                                                           str(tmp_path / "multi")), nprocs=2)
+    run_in_group(_distributed_worker, [str(p) for p in sets[:2]], str(tmp_path / "multi"))
     multi = json.loads((tmp_path / "multi/results.json").read_text())
     assert components_of(multi) == components_of(single)

@@ -2,7 +2,6 @@
 
 import csv
 import json
-import socket
 
 import h5py
 import numpy as np
@@ -16,6 +15,7 @@ from segood.methods import get_method
 from segood.metrics import METRIC_NAMES, make_accumulator
 from segood.models import preprocess, save_checkpoint
 
+from gloo import run_in_group
 from networks import tiny_network
 from rawtrees import killed_after
 
@@ -220,22 +220,15 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(sets, tmp_path, monkeyp
     assert resumed["timings"]["images"] == whole["timings"]["images"] == 9
 
 
-def _distributed_worker(rank, world, port, sets_dir, out_dir):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+def _distributed_worker(rank, world, sets_dir, out_dir):
     evaluate(tiny_network("dropout"), [f"{sets_dir}/perlin_mixed.h5", f"{sets_dir}/cs.h5"], ["max_softmax", "entropy"],
              out_dir, batch_size=1, progress=False, figures=False)
-    dist.destroy_process_group()
 
 
 def test_two_process_gloo_run_equals_single_process(sets, tmp_path):
     single = evaluate(tiny_network("dropout"), [sets / "perlin_mixed.h5", sets / "cs.h5"], ["max_softmax", "entropy"],
                       tmp_path / "single", batch_size=1, progress=False, figures=False)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    torch.multiprocessing.spawn(_distributed_worker, args=(2, port, str(sets), str(tmp_path / "multi")), nprocs=2)
+    run_in_group(_distributed_worker, str(sets), str(tmp_path / "multi"))
     multi = json.loads((tmp_path / "multi/results.json").read_text())
     for method in ("max_softmax", "entropy"):
         for set_name in ("perlin_mixed", "cs"):

@@ -1,8 +1,6 @@
 """The exact grid (every distinct score a threshold) against literal values and scikit-learn, on data with ties;
 its protocol (merge, state, per-image counts, all-reduce), its cap and its place among the grids."""
 
-import socket
-
 import numpy as np
 import pytest
 import torch
@@ -11,6 +9,8 @@ from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 from segood.metrics import (ExactAccumulator, FloatOrderAccumulator, accumulator_from_state, describe_grid,
                             distinct_score_counts, grid_of, grid_spec, load_accumulator, make_accumulator)
 from segood.metrics.bootstrap import Bootstrap, coarse_keys, compare, resampled_metrics
+
+from gloo import run_in_group
 
 METRICS = ("auroc", "auprc", "fpr95", "max_iou")
 
@@ -248,24 +248,17 @@ def test_grid_spec_names_the_exact_grid():
         make_benchmark({}, "unused.json", grid=grid)
 
 
-def _all_reduce_worker(rank, world_size, port, out_dir):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+def _all_reduce_worker(rank, world_size, out_dir):
     rng = np.random.default_rng(rank)
     scores, labels = random_case(rng, (2 + rank, 10, 10), 2)
     acc = ExactAccumulator(per_image=True).update(scores.astype(np.float64 if rank else np.float32), labels)
     acc.save(f"{out_dir}/local{rank}.npz")
     acc.all_reduce()
     acc.save(f"{out_dir}/reduced{rank}.npz")
-    dist.destroy_process_group()
 
 
 def test_all_reduce_concatenates_the_ranks_scores(tmp_path):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    torch.multiprocessing.spawn(_all_reduce_worker, args=(2, port, str(tmp_path)), nprocs=2)
+    run_in_group(_all_reduce_worker, str(tmp_path))
     expected = load_accumulator(tmp_path / "local0.npz") + load_accumulator(tmp_path / "local1.npz")
     for r in range(2):
         reduced = load_accumulator(tmp_path / f"reduced{r}.npz")

@@ -11,6 +11,8 @@ from segood.metrics import FloatOrderAccumulator, accumulator_from_state, exact_
 from segood.metrics import _device, _kernels
 from segood.metrics.float_order import bin_thresholds
 
+from gloo import run_in_group
+
 METRICS = ("auroc", "auprc", "fpr95", "max_iou")
 
 
@@ -228,10 +230,7 @@ def test_bad_input():
         FloatOrderAccumulator.from_state_dict(state)
 
 
-def _all_reduce_worker(rank, world_size, port, out_dir):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+def _all_reduce_worker(rank, world_size, out_dir):
     rng = np.random.default_rng(rank)
     scores = rng.random((2, 30, 30)) * 10.0 ** (10 * rank)  # the ranks occupy different binades
     labels = rng.integers(0, 2, scores.shape).astype(np.uint8)
@@ -239,18 +238,12 @@ def _all_reduce_worker(rank, world_size, port, out_dir):
     acc.save(f"{out_dir}/local{rank}.npz")
     acc.all_reduce()
     acc.save(f"{out_dir}/reduced{rank}.npz")
-    dist.destroy_process_group()
 
 
 def test_all_reduce_unites_the_ranks_binades(tmp_path):
-    import socket
-
     from segood.metrics import load_accumulator
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    torch.multiprocessing.spawn(_all_reduce_worker, args=(2, port, str(tmp_path)), nprocs=2)
+    run_in_group(_all_reduce_worker, str(tmp_path))
     expected = load_accumulator(tmp_path / "local0.npz") + load_accumulator(tmp_path / "local1.npz")
     for r in range(2):
         reduced = load_accumulator(tmp_path / f"reduced{r}.npz")

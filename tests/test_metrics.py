@@ -11,6 +11,8 @@ from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 from segood.metrics import PixelOODAccumulator, UndefinedMetricWarning, exact_metrics
 from segood.metrics import _kernels
 
+from gloo import run_in_group
+
 
 def literal_counts(scores, labels, thresholds):
     """TP_k, FP_k by the contract's literal comparison, one threshold at a time."""
@@ -286,10 +288,7 @@ def test_all_reduce_is_a_no_op_without_a_process_group(batch):
     np.testing.assert_array_equal(acc.hist, before)
 
 
-def _all_reduce_worker(rank, world_size, port, out_dir):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+def _all_reduce_worker(rank, world_size, out_dir):
     rng = np.random.default_rng(rank)
     labels = random_labels(rng, (2, 30, 30))
     scores = rng.random((2, 30, 30)).astype(np.float32)
@@ -297,16 +296,10 @@ def _all_reduce_worker(rank, world_size, port, out_dir):
     acc.save(f"{out_dir}/local{rank}.npz")
     acc.all_reduce()
     acc.save(f"{out_dir}/reduced{rank}.npz")
-    dist.destroy_process_group()
 
 
 def test_all_reduce_sums_over_ranks(tmp_path):
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    torch.multiprocessing.spawn(_all_reduce_worker, args=(2, port, str(tmp_path)), nprocs=2)
+    run_in_group(_all_reduce_worker, str(tmp_path))
     local = [PixelOODAccumulator.load(tmp_path / f"local{r}.npz") for r in range(2)]
     expected = local[0] + local[1]
     for r in range(2):

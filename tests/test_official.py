@@ -434,28 +434,19 @@ def test_a_killed_run_resumes_to_the_same_official_numbers(perlin, tmp_path, mon
     assert resumed["results"]["entropy"]["perlin_mixed"]["official"]["n_frames"] == 4
 
 
-def _gather_worker(rank, world, port, out_dir):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+def _gather_worker(rank, world, out_dir):
     scores, labels = random_frames(6, n=5, decimals=3)
     for kind in (SMIYCPixelAccumulator, FishyscapesPixelAccumulator):
         acc = kind()
         for k in range(rank, 5, world):  # rank 1 holds two frames, rank 0 three
             acc.update(scores[k], labels[k])
         acc.all_reduce().save(f"{out_dir}/{kind.__name__}_{rank}.npz")
-    dist.destroy_process_group()
 
 
 def test_two_process_gloo_all_reduce_gives_every_rank_the_whole_set(tmp_path):
-    import socket
+    from gloo import run_in_group
 
-    import torch
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    torch.multiprocessing.spawn(_gather_worker, args=(2, port, str(tmp_path)), nprocs=2)
+    run_in_group(_gather_worker, str(tmp_path))
     scores, labels = random_frames(6, n=5, decimals=3)
     for kind in (SMIYCPixelAccumulator, FishyscapesPixelAccumulator):
         whole = kind()

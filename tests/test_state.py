@@ -1,7 +1,6 @@
 """The state contract (segood.metrics.state): one merge and one all-reduce by declared reductions, a run's state as a
 tree of parts, and a state file of the flat format before it, which still loads to the same numbers."""
 
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +10,8 @@ import torch
 from segood.evaluation.runner import Evaluation
 from segood.metrics import FloatOrderAccumulator, UndefinedMetricWarning
 from segood.metrics.state import all_reduce_state, flatten, merge_states, unflatten
+
+from gloo import run_in_group
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -161,19 +162,12 @@ def test_merged_shards_equal_one_run_and_names_may_hold_a_bar(tmp_path):
         whole.merge(Evaluation(["m|1"], ["s|2"]))
 
 
-def _all_reduce_worker(rank, world, port, out_dir):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+def _all_reduce_worker(rank, world, out_dir):
     np.savez(f"{out_dir}/reduced{rank}.npz", **all_reduce_state(_state(rank), REDUCTIONS))
-    dist.destroy_process_group()
 
 
 def test_all_reduce_state_equals_merging_the_ranks_states_in_rank_order(tmp_path):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    torch.multiprocessing.spawn(_all_reduce_worker, args=(2, port, str(tmp_path)), nprocs=2)
+    run_in_group(_all_reduce_worker, str(tmp_path))
     expected = merge_states(_state(0), _state(1), REDUCTIONS)
     for rank in range(2):
         with np.load(tmp_path / f"reduced{rank}.npz") as reduced:

@@ -1,13 +1,13 @@
 """The torchmetrics wrapper of the float-order accumulator: the same numbers, merged and reduced over processes."""
 
-import socket
-
 import numpy as np
 import pytest
 import torch
 
 from segood.metrics import FloatOrderAccumulator
 from segood.metrics.torchmetrics import REPORTED, BinaryOODMetrics
+
+from gloo import run_in_group
 
 
 def batches(seed, count=3):
@@ -41,23 +41,16 @@ def test_merged_states_equal_one_metric_and_empty_is_an_error():
         BinaryOODMetrics().compute()
 
 
-def _ddp_worker(rank, world, port, out):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+def _ddp_worker(rank, world, out):
     metric = BinaryOODMetrics()
     for k, (scores, labels) in enumerate(batches(2, 4)):
         if k % world == rank:
             metric.update(scores, labels)
     torch.save({k: v.item() for k, v in metric.compute().items()}, f"{out}/rank{rank}.pt")
-    dist.destroy_process_group()
 
 
 def test_two_processes_reduce_to_the_numbers_of_all_pixels(tmp_path):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    torch.multiprocessing.spawn(_ddp_worker, args=(2, port, str(tmp_path)), nprocs=2)
+    run_in_group(_ddp_worker, str(tmp_path))
     acc = FloatOrderAccumulator()
     for scores, labels in batches(2, 4):
         acc.update(scores, labels)
