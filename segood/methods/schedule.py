@@ -1,6 +1,7 @@
 """One scoring function for a batch of methods, scheduled from what each declares (:class:`Needs`).
 
-The network's forward pass runs once and feeds every method scored from it; one set of Monte-Carlo dropout
+The network's forward pass runs once and feeds every method scored from it (the logit methods from one read of the
+logits, :func:`segood.methods.functional.logit_scores`); one set of Monte-Carlo dropout
 samples (as many as the most demanding method asks for) feeds every dropout method, those of one sample
 count in one banded pass; a method that perturbs its input gets its own gradient and forward pass.
 Evaluation, tuning and the benchmarks all score through :func:`score_batch`. Logits that come out at another
