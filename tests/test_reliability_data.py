@@ -128,6 +128,38 @@ def test_modified_chunk_is_found_and_named(small_set, tmp_path):
     assert [s[:2] for s in doc["skipped_frames"]] == [["cs", 1]]
 
 
+@pytest.mark.parametrize("inflate", ["isal", "zlib"])
+def test_frames_inflated_here_equal_hdf5s_own_reading(small_set, tmp_path, monkeypatch, inflate):
+    """The deflated chunks read directly and inflated by ISA-L (or zlib where isal is missing) give h5py's arrays
+    bit for bit; a damaged or oversized chunk is a CorruptFrame naming the frame; a dataset stored with other filters
+    is left to h5py."""
+    import zlib
+
+    from segood.data import h5
+
+    monkeypatch.setattr(h5, "_INFLATE", pytest.importorskip("isal.isal_zlib") if inflate == "isal" else zlib)
+    with h5py.File(small_set, "r") as f:
+        for name in h5.ARRAYS:
+            for index in range(3):
+                node = f[name][str(index)]
+                got = h5._inflated(node, (0,) * node.ndim, node.shape, "frame")
+                assert got.flags.writeable and np.array_equal(got, node[()]) and got.dtype == np.uint8
+    damaged, oversized = tmp_path / "damaged.h5", tmp_path / "oversized.h5"
+    for path, payload in ((damaged, b"not a deflate stream"), (oversized, zlib.compress(bytes(32 * 64 + 1)))):
+        shutil.copy(small_set, path)
+        with h5py.File(path, "r+") as f:
+            node = f["ood_mask"]["2"]
+            node.id.write_direct_chunk((0, 0), payload)
+    with pytest.raises(CorruptFrame, match="frame 2: ood_mask cannot be inflated"):
+        H5SegmentationDataset(damaged, verify=False)[2]
+    with pytest.raises(CorruptFrame, match="frame 2: ood_mask inflates to more than its 2048 bytes"):
+        H5SegmentationDataset(oversized, verify=False)[2]
+    with h5py.File(tmp_path / "shuffled.h5", "w") as f:
+        node = f.create_dataset("x", data=np.arange(12, dtype=np.uint8).reshape(3, 4), chunks=(3, 4),
+                                compression="gzip", shuffle=True)
+        assert h5._inflated(node, (0, 0), (3, 4), "x") is None
+
+
 # 6. Label ids outside the official Cityscapes table are counted per id in the manifest, with a warning.
 def test_unknown_cityscapes_label_ids_are_counted_and_warned(tmp_path, capsys):
     label_ids = cityscapes_tree(tmp_path / "cs", frames=[("aachen", "000000", "000000"), ("bonn", "000000", "000001")])

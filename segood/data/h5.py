@@ -26,6 +26,11 @@ import h5py
 import numpy as np
 
 from segood.io import atomic_output, exclusive
+
+try:  # ISA-L's inflate, a drop-in for zlib's that reads the sets' deflated frames about twice as fast
+    from isal import isal_zlib as _INFLATE
+except ImportError:
+    _INFLATE = zlib
 from segood.labels import ID, IGNORE, OOD
 from segood.version import __version__
 
@@ -276,7 +281,39 @@ def read_array(f, name, index, size):
     if tuple(stored[:2]) != tuple(size) or len(stored) != (3 if name == "images" else 2):
         raise CorruptFrame(f"{f.filename}: frame {index}: {name} is stored with shape {stored}, the manifest "
                            f"records a {size[0]}×{size[1]} frame; reconvert the set")
+    offset = (0,) * node.ndim if per_frame else (index,) + (0,) * (node.ndim - 1)
+    frame = _inflated(node, offset, stored, f"{f.filename}: frame {index}: {name}")
+    if frame is not None:
+        return frame
     return node[()] if per_frame else node[index]
+
+
+def _inflated(node, offset, shape, what):
+    """The frame that ``node`` stores as one deflated uint8 chunk at chunk ``offset``, inflated here rather than by
+    HDF5's filter: by ISA-L's inflate where ``isal`` is installed (about twice zlib's speed: reading is what an
+    evaluation on a GPU waits for), else by zlib; never more than the frame's bytes. None for a dataset stored
+    otherwise (other filters or chunks), which h5py reads."""
+    chunk = tuple(shape) if len(offset) == len(shape) else (1, *shape)
+    if (node.chunks != chunk or node.compression != "gzip" or node.shuffle or node.fletcher32
+            or node.scaleoffset is not None or node.dtype != np.uint8
+            or node.id.get_create_plist().get_nfilters() != 1):
+        return None
+    skipped, raw = node.id.read_direct_chunk(offset)
+    size = int(np.prod(shape))
+    if skipped:  # (the filter was not applied to this chunk: stored as it is)
+        data = raw
+    else:
+        inflater = _INFLATE.decompressobj()
+        try:
+            data = inflater.decompress(raw, size)
+        except _INFLATE.error as err:
+            raise CorruptFrame(f"{what} cannot be inflated ({err}): the file is damaged; reconvert the set") from None
+        if inflater.unconsumed_tail or not inflater.eof:
+            raise CorruptFrame(f"{what} inflates to more than its {size} bytes: the file is damaged; reconvert the set")
+    if len(data) != size:
+        raise CorruptFrame(f"{what} holds {len(data)} bytes, its shape {tuple(shape)} {size}: the file is damaged; "
+                           "reconvert the set")
+    return np.frombuffer(data, np.uint8).reshape(shape).copy()  # (writable, as h5py's arrays are)
 
 
 def ood_masks(path):
