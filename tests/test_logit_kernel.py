@@ -54,14 +54,20 @@ def test_methods_scored_together_on_the_cpu_equal_each_alone_bit_for_bit():
         assert torch.equal(score, method.from_output(output)), method.name
 
 
-def test_a_method_with_a_formula_of_its_own_is_scored_alone():
+def test_a_method_with_a_formula_of_its_own_is_scored_alone_and_a_renamed_one_together():
     from segood.methods.methods import MaxSoftmax
 
     class Halved(MaxSoftmax):
         def from_output(self, output):
             return super().from_output(output) / 2
 
+    class Renamed(MaxSoftmax):
+        name = "msp"
+
     assert MaxSoftmax.from_output_together is not None and Halved.from_output_together is None
+    model, x = tiny_network(), torch.randn(1, 3, 32, 48, generator=torch.Generator().manual_seed(1))
+    halved, renamed, plain = score_batch(model, x, [Halved(), Renamed(), get_method("max_softmax")]).scores
+    assert torch.equal(halved, plain / 2) and torch.equal(renamed, plain)
 
 
 def test_unknown_forms_are_refused():

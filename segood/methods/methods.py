@@ -210,9 +210,11 @@ class LogitMethod(Method):
         if "from_output" in vars(cls):  # a formula of its own: scored alone
             cls.from_output_together = None
 
+    form = None  # its key in LOGIT_FORMS (a subclass under another name keeps its parent's)
+
     @property
     def logit_form(self):
-        return self.name, self.params.get("temperature", 1.0)
+        return self.form, self.params.get("temperature", 1.0)
 
     def from_output(self, output):
         name, temperature = self.logit_form
@@ -224,6 +226,7 @@ class MaxSoftmax(LogitMethod):
     """1 - max softmax (Hendrycks & Gimpel 2017). Any head."""
 
     name = "max_softmax"
+    form = "max_softmax"
 
 
 @register_method
@@ -378,6 +381,7 @@ class Entropy(LogitMethod):
     """Softmax entropy / log C (Mukhoti & Gal 2018). Any head."""
 
     name = "entropy"
+    form = "entropy"
 
 
 @register_method
@@ -407,6 +411,7 @@ class MaxLogit(LogitMethod):
     """-max_c f_c (Hendrycks et al. 2022). Any head; unbounded (the float-order grid)."""
 
     name = "max_logit"
+    form = "max_logit"
     score_range = None
 
 
@@ -415,6 +420,7 @@ class Energy(LogitMethod):
     """Energy -T logsumexp(f / T) (Liu et al. 2020). Any head; unbounded."""
 
     name = "energy"
+    form = "energy"
     score_range = None
 
     def __init__(self, temperature=1.0, **params):
