@@ -45,6 +45,36 @@ def test_export_then_score_round_trips(world, tmp_path, layout):
             assert got[metric] == pytest.approx(want[metric], abs=1e-12)
 
 
+@pytest.mark.parametrize("layout", ["segood", "smiyc"])
+def test_score_maps_read_by_reader_processes_give_the_same_state(world, tmp_path, monkeypatch, layout):
+    """Frames and their maps read by two reader processes (each opening the files itself) give the state of reading
+    them in the main process, count for count; a bad map read there is named as in the main process."""
+    from segood.evaluation import api
+    from segood.evaluation.runner import Evaluation
+
+    root, model = world
+    data = root / "perlin_mixed.h5"
+    maps = export_scores(model, {"perlin_mixed": data}, [get_method("entropy")], tmp_path / "out", layout=layout,
+                         progress=False)[("entropy", "perlin_mixed")]
+    states = []
+    for workers in (0, 2):
+        monkeypatch.setattr(api, "default_workers", lambda *_, w=workers: w)
+        evaluate_score_maps(maps, data, tmp_path / f"w{workers}", name="entropy", figures=False)
+        states.append(Evaluation.load(tmp_path / f"w{workers}/state.npz").acc[("entropy", "perlin_mixed")])
+    assert states[0].n_images == states[1].n_images == len(H5SegmentationDataset(data))
+    np.testing.assert_array_equal(states[0].binades, states[1].binades)
+    np.testing.assert_array_equal(states[0].counts, states[1].counts)
+    if layout == "segood":  # a map of the wrong size, found in a reader process
+        from segood.data.h5 import frame_ids
+
+        key = frame_ids(data)[1]
+        with h5py.File(maps, "r+") as f:
+            del f[key]
+            f[key] = np.zeros((3, 3), np.float32)
+        with pytest.raises(ValueError, match=r"scores of shape \(3, 3\), the frame is"):
+            evaluate_score_maps(maps, data, tmp_path / "bad", name="entropy", figures=False)
+
+
 def test_folder_layouts_name_missing_extra_and_bad_files(world, tmp_path):
     root, model = world
     sets = {"perlin_mixed": root / "perlin_mixed.h5"}

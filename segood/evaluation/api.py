@@ -8,12 +8,14 @@ import warnings
 import weakref
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from segood.data.h5 import H5SegmentationDataset, frame_ids, frame_loader, require_labels, set_identity
 from segood.evaluation.exchange import ScoreMaps
 from segood.evaluation.layout import RunFolder
 from segood.evaluation.options import EvaluateOptions, ScoreOptions, score_range_of
+from segood.evaluation.reading import UnreadableFrame, batch_reader, default_workers
 from segood.evaluation.report import build_results, grid_of_config, write_report
 from segood.evaluation.results import Results
 from segood.evaluation.runner import Evaluation, default_methods, run, run_identity
@@ -200,15 +202,15 @@ def evaluate_score_maps(scores_path: str | Path, data_path: str | Path, out_dir:
         if grid["kind"] != "linear" and score_range is not None:  # a declared range is checked, not a grid
             for acc in ev.acc.values():
                 acc.score_range = score_range
+        frames = {set_name: ScoredFrames(dataset, maps)}
+        plan = [(set_name, [index]) for index in range(len(dataset))]
+        reads = batch_reader(frames, plan, workers=default_workers(frames, plan))
         for index, frame_id in enumerate(maps.frame_ids):
-            item = dataset[index]
-            score = maps[frame_id]
-            if score.shape != tuple(item["ood_mask"].shape):
-                raise ValueError(f"frame {frame_id}: scores of shape {score.shape}, the frame is "
-                                 f"{tuple(item['ood_mask'].shape)} (maps are exchanged at each frame's own size)")
-            batch = {key: item[key][None] for key in ("image", "ood_mask", "semantic")}
             try:
-                ev.process(set_name, [index], batch, {name: torch.from_numpy(score)[None]}, clip=options.clip)
+                [(batch, _)], _ = next(reads)
+                ev.process(set_name, [index], batch, {name: batch["score"]}, clip=options.clip)
+            except UnreadableFrame as err:
+                raise ValueError(err.reason) from None
             except (ValueError, TypeError) as err:
                 raise ValueError(f"frame {frame_id}: {err}") from None
     description = {"toolkit": run_identity(),
@@ -223,6 +225,26 @@ def evaluate_score_maps(scores_path: str | Path, data_path: str | Path, out_dir:
     write_json(folder.run, description)
     ev.save(folder.state())
     return write_report(folder.path, figures=options.figures)
+
+
+class ScoredFrames(torch.utils.data.Dataset):
+    """The frames of a set with their score maps (``score``, (H, W) as stored), read together: by the reader
+    processes of :func:`~segood.evaluation.reading.batch_reader`, as an evaluation reads its frames."""
+
+    def __init__(self, dataset, maps):
+        self.dataset, self.maps = dataset, maps
+        self.sizes = getattr(dataset, "sizes", None)
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        item, frame_id = self.dataset[index], self.maps.frame_ids[index]
+        score = self.maps[frame_id]
+        if score.shape != tuple(item["ood_mask"].shape):
+            raise ValueError(f"frame {frame_id}: scores of shape {score.shape}, the frame is "
+                             f"{tuple(item['ood_mask'].shape)} (maps are exchanged at each frame's own size)")
+        return {**item, "score": torch.from_numpy(np.ascontiguousarray(score))}
 
 
 def _check_run_folder(folder, description):

@@ -62,7 +62,7 @@ class ScoreMaps:
                              "frame id: give the set they belong to for the full ids (its converted file or public "
                              "copy; segood submit --data SET=FILE.h5)")
         self.frame_ids = None if frame_ids is None else list(frame_ids)
-        self.score_range, self.file = None, None
+        self.score_range, self.file, self._pid = None, None, os.getpid()
         if self.layout == "segood":
             try:
                 self.file = h5py.File(self.path, "r")
@@ -90,6 +90,8 @@ class ScoreMaps:
 
     def __getitem__(self, frame_id):
         if self.layout == "segood":
+            if self._pid != os.getpid():  # a reader process: its own handle (HDF5's are not shared across a fork)
+                self.file, self._pid = h5py.File(self.path, "r"), os.getpid()
             node = self.file[frame_id]
             if node.ndim != 2:
                 raise ValueError(f"frame {frame_id}: the scores in {self.path} have shape {node.shape}, not (H, W)")
@@ -114,8 +116,11 @@ class ScoreMaps:
         return score.astype(score.dtype.newbyteorder("="), copy=False)  # big-endian files too
 
     def close(self):
-        if getattr(self, "file", None) is not None:
+        if getattr(self, "file", None) is not None and self._pid == os.getpid():
             self.file.close()
+
+    def __getstate__(self):  # (to reader processes started by spawn: without the open handle)
+        return {**self.__dict__, "file": None, "_pid": None}
 
     def __enter__(self):
         return self

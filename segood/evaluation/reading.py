@@ -63,10 +63,12 @@ def read_batch(dataset, indices, *, skip_bad=False):
 
 
 def stacked(items, indices):
-    """[(batch of stacked tensors, its frame indices)], one for each run of consecutive ``items`` of one size."""
+    """[(batch of stacked tensors, its frame indices)], one for each run of consecutive ``items`` of one size
+    (every tensor of an item: image, masks, and what a wrapped set adds, such as score maps)."""
     sizes = [tuple(item["image"].shape) for item in items]
-    return [({key: torch.stack([items[k][key] for k in run]) for key in ("image", "ood_mask", "semantic")},
-             [indices[k] for k in run]) for run in same_size_batches(sizes, len(items))]
+    keys = [key for key, value in items[0].items() if isinstance(value, torch.Tensor)] if items else []
+    return [({key: torch.stack([items[k][key] for k in run]) for key in keys}, [indices[k] for k in run])
+            for run in same_size_batches(sizes, len(items))]
 
 
 class _Batches(torch.utils.data.Dataset):
