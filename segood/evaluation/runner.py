@@ -315,7 +315,7 @@ class Evaluation(Part):
     @classmethod
     def load(cls, path):
         """Read a state written by :meth:`save` (never unpickles); a ValueError names the file when it is not one."""
-        return cls.from_arrays(read_state(path), path)
+        return cls.from_arrays(_state_arrays(path), path)
 
     def all_reduce(self):
         """Combine the run's state over torch.distributed ranks by its :attr:`reductions` (a no-op without a process
@@ -370,7 +370,7 @@ def examples_path(path):
     return path.with_name(f"{path.stem}.examples.npz")
 
 
-def read_state(path):
+def _state_arrays(path):
     """A state's arrays (:func:`write_state`): its file and, where there is one, its examples' file beside it
     (a state written before the examples had a file of their own holds them itself)."""
     arrays = read_npz(path, "evaluation state")

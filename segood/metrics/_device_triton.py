@@ -60,14 +60,19 @@ def _pixels(scores, labels, base, offsets, inside, M: tl.constexpr, WIDE: tl.con
     return binade, low, label, counted, nan
 
 
+@triton.jit
+def _block(N, P, BLOCK: tl.constexpr):
+    """(image, pixel offsets, which are inside the image, the image's first pixel) of this program's block."""
+    image = tl.program_id(0) % N
+    offsets = (tl.program_id(0) // N) * BLOCK + tl.arange(0, BLOCK)
+    return image, offsets, offsets < P, image.to(tl.int64) * P
+
+
 @triton.jit(do_not_specialize=["N"])  # the batch size changes at a set's end: one build, not one per value
 def presence(scores, labels, flags, problems, N, P, M: tl.constexpr, WIDE: tl.constexpr, BF16: tl.constexpr,
              BLOCK: tl.constexpr):
     """flags[image, binade] = 1 for each binade that holds a counted pixel; problems += the block's."""
-    image = tl.program_id(0) % N
-    offsets = (tl.program_id(0) // N) * BLOCK + tl.arange(0, BLOCK)
-    inside = offsets < P
-    base = image.to(tl.int64) * P
+    image, offsets, inside, base = _block(N, P, BLOCK)
     binade, low, label, counted, nan = _pixels(scores, labels, base, offsets, inside, M, WIDE, BF16)
     known = inside & (label <= LABEL_OOD)
     ignored = inside & (label == LABEL_IGNORE)
@@ -94,10 +99,7 @@ def presence(scores, labels, flags, problems, N, P, M: tl.constexpr, WIDE: tl.co
 def count(scores, labels, slot_of, table, N, P, SLOTS, M: tl.constexpr, WIDE: tl.constexpr, BF16: tl.constexpr,
           BLOCK: tl.constexpr):
     """table[image, slot_of[binade], label, low] += 1 for every counted pixel."""
-    image = tl.program_id(0) % N
-    offsets = (tl.program_id(0) // N) * BLOCK + tl.arange(0, BLOCK)
-    inside = offsets < P
-    base = image.to(tl.int64) * P
+    image, offsets, inside, base = _block(N, P, BLOCK)
     binade, low, label, counted, nan = _pixels(scores, labels, base, offsets, inside, M, WIDE, BF16)
     slot = tl.load(slot_of + binade, mask=counted, other=0).to(tl.int64)
     index = ((image.to(tl.int64) * SLOTS + slot) * 2 + label) * (1 << M) + low

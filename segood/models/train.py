@@ -328,7 +328,6 @@ class NetworkLearner:
         save_checkpoint(path, self.network, **extra)
 
     def finish(self, out, **extra):
-        extra.pop("optimizer", None)
         save_checkpoint(out / "final.pt", self.network, **extra)
 
 
