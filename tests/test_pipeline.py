@@ -3,6 +3,7 @@ main process; the state is written in the background as it was when saved; mixed
 
 import zipfile
 
+import numba
 import numpy as np
 import pytest
 import torch
@@ -222,3 +223,33 @@ def test_a_small_pass_is_read_in_the_main_process_unless_workers_are_asked_for()
     assert default_workers({"a": Frames()}, plan) == default_workers()  # sizes unknown: the readers
     Sized.sizes = [(4096, 4096)] * 7
     assert default_workers({"a": Sized()}, plan) == default_workers()
+
+
+class ThreadsSeen(torch.nn.Module):
+    """Fixed logits; records the torch threads its forward pass ran with."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+        self.logits = torch.nn.Parameter(torch.randn(1, 19, 8, 12, generator=torch.Generator().manual_seed(0)),
+                                         requires_grad=False)
+
+    def forward(self, x):
+        self.seen.append(torch.get_num_threads())
+        return self.logits.expand(x.shape[0], -1, -1, -1)
+
+
+def test_beside_readers_the_main_process_leaves_them_their_cores_but_not_the_network():
+    from segood._threads import beside_readers, cores
+    from segood.models.external import as_network
+
+    full, full_numba = torch.get_num_threads(), numba.get_num_threads()
+    model = ThreadsSeen()
+    with beside_readers(1):
+        assert torch.get_num_threads() == max(1, min(full, cores() - 1))
+        assert numba.get_num_threads() == max(1, min(full_numba, cores() - 1))
+        score_frames(as_network(model), torch.zeros(2, 3, 8, 12, dtype=torch.uint8), [get_method("max_logit")])
+        assert model.seen == [full] and torch.get_num_threads() == max(1, min(full, cores() - 1))
+    with beside_readers(0):
+        assert (torch.get_num_threads(), numba.get_num_threads()) == (full, full_numba)
+    assert (torch.get_num_threads(), numba.get_num_threads()) == (full, full_numba)

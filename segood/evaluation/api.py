@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from segood._threads import beside_readers
 from segood.data.h5 import H5SegmentationDataset, frame_ids, frame_loader, require_labels, set_identity
 from segood.evaluation.exchange import ScoreMaps
 from segood.evaluation.layout import RunFolder
@@ -204,15 +205,17 @@ def evaluate_score_maps(scores_path: str | Path, data_path: str | Path, out_dir:
                 acc.score_range = score_range
         frames = {set_name: ScoredFrames(dataset, maps)}
         plan = [(set_name, [index]) for index in range(len(dataset))]
-        reads = batch_reader(frames, plan, workers=default_workers(frames, plan))
-        for index, frame_id in enumerate(maps.frame_ids):
-            try:
-                [(batch, _)], _ = next(reads)
-                ev.process(set_name, [index], batch, {name: batch["score"]}, clip=options.clip)
-            except UnreadableFrame as err:
-                raise ValueError(err.reason) from None
-            except (ValueError, TypeError) as err:
-                raise ValueError(f"frame {frame_id}: {err}") from None
+        workers = default_workers(frames, plan)
+        reads = batch_reader(frames, plan, workers=workers)
+        with beside_readers(workers):
+            for index, frame_id in enumerate(maps.frame_ids):
+                try:
+                    [(batch, _)], _ = next(reads)
+                    ev.process(set_name, [index], batch, {name: batch["score"]}, clip=options.clip)
+                except UnreadableFrame as err:
+                    raise ValueError(err.reason) from None
+                except (ValueError, TypeError) as err:
+                    raise ValueError(f"frame {frame_id}: {err}") from None
     description = {"toolkit": run_identity(),
                    "model": {"score_maps": str(scores_path), "layout": maps.layout,
                              "sha256": _sha256(scores_path)},

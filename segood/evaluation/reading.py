@@ -7,11 +7,11 @@ asynchronous), while the main process scores the batch before; with 0 they are r
 at a time. The batches and their order are the same either way, so are the counts.
 """
 
-import os
 import threading
 
 import torch
 
+from segood._threads import cores
 from segood.data.h5 import same_size_batches
 
 MAX_WORKERS = 16  # decoding a 1024x2048 frame takes ~40 ms a core: 16 keep up with a fast GPU
@@ -24,8 +24,7 @@ def default_workers(datasets=None, plan=None):
     of ``datasets`` whose frames (where their sizes are known) hold fewer than :data:`MIN_PIXELS` pixels."""
     if plan is not None and _pixels(datasets, plan) < MIN_PIXELS:
         return 0
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(0, min(MAX_WORKERS, cores - 1))
+    return max(0, min(MAX_WORKERS, cores() - 1))
 
 
 def _pixels(datasets, plan):

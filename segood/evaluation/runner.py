@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from segood._threads import beside_readers
 from segood.data.h5 import H5SegmentationDataset, require_labels
 from segood.evaluation.class_sums import class_counts, class_sums
 from segood.evaluation.layout import RunFolder
@@ -608,8 +609,8 @@ class _Loop:
         workers = default_workers(self.datasets, plan) if self.workers is None else self.workers
         reads = batch_reader(self.datasets, plan, workers=workers, pin=self.device.type == "cuda",
                              skip_bad=self.skip_bad)
-        with tqdm(total=sum(len(indices) for _, indices in plan), desc=label, unit="img",
-                  disable=not self.progress) as bar:
+        with beside_readers(workers), tqdm(total=sum(len(indices) for _, indices in plan), desc=label, unit="img",
+                                           disable=not self.progress) as bar:
             for count, (set_name, indices) in enumerate(plan, 1):
                 self.step(label, set_name, indices, reads, methods_of(set_name), update)
                 done[set_name] += len(indices)

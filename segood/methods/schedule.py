@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from segood._threads import for_network
 from segood.models.network import IMAGENET_STD, preprocess, resize_output
 from segood.models.predict import predicted_classes
 
@@ -80,11 +81,14 @@ def score_batch(model, x, methods, *, mc_seed=None, amp=None):
     def at_input(output):
         return resize_output(output, size, align_corners=align_corners)
 
-    def mixed():
-        return torch.autocast(x.device.type, dtype=AMP_DTYPES[amp]) if amp else contextlib.nullcontext()
+    @contextlib.contextmanager
+    def network():  # (every thread on the CPU; under autocast with amp)
+        with for_network(x.device), (torch.autocast(x.device.type, dtype=AMP_DTYPES[amp]) if amp
+                                     else contextlib.nullcontext()):
+            yield
 
     with torch.no_grad():
-        with mixed():
+        with network():
             raw = model(x)
         raw = _tensors(raw, _widened) if amp else raw
         resized = tuple(raw.logits.shape[-2:]) != size
@@ -96,7 +100,7 @@ def score_batch(model, x, methods, *, mc_seed=None, amp=None):
         if sampled:
             if mc_seed is not None:
                 torch.manual_seed(mc_seed)
-            with mixed():
+            with network():
                 logits = model.mc_logits(x, samples=max(needs[k].samples for k in sampled), features=output.features)
             logits = _widened(logits)
             if tuple(logits.shape[-2:]) != size:
@@ -110,7 +114,9 @@ def score_batch(model, x, methods, *, mc_seed=None, amp=None):
             x_tilde = perturb(model, x, lambda out, m=method: m.objective(at_input(out)), method.params["epsilon"],
                               ascend=method.ascend)
             with torch.no_grad():
-                scores[k] = method.from_output(at_input(model(x_tilde)))
+                with for_network(x.device):
+                    output_tilde = model(x_tilde)
+                scores[k] = method.from_output(at_input(output_tilde))
             clock.lap(f"score/{method.name}")
     if size != frame:
         output, scores = _crop((output, scores), size, frame)
@@ -125,7 +131,8 @@ def score_frames(model, images, methods, *, mc_seed=None, amp=None):
         return score_batch(model, preprocess(images), methods, mc_seed=mc_seed, amp=amp)
     check_methods(model, methods)
     clock = _Clock(images.device)
-    scores = model(images)
+    with for_network(images.device):
+        scores = model(images)
     clock.lap(f"score/{model.name}")
     return ScoredBatch(None, [scores], clock)
 
@@ -137,7 +144,7 @@ def perturb(model, x, objective, epsilon, *, ascend):
     Mahalanobis: lower the distance). Either way the step makes the input look more ID to the model.
     """
     x = x.detach().requires_grad_(True)
-    with torch.enable_grad():
+    with torch.enable_grad(), for_network(x.device):
         objective(model(x)).backward()
     std = torch.tensor(IMAGENET_STD, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
     step = epsilon * x.grad.sign() / std
