@@ -3,6 +3,8 @@ float64(score) >= t_b, on adversarial data; exactness where the input allows; bo
 
 import struct
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 import torch
@@ -172,9 +174,9 @@ def test_merges_states_and_per_image_means():
 @pytest.mark.parametrize("m", [1, 7, 10, 14])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_float16_kernel_equals_the_float32_path_on_every_float16_value(m, threads):
-    """float16 scores read from their bits, a block at a time: the counts and problems of the same values as
-    float32 (every one of the 65536 bit patterns: ±0, subnormals, ±inf, NaN), with ignored and bad labels, over
-    several blocks."""
+    """float16 scores counted by bit pattern, then each pattern where its float32 value falls: the counts and
+    problems of the same values as float32 (every one of the 65536 bit patterns: ±0, subnormals, ±inf, NaN), with
+    ignored and bad labels, over several blocks; the pattern counts are left clear for the next call."""
     rng = np.random.default_rng(11)
     scores = rng.permutation(np.tile(np.arange(1 << 16, dtype=np.uint16), 2)).view(np.float16)
     labels = rng.choice(np.array([0, 1, 255, 7], np.uint8), scores.size, p=[0.6, 0.3, 0.09, 0.01])
@@ -183,6 +185,26 @@ def test_the_float16_kernel_equals_the_float32_path_on_every_float16_value(m, th
     for x, y in zip(got, want):
         np.testing.assert_array_equal(x, y)
     assert got[2][_kernels.N_BAD_SCORE] > 0 and got[2][_kernels.N_BAD_LABEL] > 0
+    assert all(not t.any() and not marks.any() for tables in _kernels._FREE.values() for t, marks in tables)
+
+
+def test_threads_taking_chunks_give_the_counts_of_one_pass_whatever_else_runs(monkeypatch):
+    """Chunks taken in turn by the threads, tables drained early (before an int32 counter could fill: the limit
+    made small here) and calls from several threads at once (each call its own tables) all give the counts of
+    one thread over the whole input."""
+    rng = np.random.default_rng(5)
+    inputs = []
+    for dtype in (np.float32, np.float16, np.float64):
+        scores = (rng.standard_normal(300_001) * 10.0 ** rng.integers(-3, 3, 300_001)).astype(dtype)
+        labels = rng.choice(np.array([0, 1, 255], np.uint8), scores.size, p=[0.7, 0.2, 0.1])
+        inputs.append((scores, labels, _kernels.float_histogram_numpy(scores, labels, 10, 1)))
+    monkeypatch.setattr(_kernels, "_TAKE", 4096)
+    monkeypatch.setattr(_kernels, "_COUNTER_LIMIT", 50_000)
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda case: _kernels.float_histogram_numpy(case[0], case[1], 10, 2), inputs * 4))
+    for (_, _, want), got in zip(inputs * 4, results):
+        for x, y in zip(got, want):
+            np.testing.assert_array_equal(x, y)
 
 
 def test_torch_path_equals_the_numpy_path():

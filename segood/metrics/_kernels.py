@@ -23,6 +23,8 @@ from segood.labels import IGNORE, OOD
 # Slots of the ``problems`` counters the kernels return next to the histogram.
 N_IGNORED, N_BAD_LABEL, N_BAD_SCORE = 0, 1, 2
 _BLOCK = 1024  # pixels per vectorised step; their slots stay in L1
+_TAKE = 1 << 16  # pixels per chunk the threads of a float-order call take in turn
+_COUNTER_LIMIT = (1 << 31) - 1  # pixels a thread's int32 table may count before it is drained
 
 
 def guess_margin(thresholds):
@@ -175,11 +177,13 @@ def _pool(threads):
 
 
 def _run_chunks(work, chunks, threads):
-    """``work(c)`` for every chunk c: the first in the calling thread while the pool's threads run the others
-    (one thread fewer to wake per call: a frame-sized call is ~1 ms of work)."""
-    others = [_pool(threads).submit(work, c) for c in range(1, chunks)]
+    """Run ``work(taken)`` in ``threads`` threads at once, the calling thread one of them (one thread fewer to wake
+    per call: a frame-sized call is ~1 ms of work): ``taken`` yields chunk indices in [0, ``chunks``), each to
+    the one thread that takes it, so that a thread that starts late or runs slow takes fewer chunks."""
+    taken = iter(range(chunks))  # (a range iterator's next is atomic: the threads share it)
+    others = [_pool(threads).submit(work, taken) for _ in range(1, min(threads, chunks))]
     try:
-        work(0)
+        work(taken)
     finally:
         for future in others:
             future.result()
@@ -195,9 +199,10 @@ def histogram_numpy(scores, labels, thresholds, clip, threads):
     margin = guess_margin(thresholds)
     bounds = [scores.size * c // chunks for c in range(chunks + 1)]
 
-    def work(c):
-        part = slice(bounds[c], bounds[c + 1])
-        _histogram_kernel(scores[part], labels[part], thresholds, clip, exact, margin, hist[c], problems[c])
+    def work(taken):
+        for c in taken:
+            part = slice(bounds[c], bounds[c + 1])
+            _histogram_kernel(scores[part], labels[part], thresholds, clip, exact, margin, hist[c], problems[c])
 
     _run_chunks(work, chunks, threads)
     return hist[:, : 2 * num_t].sum(axis=0, dtype=np.int64).reshape(2, num_t), problems.sum(axis=0)
@@ -438,37 +443,72 @@ def _float64_kernel(scores, labels, m, table, occupied, problems):
     return careful
 
 
-_HALF_BLOCK = 1 << 14  # float16 scores converted to float32 bits this many at a time (64 KiB: in the core's cache)
+@numba.njit(nogil=True, cache=True)
+def _float16_kernel(halves, labels, m, patterns, marked, problems):
+    """The float16 scores' (as their uint16 ``halves``) counts by bit pattern, without converting a pixel, in
+    ``patterns`` ((64 x 2 x 1024 + 2,) int32: per sign and exponent a row of ID and OOD counts of the 10 mantissa
+    bits, then the ignored and the careful scratch), rows marked in ``marked`` (64 bytes) as the float32 kernel
+    marks its own; ``m`` is not used here (:func:`_replay_halves` bins the patterns). Infinities, NaN and bad
+    labels go to the careful slot (:func:`_careful` bins them from their values). Returns the number of careful
+    pixels."""
+    idx = np.empty(_BLOCK, np.uint32)
+    ignored_index = np.uint32(patterns.size - 2)
+    careful_index = np.uint32(patterns.size - 1)
+    for start in range(0, halves.size, _BLOCK):
+        block_halves = halves[start : start + _BLOCK]
+        block_labels = labels[start : start + _BLOCK]
+        n = block_halves.size
+        lowest, highest = np.uint32(63), np.uint32(0)
+        for k in range(n):  # branch-free, so it vectorises
+            h = np.uint32(block_halves[k])
+            label = np.uint32(block_labels[k])
+            row = h >> np.uint32(10)
+            ok = (label <= np.uint32(OOD)) & ((row & np.uint32(31)) != np.uint32(31))  # (exponent 31: inf, NaN)
+            index = (((row << np.uint32(1)) | label) << np.uint32(10)) | (h & np.uint32(0x3FF))
+            idx[k] = index if ok else (ignored_index if label == np.uint32(IGNORE) else careful_index)
+            lowest = min(lowest, row if ok else np.uint32(63))
+            highest = max(highest, row if ok else np.uint32(0))
+        for k in range(n):
+            patterns[idx[k]] += 1
+        for row in range(lowest, highest + 1):
+            marked[row] = 1
+    problems[N_IGNORED] += patterns[ignored_index]
+    careful = patterns[careful_index]
+    patterns[ignored_index] = patterns[careful_index] = 0
+    return careful
 
 
 @numba.njit(nogil=True, cache=True)
-def _float16_kernel(halves, labels, m, table, occupied, problems):
-    """The float32 kernel on float16 scores (as their uint16 ``halves``), each block of them converted to float32
-    bits first, exactly (every float16 is a float32; a normal one keeps its top mantissa bits, a subnormal one,
-    mantissa x 2^-24, is the float32 of its mantissa, 24 binades down), so that no widened copy of the whole map is
-    made. Infinities and NaN take the bits of a NaN, which the float32 kernel leaves to the careful slot
-    (:func:`_careful` bins them from their values). Returns the number of careful pixels."""
-    bits = np.empty(_HALF_BLOCK, np.uint32)
-    mantissas = np.empty(_HALF_BLOCK, np.float32)
-    mantissa_bits = mantissas.view(np.uint32)
-    careful = 0
-    for start in range(0, halves.size, _HALF_BLOCK):
-        block = halves[start : start + _HALF_BLOCK]
-        n = block.size
-        for k in range(n):
-            mantissas[k] = np.float32(block[k] & np.uint16(0x3FF))
-        for k in range(n):  # branch-free, so it vectorises
-            h = np.uint32(block[k])
-            sign = (h & np.uint32(0x8000)) << np.uint32(16)
-            exponent = (h >> np.uint32(10)) & np.uint32(0x1F)
-            mantissa = h & np.uint32(0x3FF)
-            normal = sign | ((exponent + np.uint32(112)) << np.uint32(23)) | (mantissa << np.uint32(13))
-            subnormal = sign | (mantissa_bits[k] - np.uint32(24 << 23))
-            low = sign if mantissa == np.uint32(0) else subnormal  # (exponent 0: zero or subnormal)
-            bits[k] = low if exponent == np.uint32(0) else (np.uint32(0x7FC00000) if exponent == np.uint32(31)
-                                                            else normal)
-        careful += _float32_kernel(bits[:n], labels[start : start + n], m, table, occupied, problems)
-    return careful
+def _replay_halves(patterns, marked, m, table, occupied):
+    """Add each float16 pattern count of the marked rows of ``patterns`` where the float32 kernel counts its value
+    (every float16 is a float32: a normal one keeps its top mantissa bits, a subnormal one, mantissa x 2^-24, is
+    the float32 of its mantissa, 24 binades down), in its ``table`` and row marks at resolution m; clears what it
+    read."""
+    shift = np.uint32(23 - m)
+    for row in range(64):
+        if not marked[row]:
+            continue
+        marked[row] = 0
+        sign, exponent = np.uint32(row >> 5) << np.uint32(31), np.uint32(row & 31)
+        for label in range(2):
+            base = ((row << 1) | label) << 10
+            for mantissa in range(1024):
+                count = patterns[base + mantissa]
+                if count == 0:
+                    continue
+                patterns[base + mantissa] = 0
+                if exponent != 0:
+                    b = sign | ((exponent + np.uint32(112)) << np.uint32(23)) | (np.uint32(mantissa) << np.uint32(13))
+                elif mantissa != 0:
+                    b = sign | (np.float32(mantissa).view(np.uint32) - np.uint32(24 << 23))
+                else:
+                    b = sign
+                magnitude = b & np.uint32(0x7FFFFFFF)
+                row32 = np.uint32(0) if magnitude == 0 else (b >> np.uint32(31)) * np.uint32(256) + (
+                    magnitude >> np.uint32(23))
+                table[(((row32 << np.uint32(1)) | np.uint32(label)) << np.uint32(m))
+                      | ((magnitude & np.uint32(0x7FFFFF)) >> shift)] += count
+                occupied[row32] = 1
 
 
 def _rows(binades, reversed_rows):
@@ -488,38 +528,40 @@ def _float32_rows():
 #: increasing binade order (float64 rows are the binades themselves).
 ROW_BINADES = {np.dtype(np.float32): _float32_rows(),
                np.dtype(np.float64): _rows(np.arange(BINADES), np.zeros(BINADES, bool))}
-ROW_BINADES[np.dtype(np.float16)] = ROW_BINADES[np.dtype(np.float32)]  # (converted to float32 bits)
 
 
 @numba.njit(cache=True)
-def drain(table, occupied, m, row_binades, reversed_rows, order):
-    """The counts of a fast kernel's marked rows that hold a pixel, in float64 terms: (binades (k,) int64
-    increasing, counts (k, 2, 2^m) int64), with each row's binade and direction from :data:`ROW_BINADES`. Clears
-    the rows it read and the marks."""
+def drain(tables, marks, m, row_binades, reversed_rows, order):
+    """The counts of the fast kernels' ``tables`` (a tuple: one per thread) summed over their marked rows that hold
+    a pixel, in float64 terms: (binades (k,) int64 increasing, counts (k, 2, 2^m) int64), with each row's binade
+    and direction from :data:`ROW_BINADES`. Clears the rows it read and the ``marks``."""
     width = 1 << m
-    rows = table[: occupied.size * 2 * width].reshape(occupied.size, 2, width)
-    filled = np.zeros(occupied.size, np.bool_)
-    for row in range(occupied.size):
-        if occupied[row]:
-            for b in range(width):
-                if rows[row, 0, b] != 0 or rows[row, 1, b] != 0:
-                    filled[row] = True
-                    break
-    size = int(filled.sum())
-    binades = np.empty(size, np.int64)
-    counts = np.empty((size, 2, width), np.int64)
+    n_rows = marks[0].size
+    filled = np.zeros(n_rows, np.bool_)
+    for t in range(len(tables)):
+        rows = tables[t][: n_rows * 2 * width].reshape(n_rows, 2, width)
+        for row in range(n_rows):
+            if marks[t][row] and not filled[row]:
+                for b in range(width):
+                    if rows[row, 0, b] != 0 or rows[row, 1, b] != 0:
+                        filled[row] = True
+                        break
+    binades = np.empty(int(filled.sum()), np.int64)
+    counts = np.zeros((binades.size, 2, width), np.int64)
     i = 0
     for row in order:
         if filled[row]:
             binades[i] = row_binades[row]
-            for label in range(2):
-                for b in range(width):
-                    counts[i, label, b] = rows[row, label, width - 1 - b if reversed_rows[row] else b]
+            for t in range(len(tables)):
+                if marks[t][row]:
+                    rows = tables[t][: n_rows * 2 * width].reshape(n_rows, 2, width)
+                    for label in range(2):
+                        for b in range(width):
+                            counts[i, label, b] += rows[row, label, width - 1 - b if reversed_rows[row] else b]
+                    rows[row] = 0  # (a marked row that holds nothing is zero already: not touched, not paged in)
             i += 1
-    for row in range(occupied.size):  # a marked row that holds nothing is zero already: not touched (not paged in)
-        if filled[row]:
-            rows[row] = 0
-        occupied[row] = 0
+    for t in range(len(tables)):
+        marks[t][:] = 0
     return binades, counts
 
 
@@ -532,19 +574,56 @@ def _general(scores, labels, m, problems, initial_slots=8):
     return np.flatnonzero(slot_of >= 0), counts[slot_of[slot_of >= 0]]
 
 
-_SCRATCH = threading.local()
 _FAST = {np.dtype(np.float16): 14, np.dtype(np.float32): 14,  # the largest m of each (float64: 32 MiB of table)
          np.dtype(np.float64): 10}
+_FREE = {}  # (dtype, bits per row) -> [(table, row marks)]: clear tables of the fast kernels, not in use
+_FREE_LOCK = threading.Lock()
 
 
-def _scratch(dtype, m):
-    """This thread's table of the fast kernel for ``dtype`` at resolution m and its row marks, all zero (each call
-    clears what it used); the pages of rows never used are never touched."""
-    tables = _SCRATCH.__dict__.setdefault("tables", {})
-    rows = ROW_BINADES[np.dtype(dtype)][0].size
-    if (rows, m) not in tables:
-        tables[rows, m] = (np.zeros(rows * (2 << m) + 2, np.int32), np.zeros(rows, np.uint8))
-    return tables[rows, m]
+def _table(dtype, m):
+    """A clear table of the fast kernel for ``dtype`` at resolution m (float16: its pattern counts, whatever m) and
+    its row marks, the caller's until :func:`_drained` gives it back; the pages of rows never used are never
+    touched."""
+    key = (np.dtype(dtype), 10 if dtype == np.float16 else m)
+    with _FREE_LOCK:
+        if _FREE.get(key):
+            return _FREE[key].pop()
+    rows = 64 if dtype == np.float16 else ROW_BINADES[key[0]][0].size
+    return np.zeros(rows * (2 << key[1]) + 2, np.int32), np.zeros(rows, np.uint8)
+
+
+def _drained(dtype, m, tables, marks, *, keep=False):
+    """(binades, counts) of the fast kernels' ``tables`` and row ``marks`` (tuples: one per thread; float16 patterns
+    binned in a float32 table first), summed (:func:`drain`); every table cleared and given back (``keep``: kept,
+    to count on)."""
+    try:
+        if dtype == np.float16:
+            table, occupied = _table(np.float32, m)
+            try:
+                for patterns, marked in zip(tables, marks):
+                    _replay_halves(patterns, marked, m, table, occupied)
+                return drain((table,), (occupied,), m, *ROW_BINADES[np.dtype(np.float32)])
+            finally:
+                _give_back(np.float32, m, table, occupied)
+        return drain(tables, marks, m, *ROW_BINADES[np.dtype(dtype)])
+    finally:
+        for table, occupied in zip(tables, marks):
+            _clear(table, occupied) if keep else _give_back(dtype, m, table, occupied)
+
+
+def _clear(table, occupied):
+    """Clear what a call left in ``table`` (the drain clears the rows it read; an interrupt may leave more)."""
+    if occupied.any():
+        table[:] = 0
+        occupied[:] = 0
+    table[-2:] = 0
+
+
+def _give_back(dtype, m, table, occupied):
+    """Clear ``table`` and put it back among the free tables."""
+    _clear(table, occupied)
+    with _FREE_LOCK:
+        _FREE.setdefault((np.dtype(dtype), 10 if dtype == np.float16 else m), []).append((table, occupied))
 
 
 def _careful(scores, labels, m, problems):
@@ -571,43 +650,48 @@ def float_histogram_numpy(scores, labels, m, threads, initial_slots=8):
     Returns (binades (k,) int64 sorted, counts (k, 2, 2^m) int64, problems (3,) int64): the counts of every
     binade some pixel fell in.
     """
-    chunks = max(threads, -(-scores.size // (1 << 30)))
+    chunks = max(threads, -(-scores.size // _TAKE))
     bounds = [scores.size * c // chunks for c in range(chunks + 1)]
-    results = [None] * chunks
+    parts, tables = [], []  # [(binades, counts)]; [(table, row marks)] of the threads that ran a fast kernel
     problems = np.zeros((chunks, 3), dtype=np.int64)
     fast = m <= _FAST.get(scores.dtype, -1)
     kernel, view = {np.dtype(np.float16): (_float16_kernel, np.uint16),  # each with the view of the scores it reads
                     np.dtype(np.float32): (_float32_kernel, np.uint32)}.get(scores.dtype, (_float64_kernel, np.float64))
 
-    def work(c):
-        part = slice(bounds[c], bounds[c + 1])
+    chunk = [slice(bounds[c], bounds[c + 1]) for c in range(chunks)]
+
+    def work(taken):
         if not fast:
-            results[c] = _general(scores[part], labels[part], m, problems[c], initial_slots)
+            for c in taken:
+                parts.append(_general(scores[chunk[c]], labels[chunk[c]], m, problems[c], initial_slots))
             return
-        table, occupied = _scratch(scores.dtype, m)
-        try:
-            careful = kernel(scores[part].view(view), labels[part], m, table, occupied, problems[c])
-            parts = [drain(table, occupied, m, *ROW_BINADES[scores.dtype])]
-        finally:  # clean for the next call whatever happened, an interrupt included (the drain clears its rows)
-            if occupied.any():
-                table[:] = 0
-                occupied[:] = 0
-            table[-2:] = 0
-        if careful:
-            parts.append(_careful(scores[part], labels[part], m, problems[c]))
-        results[c] = merge_binades(parts)
+        table, occupied = _table(scores.dtype, m)
+        tables.append((table, occupied))  # drained with the others' once every thread is done
+        counted = 0
+        for c in taken:  # (a table drained early before one of its int32 counters could fill)
+            if counted + scores[chunk[c]].size > _COUNTER_LIMIT:
+                parts.append(_drained(scores.dtype, m, (table,), (occupied,), keep=True))
+                counted = 0
+            if kernel(scores[chunk[c]].view(view), labels[chunk[c]], m, table, occupied, problems[c]):
+                parts.append(_careful(scores[chunk[c]], labels[chunk[c]], m, problems[c]))
+            counted += scores[chunk[c]].size
 
-    _run_chunks(work, chunks, threads)
-    return merge_binades(results) + (problems.sum(axis=0),)
+    try:
+        _run_chunks(work, chunks, threads)
+    finally:  # (also after an error or an interrupt: every table left clear for the next call)
+        if tables:
+            parts.append(_drained(scores.dtype, m, *zip(*tables)))
+    return merge_binades(parts, owned=True) + (problems.sum(axis=0),)
 
 
-def merge_binades(parts):
-    """Sum [(binades (k,), counts (k, 2, 2^m))] into (sorted union of binades, new int64 counts)."""
+def merge_binades(parts, *, owned=False):
+    """Sum [(binades (k,), counts (k, 2, 2^m))] into (sorted union of binades, int64 counts): new arrays, or with
+    ``owned`` (parts the caller made and drops) the first part's own where every part has its binades."""
     parts = [(b, c) for b, c in parts if b.size] or parts[:1]
     if not parts:
         return np.zeros(0, np.int64), np.zeros((0, 2, 0), np.int64)
     if all(np.array_equal(b, parts[0][0]) for b, _ in parts[1:]):  # the usual case: one pass per part
-        counts = parts[0][1].astype(np.int64)
+        counts = parts[0][1].astype(np.int64, copy=not owned)
         for _, c in parts[1:]:
             counts += c
         return parts[0][0].astype(np.int64), counts

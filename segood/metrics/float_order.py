@@ -233,7 +233,10 @@ class FloatOrderAccumulator(Streaming):
         rows = [np.searchsorted(self.binades, binades) for binades, _ in parts]
         if all(r[-1] < self.binades.size and np.array_equal(self.binades[r], b) for r, (b, _) in zip(rows, parts)):
             for r, (_, counts) in zip(rows, parts):
-                self.counts[r] += counts
+                if r[-1] - r[0] + 1 == r.size:  # consecutive rows (the usual case): added in one pass, no copy
+                    self.counts[r[0] : r[-1] + 1] += counts
+                else:
+                    self.counts[r] += counts
         else:
             self.binades, self.counts = _kernels.merge_binades([(self.binades, self.counts), *parts])
 
