@@ -119,6 +119,7 @@ def contenders(scores, labels):
         ("segood float-order grid, m = 14, scores over 30 binades", float_order(14, wide)),
         ("float-order m = 10, an update per frame", per_frame(per_image=False)),
         ("float-order m = 10, an update per frame, per-image counts (as segood evaluate)", per_frame()),
+        ("float-order m = 10, an update per frame, scores over 30 binades", per_frame(wide, per_image=False)),
         ("float-order m = 10, an update per frame, per-image counts, scores over 30 binades", per_frame(wide)),
         ("float-order m = 10, an update per frame, per-image counts, float16 scores", per_frame(half)),
         ("memory-read floor of float64 scores: as64.sum() + labels.sum()", floor64),

@@ -50,10 +50,10 @@ HEAD_OF = {"max_softmax": "plain", "odin": "plain", "entropy": "plain", "mahalan
 FULL = {"size": (1024, 2048), "check_size": (256, 512), "networks": (("pspnet", "resnet50"), ("pspnet", "resnet101"),
         ("deeplabv3plus", "tu-xception65")), "repeat": 5, "maps": 8, "frames": 16, "pipeline_frames": 32,
         "pipeline_copies": (4, 8),
-        "batches": (1, 4, 8), "demo": "full"}
+        "batches": (1, 4, 8), "demo": "full", "compile_backend": "inductor"}
 DRY = {"size": (64, 128), "check_size": (64, 128), "networks": (("pspnet", "resnet18"),), "repeat": 1, "maps": 2,
        "frames": 4, "pipeline_frames": 4, "pipeline_copies": (1, 2), "batches": (1, 2),
-       "demo": "quick"}
+       "demo": "quick", "compile_backend": "eager"}  # (inductor compiles for half a minute on a CPU)
 
 
 def main():
@@ -427,7 +427,6 @@ def time_pipeline(device, scale, work):
     set (as sets of their own: the frames of each are read and scored again): the run of b copies, start-up
     included, gives the end-to-end throughput; the difference of the two runs, the warm one (the run's fixed
     costs cancel: both runs have enough batches for every reader process evaluate starts)."""
-    from segood.evaluation import evaluate
     from segood.evaluation.runner import default_methods
 
     path = make_eval_set(work, scale["size"], scale["pipeline_frames"])
@@ -449,14 +448,8 @@ def time_pipeline(device, scale, work):
                     return model(x)
 
             forward_ms = interleaved_best_ms([forward], scale["repeat"], device)[0] / batch
-
-            def run(sets, folder):
-                start = time.perf_counter()
-                evaluate(model, sets, methods, work / folder, batch_size=batch, device=device, amp=amp,
-                         progress=False, figures=False, bootstrap=None)
-                return time.perf_counter() - start
-
-            seconds = [run(sets, f"pipeline_{precision}_{batch}_{k}") for k, sets in enumerate(runs)]
+            seconds = evaluate_seconds(model, runs, methods, work / f"pipeline_{precision}_{batch}", batch_size=batch,
+                                       device=device, amp=amp)
             warm_ms = 1000 * (seconds[1] - seconds[0]) / (frames[1] - frames[0])
             rows.append({"precision": precision, "batch": batch, "forward_ms_per_frame": forward_ms,
                          "evaluate_ms_per_frame_warm": warm_ms,
@@ -464,6 +457,59 @@ def time_pipeline(device, scale, work):
                          "warm_share": forward_ms / warm_ms, "share_with_startup": forward_ms * frames[1] /
                          (1000 * seconds[1])})
     return {"methods": methods, "frames": list(frames), "rows": rows}
+
+
+def evaluate_seconds(model, runs, methods, folder, **options):
+    """The seconds of one ``segood evaluate`` (no figures, no bootstrap) over each of ``runs`` ({set: path})."""
+    from segood.evaluation import evaluate
+
+    seconds = []
+    for k, sets in enumerate(runs):
+        start = time.perf_counter()
+        evaluate(model, sets, methods, folder / str(k), progress=False, figures=False, bootstrap=None, **options)
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def time_compile(device, scale, work):
+    """The network's forward pass through ``torch.compile`` (the scale's backend: inductor on a GPU) against it as
+    it is, at the largest batch up to 4, in fp32 and half precision: ms per frame, and the first call's seconds
+    (compiling); then ``segood evaluate --compile`` in fp32, warm (the difference of runs over a and b copies of
+    one set, as :func:`time_pipeline` measures it) against the same runs without it."""
+    from segood.evaluation.runner import default_methods
+    from segood.methods.schedule import compiled
+
+    path = make_eval_set(work, scale["size"], scale["pipeline_frames"])
+    runs = [{f"copy{k}": path for k in range(copies)} for copies in scale["pipeline_copies"]]
+    frames = [scale["pipeline_frames"] * copies for copies in scale["pipeline_copies"]]
+    batch = max(b for b in scale["batches"] if b <= 4)
+    torch.manual_seed(0)
+    model = build_model("pspnet", scale["networks"][0][1]).to(device).eval()
+    fast = compiled(model, scale["compile_backend"])
+    x = torch.randn(batch, 3, *scale["size"], device=device)
+    half = ("fp16", torch.float16) if device.type == "cuda" else ("bf16", torch.bfloat16)
+    out = {"backend": scale["compile_backend"], "batch": batch}
+    for precision, dtype in (("fp32", None), half):
+        def forward(net):
+            with torch.no_grad(), torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+                return net(x)
+
+        start = time.perf_counter()
+        forward(fast)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        first = time.perf_counter() - start
+        eager_ms, compiled_ms = (ms / batch for ms in interleaved_best_ms(
+            [lambda: forward(model), lambda: forward(fast)], scale["repeat"], device))
+        out[precision] = {"forward_ms_per_frame": eager_ms, "compiled_forward_ms_per_frame": compiled_ms,
+                          "speedup": eager_ms / compiled_ms, "first_call_s": first}
+    methods = [m.name for m in default_methods(model, fitted=False) if m.needs.forward and not m.needs.perturbs]
+    for name, backend in (("evaluate_ms_per_frame_warm", None),
+                          ("compiled_evaluate_ms_per_frame_warm", scale["compile_backend"])):
+        seconds = evaluate_seconds(model, runs, methods, work / f"compile_{backend}", batch_size=batch, device=device,
+                                   compile=backend)
+        out[name] = 1000 * (seconds[1] - seconds[0]) / (frames[1] - frames[0])
+    return out
 
 
 def time_robustness(device, scale, work):
@@ -526,7 +572,7 @@ CHECKS = {"accumulator_counts": check_accumulators, "methods_device_vs_cpu": che
           "amp_training": check_amp_training, "distributed_evaluate": check_distributed}
 MEASURES = {"forward_ms": time_forwards, "methods": time_methods, "accumulators": time_accumulators,
             "evaluate": time_evaluate, "pipeline": time_pipeline, "robustness": time_robustness,
-            "amp_effect": amp_effect}
+            "amp_effect": amp_effect, "compile": time_compile}
 
 
 def table(report):
@@ -567,7 +613,13 @@ def table(report):
     lines += ["", f"robustness, clean + one condition: {robust['clean_and_one_condition_ms_per_frame']:.1f} ms/frame "
               f"(plain evaluation {robust['clean_ms_per_frame']:.1f})",
               f"{amp['half']} forward against fp32 on the demo: largest metric difference {amp['largest_difference']:.2e}, "
-              f"{amp['significant']} of {len(amp['rows'])} significant", "", "| target | met |", "|---|---|"]
+              f"{amp['significant']} of {len(amp['rows'])} significant"]
+    comp = report["throughput"]["compile"]
+    lines += [f"torch.compile ({comp['backend']}, batch {comp['batch']}): forward ms/frame "
+              + ", ".join(f"{p} {row['forward_ms_per_frame']:.1f} -> {row['compiled_forward_ms_per_frame']:.1f} "
+                          f"(compiling {row['first_call_s']:.0f} s)" for p, row in comp.items() if isinstance(row, dict))
+              + f"; evaluate fp32 warm {comp['evaluate_ms_per_frame_warm']:.1f} -> "
+              f"{comp['compiled_evaluate_ms_per_frame_warm']:.1f} ms/frame", "", "| target | met |", "|---|---|"]
     lines += [f"| {t} | {'yes' if ok else 'NO'} |" for t, ok in report["targets"].items()]
     return "\n".join(lines)
 

@@ -295,7 +295,7 @@ def _evaluate_options(args, device, **more):
     from segood.evaluation.options import EvaluateOptions
 
     return EvaluateOptions(batch_size=args.batch_size, device=device, workers=args.workers, amp=args.amp,
-                           resume=args.resume, save_every=args.save_every, progress=not args.quiet,
+                           compile=args.compile, resume=args.resume, save_every=args.save_every, progress=not args.quiet,
                            skip_bad=args.skip_bad, fit_set=args.fit_set, checkpoint=args.checkpoint,
                            feature_layer=args.feature_layer, verify=not args.no_verify, **grid_options(args), **more)
 
@@ -404,6 +404,9 @@ def add_run_options(parser):
                         "per spare core, at most 16, none for small sets; 0: read in the main process)")
     parser.add_argument("--amp", choices=("fp16", "bf16"), help="the network's forward passes in mixed precision "
                         "(autocast; the scores are computed from float32 logits)")
+    parser.add_argument("--compile", nargs="?", const="inductor", metavar="BACKEND", help="the network's forward "
+                        "pass through torch.compile (default backend: inductor); the first batches of each frame "
+                        "size wait for the compilation")
     add_grid_options(parser)
     parser.add_argument("--save-every", type=int, default=20, help="batches between saved states (default 20)")
     parser.add_argument("--resume", action="store_true", help="continue a killed run from its saved state")

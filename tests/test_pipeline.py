@@ -253,3 +253,32 @@ def test_beside_readers_the_main_process_leaves_them_their_cores_but_not_the_net
     with beside_readers(0):
         assert (torch.get_num_threads(), numba.get_num_threads()) == (full, full_numba)
     assert (torch.get_num_threads(), numba.get_num_threads()) == (full, full_numba)
+
+
+def test_a_compiled_forward_pass_gives_the_counts_of_the_network_as_it_is(noise_sets, tmp_path):
+    """--compile: the forward pass goes through torch.compile (the "eager" backend here: dynamo captures the graph
+    and runs it as it is, so the counts are equal bit for bit; inductor's fused kernels may round otherwise). The
+    model itself is left uncompiled, and the backend is recorded with the run."""
+    import json
+
+    import torch._dynamo
+
+    from segood.methods.schedule import compiled
+
+    sets = {p.stem: p for p in sorted(noise_sets().glob("*.h5"))[:1]}
+    model, states = tiny_network("plain"), []
+    torch._dynamo.reset()
+    for backend in (None, "eager"):
+        evaluate(model, sets, ["max_softmax", "energy"], tmp_path / str(backend), batch_size=2, compile=backend,
+                 progress=False, figures=False, bootstrap=None)
+        states.append(read_npz(tmp_path / str(backend) / "state.npz", "evaluation state"))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # (the graphs dynamo captured)
+    for key in [k for k in states[0] if k.startswith(("pixels/", "class_sums/"))]:
+        np.testing.assert_array_equal(states[0][key], states[1][key], err_msg=key)
+    assert json.loads((tmp_path / "eager" / "run.json").read_text())["config"]["compile"] == "eager"
+    assert "compile" not in json.loads((tmp_path / "None" / "run.json").read_text())["config"]
+    assert "forward" not in vars(model)
+    with pytest.raises(ValueError, match="unknown torch.compile backend 'inductr'"):
+        EvaluateOptions(compile="inductr")
+    with pytest.raises(ValueError, match="compile needs a network"):
+        compiled(lambda images: images)

@@ -140,7 +140,7 @@ def prepare(model, sets, methods, options):
         # a network fine-tuned with outlier exposure has seen OOD data, whatever the method
         "methods": {m.name: {**m.describe(), **({"uses_ood_data": True} if _exposed(model) else {})} for m in methods},
         "config": {"grid": o.grid, "batch_size": o.batch_size, **({"components": o.components} if o.components else {}),
-                   **({"official": o.official} if o.official else {})},
+                   **{key: getattr(o, key) for key in ("official", "amp", "compile") if getattr(o, key)}},
     }
     return model, sets, methods, description
 

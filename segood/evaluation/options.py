@@ -10,7 +10,7 @@ from pathlib import Path
 from segood.evaluation.runner import component_spec
 from segood.metrics import METRICS, grid_spec, make_accumulator
 from segood.metrics.bootstrap import Bootstrap
-from segood.methods.schedule import AMP_DTYPES
+from segood.methods.schedule import AMP_DTYPES, check_compile_backend
 from segood.metrics.official import check_benchmark
 from segood.metrics.thresholds import RULES
 
@@ -59,6 +59,8 @@ class EvaluateOptions(Options):
         device: "cpu", "cuda", "cuda:1" (None: the model's).
         amp: "fp16" or "bf16": the network's forward passes under autocast in that precision, its logits (and
             features) widened to float32 before any method scores them (None: float32 throughout).
+        compile: a ``torch.compile`` backend ("inductor", its default) for the network's forward pass (None: run
+            as it is); the first batches of each frame size wait for the compilation.
         grid: the threshold grid, a :func:`segood.metrics.grid_spec` dict; made from ``grid`` ("float", "linear",
             "exact" or a dict) and the init-only ``num_thresholds``, ``score_range``, ``mantissa_bits``,
             ``max_pixels`` (docs/grids.md). Default: the float-order grid at 10 mantissa bits.
@@ -81,6 +83,7 @@ class EvaluateOptions(Options):
     workers: int | None = None
     device: str | None = None
     amp: str | None = None
+    compile: str | None = None
     grid: str | dict | None = None
     resume: bool = False
     save_every: int = 20
@@ -108,6 +111,8 @@ class EvaluateOptions(Options):
                              f"{self.workers!r}")
         if self.amp not in AMP_DTYPES:
             raise ValueError(f"amp must be one of {sorted(k for k in AMP_DTYPES if k)} or None, got {self.amp!r}")
+        if self.compile is not None:
+            check_compile_backend(self.compile)
         self._check_flags("resume", "progress", "figures", "skip_bad", "verify")
         if self.align_corners is not None and type(self.align_corners) is not bool:
             raise TypeError(f"align_corners must be True, False or None, got {self.align_corners!r}")

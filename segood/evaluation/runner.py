@@ -34,7 +34,7 @@ from segood.evaluation.reading import UnreadableFrame, batch_reader, default_wor
 from segood.io import read_npz, write_npz
 from segood.labels import NUM_CLASSES
 from segood.methods import METHODS, get_method
-from segood.methods.schedule import check_methods, score_frames
+from segood.methods.schedule import check_methods, compiled, score_frames
 from segood.methods.methods import served_heads
 from segood.methods.scorer import Scorer
 from segood.models.predict import predicted_classes
@@ -518,6 +518,8 @@ def run(model, sets, methods, out_dir, options, *, rank=0, world_size=1, seed=0,
     else:
         ev = Evaluation(names, list(sets), grid, components, quality=quality, examples=examples, official=official)
     model.eval()
+    if options.compile:
+        model = compiled(model, options.compile)
     make_accumulator(ev.grid).update(np.zeros(1, np.float32), np.zeros(1, np.uint8))  # load the grid's kernel once
     loop = _Loop(model, datasets, ev, _Saver(state_path), device=torch.device(device), batch_size=options.batch_size,
                  save_every=options.save_every, shard=(rank, world_size), skip_bad=options.skip_bad, seed=seed,

@@ -10,6 +10,7 @@ resolution than the input (heads before their final resize) are resized to it fi
 """
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import time
@@ -121,6 +122,26 @@ def score_batch(model, x, methods, *, mc_seed=None, amp=None):
     if size != frame:
         output, scores = _crop((output, scores), size, frame)
     return ScoredBatch(output, scores, clock, resized)
+
+
+def compiled(model, backend="inductor"):
+    """A shallow copy of the network ``model`` whose forward pass is ``torch.compile``d with ``backend``: it shares
+    the parameters and every other pass (Monte-Carlo samples, features) with ``model``, which is left as it is."""
+    if not isinstance(model, torch.nn.Module) or getattr(model, "scores_frames", False):
+        raise ValueError(f"compile needs a network (an nn.Module); {type(model).__name__} is not one")
+    check_compile_backend(backend)
+    twin = copy.copy(model)  # (its dicts of parameters and submodules are the model's own)
+    twin.forward = torch.compile(model.forward, backend=backend)
+    return twin
+
+
+def check_compile_backend(backend):
+    """Refuse a name that is not one of ``torch.compile``'s backends."""
+    import torch._dynamo
+
+    known = torch._dynamo.list_backends(exclude_tags=())
+    if backend not in known:
+        raise ValueError(f"compile: unknown torch.compile backend {backend!r}; known here: {', '.join(known)}")
 
 
 def score_frames(model, images, methods, *, mc_seed=None, amp=None):

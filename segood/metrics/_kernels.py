@@ -23,7 +23,7 @@ from segood.labels import IGNORE, OOD
 # Slots of the ``problems`` counters the kernels return next to the histogram.
 N_IGNORED, N_BAD_LABEL, N_BAD_SCORE = 0, 1, 2
 _BLOCK = 1024  # pixels per vectorised step; their slots stay in L1
-_TAKE = 1 << 16  # pixels per chunk the threads of a float-order call take in turn
+_TAKE = 1 << 16  # the fewest pixels in a chunk the threads of a float-order call take in turn
 _COUNTER_LIMIT = (1 << 31) - 1  # pixels a thread's int32 table may count before it is drained
 
 
@@ -650,11 +650,11 @@ def float_histogram_numpy(scores, labels, m, threads, initial_slots=8):
     Returns (binades (k,) int64 sorted, counts (k, 2, 2^m) int64, problems (3,) int64): the counts of every
     binade some pixel fell in.
     """
-    chunks = max(threads, -(-scores.size // _TAKE))
-    bounds = [scores.size * c // chunks for c in range(chunks + 1)]
+    fast = m <= _FAST.get(scores.dtype, -1)
+    bounds = _guided_bounds(scores.size, threads) if fast else [scores.size * c // threads for c in range(threads + 1)]
+    chunks = len(bounds) - 1
     parts, tables = [], []  # [(binades, counts)]; [(table, row marks)] of the threads that ran a fast kernel
     problems = np.zeros((chunks, 3), dtype=np.int64)
-    fast = m <= _FAST.get(scores.dtype, -1)
     kernel, view = {np.dtype(np.float16): (_float16_kernel, np.uint16),  # each with the view of the scores it reads
                     np.dtype(np.float32): (_float32_kernel, np.uint32)}.get(scores.dtype, (_float64_kernel, np.float64))
 
@@ -682,6 +682,17 @@ def float_histogram_numpy(scores, labels, m, threads, initial_slots=8):
         if tables:
             parts.append(_drained(scores.dtype, m, *zip(*tables)))
     return merge_binades(parts, owned=True) + (problems.sum(axis=0),)
+
+
+def _guided_bounds(size, threads):
+    """Chunk bounds for ``threads`` threads taking chunks in turn: each chunk a 2 x ``threads``-th of what remains,
+    no smaller than :data:`_TAKE` pixels (nor larger than an int32 counter holds), so that few chunks are taken
+    and the threads end together."""
+    bounds = [0]
+    while bounds[-1] < size:
+        take = min(_COUNTER_LIMIT, max(_TAKE, (size - bounds[-1]) // (2 * threads)))
+        bounds.append(min(size, bounds[-1] + take))
+    return bounds if size else [0, 0]
 
 
 def merge_binades(parts, *, owned=False):
