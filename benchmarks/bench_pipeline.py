@@ -54,6 +54,9 @@ def main():
     parser.add_argument("--methods", nargs="+", default=["max_logit"])
     parser.add_argument("--profile", action="store_true", help="then profile one evaluate run: where the main "
                         "process spends its time, by function")
+    parser.add_argument("--reading", action="store_true", help="then time reading alone at 1, 2, 4, ... reader "
+                        "processes (with and without pinned memory on CUDA), and one frame in the main process "
+                        "with and without verification: why reading is slow on a machine")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/segood-bench-pipeline"))
     args = parser.parse_args()
     shutil.rmtree(args.workdir, ignore_errors=True)
@@ -68,8 +71,8 @@ def main():
     plan = [("scenes", list(range(k, min(k + args.batch_size, args.frames)))) for k in range(0, args.frames,
                                                                                             args.batch_size)]
 
-    def read():
-        for _ in batch_reader({"scenes": dataset}, plan, workers=workers, pin=device.type == "cuda"):
+    def read(workers=workers, pin=device.type == "cuda"):
+        for _ in batch_reader({"scenes": dataset}, plan, workers=workers, pin=pin):
             pass
 
     batches = [batch for runs, _ in batch_reader({"scenes": dataset}, plan, workers=0) for batch in runs]
@@ -105,6 +108,32 @@ def main():
           f"{slowest / stages[warm]:.0%} warm")
     if args.profile:
         profile_run(run, score_and_accumulate, device)
+    if args.reading:
+        reading_scaling(read, path, args.frames, workers, device, args.repeat)
+
+
+def reading_scaling(read, path, frames, workers, device, repeat):
+    """Reading alone at 1, 2, 4, ... up to ``workers`` reader processes (ms per frame, and per frame and process:
+    flat when the readers scale), with and without pinned memory on CUDA; one frame read in the main process with
+    and without verification (its sha256s); the cores and the CPU quota this process may use."""
+    import os
+    import time
+
+    quota = Path("/sys/fs/cgroup/cpu.max")
+    print(f"\nreading alone: {len(os.sched_getaffinity(0))} cores for this process, cgroup cpu.max "
+          f"{quota.read_text().strip() if quota.exists() else 'absent'}\n")
+    print("| readers | pinned | ms/frame | ms/frame per reader |\n|---:|---|---:|---:|")
+    for count in sorted({min(workers, 1 << k) for k in range(5)} | {workers}):
+        for pin in (False, True) if device.type == "cuda" else (False,):
+            ms = best_ms(lambda: read(count, pin), repeat, torch.device("cpu")) / frames
+            print(f"| {count} | {'yes' if pin else 'no'} | {ms:.1f} | {ms * max(count, 1):.1f} |")
+    for verify in (True, False):
+        dataset = H5SegmentationDataset(path, verify=verify)
+        start = time.perf_counter()
+        for i in range(min(frames, 8)):
+            dataset[i]
+        ms = 1000 * (time.perf_counter() - start) / min(frames, 8)
+        print(f"one frame in the main process, {'verified' if verify else 'not verified'}: {ms:.1f} ms")
 
 
 def profile_run(run, score_and_accumulate, device):
