@@ -160,6 +160,31 @@ def test_frames_inflated_here_equal_hdf5s_own_reading(small_set, tmp_path, monke
         assert h5._inflated(node, (0, 0), (3, 4), "x") is None
 
 
+def test_a_chunk_deflating_would_barely_shrink_is_stored_as_it_is(tmp_path):
+    """A noise image (deflating keeps more than 3/4 of it) is stored as it is, its chunk's gzip filter skipped as
+    HDF5 allows per chunk; the masks are deflated. Both read back equal through h5py and segood's reader, verified;
+    a stored chunk of the wrong length is a CorruptFrame naming the frame."""
+    from segood.data import h5
+
+    rng = np.random.default_rng(3)
+    image = rng.integers(0, 256, (40, 64, 3), dtype=np.uint8)
+    mask = np.zeros((40, 64), np.uint8)
+    mask[10:20, 10:30] = OOD
+    writer = SetWriter(tmp_path / "x.h5", None, {"source": "noise", "split": "test"})
+    writer.append(Sample(image, mask, mask, "f/0"))
+    writer.commit()
+    with h5py.File(tmp_path / "x.h5", "r") as f:
+        assert [f[name]["0"].id.read_direct_chunk((0,) * f[name]["0"].ndim)[0] for name in h5.ARRAYS] == [1, 0, 0]
+        assert np.array_equal(f["images"]["0"][()], image) and np.array_equal(f["ood_mask"]["0"][()], mask)
+    item = H5SegmentationDataset(tmp_path / "x.h5")[0]
+    assert np.array_equal(item["image"].permute(1, 2, 0).numpy(), image)
+    assert np.array_equal(item["ood_mask"].numpy(), mask)
+    with h5py.File(tmp_path / "x.h5", "r+") as f:
+        f["images"]["0"].id.write_direct_chunk((0, 0, 0), image.tobytes()[:-1], filter_mask=1)
+    with pytest.raises(CorruptFrame, match=r"frame 0: images holds 7679 bytes, its shape \(40, 64, 3\) 7680"):
+        H5SegmentationDataset(tmp_path / "x.h5", verify=False)[0]
+
+
 # 6. Label ids outside the official Cityscapes table are counted per id in the manifest, with a warning.
 def test_unknown_cityscapes_label_ids_are_counted_and_warned(tmp_path, capsys):
     label_ids = cityscapes_tree(tmp_path / "cs", frames=[("aachen", "000000", "000000"), ("bonn", "000000", "000001")])
