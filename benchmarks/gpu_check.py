@@ -617,7 +617,8 @@ def table(report):
     comp = report["throughput"]["compile"]
     lines += [f"torch.compile ({comp['backend']}, batch {comp['batch']}): forward ms/frame "
               + ", ".join(f"{p} {row['forward_ms_per_frame']:.1f} -> {row['compiled_forward_ms_per_frame']:.1f} "
-                          f"(compiling {row['first_call_s']:.0f} s)" for p, row in comp.items() if isinstance(row, dict))
+                          f"(compiling {row['first_call_s']:.0f} s)"
+                          for p, row in comp.items() if isinstance(row, dict))
               + f"; evaluate fp32 warm {comp['evaluate_ms_per_frame_warm']:.1f} -> "
               f"{comp['compiled_evaluate_ms_per_frame_warm']:.1f} ms/frame", "", "| target | met |", "|---|---|"]
     lines += [f"| {t} | {'yes' if ok else 'NO'} |" for t, ok in report["targets"].items()]

@@ -295,9 +295,10 @@ def _evaluate_options(args, device, **more):
     from segood.evaluation.options import EvaluateOptions
 
     return EvaluateOptions(batch_size=args.batch_size, device=device, workers=args.workers, amp=args.amp,
-                           compile=args.compile, resume=args.resume, save_every=args.save_every, progress=not args.quiet,
-                           skip_bad=args.skip_bad, fit_set=args.fit_set, checkpoint=args.checkpoint,
-                           feature_layer=args.feature_layer, verify=not args.no_verify, **grid_options(args), **more)
+                           compile=args.compile, resume=args.resume, save_every=args.save_every,
+                           progress=not args.quiet, skip_bad=args.skip_bad, fit_set=args.fit_set,
+                           checkpoint=args.checkpoint, feature_layer=args.feature_layer, verify=not args.no_verify,
+                           **grid_options(args), **more)
 
 
 def _print_run(args, folder, doc):

@@ -584,7 +584,7 @@ def _table(dtype, m):
     """A clear table of the fast kernel for ``dtype`` at resolution m (float16: its pattern counts, whatever m) and
     its row marks, the caller's until :func:`_drained` gives it back; the pages of rows never used are never
     touched."""
-    key = (np.dtype(dtype), 10 if dtype == np.float16 else m)
+    key = _table_key(dtype, m)
     with _FREE_LOCK:
         if _FREE.get(key):
             return _FREE[key].pop()
@@ -608,7 +608,10 @@ def _drained(dtype, m, tables, marks, *, keep=False):
         return drain(tables, marks, m, *ROW_BINADES[np.dtype(dtype)])
     finally:
         for table, occupied in zip(tables, marks):
-            _clear(table, occupied) if keep else _give_back(dtype, m, table, occupied)
+            if keep:
+                _clear(table, occupied)
+            else:
+                _give_back(dtype, m, table, occupied)
 
 
 def _clear(table, occupied):
@@ -623,7 +626,11 @@ def _give_back(dtype, m, table, occupied):
     """Clear ``table`` and put it back among the free tables."""
     _clear(table, occupied)
     with _FREE_LOCK:
-        _FREE.setdefault((np.dtype(dtype), 10 if dtype == np.float16 else m), []).append((table, occupied))
+        _FREE.setdefault(_table_key(dtype, m), []).append((table, occupied))
+
+
+def _table_key(dtype, m):
+    return np.dtype(dtype), 10 if dtype == np.float16 else m  # (float16 patterns: 10 bits a row, whatever m)
 
 
 def _careful(scores, labels, m, problems):
