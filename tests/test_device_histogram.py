@@ -145,7 +145,9 @@ def test_the_accumulator_on_the_device_path_keeps_the_numpy_paths_state(device_p
         host.update(scores, labels)
         device.update(torch.from_numpy(scores), torch.from_numpy(labels).to(torch.int64))
     assert device_path == [(3, 384), (2, 384), (4, 384)] if per_image else [(1, 1152), (1, 768), (1, 1536)]
+    assert len(device._queued) == (9 if per_image else 0)  # each image's host bookkeeping waits for a read
     assert_same_state(host, device)
+    assert not device._queued
     assert host.compute()["per_image_mean" if per_image else "auroc"] == \
         device.compute()["per_image_mean" if per_image else "auroc"]
 

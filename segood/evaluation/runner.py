@@ -151,7 +151,10 @@ class Evaluation(Part):
     def update_pixels(self, set_name, indices, batch, scored, names):
         """The pixel pass's update: one scored batch (:class:`~segood.methods.schedule.ScoredBatch` of the methods
         ``names``) into :meth:`process`; predictions of other classes than the sets' are not compared with their
-        labels."""
+        labels. First the per-image bookkeeping the accumulators queued for the batch before (host work, while the
+        device still runs this batch's network)."""
+        for acc in self.acc.values():
+            acc.settle()
         comparable = self.classes_match() and scored.output is not None
         self.process(set_name, indices, batch, dict(zip(names, scored.scores)),
                      logits=scored.output.logits if comparable else None)

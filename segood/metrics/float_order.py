@@ -105,8 +105,10 @@ class FloatOrderAccumulator(Streaming):
         for binades, counts, n_ignored, exact in results:
             self.n_ignored += n_ignored
             self.exact &= exact
-            if self.per_image:
-                self._add_image(*_kernels.float_order_curve(binades, counts, self.mantissa_bits))
+            if self.per_image:  # (from the device: the host's bookkeeping queued, to overlap the next batch)
+                self._queue_image(_kernels.float_order_curve, binades, counts, self.mantissa_bits)
+                if not _on_device(scores, labels):
+                    self.settle()
         return self
 
     def curve_counts(self):
@@ -198,7 +200,7 @@ class FloatOrderAccumulator(Streaming):
         """[(binades, counts, n_ignored, exact)] of torch tensors on their device, validated: one per image with
         ``per_image`` (the ignored pixels all with the first), from one call of the device kernels."""
         scores, labels = device_tensors(scores, labels)
-        n = self._images(scores)
+        n = self._image_count(scores)
         images, problems = _device.float_histograms(scores.reshape(n, -1), labels.reshape(n, -1),
                                                     self.mantissa_bits)
         self._check(scores, labels, problems)

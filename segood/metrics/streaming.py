@@ -23,6 +23,32 @@ class Streaming(Part):
     def __add__(self, other):
         return self.copy().merge(other)
 
+    # The per-image bookkeeping, read through properties: an image's bookkeeping (its curve, metrics and coarse
+    # counts: host work) may wait in a queue (:meth:`_queue_image`) until :meth:`settle` or any read of these.
+    n_images = property(lambda self: self._settled("_n_images"), lambda self, v: setattr(self, "_n_images", v))
+    per_image_sum = property(lambda self: self._settled("_per_image_sum"),
+                             lambda self, v: setattr(self, "_per_image_sum", v))
+    per_image_defined = property(lambda self: self._settled("_per_image_defined"),
+                                 lambda self, v: setattr(self, "_per_image_defined", v))
+    images = property(lambda self: self._settled("_images"), lambda self, v: setattr(self, "_images", v))
+
+    def settle(self):
+        """Do the per-image bookkeeping still queued (the evaluation calls it while the device runs the next
+        batch's network); every read of the state does it first. Returns self."""
+        queued, self._queued = self._queued, []
+        for curve, args in queued:
+            self._add_image(*curve(*args))
+        return self
+
+    def _settled(self, name):
+        if self._queued:
+            self.settle()
+        return vars(self)[name]
+
+    def _queue_image(self, curve, *args):
+        """Queue an image's bookkeeping: :meth:`_add_image` of ``curve(*args)`` when :meth:`settle` runs."""
+        self._queued.append((curve, args))
+
     @staticmethod
     def _check_keys_and_format(state, empty, state_format):
         """The first checks of ``from_state_dict``: every key of an ``empty`` accumulator's state present (but the
@@ -43,6 +69,7 @@ class Streaming(Part):
     def _reset_shared(self):
         """Forget what every accumulator keeps beside its counts: ignored pixels and the per-image bookkeeping."""
         self.n_ignored = 0
+        self._queued = []  # [(curve, its arguments)] of images whose bookkeeping waits (:meth:`settle`)
         self.n_images = 0
         self.per_image_sum = np.zeros(len(self.metric_names))
         self.per_image_defined = 0  # images where the per-image metrics are defined
@@ -79,16 +106,16 @@ class Streaming(Part):
     def _add_image(self, thresholds, hist, fp=None, tp=None):
         """Per-image bookkeeping for one image's counts (``fp``, ``tp``: their reverse cumulative sums, where the
         caller has them): its metrics, where it has ID and OOD pixels."""
-        self.n_images += 1
+        self._n_images += 1
         if fp is None:
             fp, tp = reverse_cumsum(hist)
         values = np.full(len(self.metric_names), np.nan)
         if hist.size and fp[0] and tp[0]:
             metrics = metrics_from_counts(thresholds, tp, fp, int(tp[0]), int(fp[0]), warn=False)
             values = np.array([metrics[name] for name in self.metric_names])
-            self.per_image_sum += values
-            self.per_image_defined += 1
-        self.images.add(thresholds, hist, values)
+            self._per_image_sum += values
+            self._per_image_defined += 1
+        self._images.add(thresholds, hist, values)
 
     def _split_images(self, scores, labels):
         """[(scores, labels)] per image with ``per_image``, else the whole input as one piece."""
@@ -97,7 +124,7 @@ class Streaming(Part):
             return list(zip(scores, labels))
         return [(scores, labels)]
 
-    def _images(self, scores):
+    def _image_count(self, scores):
         """How many images an input of this shape holds: its first axis with ``per_image`` and 3+ dimensions."""
         return scores.shape[0] if self.per_image and len(scores.shape) >= 3 else 1
 
