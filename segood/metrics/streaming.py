@@ -25,12 +25,10 @@ class Streaming(Part):
 
     # The per-image bookkeeping, read through properties: an image's bookkeeping (its curve, metrics and coarse
     # counts: host work) may wait in a queue (:meth:`_queue_image`) until :meth:`settle` or any read of these.
-    n_images = property(lambda self: self._settled("_n_images"), lambda self, v: setattr(self, "_n_images", v))
-    per_image_sum = property(lambda self: self._settled("_per_image_sum"),
-                             lambda self, v: setattr(self, "_per_image_sum", v))
-    per_image_defined = property(lambda self: self._settled("_per_image_defined"),
-                                 lambda self, v: setattr(self, "_per_image_defined", v))
-    images = property(lambda self: self._settled("_images"), lambda self, v: setattr(self, "_images", v))
+    n_images, per_image_sum, per_image_defined, images = (
+        property(lambda self, name=f"_{field}": self._settled(name),
+                 lambda self, value, name=f"_{field}": setattr(self, name, value))
+        for field in ("n_images", "per_image_sum", "per_image_defined", "images"))
 
     def settle(self):
         """Do the per-image bookkeeping still queued (the evaluation calls it while the device runs the next
