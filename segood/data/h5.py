@@ -296,28 +296,35 @@ def _inflated(node, offset, shape, what):
     """The frame that ``node`` stores as one deflated uint8 chunk at chunk ``offset``, inflated here rather than by
     HDF5's filter: by ISA-L's inflate where ``isal`` is installed (about twice zlib's speed: reading is what an
     evaluation on a GPU waits for), else by zlib; never more than the frame's bytes. None for a dataset stored
-    otherwise (other filters or chunks), which h5py reads."""
+    otherwise (other filters or chunks), which h5py reads. A chunk stored as it is (its filter skipped) is read
+    straight into the frame's array."""
     chunk = tuple(shape) if len(offset) == len(shape) else (1, *shape)
     if (node.chunks != chunk or node.compression != "gzip" or node.shuffle or node.fletcher32
             or node.scaleoffset is not None or node.dtype != np.uint8
             or node.id.get_create_plist().get_nfilters() != 1):
         return None
-    skipped, raw = node.id.read_direct_chunk(offset)
     size = int(np.prod(shape))
-    if skipped:  # (the filter was not applied to this chunk: stored as it is)
-        data = raw
-    else:
-        inflater = _INFLATE.decompressobj()
-        try:
-            data = inflater.decompress(raw, size)
-        except _INFLATE.error as err:
-            raise CorruptFrame(f"{what} cannot be inflated ({err}): the file is damaged; reconvert the set") from None
-        if inflater.unconsumed_tail or not inflater.eof:
-            raise CorruptFrame(f"{what} inflates to more than its {size} bytes: the file is damaged; reconvert the set")
-    if len(data) != size:
-        raise CorruptFrame(f"{what} holds {len(data)} bytes, its shape {tuple(shape)} {size}: the file is damaged; "
-                           "reconvert the set")
+    stored = node.id.get_chunk_info_by_coord(offset)
+    if stored.filter_mask:  # (the filter was not applied to this chunk: stored as it is)
+        _check_length(stored.size, size, shape, what)
+        frame = np.empty(size, np.uint8)
+        node.id.read_direct_chunk(offset, out=frame)
+        return frame.reshape(shape)
+    inflater = _INFLATE.decompressobj()
+    try:
+        data = inflater.decompress(node.id.read_direct_chunk(offset)[1], size)
+    except _INFLATE.error as err:
+        raise CorruptFrame(f"{what} cannot be inflated ({err}): the file is damaged; reconvert the set") from None
+    if inflater.unconsumed_tail or not inflater.eof:
+        raise CorruptFrame(f"{what} inflates to more than its {size} bytes: the file is damaged; reconvert the set")
+    _check_length(len(data), size, shape, what)
     return np.frombuffer(data, np.uint8).reshape(shape).copy()  # (writable, as h5py's arrays are)
+
+
+def _check_length(length, size, shape, what):
+    if length != size:
+        raise CorruptFrame(f"{what} holds {length} bytes, its shape {tuple(shape)} {size}: the file is damaged; "
+                           "reconvert the set")
 
 
 def ood_masks(path):
