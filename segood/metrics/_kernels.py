@@ -343,6 +343,16 @@ def _float_order_kernel(scores, labels, m, hist, slot_of, n_slots, problems):
 
 
 @numba.njit(nogil=True, cache=True)
+def _scratch_counts(table, problems):
+    """A fast kernel's end: its ignored pixels (the table's second-to-last slot) added to ``problems``, both scratch
+    slots cleared; returns the careful pixels (the last slot)."""
+    problems[N_IGNORED] += table[-2]
+    careful = table[-1]
+    table[-2] = table[-1] = 0
+    return careful
+
+
+@numba.njit(nogil=True, cache=True)
 def _float32_kernel(bits, labels, m, table, occupied, problems):
     """The float-order histogram of float32 scores (as their uint32 ``bits``), in 32-bit lanes and without a
     table lookup: rows are (sign, float32 exponent), 512 of them, each 2 x 2^m counters (ID, OOD) of the top m
@@ -385,10 +395,7 @@ def _float32_kernel(bits, labels, m, table, occupied, problems):
         occupied[0] |= zeros
         for row in range(lowest, highest + 1):
             occupied[row] = 1
-    problems[N_IGNORED] += table[ignored_index]
-    careful = table[careful_index]
-    table[ignored_index] = table[careful_index] = 0
-    return careful
+    return _scratch_counts(table, problems)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -437,10 +444,7 @@ def _float64_kernel(scores, labels, m, table, occupied, problems):
             occupied[row] = 1
         for row in range(low_positive, high_positive + np.uint64(1)):
             occupied[row] = 1
-    problems[N_IGNORED] += table[ignored_index]
-    careful = table[careful_index]
-    table[ignored_index] = table[careful_index] = 0
-    return careful
+    return _scratch_counts(table, problems)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -472,10 +476,7 @@ def _float16_kernel(halves, labels, m, patterns, marked, problems):
             patterns[idx[k]] += 1
         for row in range(lowest, highest + 1):
             marked[row] = 1
-    problems[N_IGNORED] += patterns[ignored_index]
-    careful = patterns[careful_index]
-    patterns[ignored_index] = patterns[careful_index] = 0
-    return careful
+    return _scratch_counts(patterns, problems)
 
 
 @numba.njit(nogil=True, cache=True)

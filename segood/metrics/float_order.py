@@ -97,7 +97,8 @@ class FloatOrderAccumulator(Streaming):
         if clip:
             raise ValueError("clip has no meaning on the float-order grid: every real score has a bin. Drop "
                              "clip=True (or use the linear grid: num_thresholds / score_range)")
-        if _on_device(scores, labels):  # the whole batch in one call: a fixed number of waits for the device
+        on_device = _on_device(scores, labels)
+        if on_device:  # the whole batch in one call: a fixed number of waits for the device
             results = self._device_histograms(*matching_inputs(scores, labels))
         else:
             results = [self._histogram(s, lab) for s, lab in self._split_images(scores, labels)]
@@ -107,8 +108,8 @@ class FloatOrderAccumulator(Streaming):
             self.exact &= exact
             if self.per_image:  # (from the device: the host's bookkeeping queued, to overlap the next batch)
                 self._queue_image(_kernels.float_order_curve, binades, counts, self.mantissa_bits)
-                if not _on_device(scores, labels):
-                    self.settle()
+        if not on_device:
+            self.settle()
         return self
 
     def curve_counts(self):
