@@ -292,6 +292,77 @@ def test_an_interrupted_update_leaves_the_scratch_table_clean(monkeypatch, dtype
     assert (result["n_id"], result["n_ood"]) == (1, 1)
 
 
+def _frames(rng, dtype, shape=(3, 256, 256)):
+    scores = (rng.standard_normal(shape) * 10.0 ** rng.integers(-3, 3, shape)).astype(dtype)
+    return scores, rng.choice(np.array([0, 1, 255], np.uint8), shape, p=[0.7, 0.2, 0.1])
+
+
+def _same_counts(a, b):
+    for field in ("binades", "counts"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+    assert (a.n_ignored, a.exact) == (b.n_ignored, b.exact)
+
+
+def test_updates_kept_in_the_kernels_tables_give_the_counts_of_updates_drained_one_by_one(monkeypatch):
+    """Host updates without per-image counts leave their pixels in the fast kernels' tables (one per thread) until
+    the counts are read. Over float32, float16 and float64 frames in turn (each switch drains the tables of the
+    dtype before), with their counters near the limit (made small here: drained before a call could fill them) and
+    the state read midway, the counts equal those of updates drained one by one (with per-image counts)."""
+    monkeypatch.setattr(_kernels, "_COUNTER_LIMIT", 500_000)  # (each update here: 196,608 pixels, 2 threads)
+    rng = np.random.default_rng(12)
+    kept, drained = FloatOrderAccumulator(), FloatOrderAccumulator(per_image=True)
+    for k, dtype in enumerate([np.float32, np.float32, np.float32, np.float16, np.float64, np.float32]):
+        scores, labels = _frames(rng, dtype)
+        kept.update(scores, labels)
+        drained.update(scores, labels)
+        assert kept._kept.tables and not drained._kept.tables
+        if k == 3:
+            _same_counts(kept, drained)
+    assert len(kept._kept.tables) == 2
+    _same_counts(kept, drained)
+    assert not kept._kept.tables
+
+
+def test_a_refused_or_interrupted_update_leaves_the_kept_counts_as_they_were(monkeypatch):
+    """An update refused (NaN, a bad label, a score outside the declared range) or interrupted by Ctrl-C while the
+    kernels count takes its pixels out of the tables again: the counts kept from the updates before it, and those
+    already read, are those of the good updates alone, and updating goes on."""
+    import signal
+
+    rng = np.random.default_rng(13)
+    good = [_frames(rng, np.float32) for _ in range(3)]
+    acc, reference = FloatOrderAccumulator(score_range=(-1e3, 1e3)), FloatOrderAccumulator()
+    for scores, labels in good[:2]:
+        reference.update(scores, labels)
+    acc.update(*good[0])
+    acc.counts  # (read: drained into the state)
+    acc.update(*good[1])  # (kept in the tables)
+    scores, labels = _frames(rng, np.float32)
+    scores[2, 200, 7] = np.float32(1e-40)  # a subnormal: binned by the careful path, in the main thread
+    nan, bad_label, outside = scores.copy(), labels.copy(), scores.copy()
+    nan[2, 255, 255], bad_label[2, 255, 255], outside[2, 255, 255] = np.nan, 7, 5e3
+    labels[2, 255, 255] = 0
+    for bad_scores, bad_labels in ((nan, labels), (scores, bad_label), (outside, labels)):
+        with pytest.raises(ValueError):
+            acc.update(bad_scores, bad_labels)
+    real, went_on = _kernels._careful, []
+
+    def interrupted(*args):  # Ctrl-C while the kernels count: it waits until they are done, then raises
+        signal.raise_signal(signal.SIGINT)
+        went_on.append(True)
+        return real(*args)
+
+    monkeypatch.setattr(_kernels, "_careful", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        acc.update(scores, labels)
+    monkeypatch.undo()
+    assert went_on
+    _same_counts(acc, reference)
+    acc.update(*good[2])
+    reference.update(*good[2])
+    _same_counts(acc, reference)
+
+
 @pytest.mark.parametrize("m", [1, 7, 10])
 def test_the_fast_float64_kernel_equals_the_general_one(m):
     """The float64 kernel (a row per binade, no lookup) against the general kernel (a binade lookup per pixel) on

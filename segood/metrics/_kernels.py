@@ -11,7 +11,9 @@ compares with the very threshold array otherwise. The torch kernel always compar
 or one ulp beside it land where the literal comparison puts them.
 """
 
+import contextlib
 import functools
+import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -353,7 +355,7 @@ def _scratch_counts(table, problems):
 
 
 @numba.njit(nogil=True, cache=True)
-def _float32_kernel(bits, labels, m, table, occupied, problems):
+def _float32_kernel(bits, labels, m, table, occupied, problems, step):
     """The float-order histogram of float32 scores (as their uint32 ``bits``), in 32-bit lanes and without a
     table lookup: rows are (sign, float32 exponent), 512 of them, each 2 x 2^m counters (ID, OOD) of the top m
     mantissa bits, in ``table`` ((512 x 2 x 2^m + 2,) int32, then the ignored and the careful scratch).
@@ -364,7 +366,8 @@ def _float32_kernel(bits, labels, m, table, occupied, problems):
     each block counted in (a superset of the rows counted in, from reductions in the vectorised loop: a mark
     per pixel cost a fifth of the kernel's time), so that the caller reads and clears only those; scores of
     both signs in one block mark the rows between (at most all 512, a 4 MiB read and clear per call).
-    Returns the number of careful pixels.
+    Each pixel adds ``step`` to its counter (1; -1 takes a call's counts out again: :meth:`Kept.undo`). Returns
+    the number of careful pixels.
     """
     shift = np.uint32(23 - m)
     mm = np.uint32(m)
@@ -391,7 +394,7 @@ def _float32_kernel(bits, labels, m, table, occupied, problems):
             lowest = min(lowest, row if ok & normal else np.uint32(511))
             highest = max(highest, row if ok & normal else np.uint32(0))
         for k in range(n):
-            table[idx[k]] += 1
+            table[idx[k]] += step
         occupied[0] |= zeros
         for row in range(lowest, highest + 1):
             occupied[row] = 1
@@ -399,14 +402,15 @@ def _float32_kernel(bits, labels, m, table, occupied, problems):
 
 
 @numba.njit(nogil=True, cache=True)
-def _float64_kernel(scores, labels, m, table, occupied, problems):
+def _float64_kernel(scores, labels, m, table, occupied, problems, step):
     """The float-order histogram of float64 ``scores`` with every binade a row of ``table`` ((4096 x 2 x 2^m + 2,)
     int32: ID, OOD counts of the m low bits per binade, then the ignored and the careful scratch), so that no
     lookup stands between a pixel and its counter and the loop vectorises as the float32 kernel's does. The table
     is large (32 MiB at m = 10) but only the rows in use are ever touched, so only they take memory.
     Marks in ``occupied`` (4096 bytes) every row between the lowest and the highest row each block counted in, per
     sign (scores of both signs would otherwise mark every row between). NaN scores and bad labels go to the
-    careful slot: the wrapper counts them. Returns the number of careful pixels.
+    careful slot: the wrapper counts them. Each pixel adds ``step`` (as the float32 kernel's). Returns the number
+    of careful pixels.
     """
     shift = np.uint64(52 - m)
     mm = np.uint64(m)
@@ -439,7 +443,7 @@ def _float64_kernel(scores, labels, m, table, occupied, problems):
             low_negative = min(low_negative, row if ok & ~positive else half - np.uint64(1))
             high_negative = max(high_negative, row if ok & ~positive else np.uint64(0))
         for k in range(n):
-            table[idx[k]] += 1
+            table[idx[k]] += step
         for row in range(low_negative, high_negative + np.uint64(1)):
             occupied[row] = 1
         for row in range(low_positive, high_positive + np.uint64(1)):
@@ -448,13 +452,13 @@ def _float64_kernel(scores, labels, m, table, occupied, problems):
 
 
 @numba.njit(nogil=True, cache=True)
-def _float16_kernel(halves, labels, m, patterns, marked, problems):
+def _float16_kernel(halves, labels, m, patterns, marked, problems, step):
     """The float16 scores' (as their uint16 ``halves``) counts by bit pattern, without converting a pixel, in
     ``patterns`` ((64 x 2 x 1024 + 2,) int32: per sign and exponent a row of ID and OOD counts of the 10 mantissa
     bits, then the ignored and the careful scratch), rows marked in ``marked`` (64 bytes) as the float32 kernel
     marks its own; ``m`` is not used here (:func:`_replay_halves` bins the patterns). Infinities, NaN and bad
-    labels go to the careful slot (:func:`_careful` bins them from their values). Returns the number of careful
-    pixels."""
+    labels go to the careful slot (:func:`_careful` bins them from their values). Each pixel adds ``step`` (as the
+    float32 kernel's). Returns the number of careful pixels."""
     idx = np.empty(_BLOCK, np.uint32)
     ignored_index = np.uint32(patterns.size - 2)
     careful_index = np.uint32(patterns.size - 1)
@@ -473,7 +477,7 @@ def _float16_kernel(halves, labels, m, patterns, marked, problems):
             lowest = min(lowest, row if ok else np.uint32(63))
             highest = max(highest, row if ok else np.uint32(0))
         for k in range(n):
-            patterns[idx[k]] += 1
+            patterns[idx[k]] += step
         for row in range(lowest, highest + 1):
             marked[row] = 1
     return _scratch_counts(patterns, problems)
@@ -651,17 +655,22 @@ def _careful(scores, labels, m, problems):
                     problems)
 
 
-def float_histogram_numpy(scores, labels, m, threads, initial_slots=8):
+def float_histogram_numpy(scores, labels, m, threads, initial_slots=8, *, kept=None):
     """Run the float-order kernels on ``threads`` chunks in parallel: the fast kernel of the scores' dtype (float32
     up to m = 14, float64 up to m = 10), else the general one (a binade lookup per pixel).
 
+    ``kept``: a :class:`Kept` whose tables the fast kernels count into and leave undrained (the call to be
+    committed or undone by the caller), or None: tables of this call alone, drained before it returns.
+
     Returns (binades (k,) int64 sorted, counts (k, 2, 2^m) int64, problems (3,) int64): the counts of every
-    binade some pixel fell in.
+    binade some pixel fell in, but those left in ``kept``.
     """
     fast = m <= _FAST.get(scores.dtype, -1)
+    keep = fast and kept is not None and scores.size <= _COUNTER_LIMIT
     bounds = _guided_bounds(scores.size, threads) if fast else [scores.size * c // threads for c in range(threads + 1)]
     chunks = len(bounds) - 1
-    parts, tables = [], []  # [(binades, counts)]; [(table, row marks)] of the threads that ran a fast kernel
+    parts = kept.prepare(scores.dtype, m, scores.size) if keep else []  # [(binades, counts)]
+    tables = []  # [(table, row marks)] of this call's threads that ran a fast kernel
     problems = np.zeros((chunks, 3), dtype=np.int64)
     kernel, view = {np.dtype(np.float16): (_float16_kernel, np.uint16),  # each with the view of the scores it reads
                     np.dtype(np.float32): (_float32_kernel, np.uint32)}.get(scores.dtype, (_float64_kernel, np.float64))
@@ -673,23 +682,107 @@ def float_histogram_numpy(scores, labels, m, threads, initial_slots=8):
             for c in taken:
                 parts.append(_general(scores[chunk[c]], labels[chunk[c]], m, problems[c], initial_slots))
             return
-        table, occupied = _table(scores.dtype, m)
-        tables.append((table, occupied))  # drained with the others' once every thread is done
+        if keep:
+            table, occupied = kept.table()
+        else:
+            table, occupied = _table(scores.dtype, m)
+            tables.append((table, occupied))  # drained with the others' once every thread is done
         counted = 0
-        for c in taken:  # (a table drained early before one of its int32 counters could fill)
-            if counted + scores[chunk[c]].size > _COUNTER_LIMIT:
+        for c in taken:  # (a table of this call drained early before one of its int32 counters could fill)
+            if not keep and counted + scores[chunk[c]].size > _COUNTER_LIMIT:
                 parts.append(_drained(scores.dtype, m, (table,), (occupied,), keep=True))
                 counted = 0
-            if kernel(scores[chunk[c]].view(view), labels[chunk[c]], m, table, occupied, problems[c]):
+            args = (scores[chunk[c]].view(view), labels[chunk[c]], m, table, occupied)
+            careful = kernel(*args, problems[c], 1)
+            if keep:
+                kept.done.append((kernel, *args))
+            if careful:
                 parts.append(_careful(scores[chunk[c]], labels[chunk[c]], m, problems[c]))
             counted += scores[chunk[c]].size
 
     try:
-        _run_chunks(work, chunks, threads)
-    finally:  # (also after an error or an interrupt: every table left clear for the next call)
+        with _uninterrupted() if keep else contextlib.nullcontext():  # (so that kept.done is every chunk counted)
+            _run_chunks(work, chunks, threads)
+    except BaseException:
+        if keep:
+            kept.undo()
+        raise
+    finally:  # (also after an error or an interrupt: every table of this call left clear for the next call)
         if tables:
             parts.append(_drained(scores.dtype, m, *zip(*tables)))
     return merge_binades(parts, owned=True) + (problems.sum(axis=0),)
+
+
+class Kept:
+    """The fast kernels' tables one accumulator counts into across calls, drained only when its counts are read
+    (:meth:`drain`), so that a call per frame does not pay each time for reading, summing and clearing every
+    thread's table and adding the sums to the state. A table per thread (by thread, so that each stays in its
+    thread's cache); the tables hold at most 2^31 - 1 pixels together (int32 counters).
+
+    A call's counts stay only once the caller has checked it (:meth:`commit`); :meth:`undo` takes them out again
+    (each chunk counted again into its table with step -1), so the tables only ever hold whole, valid calls.
+    """
+
+    def __init__(self):
+        self.key = None  # (dtype, m) of the tables
+        self.tables = {}  # thread id -> (table, row marks)
+        self.counted = 0  # pixels counted into the tables (at most)
+        self.done = []  # the chunks of the last call, until it is committed: (kernel, scores, labels, m, table, marks)
+
+    def prepare(self, dtype, m, size):
+        """Before a call of ``size`` pixels at (``dtype``, m): [(binades, counts)] drained first (the tables of
+        another dtype or resolution, or counters this call could fill), else []."""
+        parts = self.drain() if self.key not in (None, (np.dtype(dtype), m)) or \
+            self.counted + size > _COUNTER_LIMIT else []
+        self.key, self.counted, self.done = (np.dtype(dtype), m), self.counted + size, []
+        return parts
+
+    def table(self):
+        """The calling thread's table (and row marks)."""
+        ident = threading.get_ident()
+        if ident not in self.tables:
+            self.tables[ident] = _table(*self.key)
+        return self.tables[ident]
+
+    def commit(self):
+        """Keep the last call's counts."""
+        self.done = []
+
+    def undo(self):
+        """Take the last call's counts out of the tables."""
+        scratch = np.zeros(3, np.int64)
+        for kernel, scores, labels, m, table, marks in self.done:
+            kernel(scores, labels, m, table, marks, scratch, -1)
+        self.counted -= sum(scores.size for _, scores, *_ in self.done)
+        self.done = []
+
+    def drain(self):
+        """[(binades, counts)] of the counts in the tables ([] when none); the tables go back to the free ones."""
+        if not self.tables:
+            return []
+        (dtype, m), tables = self.key, list(self.tables.values())
+        self.tables, self.counted = {}, 0
+        return [_drained(dtype, m, *zip(*tables))]
+
+
+@contextlib.contextmanager
+def _uninterrupted():
+    """Within: a Ctrl-C (SIGINT) waits until the block ends, where the handler it met runs (Python's raises
+    KeyboardInterrupt there, so the caller sees it at a known point). Only the main thread runs signal handlers:
+    elsewhere, nothing to do."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda *args: received.append(args))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received and callable(previous):
+            previous(*received[0])
+        elif received and previous != signal.SIG_IGN:  # (the default action, or a handler not set from Python)
+            signal.raise_signal(signal.SIGINT)
 
 
 def _guided_bounds(size, threads):

@@ -7,6 +7,8 @@ contract, "Float-order binning"). Unbounded scores (distances, max logit, energy
 crowded scores (1e-6 next to 1e-5) are resolved as finely as scores near 1.
 """
 
+import functools
+
 import numba
 import numpy as np
 
@@ -22,6 +24,7 @@ MAX_MANTISSA_BITS = 14  # counts are dense per occupied binade: 2 x 2^14 int64 =
 _MIN_CHUNK = 1 << 16
 
 
+@functools.lru_cache(maxsize=None)  # (str of a numpy dtype is slow: once per dtype, not per update)
 def _exact_bits(dtype):
     """The smallest m at which every value of ``dtype`` falls alone in its bin (None: no such m up to 20)."""
     name = str(dtype).replace("torch.", "")
@@ -77,8 +80,15 @@ class FloatOrderAccumulator(Streaming):
         self.mantissa_bits = int(mantissa_bits)
         self._setup(per_image=per_image, score_range=score_range)
 
+    # The counts, read through properties: a host update without per-image counts leaves its pixels in the fast
+    # kernels' tables (:class:`~segood.metrics._kernels.Kept`), added here when the counts are next read.
+    binades, counts = (property(lambda self, name=f"_{field}": self._drained(name),
+                                lambda self, value, name=f"_{field}": setattr(self, name, value))
+                       for field in ("binades", "counts"))
+
     def reset(self):
         """Forget every count."""
+        self._kept = _kernels.Kept()  # counts not yet in binades and counts
         self.binades = np.zeros(0, np.int64)  # occupied binades, increasing
         self.counts = np.zeros((0, 2, 1 << self.mantissa_bits), np.int64)  # per binade: ID, OOD per low bits
         self.exact = True  # every bin holds one distinct value, from the dtypes seen so far
@@ -193,8 +203,16 @@ class FloatOrderAccumulator(Streaming):
         scores_dtype = scores.dtype
         scores, labels = as_numpy_inputs(scores, labels, keep_float32_exact=True, keep_float16=True)
         threads = max(1, min(numba.get_num_threads(), scores.size // _MIN_CHUNK))
-        binades, counts, problems = _kernels.float_histogram_numpy(scores, labels, m, threads)
-        self._check(scores, labels, problems)
+        kept = None if self.per_image else self._kept  # (an image's own counts are needed at once)
+        binades, counts, problems = _kernels.float_histogram_numpy(scores, labels, m, threads, kept=kept)
+        try:
+            self._check(scores, labels, problems)
+        except BaseException:
+            if kept is not None:
+                kept.undo()
+            raise
+        if kept is not None:
+            kept.commit()
         return binades, counts, int(problems[_kernels.N_IGNORED]), self._exact(scores_dtype)
 
     def _device_histograms(self, scores, labels):
@@ -229,19 +247,25 @@ class FloatOrderAccumulator(Streaming):
                                  f"{hi:g}] (min {low:.9g}, max {high:.9g}); declare the range the scores really have, "
                                  "or none: the float-order grid needs no range")
 
+    def _drained(self, name):
+        """The field ``name`` after the counts the kernels' tables keep are added to the state."""
+        if self._kept.tables:
+            self._add(*self._kept.drain())
+        return vars(self)[name]
+
     def _add(self, *parts):
         """Add [(binades, counts)] to the state: in place where it holds their binades already (after the first
         frames, the usual case), else into a new table of the union of binades."""
         parts = [(binades, counts) for binades, counts in parts if binades.size]
-        rows = [np.searchsorted(self.binades, binades) for binades, _ in parts]
-        if all(r[-1] < self.binades.size and np.array_equal(self.binades[r], b) for r, (b, _) in zip(rows, parts)):
+        rows = [np.searchsorted(self._binades, binades) for binades, _ in parts]
+        if all(r[-1] < self._binades.size and np.array_equal(self._binades[r], b) for r, (b, _) in zip(rows, parts)):
             for r, (_, counts) in zip(rows, parts):
                 if r[-1] - r[0] + 1 == r.size:  # consecutive rows (the usual case): added in one pass, no copy
-                    self.counts[r[0] : r[-1] + 1] += counts
+                    self._counts[r[0] : r[-1] + 1] += counts
                 else:
-                    self.counts[r] += counts
+                    self._counts[r] += counts
         else:
-            self.binades, self.counts = _kernels.merge_binades([(self.binades, self.counts), *parts])
+            self._binades, self._counts = _kernels.merge_binades([(self._binades, self._counts), *parts])
 
     def _curve_counts(self, binades, counts):
         thresholds, hist, _, _ = _kernels.float_order_curve(binades, counts, self.mantissa_bits)
