@@ -432,12 +432,13 @@ def test_the_one_pass_bounds_equal_the_refined_curves_metrics():
 
 def test_the_one_pass_metrics_equal_their_definitions():
     """The built-in metrics' numba pass (metrics_from_counts) against their definitions on arrays, on random
-    curves with ties, empty bins and counts up to 1e5."""
+    curves with ties, empty bins and counts up to 1e5, and the same times 2^30 (where the ROC area's integer
+    terms sum beyond 2^53 and its sum is compensated)."""
     from segood.metrics.functional import Curve, METRICS, metrics_from_counts
 
     rng = np.random.default_rng(1)
     for trial, hist in random_hists(1, 300):
-        fp, tp = (np.cumsum(row[::-1])[::-1] for row in hist)
+        fp, tp = (np.cumsum(row[::-1])[::-1] << (30 if trial % 2 else 0) for row in hist)
         thresholds = np.sort(rng.random(tp.size)) + np.arange(tp.size)
         curve = Curve(thresholds, tp, fp, int(tp[0]), int(fp[0]))
         got = metrics_from_counts(thresholds, tp, fp, int(tp[0]), int(fp[0]))
@@ -445,6 +446,26 @@ def test_the_one_pass_metrics_equal_their_definitions():
             assert got[name] == pytest.approx(metric.from_curve(curve), rel=1e-13, abs=1e-15), (trial, name)
         iou = tp / (tp[0] + fp)
         assert got["max_iou_threshold"] == thresholds[np.argmax(iou)]
+
+
+def test_the_roc_area_is_its_exact_fraction_rounded():
+    """AUROC of the one-pass metrics against the exact fraction S / 2NP (S: the trapezoids' integer sum, in Python
+    integers): equal where every partial sum stays below 2^53 (plain float sums are exact there), within one ulp
+    above it (counts times 2^30, and 50,000 bins of up to 2^34 pixels: the compensated sum)."""
+    import itertools
+
+    from segood.metrics._kernels import builtin_metrics
+
+    long = np.random.default_rng(4).integers(0, 1 << 34, (2, 50_000))  # (a long sum: where compensation counts)
+    for trial, hist in [*random_hists(3, 200), ("long", long)]:
+        for shift in (0, 30) if trial != "long" else (0,):
+            id_, ood = ([int(v) << shift for v in row] for row in hist)
+            tp, fp = ([*itertools.accumulate(row[::-1])][::-1] + [0] for row in (ood, id_))  # pixels >= t_k
+            area = sum(id_[k] * (tp[k] + tp[k + 1]) for k in range(len(id_)))
+            exact = area / (2 * fp[0] * tp[0])  # (Python's int / int: the fraction, rounded once)
+            got = builtin_metrics(np.array(tp[:-1]), np.array(fp[:-1]), tp[0], fp[0], False)[0]
+            whole = 2 * fp[0] * tp[0] < 1 << 53
+            assert got == exact if whole else abs(got - exact) <= np.spacing(exact), (trial, shift, got, exact)
 
 
 def test_bounds_of_a_registered_metric_hold_its_value():

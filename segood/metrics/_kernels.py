@@ -897,7 +897,7 @@ def builtin_metrics(tp, fp, n_ood, n_id, bounds):
     ``bounds`` the (lo, hi) of each of the four between the worst and the best order of the pixels sharing a bin
     (else NaN), from ``tp``, ``fp`` (B,) at increasing thresholds (pixels >= t_k; non-increasing: the reverse
     cumulative sums of a histogram), P = ``n_ood`` > 0 and N = ``n_id`` > 0. The metrics' sums are compensated
-    (Neumaier); the bounds' are plain (their rounding, under B eps relative, is far below the bin widths they
+    (Neumaier; the ROC area's only where its integer terms could sum beyond 2^53); the bounds' are plain (their rounding, under B eps relative, is far below the bin widths they
     bound), and each interval holds the metric's value.
 
     Each value is its definition in functional.py: the trapezoid ROC area from (0, 0) to (1, 1), the AUPRC step
@@ -914,23 +914,29 @@ def builtin_metrics(tp, fp, n_ood, n_id, bounds):
     fpr95_count = fpr95_best_count = np.int64(-1)
     iou = iou_best = -np.inf
     iou_index = 0
+    whole = 2 * n * p < 2.0 ** 53  # every partial sum of 2NP x the ROC area an exact integer: no compensation
     for k in range(size):
         t, f = tp[k], fp[k]
         t_next = tp[k + 1] if k + 1 < size else 0
         f_next = fp[k + 1] if k + 1 < size else 0
         ood, id_ = t - t_next, f - f_next
-        roc, roc_error = _plus(roc, roc_error, float(id_) * float(t + t_next))
+        if whole:
+            roc += float(id_) * float(t + t_next)
+        else:
+            roc, roc_error = _plus(roc, roc_error, float(id_) * float(t + t_next))
         if n_ood - t <= n_ood // 20:  # 20 TP >= 19 P, without the products (no int64 overflow)
             fpr95_count = f if fpr95_count < 0 else min(fpr95_count, f)
             fpr95_best_count = f_next if fpr95_best_count < 0 else min(fpr95_best_count, f_next)
         value = t / float(n_ood + f)
         if value > iou:
             iou, iou_index = value, k
-        pr, pr_error = _plus(pr, pr_error, ood * (t / float(max(t + f, 1))))
+        if ood:  # (adding 0 changes no bit of a sum: skipped)
+            pr, pr_error = _plus(pr, pr_error, ood * (t / float(max(t + f, 1))))
         if bounds:
             tie += float(id_) * float(ood)
             iou_best = max(iou_best, t / float(n_ood + f_next))
-            pr_best += ood * (t / float(max(t + f_next, 1)))
+            if ood:
+                pr_best += ood * (t / float(max(t + f_next, 1)))
             if ood and f:  # the i-th OOD pixel below the bin's f ID pixels has precision (a + i) / (c + i), c - a = f
                 pr_worst += f * _harmonic_gap(float(t_next + f), float(ood))
     if size:  # the last segment, from the lowest threshold's point to (1, 1)
