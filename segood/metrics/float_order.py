@@ -54,7 +54,8 @@ class FloatOrderAccumulator(Streaming):
     the float64 number line at m mantissa bits (``mantissa_bits``): thresholds 2^-m apart relatively, at every
     magnitude; ±inf in the end bins. Bins are stored only for the binades (sign and exponent) that occur, so a
     score spanning 40 binades takes 40 x 2 x 2^m counts. States add, merge when their binades differ,
-    all-reduce, save as plain arrays and resume exactly.
+    all-reduce, save as plain arrays and resume exactly. Without ``per_image``, host updates leave their pixels in
+    the counting threads' tables (the rows in use: 8 KiB a binade at m = 10) until the counts are next read.
 
     Args:
         mantissa_bits: m in [1, 14] (default 10: every float16 and 8-bit value falls alone in its bin, so such
