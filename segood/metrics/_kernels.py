@@ -659,18 +659,20 @@ def float_histogram_numpy(scores, labels, m, threads, initial_slots=8, *, kept=N
     """Run the float-order kernels on ``threads`` chunks in parallel: the fast kernel of the scores' dtype (float32
     up to m = 14, float64 up to m = 10), else the general one (a binade lookup per pixel).
 
-    ``kept``: a :class:`Kept` whose tables the fast kernels count into and leave undrained (the call to be
-    committed or undone by the caller), or None: tables of this call alone, drained before it returns.
+    ``kept``: a :class:`Kept` whose tables the fast kernels count into and leave undrained where it is
+    :meth:`~Kept.ready` for the call (the call then to be committed or undone by the caller), or None: tables of
+    this call alone, drained before it returns.
 
     Returns (binades (k,) int64 sorted, counts (k, 2, 2^m) int64, problems (3,) int64): the counts of every
     binade some pixel fell in, but those left in ``kept``.
     """
     fast = m <= _FAST.get(scores.dtype, -1)
-    keep = fast and kept is not None and scores.size <= _COUNTER_LIMIT
+    keep = fast and kept is not None and kept.ready(scores.dtype, m, scores.size)
+    if keep:
+        kept.start(scores.dtype, m, scores.size)
     bounds = _guided_bounds(scores.size, threads) if fast else [scores.size * c // threads for c in range(threads + 1)]
     chunks = len(bounds) - 1
-    parts = kept.prepare(scores.dtype, m, scores.size) if keep else []  # [(binades, counts)]
-    tables = []  # [(table, row marks)] of this call's threads that ran a fast kernel
+    parts, tables = [], []  # [(binades, counts)]; [(table, row marks)] of this call's threads that ran a fast kernel
     problems = np.zeros((chunks, 3), dtype=np.int64)
     kernel, view = {np.dtype(np.float16): (_float16_kernel, np.uint16),  # each with the view of the scores it reads
                     np.dtype(np.float32): (_float32_kernel, np.uint32)}.get(scores.dtype, (_float64_kernel, np.float64))
@@ -729,13 +731,14 @@ class Kept:
         self.counted = 0  # pixels counted into the tables (at most)
         self.done = []  # the chunks of the last call, until it is committed: (kernel, scores, labels, m, table, marks)
 
-    def prepare(self, dtype, m, size):
-        """Before a call of ``size`` pixels at (``dtype``, m): [(binades, counts)] drained first (the tables of
-        another dtype or resolution, or counters this call could fill), else []."""
-        parts = self.drain() if self.key not in (None, (np.dtype(dtype), m)) or \
-            self.counted + size > _COUNTER_LIMIT else []
+    def ready(self, dtype, m, size):
+        """Whether a call of ``size`` pixels at (``dtype``, m) can count into the tables: they are of that dtype and
+        resolution (or none yet), and their counters cannot fill. Else the caller drains them first."""
+        return self.key in (None, (np.dtype(dtype), m)) and self.counted + size <= _COUNTER_LIMIT
+
+    def start(self, dtype, m, size):
+        """A call of ``size`` pixels at (``dtype``, m) begins."""
         self.key, self.counted, self.done = (np.dtype(dtype), m), self.counted + size, []
-        return parts
 
     def table(self):
         """The calling thread's table (and row marks)."""
@@ -761,7 +764,7 @@ class Kept:
         if not self.tables:
             return []
         (dtype, m), tables = self.key, list(self.tables.values())
-        self.tables, self.counted = {}, 0
+        self.key, self.tables, self.counted = None, {}, 0
         return [_drained(dtype, m, *zip(*tables))]
 
 

@@ -205,6 +205,8 @@ class FloatOrderAccumulator(Streaming):
         scores, labels = as_numpy_inputs(scores, labels, keep_float32_exact=True, keep_float16=True)
         threads = max(1, min(numba.get_num_threads(), scores.size // _MIN_CHUNK))
         kept = None if self.per_image else self._kept  # (an image's own counts are needed at once)
+        if kept is not None and not kept.ready(scores.dtype, m, scores.size):
+            self._add(*kept.drain())  # (the counts of the updates before: into the state, before this one can fail)
         binades, counts, problems = _kernels.float_histogram_numpy(scores, labels, m, threads, kept=kept)
         try:
             self._check(scores, labels, problems)
