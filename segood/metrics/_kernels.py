@@ -900,8 +900,9 @@ def builtin_metrics(tp, fp, n_ood, n_id, bounds):
     ``bounds`` the (lo, hi) of each of the four between the worst and the best order of the pixels sharing a bin
     (else NaN), from ``tp``, ``fp`` (B,) at increasing thresholds (pixels >= t_k; non-increasing: the reverse
     cumulative sums of a histogram), P = ``n_ood`` > 0 and N = ``n_id`` > 0. The metrics' sums are compensated
-    (Neumaier; the ROC area's only where its integer terms could sum beyond 2^53); the bounds' are plain (their rounding, under B eps relative, is far below the bin widths they
-    bound), and each interval holds the metric's value.
+    (Neumaier; the ROC area's only where its integer terms could sum beyond 2^53); the bounds' are plain (their
+    rounding, under B eps relative, is far below the bin widths they bound), and each interval holds the metric's
+    value.
 
     Each value is its definition in functional.py: the trapezoid ROC area from (0, 0) to (1, 1), the AUPRC step
     sum, the smallest FPR with 20 TP >= 19 P, the largest TP / (P + FP). The bounds are those of the refined

@@ -83,7 +83,7 @@ class FloatOrderAccumulator(Streaming):
 
     # The counts, read through properties: a host update without per-image counts leaves its pixels in the fast
     # kernels' tables (:class:`~segood.metrics._kernels.Kept`), added here when the counts are next read.
-    binades, counts = (property(lambda self, name=f"_{field}": self._drained(name),
+    binades, counts = (property(lambda self, name=f"_{field}": self._with_kept(name),
                                 lambda self, value, name=f"_{field}": setattr(self, name, value))
                        for field in ("binades", "counts"))
 
@@ -250,7 +250,7 @@ class FloatOrderAccumulator(Streaming):
                                  f"{hi:g}] (min {low:.9g}, max {high:.9g}); declare the range the scores really have, "
                                  "or none: the float-order grid needs no range")
 
-    def _drained(self, name):
+    def _with_kept(self, name):
         """The field ``name`` after the counts the kernels' tables keep are added to the state."""
         if self._kept.tables:
             self._add(*self._kept.drain())
