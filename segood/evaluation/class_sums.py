@@ -18,7 +18,7 @@ def class_counts(semantic, num_classes):
     """(num_classes,) int64 counts of each class's pixels in ``semantic`` (a uint8 tensor of any shape), where it
     is: a numpy array on the CPU, a tensor on a device."""
     if semantic.device.type == "cpu":
-        return np.bincount(semantic.numpy().reshape(-1), minlength=256)[:num_classes]
+        return _counts(semantic.numpy().reshape(-1))[:num_classes]
     ones = torch.ones(1, dtype=torch.int64, device=semantic.device).expand(semantic.numel())
     return _blockwise_sums(semantic, ones, num_classes)
 
@@ -48,6 +48,16 @@ def _blockwise_sums(semantic, weights, num_classes):
     index.add_(rows.mul_(bins))
     table = torch.zeros(-(-index.numel() // BLOCK) * bins, dtype=weights.dtype, device=weights.device)
     return table.index_add_(0, index, weights).view(-1, bins).sum(dim=0)[:num_classes]
+
+
+@numba.njit(cache=True, nogil=True)
+def _counts(labels):
+    """(256,) int64 counts of each value of uint8 ``labels``: numpy's ``bincount`` would first copy them to intp
+    (3x slower on a 512x1024 frame)."""
+    counts = np.zeros(256, np.int64)
+    for value in labels:
+        counts[value] += 1
+    return counts
 
 
 @numba.njit(cache=True, nogil=True)
