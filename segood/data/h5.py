@@ -412,7 +412,7 @@ class H5SegmentationDataset:
         with f:
             if f.attrs.get("format") not in (FORMAT, FIXED_SIZE_FORMAT):
                 raise ValueError(f"{self.path} is not a segood set (format {f.attrs.get('format')!r})")
-            self.frame_ids = [s.decode() for s in f["frame_id"][...]]  # (read once: 0.3 ms a frame, read one by one)
+            self.frame_ids = [s.decode() for s in f["frame_id"][...]]  # (once: one by one, 0.3 ms a frame)
             self.length = len(self.frame_ids)
             self.attrs = dict(f.attrs)
             self.sizes = _frame_sizes(f, self.path)

@@ -18,7 +18,8 @@ def class_counts(semantic, num_classes):
     """(num_classes,) int64 counts of each class's pixels in ``semantic`` (a uint8 tensor of any shape), where it
     is: a numpy array on the CPU, a tensor on a device."""
     if semantic.device.type == "cpu":
-        return _counts(semantic.numpy().reshape(-1))[:num_classes]
+        labels = semantic.numpy().reshape(-1)
+        return (_counts(labels) if labels.dtype == np.uint8 else np.bincount(labels, minlength=256))[:num_classes]
     ones = torch.ones(1, dtype=torch.int64, device=semantic.device).expand(semantic.numel())
     return _blockwise_sums(semantic, ones, num_classes)
 
