@@ -226,7 +226,23 @@ def compare_methods(device, scale):
                 assert float((diff > 1e-3 * scale_).float().mean()) <= 1e-3, f"{key}: device scores differ"
             else:
                 assert worst[key] <= 1e-3, f"{key}: device scores differ by {worst[key]:.2e}"
-    return {"max_relative_difference": worst}
+    return {"max_relative_difference": worst, "class_sums": compare_class_sums(device, scale)}
+
+
+def compare_class_sums(device, scale):
+    """The per-class score sums on the device: the same bits twice, and the CPU's in-order sums up to rounding."""
+    from segood.evaluation.class_sums import class_sums
+
+    height, width = scale["size"]
+    g = torch.Generator().manual_seed(1)
+    semantic = torch.randint(0, 24, (2, height, width), dtype=torch.uint8, generator=g)
+    scores = torch.randn(2, height, width, generator=g)
+    cpu = class_sums(semantic, scores, 19)
+    first, second = (class_sums(semantic.to(device), scores.to(device), 19).cpu() for _ in range(2))
+    assert torch.equal(first, second), "the device's per-class sums differ from run to run"
+    difference = float(((first - cpu).abs() / cpu.abs().clamp(min=1.0)).max())
+    assert difference <= 1e-9, f"the device's per-class sums differ from the CPU's by {difference:.2e}"
+    return {"relative_difference": difference, "same_twice": True}
 
 
 def check_amp_training(device, scale, work):

@@ -18,6 +18,7 @@ from segood.methods import get_method
 from segood.methods.schedule import score_frames
 from segood.robustness import CorruptedSet
 
+from interpreter import run_under_triton_interpreter
 from networks import tiny_network
 
 
@@ -164,7 +165,7 @@ def test_mixed_precision_scores_from_float32_logits_near_the_float32_scores():
         EvaluateOptions(amp="fp8")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 def test_class_sums_equal_a_float64_bincount_bit_for_bit(dtype):
     g = torch.Generator().manual_seed(2)
     semantic = torch.randint(0, 24, (3, 40, 50), dtype=torch.uint8, generator=g)
@@ -193,6 +194,33 @@ def test_the_device_class_sums_in_blocks_equal_the_sums_pixel_by_pixel():
     assert torch.equal(_blockwise_sums(semantic, ones, 19), torch.bincount(index, minlength=20)[:19])
     want = torch.bincount(index, weights=scores.flatten(), minlength=20)[:19]
     torch.testing.assert_close(_blockwise_sums(semantic, scores.flatten(), 19), want, rtol=1e-12, atol=1e-9)
+
+
+def check_kernel_sums():
+    """The device's per-class sums by the Triton kernel (run on CPU tensors in Triton's interpreter) against the
+    in-order float64 sums: float16, bfloat16, float32 and float64 scores; NaN and ±inf added as 0; pixels of no class
+    (19-23, 255) left out; a partial last block; a block of one class. Summed twice: the same bits."""
+    from segood.evaluation import _sums_triton
+    from segood.evaluation.class_sums import BLOCK, _kernel_sums
+
+    g = torch.Generator().manual_seed(4)
+    semantic = torch.randint(0, 24, (2, 3 * BLOCK + 17), dtype=torch.uint8, generator=g)
+    semantic[0, :BLOCK] = 7
+    semantic[1, :50] = 255
+    scores = torch.randn(semantic.shape, generator=g, dtype=torch.float64) * 1e3
+    scores[0, 3:7] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0], dtype=torch.float64)
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        s = scores.to(dtype)
+        want = class_sums(semantic, s, 19)  # (the CPU's, in order)
+        got = _kernel_sums(semantic, s, 19, kernel=_sums_triton)
+        assert got.dtype == torch.float64 and torch.equal(got, _kernel_sums(semantic, s, 19, kernel=_sums_triton))
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-9)
+        print(f"{dtype}: equal", flush=True)
+
+
+def test_the_class_sums_kernel_in_the_interpreter_equals_the_sums_in_order():
+    out = run_under_triton_interpreter(__file__)
+    assert out.count("equal") == 4, out
 
 
 def test_the_weights_digest_is_made_again_only_when_a_weight_changes():
@@ -282,3 +310,7 @@ def test_a_compiled_forward_pass_gives_the_counts_of_the_network_as_it_is(noise_
         EvaluateOptions(compile="inductr")
     with pytest.raises(ValueError, match="compile needs a network"):
         compiled(lambda images: images)
+
+
+if __name__ == "__main__":  # the interpreter test's subprocess: TRITON_INTERPRET=1 is set
+    check_kernel_sums()
