@@ -183,7 +183,7 @@ def test_class_sums_equal_a_float64_bincount_bit_for_bit(dtype):
 def test_the_device_class_sums_in_blocks_equal_the_sums_pixel_by_pixel():
     """The device path (partial sums per block of pixels, then the rows summed), run on CPU tensors: counts exact,
     sums equal to the in-order float64 sums up to their rounding (another order of additions)."""
-    from segood.evaluation.class_sums import BLOCK, _blockwise_sums
+    from segood.metrics._device import SUM_BLOCK as BLOCK, blockwise_sums
 
     g = torch.Generator().manual_seed(3)
     semantic = torch.randint(0, 24, (2, 3 * BLOCK + 17), dtype=torch.uint8, generator=g)  # a partial last block
@@ -191,17 +191,18 @@ def test_the_device_class_sums_in_blocks_equal_the_sums_pixel_by_pixel():
     scores = torch.randn(semantic.shape, generator=g, dtype=torch.float64) * 1e3
     index = torch.where(semantic < 19, semantic, 19).long().flatten()
     ones = torch.ones(1, dtype=torch.int64).expand(semantic.numel())
-    assert torch.equal(_blockwise_sums(semantic, ones, 19), torch.bincount(index, minlength=20)[:19])
+    assert torch.equal(blockwise_sums(semantic, ones, 19), torch.bincount(index, minlength=20)[:19])
     want = torch.bincount(index, weights=scores.flatten(), minlength=20)[:19]
-    torch.testing.assert_close(_blockwise_sums(semantic, scores.flatten(), 19), want, rtol=1e-12, atol=1e-9)
+    torch.testing.assert_close(blockwise_sums(semantic, scores.flatten(), 19), want, rtol=1e-12, atol=1e-9)
 
 
 def check_kernel_sums():
     """The device's per-class sums by the Triton kernel (run on CPU tensors in Triton's interpreter) against the
     in-order float64 sums: float16, bfloat16, float32 and float64 scores; NaN and ±inf added as 0; pixels of no class
-    (19-23, 255) left out; a partial last block; a block of one class. Summed twice: the same bits."""
-    from segood.evaluation import _sums_triton
-    from segood.evaluation.class_sums import BLOCK, _kernel_sums
+    (19-23, 255) left out; a partial last block; a block of one class. Summed twice: the same bits. And the
+    calibration's sums: int64 bins against bincount."""
+    from segood.metrics import _sums_triton
+    from segood.metrics._device import SUM_BLOCK as BLOCK, label_sums
 
     g = torch.Generator().manual_seed(4)
     semantic = torch.randint(0, 24, (2, 3 * BLOCK + 17), dtype=torch.uint8, generator=g)
@@ -212,15 +213,20 @@ def check_kernel_sums():
     for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         s = scores.to(dtype)
         want = class_sums(semantic, s, 19)  # (the CPU's, in order)
-        got = _kernel_sums(semantic, s, 19, kernel=_sums_triton)
-        assert got.dtype == torch.float64 and torch.equal(got, _kernel_sums(semantic, s, 19, kernel=_sums_triton))
+        got = label_sums(semantic, s, 19, kernel=_sums_triton)
+        assert got.dtype == torch.float64 and torch.equal(got, label_sums(semantic, s, 19, kernel=_sums_triton))
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-9)
         print(f"{dtype}: equal", flush=True)
+    bins = torch.randint(0, 15, (5000,), generator=g)  # the calibration's: int64 labels, float64 confidences
+    confidence = torch.rand(5000, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(label_sums(bins, confidence, 15, kernel=_sums_triton),
+                               torch.bincount(bins, weights=confidence, minlength=15), rtol=1e-12, atol=1e-12)
+    print("calibration bins: equal", flush=True)
 
 
 def test_the_class_sums_kernel_in_the_interpreter_equals_the_sums_in_order():
     out = run_under_triton_interpreter(__file__)
-    assert out.count("equal") == 4, out
+    assert out.count("equal") == 5, out
 
 
 def test_the_weights_digest_is_made_again_only_when_a_weight_changes():

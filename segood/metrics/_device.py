@@ -1,6 +1,7 @@
 """Private float-order histogram kernels for tensors on a device: a fused Triton kernel for CUDA, torch ops
 elsewhere. Both give, per image of a batch, the counts of :func:`segood.metrics._kernels.float_histogram_numpy`
-bit for bit; the public wrapper is ``FloatOrderAccumulator.update``.
+bit for bit; the public wrapper is ``FloatOrderAccumulator.update``. At the end, sums per label on a device
+(:func:`label_sums`: per-class score sums, the calibration's confidence sums).
 
 Two passes over the scores, two waits for the device per batch whatever its size:
 1. per image the binades (sign and exponent of the float64 value, 4096 of them) that hold a counted pixel, and
@@ -178,3 +179,57 @@ def _torch_count(scores, labels, slot_of, table, slots, m, narrow):
         index = slot.add_(i * slots).mul_(2).add_(label).bitwise_left_shift_(m).add_(low.to(index_dtype))
         index.masked_fill_((label > OOD) | nan, table.numel() - 1)
         table.index_add_(0, index, one.expand(index.numel()))
+
+
+# -- sums per label ----------------------------------------------------------------------------------------------
+
+SUM_BLOCK = 1024  # elements per row of partial sums
+
+
+def label_sums(labels, values, n, *, kernel=None):
+    """(n,) float64 sums of ``values`` per label of ``labels`` (tensors of one shape on a device; labels outside
+    0..n-1 left out, NaN and ±inf adding 0), where they are: no wait for the device. By the Triton kernel on CUDA
+    (``kernel``: its module, for tests in Triton's interpreter): each block of :data:`SUM_BLOCK` elements summed per
+    label in an order fixed by its layout, then the blocks' rows, so the sums are the same from run to run; else
+    by :func:`blockwise_sums` (on CUDA, atomic additions: the last bits may vary)."""
+    import torch
+
+    if kernel is not None or (values.is_cuda and values.dtype.is_floating_point and _triton.available()):
+        try:
+            return _kernel_label_sums(labels, values, n, kernel)
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a Triton that cannot build or launch its kernel on this machine
+            if kernel is not None:
+                raise
+            _triton.failed(err, "sums kernel", "sums by atomic additions (their last bits may vary)")
+    weights = values.flatten().to(torch.float64, copy=True).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+    return blockwise_sums(labels, weights, n)
+
+
+def _kernel_label_sums(labels, values, n, kernel):
+    import torch
+
+    if kernel is None:
+        from segood.metrics import _sums_triton as kernel
+    labels, values = labels.contiguous().view(-1), values.contiguous().view(-1)
+    blocks = triton_cdiv(values.numel(), SUM_BLOCK)
+    partial = torch.zeros(max(blocks, 1), n, dtype=torch.float64, device=values.device)
+    if blocks:
+        kernel.block_sums[(blocks,)](labels, values, partial, values.numel(), C=n, BLOCK=SUM_BLOCK)
+    return partial.sum(dim=0)
+
+
+def blockwise_sums(labels, weights, n):
+    """(n,) sums of ``weights`` (P,) per label of ``labels`` (P elements) on a device: element p adds to bin
+    (p // SUM_BLOCK, label) of a table of partial sums (labels outside 0..n-1 to an extra column), whose rows are then
+    summed; no wait for the device (``bincount`` would wait for its maximum). Atomic additions: exact for integer
+    weights, in no fixed order for float ones."""
+    import torch
+
+    index = labels.flatten().long()
+    index = torch.where((index >= 0) & (index < n), index, n)
+    rows = torch.arange(index.numel(), device=index.device).div_(SUM_BLOCK, rounding_mode="floor")
+    index.add_(rows.mul_(n + 1))
+    table = torch.zeros(triton_cdiv(index.numel(), SUM_BLOCK) * (n + 1), dtype=weights.dtype, device=weights.device)
+    return table.index_add_(0, index, weights).view(-1, n + 1).sum(dim=0)[:n]

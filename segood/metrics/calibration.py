@@ -10,6 +10,7 @@ accumulators.
 import numpy as np
 
 from segood.labels import IGNORE
+from segood.metrics._device import label_sums
 from segood.metrics.state import Part
 
 STATE_FORMAT = "segood.CalibrationAccumulator/1"
@@ -76,7 +77,10 @@ class CalibrationAccumulator(Part):
         bins = (torch.ceil(confidence * self.num_bins).long() - 1).clamp_(0, self.num_bins - 1)
         self.count += torch.bincount(bins, minlength=self.num_bins).cpu().numpy()
         self.correct += torch.bincount(bins[hit], minlength=self.num_bins).cpu().numpy()
-        self.confidence += torch.bincount(bins, weights=confidence, minlength=self.num_bins).cpu().numpy()
+        if confidence.is_cuda:  # (bincount with weights adds atomically there: the same bits from run to run instead)
+            self.confidence += label_sums(bins, confidence, self.num_bins).cpu().numpy()
+        else:
+            self.confidence += torch.bincount(bins, weights=confidence, minlength=self.num_bins).cpu().numpy()
         self.brier += float(brier.sum())
         return self
 
