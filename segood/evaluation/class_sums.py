@@ -7,9 +7,9 @@ so both give the same bits). On CUDA the sums are made on the device, where they
 pixels summed per class into its own row of partial sums, then the rows summed. A Triton kernel sums each block in
 an order fixed by its layout, reading the scores in their own dtype, so the sums are the same from run to run (up
 to rounding, the CPU's). Without Triton the blocks' rows take atomic additions (``index_add_``), whose order
-varies, so their last bits may too. Adding every pixel into one row would make all the device's threads wait on the same ~20 counters
-(atomic additions to one address run one after another: 13 ms a 1024x2048 frame on an H100, more than the
-network's forward pass).
+varies, so their last bits may too. Adding every pixel into one row would make all the device's threads wait on
+the same ~20 counters (atomic additions to one address run one after another: 13 ms a 1024x2048 frame on an
+H100, more than the network's forward pass).
 """
 
 import numba

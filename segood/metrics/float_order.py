@@ -16,7 +16,7 @@ from segood.metrics import _device, _kernels
 from segood.metrics.functional import METRICS, as_numpy_inputs, metrics_from_counts, raise_bad_labels
 from segood.metrics.state import check_counts
 from segood.metrics.streaming import (SHARED_REDUCTIONS, Streaming, device_tensors, host, is_cuda, load_per_image,
-                                      matching_inputs, read_count, read_flag)
+                                      matching_inputs, read_count, read_flag, settled_fields)
 
 STATE_FORMAT = "segood.FloatOrderAccumulator/1"
 DEFAULT_MANTISSA_BITS = 10  # float16 and 8-bit scores exact; measured fastest (docs/metric_engine.md)
@@ -82,10 +82,8 @@ class FloatOrderAccumulator(Streaming):
         self._setup(per_image=per_image, score_range=score_range)
 
     # The counts, read through properties: a host update without per-image counts leaves its pixels in the fast
-    # kernels' tables (:class:`~segood.metrics._kernels.Kept`), added here when the counts are next read.
-    binades, counts = (property(lambda self, name=f"_{field}": self._with_kept(name),
-                                lambda self, value, name=f"_{field}": setattr(self, name, value))
-                       for field in ("binades", "counts"))
+    # kernels' tables (:class:`~segood.metrics._kernels.Kept`), added to them by :meth:`settle`.
+    binades, counts = settled_fields("binades", "counts")
 
     def reset(self):
         """Forget every count."""
@@ -119,7 +117,7 @@ class FloatOrderAccumulator(Streaming):
             self.exact &= exact
             if self.per_image:  # (from the device: the host's bookkeeping queued, to overlap the next batch)
                 self._queue_image(_kernels.float_order_curve, binades, counts, self.mantissa_bits)
-        if not on_device:
+        if self.per_image and not on_device:  # (the host's bookkeeping done at once: nothing to overlap)
             self.settle()
         return self
 
@@ -250,11 +248,14 @@ class FloatOrderAccumulator(Streaming):
                                  f"{hi:g}] (min {low:.9g}, max {high:.9g}); declare the range the scores really have, "
                                  "or none: the float-order grid needs no range")
 
-    def _with_kept(self, name):
-        """The field ``name`` after the counts the kernels' tables keep are added to the state."""
-        if self._kept.tables:
-            self._add(*self._kept.drain())
-        return vars(self)[name]
+    def settle(self):
+        """Do the work still pending: the per-image bookkeeping queued, and the counts the kernels' tables keep
+        added to the state; every read of the state does it first. Returns self."""
+        self._add(*self._kept.drain())
+        return super().settle()
+
+    def _pending(self):
+        return bool(self._kept.tables) or super()._pending()
 
     def _add(self, *parts):
         """Add [(binades, counts)] to the state: in place where it holds their binades already (after the first

@@ -14,6 +14,13 @@ SHARED_REDUCTIONS = {"n_ignored": "sum", "n_images": "sum", "per_image_sum": "su
                      "image_offsets": "offsets", "image_keys": "cat", "image_counts": "cat", "image_values": "cat"}
 
 
+def settled_fields(*fields):
+    """Properties of ``fields``, each stored as ``_<field>``: read after :meth:`Streaming.settle` (where work is
+    pending), written as they are."""
+    return (property(lambda self, name=f"_{field}": self._settled(name),
+                     lambda self, value, name=f"_{field}": setattr(self, name, value)) for field in fields)
+
+
 class Streaming(Part):
     """What the accumulators share: adding, copying, saving, merging and all-reducing (by their ``reductions``,
     :mod:`segood.metrics.state`), per-image splitting and per-image bookkeeping."""
@@ -25,21 +32,23 @@ class Streaming(Part):
 
     # The per-image bookkeeping, read through properties: an image's bookkeeping (its curve, metrics and coarse
     # counts: host work) may wait in a queue (:meth:`_queue_image`) until :meth:`settle` or any read of these.
-    n_images, per_image_sum, per_image_defined, images = (
-        property(lambda self, name=f"_{field}": self._settled(name),
-                 lambda self, value, name=f"_{field}": setattr(self, name, value))
-        for field in ("n_images", "per_image_sum", "per_image_defined", "images"))
+    n_images, per_image_sum, per_image_defined, images = settled_fields(
+        "n_images", "per_image_sum", "per_image_defined", "images")
 
     def settle(self):
-        """Do the per-image bookkeeping still queued (the evaluation calls it while the device runs the next
-        batch's network); every read of the state does it first. Returns self."""
+        """Do the work still pending (the evaluation calls it while the device runs the next batch's network):
+        here the per-image bookkeeping queued; every read of the state does it first. Returns self."""
         queued, self._queued = self._queued, []
         for curve, args in queued:
             self._add_image(*curve(*args))
         return self
 
+    def _pending(self):
+        """Whether :meth:`settle` has work to do."""
+        return bool(self._queued)
+
     def _settled(self, name):
-        if self._queued:
+        if self._pending():
             self.settle()
         return vars(self)[name]
 
