@@ -111,28 +111,57 @@ def test_the_background_save_writes_the_state_as_it_was_when_saved(tmp_path):
     broken.wait()  # raised once
 
 
-def test_example_frames_are_written_when_one_is_taken_not_at_every_save(tmp_path):
-    from segood.evaluation.runner import examples_path
+def test_example_frames_are_written_per_set_when_one_is_taken_not_at_every_save(tmp_path):
+    from segood.evaluation.runner import examples_path, write_state
 
-    ev, path = Evaluation(["max_logit"], ["s"]), tmp_path / "state.npz"
-    saver, frames = _Saver(path), Frames(2)
-    first = frames[0]
-    batch = {k: v[None] for k, v in first.items()}
-    ev.process("s", [0], batch, {"max_logit": torch.rand(1, 6, 10, generator=torch.Generator().manual_seed(0))})
+    ev, path = Evaluation(["max_logit"], ["s", "t"]), tmp_path / "state.npz"
+    saver, frames = _Saver(path), Frames(3)
+
+    def take(set_name, index):
+        batch = {k: v[None] for k, v in frames[index].items()}
+        scores = torch.rand(batch["ood_mask"].shape, generator=torch.Generator().manual_seed(index))
+        ev.process(set_name, [index], batch, {"max_logit": scores})
+
+    def stamp(index):
+        info = examples_path(path, index).stat()
+        return info.st_ino, info.st_mtime_ns
+
+    take("s", 0)
     saver.save(ev, wait=True)
-    written = examples_path(path).stat()
+    assert not examples_path(path, 1).exists()
+    written = stamp(0)
     ev.class_count["s"][3] = 7  # a save with the same examples: their file stays as it was
     saver.save(ev, wait=True)
-    assert (examples_path(path).stat().st_ino, examples_path(path).stat().st_mtime_ns) == (written.st_ino,
-                                                                                     written.st_mtime_ns)
+    assert stamp(0) == written
     assert not any(key.startswith("examples/") for key in read_npz(path, "state"))
     loaded = Evaluation.load(path)
     assert loaded.class_count["s"][3] == 7 and list(loaded.examples) == [("s", 0)]
-    np.testing.assert_array_equal(loaded.examples[("s", 0)]["image"], first["image"].permute(1, 2, 0).numpy())
-    second = frames[1]  # a new example: both files written again
-    ev.process("s", [1], {k: v[None] for k, v in second.items()}, {"max_logit": torch.rand(1, 8, 12)})
+    np.testing.assert_array_equal(loaded.examples[("s", 0)]["image"], frames[0]["image"].permute(1, 2, 0).numpy())
+    take("t", 1)  # the second set's first example: only its file is written
     saver.save(ev, wait=True)
-    assert sorted(Evaluation.load(path).examples) == [("s", 0), ("s", 1)]
+    assert stamp(0) == written
+    take("s", 2)  # a new example of the first set: its file is written again
+    saver.save(ev, wait=True)
+    assert stamp(0) != written
+    loaded = Evaluation.load(path)
+    assert sorted(loaded.examples) == [("s", 0), ("s", 2), ("t", 1)]
+    for key, example in ev.examples.items():
+        for field, value in example.items():
+            np.testing.assert_array_equal(loaded.examples[key][field], value)
+
+    arrays = ev.arrays()  # a state written before each set had a file: its examples in state.examples.npz
+    old = tmp_path / "old" / "state.npz"
+    old.parent.mkdir()
+    write_npz(old, {k: v for k, v in arrays.items() if not k.startswith("examples/")})
+    write_npz(old.with_name("state.examples.npz"), {k: v for k, v in arrays.items() if k.startswith("examples/")})
+    assert sorted(Evaluation.load(old).examples) == sorted(ev.examples)
+    write_state(old, arrays)
+    examples_path(old, 1).unlink()
+    with pytest.raises(ValueError, match=r"lists state.examples.1.npz .*missing.*copy the run folder whole"):
+        Evaluation.load(old)
+    write_npz(old, {**read_npz(old, "state"), "example_files": np.array(["../../etc/passwd"])})
+    with pytest.raises(ValueError, match="names '../../etc/passwd' as a file of example frames"):
+        Evaluation.load(old)
 
 
 def test_write_npz_deflates_the_members_it_is_told_to(tmp_path):

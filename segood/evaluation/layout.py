@@ -2,7 +2,8 @@
 
     runs/NAME/run.json            what ran: toolkit, model, sets, methods, settings (written first)
     runs/NAME/state.npz           accumulators, per-class sums (state.rankK.npz per rank under torchrun)
-    runs/NAME/state.examples.npz  the example frames of the figures (written when one is taken)
+    runs/NAME/state.examples.K.npz  the example frames of the figures, a file for the K-th set (written when it
+                                  takes one)
     runs/NAME/results.json|.csv|.md|.tex   the report, rebuilt from the state by ``segood report``
     runs/NAME/figures/*.png       curves, bars, per-class scores, example panels
 """

@@ -16,6 +16,7 @@ components pass scores the frames again (the scores are not kept), in the same l
 import copy
 import json
 import math
+import re
 import threading
 import time
 import warnings
@@ -331,6 +332,7 @@ class Evaluation(Part):
 
 
 STATE_FORMAT = "segood.Evaluation/2"  # a tree of parts; the flat format before it has no "format"
+EXAMPLE_FILES = "example_files"  # the member of state.npz naming its example files (write_state)
 # how the arrays of the run's tree combine (the accumulators declare their own)
 PART_REDUCTIONS = {"meta": "same", "progress": "local", "images": "sum", "class_sums": "sum", "class_counts": "sum",
                    "confusion": "sum", "examples": "local"}
@@ -357,29 +359,50 @@ def _node(tree, *names):
     return tree
 
 
-def write_state(path, arrays, *, examples=True):
-    """Write a state's :meth:`Evaluation.arrays` as two files: the example frames beside ``path``
-    (:func:`examples_path`, first; stored as they are: they hardly compress), then everything else at ``path``
-    (deflated: mostly zeros at 65536 thresholds). Without ``examples`` their file is left as it is: the frames of a
-    run change only when a new example is taken, and rewriting them at every save (tens of MB per set) made a
-    run at batch 1 wait for its saves."""
-    if examples:
-        write_npz(examples_path(path), {k: v for k, v in arrays.items() if _is_example(k)}, compressed=False)
-    write_npz(path, {k: v for k, v in arrays.items() if not _is_example(k)})
+def write_state(path, arrays, *, examples=None):
+    """Write a state's :meth:`Evaluation.arrays` as files: each set's example frames beside ``path`` (a file a set,
+    :func:`examples_path`; first; stored as they are: they hardly compress), then everything else at ``path``
+    (deflated: mostly zeros at 65536 thresholds) with the names of its example files. ``examples``: the sets whose
+    file is written (default: all); the others are left as they are. A set's frames change only when it takes a new
+    example, and rewriting every set's (tens of MB each) at every save made a run wait for its saves, a run over
+    many sets (the robustness suite) longer with each set."""
+    sets, frames = json.loads(str(arrays["meta"]))["sets"], {}
+    for key, value in arrays.items():
+        if _is_example(key):
+            frames.setdefault(key.split("/")[1], {})[key] = value
+    files = {name: examples_path(path, sets.index(name)) for name in frames}
+    for name, file in files.items():
+        if examples is None or name in examples:
+            write_npz(file, frames[name], compressed=False)
+    rest = {k: v for k, v in arrays.items() if not _is_example(k)}
+    write_npz(path, {**rest, EXAMPLE_FILES: np.array(sorted(file.name for file in files.values()), dtype=str)})
 
 
-def examples_path(path):
-    """The file of a state's example frames: ``state.examples.npz`` beside ``state.npz``."""
+def examples_path(path, index):
+    """The file of the example frames of the run's ``index``-th set: ``state.examples.<index>.npz`` beside
+    ``state.npz``."""
     path = Path(path)
-    return path.with_name(f"{path.stem}.examples.npz")
+    return path.with_name(f"{path.stem}.examples.{index}.npz")
 
 
 def _state_arrays(path):
-    """A state's arrays (:func:`write_state`): its file and, where there is one, its examples' file beside it
-    (a state written before the examples had a file of their own holds them itself)."""
+    """A state's arrays (:func:`write_state`) with those of the example files it names (a state written before
+    each set had a file of its own names none: its examples are in ``state.examples.npz`` or in itself)."""
+    path = Path(path)
     arrays = read_npz(path, "evaluation state")
-    side = examples_path(path)
-    return {**read_npz(side, "evaluation examples"), **arrays} if side.exists() else arrays
+    names = arrays.pop(EXAMPLE_FILES, None)
+    if names is None:
+        names = [f"{path.stem}.examples.npz"] if path.with_name(f"{path.stem}.examples.npz").exists() else []
+    examples = {}
+    for name in map(str, np.atleast_1d(names)):
+        if not re.fullmatch(rf"{re.escape(path.stem)}\.examples(\.\d+)?\.npz", name):
+            raise ValueError(f"{path} names {name!r} as a file of example frames; expected "
+                             f"{examples_path(path, 0).name!r} and the like")
+        if not path.with_name(name).exists():
+            raise ValueError(f"{path} lists {name} (example frames), which is missing beside it: copy the run "
+                             "folder whole")
+        examples.update(read_npz(path.with_name(name), "evaluation examples"))
+    return {**examples, **arrays}
 
 
 def _is_example(key):
@@ -547,7 +570,7 @@ class _Saver:
 
     def __init__(self, path):
         self.path, self.thread, self.error = path, None, None
-        self.examples = None  # the example frames in their file (None: not written by this run yet)
+        self.examples = None  # {set: keys of its example frames in its file} (None: none written yet)
 
     def save(self, ev, *, wait=False):
         self.wait()
@@ -560,8 +583,11 @@ class _Saver:
 
     def _write(self, arrays):
         try:
-            examples = {key for key in arrays if _is_example(key)}
-            write_state(self.path, arrays, examples=examples != self.examples)
+            examples = {}  # set name -> the keys of its example frames
+            for key in filter(_is_example, arrays):
+                examples.setdefault(key.split("/")[1], set()).add(key)
+            write_state(self.path, arrays, examples={name for name, keys in examples.items()
+                                                     if self.examples is None or self.examples.get(name) != keys})
             self.examples = examples
         except BaseException as err:  # noqa: BLE001 - handed to the main thread
             self.error = err
