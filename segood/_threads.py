@@ -1,4 +1,5 @@
-"""The main process's threads while reader processes run beside it.
+"""The main process's threads: how many while reader processes run beside it, and the pool that runs a kernel's
+chunks on them (:func:`run_chunks`).
 
 Reading, scoring and accumulating overlap: reader processes decode the next batches while the main process scores
 this one. The main process's own elementwise work (normalising the frames, scoring, histograms) is split into as
@@ -8,7 +9,9 @@ one), and the network's passes on the CPU, which do most of the arithmetic, keep
 """
 
 import contextlib
+import functools
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import torch
@@ -50,3 +53,21 @@ def for_network(device):
         yield
     finally:
         torch.set_num_threads(limited)
+
+
+@functools.lru_cache(maxsize=None)
+def _pool(threads):
+    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="segood-kernel")
+
+
+def run_chunks(work, chunks, threads):
+    """Run ``work(taken)`` in ``threads`` threads at once, the calling thread one of them (one thread fewer to wake
+    per call: a frame-sized call is ~1 ms of work): ``taken`` yields chunk indices in [0, ``chunks``), each to
+    the one thread that takes it, so that a thread that starts late or runs slow takes fewer chunks."""
+    taken = iter(range(chunks))  # (a range iterator's next is atomic: the threads share it)
+    others = [_pool(threads).submit(work, taken) for _ in range(1, min(threads, chunks))]
+    try:
+        work(taken)
+    finally:
+        for future in others:
+            future.result()

@@ -399,7 +399,7 @@ def test_tuning_picks_the_best_point_and_records_provenance(sets):
 def test_logit_forms_equal_the_probability_forms(band_elements, monkeypatch):
     from segood.methods import functional
     from segood.methods.functional import entropy_from_logits, max_softmax_from_logits
-    from segood.models.predict import predicted_classes
+    from segood.models.predict import classes_by_rank, predicted_classes
 
     monkeypatch.setattr(predict, "_BAND_ELEMENTS", band_elements)
     torch.manual_seed(0)
@@ -417,6 +417,12 @@ def test_logit_forms_equal_the_probability_forms(band_elements, monkeypatch):
     torch.testing.assert_close(functional.monte_carlo_scores(samples)["mutual_info"], mutual_info(samples.softmax(2)))
     with pytest.raises(ValueError, match="temperature must be positive"):
         get_method("odin", temperature=0)
-    for logits in (z, ties, many):
-        classes = predicted_classes(logits)
-        assert classes.dtype == torch.int64 and torch.equal(classes, logits.argmax(1))
+    for logits in (z, ties, many, z.double(), z.half(), ties[:1].expand(3, -1, -1, -1), z.permute(0, 1, 3, 2)):
+        classes = predicted_classes(logits)  # (numba for float32 and float64 on CPU, else classes_by_rank)
+        assert classes.dtype == torch.int64 and torch.equal(classes, logits.float().argmax(1))
+        assert torch.equal(classes_by_rank(logits), classes)
+    holes = z.clone()
+    holes[0, 0, 0, 0] = holes[1, C - 1, 2, 3] = holes[1, 4, 5, 6] = float("nan")  # NaN: class C - 1, in both
+    expected = holes.nan_to_num(nan=-1.0).argmax(1)
+    expected[0, 0, 0] = expected[1, 2, 3] = expected[1, 5, 6] = C - 1
+    assert torch.equal(predicted_classes(holes), expected) and torch.equal(classes_by_rank(holes), expected)

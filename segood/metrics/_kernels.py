@@ -15,11 +15,11 @@ import contextlib
 import functools
 import signal
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
 
+from segood._threads import run_chunks
 from segood.labels import IGNORE, OOD
 
 # Slots of the ``problems`` counters the kernels return next to the histogram.
@@ -173,24 +173,6 @@ def _histogram_kernel(scores, labels, thresholds, clip, exact, margin, hist, pro
     hist[ignored_slot] = hist[careful_slot] = 0
 
 
-@functools.lru_cache(maxsize=None)
-def _pool(threads):
-    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="segood-histogram")
-
-
-def _run_chunks(work, chunks, threads):
-    """Run ``work(taken)`` in ``threads`` threads at once, the calling thread one of them (one thread fewer to wake
-    per call: a frame-sized call is ~1 ms of work): ``taken`` yields chunk indices in [0, ``chunks``), each to
-    the one thread that takes it, so that a thread that starts late or runs slow takes fewer chunks."""
-    taken = iter(range(chunks))  # (a range iterator's next is atomic: the threads share it)
-    others = [_pool(threads).submit(work, taken) for _ in range(1, min(threads, chunks))]
-    try:
-        work(taken)
-    finally:
-        for future in others:
-            future.result()
-
-
 def histogram_numpy(scores, labels, thresholds, clip, threads):
     """Run the numba kernel on ``threads`` chunks in parallel; returns (hist (2, T) int64, problems (3,) int64)."""
     chunks = max(threads, -(-scores.size // (1 << 30)))  # int32 bins: under 2**31 pixels a chunk
@@ -206,7 +188,7 @@ def histogram_numpy(scores, labels, thresholds, clip, threads):
             part = slice(bounds[c], bounds[c + 1])
             _histogram_kernel(scores[part], labels[part], thresholds, clip, exact, margin, hist[c], problems[c])
 
-    _run_chunks(work, chunks, threads)
+    run_chunks(work, chunks, threads)
     return hist[:, : 2 * num_t].sum(axis=0, dtype=np.int64).reshape(2, num_t), problems.sum(axis=0)
 
 
@@ -704,7 +686,7 @@ def float_histogram_numpy(scores, labels, m, threads, initial_slots=8, *, kept=N
 
     try:
         with _uninterrupted() if keep else contextlib.nullcontext():  # (so that kept.done is every chunk counted)
-            _run_chunks(work, chunks, threads)
+            run_chunks(work, chunks, threads)
     except BaseException:
         if keep:
             kept.undo()

@@ -1,4 +1,4 @@
-"""What a segmentation network predicts: classes from logits, computed band by band on CPU."""
+"""What a segmentation network predicts: classes from logits."""
 
 import torch
 
@@ -19,9 +19,32 @@ def predicted_classes(logits: torch.Tensor) -> torch.Tensor:
     """argmax over classes of (N, C, H, W) logits (the first of equal maxima, as ``torch.argmax``; a pixel with
     a NaN logit gets class C - 1), int64.
 
-    Computed as C - max_c [z_c = max z] (C - c), band by band: on CPU about 2x faster than ``max(dim=1)`` and
-    7x faster than ``argmax``, whose index reductions over a non-innermost dimension do not vectorise.
+    On CPU (float32, float64) a numba kernel keeps a running maximum per pixel, one pass over the classes, in
+    row bands across torch's threads: about 1.7x faster than :func:`classes_by_rank` and 14x faster than
+    ``argmax``, whose index reductions over a non-innermost dimension do not vectorise.
     """
+    if logits.device.type != "cpu" or logits.dtype not in (torch.float32, torch.float64) or not logits.numel():
+        return classes_by_rank(logits)
+    from segood._threads import run_chunks
+    from segood.models._argmax import argmax_rows
+
+    n, _, h, w = logits.shape
+    classes = torch.empty(n, h, w, dtype=torch.int64)
+    z, out = logits.detach().numpy(), classes.numpy()
+    rows = max(1, min(h, _BAND_ELEMENTS // (logits.shape[1] * w)))
+    chunks = [(image, (start, min(h, start + rows))) for image in range(n) for start in range(0, h, rows)]
+
+    def work(taken):
+        for k in taken:
+            argmax_rows(z, chunks[k][0], chunks[k][1], out)
+
+    run_chunks(work, len(chunks), torch.get_num_threads())
+    return classes
+
+
+def classes_by_rank(logits):
+    """:func:`predicted_classes` in torch operations (any device and dtype), computed as
+    C - max_c [z_c = max z] (C - c), band by band: on CPU about 2x faster than ``max(dim=1)``."""
     n, c, h, w = logits.shape
     classes = torch.empty(n, h, w, dtype=torch.int64, device=logits.device)
     small = torch.uint8 if c < 256 else torch.int32  # the narrowest type that holds C
