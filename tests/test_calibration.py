@@ -1,4 +1,5 @@
-"""CalibrationAccumulator against a naive per-pixel reference; merge, split and save invariance."""
+"""CalibrationAccumulator against a naive per-pixel reference, its CPU kernel against its torch operations; merge,
+split and save invariance."""
 
 import numpy as np
 import pytest
@@ -44,6 +45,30 @@ def test_ece_and_brier_equal_the_naive_reference(seed):
     ece, brier = naive(probs.numpy(), target.numpy())
     assert got["ece"] == pytest.approx(ece, abs=1e-6) and got["brier"] == pytest.approx(brier, abs=1e-6)
     assert got["n_pixels"] == int((target != 255).sum())
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_cpu_kernel_counts_what_the_torch_operations_count(seed):
+    probs, target = random_case(seed, n=3, c=19, h=9, w=40, sharp=1.0 + seed)
+    probs[0, :, 0, :5] = torch.tensor([1.0] + [0.0] * 18)[:, None]  # confidence 1, on the last bin's edge
+    probs[1, :3, 1, :4] = 0.5  # ties: the first class wins
+    probs[2, :, 2, 0] = 1 / 15  # every class equal, on a bin edge
+    for target_of in (lambda t: t, lambda t: t.to(torch.uint8)):  # (the runner's classes are uint8)
+        host = CalibrationAccumulator().update(probs, target_of(target))
+        device = CalibrationAccumulator()._update_torch(probs, target)
+        for key in ("count", "correct", "confidence"):
+            np.testing.assert_array_equal(getattr(host, key), getattr(device, key))
+        assert host.brier == pytest.approx(device.brier, rel=1e-12)
+    strided = probs.permute(0, 1, 3, 2).contiguous().permute(0, 1, 3, 2)  # not C-contiguous
+    np.testing.assert_array_equal(CalibrationAccumulator().update(strided, target).confidence, host.confidence)
+    ignored_nan = probs.clone()
+    y, x = (int(v[0]) for v in torch.nonzero(target[1] == 255, as_tuple=True))
+    ignored_nan[1, 7, y, x] = float("nan")  # one class's NaN where no pixel counts: still refused
+    for update in (CalibrationAccumulator().update, CalibrationAccumulator()._update_torch):
+        with pytest.raises(ValueError, match="NaN or infinite"):
+            update(ignored_nan, target)
+        with pytest.raises(ValueError, match="target classes must be in 0..18 or 255"):
+            update(probs, torch.where(target == 255, 255, 19))
 
 
 def test_edges_and_ties():

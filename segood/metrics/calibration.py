@@ -3,10 +3,12 @@
 Expected calibration error (Guo et al., "On Calibration of Modern Neural Networks", ICML 2017) over 15
 equal-width confidence bins, and the multi-class Brier score (Brier 1950), pooled over every pixel with a class.
 The state is additive counts and sums (plain arrays), so shards, ranks and resumed runs merge like the OOD
-accumulators.
+accumulators. On the CPU one numba pass over the probabilities does what the torch operations of the device path
+do, with the same counts and confidence sums bit for bit (the Brier sum in another order).
 """
 
 
+import numba
 import numpy as np
 
 from segood.labels import IGNORE
@@ -60,13 +62,33 @@ class CalibrationAccumulator(Part):
         if probs.ndim != 4 or target.shape != (probs.shape[0], *probs.shape[2:]):
             raise ValueError(f"probs must be (N, C, H, W) and target (N, H, W), got {tuple(probs.shape)} and "
                              f"{tuple(target.shape)}")
+        if probs.device.type == target.device.type == "cpu" and not target.is_floating_point():
+            return self._update_host(probs.float(), target)
+        return self._update_torch(probs, target)
+
+    def _update_host(self, probs, target):
+        count, correct = np.zeros_like(self.count), np.zeros_like(self.correct)
+        confidence = np.zeros_like(self.confidence)
+        brier, problem = _host_update(probs.numpy(), target.numpy(), count, correct, confidence)
+        if problem:
+            raise ValueError(PROBLEMS[problem].format(last=probs.shape[1] - 1))
+        self.count += count
+        self.correct += correct
+        self.confidence += confidence
+        self.brier += brier
+        return self
+
+    def _update_torch(self, probs, target):
+        """The update in torch operations, where the tensors are (a device)."""
+        import torch
+
         probs, target = probs.float(), target.to(probs.device).long()
         num_classes = probs.shape[1]
         keep = target != IGNORE
         if bool(((target < 0) | (target >= num_classes))[keep].any()):
-            raise ValueError(f"target classes must be in 0..{num_classes - 1} or 255 (no class)")
+            raise ValueError(PROBLEMS[BAD_TARGET].format(last=num_classes - 1))
         if not bool(torch.isfinite(probs).all()):
-            raise ValueError("probs hold NaN or infinite values; pass a softmax of finite logits")
+            raise ValueError(PROBLEMS[NOT_FINITE])
         confidence = probs.amax(dim=1)
         rank = torch.arange(num_classes, 0, -1, device=probs.device).view(1, -1, 1, 1)
         predicted = num_classes - ((probs == confidence[:, None]) * rank).amax(dim=1)  # the first maximum
@@ -134,3 +156,53 @@ class CalibrationAccumulator(Part):
 
     def __repr__(self):
         return f"CalibrationAccumulator(num_bins={self.num_bins}, n_pixels={int(self.count.sum())})"
+
+
+BAD_TARGET, NOT_FINITE = 1, 2  # what an update found wrong, and what it says
+PROBLEMS = {BAD_TARGET: "target classes must be in 0..{last} or 255 (no class)",
+            NOT_FINITE: "probs hold NaN or infinite values; pass a softmax of finite logits"}
+
+
+@numba.njit(nogil=True, cache=True)
+def _host_update(probs, target, count, correct, confidence):
+    """The update of float32 ``probs`` (N, C, H, W) and integer ``target`` (N, H, W) into ``count``, ``correct`` and
+    ``confidence`` (per bin), pixels in order (so the confidence sums are those of a float64 ``bincount``), a row
+    of pixels at a time over the classes; returns (the Brier sum, a problem: 0, BAD_TARGET or NOT_FINITE)."""
+    n, c, h, w = probs.shape
+    num_bins = count.size
+    best = np.empty(w, np.float32)
+    predicted = np.empty(w, np.int64)
+    squares = np.empty(w, np.float64)
+    finite = np.empty(w, np.bool_)
+    brier = 0.0
+    for i in range(n):
+        for y in range(h):
+            first = probs[i, 0, y]
+            for x in range(w):
+                p = first[x]
+                best[x], predicted[x], squares[x] = p, 0, np.float64(p) * np.float64(p)
+                finite[x] = np.isfinite(p)
+            for k in range(1, c):
+                row = probs[i, k, y]
+                for x in range(w):
+                    p, b = row[x], best[x]
+                    larger = p > b
+                    best[x] = p if larger else b
+                    predicted[x] = k if larger else predicted[x]
+                    squares[x] += np.float64(p) * np.float64(p)
+                    finite[x] &= np.isfinite(p)
+            for x in range(w):
+                if not finite[x]:
+                    return brier, NOT_FINITE
+                t = target[i, y, x]
+                if t == 255:
+                    continue
+                if t < 0 or t >= c:
+                    return brier, BAD_TARGET
+                conf = np.float64(best[x])
+                k = min(max(np.int64(np.ceil(conf * num_bins)) - 1, 0), num_bins - 1)
+                count[k] += 1
+                correct[k] += predicted[x] == t
+                confidence[k] += conf
+                brier += squares[x] - 2 * np.float64(probs[i, t, y, x]) + 1
+    return brier, 0

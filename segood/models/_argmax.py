@@ -6,27 +6,27 @@ import numpy as np
 
 
 @numba.njit(nogil=True, cache=True)
-def argmax_rows(z, image, rows, out):
-    """out[image, rows] = the first class of the largest logit of ``z`` (N, C, H, W) at each pixel of those rows,
-    C - 1 where a logit is NaN: one pass over the classes, a running maximum per pixel of a row."""
-    c, w = z.shape[1], z.shape[3]
+def argmax_rows(z, rows, out):
+    """out[rows] = the first class of the largest logit of ``z`` (C, H, W) at each pixel of those rows, C - 1
+    where a logit is NaN: one pass over the classes, a running maximum per pixel of a row."""
+    c, w = z.shape[0], z.shape[2]
     best = np.empty(w, z.dtype)
     index = np.empty(w, np.int32)
     nan = np.empty(w, np.bool_)
     for row in range(rows[0], rows[1]):
-        first = z[image, 0, row]
+        first = z[0, row]
         for j in range(w):
             best[j] = first[j]
             index[j] = 0
             nan[j] = first[j] != first[j]
         for k in range(1, c):
-            logits = z[image, k, row]
+            logits = z[k, row]
             for j in range(w):  # branch-free: vectorised
                 v, b = logits[j], best[j]
                 larger = v > b
                 best[j] = v if larger else b
                 index[j] = k if larger else index[j]
                 nan[j] |= v != v
-        target = out[image, row]
+        target = out[row]
         for j in range(w):
             target[j] = c - 1 if nan[j] else index[j]
