@@ -199,6 +199,8 @@ def test_class_sums_equal_a_float64_bincount_bit_for_bit(dtype):
     g = torch.Generator().manual_seed(2)
     semantic = torch.randint(0, 24, (3, 40, 50), dtype=torch.uint8, generator=g)
     semantic[0, :5] = 255
+    semantic[2] = torch.randint(0, 21, (40, 1), dtype=torch.uint8, generator=g)  # rows of one class: runs
+    semantic[2, -1] = 4  # (the last run of a class)
     scores = (torch.randn(3, 40, 50, generator=g) * 1e3).to(dtype)
     scores[1, 0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
     index = torch.where(semantic < 19, semantic, 19).long().flatten()
