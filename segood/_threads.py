@@ -13,9 +13,6 @@ import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-import numba
-import torch
-
 _FULL = []  # the torch thread count before the innermost :func:`beside_readers` limited it
 
 
@@ -28,6 +25,9 @@ def cores():
 def beside_readers(workers):
     """Within: torch's and the histogram kernels' (numba's) threads of the calling thread limited to the cores
     ``workers`` reader processes leave; unchanged without readers."""
+    import numba  # (here: the histogram kernels import this module without torch)
+    import torch
+
     torch_before, numba_before = torch.get_num_threads(), numba.get_num_threads()
     if workers:
         torch.set_num_threads(max(1, min(torch_before, cores() - workers)))
@@ -44,6 +44,8 @@ def beside_readers(workers):
 @contextlib.contextmanager
 def for_network(device):
     """Within: a network's passes on the CPU get back every torch thread :func:`beside_readers` took."""
+    import torch
+
     limited = torch.get_num_threads()
     if not _FULL or _FULL[-1] == limited or torch.device(device).type != "cpu":
         yield

@@ -195,7 +195,7 @@ def _host_update(probs, target, count, correct, confidence):
                 if not finite[x]:
                     return brier, NOT_FINITE
                 t = target[i, y, x]
-                if t == 255:
+                if t == IGNORE:
                     continue
                 if t < 0 or t >= c:
                     return brier, BAD_TARGET
