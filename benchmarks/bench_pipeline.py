@@ -9,7 +9,8 @@ with its workers) and scoring + accumulating in the main process (from frames al
 throughput is reported as a share of the slowest stage's (no figures, no bootstrap; the state saved as evaluate
 saves it), end to end and warm: the time a run over two copies of the set adds per frame of the second copy, where
 the run's fixed costs (starting the readers, the first batch read before anything overlaps, the report) cancel.
-Best of ``--repeat`` rounds each, after one warm-up.
+Best of ``--repeat`` rounds in which the four take turns (so that the machine's noise slows each alike), after
+one warm-up each.
 """
 
 import argparse
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from torch_timing import best_ms
+from torch_timing import best_ms, interleaved_best_ms
 
 from segood.data.h5 import H5SegmentationDataset
 from segood.data.synthetic import write_scene_set
@@ -92,9 +93,10 @@ def main():
                  workers=workers)
         shutil.rmtree(args.workdir / "run")
 
-    stages = {name: best_ms(fn, args.repeat, device) / 1000 for name, fn in (  # (each after one warm-up run)
-        ("reading", read), ("scoring + accumulating", score_and_accumulate), ("evaluate", run),
-        ("evaluate, two copies of the set", lambda: run(2)))}
+    contenders = {"reading": read, "scoring + accumulating": score_and_accumulate, "evaluate": run,
+                  "evaluate, two copies of the set": lambda: run(2)}
+    stages = dict(zip(contenders, (ms / 1000 for ms in interleaved_best_ms(list(contenders.values()), args.repeat,
+                                                                            device))))
     warm = "evaluate, warm (the second copy's frames)"  # a run's fixed costs cancel
     stages[warm] = stages.pop("evaluate, two copies of the set") - stages["evaluate"]
     where = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
