@@ -226,7 +226,8 @@ def compare_methods(device, scale):
                 assert float((diff > 1e-3 * scale_).float().mean()) <= 1e-3, f"{key}: device scores differ"
             else:
                 assert worst[key] <= 1e-3, f"{key}: device scores differ by {worst[key]:.2e}"
-    return {"max_relative_difference": worst, "class_sums": compare_class_sums(device, scale)}
+    return {"max_relative_difference": worst, "class_sums": compare_class_sums(device, scale),
+            "calibration": compare_calibration(device, scale)}
 
 
 def compare_class_sums(device, scale):
@@ -242,6 +243,27 @@ def compare_class_sums(device, scale):
     assert torch.equal(first, second), "the device's per-class sums differ from run to run"
     difference = float(((first - cpu).abs() / cpu.abs().clamp(min=1.0)).max())
     assert difference <= 1e-9, f"the device's per-class sums differ from the CPU's by {difference:.2e}"
+    return {"relative_difference": difference, "same_twice": True}
+
+
+def compare_calibration(device, scale):
+    """The calibration on the device (its Triton kernel): the same bits twice, the CPU's counts and hits, and its
+    confidence and Brier sums up to rounding."""
+    from segood.metrics.calibration import CalibrationAccumulator
+
+    height, width = scale["size"]
+    g = torch.Generator().manual_seed(2)
+    probs = torch.softmax(torch.randn(2, 19, height, width, generator=g) * 3, dim=1)
+    target = torch.randint(0, 19, (2, height, width), generator=g).to(torch.uint8)
+    cpu = CalibrationAccumulator().update(probs, target)
+    first, second = (CalibrationAccumulator().update(probs.to(device), target.to(device)) for _ in range(2))
+    assert np.array_equal(first.confidence, second.confidence) and first.brier == second.brier, \
+        "the device's calibration sums differ from run to run"
+    assert np.array_equal(first.count, cpu.count) and np.array_equal(first.correct, cpu.correct), \
+        "the device's calibration counts differ from the CPU's"
+    difference = max(float(np.max(np.abs(first.confidence - cpu.confidence) / np.maximum(cpu.confidence, 1.0))),
+                     abs(first.brier - cpu.brier) / max(cpu.brier, 1.0))
+    assert difference <= 1e-9, f"the device's calibration sums differ from the CPU's by {difference:.2e}"
     return {"relative_difference": difference, "same_twice": True}
 
 

@@ -255,9 +255,44 @@ def check_kernel_sums():
     print("calibration bins: equal", flush=True)
 
 
-def test_the_class_sums_kernel_in_the_interpreter_equals_the_sums_in_order():
+def check_kernel_calibration():
+    """The calibration's Triton kernel (run on CPU tensors in Triton's interpreter) against its torch operations:
+    counts and hits equal, confidence and Brier sums up to rounding (another order), the same bits twice; float32
+    and float16 probabilities, int64 and uint8 targets, ties and a confidence of 1, a partial last block of pixels;
+    a bad target and a NaN where no pixel counts found."""
+    from segood.metrics import _calibration_triton
+    from segood.metrics.calibration import BAD_TARGET, BLOCK, NOT_FINITE, CalibrationAccumulator, _kernel_totals
+
+    g = torch.Generator().manual_seed(5)
+    probs = torch.softmax(torch.randn(2, 19, 3, BLOCK // 2 + 7, generator=g) * 3, dim=1)  # 2 blocks an image
+    probs[0, :, 0, :3] = torch.eye(19)[:3].T  # a confidence of 1
+    probs[1, :, 1, :2] = 0.0
+    probs[1, 4:6, 1, :2] = 0.5  # a tie: class 4 wins
+    target = torch.randint(0, 19, probs[:, 0].shape, generator=g)
+    target[torch.rand(target.shape, generator=g) < 0.2] = 255
+    target[1, 1, :2] = 4  # (a hit only if the first of the tied classes is predicted)
+    for dtype in (torch.float32, torch.float16):
+        for classes in (target, target.to(torch.uint8)):
+            p = probs.to(dtype)
+            want = CalibrationAccumulator()._update_torch(p, classes)
+            count, correct, confidence, brier, problem = _kernel_totals(p, classes, 15, _calibration_triton)
+            assert problem == 0 and np.array_equal(count, want.count) and np.array_equal(correct, want.correct)
+            np.testing.assert_allclose(confidence, want.confidence, rtol=1e-12)
+            assert abs(brier - want.brier) <= 1e-12 * want.brier
+            again = _kernel_totals(p, classes, 15, _calibration_triton)
+            assert np.array_equal(again[2], confidence) and again[3] == brier
+            print(f"calibration {dtype} {classes.dtype}: equal", flush=True)
+    assert _kernel_totals(probs, torch.where(target == 255, 255, 19), 15, _calibration_triton)[4] == BAD_TARGET
+    y, x = (int(v[0]) for v in torch.nonzero(target[1] == 255, as_tuple=True))
+    holed = probs.clone()
+    holed[1, 7, y, x] = float("nan")
+    assert _kernel_totals(holed, target, 15, _calibration_triton)[4] == NOT_FINITE
+    print("calibration problems: equal", flush=True)
+
+
+def test_the_sums_and_calibration_kernels_in_the_interpreter_equal_their_references():
     out = run_under_triton_interpreter(__file__)
-    assert out.count("equal") == 5, out
+    assert out.count("equal") == 10, out
 
 
 def test_the_weights_digest_is_made_again_only_when_a_weight_changes():
@@ -351,3 +386,4 @@ def test_a_compiled_forward_pass_gives_the_counts_of_the_network_as_it_is(noise_
 
 if __name__ == "__main__":  # the interpreter test's subprocess: TRITON_INTERPRET=1 is set
     check_kernel_sums()
+    check_kernel_calibration()

@@ -11,6 +11,7 @@ do, with the same counts and confidence sums bit for bit (the Brier sum in anoth
 import numba
 import numpy as np
 
+from segood import _triton
 from segood.labels import IGNORE
 from segood.metrics._device import label_sums
 from segood.metrics.state import Part
@@ -64,14 +65,28 @@ class CalibrationAccumulator(Part):
                              f"{tuple(target.shape)}")
         if probs.device.type == target.device.type == "cpu" and not target.is_floating_point():
             return self._update_host(probs.float(), target)
+        if probs.is_cuda and _triton.available():
+            try:
+                totals = _kernel_totals(probs, target.to(probs.device), self.num_bins)
+            except torch.cuda.OutOfMemoryError:
+                raise
+            except Exception as err:  # noqa: BLE001 - a Triton that cannot build or launch its kernel on this machine
+                _triton.failed(err, "calibration kernel", "torch operations (the same counts)")
+            else:
+                return self._add(*totals, probs.shape[1])
         return self._update_torch(probs, target)
 
     def _update_host(self, probs, target):
         count, correct = np.zeros_like(self.count), np.zeros_like(self.correct)
         confidence = np.zeros_like(self.confidence)
         brier, problem = _host_update(probs.numpy(), target.numpy(), count, correct, confidence)
+        return self._add(count, correct, confidence, brier, problem, probs.shape[1])
+
+    def _add(self, count, correct, confidence, brier, problem, num_classes):
+        """Add an update's counts and sums, or raise what it found wrong (``problem``) and leave the state as it
+        was."""
         if problem:
-            raise ValueError(PROBLEMS[problem].format(last=probs.shape[1] - 1))
+            raise ValueError(PROBLEMS[problem].format(last=num_classes - 1))
         self.count += count
         self.correct += correct
         self.confidence += confidence
@@ -79,7 +94,8 @@ class CalibrationAccumulator(Part):
         return self
 
     def _update_torch(self, probs, target):
-        """The update in torch operations, where the tensors are (a device)."""
+        """The update in torch operations, where the tensors are (a device without Triton; the reference of the
+        kernels' tests)."""
         import torch
 
         probs, target = probs.float(), target.to(probs.device).long()
@@ -161,6 +177,29 @@ class CalibrationAccumulator(Part):
 BAD_TARGET, NOT_FINITE = 1, 2  # what an update found wrong, and what it says
 PROBLEMS = {BAD_TARGET: "target classes must be in 0..{last} or 255 (no class)",
             NOT_FINITE: "probs hold NaN or infinite values; pass a softmax of finite logits"}
+BLOCK = 1024  # pixels per program of the Triton kernel
+
+
+def _kernel_totals(probs, target, num_bins, kernel=None):
+    """(count, correct, confidence, Brier sum, problem) of an update by the Triton kernel (``kernel``: its module,
+    for tests in Triton's interpreter): a row of partial sums per block of pixels, the rows then summed, so the
+    sums are the same from run to run and equal the CPU's up to rounding (another order of additions)."""
+    import torch
+
+    if kernel is None:
+        from segood.metrics import _calibration_triton as kernel
+    n, c = probs.shape[:2]
+    pixels = probs[0, 0].numel() if n and c else 0
+    blocks = -(-pixels // BLOCK)
+    counts = torch.zeros(max(n * blocks, 1), 2 * num_bins + 2, dtype=torch.int64, device=probs.device)
+    sums = torch.zeros(max(n * blocks, 1), num_bins + 1, dtype=torch.float64, device=probs.device)
+    if n * blocks:
+        target = target.long() if target.is_floating_point() else target
+        kernel.block_calibration[(n * blocks,)](probs.contiguous(), target.contiguous(), counts, sums, pixels, blocks,
+                                                 C=c, BINS=num_bins, BLOCK=BLOCK)
+    counts, sums = counts.sum(dim=0).cpu().numpy(), sums.sum(dim=0).cpu().numpy()
+    problem = BAD_TARGET if counts[2 * num_bins] else NOT_FINITE if counts[2 * num_bins + 1] else 0
+    return counts[:num_bins], counts[num_bins : 2 * num_bins], sums[:num_bins], float(sums[num_bins]), problem
 
 
 @numba.njit(nogil=True, cache=True)
