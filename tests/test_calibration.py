@@ -52,7 +52,7 @@ def test_the_cpu_kernel_counts_what_the_torch_operations_count(seed):
     probs, target = random_case(seed, n=3, c=19, h=9, w=40, sharp=1.0 + seed)
     probs[0, :, 0, :5] = torch.tensor([1.0] + [0.0] * 18)[:, None]  # confidence 1, on the last bin's edge
     probs[1, :3, 1, :4] = 0.5  # ties: the first class wins
-    probs[2, :, 2, 0] = 1 / 15  # every class equal, on a bin edge
+    probs[2, :, 2, 0] = 1 / 15  # every class equal, at a bin edge (as float32 rounds it)
     for target_of in (lambda t: t, lambda t: t.to(torch.uint8)):  # (the runner's classes are uint8)
         host = CalibrationAccumulator().update(probs, target_of(target))
         device = CalibrationAccumulator()._update_torch(probs, target)
