@@ -354,8 +354,12 @@ def test_a_refused_or_interrupted_update_leaves_the_kept_counts_as_they_were(mon
         return real(*args)
 
     monkeypatch.setattr(_kernels, "_careful", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        acc.update(scores, labels)
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job starts ignoring it)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            acc.update(scores, labels)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     monkeypatch.undo()
     assert went_on
     _same_counts(acc, reference)
