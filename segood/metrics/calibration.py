@@ -3,8 +3,9 @@
 Expected calibration error (Guo et al., "On Calibration of Modern Neural Networks", ICML 2017) over 15
 equal-width confidence bins, and the multi-class Brier score (Brier 1950), pooled over every pixel with a class.
 The state is additive counts and sums (plain arrays), so shards, ranks and resumed runs merge like the OOD
-accumulators. On the CPU one numba pass over the probabilities does what the torch operations of the device path
-do, with the same counts and confidence sums bit for bit (the Brier sum in another order).
+accumulators. On the CPU one numba pass over the probabilities does what the torch operations do, with the same
+counts and confidence sums bit for bit (the Brier sum in another order); on CUDA a Triton kernel reads them once
+too, with the same counts and sums up to rounding (the torch operations where Triton cannot run).
 """
 
 
