@@ -1,6 +1,7 @@
 """The evaluation pipeline's own cost: a null network isolates it, and each stage is timed alone.
 
     python benchmarks/bench_pipeline.py [--frames 24] [--height 512] [--width 1024] [--workers N] [--device cpu]
+                                        [--profile] [--reading] [--many K]
 
 The null network returns a view of fixed logits (no work), so ``segood.evaluate`` spends its time reading frames,
 scoring (max logit) and accumulating. A perfectly overlapped pipeline runs at the pace of its slowest stage, so the
@@ -58,6 +59,9 @@ def main():
     parser.add_argument("--reading", action="store_true", help="then time reading alone at 1, 2, 4, ... reader "
                         "processes (with and without pinned memory on CUDA), and one frame in the main process "
                         "with and without verification: why reading is slow on a machine")
+    parser.add_argument("--many", type=int, default=0, metavar="K", help="then time evaluate over K copies of the "
+                        "set, each a set of its own, and the robustness suite over 3 corruptions x 5 severities: "
+                        "runs of many sets, where a cost per set adds up (one run each)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/segood-bench-pipeline"))
     args = parser.parse_args()
     shutil.rmtree(args.workdir, ignore_errors=True)
@@ -112,6 +116,27 @@ def main():
         profile_run(run, score_and_accumulate, device)
     if args.reading:
         reading_scaling(read, path, args.frames, workers, device, args.repeat)
+    if args.many:
+        many_sets(run, model, path, args, workers, device)
+
+
+def many_sets(run, model, path, args, workers, device):
+    """evaluate over ``args.many`` copies of the set, and the robustness suite (clean + 3 corruptions x 5
+    severities, with the segmentation quality it adds), each one run, ms per frame."""
+    import time
+
+    from segood.robustness.suite import robustness
+
+    start = time.perf_counter()
+    run(args.many)
+    print(f"\nevaluate over {args.many} sets: {1000 * (time.perf_counter() - start) / (args.many * args.frames):.1f} "
+          "ms/frame")
+    start = time.perf_counter()
+    robustness(model, {"scenes": path}, args.methods, args.workdir / "robustness", batch_size=args.batch_size,
+               corruptions=["gaussian_noise", "brightness", "fog"], device=device, workers=workers, progress=False,
+               figures=False)
+    print(f"robustness suite, 16 conditions: {1000 * (time.perf_counter() - start) / (16 * args.frames):.1f} ms/frame")
+    shutil.rmtree(args.workdir / "robustness")
 
 
 def reading_scaling(read, path, frames, workers, device, repeat):
