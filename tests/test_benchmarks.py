@@ -16,7 +16,8 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
     ("bench_board.py", ["--submissions", "2", "--frames", "2", "--height", "32", "--width", "64"]),
     ("bench_evaluate.py", ["--frames", "2", "--height", "64", "--width", "128", "--device", "cpu"]),
     ("bench_device_histogram.py", ["--images", "2", "--height", "32", "--width", "64", "--repeat", "1"]),
-    ("bench_pipeline.py", ["--frames", "4", "--height", "32", "--width", "64", "--repeat", "1", "--profile"]),
+    ("bench_pipeline.py", ["--frames", "4", "--height", "32", "--width", "64", "--repeat", "1", "--profile",
+                           "--many", "2"]),
 ])
 def test_a_benchmark_runs_at_a_toy_size(script, args, tmp_path):
     option = {"bench_evaluate.py": "--workdir", "bench_board.py": "--work", "bench_pipeline.py": "--workdir"}.get(script)
