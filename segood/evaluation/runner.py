@@ -196,7 +196,8 @@ class Evaluation(Part):
                     (predicted_classes(logits[k : k + 1])[0] if classes is None else classes[k]).cpu().numpy() \
                     .astype(np.uint8)
                 step = -(-semantic.shape[-1] // self.example_width) if self.example_width else 1  # keep every step-th
-                self.examples[(set_name, index)] = {key: np.ascontiguousarray(value[::step, ::step]) for key, value in {
+                # (copies: a view would keep the whole batch alive, in a reader's shared memory)
+                self.examples[(set_name, index)] = {key: np.array(value[::step, ::step], order="C") for key, value in {
                     "image": batch["image"][k].permute(1, 2, 0).numpy(), "ood_mask": ood_mask[k].numpy(),
                     "semantic": semantic[k].numpy(), "classes": predicted,
                     **{f"score_{n}": s[k].float().cpu().numpy() for n, s in scores.items()}}.items()}
