@@ -21,8 +21,17 @@ def _imports():
     return True
 
 
-def failed(err, kernel, fallback):
-    """Record that ``kernel`` failed with ``err`` and warn that ``fallback`` is used from now on."""
-    _BROKEN.append(f"{type(err).__name__}: {err}")
-    warnings.warn(f"segood's Triton {kernel} failed here ({_BROKEN[0][:300]}); {fallback} instead", RuntimeWarning,
-                  stacklevel=3)
+def attempt(call, kernel, fallback):
+    """``call()``, a launch of the Triton ``kernel``; None where Triton cannot build or launch it on this machine,
+    after a warning that ``fallback`` is used from now on (running out of device memory is raised as it is)."""
+    import torch
+
+    try:
+        return call()
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a Triton that cannot build or launch its kernels here
+        _BROKEN.append(f"{type(err).__name__}: {err}")
+        warnings.warn(f"segood's Triton {kernel} failed here ({_BROKEN[0][:300]}); {fallback} instead",
+                      RuntimeWarning, stacklevel=3)
+        return None

@@ -257,12 +257,10 @@ def logit_scores(logits, forms):
     if unknown:
         raise ValueError(f"unknown logit forms {unknown}; known: {', '.join(LOGIT_FORMS)}")
     if logits.is_cuda and logits.dtype == torch.float32 and logits.shape[1] > 1 and _triton.available():
-        try:
-            return _fused_logit_scores(logits, forms)
-        except torch.cuda.OutOfMemoryError:
-            raise
-        except Exception as err:  # noqa: BLE001 - a Triton that cannot build or launch its kernel on this machine
-            _triton.failed(err, "logit kernel", "each method scores the logits with torch operations")
+        scores = _triton.attempt(lambda: _fused_logit_scores(logits, forms), "logit kernel",
+                                 "each method scores the logits with torch operations")
+        if scores is not None:
+            return scores
     return [LOGIT_FORMS[name](logits, temperature) for name, temperature in forms]
 
 

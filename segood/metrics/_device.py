@@ -41,19 +41,14 @@ def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK):
     Returns:
         ([(binades (k,) int64 increasing, counts (k, 2, 2^m) int64)] per image, problems (3,) int64), numpy.
     """
-    import torch
-
     if kernel is not None:
         return _histograms(scores, labels, m, kernel, block)
-    if not (scores.is_cuda and _triton.available()):
-        return _histograms(scores, labels, m, "torch", block)
-    try:
-        return _histograms(scores, labels, m, "triton", block)
-    except torch.cuda.OutOfMemoryError:
-        raise
-    except Exception as err:  # noqa: BLE001 - a Triton that cannot build or launch its kernels on this machine
-        _triton.failed(err, "histogram kernel", "counting with torch operations (the same counts, slower)")
-        return _histograms(scores, labels, m, "torch", block)
+    if scores.is_cuda and _triton.available():
+        counted = _triton.attempt(lambda: _histograms(scores, labels, m, "triton", block), "histogram kernel",
+                                  "counting with torch operations (the same counts, slower)")
+        if counted is not None:
+            return counted
+    return _histograms(scores, labels, m, "torch", block)
 
 
 def _histograms(scores, labels, m, kernel, block):
@@ -194,15 +189,13 @@ def label_sums(labels, values, n, *, kernel=None):
     by :func:`blockwise_sums` (on CUDA, atomic additions: the last bits may vary)."""
     import torch
 
-    if kernel is not None or (values.is_cuda and values.dtype.is_floating_point and _triton.available()):
-        try:
-            return _kernel_label_sums(labels, values, n, kernel)
-        except torch.cuda.OutOfMemoryError:
-            raise
-        except Exception as err:  # noqa: BLE001 - a Triton that cannot build or launch its kernel on this machine
-            if kernel is not None:
-                raise
-            _triton.failed(err, "sums kernel", "sums by atomic additions (their last bits may vary)")
+    if kernel is not None:
+        return _kernel_label_sums(labels, values, n, kernel)
+    if values.is_cuda and values.dtype.is_floating_point and _triton.available():
+        sums = _triton.attempt(lambda: _kernel_label_sums(labels, values, n, None), "sums kernel",
+                               "sums by atomic additions (their last bits may vary)")
+        if sums is not None:
+            return sums
     weights = values.flatten().to(torch.float64, copy=True).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
     return blockwise_sums(labels, weights, n)
 

@@ -67,13 +67,9 @@ class CalibrationAccumulator(Part):
         if probs.device.type == target.device.type == "cpu" and not target.is_floating_point():
             return self._update_host(probs.float(), target)
         if probs.is_cuda and _triton.available():
-            try:
-                totals = _kernel_totals(probs, target.to(probs.device), self.num_bins)
-            except torch.cuda.OutOfMemoryError:
-                raise
-            except Exception as err:  # noqa: BLE001 - a Triton that cannot build or launch its kernel on this machine
-                _triton.failed(err, "calibration kernel", "torch operations (the same counts)")
-            else:
+            totals = _triton.attempt(lambda: _kernel_totals(probs, target.to(probs.device), self.num_bins),
+                                     "calibration kernel", "torch operations (the same counts)")
+            if totals is not None:
                 return self._add(*totals, probs.shape[1])
         return self._update_torch(probs, target)
 
