@@ -10,7 +10,8 @@ from segood.cli import main
 from segood.data.common import Sample
 from segood.data.h5 import SetWriter
 from segood.data.synthetic import scene_batch
-from segood.models import build_model, confidence_loss, load_model, read_checkpoint, save_checkpoint
+from segood.models import build_model, confidence_loss, load_model, preprocess, read_checkpoint, save_checkpoint
+from segood.models.network import IMAGENET_MEAN, IMAGENET_STD
 from segood.models.train import TrainConfig, train
 
 HEADS = ["plain", "dimreduce", "dropout", "confidence"]
@@ -45,6 +46,27 @@ def test_bad_input_shape_says_how_to_pad():
     model = build_model("pspnet", "resnet18").eval()
     with pytest.raises(ValueError, match=r"pad to \(64, 104\)"):
         model(torch.randn(1, 3, 60, 100))
+
+
+def _preprocess_by_torch(images):  # the reference: torch's float32 operations, one after the other
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    return ((images.float() / 255.0) - mean) / std
+
+
+def test_preprocess_gives_torchs_bits_for_every_value_and_layout():
+    every = torch.arange(256, dtype=torch.uint8).repeat(3).view(1, 3, 16, 16)  # all 768 (value, channel) pairs
+    assert torch.equal(preprocess(every).view(torch.int32), _preprocess_by_torch(every).view(torch.int32))
+    frames = torch.randint(0, 256, (3, 3, 37, 1800), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    expected = _preprocess_by_torch(frames)  # (1800 wide: planes in bands of 36 rows, the last one shorter)
+    out = torch.full(frames.shape, float("nan"))
+    assert preprocess(frames, out=out) is out and torch.equal(out, expected)
+    assert torch.equal(preprocess(frames.contiguous(memory_format=torch.channels_last)), expected)
+    assert torch.equal(preprocess(frames[:, :, ::2, 3:]), expected[:, :, ::2, 3:])  # strided
+    with pytest.raises(ValueError, match="out must be float32 of shape"):
+        preprocess(frames, out=torch.empty(3, 3, 37, 1799))
+    with pytest.raises(ValueError, match="expected RGB frames"):
+        preprocess(torch.zeros(1, 4, 8, 8, dtype=torch.uint8))
 
 
 def test_dropout_is_stochastic_only_for_monte_carlo():

@@ -623,6 +623,7 @@ class _Loop:
     progress: bool
     workers: int | None  # None: default_workers of each pass's plan
     amp: str | None
+    inputs: torch.Tensor | None = None  # the normalised frames of the last batch, whose memory the next reuses
 
     def plan(self, done, methods_of):
         """[(set name, frame indices)]: the batches of every set's frames not yet ``done`` that has methods."""
@@ -686,8 +687,11 @@ class _Loop:
     def score(self, set_name, batch, indices, methods):
         """The batch's scores (:func:`score_frames`), Monte-Carlo dropout seeded by (seed, set, first frame)."""
         set_index = list(self.datasets).index(set_name)
+        images = batch["image"].to(self.device, non_blocking=True)
+        if self.inputs is None or self.inputs.shape != images.shape:  # (nothing of a batch outlives its update)
+            self.inputs = torch.empty(images.shape, device=self.device)
         try:
-            scored = score_frames(self.model, batch["image"].to(self.device, non_blocking=True), methods,
+            scored = score_frames(self.model, images, methods, out=self.inputs,
                                   mc_seed=self.seed * 1_000_003 + set_index * 10_007 + indices[0], amp=self.amp)
         except ValueError as err:  # e.g. a scorer's misshapen or NaN scores
             raise ValueError(f"{set_name}: frames {indices}: {err}") from None

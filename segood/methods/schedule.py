@@ -144,12 +144,13 @@ def check_compile_backend(backend):
         raise ValueError(f"compile: unknown torch.compile backend {backend!r}; known here: {', '.join(known)}")
 
 
-def score_frames(model, images, methods, *, mc_seed=None, amp=None):
+def score_frames(model, images, methods, *, mc_seed=None, amp=None, out=None):
     """Score uint8 RGB frames ``images`` (N, 3, H, W) on the model's device: a
     :class:`~segood.methods.scorer.Scorer` (``methods`` is ``[model]``) gets them as they are, a network their
-    ImageNet-normalised copy (:func:`score_batch`, with ``amp``). Returns a :class:`ScoredBatch`."""
+    ImageNet-normalised copy (:func:`score_batch`, with ``amp``), written into ``out`` where given (see
+    :func:`~segood.models.network.preprocess`). Returns a :class:`ScoredBatch`."""
     if not getattr(model, "scores_frames", False):  # (a Scorer: it returns the anomaly scores itself)
-        return score_batch(model, preprocess(images), methods, mc_seed=mc_seed, amp=amp)
+        return score_batch(model, preprocess(images, out), methods, mc_seed=mc_seed, amp=amp)
     check_methods(model, methods)
     clock = _Clock(images.device)
     with for_network(images.device):
