@@ -11,7 +11,7 @@ import torch
 from segood.evaluation import evaluate
 from segood.evaluation.class_sums import class_counts, class_sums
 from segood.evaluation.options import EvaluateOptions
-from segood.evaluation.reading import UnreadableFrame, batch_reader, default_workers
+from segood.evaluation.reading import UnreadableFrame, batch_reader, default_workers, stacked
 from segood.evaluation.runner import Evaluation, _Saver
 from segood.io import read_npz, write_npz
 from segood.methods import get_method
@@ -58,6 +58,39 @@ def test_workers_give_the_batches_of_the_main_process_in_order(workers):
     for (_, runs_w, _), (_, runs_0, _) in zip(got, want):
         for (_, batch_w), (_, batch_0) in zip(runs_w, runs_0):
             assert all(torch.equal(batch_w[k], batch_0[k]) for k in batch_0)
+    for runs, _ in batch_reader(sets, plan, workers=workers):
+        for batch, _ in runs:  # one storage a batch: one handshake with the reader
+            assert len({t.untyped_storage().data_ptr() for t in batch.values()}) == 1
+
+
+def test_a_batch_is_stacked_as_torch_stack_stacks_it():
+    g = torch.Generator().manual_seed(0)
+    items = [{"image": torch.randint(0, 256, (3, 5, 7), dtype=torch.uint8, generator=g),
+              "score": torch.rand(5, 7, generator=g).to(dtype), "ood_mask": torch.rand(5, 7, generator=g) > 0.5,
+              "frame_id": f"f{k}"} for k, dtype in enumerate([torch.float16, torch.float32, torch.float16])]
+    (batch, indices), = stacked(items, [4, 5, 6])
+    assert indices == [4, 5, 6] and list(batch) == ["image", "score", "ood_mask"]
+    for key, value in batch.items():
+        expected = torch.stack([item[key] for item in items])  # (float16 with float32: float32)
+        assert value.dtype == expected.dtype and torch.equal(value, expected)
+
+
+def test_the_readers_exit_once_the_last_batch_is_in_with_no_further_next():
+    import multiprocessing
+    import time
+
+    sets = {"a": Frames(6)}
+    plan = [("a", [0, 1]), ("a", [2, 3]), ("a", [4, 5])]
+    reads = batch_reader(sets, plan, workers=2)
+    next(reads)
+    readers = multiprocessing.active_children()
+    assert len(readers) == 2
+    for _ in plan[1:]:
+        next(reads)  # (the generator is kept, never resumed after its last batch: as a run's loop leaves it)
+    deadline = time.monotonic() + 20
+    while any(p.is_alive() for p in readers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(p.is_alive() for p in readers)
 
 
 @pytest.mark.parametrize("workers", [0, 2])
