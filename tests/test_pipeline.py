@@ -198,6 +198,21 @@ def test_example_frames_are_written_per_set_when_one_is_taken_not_at_every_save(
         Evaluation.load(old)
 
 
+def test_an_example_frame_keeps_every_step_th_pixel_of_each_map_its_predicted_classes_too():
+    ev = Evaluation(["max_logit"], ["s"], examples=(1, 4))  # frames 12 wide, examples at most 4: every 3rd pixel
+    frame = Frames(3)[1]
+    g = torch.Generator().manual_seed(0)
+    logits, scores = torch.randn(1, 19, 8, 12, generator=g), torch.rand(1, 8, 12, generator=g)
+    ev.process("s", [0], {k: v[None] for k, v in frame.items()}, {"max_logit": scores}, logits=logits)
+    example = ev.examples[("s", 0)]
+    expected = {"image": frame["image"].permute(1, 2, 0), "ood_mask": frame["ood_mask"],
+                "semantic": frame["semantic"], "classes": logits[0].argmax(dim=0).to(torch.uint8),
+                "score_max_logit": scores[0]}
+    assert list(example) == list(expected)
+    for key, value in expected.items():
+        np.testing.assert_array_equal(example[key], value[::3, ::3].numpy())
+
+
 def test_write_npz_deflates_the_members_it_is_told_to(tmp_path):
     arrays = {"counts": np.zeros(1000, np.int64), "ex|image": np.arange(12, dtype=np.uint8).reshape(3, 4)}
     path = tmp_path / "arrays.npz"

@@ -192,15 +192,16 @@ class Evaluation(Part):
             self._add_sums(self.class_sum, (name, set_name), class_sums(semantic_there, score, NUM_CLASSES))
         for k, index in enumerate(indices):
             if index < self.example_count:
-                predicted = np.full(semantic.shape[1:], 255, np.uint8) if logits is None and classes is None else \
-                    (predicted_classes(logits[k : k + 1])[0] if classes is None else classes[k]).cpu().numpy() \
-                    .astype(np.uint8)
                 step = -(-semantic.shape[-1] // self.example_width) if self.example_width else 1  # keep every step-th
+                kept = (slice(None, None, step),) * 2
+                predicted = np.full(semantic[k][kept].shape, 255, np.uint8) if logits is None and classes is None \
+                    else (predicted_classes(logits[k : k + 1, :, ::step, ::step])[0] if classes is None  # (of the kept
+                          else classes[k][kept]).cpu().numpy().astype(np.uint8)  # pixels only)
                 # (copies: a view would keep the whole batch alive, in a reader's shared memory)
-                self.examples[(set_name, index)] = {key: np.array(value[::step, ::step], order="C") for key, value in {
-                    "image": batch["image"][k].permute(1, 2, 0).numpy(), "ood_mask": ood_mask[k].numpy(),
-                    "semantic": semantic[k].numpy(), "classes": predicted,
-                    **{f"score_{n}": s[k].float().cpu().numpy() for n, s in scores.items()}}.items()}
+                self.examples[(set_name, index)] = {key: np.array(value, order="C") for key, value in {
+                    "image": batch["image"][k].permute(1, 2, 0)[kept].numpy(), "ood_mask": ood_mask[k][kept].numpy(),
+                    "semantic": semantic[k][kept].numpy(), "classes": predicted,
+                    **{f"score_{n}": s[k][kept].float().cpu().numpy() for n, s in scores.items()}}.items()}
         self.images[set_name] += len(indices)
 
     def _add_sums(self, store, key, sums):
