@@ -213,6 +213,25 @@ def test_an_example_frame_keeps_every_step_th_pixel_of_each_map_its_predicted_cl
         np.testing.assert_array_equal(example[key], value[::3, ::3].numpy())
 
 
+def test_the_calibration_of_a_kept_softmax_equals_that_of_torch_softmax_batch_after_batch():
+    from segood.methods.functional import max_logit
+    from segood.metrics.calibration import CalibrationAccumulator
+
+    ev, expected = Evaluation(["max_logit"], ["s"], quality=True, examples=(0, None)), CalibrationAccumulator()
+    frames = Frames(6)
+    for indices in ([1, 2], [4, 5], [0]):  # (the last of another size: the kept tensor is made anew)
+        batch = {k: torch.stack([frames[i][k] for i in indices]) for k in frames[0]}
+        logits = 4 * torch.randn(len(indices), 19, *batch["semantic"].shape[1:],
+                                 generator=torch.Generator().manual_seed(indices[0]))
+        ev.process("s", indices, batch, {"max_logit": max_logit(logits)}, logits=logits)
+        expected.update(torch.softmax(logits, dim=1), batch["semantic"])
+    got = ev.calibration["s"]
+    assert got.count.sum() == 4 * 8 * 12 + 6 * 10
+    for name in ("count", "correct", "confidence"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(expected, name))
+    assert got.brier == expected.brier
+
+
 def test_write_npz_deflates_the_members_it_is_told_to(tmp_path):
     arrays = {"counts": np.zeros(1000, np.int64), "ex|image": np.arange(12, dtype=np.uint8).reshape(3, 4)}
     path = tmp_path / "arrays.npz"

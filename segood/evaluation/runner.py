@@ -20,7 +20,7 @@ import re
 import threading
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +77,7 @@ class Evaluation(Part):
         self.example_count, self.example_width = examples
         self.confusion = {s: np.zeros((NUM_CLASSES, NUM_CLASSES), np.int64) for s in set_names} if quality else {}
         self.calibration = {s: CalibrationAccumulator() for s in set_names} if quality else {}
+        self.probabilities = KeptTensor()  # the softmax of a batch's logits, for the calibration
         odd = [n for n in self.method_names + self.set_names if not n or "/" in n]
         if odd:
             raise ValueError(f"method and set names must be non-empty and free of '/' (the state's path separator): "
@@ -179,7 +180,7 @@ class Evaluation(Part):
                 raise ValueError("an evaluation with quality=True needs the network's logits")
             classes = predicted_classes(logits) if classes is None else classes
             self.confusion[set_name] += confusion_matrix(classes.cpu().numpy(), semantic.numpy(), NUM_CLASSES)
-            self.calibration[set_name].update(torch.softmax(logits.float(), dim=1), semantic.to(logits.device))
+            self.calibration[set_name].update(softmax(logits, self.probabilities), semantic.to(logits.device))
         device = next(iter(scores.values())).device if scores else semantic.device
         labels, semantic_there = (x.to(device, non_blocking=True) for x in (ood_mask, semantic))  # (from pinned)
         self._add_sums(self.class_count, set_name, class_counts(semantic_there, NUM_CLASSES))
@@ -565,6 +566,30 @@ def run(model, sets, methods, out_dir, options, *, rank=0, world_size=1, seed=0,
     return ev.all_reduce()
 
 
+class KeptTensor:
+    """A float32 tensor kept from one batch to the next and written again, made anew only for another shape or
+    device: a fresh tensor has every page of its memory faulted in when first written (on the CPU of a virtual
+    machine about 0.7 ms a MB, more than the softmax of its logits takes). Only for what nothing of a batch keeps
+    past its update."""
+
+    def __init__(self):
+        self.tensor = None
+
+    def of(self, shape, device):
+        if self.tensor is None or self.tensor.shape != shape or self.tensor.device != torch.device(device):
+            self.tensor = torch.empty(shape, device=device)
+        return self.tensor
+
+
+def softmax(logits, kept):
+    """``torch.softmax`` over the classes (dimension 1) of ``logits`` in float32: on the CPU the same kernel,
+    written into ``kept`` (a :class:`KeptTensor`)."""
+    logits = logits.float()
+    if logits.device.type != "cpu":
+        return torch.softmax(logits, dim=1)
+    return torch.ops.aten._softmax.out(logits, 1, False, out=kept.of(logits.shape, logits.device))
+
+
 class _Saver:
     """Saves the run's state (atomically) in a background thread, one save at a time, so that the next batches
     are scored while the last state is compressed and written; a save that failed is raised by the next
@@ -624,7 +649,7 @@ class _Loop:
     progress: bool
     workers: int | None  # None: default_workers of each pass's plan
     amp: str | None
-    inputs: torch.Tensor | None = None  # the normalised frames of the last batch, whose memory the next reuses
+    inputs: KeptTensor = field(default_factory=KeptTensor)  # the normalised frames of a batch
 
     def plan(self, done, methods_of):
         """[(set name, frame indices)]: the batches of every set's frames not yet ``done`` that has methods."""
@@ -689,10 +714,8 @@ class _Loop:
         """The batch's scores (:func:`score_frames`), Monte-Carlo dropout seeded by (seed, set, first frame)."""
         set_index = list(self.datasets).index(set_name)
         images = batch["image"].to(self.device, non_blocking=True)
-        if self.inputs is None or self.inputs.shape != images.shape:  # (nothing of a batch outlives its update)
-            self.inputs = torch.empty(images.shape, device=self.device)
         try:
-            scored = score_frames(self.model, images, methods, out=self.inputs,
+            scored = score_frames(self.model, images, methods, out=self.inputs.of(images.shape, self.device),
                                   mc_seed=self.seed * 1_000_003 + set_index * 10_007 + indices[0], amp=self.amp)
         except ValueError as err:  # e.g. a scorer's misshapen or NaN scores
             raise ValueError(f"{set_name}: frames {indices}: {err}") from None

@@ -219,7 +219,8 @@ def _normalised_on_cpu(images, out):
     source, target = images.numpy(), out.numpy()
     mean, std = (torch.tensor(v).numpy() for v in (IMAGENET_MEAN, IMAGENET_STD))  # (float32, as torch's operations)
     rows = max(1, min(h, _BAND_PIXELS // max(w, 1)))
-    chunks = [((i, c), (start, min(h, start + rows))) for i in range(n) for c in range(3) for start in range(0, h, rows)]
+    chunks = [((i, c), (start, min(h, start + rows))) for i in range(n) for c in range(3)
+              for start in range(0, h, rows)]
 
     def work(taken):
         for k in taken:
