@@ -136,6 +136,7 @@ def test_segmentation_quality_only_where_the_classes_are_the_sets(sets, tmp_path
     ev = run(ExternalModel(QuarterNet(classes)), {"cs": sets["cs"]}, [get_method("entropy")], tmp_path,
              EvaluateOptions(progress=False), quality=True)
     assert (ev.confusion["cs"].sum() > 0) == (classes == 19)
+    assert ev.probabilities.tensor is None  # (the softmax's memory is the run's, not kept with its result)
     assert any("segmentation quality (mIoU, confusion, calibration) is not computed" in n
                for n in ev.notes()) == (classes != 19)
 

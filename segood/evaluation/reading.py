@@ -77,8 +77,8 @@ def _stacked_in_one_block(items, keys):
     main process as one shared storage (each storage costs a handshake with the reader, about 1 ms while it
     decodes the next batch)."""
     shapes = [(len(items), *items[0][key].shape) for key in keys]
-    dtypes = [functools.reduce(torch.promote_types, (item[key].dtype for item in items)) for key in keys]  # (as
-    # torch.stack's)
+    promoted = functools.partial(functools.reduce, torch.promote_types)  # (the dtype torch.stack gives)
+    dtypes = [promoted(item[key].dtype for item in items) for key in keys]
     sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in zip(shapes, dtypes)]
     offsets = [sum(-(-size // 64) * 64 for size in sizes[:k]) for k in range(len(sizes) + 1)]  # (aligned)
     block = torch.empty(offsets[-1], dtype=torch.uint8)

@@ -563,6 +563,7 @@ def run(model, sets, methods, out_dir, options, *, rank=0, world_size=1, seed=0,
                           lambda s: [m for m in methods if (m.name, s) in ev.comp], ev.update_components_pass)
     finally:
         loop.saver.wait()
+        ev.probabilities = KeptTensor()  # (memory for the run's batches, not a result to keep)
     return ev.all_reduce()
 
 
