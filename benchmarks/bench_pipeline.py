@@ -6,12 +6,13 @@
 The null network returns a view of fixed logits (no work), so ``segood.evaluate`` spends its time reading frames,
 scoring (max logit) and accumulating. A perfectly overlapped pipeline runs at the pace of its slowest stage, so the
 stages are timed alone on the same frames — reading (decode + sha256 verification, through the reader evaluate uses,
-with its workers) and scoring + accumulating in the main process (from frames already in memory) — and evaluate's
-throughput is reported as a share of the slowest stage's (no figures, no bootstrap; the state saved as evaluate
-saves it), end to end and warm: the time a run over two copies of the set adds per frame of the second copy, where
-the run's fixed costs (starting the readers, the first batch read before anything overlaps, the report) cancel.
-Best of ``--repeat`` rounds in which the four take turns (so that the machine's noise slows each alike), after
-one warm-up each.
+with its workers) and scoring + accumulating in the main process (from frames already in memory), with every
+thread and with the threads evaluate leaves it beside its readers (one core fewer a reader), its pace in the
+pipeline — and evaluate's throughput is reported as a share of the slowest stage's (no figures, no bootstrap; the
+state saved as evaluate saves it), end to end and warm: the time a run over two copies of the set adds per frame of
+the second copy, where the run's fixed costs (starting the readers, the first batch read before anything
+overlaps, the report) cancel. Best of ``--repeat`` rounds in which the five take turns (so that the machine's
+noise slows each alike), after one warm-up each.
 """
 
 import argparse
@@ -22,6 +23,7 @@ import torch
 
 from torch_timing import best_ms, interleaved_best_ms
 
+from segood._threads import beside_readers
 from segood.data.h5 import H5SegmentationDataset
 from segood.data.synthetic import write_scene_set
 from segood.evaluation import evaluate
@@ -97,7 +99,13 @@ def main():
                  workers=workers)
         shutil.rmtree(args.workdir / "run")
 
-    contenders = {"reading": read, "scoring + accumulating": score_and_accumulate, "evaluate": run,
+    def score_and_accumulate_beside_readers():  # (with the threads evaluate leaves the main process)
+        with beside_readers(workers):
+            score_and_accumulate()
+
+    beside = f"scoring + accumulating beside {workers} reader(s)"
+    contenders = {"reading": read, "scoring + accumulating": score_and_accumulate,
+                  beside: score_and_accumulate_beside_readers, "evaluate": run,
                   "evaluate, two copies of the set": lambda: run(2)}
     stages = dict(zip(contenders, (ms / 1000 for ms in interleaved_best_ms(list(contenders.values()), args.repeat,
                                                                             device))))
@@ -109,7 +117,7 @@ def main():
     print("| stage | ms/frame |\n|---|---:|")
     for stage, seconds in stages.items():
         print(f"| {stage} | {1000 * seconds / args.frames:.1f} |")
-    slowest = max(stages["reading"], stages["scoring + accumulating"])
+    slowest = max(stages["reading"], stages[beside])  # (the main process's pace as evaluate runs it)
     print(f"\nevaluate runs at {slowest / stages['evaluate']:.0%} of the slowest stage's pace end to end, "
           f"{slowest / stages[warm]:.0%} warm")
     if args.profile:
