@@ -190,8 +190,8 @@ def frame_output(model, x):
 
 def preprocess(images, out=None):
     """(N, 3, H, W) uint8 RGB tensor -> float32, ImageNet-normalised, on the same device: into ``out`` where given
-    (a float32 tensor of that shape there, which a loop over batches keeps: no fresh tensor's pages to fault in on
-    the CPU, about 1 ms a 512×1024 frame), else into a new tensor.
+    (a float32 tensor of that shape there, which a loop over batches keeps, so that no fresh tensor has its pages
+    faulted in: about 3 ms a 512×1024 frame on the CPU of a virtual machine), else into a new tensor.
 
     On CPU a numba kernel computes the same float32 operations in one pass, in row bands across torch's threads
     (bit for bit the same values: every one of the 768 is tested), instead of four passes over the frames."""
