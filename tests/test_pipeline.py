@@ -213,6 +213,15 @@ def test_an_example_frame_keeps_every_step_th_pixel_of_each_map_its_predicted_cl
         np.testing.assert_array_equal(example[key], value[::3, ::3].numpy())
 
 
+def test_a_kept_tensor_is_the_same_until_another_shape_or_device_is_asked_for():
+    from segood.evaluation.runner import KeptTensor
+
+    kept = KeptTensor()
+    first = kept.of((2, 3, 4), "cpu")
+    assert kept.of(torch.Size([2, 3, 4]), torch.device("cpu")) is first and first.dtype == torch.float32
+    assert kept.of((2, 3, 5), "cpu") is not first
+
+
 def test_the_calibration_of_a_kept_softmax_equals_that_of_torch_softmax_batch_after_batch():
     from segood.methods.functional import max_logit
     from segood.metrics.calibration import CalibrationAccumulator

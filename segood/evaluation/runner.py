@@ -574,11 +574,12 @@ class KeptTensor:
     past its update."""
 
     def __init__(self):
-        self.tensor = None
+        self.tensor, self.key = None, None
 
     def of(self, shape, device):
-        if self.tensor is None or self.tensor.shape != shape or self.tensor.device != torch.device(device):
-            self.tensor = torch.empty(shape, device=device)
+        key = (tuple(shape), torch.device(device))  # (as asked for: "cuda" is not the tensor's "cuda:0")
+        if key != self.key:
+            self.tensor, self.key = torch.empty(shape, device=device), key
         return self.tensor
 
 
