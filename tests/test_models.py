@@ -63,6 +63,8 @@ def test_preprocess_gives_torchs_bits_for_every_value_and_layout():
     assert preprocess(frames, out=out) is out and torch.equal(out, expected)
     assert torch.equal(preprocess(frames.contiguous(memory_format=torch.channels_last)), expected)
     assert torch.equal(preprocess(frames[:, :, ::2, 3:]), expected[:, :, ::2, 3:])  # strided
+    out = torch.full(frames.shape, float("nan"))  # the torch operations (as on a GPU), into out
+    assert preprocess(frames.double(), out=out) is out and torch.equal(out, expected)
     with pytest.raises(ValueError, match="out must be float32 of shape"):
         preprocess(frames, out=torch.empty(3, 3, 37, 1799))
     with pytest.raises(ValueError, match="expected RGB frames"):
