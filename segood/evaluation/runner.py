@@ -194,14 +194,17 @@ class Evaluation(Part):
         for k, index in enumerate(indices):
             if index < self.example_count:
                 step = -(-semantic.shape[-1] // self.example_width) if self.example_width else 1  # keep every step-th
-                kept = (slice(None, None, step),) * 2
-                predicted = np.full(semantic[k][kept].shape, 255, np.uint8) if logits is None and classes is None \
-                    else (predicted_classes(logits[k : k + 1, :, ::step, ::step])[0] if classes is None  # (of the kept
-                          else classes[k][kept]).cpu().numpy().astype(np.uint8)  # pixels only)
+                kept = (slice(None, None, step),) * 2  # pixel each way
+                if classes is not None:
+                    predicted = classes[k][kept]
+                elif logits is not None:  # (of the kept pixels only)
+                    predicted = predicted_classes(logits[k : k + 1, :, ::step, ::step])[0]
+                else:
+                    predicted = torch.full(semantic[k][kept].shape, 255)
                 # (copies: a view would keep the whole batch alive, in a reader's shared memory)
                 self.examples[(set_name, index)] = {key: np.array(value, order="C") for key, value in {
                     "image": batch["image"][k].permute(1, 2, 0)[kept].numpy(), "ood_mask": ood_mask[k][kept].numpy(),
-                    "semantic": semantic[k][kept].numpy(), "classes": predicted,
+                    "semantic": semantic[k][kept].numpy(), "classes": predicted.cpu().numpy().astype(np.uint8),
                     **{f"score_{n}": s[k][kept].float().cpu().numpy() for n, s in scores.items()}}.items()}
         self.images[set_name] += len(indices)
 
