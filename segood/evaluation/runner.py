@@ -372,10 +372,7 @@ def write_state(path, arrays, *, examples=None):
     file is written (default: all); the others are left as they are. A set's frames change only when it takes a new
     example, and rewriting every set's (tens of MB each) at every save made a run wait for its saves, a run over
     many sets (the robustness suite) longer with each set."""
-    sets, frames = json.loads(str(arrays["meta"]))["sets"], {}
-    for key, value in arrays.items():
-        if _is_example(key):
-            frames.setdefault(key.split("/")[1], {})[key] = value
+    sets, frames = json.loads(str(arrays["meta"]))["sets"], _examples_by_set(arrays)
     files = {name: examples_path(path, sets.index(name)) for name in frames}
     for name, file in files.items():
         if examples is None or name in examples:
@@ -409,6 +406,14 @@ def _state_arrays(path):
                              "folder whole")
         examples.update(read_npz(path.with_name(name), "evaluation examples"))
     return {**examples, **arrays}
+
+
+def _examples_by_set(arrays):
+    """{set name: {key: frame array}} of the example frames among a state's ``arrays``."""
+    frames = {}
+    for key in filter(_is_example, arrays):
+        frames.setdefault(key.split("/")[1], {})[key] = arrays[key]
+    return frames
 
 
 def _is_example(key):
@@ -615,9 +620,7 @@ class _Saver:
 
     def _write(self, arrays):
         try:
-            examples = {}  # set name -> the keys of its example frames
-            for key in filter(_is_example, arrays):
-                examples.setdefault(key.split("/")[1], set()).add(key)
+            examples = {name: set(frames) for name, frames in _examples_by_set(arrays).items()}  # (their keys)
             write_state(self.path, arrays, examples={name for name, keys in examples.items()
                                                      if self.examples is None or self.examples.get(name) != keys})
             self.examples = examples
