@@ -63,6 +63,22 @@ def test_workers_give_the_batches_of_the_main_process_in_order(workers):
             assert len({t.untyped_storage().data_ptr() for t in batch.values()}) == 1
 
 
+def test_readers_write_their_batches_into_blocks_again_only_once_the_main_process_is_done_with_them():
+    import time
+
+    sets = {"a": Frames(40)}
+    plan = [("a", list(range(k, min(k + 3, 40)))) for k in range(0, 40, 3)]  # (sizes change within and across)
+    want = flat(zip([n for n, _ in plan], batch_reader(sets, plan, workers=0)))
+    blocks = set()
+    for (name, runs_0, _), (runs, _) in zip(want, batch_reader(sets, plan, workers=2)):
+        time.sleep(0.02)  # a slow consumer: the readers run ahead meanwhile
+        for (_, batch_0), (batch, _) in zip(runs_0, runs):
+            assert all(torch.equal(batch[k], batch_0[k]) for k in batch_0)
+            blocks.add(batch["image"].untyped_storage().data_ptr())
+    assert len(blocks) <= 2 * 3 + 1 < len(plan)  # (each reader's blocks, at most two ahead and one in use; the
+    # first batch is read by the main process)
+
+
 def test_a_batch_is_stacked_as_torch_stack_stacks_it():
     g = torch.Generator().manual_seed(0)
     items = [{"image": torch.randint(0, 256, (3, 5, 7), dtype=torch.uint8, generator=g),

@@ -10,6 +10,7 @@ at a time. The batches and their order are the same either way, so are the count
 import functools
 import math
 import threading
+import typing
 
 import torch
 
@@ -65,34 +66,71 @@ def read_batch(dataset, indices, *, skip_bad=False):
 
 def stacked(items, indices):
     """[(batch of stacked tensors, its frame indices)], one for each run of consecutive ``items`` of one size
-    (every tensor of an item: image, masks, and what a wrapped set adds, such as score maps)."""
+    (every tensor of an item: image, masks, and what a wrapped set adds, such as score maps), all views of one
+    block of memory (:func:`_layout`)."""
+    layout, size = _layout(items, indices)
+    return _filled(torch.empty(size, dtype=torch.uint8), layout, items)
+
+
+def _layout(items, indices):
+    """(``[(frame indices, {key: (offset, shape, dtype)})]``, bytes): where one block of memory holds ``items``
+    stacked, a run of frames of one size at a time, each tensor 64-byte aligned; the dtypes promote as
+    ``torch.stack``'s do. One block a batch: a reader process hands a batch to the main process as one shared
+    storage (each storage costs a handshake with the reader, about 1 ms while it decodes the next batch)."""
     sizes = [tuple(item["image"].shape) for item in items]
     keys = [key for key, value in items[0].items() if isinstance(value, torch.Tensor)] if items else []
-    return [(_stacked_in_one_block([items[k] for k in run], keys), [indices[k] for k in run])
-            for run in same_size_batches(sizes, len(items))]
+    promoted = functools.partial(functools.reduce, torch.promote_types)
+    layout, offset = [], 0
+    for run in same_size_batches(sizes, len(items)):
+        places = {}
+        for key in keys:
+            shape, dtype = (len(run), *items[run[0]][key].shape), promoted(items[k][key].dtype for k in run)
+            places[key] = (offset, shape, dtype)
+            offset += -(-math.prod(shape) * dtype.itemsize // 64) * 64
+        layout.append(([indices[k] for k in run], places))
+    return layout, offset
 
 
-def _stacked_in_one_block(items, keys):
-    """{key: the items' tensors stacked}, all views of one block of memory: a reader process hands a batch to the
-    main process as one shared storage (each storage costs a handshake with the reader, about 1 ms while it
-    decodes the next batch)."""
-    shapes = [(len(items), *items[0][key].shape) for key in keys]
-    promoted = functools.partial(functools.reduce, torch.promote_types)  # (the dtype torch.stack gives)
-    dtypes = [promoted(item[key].dtype for item in items) for key in keys]
-    sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in zip(shapes, dtypes)]
-    offsets = [sum(-(-size // 64) * 64 for size in sizes[:k]) for k in range(len(sizes) + 1)]  # (aligned)
-    block = torch.empty(offsets[-1], dtype=torch.uint8)
-    return {key: torch.stack([item[key] for item in items], out=block[start : start + size].view(dtype).view(shape))
-            for key, shape, dtype, start, size in zip(keys, shapes, dtypes, offsets, sizes)}
+def _filled(block, layout, items):
+    """The batch of :func:`stacked`, ``items`` stacked into ``block`` (a uint8 tensor) as ``layout`` says."""
+    views, first = _views(block, layout), 0
+    for batch, indices in views:
+        for key, view in batch.items():
+            torch.stack([item[key] for item in items[first : first + len(indices)]], out=view)
+        first += len(indices)
+    return views
+
+
+def _views(block, layout):
+    """[(batch, frame indices)]: the tensors ``layout`` places in ``block``."""
+    return [({key: block[offset : offset + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+              for key, (offset, shape, dtype) in places.items()}, indices) for indices, places in layout]
+
+
+class _InBlock(typing.NamedTuple):
+    """A batch a reader process wrote into a block of shared memory it keeps (:class:`_Batches`): the block itself
+    only the first time, after that only where in it."""
+
+    reader: int
+    slot: int
+    block: torch.Tensor | None
+    layout: list
 
 
 class _Batches(torch.utils.data.Dataset):
     """The k-th batch of a plan: ([(stacked batch, frame indices)], [(index, reason)] passed over), or
     ``("unreadable", index, reason)`` for a frame that cannot be read without ``skip_bad`` (raised as
-    :class:`UnreadableFrame` by the main process, which saves the run first)."""
+    :class:`UnreadableFrame` by the main process, which saves the run first).
 
-    def __init__(self, datasets, plan, skip_bad):
-        self.datasets, self.plan, self.skip_bad = datasets, plan, skip_bad
+    With ``taken`` (a shared count: the main process is done with the batches before it) a reader process writes
+    its batches into blocks of shared memory it keeps, a block the main process is done with and large enough,
+    else a new one, and hands over an :class:`_InBlock`: the main process maps each block once. A fresh block a
+    batch, as a ``DataLoader`` hands batches over, has its pages faulted in by the reader and again by the main
+    process (each about 600 faults a 512x1024 frame, 1.5 ms on a virtual machine's CPU)."""
+
+    def __init__(self, datasets, plan, skip_bad, taken=None):
+        self.datasets, self.plan, self.skip_bad, self.taken = datasets, plan, skip_bad, taken
+        self.blocks = []  # (in a reader process) [[block, the batch it holds]]
 
     def __len__(self):
         return len(self.plan)
@@ -103,26 +141,69 @@ class _Batches(torch.utils.data.Dataset):
             items, kept, bad = read_batch(self.datasets[set_name], indices, skip_bad=self.skip_bad)
         except UnreadableFrame as err:
             return "unreadable", err.index, err.reason
-        return stacked(items, kept), bad
+        reader = torch.utils.data.get_worker_info()
+        if self.taken is None or reader is None:
+            return stacked(items, kept), bad
+        layout, size = _layout(items, kept)
+        slot, fresh = self._block(k, size)
+        _filled(self.blocks[slot][0], layout, items)
+        return _InBlock(reader.id, slot, self.blocks[slot][0] if fresh else None, layout), bad
+
+    def _block(self, k, size):
+        """(slot, whether its block is new) of this reader's blocks for batch ``k`` of ``size`` bytes."""
+        done = int(self.taken[0])  # (read once: it only grows, and an old value only holds a block back)
+        free = [slot for slot, (_, held) in enumerate(self.blocks) if held < done]
+        fits = [slot for slot in free if len(self.blocks[slot][0]) >= size]
+        if fits:
+            self.blocks[fits[0]][1] = k
+            return fits[0], False
+        block = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(size))
+        if free:  # (too small: replaced)
+            self.blocks[free[0]] = [block, k]
+            return free[0], True
+        self.blocks.append([block, k])
+        return len(self.blocks) - 1, True
 
 
 def batch_reader(datasets, plan, *, workers=0, pin=False, skip_bad=False):
     """Yield the batches of ``plan`` ([(set name, frame indices)]) of ``datasets`` ({name: Dataset}) in order, as
     ``([(batch, frame indices)] per run of one frame size, [(index, reason)] of frames passed over)``; raises
-    :class:`UnreadableFrame` for an unreadable frame without ``skip_bad``. ``workers`` > 0: read that many
-    batches at once in worker processes (never more than the plan has batches to read ahead); ``pin``: into
-    pinned memory (for an asynchronous copy to a CUDA device)."""
+    :class:`UnreadableFrame` for an unreadable frame without ``skip_bad``. ``workers`` > 0: that many reader
+    processes read the batches after the first (which the main process reads while they start), a few batches
+    ahead (never more readers than there are batches to read ahead); ``pin``: into pinned memory (for an
+    asynchronous copy to a CUDA device). A batch from the readers lives in a block of memory they write again:
+    it is valid until the next batch is asked for (copy what is kept longer)."""
     workers = max(0, min(workers, len(plan) - 1))
-    loader = torch.utils.data.DataLoader(_Batches(datasets, plan, skip_bad), batch_size=None, shuffle=False,
-                                         num_workers=workers, pin_memory=pin and torch.cuda.is_available())
-    reads = iter(loader)
-    for count, read in enumerate(reads, 1):
-        if read[0] == "unreadable":
-            raise UnreadableFrame(read[1], read[2])
-        if workers and count == len(plan):  # the last batch is in: the readers are stopped and joined in the
-            # background (a join waits for each process to exit, ~0.04 s a reader, while the run scores the last
-            # batch; they are daemons, ended with the main process). Not after the last yield: a loop that takes
-            # as many batches as it planned never resumes the generator there, and the join would wait when it is
-            # collected.
+    if not workers:
+        batches = _Batches(datasets, plan, skip_bad)
+        for k in range(len(plan)):
+            yield _checked(batches[k])
+        return
+    taken = None if pin else torch.zeros(1, dtype=torch.int64).share_memory_()  # (pinned: copied out of the
+    # readers' memory as it arrives, so nothing to reuse)
+    loader = torch.utils.data.DataLoader(_Batches(datasets, plan[1:], skip_bad, taken), batch_size=None,
+                                         shuffle=False, num_workers=workers,
+                                         pin_memory=pin and torch.cuda.is_available())
+    reads = iter(loader)  # (the readers start)
+    yield _checked(_Batches(datasets, plan, skip_bad)[0])
+    blocks = {}  # {(reader, slot): a block of shared memory the readers write batches into}
+    for k in range(len(plan) - 1):
+        if taken is not None:
+            taken[0] = k  # (the batches before k are done with: the next one is asked for)
+        runs, bad = _checked(next(reads))
+        if isinstance(runs, _InBlock):
+            if runs.block is not None:
+                blocks[runs.reader, runs.slot] = runs.block
+            runs = _views(blocks[runs.reader, runs.slot], runs.layout)
+        if k == len(plan) - 2:  # the last batch is in: the readers are stopped and joined in the background (a
+            # join waits for each process to exit, ~0.04 s a reader, while the run scores the last batch; they are
+            # daemons, ended with the main process). Not after the last yield: a loop that takes as many batches
+            # as it planned never resumes the generator there, and the join would wait when it is collected.
             threading.Thread(target=reads._shutdown_workers, name="segood-readers-exit", daemon=True).start()
-        yield read
+        yield runs, bad
+
+
+def _checked(read):
+    if read[0] == "unreadable":
+        raise UnreadableFrame(read[1], read[2])
+    return read
