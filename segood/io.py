@@ -1,7 +1,6 @@
 """Small file helpers: writes are atomic, so a run that dies never leaves a half-written file."""
 
 import errno
-import io
 import json
 import os
 import tempfile
@@ -101,19 +100,15 @@ def write_npz(path, arrays, *, compressed=False):
     """Write {name: array} (plain arrays, no pickles) as an ``.npz`` file, atomically. ``compressed``: deflate
     every member (True), none (False), or those whose name it accepts (a callable: compress what compresses
     well, store what would only cost time, such as images)."""
-    import zipfile
-
     import numpy as np
 
     deflate = compressed if callable(compressed) else lambda name: compressed
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", allowZip64=True) as archive:
-        for name, value in arrays.items():
+    with atomic_output(path) as tmp, zipfile.ZipFile(tmp, "w", allowZip64=True) as archive:  # (straight into the
+        for name, value in arrays.items():  # file: a buffer first would copy every byte twice more)
             info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
             info.compress_type = zipfile.ZIP_DEFLATED if deflate(name) else zipfile.ZIP_STORED
             with archive.open(info, "w", force_zip64=True) as member:
                 np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
-    atomic_write_bytes(path, buffer.getvalue())
 
 
 def read_state(from_state_dict, path, what):
