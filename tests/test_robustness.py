@@ -238,3 +238,29 @@ def test_corruption_error_by_hand():
     ce, relative = corruption_error([0.5, 0.7], 0.3, [0.25, 0.25], 0.25, higher_is_better=False)  # FPR95: E = value
     assert ce == pytest.approx(2.4) and relative is None  # the reference loses nothing: relative undefined
     assert corruption_error([None, 0.7], 0.3, [0.2, 0.2], 0.1, higher_is_better=False) == (None, None)
+
+
+def test_confusion_counts_in_one_pass_and_by_torch_operations_equal_a_loop():
+    from segood.metrics.segmentation import _tensor_confusion, confusion_counts
+
+    rng = np.random.default_rng(1)
+    target = rng.choice(np.array([0, 1, 2, 3, 7, 255], np.uint8), 3000)  # (3 and 7: no class of 3)
+    pred = rng.integers(-1, 4, 3000)  # (-1 and 3: no class)
+    want, left_out = np.zeros((3, 3), np.int64), 0
+    for t, p in zip(target.tolist(), pred.tolist()):
+        if t != 255:
+            if t < 3 and 0 <= p < 3:
+                want[t, p] += 1
+            else:
+                left_out += 1
+    assert left_out > 0 and want.min() > 0
+    for p in (pred, pred.astype(np.int32), torch.from_numpy(pred)):
+        counts, left = confusion_counts(p, target, 3)
+        assert left == left_out and np.array_equal(counts, want)
+    counts, left = _tensor_confusion(torch.from_numpy(pred), torch.from_numpy(target).long(), 3)  # (as on a device)
+    assert int(left) == left_out and np.array_equal(counts.numpy(), want)
+    with pytest.raises(ValueError, match="class ids must be below num_classes=3"):
+        confusion_matrix(pred, target, 3)
+    keep = (target < 3) & (pred >= 0) & (pred < 3) | (target == 255)
+    assert np.array_equal(confusion_matrix(pred[keep], target[keep], 3), want)
+

@@ -44,7 +44,7 @@ from segood.metrics.calibration import CalibrationAccumulator
 from segood.metrics.components import PRESETS, ComponentAccumulator
 from segood.metrics.official import (SMIYCComponentAccumulator, check_benchmark, pixel_accumulator,
                                      pixel_accumulator_from_state)
-from segood.metrics.segmentation import confusion_matrix
+from segood.metrics.segmentation import confusion_counts
 from segood.metrics.state import Part, all_reduce_state, distributed, flatten, unflatten
 from segood.metrics.thresholds import RULES, commit
 from segood.version import __version__
@@ -179,8 +179,10 @@ class Evaluation(Part):
             if logits is None:
                 raise ValueError("an evaluation with quality=True needs the network's logits")
             classes = predicted_classes(logits) if classes is None else classes
-            self.confusion[set_name] += confusion_matrix(classes.cpu().numpy(), semantic.numpy(), NUM_CLASSES)
-            self.calibration[set_name].update(softmax(logits, self.probabilities), semantic.to(logits.device))
+            semantic_there = semantic.to(logits.device, non_blocking=True)
+            confusion, _ = confusion_counts(classes, semantic_there.to(classes.device), NUM_CLASSES)  # (where they
+            self._add_sums(self.confusion, set_name, confusion)  # are; a label of no class: the calibration refuses it)
+            self.calibration[set_name].update(softmax(logits, self.probabilities), semantic_there)
         device = next(iter(scores.values())).device if scores else semantic.device
         labels, semantic_there = (x.to(device, non_blocking=True) for x in (ood_mask, semantic))  # (from pinned)
         self._add_sums(self.class_count, set_name, class_counts(semantic_there, NUM_CLASSES))
