@@ -3,7 +3,7 @@
     python benchmarks/bench_pipeline.py [--frames 24] [--height 512] [--width 1024] [--workers N] [--device cpu]
                                         [--profile] [--reading] [--many K]
 
-The null network returns a view of fixed logits (no work), so ``segood.evaluate`` spends its time reading frames,
+The null network returns a view of fixed logits (no work; contiguous, as a network's are), so ``segood.evaluate`` spends its time reading frames,
 scoring (max logit) and accumulating. A perfectly overlapped pipeline runs at the pace of its slowest stage, so the
 stages are timed alone on the same frames — reading (decode + sha256 verification, through the reader evaluate uses,
 with its workers) and scoring + accumulating in the main process (from frames already in memory), with every
@@ -35,15 +35,17 @@ from segood.models.external import as_network
 
 
 class NullNetwork(torch.nn.Module):
-    """Returns a view of fixed logits whatever the input: a network that costs nothing."""
+    """Returns a view of fixed logits whatever the input: a network that costs nothing. The logits are contiguous,
+    as a network's are (an expanded view of one frame's would make whatever needs contiguous logits, such as the
+    softmax of the robustness suite, copy them first: a cost no network's output brings)."""
 
-    def __init__(self, size, classes=19):
+    def __init__(self, size, batch_size, classes=19):
         super().__init__()
-        self.logits = torch.nn.Parameter(torch.randn(1, classes, *size, generator=torch.Generator().manual_seed(0)),
-                                         requires_grad=False)
+        self.logits = torch.nn.Parameter(torch.randn(batch_size, classes, *size,
+                                                     generator=torch.Generator().manual_seed(0)), requires_grad=False)
 
     def forward(self, x):
-        return self.logits.expand(x.shape[0], -1, -1, -1)
+        return self.logits[: x.shape[0]]
 
 
 def main():
@@ -72,7 +74,7 @@ def main():
     write_scene_set(path, args.frames, size)
     workers = default_workers() if args.workers is None else args.workers
     device = torch.device(args.device)
-    model = as_network(NullNetwork(size)).to(device).eval()
+    model = as_network(NullNetwork(size, args.batch_size)).to(device).eval()
     methods = [get_method(name) for name in args.methods]
     dataset = H5SegmentationDataset(path)
     plan = [("scenes", list(range(k, min(k + args.batch_size, args.frames)))) for k in range(0, args.frames,
