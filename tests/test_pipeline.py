@@ -70,7 +70,7 @@ def test_readers_write_their_batches_into_blocks_again_only_once_the_main_proces
     plan = [("a", list(range(k, min(k + 3, 40)))) for k in range(0, 40, 3)]  # (sizes change within and across)
     want = flat(zip([n for n, _ in plan], batch_reader(sets, plan, workers=0)))
     blocks = set()
-    for (name, runs_0, _), (runs, _) in zip(want, batch_reader(sets, plan, workers=2)):
+    for (_, runs_0, _), (runs, _) in zip(want, batch_reader(sets, plan, workers=2)):
         time.sleep(0.02)  # a slow consumer: the readers run ahead meanwhile
         for (_, batch_0), (batch, _) in zip(runs_0, runs):
             assert all(torch.equal(batch[k], batch_0[k]) for k in batch_0)

@@ -26,14 +26,11 @@ def confusion_counts(pred, target, num_classes):
     class nor 255, or a prediction that is no class), where the inputs are: numpy for numpy arrays and CPU tensors
     (counted in one pass, :func:`_confusion`), tensors on a device (counted there, with no wait for the device: a
     frame's predicted classes need not cross to the host)."""
-    if isinstance(pred, np.ndarray) or pred.device.type == "cpu":
-        pred, target = np.asarray(pred).reshape(-1), np.asarray(target).reshape(-1)
-        if pred.shape != target.shape:
-            raise ValueError(f"pred has {pred.size} pixels but target has {target.size}")
-        return _confusion(pred, target, num_classes)
+    on_host = isinstance(pred, np.ndarray) or pred.device.type == "cpu"
+    pred, target = (np.asarray(x).reshape(-1) if on_host else x.reshape(-1).long() for x in (pred, target))
     if pred.shape != target.shape:
-        raise ValueError(f"pred has {pred.numel()} pixels but target has {target.numel()}")
-    return _tensor_confusion(pred.reshape(-1).long(), target.reshape(-1).long(), num_classes)
+        raise ValueError(f"pred has {len(pred)} pixels but target has {len(target)}")
+    return (_confusion if on_host else _tensor_confusion)(pred, target, num_classes)
 
 
 def _tensor_confusion(pred, target, num_classes):
