@@ -46,19 +46,19 @@ def flat(reads):
             for name, (runs, bad) in reads]
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_workers_give_the_batches_of_the_main_process_in_order(workers):
+@pytest.mark.parametrize("workers, pin", [(1, False), (2, False), (2, True)])
+def test_workers_give_the_batches_of_the_main_process_in_order(workers, pin):
     sets = {"a": Frames(7), "b": Frames(5)}
     plan = [("a", [0, 1, 2]), ("a", [3, 4, 5]), ("a", [6]), ("b", [0, 1]), ("b", [2, 3, 4])]
     want = flat(zip([n for n, _ in plan], batch_reader(sets, plan, workers=0)))
-    got = flat(zip([n for n, _ in plan], batch_reader(sets, plan, workers=workers)))
+    got = flat(zip([n for n, _ in plan], batch_reader(sets, plan, workers=workers, pin=pin)))
     assert [(n, [i for i, _ in runs], bad) for n, runs, bad in got] == \
         [("a", [[0], [1, 2]], []), ("a", [[3], [4, 5]], []), ("a", [[6]], []), ("b", [[0], [1]], []),
          ("b", [[2], [3], [4]], [])]  # split where the frame size changes
     for (_, runs_w, _), (_, runs_0, _) in zip(got, want):
         for (_, batch_w), (_, batch_0) in zip(runs_w, runs_0):
             assert all(torch.equal(batch_w[k], batch_0[k]) for k in batch_0)
-    for runs, _ in batch_reader(sets, plan, workers=workers):
+    for runs, _ in batch_reader(sets, plan, workers=workers, pin=pin):
         for batch, _ in runs:  # one storage a batch: one handshake with the reader
             assert len({t.untyped_storage().data_ptr() for t in batch.values()}) == 1
 

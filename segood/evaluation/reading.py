@@ -170,17 +170,18 @@ def batch_reader(datasets, plan, *, workers=0, pin=False, skip_bad=False):
     ``([(batch, frame indices)] per run of one frame size, [(index, reason)] of frames passed over)``; raises
     :class:`UnreadableFrame` for an unreadable frame without ``skip_bad``. ``workers`` > 0: that many reader
     processes read the batches after the first (which the main process reads while they start), a few batches
-    ahead (never more readers than there are batches to read ahead); ``pin``: into pinned memory (for an
-    asynchronous copy to a CUDA device). A batch from the readers lives in a block of memory they write again:
-    it is valid until the next batch is asked for (copy what is kept longer)."""
+    ahead (never more readers than there are batches to read ahead). Without ``pin``, a batch from the readers
+    lives in a block of memory they write again: it is valid until the next batch is asked for (copy what is kept
+    longer). ``pin``: the batches are for a device: no block is written again (a device may still be copying
+    from it when the next batch is asked for), and on CUDA each batch goes into pinned memory (for an
+    asynchronous copy)."""
     workers = max(0, min(workers, len(plan) - 1))
     if not workers:
         batches = _Batches(datasets, plan, skip_bad)
         for k in range(len(plan)):
             yield _checked(batches[k])
         return
-    taken = None if pin else torch.zeros(1, dtype=torch.int64).share_memory_()  # (pinned: copied out of the
-    # readers' memory as it arrives, so nothing to reuse)
+    taken = None if pin else torch.zeros(1, dtype=torch.int64).share_memory_()
     loader = torch.utils.data.DataLoader(_Batches(datasets, plan[1:], skip_bad, taken), batch_size=None,
                                          shuffle=False, num_workers=workers,
                                          pin_memory=pin and torch.cuda.is_available())

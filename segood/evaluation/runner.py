@@ -676,7 +676,7 @@ class _Loop:
         handed to ``update(set, frame indices, batch, scored, method names)``."""
         plan = self.plan(done, methods_of)
         workers = default_workers(self.datasets, plan) if self.workers is None else self.workers
-        reads = batch_reader(self.datasets, plan, workers=workers, pin=self.device.type == "cuda",
+        reads = batch_reader(self.datasets, plan, workers=workers, pin=self.device.type != "cpu",
                              skip_bad=self.skip_bad)
         with beside_readers(workers), tqdm(total=sum(len(indices) for _, indices in plan), desc=label, unit="img",
                                            disable=not self.progress) as bar:
