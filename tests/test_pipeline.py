@@ -109,6 +109,27 @@ def test_the_readers_exit_once_the_last_batch_is_in_with_no_further_next():
     assert not any(p.is_alive() for p in readers)
 
 
+def test_the_readers_are_stopped_before_the_reader_is_let_go(monkeypatch):
+    import threading
+    import time
+
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter as Loader
+
+    stop = Loader._shutdown_workers
+
+    def slow_stop(self):  # (a stop still under way when the generator is closed)
+        time.sleep(0.5)
+        stop(self)
+
+    monkeypatch.setattr(Loader, "_shutdown_workers", slow_stop)
+    plan = [("a", [0, 1]), ("a", [2, 3]), ("a", [4, 5])]
+    reads = batch_reader({"a": Frames(6)}, plan, workers=2)
+    for _ in plan:
+        next(reads)
+    reads.close()  # (as when a run's loop lets go of it: a thread left stopping the readers when the interpreter
+    assert not any(t.name == "segood-readers-exit" for t in threading.enumerate())  # exits can hang its exit)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_an_unreadable_frame_is_raised_or_passed_over_in_the_main_process(workers):
     sets = {"a": Frames(6, bad=4)}

@@ -188,20 +188,25 @@ def batch_reader(datasets, plan, *, workers=0, pin=False, skip_bad=False):
     reads = iter(loader)  # (the readers start)
     yield _checked(_Batches(datasets, plan, skip_bad)[0])
     blocks = {}  # {(reader, slot): a block of shared memory the readers write batches into}
-    for k in range(len(plan) - 1):
-        if taken is not None:
-            taken[0] = k  # (the batches before k are done with: the next one is asked for)
-        runs, bad = _checked(next(reads))
-        if isinstance(runs, _InBlock):
-            if runs.block is not None:
-                blocks[runs.reader, runs.slot] = runs.block
-            runs = _views(blocks[runs.reader, runs.slot], runs.layout)
-        if k == len(plan) - 2:  # the last batch is in: the readers are stopped and joined in the background (a
-            # join waits for each process to exit, ~0.04 s a reader, while the run scores the last batch; they are
-            # daemons, ended with the main process). Not after the last yield: a loop that takes as many batches
-            # as it planned never resumes the generator there, and the join would wait when it is collected.
-            threading.Thread(target=reads._shutdown_workers, name="segood-readers-exit", daemon=True).start()
-        yield runs, bad
+    stopping = threading.Thread(target=reads._shutdown_workers, name="segood-readers-exit", daemon=True)
+    try:
+        for k in range(len(plan) - 1):
+            if taken is not None:
+                taken[0] = k  # (the batches before k are done with: the next one is asked for)
+            runs, bad = _checked(next(reads))
+            if isinstance(runs, _InBlock):
+                if runs.block is not None:
+                    blocks[runs.reader, runs.slot] = runs.block
+                runs = _views(blocks[runs.reader, runs.slot], runs.layout)
+            if k == len(plan) - 2:  # the last batch is in: the readers are stopped and joined in the background
+                # (a join waits for each process to exit, ~0.04 s a reader, while the run scores the last batch).
+                # Not after the last yield: a loop that takes as many batches as it planned never resumes the
+                # generator there, and the join would wait when it is collected.
+                stopping.start()
+            yield runs, bad
+    finally:  # (closed or collected: the stop is over before the readers are let go; a thread still stopping them
+        if stopping.ident is not None:  # when the interpreter exits can leave a lock held that its exit waits for)
+            stopping.join()
 
 
 def _checked(read):
