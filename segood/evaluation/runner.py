@@ -175,16 +175,16 @@ class Evaluation(Part):
         the accumulators, the per-class score sums (pixels without a class go to an overflow bin, no masked
         copies), the segmentation quality and the example frames."""
         ood_mask, semantic = batch["ood_mask"], batch["semantic"]
+        device = next(iter(scores.values())).device if scores else semantic.device
+        labels, semantic_there = (x.to(device, non_blocking=True) for x in (ood_mask, semantic))  # (from pinned)
         if self.quality and self.classes_match():  # (another number of classes: skipped, said in notes())
             if logits is None:
                 raise ValueError("an evaluation with quality=True needs the network's logits")
             classes = predicted_classes(logits) if classes is None else classes
-            semantic_there = semantic.to(logits.device, non_blocking=True)
-            confusion, _ = confusion_counts(classes, semantic_there.to(classes.device), NUM_CLASSES)  # (where they
-            self._add_sums(self.confusion, set_name, confusion)  # are; a label of no class: the calibration refuses it)
-            self.calibration[set_name].update(softmax(logits, self.probabilities), semantic_there)
-        device = next(iter(scores.values())).device if scores else semantic.device
-        labels, semantic_there = (x.to(device, non_blocking=True) for x in (ood_mask, semantic))  # (from pinned)
+            targets = semantic_there.to(logits.device)  # (no copy where the scores are: the logits' device)
+            confusion, _ = confusion_counts(classes, targets.to(classes.device), NUM_CLASSES)  # (where they are; a
+            self._add_sums(self.confusion, set_name, confusion)  # label of no class: the calibration refuses it)
+            self.calibration[set_name].update(softmax(logits, self.probabilities), targets)
         self._add_sums(self.class_count, set_name, class_counts(semantic_there, NUM_CLASSES))
         for name, score in scores.items():
             self.acc[(name, set_name)].update(score, labels, clip=clip)
