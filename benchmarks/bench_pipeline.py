@@ -3,16 +3,16 @@
     python benchmarks/bench_pipeline.py [--frames 24] [--height 512] [--width 1024] [--workers N] [--device cpu]
                                         [--profile] [--reading] [--many K]
 
-The null network returns a view of fixed logits (no work; contiguous, as a network's are), so ``segood.evaluate`` spends its time reading frames,
-scoring (max logit) and accumulating. A perfectly overlapped pipeline runs at the pace of its slowest stage, so the
-stages are timed alone on the same frames — reading (decode + sha256 verification, through the reader evaluate uses,
-with its workers) and scoring + accumulating in the main process (from frames already in memory), with every
-thread and with the threads evaluate leaves it beside its readers (one core fewer a reader), its pace in the
-pipeline — and evaluate's throughput is reported as a share of the slowest stage's (no figures, no bootstrap; the
-state saved as evaluate saves it), end to end and warm: the time a run over two copies of the set adds per frame of
-the second copy, where the run's fixed costs (starting the readers, the first batch read before anything
-overlaps, the report) cancel. Best of ``--repeat`` rounds in which the five take turns (so that the machine's
-noise slows each alike), after one warm-up each.
+The null network returns a view of fixed logits (no work; contiguous, as a network's are), so ``segood.evaluate``
+spends its time reading frames, scoring (max logit) and accumulating. A perfectly overlapped pipeline runs at the
+pace of its slowest stage, so the stages are timed alone on the same frames — reading (decode + sha256 verification,
+through the reader evaluate uses, with its workers) and scoring + accumulating in the main process (from frames
+already in memory), with every thread and with the threads evaluate leaves it beside its readers (one core fewer a
+reader), its pace in the pipeline — and evaluate's throughput is reported as a share of the slowest stage's (no
+figures, no bootstrap; the state saved as evaluate saves it), end to end and warm: the time a run over two copies of
+the set adds per frame of the second copy, where the run's fixed costs (starting the readers, the first batch read
+before anything overlaps, the report) cancel. Best of ``--repeat`` rounds in which the five take turns (so that the
+machine's noise slows each alike), after one warm-up each.
 """
 
 import argparse
