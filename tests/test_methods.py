@@ -421,8 +421,11 @@ def test_logit_forms_equal_the_probability_forms(band_elements, monkeypatch):
         classes = predicted_classes(logits)  # (numba for float32 and float64 on CPU, else classes_by_rank)
         assert classes.dtype == torch.int64 and torch.equal(classes, logits.float().argmax(1))
         assert torch.equal(classes_by_rank(logits), classes)
+        for step in (2, 3, 10):  # every step-th pixel each way (9 x 7 pixels: a partial last row and column)
+            assert torch.equal(predicted_classes(logits, step), classes[:, ::step, ::step])
     holes = z.clone()
     holes[0, 0, 0, 0] = holes[1, C - 1, 2, 3] = holes[1, 4, 5, 6] = float("nan")  # NaN: class C - 1, in both
     expected = holes.nan_to_num(nan=-1.0).argmax(1)
     expected[0, 0, 0] = expected[1, 2, 3] = expected[1, 5, 6] = C - 1
     assert torch.equal(predicted_classes(holes), expected) and torch.equal(classes_by_rank(holes), expected)
+    assert torch.equal(predicted_classes(holes, 2), expected[:, ::2, ::2])  # (a NaN at (0, 0, 0))

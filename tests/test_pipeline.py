@@ -145,12 +145,15 @@ def test_an_unreadable_frame_is_raised_or_passed_over_in_the_main_process(worker
 
 
 def test_evaluation_with_workers_gives_the_counts_of_reading_in_the_main_process(noise_sets, tmp_path):
+    import multiprocessing
+
     root = noise_sets()
     sets = {p.stem: p for p in sorted(root.glob("*.h5"))[:2]}
     model, states = tiny_network("dropout"), []
     for workers in (0, 2):
         evaluate(model, sets, ["max_softmax", "varsum"], tmp_path / f"w{workers}", batch_size=1, workers=workers,
                  save_every=1, progress=False, figures=False, bootstrap=None)
+        assert not multiprocessing.active_children()  # (no reader outlives the run, holding its sets open)
         states.append(read_npz(tmp_path / f"w{workers}" / "state.npz", "evaluation state"))
     counts = [k for k in states[0] if k.startswith(("pixels/", "class_sums/", "class_counts/", "examples/"))]
     assert counts and set(states[0]) == set(states[1])

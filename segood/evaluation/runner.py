@@ -50,8 +50,8 @@ from segood.metrics.thresholds import RULES, commit
 from segood.version import __version__
 
 EXAMPLES_PER_SET = 3
-EXAMPLE_WIDTH = 1024  # example frames kept at most this wide (every k-th pixel): a figure panel is ~300 px wide,
-# and a 2048-wide frame with its score maps would make each save of the state ~4x larger
+EXAMPLE_WIDTH = 512  # example frames kept at most this wide (every k-th pixel): a figure panel is ~290 px wide
+# (2.6 inches at 110 dpi); a wider frame costs its run more predicted classes to compute and more bytes to save
 
 
 def default_methods(model, *, fitted=True):
@@ -200,7 +200,7 @@ class Evaluation(Part):
                 if classes is not None:
                     predicted = classes[k][kept]
                 elif logits is not None:  # (of the kept pixels only)
-                    predicted = predicted_classes(logits[k : k + 1, :, ::step, ::step])[0]
+                    predicted = predicted_classes(logits[k : k + 1], step)[0]
                 else:
                     predicted = torch.full(semantic[k][kept].shape, 255)
                 # (copies: a view would keep the whole batch alive, in a reader's shared memory)
@@ -573,6 +573,8 @@ def run(model, sets, methods, out_dir, options, *, rank=0, world_size=1, seed=0,
                           lambda s: [m for m in methods if (m.name, s) in ev.comp], ev.update_components_pass)
     finally:
         loop.saver.wait()
+        if loop.reads is not None:  # (after the last save, which the readers' stop, under way since the last batch
+            loop.reads.close()  # came in, overlaps: closing waits for the stop, so no reader outlives the run)
         ev.probabilities = KeptTensor()  # (memory for the run's batches, not a result to keep)
     return ev.all_reduce()
 
@@ -660,6 +662,7 @@ class _Loop:
     workers: int | None  # None: default_workers of each pass's plan
     amp: str | None
     inputs: KeptTensor = field(default_factory=KeptTensor)  # the normalised frames of a batch
+    reads: object = None  # the last pass's batch reader, let go at the run's end (run)
 
     def plan(self, done, methods_of):
         """[(set name, frame indices)]: the batches of every set's frames not yet ``done`` that has methods."""
@@ -676,8 +679,8 @@ class _Loop:
         handed to ``update(set, frame indices, batch, scored, method names)``."""
         plan = self.plan(done, methods_of)
         workers = default_workers(self.datasets, plan) if self.workers is None else self.workers
-        reads = batch_reader(self.datasets, plan, workers=workers, pin=self.device.type != "cpu",
-                             skip_bad=self.skip_bad)
+        self.reads = reads = batch_reader(self.datasets, plan, workers=workers, pin=self.device.type != "cpu",
+                                          skip_bad=self.skip_bad)
         with beside_readers(workers), tqdm(total=sum(len(indices) for _, indices in plan), desc=label, unit="img",
                                            disable=not self.progress) as bar:
             for count, (set_name, indices) in enumerate(plan, 1):

@@ -30,3 +30,20 @@ def argmax_rows(z, rows, out):
         target = out[row]
         for j in range(w):
             target[j] = c - 1 if nan[j] else index[j]
+
+
+@numba.njit(nogil=True, cache=True)
+def argmax_every(z, step, rows, out):
+    """:func:`argmax_rows` of every ``step``-th pixel each way of ``z`` (C, H, W): out[r, j] for the pixel (r x step,
+    j x step), for the output rows ``rows``; a pixel at a time, its classes in turn (no subsampled copy of ``z``)."""
+    c = z.shape[0]
+    for r in range(rows[0], rows[1]):
+        for j in range(out.shape[1]):
+            best = z[0, r * step, j * step]
+            index, nan = 0, best != best
+            for k in range(1, c):
+                v = z[k, r * step, j * step]
+                if v > best:
+                    best, index = v, k
+                nan |= v != v
+            out[r, j] = c - 1 if nan else index

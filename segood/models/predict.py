@@ -15,30 +15,36 @@ def bands(logits):
 
 
 @torch.no_grad()
-def predicted_classes(logits: torch.Tensor) -> torch.Tensor:
+def predicted_classes(logits: torch.Tensor, step: int = 1) -> torch.Tensor:
     """argmax over classes of (N, C, H, W) logits (the first of equal maxima, as ``torch.argmax``; a pixel with
-    a NaN logit gets class C - 1), int64.
+    a NaN logit gets class C - 1), int64; with ``step``, of every step-th pixel each way only (as of
+    ``logits[..., ::step, ::step]``).
 
     On CPU (float32, float64) a numba kernel keeps a running maximum per pixel, one pass over the classes, in
     row bands across torch's threads: 2.1-2.4x faster than :func:`classes_by_rank` and 13-16x faster than
-    ``argmax``, whose index reductions over a non-innermost dimension do not vectorise.
+    ``argmax``, whose index reductions over a non-innermost dimension do not vectorise. Every step-th pixel is
+    read where it is: a subsampled copy of the logits would cost more than the argmax.
     """
     if logits.device.type != "cpu" or logits.dtype not in (torch.float32, torch.float64) or not logits.numel():
-        return classes_by_rank(logits)
+        return classes_by_rank(logits[..., ::step, ::step])
     from segood._threads import run_chunks
-    from segood.models._argmax import argmax_rows
+    from segood.models._argmax import argmax_every, argmax_rows
 
-    n, _, h, w = logits.shape
+    n, c = logits.shape[:2]
+    h, w = (-(-size // step) for size in logits.shape[2:])
     classes = torch.empty(n, h, w, dtype=torch.int64)
     images = [logits[i].detach().contiguous().numpy() for i in range(n)]  # (an image of an expanded batch is one)
     out = classes.numpy()
-    rows = max(1, min(h, _BAND_ELEMENTS // (logits.shape[1] * w)))
+    rows = max(1, min(h, _BAND_ELEMENTS // (c * w)))
     chunks = [(image, (start, min(h, start + rows))) for image in range(n) for start in range(0, h, rows)]
 
     def work(taken):
         for k in taken:
             image, band = chunks[k]
-            argmax_rows(images[image], band, out[image])
+            if step == 1:
+                argmax_rows(images[image], band, out[image])
+            else:
+                argmax_every(images[image], step, band, out[image])
 
     run_chunks(work, len(chunks), torch.get_num_threads())
     return classes

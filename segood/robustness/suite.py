@@ -22,7 +22,7 @@ from segood.data.h5 import H5SegmentationDataset
 from segood.evaluation.api import execute, prepare
 from segood.evaluation.options import EvaluateOptions
 from segood.evaluation.layout import RunFolder
-from segood.evaluation.runner import Evaluation
+from segood.evaluation.runner import EXAMPLE_WIDTH, Evaluation
 from segood.io import write_json
 from segood.metrics import METRICS, UndefinedMetricWarning, accumulator_from_state
 from segood.metrics.segmentation import mean_iou
@@ -31,7 +31,6 @@ from segood.robustness.corruptions import (SEVERITIES, check_corruption, conditi
 from segood.robustness.report import load_reference, results_markdown, summary, write_figures
 
 SCHEMA = "segood.robustness/1"
-EXAMPLE_WIDTH = 512  # example frames kept in the state at most this wide: one per set and condition
 
 
 def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corruptions=None, severities=SEVERITIES,
@@ -74,7 +73,7 @@ def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corrupti
                 conditions[condition_name(set_name, corruption, level)] = _corrupted(clean, corruption, level, seed,
                                                                                      standard_size)
     ev = execute(model, conditions, methods, out_dir, description, options, quality=True,
-                 examples=(1, EXAMPLE_WIDTH))
+                 examples=(1, EXAMPLE_WIDTH))  # (one frame per set and condition)
     return None if ev is None else write_robustness_report(out_dir, figures=options.figures, requirements=requirements,
                                                            reference=reference)
 
