@@ -774,10 +774,11 @@ def _uninterrupted():
 def _guided_bounds(size, threads):
     """Chunk bounds for ``threads`` threads taking chunks in turn: each chunk a 2 x ``threads``-th of what remains,
     no smaller than :data:`_TAKE` pixels (nor larger than an int32 counter holds), so that few chunks are taken
-    and the threads end together."""
+    and the threads end together; one thread takes what remains at once."""
     bounds = [0]
     while bounds[-1] < size:
-        take = min(_COUNTER_LIMIT, max(_TAKE, (size - bounds[-1]) // (2 * threads)))
+        remaining = size - bounds[-1]
+        take = min(_COUNTER_LIMIT, remaining if threads == 1 else max(_TAKE, remaining // (2 * threads)))
         bounds.append(min(size, bounds[-1] + take))
     return bounds if size else [0, 0]
 
