@@ -26,7 +26,7 @@ from segood.labels import IGNORE, OOD
 # Slots of the ``problems`` counters the kernels return next to the histogram.
 N_IGNORED, N_BAD_LABEL, N_BAD_SCORE = 0, 1, 2
 _BLOCK = 1024  # pixels per vectorised step; their slots stay in L1
-_TAKE = 1 << 16  # the fewest pixels in a chunk the threads of a float-order call take in turn
+_TAKE = 1 << 15  # the fewest pixels in a chunk the threads of a float-order call take in turn
 _COUNTER_LIMIT = (1 << 31) - 1  # pixels a thread's int32 table may count before it is drained
 
 
