@@ -14,6 +14,7 @@ components pass scores the frames again (the scores are not kept), in the same l
 """
 
 import copy
+import functools
 import json
 import math
 import re
@@ -764,11 +765,15 @@ def _lap(device, since):
 
 def run_identity():
     """segood version and git commit of the code that ran (None outside a git checkout)."""
+    return {"segood_version": __version__, "git_commit": _git_commit()}
+
+
+@functools.lru_cache(maxsize=1)  # (asked once a process, ~4 ms: the code a process runs is the code it imported)
+def _git_commit():
     import subprocess
 
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                                text=True, timeout=5).stdout.strip() or None
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                              text=True, timeout=5).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
-        commit = None
-    return {"segood_version": __version__, "git_commit": commit}
+        return None
