@@ -428,4 +428,8 @@ def test_logit_forms_equal_the_probability_forms(band_elements, monkeypatch):
     expected = holes.nan_to_num(nan=-1.0).argmax(1)
     expected[0, 0, 0] = expected[1, 2, 3] = expected[1, 5, 6] = C - 1
     assert torch.equal(predicted_classes(holes), expected) and torch.equal(classes_by_rank(holes), expected)
-    assert torch.equal(predicted_classes(holes, 2), expected[:, ::2, ::2])  # (a NaN at (0, 0, 0))
+    holes[1, 3, 4, 2] = float("nan")  # (a pixel that every second pixel each way keeps: (1, 4, 2))
+    expected[1, 4, 2] = C - 1
+    assert torch.equal(predicted_classes(holes, 2), expected[:, ::2, ::2])  # (and (0, 0, 0))
+    assert torch.equal(predicted_classes(holes.permute(0, 1, 3, 2).contiguous().permute(0, 1, 3, 2), 2),
+                       expected[:, ::2, ::2])  # (a non-contiguous layout, read where it is)

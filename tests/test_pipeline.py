@@ -130,6 +130,39 @@ def test_the_readers_are_stopped_before_the_reader_is_let_go(monkeypatch):
     assert not any(t.name == "segood-readers-exit" for t in threading.enumerate())  # exits can hang its exit)
 
 
+def test_the_readers_stop_when_a_frame_is_unreadable_though_its_traceback_is_kept():
+    import multiprocessing
+
+    before = set(multiprocessing.active_children())
+    plan = [("a", [0, 1]), ("a", [2, 3]), ("a", [4, 5])]
+    with pytest.raises(UnreadableFrame) as failed:  # (frame 4, read by a reader process)
+        for _ in batch_reader({"a": Frames(6, bad=4)}, plan, workers=2):
+            pass
+    assert failed.value.__traceback__ is not None  # (held: it holds the batch reader's frame)
+    assert set(multiprocessing.active_children()) <= before  # (no reader left holding the sets open)
+
+
+def test_a_run_that_fails_stops_its_readers_though_its_traceback_is_kept(noise_sets, tmp_path, monkeypatch):
+    import multiprocessing
+
+    sets = {p.stem: p for p in sorted(noise_sets().glob("*.h5"))[:1]}
+    update, calls = Evaluation.update_pixels, []
+
+    def failing(self, *args, **kwargs):  # (a run that fails in its second batch, its readers reading ahead)
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("scoring failed")
+        return update(self, *args, **kwargs)
+
+    monkeypatch.setattr(Evaluation, "update_pixels", failing)
+    before = set(multiprocessing.active_children())
+    with pytest.raises(RuntimeError, match="scoring failed") as failed:
+        evaluate(tiny_network("plain"), sets, ["max_softmax"], tmp_path / "run", batch_size=1, workers=2,
+                 progress=False, figures=False, bootstrap=None)
+    assert failed.value.__traceback__ is not None  # (held: it holds the pass's frame)
+    assert set(multiprocessing.active_children()) <= before
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_an_unreadable_frame_is_raised_or_passed_over_in_the_main_process(workers):
     sets = {"a": Frames(6, bad=4)}

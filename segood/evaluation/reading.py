@@ -186,10 +186,10 @@ def batch_reader(datasets, plan, *, workers=0, pin=False, skip_bad=False):
                                          shuffle=False, num_workers=workers,
                                          pin_memory=pin and torch.cuda.is_available())
     reads = iter(loader)  # (the readers start)
-    yield _checked(_Batches(datasets, plan, skip_bad)[0])
-    blocks = {}  # {(reader, slot): a block of shared memory the readers write batches into}
     stopping = threading.Thread(target=reads._shutdown_workers, name="segood-readers-exit", daemon=True)
     try:
+        yield _checked(_Batches(datasets, plan, skip_bad)[0])
+        blocks = {}  # {(reader, slot): a block of shared memory the readers write batches into}
         for k in range(len(plan) - 1):
             if taken is not None:
                 taken[0] = k  # (the batches before k are done with: the next one is asked for)
@@ -204,9 +204,11 @@ def batch_reader(datasets, plan, *, workers=0, pin=False, skip_bad=False):
                 # generator there, and the join would wait when it is collected.
                 stopping.start()
             yield runs, bad
-    finally:  # (closed or collected: the stop is over before the readers are let go; a thread still stopping them
-        if stopping.ident is not None:  # when the interpreter exits can leave a lock held that its exit waits for)
-            stopping.join()
+    finally:  # closed, collected or failed: the readers are stopped before they are let go (a thread still stopping
+        if stopping.ident is not None:  # them when the interpreter exits can leave a lock held that its exit waits
+            stopping.join()  # for), and at once where the stop had not begun: a traceback holding this frame (an
+        else:  # unreadable frame's) would keep them running, holding the sets' files open
+            reads._shutdown_workers()
 
 
 def _checked(read):

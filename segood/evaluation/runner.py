@@ -573,10 +573,12 @@ def run(model, sets, methods, out_dir, options, *, rank=0, world_size=1, seed=0,
             loop.run_pass("components", ev.components_done,
                           lambda s: [m for m in methods if (m.name, s) in ev.comp], ev.update_components_pass)
     finally:
-        loop.saver.wait()
-        if loop.reads is not None:  # (after the last save, which the readers' stop, under way since the last batch
-            loop.reads.close()  # came in, overlaps: closing waits for the stop, so no reader outlives the run)
-        ev.probabilities = KeptTensor()  # (memory for the run's batches, not a result to keep)
+        try:
+            loop.saver.wait()
+        finally:
+            if loop.reads is not None:  # (closed here, not when collected: a failed run's traceback holds the pass's
+                loop.reads.close()  # frame, which would keep its readers running; closing stops them)
+            ev.probabilities = KeptTensor()  # (memory for the run's batches, not a result to keep)
     return ev.all_reduce()
 
 
@@ -663,7 +665,7 @@ class _Loop:
     workers: int | None  # None: default_workers of each pass's plan
     amp: str | None
     inputs: KeptTensor = field(default_factory=KeptTensor)  # the normalised frames of a batch
-    reads: object = None  # the last pass's batch reader, let go at the run's end (run)
+    reads: object = None  # the last pass's batch reader, closed at the run's end (run)
 
     def plan(self, done, methods_of):
         """[(set name, frame indices)]: the batches of every set's frames not yet ``done`` that has methods."""
@@ -768,7 +770,7 @@ def run_identity():
     return {"segood_version": __version__, "git_commit": _git_commit()}
 
 
-@functools.lru_cache(maxsize=1)  # (asked once a process, ~4 ms: the code a process runs is the code it imported)
+@functools.lru_cache(maxsize=1)  # (asked once a process, not once a run: a git subprocess takes ~4 ms)
 def _git_commit():
     import subprocess
 

@@ -27,6 +27,7 @@ from segood.labels import IGNORE, OOD
 N_IGNORED, N_BAD_LABEL, N_BAD_SCORE = 0, 1, 2
 _BLOCK = 1024  # pixels per vectorised step; their slots stay in L1
 _TAKE = 1 << 15  # the fewest pixels in a chunk the threads of a float-order call take in turn
+_LARGEST = 1 << 24  # the most: bounds the temporaries of binning a chunk's careful pixels (_careful)
 _COUNTER_LIMIT = (1 << 31) - 1  # pixels a thread's int32 table may count before it is drained
 
 
@@ -773,12 +774,12 @@ def _uninterrupted():
 
 def _guided_bounds(size, threads):
     """Chunk bounds for ``threads`` threads taking chunks in turn: each chunk a 2 x ``threads``-th of what remains,
-    no smaller than :data:`_TAKE` pixels (nor larger than an int32 counter holds), so that few chunks are taken
-    and the threads end together; one thread takes what remains at once."""
+    no smaller than :data:`_TAKE` pixels (nor larger than :data:`_LARGEST`, nor than an int32 counter holds), so
+    that few chunks are taken and the threads end together; one thread takes what remains at once (up to that)."""
     bounds = [0]
     while bounds[-1] < size:
         remaining = size - bounds[-1]
-        take = min(_COUNTER_LIMIT, remaining if threads == 1 else max(_TAKE, remaining // (2 * threads)))
+        take = min(_COUNTER_LIMIT, _LARGEST, remaining if threads == 1 else max(_TAKE, remaining // (2 * threads)))
         bounds.append(min(size, bounds[-1] + take))
     return bounds if size else [0, 0]
 

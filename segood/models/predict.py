@@ -33,7 +33,8 @@ def predicted_classes(logits: torch.Tensor, step: int = 1) -> torch.Tensor:
     n, c = logits.shape[:2]
     h, w = (-(-size // step) for size in logits.shape[2:])
     classes = torch.empty(n, h, w, dtype=torch.int64)
-    images = [logits[i].detach().contiguous().numpy() for i in range(n)]  # (an image of an expanded batch is one)
+    # (an image of an expanded batch is contiguous; every step-th pixel is read from any layout where it is)
+    images = [(logits[i].detach().contiguous() if step == 1 else logits[i].detach()).numpy() for i in range(n)]
     out = classes.numpy()
     rows = max(1, min(h, _BAND_ELEMENTS // (c * w)))
     chunks = [(image, (start, min(h, start + rows))) for image in range(n) for start in range(0, h, rows)]
