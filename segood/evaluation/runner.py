@@ -13,6 +13,7 @@ need the pixel counts first: after the pixel pass the thresholds are chosen (:fu
 components pass scores the frames again (the scores are not kept), in the same loop, saved and resumed alike.
 """
 
+import contextlib
 import copy
 import functools
 import json
@@ -573,12 +574,8 @@ def run(model, sets, methods, out_dir, options, *, rank=0, world_size=1, seed=0,
             loop.run_pass("components", ev.components_done,
                           lambda s: [m for m in methods if (m.name, s) in ev.comp], ev.update_components_pass)
     finally:
-        try:
-            loop.saver.wait()
-        finally:
-            if loop.reads is not None:  # (closed here, not when collected: a failed run's traceback holds the pass's
-                loop.reads.close()  # frame, which would keep its readers running; closing stops them)
-            ev.probabilities = KeptTensor()  # (memory for the run's batches, not a result to keep)
+        loop.saver.wait()
+        ev.probabilities = KeptTensor()  # (memory for the run's batches, not a result to keep)
     return ev.all_reduce()
 
 
@@ -665,7 +662,6 @@ class _Loop:
     workers: int | None  # None: default_workers of each pass's plan
     amp: str | None
     inputs: KeptTensor = field(default_factory=KeptTensor)  # the normalised frames of a batch
-    reads: object = None  # the last pass's batch reader, closed at the run's end (run)
 
     def plan(self, done, methods_of):
         """[(set name, frame indices)]: the batches of every set's frames not yet ``done`` that has methods."""
@@ -682,10 +678,13 @@ class _Loop:
         handed to ``update(set, frame indices, batch, scored, method names)``."""
         plan = self.plan(done, methods_of)
         workers = default_workers(self.datasets, plan) if self.workers is None else self.workers
-        self.reads = reads = batch_reader(self.datasets, plan, workers=workers, pin=self.device.type != "cpu",
-                                          skip_bad=self.skip_bad)
-        with beside_readers(workers), tqdm(total=sum(len(indices) for _, indices in plan), desc=label, unit="img",
-                                           disable=not self.progress) as bar:
+        reads = batch_reader(self.datasets, plan, workers=workers, pin=self.device.type != "cpu",
+                             skip_bad=self.skip_bad)
+        # (closed when the pass ends, not when collected: a failed pass's traceback holds this frame, which would
+        # keep its readers running; closing stops them)
+        frames = sum(len(indices) for _, indices in plan)
+        with contextlib.closing(reads), beside_readers(workers), tqdm(total=frames, desc=label, unit="img",
+                                                                      disable=not self.progress) as bar:
             for count, (set_name, indices) in enumerate(plan, 1):
                 self.step(label, set_name, indices, reads, methods_of(set_name), update)
                 done[set_name] += len(indices)
