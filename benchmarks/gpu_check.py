@@ -9,6 +9,8 @@ Part 1, correctness, each check printed as passed or failed (with what differed)
   methods from the same samples; perturbing methods on all but a 0.1% of pixels whose gradient sign flips);
 - AMP training steps (autocast + GradScaler on CUDA) give finite, falling losses;
 - `segood.evaluate` under torch.distributed in one process (NCCL on CUDA, gloo on CPU) equals a plain run.
+- `segood.evaluate` with each batch's update beside the next batch's network (the default on CUDA) writes the
+  state of updates in turn, array for array.
 Part 2, throughput at 1024×2048 (batch 1, best of a few interleaved rounds):
 - forward passes of PSPNet-ResNet50/101 and DeepLabV3+-Xception65 in fp32, bf16 and fp16 autocast;
 - what every method adds to the forward pass of its network (PSPNet-ResNet50), MC dropout T = 8 against one
@@ -23,6 +25,7 @@ script never rots. On one H100/H200 the full check is built to take under 8 minu
 """
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -322,6 +325,31 @@ def check_distributed(device, scale, work):
     return {"backend": backend}
 
 
+def check_overlap(device, scale, work):
+    from segood.evaluation import evaluate, runner
+    from segood.io import read_npz
+
+    path = make_eval_set(work, scale["check_size"], 8)
+    torch.manual_seed(0)
+    model = build_model("pspnet", "resnet18", head="dropout").to(device).eval()
+    overlaps, cudnn = runner._overlaps, (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False  # (the same scores twice)
+    states = []
+    try:
+        for overlap in (False, True):
+            runner._overlaps = lambda device, overlap=overlap: overlap
+            evaluate(model, [path], ["max_softmax", "entropy", "varsum"], work / f"overlap_{overlap}", device=device,
+                     batch_size=2, progress=False, figures=False, bootstrap=None)
+            states.append(read_npz(work / f"overlap_{overlap}" / "state.npz", "evaluation state"))
+    finally:
+        runner._overlaps = overlaps
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
+    assert set(states[0]) == set(states[1]), "the overlapped run's state holds other arrays"
+    for key in set(states[0]) - {"progress"}:  # (the stages' times differ)
+        np.testing.assert_array_equal(states[0][key], states[1][key], err_msg=f"the overlapped run's {key} differs")
+    return {"arrays": len(states[0])}
+
+
 # -- part 2: throughput --------------------------------------------------------------------------------------
 
 def time_forwards(device, scale, work):
@@ -461,10 +489,13 @@ def time_evaluate(device, scale, work):
 
 def time_pipeline(device, scale, work):
     """``segood evaluate`` of the plain head's single-pass methods against its network's forward pass alone, at
-    each batch size in fp32 and half precision (fp16 on CUDA, bf16 on the CPU). Two runs over a and b copies of one
-    set (as sets of their own: the frames of each are read and scored again): the run of b copies, start-up
-    included, gives the end-to-end throughput; the difference of the two runs, the warm one (the run's fixed
-    costs cancel: both runs have enough batches for every reader process evaluate starts)."""
+    each batch size in fp32 and half precision (fp16 on CUDA, bf16 on the CPU), each batch's update beside the next
+    batch's network (the default on CUDA); and at the largest batch up to 4 with the updates in turn. After a
+    run that warms up (kernels built, memory allocated), two runs over a and b copies of one set (as sets of their
+    own: the frames of each are read and scored again): the run of b copies, start-up included, gives the
+    end-to-end throughput; the difference of the two runs, the warm one (the run's fixed costs cancel: both runs
+    have enough batches for every reader process evaluate starts); the run of b copies, the time of each stage
+    (``data``: waiting for the readers; the others run beside one another where the updates overlap)."""
     from segood.evaluation.runner import default_methods
 
     path = make_eval_set(work, scale["size"], scale["pipeline_frames"])
@@ -474,39 +505,58 @@ def time_pipeline(device, scale, work):
     model = build_model("pspnet", scale["networks"][0][1]).to(device).eval()
     methods = [m.name for m in default_methods(model, fitted=False) if m.needs.forward and not m.needs.perturbs]
     half = "fp16" if device.type == "cuda" else "bf16"
+    in_turn = max(b for b in scale["batches"] if b <= 4)
     rows = []
-    for precision in ("fp32", half):
+    for precision, batch, overlap in [(p, b, True) for p in ("fp32", half) for b in scale["batches"]] + \
+            [(p, in_turn, False) for p in ("fp32", half)]:
         amp = None if precision == "fp32" else precision
-        for batch in scale["batches"]:
-            x = torch.randn(batch, 3, *scale["size"], device=device)
+        x = torch.randn(batch, 3, *scale["size"], device=device)
 
-            def forward():
-                with torch.no_grad(), torch.autocast(device.type, dtype=torch.float16 if amp == "fp16" else
-                                                     torch.bfloat16, enabled=amp is not None):
-                    return model(x)
+        def forward():
+            with torch.no_grad(), torch.autocast(device.type, dtype=torch.float16 if amp == "fp16" else
+                                                 torch.bfloat16, enabled=amp is not None):
+                return model(x)
 
-            forward_ms = interleaved_best_ms([forward], scale["repeat"], device)[0] / batch
-            seconds = evaluate_seconds(model, runs, methods, work / f"pipeline_{precision}_{batch}", batch_size=batch,
-                                       device=device, amp=amp)
-            warm_ms = 1000 * (seconds[1] - seconds[0]) / (frames[1] - frames[0])
-            rows.append({"precision": precision, "batch": batch, "forward_ms_per_frame": forward_ms,
-                         "evaluate_ms_per_frame_warm": warm_ms,
-                         "evaluate_ms_per_frame_with_startup": 1000 * seconds[1] / frames[1],
-                         "warm_share": forward_ms / warm_ms, "share_with_startup": forward_ms * frames[1] /
-                         (1000 * seconds[1])})
+        forward_ms = interleaved_best_ms([forward], scale["repeat"], device)[0] / batch
+        with overlapping(overlap):
+            seconds, stages = evaluate_seconds(model, runs, methods, work / f"pipeline_{precision}_{batch}_{overlap}",
+                                               batch_size=batch, device=device, amp=amp)
+        warm_ms = 1000 * (seconds[1] - seconds[0]) / (frames[1] - frames[0])
+        rows.append({"precision": precision, "batch": batch, "overlap": overlap, "forward_ms_per_frame": forward_ms,
+                     "evaluate_ms_per_frame_warm": warm_ms,
+                     "evaluate_ms_per_frame_with_startup": 1000 * seconds[1] / frames[1],
+                     "warm_share": forward_ms / warm_ms, "share_with_startup": forward_ms * frames[1] /
+                     (1000 * seconds[1]), "startup_s": seconds[1] - frames[1] * warm_ms / 1000,
+                     "stages_ms_per_frame": stages})
     return {"methods": methods, "frames": list(frames), "rows": rows}
 
 
+@contextlib.contextmanager
+def overlapping(overlap):
+    """``segood evaluate`` runs each batch's update beside the next batch's network (``overlap``) or in turn."""
+    from segood.evaluation import runner
+
+    overlaps = runner._overlaps
+    runner._overlaps = lambda device: overlap
+    try:
+        yield
+    finally:
+        runner._overlaps = overlaps
+
+
 def evaluate_seconds(model, runs, methods, folder, **options):
-    """The seconds of one ``segood evaluate`` (no figures, no bootstrap) over each of ``runs`` ({set: path})."""
+    """The seconds of one ``segood evaluate`` (no figures, no bootstrap) over each of ``runs`` ({set: path}),
+    after an unmeasured run over the first (kernels built and memory allocated); and the last run's milliseconds
+    a frame per stage."""
     from segood.evaluation import evaluate
 
     seconds = []
-    for k, sets in enumerate(runs):
+    for k, sets in enumerate([runs[0], *runs]):
         start = time.perf_counter()
-        evaluate(model, sets, methods, folder / str(k), progress=False, figures=False, bootstrap=None, **options)
+        doc = evaluate(model, sets, methods, folder / str(k), progress=False, figures=False, bootstrap=None,
+                       **options)
         seconds.append(time.perf_counter() - start)
-    return seconds
+    return seconds[1:], doc["timings"]["ms_per_image"]
 
 
 def time_compile(device, scale, work):
@@ -544,8 +594,8 @@ def time_compile(device, scale, work):
     methods = [m.name for m in default_methods(model, fitted=False) if m.needs.forward and not m.needs.perturbs]
     for name, backend in (("evaluate_ms_per_frame_warm", None),
                           ("compiled_evaluate_ms_per_frame_warm", scale["compile_backend"])):
-        seconds = evaluate_seconds(model, runs, methods, work / f"compile_{backend}", batch_size=batch, device=device,
-                                   compile=backend)
+        seconds, _ = evaluate_seconds(model, runs, methods, work / f"compile_{backend}", batch_size=batch,
+                                      device=device, compile=backend)
         out[name] = 1000 * (seconds[1] - seconds[0]) / (frames[1] - frames[0])
     return out
 
@@ -607,7 +657,7 @@ def amp_effect(device, scale, work):
 
 
 CHECKS = {"accumulator_counts": check_accumulators, "methods_device_vs_cpu": check_methods,
-          "amp_training": check_amp_training, "distributed_evaluate": check_distributed}
+          "amp_training": check_amp_training, "distributed_evaluate": check_distributed, "overlap": check_overlap}
 MEASURES = {"forward_ms": time_forwards, "methods": time_methods, "accumulators": time_accumulators,
             "evaluate": time_evaluate, "pipeline": time_pipeline, "robustness": time_robustness,
             "amp_effect": amp_effect, "compile": time_compile}
@@ -642,11 +692,12 @@ def table(report):
     lines += [f"segood evaluate against the forward pass alone ({', '.join(pipeline['methods'])}; "
               f"{pipeline['frames'][1]} frames, warm = the difference of runs of {pipeline['frames'][1]} and "
               f"{pipeline['frames'][0]} frames):", "",
-              "| precision | batch | forward ms/frame | evaluate ms/frame, warm | share | with start-up | share |",
-              "|---|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['precision']} | {r['batch']} | {r['forward_ms_per_frame']:.1f} | "
-              f"{r['evaluate_ms_per_frame_warm']:.1f} | {r['warm_share']:.0%} | "
-              f"{r['evaluate_ms_per_frame_with_startup']:.1f} | {r['share_with_startup']:.0%} |" for r in pipeline["rows"]]
+              "| precision | batch | updates | forward ms/frame | evaluate ms/frame, warm | share | with start-up | "
+              "share | start-up s |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['precision']} | {r['batch']} | {'beside' if r['overlap'] else 'in turn'} | "
+              f"{r['forward_ms_per_frame']:.1f} | {r['evaluate_ms_per_frame_warm']:.1f} | {r['warm_share']:.0%} | "
+              f"{r['evaluate_ms_per_frame_with_startup']:.1f} | {r['share_with_startup']:.0%} | {r['startup_s']:.2f} |"
+              for r in pipeline["rows"]]
     robust, amp = report["throughput"]["robustness"], report["throughput"]["amp_effect"]
     lines += ["", f"robustness, clean + one condition: {robust['clean_and_one_condition_ms_per_frame']:.1f} ms/frame "
               f"(plain evaluation {robust['clean_ms_per_frame']:.1f})",

@@ -9,6 +9,7 @@ import pytest
 
 from segood.cli import main
 from segood.evaluation import Evaluation, evaluate
+from segood.evaluation import runner
 from segood.evaluation.report import combine_runs
 from segood.metrics.components import best_f1_threshold
 from segood.metrics.thresholds import commit
@@ -118,7 +119,9 @@ def test_missing_or_unusable_thresholds_are_errors_that_say_what_to_give(sets, t
     assert "add --components anomaly|obstacle" in capsys.readouterr().err
 
 
-def test_a_run_killed_in_the_components_pass_resumes_to_the_same_numbers(sets, tmp_path, monkeypatch):
+@pytest.mark.parametrize("overlap", [False, True])  # (True: each batch's update beside the next, as on CUDA)
+def test_a_run_killed_in_the_components_pass_resumes_to_the_same_numbers(sets, tmp_path, monkeypatch, overlap):
+    monkeypatch.setattr(runner, "_overlaps", lambda device: overlap)
     components = {"preset": "obstacle"}
     whole = evaluate(tiny_network("dropout"), sets, METHODS, tmp_path / "whole", components=components,
                      commit_on="normal_mixed", **OPTIONS)

@@ -1,6 +1,7 @@
 """The evaluation pipeline: reading ahead in worker processes gives the batches, errors and counts of reading in the
 main process; the state is written in the background as it was when saved; mixed precision scores float32 logits."""
 
+import json
 import zipfile
 
 import numba
@@ -12,6 +13,7 @@ from segood.evaluation import evaluate
 from segood.evaluation.class_sums import class_counts, class_sums
 from segood.evaluation.options import EvaluateOptions
 from segood.evaluation.reading import UnreadableFrame, batch_reader, default_workers, stacked
+from segood.evaluation import runner
 from segood.evaluation.runner import Evaluation, _Saver
 from segood.io import read_npz, write_npz
 from segood.methods import get_method
@@ -193,6 +195,58 @@ def test_evaluation_with_workers_gives_the_counts_of_reading_in_the_main_process
     assert counts and set(states[0]) == set(states[1])
     for key in counts:
         np.testing.assert_array_equal(states[0][key], states[1][key], err_msg=key)
+
+
+def slow_updates(monkeypatch, threads):
+    """Each batch's update made slower (so that the next batch is read and scored meanwhile where they overlap),
+    the threads they run in noted in ``threads``."""
+    import threading
+    import time
+
+    update = Evaluation.update_pixels
+
+    def slow(self, *args, **kwargs):
+        threads.append(threading.current_thread().name)
+        time.sleep(0.05)
+        return update(self, *args, **kwargs)
+
+    monkeypatch.setattr(Evaluation, "update_pixels", slow)
+
+
+def test_updates_beside_the_next_batch_give_the_state_of_updates_in_turn(noise_sets, tmp_path, monkeypatch):
+    sets = {p.stem: p for p in sorted(noise_sets().glob("*.h5"))[:2]}
+    model, states, threads = tiny_network("dropout"), [], []
+    slow_updates(monkeypatch, threads)
+    for overlap in (False, True):
+        monkeypatch.setattr(runner, "_overlaps", lambda device: overlap)
+        threads.clear()
+        evaluate(model, sets, ["max_softmax", "varsum"], tmp_path / str(overlap), batch_size=2, workers=0,
+                 save_every=3, progress=False, figures=False, bootstrap=None)
+        states.append(read_npz(tmp_path / str(overlap) / "state.npz", "evaluation state"))
+        assert set(threads) == {"segood-update" if overlap else "MainThread"}
+    assert set(states[0]) == set(states[1])
+    for state in states:  # (the stages' times differ)
+        state["progress"] = {k: v for k, v in json.loads(str(state["progress"])).items() if k != "seconds"}
+    assert states[0].pop("progress") == states[1].pop("progress")
+    for key in states[0]:
+        np.testing.assert_array_equal(states[0][key], states[1][key], err_msg=key)
+
+
+def test_an_unreadable_frame_saves_the_update_of_the_batch_before_where_updates_overlap(noise_sets, tmp_path,
+                                                                                        monkeypatch):
+    import h5py
+
+    root = noise_sets(kinds=("perlin",), noise_frames=3, cityscapes_frames=3, copy_to=tmp_path / "sets")
+    path = root / "perlin_mixed.h5"
+    with h5py.File(path, "a") as f:
+        f["images"]["4"].id.write_direct_chunk((0, 0, 0), b"not a zlib stream")
+    monkeypatch.setattr(runner, "_overlaps", lambda device: True)
+    slow_updates(monkeypatch, [])
+    with pytest.raises(ValueError, match="cannot read frame 4 .*saved in the run folder"):
+        evaluate(tiny_network("plain"), [path], ["max_softmax"], tmp_path / "run", batch_size=2, workers=0,
+                 progress=False, figures=False, bootstrap=None)
+    saved = Evaluation.load(tmp_path / "run" / "state.npz")
+    assert saved.done == {"perlin_mixed": 4} and saved.acc[("max_softmax", "perlin_mixed")].n_images == 4
 
 
 def test_workers_must_be_a_count():

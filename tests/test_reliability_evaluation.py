@@ -11,7 +11,7 @@ import torch
 from segood.cli import main
 from segood.data import Sample
 from segood.data.h5 import H5SegmentationDataset, SetWriter
-from segood.evaluation import Evaluation, evaluate, evaluate_score_maps
+from segood.evaluation import Evaluation, evaluate, evaluate_score_maps, runner
 from segood.methods import Method
 from segood.models import build_model
 
@@ -62,7 +62,11 @@ class NanOnSecondBatch(Method):
         return scores if NanOnSecondBatch.calls == 1 else scores * float("nan")
 
 
-def test_a_failing_batch_names_the_frames_and_never_saves_a_half_counted_state(small_set, tmp_path):
+@pytest.mark.parametrize("overlap", [False, True])  # (True: each batch's update beside the next, as on CUDA)
+def test_a_failing_batch_names_the_frames_and_never_saves_a_half_counted_state(small_set, tmp_path, monkeypatch,
+                                                                               overlap):
+    monkeypatch.setattr(runner, "_overlaps", lambda device: overlap)
+    NanOnSecondBatch.calls = 0
     model = build_model("pspnet", "resnet18").eval()
     with pytest.raises(ValueError, match=r"cs: frames \[1\]: .*NaN.*--resume continues from the last saved batch"):
         evaluate(model, [small_set], ["max_softmax", NanOnSecondBatch()], tmp_path / "run", batch_size=1,

@@ -564,7 +564,8 @@ def run(model, sets, methods, out_dir, options, *, rank=0, world_size=1, seed=0,
     make_accumulator(ev.grid).update(np.zeros(1, np.float32), np.zeros(1, np.uint8))  # load the grid's kernel once
     loop = _Loop(model, datasets, ev, _Saver(state_path), device=torch.device(device), batch_size=options.batch_size,
                  save_every=options.save_every, shard=(rank, world_size), skip_bad=options.skip_bad, seed=seed,
-                 progress=options.progress, workers=options.workers, amp=options.amp)
+                 progress=options.progress, workers=options.workers, amp=options.amp,
+                 updates=_Updates(torch.device(device), _overlaps(torch.device(device))))
     try:
         loop.run_pass("evaluate", ev.done, lambda s: methods, ev.update_pixels)
         if chosen_by_run(ev.components):
@@ -574,6 +575,7 @@ def run(model, sets, methods, out_dir, options, *, rank=0, world_size=1, seed=0,
             loop.run_pass("components", ev.components_done,
                           lambda s: [m for m in methods if (m.name, s) in ev.comp], ev.update_components_pass)
     finally:
+        loop.updates.close()  # (nothing of the run goes on after it)
         loop.saver.wait()
         ev.probabilities = KeptTensor()  # (memory for the run's batches, not a result to keep)
     return ev.all_reduce()
@@ -640,13 +642,77 @@ class _Saver:
             raise error
 
 
+def _overlaps(device):
+    """Whether a batch's update runs beside the next batch's network: on CUDA, where the host's share of counting
+    (its reads from the device, each image's bookkeeping) would leave the device idle; not on the CPU, where the
+    network and the counting kernels each use every core."""
+    return device.type == "cuda"
+
+
+class _Updates:
+    """The batches' updates, one at a time, in order. With ``overlap`` each runs in a thread of its own while the
+    main thread reads the next batch and starts its network; on CUDA on a stream of its own, which first waits for
+    the batch's scores and is synchronised before the batch's tensors are let go (their memory may then serve the
+    next batch). An update that failed is raised by the next :meth:`submit` or :meth:`wait`. Without ``overlap``
+    each update runs in :meth:`submit`."""
+
+    def __init__(self, device, overlap):
+        self.device, self.overlap = device, overlap
+        self.stream = torch.cuda.Stream(device) if overlap and device.type == "cuda" else None
+        self.thread, self.error = None, None
+
+    def submit(self, update):
+        if not self.overlap:
+            update()
+            return
+        self.wait()
+        scored = None
+        if self.stream is not None:  # (recorded after the batch's scores on the main thread's stream)
+            scored = torch.cuda.Event()
+            scored.record(torch.cuda.current_stream(self.device))
+        self.thread = threading.Thread(target=self._run, args=(update, scored), name="segood-update", daemon=True)
+        self.thread.start()
+
+    def _run(self, update, scored):
+        try:
+            if self.stream is None:
+                update()
+                return
+            with torch.cuda.stream(self.stream):
+                try:
+                    self.stream.wait_event(scored)
+                    update()
+                finally:
+                    self.stream.synchronize()
+        except BaseException as err:  # noqa: BLE001 - handed to the main thread
+            self.error = err
+
+    def wait(self):
+        """Wait for the update running; raise its error, if it failed."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    def close(self):
+        """Wait for the update running, its error let go (a pass raises it where it meets it; an error that ends
+        a pass early is on its way already)."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        self.error = None
+
+
 @dataclass
 class _Loop:
     """A pass over the sets is read -> score -> update per batch, saved every ``save_every`` batches and at the
     end of each set; the pixel pass and the components pass are two uses of it (the same batches, so the same
     Monte-Carlo seeds and scores). Batches are read ahead by ``workers`` processes
-    (:func:`~segood.evaluation.reading.batch_reader`). ``shard`` = (rank, world size): this process scores every
-    world-size-th frame."""
+    (:func:`~segood.evaluation.reading.batch_reader`), and each batch's update runs beside the next batch's
+    network where ``updates`` overlaps them (:class:`_Updates`; every save waits for the update running).
+    ``shard`` = (rank, world size): this process scores every world-size-th frame."""
 
     model: object
     datasets: dict
@@ -661,6 +727,7 @@ class _Loop:
     progress: bool
     workers: int | None  # None: default_workers of each pass's plan
     amp: str | None
+    updates: _Updates
     inputs: KeptTensor = field(default_factory=KeptTensor)  # the normalised frames of a batch
 
     def plan(self, done, methods_of):
@@ -690,17 +757,19 @@ class _Loop:
                 done[set_name] += len(indices)
                 bar.update(len(indices))
                 if count % self.save_every == 0 or count == len(plan) or plan[count][0] != set_name:
+                    self.updates.wait()
                     self.saver.save(self.ev)
         if not plan:
             self.saver.save(self.ev)
 
     def step(self, label, set_name, indices, reads, methods, update):
         """One batch: read (unreadable frames stop the run, saved, or are passed over with ``skip_bad``), then
-        score and update each run of frames of one size."""
+        score each run of frames of one size and hand it to :meth:`update` (through :attr:`updates`)."""
         ev, pixel_pass, t0 = self.ev, label != "components", time.perf_counter()
         try:
             batches, bad = next(reads)
         except UnreadableFrame as err:
+            self.updates.wait()
             self.saver.save(ev, wait=True)
             raise ValueError(f"{set_name}: {err}; what was accumulated is saved in the run folder (--resume "
                              "continues), or pass --skip-bad") from None
@@ -710,20 +779,27 @@ class _Loop:
                 ev.seconds["data"] += time.perf_counter() - t0
         for batch, part in batches:  # frames of different sizes are scored apart
             scored = self.score(set_name, batch, part, methods)
-            t1 = time.perf_counter()
-            try:
-                update(set_name, part, batch, scored, [m.name for m in methods])
-            except ValueError as err:  # e.g. a method's NaN scores. Not saved: this batch is half-counted,
-                raise ValueError(f"{set_name}: frames {part}: {err}; --resume continues from the last saved "
-                                 "batch") from None  # while the last save is consistent
-            if pixel_pass:
-                for stage, seconds in scored.seconds.items():
-                    ev.seconds[stage] += seconds
-                ev.seconds["accumulate"] += time.perf_counter() - t1  # (no wait for the device: what the
-                # accumulators read from it they waited for; the per-class sums still queued are not waited for)
-            else:  # all of it: its forward passes are not the run's inference time
-                ev.seconds["components"] = ev.seconds.get("components", 0.0) + _lap(self.device, t0)
-                t0 = time.perf_counter()
+            self.updates.submit(functools.partial(self.update, set_name, part, batch, scored, methods, update,
+                                                  pixel_pass))
+        if not pixel_pass:  # all of it: its forward passes are not the run's inference time
+            ev.seconds["components"] = ev.seconds.get("components", 0.0) + time.perf_counter() - t0
+
+    def update(self, set_name, part, batch, scored, methods, update, pixel_pass):
+        """``update(set name, frame indices, batch, scored, method names)`` of one scored batch, and the time of
+        its stages."""
+        ev, t1 = self.ev, time.perf_counter()
+        ev.note_output(None if scored.output is None else scored.output.logits.shape[1], resized=scored.resized,
+                       align_corners=getattr(self.model, "align_corners", False))
+        try:
+            update(set_name, part, batch, scored, [m.name for m in methods])
+        except ValueError as err:  # e.g. a method's NaN scores. Not saved: this batch is half-counted,
+            raise ValueError(f"{set_name}: frames {part}: {err}; --resume continues from the last saved "
+                             "batch") from None  # while the last save is consistent
+        if pixel_pass:
+            for stage, seconds in scored.seconds.items():
+                ev.seconds[stage] += seconds
+            ev.seconds["accumulate"] += time.perf_counter() - t1  # (no wait for the device: what the
+            # accumulators read from it they waited for; the per-class sums still queued are not waited for)
 
     def score(self, set_name, batch, indices, methods):
         """The batch's scores (:func:`score_frames`), Monte-Carlo dropout seeded by (seed, set, first frame)."""
@@ -734,8 +810,6 @@ class _Loop:
                                   mc_seed=self.seed * 1_000_003 + set_index * 10_007 + indices[0], amp=self.amp)
         except ValueError as err:  # e.g. a scorer's misshapen or NaN scores
             raise ValueError(f"{set_name}: frames {indices}: {err}") from None
-        self.ev.note_output(None if scored.output is None else scored.output.logits.shape[1],
-                            resized=scored.resized, align_corners=getattr(self.model, "align_corners", False))
         return scored
 
 
@@ -752,16 +826,6 @@ def _pooled_results(ev):
             acc = copy.deepcopy(acc).all_reduce() if sharded else acc
             out[key] = acc.compute() if acc.n_images else None
     return out
-
-
-def _sync(device):
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-def _lap(device, since):
-    _sync(device)
-    return time.perf_counter() - since
 
 
 def run_identity():
