@@ -9,8 +9,8 @@ Part 1, correctness, each check printed as passed or failed (with what differed)
   methods from the same samples; perturbing methods on all but a 0.1% of pixels whose gradient sign flips);
 - AMP training steps (autocast + GradScaler on CUDA) give finite, falling losses;
 - `segood.evaluate` under torch.distributed in one process (NCCL on CUDA, gloo on CPU) equals a plain run.
-- `segood.evaluate` with each batch's update beside the next batch's network (the default on CUDA) writes the
-  state of updates in turn, array for array.
+- `segood.evaluate` with each batch's update beside the next batch's network (the default on CUDA), and with its
+  batches in registered blocks of shared memory, writes the state of updates in turn, array for array.
 Part 2, throughput at 1024×2048 (batch 1, best of a few interleaved rounds):
 - forward passes of PSPNet-ResNet50/101 and DeepLabV3+-Xception65 in fp32, bf16 and fp16 autocast;
 - what every method adds to the forward pass of its network (PSPNet-ResNet50), MC dropout T = 8 against one
@@ -326,27 +326,42 @@ def check_distributed(device, scale, work):
 
 
 def check_overlap(device, scale, work):
-    from segood.evaluation import evaluate, runner
+    """A run whose updates overlap the next batch's network (the default on CUDA) writes the state of a run with
+    the updates in turn."""
+    return same_states(device, scale, work, [{"overlap": False}, {"overlap": True}])
+
+
+def check_blocks(device, scale, work):
+    """A run whose readers write registered blocks again (``reading._registers``) writes the state of a run whose
+    batches are pinned by the DataLoader, with its updates in turn or overlapped."""
+    return same_states(device, scale, work, [{"overlap": False, "blocks": False}, {"overlap": False, "blocks": True},
+                                             {"overlap": True, "blocks": True}])
+
+
+def same_states(device, scale, work, variants):
+    """``segood evaluate`` of one network over 16 frames, 2 readers, in each pipeline ``variant`` (see
+    :func:`pipeline_variant`): the states equal the first's, array for array."""
+    from segood.evaluation import evaluate
     from segood.io import read_npz
 
-    path = make_eval_set(work, scale["check_size"], 8)
+    path = make_eval_set(work, scale["check_size"], 16)
     torch.manual_seed(0)
     model = build_model("pspnet", "resnet18", head="dropout").to(device).eval()
-    overlaps, cudnn = runner._overlaps, (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    cudnn = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False  # (the same scores twice)
     states = []
     try:
-        for overlap in (False, True):
-            runner._overlaps = lambda device, overlap=overlap: overlap
-            evaluate(model, [path], ["max_softmax", "entropy", "varsum"], work / f"overlap_{overlap}", device=device,
-                     batch_size=2, progress=False, figures=False, bootstrap=None)
-            states.append(read_npz(work / f"overlap_{overlap}" / "state.npz", "evaluation state"))
+        for k, variant in enumerate(variants):
+            with pipeline_variant(**variant):
+                evaluate(model, [path], ["max_softmax", "entropy", "varsum"], work / f"variant_{k}", device=device,
+                         batch_size=2, workers=2, progress=False, figures=False, bootstrap=None)
+            states.append(read_npz(work / f"variant_{k}" / "state.npz", "evaluation state"))
     finally:
-        runner._overlaps = overlaps
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
-    assert set(states[0]) == set(states[1]), "the overlapped run's state holds other arrays"
-    for key in set(states[0]) - {"progress"}:  # (the stages' times differ)
-        np.testing.assert_array_equal(states[0][key], states[1][key], err_msg=f"the overlapped run's {key} differs")
+    for variant, state in zip(variants[1:], states[1:]):
+        assert set(state) == set(states[0]), f"the run {variant} holds other arrays"
+        for key in set(state) - {"progress"}:  # (the stages' times differ)
+            np.testing.assert_array_equal(state[key], states[0][key], err_msg=f"the run {variant}: {key} differs")
     return {"arrays": len(states[0])}
 
 
@@ -490,7 +505,8 @@ def time_evaluate(device, scale, work):
 def time_pipeline(device, scale, work):
     """``segood evaluate`` of the plain head's single-pass methods against its network's forward pass alone, at
     each batch size in fp32 and half precision (fp16 on CUDA, bf16 on the CPU), each batch's update beside the next
-    batch's network (the default on CUDA); and at the largest batch up to 4 with the updates in turn. After a
+    batch's network (the default on CUDA); and at the largest batch up to 4 with the updates in turn, and with
+    the batches in registered blocks (``reading._registers``), the updates in turn and beside. After a
     run that warms up (kernels built, memory allocated), two runs over a and b copies of one set (as sets of their
     own: the frames of each are read and scored again): the run of b copies, start-up included, gives the
     end-to-end throughput; the difference of the two runs, the warm one (the run's fixed costs cancel: both runs
@@ -507,8 +523,9 @@ def time_pipeline(device, scale, work):
     half = "fp16" if device.type == "cuda" else "bf16"
     in_turn = max(b for b in scale["batches"] if b <= 4)
     rows = []
-    for precision, batch, overlap in [(p, b, True) for p in ("fp32", half) for b in scale["batches"]] + \
-            [(p, in_turn, False) for p in ("fp32", half)]:
+    for precision, batch, overlap, blocks in [(p, b, True, False) for p in ("fp32", half) for b in scale["batches"]] \
+            + [(p, in_turn, False, False) for p in ("fp32", half)] + [(p, in_turn, o, True) for p in ("fp32", half)
+                                                                    for o in (False, True)]:
         amp = None if precision == "fp32" else precision
         x = torch.randn(batch, 3, *scale["size"], device=device)
 
@@ -518,11 +535,12 @@ def time_pipeline(device, scale, work):
                 return model(x)
 
         forward_ms = interleaved_best_ms([forward], scale["repeat"], device)[0] / batch
-        with overlapping(overlap):
-            seconds, stages = evaluate_seconds(model, runs, methods, work / f"pipeline_{precision}_{batch}_{overlap}",
-                                               batch_size=batch, device=device, amp=amp)
+        with pipeline_variant(overlap, blocks):
+            seconds, stages = evaluate_seconds(model, runs, methods, work / f"pipeline_{precision}_{batch}_{overlap}_"
+                                               f"{blocks}", batch_size=batch, device=device, amp=amp)
         warm_ms = 1000 * (seconds[1] - seconds[0]) / (frames[1] - frames[0])
-        rows.append({"precision": precision, "batch": batch, "overlap": overlap, "forward_ms_per_frame": forward_ms,
+        rows.append({"precision": precision, "batch": batch, "overlap": overlap, "blocks": blocks,
+                     "forward_ms_per_frame": forward_ms,
                      "evaluate_ms_per_frame_warm": warm_ms,
                      "evaluate_ms_per_frame_with_startup": 1000 * seconds[1] / frames[1],
                      "warm_share": forward_ms / warm_ms, "share_with_startup": forward_ms * frames[1] /
@@ -532,16 +550,21 @@ def time_pipeline(device, scale, work):
 
 
 @contextlib.contextmanager
-def overlapping(overlap):
-    """``segood evaluate`` runs each batch's update beside the next batch's network (``overlap``) or in turn."""
-    from segood.evaluation import runner
+def pipeline_variant(overlap=None, blocks=None):
+    """``segood evaluate`` with each batch's update beside the next batch's network or in turn (``overlap``), its
+    batches for the device in registered blocks written again or pinned by the DataLoader (``blocks``); None:
+    the default."""
+    from segood.evaluation import reading, runner
 
-    overlaps = runner._overlaps
-    runner._overlaps = lambda device: overlap
+    saved = runner._overlaps, reading._registers
+    if overlap is not None:
+        runner._overlaps = lambda device: overlap
+    if blocks is not None:
+        reading._registers = lambda: blocks
     try:
         yield
     finally:
-        runner._overlaps = overlaps
+        runner._overlaps, reading._registers = saved
 
 
 def evaluate_seconds(model, runs, methods, folder, **options):
@@ -657,7 +680,8 @@ def amp_effect(device, scale, work):
 
 
 CHECKS = {"accumulator_counts": check_accumulators, "methods_device_vs_cpu": check_methods,
-          "amp_training": check_amp_training, "distributed_evaluate": check_distributed, "overlap": check_overlap}
+          "amp_training": check_amp_training, "distributed_evaluate": check_distributed, "overlap": check_overlap,
+          "blocks": check_blocks}
 MEASURES = {"forward_ms": time_forwards, "methods": time_methods, "accumulators": time_accumulators,
             "evaluate": time_evaluate, "pipeline": time_pipeline, "robustness": time_robustness,
             "amp_effect": amp_effect, "compile": time_compile}
@@ -692,9 +716,10 @@ def table(report):
     lines += [f"segood evaluate against the forward pass alone ({', '.join(pipeline['methods'])}; "
               f"{pipeline['frames'][1]} frames, warm = the difference of runs of {pipeline['frames'][1]} and "
               f"{pipeline['frames'][0]} frames):", "",
-              "| precision | batch | updates | forward ms/frame | evaluate ms/frame, warm | share | with start-up | "
-              "share | start-up s |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+              "| precision | batch | updates | batches in | forward ms/frame | evaluate ms/frame, warm | share | "
+              "with start-up | share | start-up s |", "|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['precision']} | {r['batch']} | {'beside' if r['overlap'] else 'in turn'} | "
+              f"{'registered blocks' if r['blocks'] else 'pinned copies'} | "
               f"{r['forward_ms_per_frame']:.1f} | {r['evaluate_ms_per_frame_warm']:.1f} | {r['warm_share']:.0%} | "
               f"{r['evaluate_ms_per_frame_with_startup']:.1f} | {r['share_with_startup']:.0%} | {r['startup_s']:.2f} |"
               for r in pipeline["rows"]]

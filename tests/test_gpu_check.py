@@ -18,16 +18,18 @@ def test_gpu_check_dry_run(tmp_path):
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     report = json.loads(out.read_text())
     assert report["dry_run"] and set(report["checks"]) == {"accumulator_counts", "methods_device_vs_cpu",
-                                                            "amp_training", "distributed_evaluate", "overlap"}
+                                                            "amp_training", "distributed_evaluate", "overlap",
+                                                            "blocks"}
     assert all(check["passed"] for check in report["checks"].values()), report["checks"]
     throughput = report["throughput"]
     assert set(throughput["methods"]["per_method"]) == {"max_softmax", "odin", "entropy", "mahalanobis", "varsum",
                                                         "mutual_info", "confidence"}
     assert throughput["accumulators"]["floor_ms"] > 0 and throughput["evaluate"]["images_per_s"] > 0
     pipeline = throughput["pipeline"]
-    assert [(r["precision"], r["batch"], r["overlap"]) for r in pipeline["rows"]] == [
-        ("fp32", 1, True), ("fp32", 2, True), ("bf16", 1, True), ("bf16", 2, True), ("fp32", 2, False),
-        ("bf16", 2, False)]
+    assert [(r["precision"], r["batch"], r["overlap"], r["blocks"]) for r in pipeline["rows"]] == [
+        ("fp32", 1, True, False), ("fp32", 2, True, False), ("bf16", 1, True, False), ("bf16", 2, True, False),
+        ("fp32", 2, False, False), ("bf16", 2, False, False), ("fp32", 2, False, True), ("fp32", 2, True, True),
+        ("bf16", 2, False, True), ("bf16", 2, True, True)]
     assert all({"data", "forward", "accumulate"} <= set(r["stages_ms_per_frame"]) for r in pipeline["rows"])
     assert all(r["forward_ms_per_frame"] > 0 and r["evaluate_ms_per_frame_with_startup"] > 0
                for r in pipeline["rows"])

@@ -13,7 +13,7 @@ from segood.evaluation import evaluate
 from segood.evaluation.class_sums import class_counts, class_sums
 from segood.evaluation.options import EvaluateOptions
 from segood.evaluation.reading import UnreadableFrame, batch_reader, default_workers, stacked
-from segood.evaluation import runner
+from segood.evaluation import reading, runner
 from segood.evaluation.runner import Evaluation, _Saver
 from segood.io import read_npz, write_npz
 from segood.methods import get_method
@@ -65,20 +65,26 @@ def test_workers_give_the_batches_of_the_main_process_in_order(workers, pin):
             assert len({t.untyped_storage().data_ptr() for t in batch.values()}) == 1
 
 
-def test_readers_write_their_batches_into_blocks_again_only_once_the_main_process_is_done_with_them():
+@pytest.mark.parametrize("registered", [False, True])
+def test_readers_write_their_batches_into_blocks_again_only_once_the_main_process_is_done_with_them(registered,
+                                                                                                 monkeypatch):
     import time
 
-    sets = {"a": Frames(40)}
+    monkeypatch.setattr(reading, "_registers", lambda: registered)  # (True: blocks for a device, registered
+    sets = {"a": Frames(40)}  # with CUDA where there is one: a batch is kept until the batch after next is asked for)
     plan = [("a", list(range(k, min(k + 3, 40)))) for k in range(0, 40, 3)]  # (sizes change within and across)
     want = flat(zip([n for n, _ in plan], batch_reader(sets, plan, workers=0)))
-    blocks = set()
-    for (_, runs_0, _), (runs, _) in zip(want, batch_reader(sets, plan, workers=2)):
+    blocks, kept = set(), 1 + registered
+    got = []
+    for (_, runs_0, _), (runs, _) in zip(want, batch_reader(sets, plan, workers=1, pin=registered)):
         time.sleep(0.02)  # a slow consumer: the readers run ahead meanwhile
-        for (_, batch_0), (batch, _) in zip(runs_0, runs):
-            assert all(torch.equal(batch[k], batch_0[k]) for k in batch_0)
-            blocks.add(batch["image"].untyped_storage().data_ptr())
-    assert len(blocks) <= 2 * 3 + 1 < len(plan)  # (each reader's blocks, at most two ahead and one in use; the
-    # first batch is read by the main process)
+        got = [*got, (runs_0, runs)][-kept:]
+        for runs_0, runs in got:  # (this batch, and with registered blocks the one before)
+            for (_, batch_0), (batch, _) in zip(runs_0, runs):
+                assert all(torch.equal(batch[k], batch_0[k]) for k in batch_0)
+                blocks.add(batch["image"].untyped_storage().data_ptr())
+    assert len(blocks) <= 2 + kept + 1 < len(plan)  # (the reader's blocks: at most two ahead and those in use; the
+    # first batch is read by the main process. One reader: it writes the batch after next as soon as it may)
 
 
 def test_a_batch_is_stacked_as_torch_stack_stacks_it():

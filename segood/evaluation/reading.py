@@ -165,6 +165,30 @@ class _Batches(torch.utils.data.Dataset):
         return len(self.blocks) - 1, True
 
 
+def _registers():
+    """Whether batches for a CUDA device come in blocks of shared memory that the readers write again and that the
+    main process registers with CUDA as pinned memory, once a block (each batch then copied to the device straight
+    from its block), rather than each in a fresh block that the DataLoader's pinning thread copies into pinned
+    memory (on an H200's host 21 ms a batch of four 1024x2048 frames, slower than the network). Off until a device
+    has proven and timed it (``benchmarks/gpu_check.py --only blocks pipeline``)."""
+    return False
+
+
+def _register(block):
+    """``block`` (a uint8 tensor) registered with CUDA as pinned memory: the block, or None where CUDA refused (its
+    batches are then copied through the driver's staging buffers: the same bytes, slower)."""
+    cudart = torch.cuda.cudart()
+    if int(cudart.cudaHostRegister(block.data_ptr(), block.numel(), 0)) != 0:
+        cudart.cudaGetLastError()  # (cleared: not met again by an unrelated call)
+        return None
+    return block
+
+
+def _unregister(block):
+    if block is not None:
+        torch.cuda.cudart().cudaHostUnregister(block.data_ptr())
+
+
 def batch_reader(datasets, plan, *, workers=0, pin=False, skip_bad=False):
     """Yield the batches of ``plan`` ([(set name, frame indices)]) of ``datasets`` ({name: Dataset}) in order, as
     ``([(batch, frame indices)] per run of one frame size, [(index, reason)] of frames passed over)``; raises
@@ -172,31 +196,38 @@ def batch_reader(datasets, plan, *, workers=0, pin=False, skip_bad=False):
     processes read the batches after the first (which the main process reads while they start), a few batches
     ahead (never more readers than there are batches to read ahead). Without ``pin``, a batch from the readers
     lives in a block of memory they write again: it is valid until the next batch is asked for (copy what is kept
-    longer). ``pin``: the batches are for a device: no block is written again (a device may still be copying
-    from it when the next batch is asked for), and on CUDA each batch goes into pinned memory (for an
-    asynchronous copy)."""
+    longer). ``pin``: the batches are for a device, which may still be copying from one when the next is asked
+    for: with :func:`_registers` on CUDA, each block is registered as pinned memory and a batch is valid until
+    the batch after next is asked for (the device must be done with it by then); else no block is written again,
+    and on CUDA each batch goes into pinned memory (for an asynchronous copy)."""
     workers = max(0, min(workers, len(plan) - 1))
     if not workers:
         batches = _Batches(datasets, plan, skip_bad)
         for k in range(len(plan)):
             yield _checked(batches[k])
         return
-    taken = None if pin else torch.zeros(1, dtype=torch.int64).share_memory_()
+    register = pin and _registers()
+    cuda = pin and torch.cuda.is_available()
+    taken = None if pin and not register else torch.zeros(1, dtype=torch.int64).share_memory_()
     loader = torch.utils.data.DataLoader(_Batches(datasets, plan[1:], skip_bad, taken), batch_size=None,
-                                         shuffle=False, num_workers=workers,
-                                         pin_memory=pin and torch.cuda.is_available())
+                                         shuffle=False, num_workers=workers, pin_memory=cuda and not register)
     reads = iter(loader)  # (the readers start)
     stopping = threading.Thread(target=reads._shutdown_workers, name="segood-readers-exit", daemon=True)
+    registered = {}  # {(reader, slot): its block where CUDA registered it}
     try:
         yield _checked(_Batches(datasets, plan, skip_bad)[0])
         blocks = {}  # {(reader, slot): a block of shared memory the readers write batches into}
         for k in range(len(plan) - 1):
-            if taken is not None:
-                taken[0] = k  # (the batches before k are done with: the next one is asked for)
+            if taken is not None:  # (the batches before k are done with, as the next one is asked for; for a
+                taken[0] = k - 1 if register else k  # device, the batches before k - 1)
             runs, bad = _checked(next(reads))
             if isinstance(runs, _InBlock):
                 if runs.block is not None:
-                    blocks[runs.reader, runs.slot] = runs.block
+                    key = runs.reader, runs.slot
+                    blocks[key] = runs.block
+                    if register and cuda:  # (a block replaced was free: no copy from it runs)
+                        _unregister(registered.pop(key, None))
+                        registered[key] = _register(runs.block)
                 runs = _views(blocks[runs.reader, runs.slot], runs.layout)
             if k == len(plan) - 2:  # the last batch is in: the readers are stopped and joined in the background
                 # (a join waits for each process to exit, ~0.04 s a reader, while the run scores the last batch).
@@ -209,6 +240,10 @@ def batch_reader(datasets, plan, *, workers=0, pin=False, skip_bad=False):
             stopping.join()  # for), and at once where the stop had not begun: a traceback holding this frame (an
         else:  # unreadable frame's) would keep them running, holding the sets' files open
             reads._shutdown_workers()
+        if any(block is not None for block in registered.values()):
+            torch.cuda.synchronize()  # (no copy from a block runs when it is unregistered)
+            for block in registered.values():
+                _unregister(block)
 
 
 def _checked(read):
