@@ -764,7 +764,7 @@ class _Loop:
 
     def step(self, label, set_name, indices, reads, methods, update):
         """One batch: read (unreadable frames stop the run, saved, or are passed over with ``skip_bad``), then
-        score each run of frames of one size and hand it to :meth:`update` (through :attr:`updates`)."""
+        score each run of frames of one size and hand it to :meth:`update_batch` (through :attr:`updates`)."""
         ev, pixel_pass, t0 = self.ev, label != "components", time.perf_counter()
         try:
             batches, bad = next(reads)
@@ -779,12 +779,12 @@ class _Loop:
                 ev.seconds["data"] += time.perf_counter() - t0
         for batch, part in batches:  # frames of different sizes are scored apart
             scored = self.score(set_name, batch, part, methods)
-            self.updates.submit(functools.partial(self.update, set_name, part, batch, scored, methods, update,
+            self.updates.submit(functools.partial(self.update_batch, set_name, part, batch, scored, methods, update,
                                                   pixel_pass))
         if not pixel_pass:  # all of it: its forward passes are not the run's inference time
             ev.seconds["components"] = ev.seconds.get("components", 0.0) + time.perf_counter() - t0
 
-    def update(self, set_name, part, batch, scored, methods, update, pixel_pass):
+    def update_batch(self, set_name, part, batch, scored, methods, update, pixel_pass):
         """``update(set name, frame indices, batch, scored, method names)`` of one scored batch, and the time of
         its stages."""
         ev, t1 = self.ev, time.perf_counter()
