@@ -8,8 +8,7 @@ import json
 import pytest
 
 from segood.cli import main
-from segood.evaluation import Evaluation, evaluate
-from segood.evaluation import runner
+from segood.evaluation import Evaluation, evaluate, runner
 from segood.evaluation.report import combine_runs
 from segood.metrics.components import best_f1_threshold
 from segood.metrics.thresholds import commit

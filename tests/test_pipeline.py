@@ -1,5 +1,6 @@
 """The evaluation pipeline: reading ahead in worker processes gives the batches, errors and counts of reading in the
-main process; the state is written in the background as it was when saved; mixed precision scores float32 logits."""
+main process; updates beside the next batch give the state of updates in turn; the state is written in the
+background as it was when saved; mixed precision scores float32 logits."""
 
 import json
 import zipfile
@@ -9,11 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from segood.evaluation import evaluate
+from segood.evaluation import evaluate, reading, runner
 from segood.evaluation.class_sums import class_counts, class_sums
 from segood.evaluation.options import EvaluateOptions
 from segood.evaluation.reading import UnreadableFrame, batch_reader, default_workers, stacked
-from segood.evaluation import reading, runner
 from segood.evaluation.runner import Evaluation, _Saver
 from segood.io import read_npz, write_npz
 from segood.methods import get_method
