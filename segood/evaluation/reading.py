@@ -175,12 +175,12 @@ def _registers():
 
 
 def _register(block):
-    """``block`` (a uint8 tensor) registered with CUDA as pinned memory: the block, or None where CUDA refused (its
-    batches are then copied through the driver's staging buffers: the same bytes, slower)."""
-    cudart = torch.cuda.cudart()
-    if int(cudart.cudaHostRegister(block.data_ptr(), block.numel(), 0)) != 0:
-        cudart.cudaGetLastError()  # (cleared: not met again by an unrelated call)
-        return None
+    """``block`` (a uint8 tensor) registered with CUDA as pinned memory; returns it."""
+    error = int(torch.cuda.cudart().cudaHostRegister(block.data_ptr(), block.numel(), 0))
+    if error:  # (torch binds no call that clears the error: the run stops here, not at a later kernel's check)
+        raise RuntimeError(f"CUDA refused to register a reader's block of {block.numel()} bytes of shared memory as "
+                           f"pinned memory (cudaError {error}); pinned copies work where registered blocks do not "
+                           "(segood.evaluation.reading._registers returning False, the default)")
     return block
 
 
@@ -213,7 +213,7 @@ def batch_reader(datasets, plan, *, workers=0, pin=False, skip_bad=False):
                                          shuffle=False, num_workers=workers, pin_memory=cuda and not register)
     reads = iter(loader)  # (the readers start)
     stopping = threading.Thread(target=reads._shutdown_workers, name="segood-readers-exit", daemon=True)
-    registered = {}  # {(reader, slot): its block where CUDA registered it}
+    registered = {}  # {(reader, slot): its block, registered with CUDA}
     try:
         yield _checked(_Batches(datasets, plan, skip_bad)[0])
         blocks = {}  # {(reader, slot): a block of shared memory the readers write batches into}
@@ -240,7 +240,7 @@ def batch_reader(datasets, plan, *, workers=0, pin=False, skip_bad=False):
             stopping.join()  # for), and at once where the stop had not begun: a traceback holding this frame (an
         else:  # unreadable frame's) would keep them running, holding the sets' files open
             reads._shutdown_workers()
-        if any(block is not None for block in registered.values()):
+        if registered:
             torch.cuda.synchronize()  # (no copy from a block runs when it is unregistered)
             for block in registered.values():
                 _unregister(block)
