@@ -21,7 +21,7 @@ Prints one table and writes every number, and the targets (single-pass methods t
 pass; accumulation >= 50% of the floor; MC dropout T = 8 <= 2.5x one forward), to a JSON file.
 
 ``--dry-run`` runs everything on the CPU at tiny sizes in about a minute: the test suite runs it, so the
-script never rots. On one H100/H200 the full check is built to take under 8 minutes.
+script never rots. On one H200 the full check takes 6–7 minutes (by its parts' times there).
 """
 
 import argparse
