@@ -1,5 +1,5 @@
-"""The package's import graph has no loops: every import of a segood module, at module level or inside a function,
-is an edge, and no module reaches itself."""
+"""Rules of the package's shape: its import graph has no loops (every import of a segood module, at module level or
+inside a function, is an edge, and no module reaches itself), and every compiled kernel releases the GIL."""
 
 import ast
 from pathlib import Path
@@ -85,3 +85,26 @@ def test_no_module_imports_itself_through_others():
     graph = {name: imports(name, path, known) for name, path in known.items()}
     assert "segood.methods.methods" in graph["segood.methods"]  # the graph is read, not empty
     assert cycles(graph) == []
+
+
+def compiled_kernels(tree):
+    """[(name, keywords {name: literal value})] of the functions ``tree`` decorates with ``numba.njit(...)``."""
+    found = []
+    for node in ast.walk(tree):
+        for decorator in getattr(node, "decorator_list", []):
+            if isinstance(decorator, ast.Call) and ast.unparse(decorator.func) in ("numba.njit", "njit", "numba.jit"):
+                found.append((node.name, {k.arg: ast.literal_eval(k.value) for k in decorator.keywords}))
+    return found
+
+
+def test_every_compiled_kernel_releases_the_gil():
+    """A kernel called from the update thread (the per-image bookkeeping on CUDA) or the saver must leave the GIL to
+    the main thread, which starts the next batch's network meanwhile; inlined helpers never run on their own."""
+    planted = ast.parse("@numba.njit(cache=True)\ndef f(x):\n    return x\n")
+    assert compiled_kernels(planted) == [("f", {"cache": True})]
+    kernels = {f"{name}.{kernel}": keywords for name, path in modules().items()
+               for kernel, keywords in compiled_kernels(ast.parse(path.read_text()))}
+    assert "segood.metrics._kernels.builtin_metrics" in kernels  # the kernels are read, not none
+    holding = [name for name, keywords in kernels.items()
+               if not keywords.get("nogil") and keywords.get("inline") != "always"]
+    assert holding == []

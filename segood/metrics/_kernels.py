@@ -519,7 +519,7 @@ ROW_BINADES = {np.dtype(np.float32): _float32_rows(),
                np.dtype(np.float64): _rows(np.arange(BINADES), np.zeros(BINADES, bool))}
 
 
-@numba.njit(cache=True)
+@numba.njit(nogil=True, cache=True)
 def drain(tables, marks, m, row_binades, reversed_rows, order):
     """The counts of the fast kernels' ``tables`` (a tuple: one per thread) summed over their marked rows that hold
     a pixel, in float64 terms: (binades (k,) int64 increasing, counts (k, 2, 2^m) int64), with each row's binade
@@ -802,7 +802,7 @@ def merge_binades(parts, *, owned=False):
     return binades.astype(np.int64), counts
 
 
-@numba.njit(cache=True)
+@numba.njit(nogil=True, cache=True)
 def float_order_curve(binades, counts, m):
     """The occupied bins of (binades (k,), counts (k, 2, 2^m)) in increasing order: (thresholds (B,), each the
     smallest float64 of its bin, -inf for the bin of -inf; hist (2, B) int64 ID and OOD counts; fp, tp (B,) int64
@@ -848,7 +848,7 @@ def _psi_series(inv):
     return -0.5 * inv - inv2 * (1 / 12 - inv2 * (1 / 120 - inv2 * (1 / 252 - inv2 * (1 / 240 - inv2 / 132))))
 
 
-@numba.njit(cache=True)
+@numba.njit(nogil=True, cache=True)
 def _psi_minus_log(x):
     result = 0.0
     if x < 20.0:  # psi(x) - ln x = [psi(x + J) - ln(x + J)] + ln((x + J) / x) - sum_{j<J} 1 / (x + j)
@@ -879,7 +879,7 @@ def _plus(total, error, x):
     return t, error
 
 
-@numba.njit(cache=True)
+@numba.njit(nogil=True, cache=True)
 def builtin_metrics(tp, fp, n_ood, n_id, bounds):
     """(13,) float64: AUROC, AUPRC, FPR95, MaxIoU, the index of the lowest threshold attaining MaxIoU, then with
     ``bounds`` the (lo, hi) of each of the four between the worst and the best order of the pixels sharing a bin

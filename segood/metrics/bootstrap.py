@@ -31,7 +31,7 @@ def coarse_keys(thresholds, bits=COARSE_BITS):
     return (raw ^ ((raw >> 63) & 0x7FFFFFFFFFFFFFFF)) >> (52 - bits)
 
 
-@numba.njit(cache=True)
+@numba.njit(nogil=True, cache=True)
 def coarse_counts(thresholds, hist, bits=COARSE_BITS):
     """(keys (b,) int64, counts (b, 2) int64): ``hist`` (2, B) at increasing ``thresholds`` summed per coarse bin
     (:func:`coarse_keys`), the bins that hold a pixel, in one pass."""

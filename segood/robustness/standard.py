@@ -120,7 +120,7 @@ def _clipped_zoom(x, factor):
                           borderMode=cv2.BORDER_REPLICATE)
 
 
-@numba.njit(cache=True)
+@numba.njit(nogil=True, cache=True)
 def _neighbour_copy_kernel(image, offsets, delta):
     """The reference's glass-blur loop, in its order: from the bottom-right pixel to the top-left one (a margin of
     ``delta`` left out), each pixel takes the value its neighbour (dy, dx) holds at that moment."""
