@@ -6,7 +6,8 @@ Every contender sees the same data: ``images`` score maps (float32, higher = mor
 max-softmax score) with uint8 OOD masks (~10% ignore). Rows print pixels/s and the ratio to the first row,
 the memory-read floor (``scores.sum() + labels.sum()``); every segood row includes ``compute()``. The
 float-order grid is timed at several resolutions m, on these scores in [0, 1] and on the same values spread
-over 30 binades (multiplied by 2^k, k uniform in [0, 30)), and on float64 scores. The run also prints the
+over 30 binades (multiplied by 2^k, k uniform in [0, 30)), on saturated ones (runs of pixels in one bin, as a
+confident network's: :func:`saturated`) and on float64 scores. The run also prints the
 error of each grid against exact mode (and whether its bounds contain it), and the peak memory of a streaming
 run as the number of images grows.
 """
@@ -63,10 +64,19 @@ def spread(scores, binades=30, seed=1):
     return (scores * np.exp2(k).astype(np.float32)).astype(np.float32)
 
 
+def saturated(scores, labels, seed=2):
+    """The same scores where a confident network's saturate: in half the area (squares of 32x32 pixels) every ID
+    pixel scores exactly 0 (one minus a max softmax of 1.0), so runs of pixels share a bin, as in real maps."""
+    height, width = scores.shape[1:]
+    squares = np.random.default_rng(seed).random((scores.shape[0], -(-height // 32), -(-width // 32))) < 0.5
+    confident = squares.repeat(32, axis=1).repeat(32, axis=2)[:, :height, :width] & (labels == 0)
+    return np.where(confident, np.float32(0), scores)
+
+
 def contenders(scores, labels):
     from segood.metrics import FloatOrderAccumulator, LinearGridAccumulator
 
-    wide = spread(scores)
+    wide, confident = spread(scores), saturated(scores, labels)
     as64, half = scores.astype(np.float64), scores.astype(np.float16)
 
     def floor():
@@ -122,11 +132,14 @@ def contenders(scores, labels):
         ("float-order m = 10, an update per frame, scores over 30 binades", per_frame(wide, per_image=False)),
         ("float-order m = 10, an update per frame, per-image counts, scores over 30 binades", per_frame(wide)),
         ("float-order m = 10, an update per frame, per-image counts, float16 scores", per_frame(half)),
+        ("float-order m = 10, an update per frame, saturated scores", per_frame(confident, per_image=False)),
         ("memory-read floor of float64 scores: as64.sum() + labels.sum()", floor64),
         ("segood float-order grid, m = 10, float64 scores", float_order(10, as64)),
         ("segood float-order grid, m = 12, float64 scores (the general kernel)", float_order(12, as64)),
         ("segood linear grid, T = 400", segood(400)),
         ("segood linear grid, T = 65536", segood(65536)),
+        ("segood linear grid, T = 400, saturated scores",
+         lambda: LinearGridAccumulator(400).update(confident, labels).compute()),
         ("numpy bincount histogram, T = 400 (naive binning)", numpy_bincount),
         ("scikit-learn roc_auc_score (exact)", sklearn_exact),
         ("torchmetrics binary_auroc(thresholds=400)", torchmetrics_binned),

@@ -292,6 +292,29 @@ def test_an_interrupted_update_leaves_the_scratch_table_clean(monkeypatch, dtype
     assert (result["n_id"], result["n_ood"]) == (1, 1)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_runs_of_equal_scores_against_the_literal_comparison(dtype):
+    """Pixels of one bin in a row (a confident network's saturated scores) are added a run at a time: runs longer
+    than a kernel's block and single pixels, special values (each zero, infinities, a float32 subnormal: the
+    careful path), labels in runs of their own. The counts are the literal comparison's, and an update refused
+    midway (a NaN at the end) takes exactly its pixels out of the kernels' tables again (runs times -1)."""
+    from test_metrics import runs_of
+
+    rng = np.random.default_rng(21)
+    values = np.array([0.0, -0.0, np.inf, -np.inf, 1e-40, 1.0, 0.99999994, 0.5, -3.25, 7e-3, 6e4])
+    scores = runs_of(rng, values, 30_000).astype(dtype)
+    labels = runs_of(rng, np.uint8([0, 1, 255]), 30_000)
+    check_against_literal(scores, labels, 10)
+    acc, reference = FloatOrderAccumulator(), FloatOrderAccumulator()
+    acc.update(scores, labels)
+    reference.update(scores, labels)
+    refused = scores.copy()
+    refused[-1], labels[-1] = np.nan, 0
+    with pytest.raises(ValueError, match="NaN"):
+        acc.update(refused, labels)
+    _same_counts(acc, reference)
+
+
 def _frames(rng, dtype, shape=(3, 256, 256)):
     scores = (rng.standard_normal(shape) * 10.0 ** rng.integers(-3, 3, shape)).astype(dtype)
     return scores, rng.choice(np.array([0, 1, 255], np.uint8), shape, p=[0.7, 0.2, 0.1])

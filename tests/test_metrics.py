@@ -31,6 +31,14 @@ def random_labels(rng, shape, p_ood=0.2, p_ignore=0.1):
     return np.where(u < p_ignore, 255, np.where(u < p_ignore + p_ood, 1, 0)).astype(np.uint8)
 
 
+def runs_of(rng, values, n):
+    """n of ``values`` in runs of one value: half the runs of 1 to 7 pixels, half of up to 3000 (the kernels' blocks
+    are 1024 pixels: runs cross them, and their blocks take the run-length loop or the plain one)."""
+    k = n // 8
+    lengths = np.where(rng.random(k) < 0.5, rng.integers(1, 8, k), rng.integers(1, 3000, k))
+    return np.repeat(rng.choice(values, k), lengths)[:n]
+
+
 def on_threshold_scores(rng, n, num_thresholds, score_range, dtype):
     """Scores exactly on thresholds (as representable in dtype), one ulp either side, and the ends."""
     lo, hi = score_range
@@ -54,6 +62,9 @@ def make_case(name, rng, num_thresholds, score_range):
     if name.startswith("on_thresholds"):
         scores = on_threshold_scores(rng, n, num_thresholds, score_range, getattr(np, name[-3:].replace("f", "float")))
         return scores, random_labels(rng, scores.size)
+    if name == "runs":  # runs of one score (some longer than a kernel's block, some a pixel), labels in runs apart
+        values = on_threshold_scores(rng, 64, num_thresholds, score_range, np.float32)
+        return runs_of(rng, values, n), runs_of(rng, np.uint8([0, 1, 255]), n)
     if name == "heavy_ties":
         return rng.choice(np.float32([lo, hi, (lo + hi) / 2, lo + (hi - lo) / 3]), n), random_labels(rng, n)
     if name == "all_ood":
@@ -65,8 +76,8 @@ def make_case(name, rng, num_thresholds, score_range):
     raise KeyError(name)
 
 
-CASES = ["random_f32", "random_f64", "on_thresholds_f32", "on_thresholds_f64", "heavy_ties", "all_ood", "all_id",
-         "all_ignore"]
+CASES = ["random_f32", "random_f64", "on_thresholds_f32", "on_thresholds_f64", "runs", "heavy_ties", "all_ood",
+         "all_id", "all_ignore"]
 # The last two ranges are too narrow for their magnitude to trust arithmetic: every pixel takes the comparing
 # path. In the very last, thresholds repeat, so a score equal to lo lies beyond the first bin.
 CONFIGS = [(2, (0.0, 1.0)), (7, (0.0, 1.0)), (400, (0.0, 1.0)), (401, (0.1, 0.7)), (4096, (-3.5, 12.25)),

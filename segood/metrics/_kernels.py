@@ -93,6 +93,28 @@ def _position(s, lo, scale, top):
     return g if g <= top else top
 
 
+@numba.njit(inline="always")
+def _add_runs(table, idx, n, step):
+    """``table[idx[k]] += step`` for k < n (n >= 1). Where an eighth of the slots or more repeat the one before, each
+    run of equal slots is added at once: pixels of one bin in a row (the saturated scores of a confident network)
+    would otherwise each wait for the store of the one before."""
+    repeats = np.uint32(0)
+    for k in range(1, n):  # (vectorised)
+        repeats += np.uint32(idx[k] == idx[k - 1])
+    if repeats * 8 < n:
+        for k in range(n):
+            table[idx[k]] += step
+        return
+    current, run = idx[0], 0
+    for k in range(n):
+        if idx[k] == current:
+            run += 1
+        else:
+            table[current] += run * step
+            current, run = idx[k], 1
+    table[current] += run * step
+
+
 @numba.njit(nogil=True, cache=True)
 def _histogram_kernel(scores, labels, thresholds, clip, exact, margin, hist, problems):
     """Histogram of 1-D ``scores`` (float32/64) by 1-D uint8 ``labels``, added into ``hist`` (2 T + 2,) int32.
@@ -152,8 +174,7 @@ def _histogram_kernel(scores, labels, thresholds, clip, exact, margin, hist, pro
                 trusted = (label <= OOD) & ((abs(g - j - 0.5) <= half) | at_lo | at_hi)
                 fallback = ignored_slot if label == IGNORE else careful_slot
                 slot[k] = np.int32(label * row + (top if at_hi else j) if trusted else fallback)
-        for k in range(block_scores.size):
-            hist[uslot[k]] += 1
+        _add_runs(hist, uslot, block_scores.size, 1)
         if hist[careful_slot] == careful_seen:
             continue
         careful_seen = hist[careful_slot]
@@ -377,8 +398,7 @@ def _float32_kernel(bits, labels, m, table, occupied, problems, step):
             zeros |= np.uint32(ok & zero)  # zero apart, so that zeros among values near 1 mark two rows, not 127
             lowest = min(lowest, row if ok & normal else np.uint32(511))
             highest = max(highest, row if ok & normal else np.uint32(0))
-        for k in range(n):
-            table[idx[k]] += step
+        _add_runs(table, idx, n, step)
         occupied[0] |= zeros
         for row in range(lowest, highest + 1):
             occupied[row] = 1
@@ -426,8 +446,7 @@ def _float64_kernel(scores, labels, m, table, occupied, problems, step):
             high_positive = max(high_positive, row if ok & positive else half)
             low_negative = min(low_negative, row if ok & ~positive else half - np.uint64(1))
             high_negative = max(high_negative, row if ok & ~positive else np.uint64(0))
-        for k in range(n):
-            table[idx[k]] += step
+        _add_runs(table, idx, n, step)
         for row in range(low_negative, high_negative + np.uint64(1)):
             occupied[row] = 1
         for row in range(low_positive, high_positive + np.uint64(1)):
@@ -460,8 +479,7 @@ def _float16_kernel(halves, labels, m, patterns, marked, problems, step):
             idx[k] = index if ok else (ignored_index if label == np.uint32(IGNORE) else careful_index)
             lowest = min(lowest, row if ok else np.uint32(63))
             highest = max(highest, row if ok else np.uint32(0))
-        for k in range(n):
-            patterns[idx[k]] += step
+        _add_runs(patterns, idx, n, step)
         for row in range(lowest, highest + 1):
             marked[row] = 1
     return _scratch_counts(patterns, problems)
