@@ -439,7 +439,9 @@ def time_accumulators(device, scale, work):
     """The accumulators against the memory-read floor on ``maps`` score maps: the linear grid and the float-order
     grid over the whole batch; the float-order grid with per-image counts as the evaluation runs it (one (N, H, W)
     batch per update, and one frame per update), compute() excluded and included; float16 scores (against their
-    own floor); and the device kernel alone (at three block sizes)."""
+    own floor); the device kernel alone (at three block sizes, and with each program's end bins added at once); and
+    on saturated scores (in half the area, squares of 32x32 pixels, every ID pixel exactly 0: a confident network's
+    one minus max softmax), where every pixel's own addition meets the same counter."""
     from segood import _triton
     from segood.metrics import _device
 
@@ -448,7 +450,11 @@ def time_accumulators(device, scale, work):
     labels = torch.from_numpy(rng.integers(0, 2, (scale["maps"], height, width)).astype(np.uint8)).to(device)
     scores = torch.rand(scale["maps"], height, width, device=device)
     half = scores.half()
+    squares = torch.rand(scale["maps"], -(-height // 32), -(-width // 32), device=device) < 0.5
+    confident = squares.repeat_interleave(32, 1).repeat_interleave(32, 2)[:, :height, :width] & (labels == 0)
+    saturated = torch.where(confident, 0.0, scores)
     flat_scores, flat_labels = scores.reshape(scale["maps"], -1), labels.reshape(scale["maps"], -1)
+    flat_saturated = saturated.reshape(scale["maps"], -1)
 
     def floor():
         return scores.sum() + labels.sum()
@@ -477,6 +483,11 @@ def time_accumulators(device, scale, work):
         "float_m10_kernel_ms": lambda: _device.float_histograms(flat_scores, flat_labels, 10),
         **{f"float_m10_kernel_block{block}_ms": functools.partial(_device.float_histograms, flat_scores, flat_labels,
                                                                   10, block=block) for block in (1024, 4096)},
+        "float_m10_kernel_ends_ms": lambda: _device.float_histograms(flat_scores, flat_labels, 10, ends=True),
+        "float_m10_per_image_saturated_ms": per_image(saturated),
+        "float_m10_kernel_saturated_ms": lambda: _device.float_histograms(flat_saturated, flat_labels, 10),
+        "float_m10_kernel_ends_saturated_ms": lambda: _device.float_histograms(flat_saturated, flat_labels, 10,
+                                                                               ends=True),
     }
     ms = dict(zip(named, interleaved_best_ms(list(named.values()), scale["repeat"] * 3, device)))
     result = {**ms, "pixels": int(scores.numel()), "maps": scale["maps"], "size": [height, width],

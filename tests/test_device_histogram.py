@@ -12,6 +12,7 @@ from segood.metrics.float_order import bin_thresholds
 from segood.metrics.functional import as_numpy_inputs
 
 from interpreter import run_under_triton_interpreter
+from test_metrics import runs_of
 
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8", "bool")
 
@@ -40,11 +41,15 @@ def adversarial(m, seed=0):
 
 
 def batch(dtype, m):
-    """(scores (3, P) of ``dtype`` as a numpy array or a tensor for bfloat16 / bool, labels (3, P) uint8): three
-    images of different content (the adversarial values, the same reversed and scaled, every float16 value)."""
+    """(scores (4, P) of ``dtype`` as a numpy array or a tensor for bfloat16 / bool, labels (4, P) uint8): four
+    images of different content (the adversarial values, the same reversed and scaled, every float16 value, runs
+    of one value: a confident network's saturated scores, the lowest and highest among them)."""
     scores, labels = adversarial(m)
-    rows = [scores, scores[::-1] * -3.0, np.resize(np.arange(1 << 16, dtype=np.uint16).view(np.float16), scores.size)]
-    label_rows = [labels, labels[::-1], np.resize(labels[::7], labels.size)]
+    rng = np.random.default_rng(m)
+    rows = [scores, scores[::-1] * -3.0, np.resize(np.arange(1 << 16, dtype=np.uint16).view(np.float16), scores.size),
+            runs_of(rng, np.concatenate([scores[:30], [-1e30, 1e30]]), scores.size)]
+    label_rows = [labels, labels[::-1], np.resize(labels[::7], labels.size),
+                  runs_of(rng, np.uint8([0, 1, 255, 0, 1]), labels.size)]
     stacked = np.stack(rows)
     with np.errstate(all="ignore"):
         if dtype == "bfloat16":
@@ -65,17 +70,17 @@ def numba_reference(scores, labels, m):
     return _kernels.float_histogram_numpy(*as_numpy_inputs(scores, labels, keep_float32_exact=True), m, 1)
 
 
-def check_kernel(kernel, dtype, m, block=_device.BLOCK):
+def check_kernel(kernel, dtype, m, block=_device.BLOCK, ends=False):
     scores, labels = batch(dtype, m)
     images, problems = _device.float_histograms(torch.as_tensor(scores), torch.as_tensor(labels), m, kernel=kernel,
-                                                block=block)
+                                                block=block, ends=ends)
     want_problems = np.zeros(3, np.int64)
     for i, (binades, counts) in enumerate(images):
         want_binades, want_counts, want = numba_reference(scores[i], labels[i], m)
         want_problems += want
         for got, expected in ((binades, want_binades), (counts, want_counts)):
             assert got.dtype == expected.dtype, f"{kernel} {dtype} m={m} image {i}: dtype {got.dtype}"
-            np.testing.assert_array_equal(got, expected, err_msg=f"{kernel} {dtype} m={m} image {i}")
+            np.testing.assert_array_equal(got, expected, err_msg=f"{kernel} {dtype} m={m} ends={ends} image {i}")
     np.testing.assert_array_equal(problems, want_problems, err_msg=f"{kernel} {dtype} m={m} problems")
     assert want_problems[_kernels.N_IGNORED] and want_problems[_kernels.N_BAD_LABEL]  # the cases are there
 
@@ -88,9 +93,10 @@ def test_the_torch_path_equals_the_numba_kernel_per_image(dtype, m):
 
 def test_the_triton_kernel_in_the_interpreter_equals_the_numba_kernel_per_image():
     """Every dtype and m as above and the empty cases, through the Triton kernel run by Triton's CPU interpreter,
-    with blocks of 256 pixels so that each image spans several programs."""
+    with blocks of 256 pixels so that each image spans several programs; with each program's end bins added at
+    once (``ends``) and without."""
     out = run_under_triton_interpreter(__file__)
-    assert out.count("equal") == len(DTYPES) * 3, out
+    assert out.count("equal") == len(DTYPES) * 3 * 2, out
 
 
 def check_empty(kernel):
@@ -174,5 +180,6 @@ if __name__ == "__main__":  # the interpreter test's subprocess: TRITON_INTERPRE
     check_kernel("triton", "float32", 10)  # the default block: one partly filled program per image
     for name in DTYPES:
         for bits in (1, 10, 14):
-            check_kernel("triton", name, bits, block=256)
-            print(f"{name} m={bits}: equal", flush=True)
+            for gathered in (False, True):
+                check_kernel("triton", name, bits, block=256, ends=gathered)
+                print(f"{name} m={bits} ends={gathered}: equal", flush=True)

@@ -27,7 +27,7 @@ _CHUNK = 1 << 22  # pixels per step of the torch path: its int64 temporaries sta
 BLOCK = 2048  # pixels per Triton program
 
 
-def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK):
+def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK, ends=False):
     """Float-order counts of each image of a batch, on the tensors' own device.
 
     Args:
@@ -37,21 +37,23 @@ def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK):
         kernel: "triton" or "torch"; default Triton for CUDA tensors when it imports and builds its kernels here
             (where it cannot, a warning says why and the torch path, which counts alike, is used from then on).
         block: pixels per Triton program (a power of two).
+        ends: each Triton program adds the pixels of its lowest and highest bin with one atomic addition per label
+            (the same counts; off until a device has timed it: ``benchmarks/gpu_check.py --only accumulators``).
 
     Returns:
         ([(binades (k,) int64 increasing, counts (k, 2, 2^m) int64)] per image, problems (3,) int64), numpy.
     """
     if kernel is not None:
-        return _histograms(scores, labels, m, kernel, block)
+        return _histograms(scores, labels, m, kernel, block, ends)
     if scores.is_cuda and _triton.available():
-        counted = _triton.attempt(lambda: _histograms(scores, labels, m, "triton", block), "histogram kernel",
+        counted = _triton.attempt(lambda: _histograms(scores, labels, m, "triton", block, ends), "histogram kernel",
                                   "counting with torch operations (the same counts, slower)")
         if counted is not None:
             return counted
-    return _histograms(scores, labels, m, "torch", block)
+    return _histograms(scores, labels, m, "torch", block, ends)
 
 
-def _histograms(scores, labels, m, kernel, block):
+def _histograms(scores, labels, m, kernel, block, ends):
     import torch
 
     n, p = scores.shape
@@ -91,7 +93,7 @@ def _histograms(scores, labels, m, kernel, block):
             if kernel == "triton":
                 kernels.count[((stop - start) * triton_cdiv(p, block),)](
                     scores[start:stop], labels[start:stop], slot_of, table, stop - start, p, union.size, M=m,
-                    WIDE=not narrow, BF16=bf16, BLOCK=block)
+                    WIDE=not narrow, BF16=bf16, BLOCK=block, ENDS=ends)
             else:
                 _torch_count(scores[start:stop], labels[start:stop], slot_of, table, union.size, m, narrow)
             table = table.cpu().numpy()[:-1].reshape(stop - start, union.size, 2, width)  # the last: a dump

@@ -97,10 +97,26 @@ def presence(scores, labels, flags, problems, N, P, M: tl.constexpr, WIDE: tl.co
 
 @triton.jit(do_not_specialize=["N", "SLOTS"])  # SLOTS, the binades in use, changes from batch to batch
 def count(scores, labels, slot_of, table, N, P, SLOTS, M: tl.constexpr, WIDE: tl.constexpr, BF16: tl.constexpr,
-          BLOCK: tl.constexpr):
-    """table[image, slot_of[binade], label, low] += 1 for every counted pixel."""
+          BLOCK: tl.constexpr, ENDS: tl.constexpr):
+    """table[image, slot_of[binade], label, low] += 1 for every counted pixel. ``ENDS``: the pixels of the block's
+    lowest and highest bin, per label, added by one atomic addition each (the saturated scores of a confident
+    network fill the end bins: one counter that every pixel's own addition would wait for), the others one by one."""
     image, offsets, inside, base = _block(N, P, BLOCK)
     binade, low, label, counted, nan = _pixels(scores, labels, base, offsets, inside, M, WIDE, BF16)
     slot = tl.load(slot_of + binade, mask=counted, other=0).to(tl.int64)
-    index = ((image.to(tl.int64) * SLOTS + slot) * 2 + label) * (1 << M) + low
+    row = image.to(tl.int64) * SLOTS + slot
+    if ENDS:
+        bin_ = row * (1 << M) + low  # (the bin without its label: the ends are those of the scores)
+        for end in tl.static_range(2):
+            if end == 0:
+                edge = tl.min(tl.where(counted, bin_, 1 << 62), 0)
+            else:
+                edge = tl.max(tl.where(counted, bin_, -1), 0)
+            there = counted & (bin_ == edge)
+            for kind in tl.static_range(2):
+                n = tl.sum((there & (label == kind)).to(tl.int32), 0)
+                at = ((edge >> M) * 2 + kind) * (1 << M) + (edge & ((1 << M) - 1))
+                tl.atomic_add(table + at, n.to(table.dtype.element_ty), mask=n > 0, sem="relaxed")
+            counted = counted & ~there
+    index = (row * 2 + label) * (1 << M) + low
     tl.atomic_add(table + index, 1, mask=counted, sem="relaxed")
