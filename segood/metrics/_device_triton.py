@@ -106,13 +106,13 @@ def count(scores, labels, slot_of, table, N, P, SLOTS, M: tl.constexpr, WIDE: tl
     slot = tl.load(slot_of + binade, mask=counted, other=0).to(tl.int64)
     row = image.to(tl.int64) * SLOTS + slot
     if ENDS:
-        bin_ = row * (1 << M) + low  # (the bin without its label: the ends are those of the scores)
+        key = row * (1 << M) + low  # (the bin without its label: the ends are those of the scores)
         for end in tl.static_range(2):
             if end == 0:
-                edge = tl.min(tl.where(counted, bin_, 1 << 62), 0)
+                edge = tl.min(tl.where(counted, key, 1 << 62), 0)
             else:
-                edge = tl.max(tl.where(counted, bin_, -1), 0)
-            there = counted & (bin_ == edge)
+                edge = tl.max(tl.where(counted, key, -1), 0)
+            there = counted & (key == edge)
             for kind in tl.static_range(2):
                 n = tl.sum((there & (label == kind)).to(tl.int32), 0)
                 at = ((edge >> M) * 2 + kind) * (1 << M) + (edge & ((1 << M) - 1))
