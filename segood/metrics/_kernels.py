@@ -367,10 +367,11 @@ def _float32_kernel(bits, labels, m, table, occupied, problems, step):
     A float32 normal number's float64 key has the same mantissa bits and a binade fixed by (sign, exponent),
     so the rows map to float64 bins afterwards (:func:`drain`). Zeros (either sign) go to
     row 0. Subnormals, infinities, NaN and bad labels go to the careful slot: the wrapper bins them the slow way.
-    Marks in ``occupied`` (512 bytes) the zero row and every row between the lowest and the highest other row
-    each block counted in (a superset of the rows counted in, from reductions in the vectorised loop: a mark
-    per pixel cost a fifth of the kernel's time), so that the caller reads and clears only those; scores of
-    both signs in one block mark the rows between (at most all 512, a 4 MiB read and clear per call).
+    Marks in ``occupied`` (512 bytes) the zero row and, per block, every row between those of its lowest and its
+    highest score bits, a superset of the rows counted in (a normal number's row is its top 9 bits; the bits of
+    every pixel, from two reductions in the vectorised loop: a mark per pixel cost a fifth of the kernel's time,
+    masking the uncounted pixels out 4%), so that the caller reads and clears only those; scores of both signs in
+    one block mark the rows between (at most all 512, a 4 MiB read and clear per call).
     Each pixel adds ``step`` to its counter (1; -1 takes a call's counts out again: :meth:`Kept.undo`). Returns
     the number of careful pixels.
     """
@@ -383,7 +384,7 @@ def _float32_kernel(bits, labels, m, table, occupied, problems, step):
         block_bits = bits[start : start + _BLOCK]
         block_labels = labels[start : start + _BLOCK]
         n = block_bits.size
-        zeros, lowest, highest = np.uint32(0), np.uint32(511), np.uint32(0)
+        zeros, lowest, highest = np.uint32(0), np.uint32(0xFFFFFFFF), np.uint32(0)
         for k in range(n):  # branch-free, so it vectorises
             b = block_bits[k]
             label = np.uint32(block_labels[k])
@@ -395,12 +396,12 @@ def _float32_kernel(bits, labels, m, table, occupied, problems, step):
             ok = (label <= np.uint32(OOD)) & (normal | zero)
             index = (((row << np.uint32(1)) | label) << mm) | ((magnitude & np.uint32(0x7FFFFF)) >> shift)
             idx[k] = index if ok else (ignored_index if label == np.uint32(IGNORE) else careful_index)
-            zeros |= np.uint32(ok & zero)  # zero apart, so that zeros among values near 1 mark two rows, not 127
-            lowest = min(lowest, row if ok & normal else np.uint32(511))
-            highest = max(highest, row if ok & normal else np.uint32(0))
+            zeros |= np.uint32(zero)  # zero apart, so that zeros among values near 1 mark two rows, not 127:
+            lowest = min(lowest, b - np.uint32(1))  # its bits minus one wrap around to the top
+            highest = max(highest, b if normal | zero else np.uint32(0))  # (infinities and NaN: careful, unmarked)
         _add_runs(table, idx, n, step)
         occupied[0] |= zeros
-        for row in range(lowest, highest + 1):
+        for row in range((lowest + np.uint32(1)) >> np.uint32(23), (highest >> np.uint32(23)) + np.uint32(1)):
             occupied[row] = 1
     return _scratch_counts(table, problems)
 
