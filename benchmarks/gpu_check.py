@@ -10,7 +10,8 @@ Part 1, correctness, each check printed as passed or failed (with what differed)
 - AMP training steps (autocast + GradScaler on CUDA) give finite, falling losses;
 - `segood.evaluate` under torch.distributed in one process (NCCL on CUDA, gloo on CPU) equals a plain run.
 - `segood.evaluate` with each batch's update beside the next batch's network (the default on CUDA), and with its
-  batches in registered blocks of shared memory, writes the state of updates in turn, array for array.
+  batches in blocks of shared memory written again (pageable or registered), writes the state of updates in turn,
+  array for array.
 Part 2, throughput at 1024×2048 (batch 1, best of a few interleaved rounds):
 - forward passes of PSPNet-ResNet50/101 and DeepLabV3+-Xception65 in fp32, bf16 and fp16 autocast;
 - what every method adds to the forward pass of its network (PSPNet-ResNet50), MC dropout T = 8 against one
@@ -332,10 +333,11 @@ def check_overlap(device, scale, work):
 
 
 def check_blocks(device, scale, work):
-    """A run whose readers write registered blocks again (``reading._registers``) writes the state of a run whose
-    batches are pinned by the DataLoader, with its updates in turn or overlapped."""
-    return same_states(device, scale, work, [{"overlap": False, "blocks": False}, {"overlap": False, "blocks": True},
-                                             {"overlap": True, "blocks": True}])
+    """A run whose readers write blocks again (``reading._device_batches``), copied to the device from pageable
+    memory or registered with CUDA, writes the state of a run whose batches are pinned by the DataLoader, with its
+    updates in turn or overlapped."""
+    return same_states(device, scale, work, [{"overlap": False, "blocks": "pinned"}] + [
+        {"overlap": overlap, "blocks": blocks} for blocks in ("pageable", "registered") for overlap in (False, True)])
 
 
 def same_states(device, scale, work, variants):
@@ -516,8 +518,9 @@ def time_evaluate(device, scale, work):
 def time_pipeline(device, scale, work):
     """``segood evaluate`` of the plain head's single-pass methods against its network's forward pass alone, at
     each batch size in fp32 and half precision (fp16 on CUDA, bf16 on the CPU), each batch's update beside the next
-    batch's network (the default on CUDA); and at the largest batch up to 4 with the updates in turn, and with
-    the batches in registered blocks (``reading._registers``), the updates in turn and beside. After a
+    batch's network (the default on CUDA); and at the largest batch up to 4 with the updates in turn, and in fp32
+    with the batches in blocks written again (``reading._device_batches``: pageable or registered), the updates in
+    turn and beside. After a
     run that warms up (kernels built, memory allocated), two runs over a and b copies of one set (as sets of their
     own: the frames of each are read and scored again): the run of b copies, start-up included, gives the
     end-to-end throughput; the difference of the two runs, the warm one (the run's fixed costs cancel: both runs
@@ -534,9 +537,9 @@ def time_pipeline(device, scale, work):
     half = "fp16" if device.type == "cuda" else "bf16"
     in_turn = max(b for b in scale["batches"] if b <= 4)
     rows = []
-    for precision, batch, overlap, blocks in [(p, b, True, False) for p in ("fp32", half) for b in scale["batches"]] \
-            + [(p, in_turn, False, False) for p in ("fp32", half)] + [(p, in_turn, o, True) for p in ("fp32", half)
-                                                                    for o in (False, True)]:
+    for precision, batch, overlap, blocks in [(p, b, True, "pinned") for p in ("fp32", half) for b in scale["batches"]] \
+            + [(p, in_turn, False, "pinned") for p in ("fp32", half)] \
+            + [("fp32", in_turn, o, blocks) for blocks in ("pageable", "registered") for o in (False, True)]:
         amp = None if precision == "fp32" else precision
         x = torch.randn(batch, 3, *scale["size"], device=device)
 
@@ -563,19 +566,19 @@ def time_pipeline(device, scale, work):
 @contextlib.contextmanager
 def pipeline_variant(overlap=None, blocks=None):
     """``segood evaluate`` with each batch's update beside the next batch's network or in turn (``overlap``), its
-    batches for the device in registered blocks written again or pinned by the DataLoader (``blocks``); None:
-    the default."""
+    batches for the device pinned by the DataLoader or in blocks written again, pageable or registered (``blocks``:
+    ``reading._device_batches``); None: the default."""
     from segood.evaluation import reading, runner
 
-    saved = runner._overlaps, reading._registers
+    saved = runner._overlaps, reading._device_batches
     if overlap is not None:
         runner._overlaps = lambda device: overlap
     if blocks is not None:
-        reading._registers = lambda: blocks
+        reading._device_batches = lambda: blocks
     try:
         yield
     finally:
-        runner._overlaps, reading._registers = saved
+        runner._overlaps, reading._device_batches = saved
 
 
 def evaluate_seconds(model, runs, methods, folder, **options):
@@ -730,7 +733,7 @@ def table(report):
               "| precision | batch | updates | batches in | forward ms/frame | evaluate ms/frame, warm | share | "
               "with start-up | share | start-up s |", "|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['precision']} | {r['batch']} | {'beside' if r['overlap'] else 'in turn'} | "
-              f"{'registered blocks' if r['blocks'] else 'pinned copies'} | "
+              f"{r['blocks']} | "
               f"{r['forward_ms_per_frame']:.1f} | {r['evaluate_ms_per_frame_warm']:.1f} | {r['warm_share']:.0%} | "
               f"{r['evaluate_ms_per_frame_with_startup']:.1f} | {r['share_with_startup']:.0%} | {r['startup_s']:.2f} |"
               for r in pipeline["rows"]]

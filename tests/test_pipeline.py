@@ -65,21 +65,22 @@ def test_workers_give_the_batches_of_the_main_process_in_order(workers, pin):
             assert len({t.untyped_storage().data_ptr() for t in batch.values()}) == 1
 
 
-@pytest.mark.parametrize("registered", [False, True])
-def test_readers_write_their_batches_into_blocks_again_only_once_the_main_process_is_done_with_them(registered,
+@pytest.mark.parametrize("mode", [None, "pageable", "registered"])
+def test_readers_write_their_batches_into_blocks_again_only_once_the_main_process_is_done_with_them(mode,
                                                                                                  monkeypatch):
     import time
 
-    monkeypatch.setattr(reading, "_registers", lambda: registered)  # (True: blocks for a device, registered
-    sets = {"a": Frames(40)}  # with CUDA where there is one: a batch is kept until the batch after next is asked for)
-    plan = [("a", list(range(k, min(k + 3, 40)))) for k in range(0, 40, 3)]  # (sizes change within and across)
-    want = flat(zip([n for n, _ in plan], batch_reader(sets, plan, workers=0)))
-    blocks, kept = set(), 1 + registered
+    monkeypatch.setattr(reading, "_device_batches", lambda: mode)  # (None: blocks for the CPU; else for a device,
+    sets = {"a": Frames(40)}  # registered with CUDA where there is one: a batch is kept until the batch after next
+    plan = [("a", list(range(k, min(k + 3, 40)))) for k in range(0, 40, 3)]  # is asked for; sizes change within
+    want = flat(zip([n for n, _ in plan], batch_reader(sets, plan, workers=0)))  # and across batches)
+    pin = mode is not None
+    blocks, kept = set(), 1 + pin
     got = []
-    for (_, runs_0, _), (runs, _) in zip(want, batch_reader(sets, plan, workers=1, pin=registered)):
+    for (_, runs_0, _), (runs, _) in zip(want, batch_reader(sets, plan, workers=1, pin=pin)):
         time.sleep(0.02)  # a slow consumer: the readers run ahead meanwhile
         got = [*got, (runs_0, runs)][-kept:]
-        for runs_0, runs in got:  # (this batch, and with registered blocks the one before)
+        for runs_0, runs in got:  # (this batch, and for a device the one before)
             for (_, batch_0), (batch, _) in zip(runs_0, runs):
                 assert all(torch.equal(batch[k], batch_0[k]) for k in batch_0)
                 blocks.add(batch["image"].untyped_storage().data_ptr())

@@ -165,13 +165,15 @@ class _Batches(torch.utils.data.Dataset):
         return len(self.blocks) - 1, True
 
 
-def _registers():
-    """Whether batches for a CUDA device come in blocks of shared memory that the readers write again and that the
-    main process registers with CUDA as pinned memory, once a block (each batch then copied to the device straight
-    from its block), rather than each in a fresh block that the DataLoader's pinning thread copies into pinned
-    memory (on an H200's host 21 ms a batch of four 1024x2048 frames, slower than the network). Off until a device
-    has proven and timed it (``benchmarks/gpu_check.py --only blocks pipeline``)."""
-    return False
+def _device_batches():
+    """How batches for a CUDA device reach it: ``"pinned"``, each in a fresh block of shared memory that the
+    DataLoader's pinning thread copies into pinned memory (on an H200's host 21 ms a batch of four 1024x2048 frames,
+    slower than the network); ``"pageable"``, in blocks the readers write again, each batch copied to the device from
+    its block (a copy the host waits for, with no pinning thread and no fault per page); ``"registered"``, in such
+    blocks that the main process registers with CUDA as pinned memory, once a block (copies the host does not wait
+    for). Pinned until a device has proven and timed the others (``benchmarks/gpu_check.py --only blocks
+    pipeline``)."""
+    return "pinned"
 
 
 def _register(block):
@@ -180,7 +182,7 @@ def _register(block):
     if error:  # (torch binds no call that clears the error: the run stops here, not at a later kernel's check)
         raise RuntimeError(f"CUDA refused to register a reader's block of {block.numel()} bytes of shared memory as "
                            f"pinned memory (cudaError {error}); pinned copies work where registered blocks do not "
-                           "(segood.evaluation.reading._registers returning False, the default)")
+                           "(segood.evaluation.reading._device_batches returning 'pinned', the default)")
     return block
 
 
@@ -197,20 +199,22 @@ def batch_reader(datasets, plan, *, workers=0, pin=False, skip_bad=False):
     ahead (never more readers than there are batches to read ahead). Without ``pin``, a batch from the readers
     lives in a block of memory they write again: it is valid until the next batch is asked for (copy what is kept
     longer). ``pin``: the batches are for a device, which may still be copying from one when the next is asked
-    for: with :func:`_registers` on CUDA, each block is registered as pinned memory and a batch is valid until
-    the batch after next is asked for (the device must be done with it by then); else no block is written again,
-    and on CUDA each batch goes into pinned memory (for an asynchronous copy)."""
+    for: in blocks written again (:func:`_device_batches` other than pinned), a batch is valid until the batch after
+    next is asked for (the device and the batch's update must be done with it by then), on CUDA from a block
+    registered as pinned memory where it says so; else no block is written again, and on CUDA each batch goes into
+    pinned memory (for an asynchronous copy)."""
     workers = max(0, min(workers, len(plan) - 1))
     if not workers:
         batches = _Batches(datasets, plan, skip_bad)
         for k in range(len(plan)):
             yield _checked(batches[k])
         return
-    register = pin and _registers()
+    mode = _device_batches() if pin else None
     cuda = pin and torch.cuda.is_available()
-    taken = None if pin and not register else torch.zeros(1, dtype=torch.int64).share_memory_()
+    register = cuda and mode == "registered"
+    taken = None if mode == "pinned" else torch.zeros(1, dtype=torch.int64).share_memory_()
     loader = torch.utils.data.DataLoader(_Batches(datasets, plan[1:], skip_bad, taken), batch_size=None,
-                                         shuffle=False, num_workers=workers, pin_memory=cuda and not register)
+                                         shuffle=False, num_workers=workers, pin_memory=cuda and mode == "pinned")
     reads = iter(loader)  # (the readers start)
     stopping = threading.Thread(target=reads._shutdown_workers, name="segood-readers-exit", daemon=True)
     registered = {}  # {(reader, slot): its block, registered with CUDA}
@@ -219,13 +223,13 @@ def batch_reader(datasets, plan, *, workers=0, pin=False, skip_bad=False):
         blocks = {}  # {(reader, slot): a block of shared memory the readers write batches into}
         for k in range(len(plan) - 1):
             if taken is not None:  # (the batches before k are done with, as the next one is asked for; for a
-                taken[0] = k - 1 if register else k  # device, the batches before k - 1)
+                taken[0] = k - 1 if pin else k  # device, the batches before k - 1)
             runs, bad = _checked(next(reads))
             if isinstance(runs, _InBlock):
                 if runs.block is not None:
                     key = runs.reader, runs.slot
                     blocks[key] = runs.block
-                    if register and cuda:  # (a block replaced was free: no copy from it runs)
+                    if register:  # (a block replaced was free: no copy from it runs)
                         _unregister(registered.pop(key, None))
                         registered[key] = _register(runs.block)
                 runs = _views(blocks[runs.reader, runs.slot], runs.layout)
