@@ -85,8 +85,8 @@ def contenders(scores, labels):
     def floor64():
         return as64.sum() + labels.sum()
 
-    def segood(num_thresholds):
-        return lambda: LinearGridAccumulator(num_thresholds).update(scores, labels).compute()
+    def segood(num_thresholds, data=scores):
+        return lambda: LinearGridAccumulator(num_thresholds).update(data, labels).compute()
 
     def float_order(m, data=scores):
         return lambda: FloatOrderAccumulator(m).update(data, labels).compute()
@@ -138,8 +138,7 @@ def contenders(scores, labels):
         ("segood float-order grid, m = 12, float64 scores (the general kernel)", float_order(12, as64)),
         ("segood linear grid, T = 400", segood(400)),
         ("segood linear grid, T = 65536", segood(65536)),
-        ("segood linear grid, T = 400, saturated scores",
-         lambda: LinearGridAccumulator(400).update(confident, labels).compute()),
+        ("segood linear grid, T = 400, saturated scores", segood(400, confident)),
         ("numpy bincount histogram, T = 400 (naive binning)", numpy_bincount),
         ("scikit-learn roc_auc_score (exact)", sklearn_exact),
         ("torchmetrics binary_auroc(thresholds=400)", torchmetrics_binned),
