@@ -369,9 +369,9 @@ def _float32_kernel(bits, labels, m, table, occupied, problems, step):
     row 0. Subnormals, infinities, NaN and bad labels go to the careful slot: the wrapper bins them the slow way.
     Marks in ``occupied`` (512 bytes) the zero row and, per block, every row between those of its lowest and its
     highest score bits, a superset of the rows counted in (a normal number's row is its top 9 bits; the bits of
-    every pixel, from two reductions in the vectorised loop: a mark per pixel cost a fifth of the kernel's time,
-    masking the uncounted pixels out 4%), so that the caller reads and clears only those; scores of both signs in
-    one block mark the rows between (at most all 512, a 4 MiB read and clear per call).
+    every pixel but infinities and NaN, from two reductions in the vectorised loop: a mark per pixel cost a fifth
+    of the kernel's time, masking the uncounted pixels out 4%), so that the caller reads and clears only those;
+    scores of both signs in one block mark the rows between (at most all 512, a 4 MiB read and clear per call).
     Each pixel adds ``step`` to its counter (1; -1 takes a call's counts out again: :meth:`Kept.undo`). Returns
     the number of careful pixels.
     """
