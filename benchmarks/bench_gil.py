@@ -1,11 +1,11 @@
 """The per-image bookkeeping beside the main thread: compiled kernels that hold the GIL against ones that release it.
 
-    python benchmarks/bench_gil.py [--images 4] [--repeat 15]
+    python benchmarks/bench_gil.py [--images 4] [--height 1024] [--width 2048] [--repeat 15]
 
 On CUDA each batch's update runs in a thread of its own (``segood.evaluation.runner._Updates``) while the main thread
 starts the next batch's network, a stream of short torch calls, each releasing the GIL. The update's host work is
 mostly each image's bookkeeping (its curve, metrics and coarse counts: numba kernels). This times that work for 20
-images (``--images`` frames of 1024x2048 over 30 binades, 5 methods), a stream of 3000 small torch additions (one
+images (``--images`` frames over 30 binades, 5 methods), a stream of 3000 small torch additions (one
 thread), and the two at once, with the kernels compiled holding the GIL and releasing it (segood's), in turns.
 """
 
@@ -33,10 +33,12 @@ def compiled(nogil):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=4)
+    parser.add_argument("--height", type=int, default=1024)
+    parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--repeat", type=int, default=15)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    scores, labels = make_data(args.images, 1024, 2048)
+    scores, labels = make_data(args.images, args.height, args.width)
     counts = [(acc.binades, acc.counts) for acc in
               (FloatOrderAccumulator().update(s, lab) for s, lab in zip(spread(scores), labels))]
 
@@ -61,7 +63,7 @@ def main():
         launches()
         update.join()
 
-    work = {"bookkeeping of 20 images": lambda: queued().settle(), "3000 torch calls": launches,
+    work = {f"bookkeeping of {5 * args.images} images": lambda: queued().settle(), "3000 torch calls": launches,
             "both at once": together}
     variants = {"kernels hold the GIL": compiled(False), "kernels release it (segood)": compiled(True)}
     best = {(v, w): float("inf") for v in variants for w in work}
@@ -74,7 +76,8 @@ def main():
                 fn()
                 if round_:
                     best[variant, name] = min(best[variant, name], time.perf_counter() - start)
-    print(f"{args.images} frames of 1024x2048 over 30 binades, 5 methods; best of {args.repeat} rounds in turns\n")
+    print(f"{args.images} frames of {args.height}x{args.width} over 30 binades, 5 methods; best of {args.repeat} "
+          "rounds in turns\n")
     print("| kernels | " + " | ".join(f"{w}, ms" for w in work) + " |")
     print("|---|" + "---:|" * len(work))
     for variant in variants:

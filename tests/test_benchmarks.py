@@ -16,6 +16,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
     ("bench_board.py", ["--submissions", "2", "--frames", "2", "--height", "32", "--width", "64"]),
     ("bench_evaluate.py", ["--frames", "2", "--height", "64", "--width", "128", "--device", "cpu"]),
     ("bench_device_histogram.py", ["--images", "2", "--height", "32", "--width", "64", "--repeat", "1"]),
+    ("bench_gil.py", ["--images", "1", "--height", "32", "--width", "64", "--repeat", "1"]),
     ("bench_pipeline.py", ["--frames", "4", "--height", "32", "--width", "64", "--repeat", "1", "--profile",
                            "--many", "2"]),
 ])
