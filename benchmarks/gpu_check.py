@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_metrics import saturated  # noqa: E402
 from torch_timing import device_name, interleaved_best_ms  # noqa: E402
 
 from segood.metrics import FloatOrderAccumulator, LinearGridAccumulator  # noqa: E402
@@ -442,8 +443,8 @@ def time_accumulators(device, scale, work):
     grid over the whole batch; the float-order grid with per-image counts as the evaluation runs it (one (N, H, W)
     batch per update, and one frame per update), compute() excluded and included; float16 scores (against their
     own floor); the device kernel alone (at three block sizes, and with each program's end bins added at once); and
-    on saturated scores (in half the area, squares of 32x32 pixels, every ID pixel exactly 0: a confident network's
-    one minus max softmax), where every pixel's own addition meets the same counter."""
+    on saturated scores (``bench_metrics.saturated``: a confident network's), where every pixel's own addition
+    meets the same counter."""
     from segood import _triton
     from segood.metrics import _device
 
@@ -452,11 +453,9 @@ def time_accumulators(device, scale, work):
     labels = torch.from_numpy(rng.integers(0, 2, (scale["maps"], height, width)).astype(np.uint8)).to(device)
     scores = torch.rand(scale["maps"], height, width, device=device)
     half = scores.half()
-    squares = torch.rand(scale["maps"], -(-height // 32), -(-width // 32), device=device) < 0.5
-    confident = squares.repeat_interleave(32, 1).repeat_interleave(32, 2)[:, :height, :width] & (labels == 0)
-    saturated = torch.where(confident, 0.0, scores)
+    confident = torch.from_numpy(saturated(scores.cpu().numpy(), labels.cpu().numpy())).to(device)
     flat_scores, flat_labels = scores.reshape(scale["maps"], -1), labels.reshape(scale["maps"], -1)
-    flat_saturated = saturated.reshape(scale["maps"], -1)
+    flat_confident = confident.reshape(scale["maps"], -1)
 
     def floor():
         return scores.sum() + labels.sum()
@@ -486,9 +485,9 @@ def time_accumulators(device, scale, work):
         **{f"float_m10_kernel_block{block}_ms": functools.partial(_device.float_histograms, flat_scores, flat_labels,
                                                                   10, block=block) for block in (1024, 4096)},
         "float_m10_kernel_ends_ms": lambda: _device.float_histograms(flat_scores, flat_labels, 10, ends=True),
-        "float_m10_per_image_saturated_ms": per_image(saturated),
-        "float_m10_kernel_saturated_ms": lambda: _device.float_histograms(flat_saturated, flat_labels, 10),
-        "float_m10_kernel_ends_saturated_ms": lambda: _device.float_histograms(flat_saturated, flat_labels, 10,
+        "float_m10_per_image_saturated_ms": per_image(confident),
+        "float_m10_kernel_saturated_ms": lambda: _device.float_histograms(flat_confident, flat_labels, 10),
+        "float_m10_kernel_ends_saturated_ms": lambda: _device.float_histograms(flat_confident, flat_labels, 10,
                                                                                ends=True),
     }
     ms = dict(zip(named, interleaved_best_ms(list(named.values()), scale["repeat"] * 3, device)))
@@ -517,15 +516,15 @@ def time_evaluate(device, scale, work):
 
 def time_pipeline(device, scale, work):
     """``segood evaluate`` of the plain head's single-pass methods against its network's forward pass alone, at
-    each batch size in fp32 and half precision (fp16 on CUDA, bf16 on the CPU), each batch's update beside the next
-    batch's network (the default on CUDA); and at the largest batch up to 4 with the updates in turn, and in fp32
-    with the batches in blocks written again (``reading._device_batches``: pageable or registered), the updates in
-    turn and beside. After a
-    run that warms up (kernels built, memory allocated), two runs over a and b copies of one set (as sets of their
-    own: the frames of each are read and scored again): the run of b copies, start-up included, gives the
-    end-to-end throughput; the difference of the two runs, the warm one (the run's fixed costs cancel: both runs
-    have enough batches for every reader process evaluate starts); the run of b copies, the time of each stage
-    (``data``: waiting for the readers; the others run beside one another where the updates overlap)."""
+    each batch size in fp32 and half precision (fp16 on CUDA, bf16 on the CPU), each batch's update beside the
+    next batch's network (the default on CUDA); and at the largest batch up to 4 with the updates in turn, and in
+    fp32 with the batches in blocks written again (``reading._device_batches``: pageable or registered), the
+    updates in turn and beside. After a run that warms up (kernels built, memory allocated), two runs over a and b
+    copies of one set (as sets of their own: the frames of each are read and scored again): the run of b copies,
+    start-up included, gives the end-to-end throughput; the difference of the two runs, the warm one (the run's
+    fixed costs cancel: both runs have enough batches for every reader process evaluate starts); the run of b
+    copies, the time of each stage (``data``: waiting for the readers; the others run beside one another where the
+    updates overlap)."""
     from segood.evaluation.runner import default_methods
 
     path = make_eval_set(work, scale["size"], scale["pipeline_frames"])
@@ -536,10 +535,11 @@ def time_pipeline(device, scale, work):
     methods = [m.name for m in default_methods(model, fitted=False) if m.needs.forward and not m.needs.perturbs]
     half = "fp16" if device.type == "cuda" else "bf16"
     in_turn = max(b for b in scale["batches"] if b <= 4)
+    variants = ([(p, b, True, "pinned") for p in ("fp32", half) for b in scale["batches"]]
+                + [(p, in_turn, False, "pinned") for p in ("fp32", half)]
+                + [("fp32", in_turn, o, blocks) for blocks in ("pageable", "registered") for o in (False, True)])
     rows = []
-    for precision, batch, overlap, blocks in [(p, b, True, "pinned") for p in ("fp32", half) for b in scale["batches"]] \
-            + [(p, in_turn, False, "pinned") for p in ("fp32", half)] \
-            + [("fp32", in_turn, o, blocks) for blocks in ("pageable", "registered") for o in (False, True)]:
+    for precision, batch, overlap, blocks in variants:
         amp = None if precision == "fp32" else precision
         x = torch.randn(batch, 3, *scale["size"], device=device)
 
