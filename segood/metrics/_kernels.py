@@ -99,7 +99,7 @@ def _add_runs(table, idx, n, step):
     run of equal slots is added at once: pixels of one bin in a row (the saturated scores of a confident network)
     would otherwise each wait for the store of the one before."""
     repeats = np.uint32(0)
-    for k in range(1, n):  # (vectorised)
+    for k in range(1, n):  # (vectorised, in 32-bit lanes: see _float32_kernel)
         repeats += np.uint32(idx[k] == idx[k - 1])
     if repeats * 8 < n:
         for k in range(n):
@@ -375,30 +375,34 @@ def _float32_kernel(bits, labels, m, table, occupied, problems, step):
     Each pixel adds ``step`` to its counter (1; -1 takes a call's counts out again: :meth:`Kept.undo`). Returns
     the number of careful pixels.
     """
-    shift = np.uint32(23 - m)
-    mm = np.uint32(m)
+    # numba computes integer arithmetic in 64 bits: every result is cast back to 32, so that the loop vectorises
+    # in 32-bit lanes, twice as many (14% faster). The width 2^m is read from the table's size, not computed as
+    # 1 << m: the compiler would turn a multiplication by that into a shift by m, which stays 64-bit.
+    u = np.uint32
+    width = u((table.size - 2) >> 10)
     idx = np.empty(_BLOCK, np.uint32)
-    ignored_index = np.uint32(table.size - 2)
-    careful_index = np.uint32(table.size - 1)
+    ignored_index = u(table.size - 2)
+    careful_index = u(table.size - 1)
     for start in range(0, bits.size, _BLOCK):
         block_bits = bits[start : start + _BLOCK]
         block_labels = labels[start : start + _BLOCK]
         n = block_bits.size
-        zeros, lowest, highest = np.uint32(0), np.uint32(0xFFFFFFFF), np.uint32(0)
+        zeros, lowest, highest = u(0), u(0xFFFFFFFF), u(0)
         for k in range(n):  # branch-free, so it vectorises
             b = block_bits[k]
-            label = np.uint32(block_labels[k])
-            magnitude = b & np.uint32(0x7FFFFFFF)
-            exponent = magnitude >> np.uint32(23)
-            zero = magnitude == np.uint32(0)
-            normal = (exponent - np.uint32(1)) < np.uint32(254)
-            row = np.uint32(0) if zero else (b >> np.uint32(31)) * np.uint32(256) + exponent
-            ok = (label <= np.uint32(OOD)) & (normal | zero)
-            index = (((row << np.uint32(1)) | label) << mm) | ((magnitude & np.uint32(0x7FFFFF)) >> shift)
-            idx[k] = index if ok else (ignored_index if label == np.uint32(IGNORE) else careful_index)
-            zeros |= np.uint32(zero)  # zero apart, so that zeros among values near 1 mark two rows, not 127:
-            lowest = min(lowest, b - np.uint32(1))  # its bits minus one wrap around to the top
-            highest = max(highest, b if normal | zero else np.uint32(0))  # (infinities and NaN: careful, unmarked)
+            label = u(block_labels[k])
+            magnitude = u(b & u(0x7FFFFFFF))
+            exponent = u(magnitude >> u(23))
+            zero = magnitude == u(0)
+            normal = u(exponent - u(1)) < u(254)
+            row = u(0) if zero else u(b >> u(23))  # (sign, exponent)
+            ok = (label <= u(OOD)) & (normal | zero)
+            top = u(u(u(magnitude & u(0x7FFFFF)) >> u(9)) * width) >> u(14)  # the top m mantissa bits (m <= 14)
+            index = u(u(u(u(row << u(1)) | label) * width) | top)
+            idx[k] = index if ok else (ignored_index if label == u(IGNORE) else careful_index)
+            zeros |= u(zero)  # zero apart, so that zeros among values near 1 mark two rows, not 127:
+            lowest = min(lowest, u(b - u(1)))  # its bits minus one wrap around to the top
+            highest = max(highest, b if normal | zero else u(0))  # (infinities and NaN: careful, unmarked)
         _add_runs(table, idx, n, step)
         occupied[0] |= zeros
         for row in range((lowest + np.uint32(1)) >> np.uint32(23), (highest >> np.uint32(23)) + np.uint32(1)):
