@@ -82,3 +82,19 @@ def test_the_fused_kernel_in_the_interpreter_equals_each_form():
 
 if __name__ == "__main__":  # the interpreter test's subprocess: TRITON_INTERPRET=1 is set
     check_fused()
+
+
+def test_the_cpu_running_maximum_equals_amax_bit_for_bit():
+    """max logit's running maximum over the channels (the CPU's) against ``amax``: ties, ±inf, NaN, equal zeros of
+    either sign first, one channel, a strided input and float16."""
+    logits = hard_logits()
+    logits[0, :, 1, 0] = 0.0
+    logits[0, 0, 1, 0] = -0.0  # -0 first: amax keeps it
+    logits[0, 1, 1, 1] = -0.0  # +0 first
+    logits[1, :, 1, 2] = -float("inf")
+    logits[1, 3, 1, 3] = float("inf")
+    for z in (logits, logits[:, :1], logits[:, :, ::2, 1:], logits.half(), logits[:, :, :0]):
+        got, want = fn._channel_max(z), z.amax(dim=1)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert torch.equal(got.view(torch.int16 if got.dtype == torch.float16 else torch.int32),
+                           want.view(torch.int16 if want.dtype == torch.float16 else torch.int32))
