@@ -10,7 +10,7 @@ _BAND_ELEMENTS = 1 << 19
 def bands(logits):
     """Slices of the rows (dimension -2) of (..., H, W) logits to work on one at a time: all at once on a GPU."""
     h = logits.shape[-2]
-    rows = h if logits.is_cuda or logits.numel() == 0 else max(1, _BAND_ELEMENTS // (logits.numel() // h))
+    rows = max(h, 1) if logits.is_cuda or logits.numel() == 0 else max(1, _BAND_ELEMENTS // (logits.numel() // h))
     return [slice(start, start + rows) for start in range(0, h, rows)]
 
 
