@@ -7,7 +7,7 @@ max-softmax score) with uint8 OOD masks (~10% ignore). Rows print pixels/s and t
 the memory-read floor (``scores.sum() + labels.sum()``); every segood row includes ``compute()``. The
 float-order grid is timed at several resolutions m, on these scores in [0, 1] and on the same values spread
 over 30 binades (multiplied by 2^k, k uniform in [0, 30)), on saturated ones (runs of pixels in one bin, as a
-confident network's: :func:`saturated`) and on float64 scores. The run also prints the
+confident network's: :func:`saturated`), on scores of both signs (:func:`both_signs`) and on float64 scores. The run also prints the
 error of each grid against exact mode (and whether its bounds contain it), and the peak memory of a streaming
 run as the number of images grows.
 """
@@ -73,10 +73,16 @@ def saturated(scores, labels, seed=2):
     return np.where(confident, np.float32(0), scores)
 
 
+def both_signs(scores):
+    """The same scores moved to both signs, as logit-based and standardized scores are: minus 0.125 (most ID pixels
+    below zero, most OOD pixels above), so that most blocks of pixels hold scores of both signs."""
+    return scores - np.float32(0.125)
+
+
 def contenders(scores, labels):
     from segood.metrics import FloatOrderAccumulator, LinearGridAccumulator
 
-    wide, confident = spread(scores), saturated(scores, labels)
+    wide, confident, signed = spread(scores), saturated(scores, labels), both_signs(scores)
     as64, half = scores.astype(np.float64), scores.astype(np.float16)
 
     def floor():
@@ -133,6 +139,7 @@ def contenders(scores, labels):
         ("float-order m = 10, an update per frame, per-image counts, scores over 30 binades", per_frame(wide)),
         ("float-order m = 10, an update per frame, per-image counts, float16 scores", per_frame(half)),
         ("float-order m = 10, an update per frame, saturated scores", per_frame(confident, per_image=False)),
+        ("float-order m = 10, an update per frame, per-image counts, scores of both signs", per_frame(signed)),
         ("memory-read floor of float64 scores: as64.sum() + labels.sum()", floor64),
         ("segood float-order grid, m = 10, float64 scores", float_order(10, as64)),
         ("segood float-order grid, m = 12, float64 scores (the general kernel)", float_order(12, as64)),

@@ -427,3 +427,27 @@ def test_a_declared_range_is_checked_in_float64():
     with pytest.raises(ValueError, match="1 counted pixels have scores outside the declared score_range"):
         FloatOrderAccumulator(score_range=(0.0, 0.1)).update(np.array([0.1, 0.05], np.float32),
                                                              np.array([0, 1], np.uint8))
+
+
+def test_the_float32_kernel_marks_the_rows_of_each_sign_a_block_holds():
+    """Each block of the float32 kernel marks every row it counts in, and for scores of both signs only the rows
+    between each sign's own lowest and highest exponent (not every row between the signs): positive exponents
+    120-130 and negative 100-105 beside zeros of both signs, infinities, NaN and subnormals, with ignored and
+    bad labels."""
+    rng = np.random.default_rng(33)
+    size = 10 * _kernels._BLOCK + 77
+    positive = np.exp2(rng.uniform(120 - 127, 131 - 127, size))
+    negative = -np.exp2(rng.uniform(100 - 127, 106 - 127, size))
+    scores = np.where(rng.random(size) < 0.5, positive, negative).astype(np.float32)
+    scores[: _kernels._BLOCK] = positive[: _kernels._BLOCK]  # a block of one sign
+    specials = _kernels._BLOCK + rng.choice(size - _kernels._BLOCK, 40, replace=False)
+    scores[specials] = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-40, 0.0] * 5
+    labels = rng.choice(np.uint8([0, 1, 255, 7]), size, p=[0.6, 0.3, 0.08, 0.02])
+    table, marks = _kernels._table(np.float32, 10)
+    careful = _kernels._float32_kernel(scores.view(np.uint32), labels, 10, table, marks, np.zeros(3, np.int64), 1)
+    assert careful > 0
+    counted = table[:-2].reshape(512, 2, 1024).any(axis=(1, 2))
+    allowed = np.zeros(512, bool)
+    allowed[[0, *range(120, 131), *range(256 + 100, 256 + 106)]] = True
+    assert marks[counted].all() and not marks[~allowed].any()
+    np.testing.assert_array_equal(counted, allowed)

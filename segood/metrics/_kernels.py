@@ -370,8 +370,10 @@ def _float32_kernel(bits, labels, m, table, occupied, problems, step):
     Marks in ``occupied`` (512 bytes) the zero row and, per block, every row between those of its lowest and its
     highest score bits, a superset of the rows counted in (a normal number's row is its top 9 bits; the bits of
     every pixel but infinities and NaN, from two reductions in the vectorised loop: a mark per pixel cost a fifth
-    of the kernel's time, masking the uncounted pixels out 4%), so that the caller reads and clears only those;
-    scores of both signs in one block mark the rows between (at most all 512, a 4 MiB read and clear per call).
+    of the kernel's time, masking the uncounted pixels out 4%), so that the caller reads and clears only those.
+    A block of both signs would so mark every row between its positive and its negative scores, half the table,
+    for each drain to read: its rows are marked per sign instead, from a second pass over the block
+    (:func:`_mark_signs`).
     Each pixel adds ``step`` to its counter (1; -1 takes a call's counts out again: :meth:`Kept.undo`). Returns
     the number of careful pixels.
     """
@@ -405,9 +407,40 @@ def _float32_kernel(bits, labels, m, table, occupied, problems, step):
             highest = max(highest, b if normal | zero else u(0))  # (infinities and NaN: careful, unmarked)
         _add_runs(table, idx, n, step)
         occupied[0] |= zeros
-        for row in range((lowest + np.uint32(1)) >> np.uint32(23), (highest >> np.uint32(23)) + np.uint32(1)):
-            occupied[row] = 1
+        if lowest < u(0x7FFFFFFF) and highest > u(0x80000000):  # a positive score and a negative one
+            _mark_signs(block_bits, occupied)
+        else:
+            _mark_rows(occupied, lowest, highest)
     return _scratch_counts(table, problems)
+
+
+@numba.njit(inline="always")
+def _mark_rows(occupied, lowest, highest):
+    """Mark the rows from that of ``lowest`` + 1 to that of ``highest`` (top 9 bits; none where ``lowest`` is
+    2^32 - 1, the top its wrap-around leaves: computed in 64 bits, so + 1 does not wrap back to 0)."""
+    for row in range((lowest + np.uint32(1)) >> np.uint32(23), (highest >> np.uint32(23)) + np.uint32(1)):
+        occupied[row] = 1
+
+
+@numba.njit(inline="always")
+def _mark_signs(bits, occupied):
+    """Mark the rows of a block of float32 ``bits`` per sign: for each, the rows between its lowest and its highest
+    normal magnitude (zeros, infinities and NaN aside), as the float32 kernel marks a block of one sign."""
+    u = np.uint32
+    low_positive, high_positive, low_negative, high_negative = u(0xFFFFFFFF), u(0), u(0xFFFFFFFF), u(0)
+    for k in range(bits.size):  # (vectorised)
+        b = bits[k]
+        magnitude = u(b & u(0x7FFFFFFF))
+        normal = u(u(magnitude >> u(23)) - u(1)) < u(254)
+        below = u(magnitude - u(1)) if normal else u(0xFFFFFFFF)
+        above = magnitude if normal else u(0)
+        negative = b > u(0x7FFFFFFF)
+        low_positive = min(low_positive, u(0xFFFFFFFF) if negative else below)
+        high_positive = max(high_positive, u(0) if negative else above)
+        low_negative = min(low_negative, below if negative else u(0xFFFFFFFF))
+        high_negative = max(high_negative, above if negative else u(0))
+    _mark_rows(occupied, low_positive, high_positive)
+    _mark_rows(occupied[256:], low_negative, high_negative)
 
 
 @numba.njit(nogil=True, cache=True)
