@@ -451,3 +451,14 @@ def test_the_float32_kernel_marks_the_rows_of_each_sign_a_block_holds():
     allowed[[0, *range(120, 131), *range(256 + 100, 256 + 106)]] = True
     assert marks[counted].all() and not marks[~allowed].any()
     np.testing.assert_array_equal(counted, allowed)
+
+
+def test_add_rows_adds_each_row_where_numpy_fancy_indexing_would():
+    rng = np.random.default_rng(34)
+    into = rng.integers(0, 1 << 40, (9, 2, 16))
+    rows = np.array([0, 2, 3, 7])
+    counts = rng.integers(0, 1 << 40, (4, 2, 16))
+    want = into.copy()
+    want[rows] += counts
+    _kernels.add_rows(into, rows, counts)
+    np.testing.assert_array_equal(into, want)

@@ -840,6 +840,17 @@ def _guided_bounds(size, threads):
     return bounds if size else [0, 0]
 
 
+@numba.njit(nogil=True, cache=True)
+def add_rows(into, rows, counts):
+    """``into[rows[i]] += counts[i]`` for each i ((k, 2, 2^m) int64 tables), in place: numpy's fancy indexing would
+    copy the rows out and back, into fresh memory each time (0.11 ms for 40 rows at m = 10, against 0.02)."""
+    for i in range(rows.size):
+        row, source = into[rows[i]], counts[i]
+        for label in range(row.shape[0]):
+            for b in range(row.shape[1]):
+                row[label, b] += source[label, b]
+
+
 def merge_binades(parts, *, owned=False):
     """Sum [(binades (k,), counts (k, 2, 2^m))] into (sorted union of binades, int64 counts): new arrays, or with
     ``owned`` (parts the caller made and drops) the first part's own where every part has its binades."""
@@ -854,7 +865,7 @@ def merge_binades(parts, *, owned=False):
     binades = np.unique(np.concatenate([b for b, _ in parts]))
     counts = np.zeros((binades.size, *parts[0][1].shape[1:]), np.int64)
     for b, c in parts:
-        counts[np.searchsorted(binades, b)] += c
+        add_rows(counts, np.searchsorted(binades, b), c.astype(np.int64, copy=False))
     return binades.astype(np.int64), counts
 
 

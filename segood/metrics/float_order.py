@@ -264,10 +264,7 @@ class FloatOrderAccumulator(Streaming):
         rows = [np.searchsorted(self._binades, binades) for binades, _ in parts]
         if all(r[-1] < self._binades.size and np.array_equal(self._binades[r], b) for r, (b, _) in zip(rows, parts)):
             for r, (_, counts) in zip(rows, parts):
-                if r[-1] - r[0] + 1 == r.size:  # consecutive rows (the usual case): added in one pass, no copy
-                    self._counts[r[0] : r[-1] + 1] += counts
-                else:
-                    self._counts[r] += counts
+                _kernels.add_rows(self._counts, r, counts)
         else:
             self._binades, self._counts = _kernels.merge_binades([(self._binades, self._counts), *parts])
 
