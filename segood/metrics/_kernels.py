@@ -99,7 +99,7 @@ def _add_runs(table, idx, n, step):
     run of equal slots is added at once: pixels of one bin in a row (the saturated scores of a confident network)
     would otherwise each wait for the store of the one before."""
     repeats = np.uint32(0)
-    for k in range(1, n):  # (vectorised, in 32-bit lanes: see _float32_kernel)
+    for k in range(1, n):  # (vectorised)
         repeats += np.uint32(idx[k] == idx[k - 1])
     if repeats * 8 < n:
         for k in range(n):
@@ -843,7 +843,7 @@ def _guided_bounds(size, threads):
 @numba.njit(nogil=True, cache=True)
 def add_rows(into, rows, counts):
     """``into[rows[i]] += counts[i]`` for each i ((k, 2, 2^m) int64 tables), in place: numpy's fancy indexing would
-    copy the rows out and back, into fresh memory each time (0.11 ms for 40 rows at m = 10, against 0.02)."""
+    copy the rows out and back, into fresh memory each time (a state's add of 40 rows at m = 10: 0.11 -> 0.07 ms)."""
     for i in range(rows.size):
         row, source = into[rows[i]], counts[i]
         for label in range(row.shape[0]):
