@@ -175,3 +175,12 @@ def test_all_reduce_state_equals_merging_the_ranks_states_in_rank_order(tmp_path
                 want = _state(rank)[key] if key == "mine" else value
                 assert reduced[key].dtype == want.dtype, key
                 np.testing.assert_array_equal(reduced[key], want, err_msg=key)
+
+
+def test_exact_total_equals_the_sum_of_python_integers():
+    from segood.metrics.state import exact_total
+
+    rng = np.random.default_rng(35)
+    for counts in (rng.integers(0, 1 << 58, 1000, dtype=np.int64), np.full((3, 2, 7), 1 << 58, np.uint64),
+                   rng.integers(0, 5, (4, 2, 16)).astype(np.int32), np.zeros(0, np.int64)):
+        assert exact_total(counts) == sum(int(v) for v in counts.ravel())

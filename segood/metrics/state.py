@@ -36,9 +36,17 @@ def check_counts(counts, key):
     """Non-negative integer counts whose total stays below MAX_PIXELS (compared as Python integers)."""
     if counts.size and (int(counts.min()) < 0 or int(counts.max()) > MAX_PIXELS):
         raise ValueError(f"accumulator state {key!r} must hold non-negative counts below 2^58")
-    total = sum(int(v) for v in counts.ravel()) if counts.size else 0  # Python ints: no wraparound
+    total = exact_total(counts)
     if total > MAX_PIXELS:
         raise ValueError(f"accumulator state {key!r} counts {total} pixels in all, more than 2^58")
+
+
+def exact_total(counts):
+    """The sum of non-negative integer ``counts`` of at most 2^58 each, exactly (a Python int): the high and the
+    low 29 bits summed apart in int64, where neither sum can wrap around below 2^34 counts (128 GiB of them; a
+    sum of Python ints, one per count, took 0.2 s for 1.4 M counts)."""
+    counts = np.asarray(counts).astype(np.int64, copy=False).ravel()
+    return (int((counts >> 29).sum()) << 29) + int((counts & ((1 << 29) - 1)).sum())
 
 
 def merge_states(a, b, reductions):
