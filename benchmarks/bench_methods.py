@@ -5,8 +5,10 @@
 PSPNet-ResNet50 (the paper's PSPNet), batch 1. For each method: the segmentation forward pass of the network
 with its head (``model(x)`` and the predicted classes, as an evaluation runs it once per image whatever the
 methods), and what the method adds to it: for single-pass methods the scoring of that forward output
-(``from_output``); for the others ``score`` minus the forward (Monte-Carlo samples, perturbation passes). The forward pass and the method take turns in each round, so that both see the same
-machine; each network runs eight forward passes first. Runs under ``torch_timing.MALLOC_ENV`` (see there).
+(``from_output``); for the others ``score`` minus the forward (Monte-Carlo samples, perturbation passes). The
+forward pass and the method take turns in each round, so that both see the same machine; each network runs eight
+forward passes first. Then the logit methods scored together (``logit_scores``, as an evaluation scores them)
+against each alone in turn. Runs under ``torch_timing.MALLOC_ENV`` (see there).
 """
 
 import torch
@@ -14,13 +16,14 @@ import torch
 from torch_timing import MALLOC_ENV, best_ms, device_name, interleaved_best_ms, parse_args
 
 from segood.methods import get_method
-from segood.methods.functional import predicted_classes
+from segood.methods.functional import logit_scores, predicted_classes
 from segood.models import build_model
 
 ROWS = [("max_softmax", {}), ("entropy", {}), ("odin", {"temperature": 1000}),
         ("odin", {"temperature": 1000, "epsilon": 0.002}), ("confidence", {}), ("mahalanobis", {}),
         ("varsum", {"samples": 8}), ("mutual_info", {"samples": 8}), ("max_logit", {}), ("energy", {}), ("sml", {}),
         ("sml", {"boundary_suppression": True, "smoothing": True})]
+LOGIT_METHODS = ("max_softmax", "odin", "entropy", "max_logit", "energy")  # (as benchmarks/gpu_check.py)
 
 
 def main():
@@ -61,6 +64,15 @@ def main():
                 added = whole - forward
         print(f"| {method_name} | {params or ''} | {head} | {forward:.0f} | {added:.0f} | {added / forward:.1%} |",
               flush=True)
+    logit_methods = [get_method(name) for name in LOGIT_METHODS]
+    with torch.no_grad():
+        output = models["plain"](x)
+        forms = [m.logit_form for m in logit_methods]
+        together, alone = interleaved_best_ms([lambda: logit_scores(output.logits, forms),
+                                               lambda: [m.from_output(output) for m in logit_methods]],
+                                              args.repeat, device)
+    print(f"\nthe logit methods ({', '.join(LOGIT_METHODS)}) scored together: {together:.0f} ms; each alone, in turn: "
+          f"{alone:.0f} ms")
 
 
 if __name__ == "__main__":

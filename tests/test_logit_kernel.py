@@ -54,6 +54,19 @@ def test_methods_scored_together_on_the_cpu_equal_each_alone_bit_for_bit():
         assert torch.equal(score, method.from_output(output)), method.name
 
 
+def test_forms_scored_together_on_the_cpu_equal_each_alone_bit_for_bit_on_hard_logits():
+    """One pass for every temperature the forms ask for (entropy's weighted sums beside others' plain ones, ODIN at
+    T = 1 beside max softmax) against each form's own function, on logits of several bands with ties, -inf, NaN,
+    one-hot and uniform pixels."""
+    logits = hard_logits().repeat(1, 1, 30, 4)
+    forms = [*FORMS, ("odin", 1.0), ("max_softmax", 1.0)]
+    assert len(fn.bands(logits)) > 1
+    for (name, t), score in zip(forms, fn.logit_scores(logits, forms)):
+        want = fn.LOGIT_FORMS[name](logits, t)
+        assert torch.equal(score.isnan(), want.isnan()), name
+        assert torch.equal(score.view(torch.int32)[~want.isnan()], want.view(torch.int32)[~want.isnan()]), name
+
+
 def test_a_method_with_a_formula_of_its_own_is_scored_alone_and_a_renamed_one_together():
     from segood.methods.methods import MaxSoftmax
 
@@ -101,10 +114,9 @@ def test_the_cpu_running_maximum_equals_amax_bit_for_bit():
 
 
 @pytest.mark.parametrize("temperature", [1.0, 2.0, 1000.0])
-def test_energy_band_by_band_equals_one_logsumexp_up_to_rounding(temperature):
-    """Energy on the CPU, in bands of rows, against ``logsumexp`` over the whole map, within 4 ulp (a few pixels'
-    sums are vectorised in another order): logits of several bands with -inf, NaN, one-hot and uniform pixels; an
-    empty map."""
+def test_energy_equals_one_logsumexp_up_to_rounding(temperature):
+    """Energy on the CPU (from the exponential sums, band by band) against ``logsumexp`` over the whole map,
+    within 4 ulp: logits of several bands with -inf, NaN, one-hot and uniform pixels; an empty map."""
     logits = hard_logits().repeat(1, 1, 30, 4)  # 270 rows of 524 pixels x 19 classes x 2: four bands
     got = fn.energy(logits, temperature)
     want = torch.logsumexp(logits / temperature, dim=1).mul_(-temperature)

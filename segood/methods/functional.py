@@ -23,21 +23,32 @@ def max_softmax(probs: torch.Tensor) -> torch.Tensor:
 def _exp_sums(logits, temperature=1.0, weighted=False):
     """With u = (z - max_c z) / T: (S = Σ_c exp(u_c), Σ_c exp(u_c) u_c if ``weighted`` else None), each
     (N, H, W): the one exp pass the logit forms need, band by band, never materialising the softmax."""
+    return _exp_sums_at(logits, {float(temperature): weighted})[1][float(temperature)]
+
+
+@torch.no_grad()
+def _exp_sums_at(logits, temperatures):
+    """(max_c z, {T: :func:`_exp_sums` at T}) for each T of ``temperatures`` ({T: weighted}) in one pass over the
+    logits, band by band: each T's sums are the bits of its own pass (the same operations on the same band)."""
     n, c, h, w = logits.shape
-    total = logits.new_empty(n, h, w)
-    weighted_sum = logits.new_empty(n, h, w) if weighted else None
+    top = logits.new_empty(n, h, w)
+    sums = {t: (logits.new_empty(n, h, w), logits.new_empty(n, h, w) if weighted else None)
+            for t, weighted in temperatures.items()}
     for rows in bands(logits):
         z = logits[:, :, rows]
-        u = z - z.amax(dim=1, keepdim=True)
-        if temperature != 1.0:
-            u /= temperature
-        if weighted:
-            u.clamp_(min=torch.finfo(u.dtype).min)  # a -inf logit: exp 0 times a finite u, not 0 * -inf = NaN
-        e = torch.exp(u)
-        torch.sum(e, dim=1, out=total[:, rows])
-        if weighted:
-            torch.sum(e.mul_(u), dim=1, out=weighted_sum[:, rows])
-    return total, weighted_sum
+        highest = z.amax(dim=1, keepdim=True)
+        top[:, rows] = highest[:, 0]
+        for t, (total, weighted_sum) in sums.items():
+            u = z - highest
+            if t != 1.0:
+                u /= t
+            if weighted_sum is not None:
+                u.clamp_(min=torch.finfo(u.dtype).min)  # a -inf logit: exp 0 times a finite u, not 0 * -inf = NaN
+            e = torch.exp(u)
+            torch.sum(e, dim=1, out=total[:, rows])
+            if weighted_sum is not None:
+                torch.sum(e.mul_(u), dim=1, out=weighted_sum[:, rows])
+    return top, sums
 
 
 def max_softmax_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -47,17 +58,24 @@ def max_softmax_from_logits(logits: torch.Tensor) -> torch.Tensor:
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """:func:`entropy` from logits: with u = z - max z and S = Σ exp(u), H = log S - Σ_c exp(u_c) u_c / S."""
-    total, weighted_sum = _exp_sums(logits, weighted=True)
+    return _entropy_from_sums(*_exp_sums(logits, weighted=True), logits.shape[1])
+
+
+def _entropy_from_sums(total, weighted_sum, classes):
     h = torch.log(total) - weighted_sum / total
-    return (h / math.log(logits.shape[1])).clamp(0.0, 1.0)
+    return (h / math.log(classes)).clamp(0.0, 1.0)
 
 
 def odin(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """1 - max_c softmax(logits / T)_c (Liang et al. 2018, "Enhancing the reliability of OOD image detection",
     without the input perturbation, which :class:`segood.methods.Odin` adds). T = 1 is max softmax exactly."""
-    if not temperature > 0:
-        raise ValueError(f"the ODIN temperature must be positive, got {temperature}")
+    _check_temperature(temperature, "ODIN")
     return 1.0 - 1.0 / _exp_sums(logits, float(temperature))[0]
+
+
+def _check_temperature(temperature, name):
+    if not temperature > 0:
+        raise ValueError(f"the {name} temperature must be positive, got {temperature}")
 
 
 @torch.no_grad()
@@ -246,15 +264,16 @@ def _channel_max(logits: torch.Tensor) -> torch.Tensor:
 def energy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """-T logsumexp(f / T) (Liu et al. 2020, "Energy-based out-of-distribution detection"). Unbounded.
 
-    Band by band on the CPU, without the full-size temporaries of one ``logsumexp`` over the whole map, whose
-    fresh memory cost more than the arithmetic (a 19-class 2x512x1024 batch: 117 -> 31 ms on one thread); the
-    same values up to float32 rounding (a few pixels' sums are vectorised in another order: 1-2 ulp)."""
-    n, c, h, w = logits.shape
-    out = logits.new_empty(n, h, w)
-    for rows in bands(logits):
-        z = logits[:, :, rows]
-        torch.logsumexp(z / temperature if temperature != 1.0 else z, dim=1, out=out[:, rows])
-    return out.mul_(-temperature)
+    Computed as -(max_c f_c + T log Σ_c exp((f_c - max f) / T)), from the exponential sums the other logit forms
+    use (band by band on the CPU: no full-size temporaries, whose fresh memory cost more than the arithmetic);
+    ``torch.logsumexp`` gives the same up to float32 rounding."""
+    _check_temperature(temperature, "energy")
+    top, sums = _exp_sums_at(logits, {float(temperature): False})
+    return _energy_from_sums(top, sums[float(temperature)][0], float(temperature))
+
+
+def _energy_from_sums(top, total, temperature):
+    return torch.log(total).mul_(temperature).add_(top).neg_()
 
 
 LOGIT_FORMS = {"max_softmax": lambda z, t: max_softmax_from_logits(z), "entropy": lambda z, t: entropy_from_logits(z),
@@ -271,8 +290,9 @@ def logit_scores(logits, forms):
     On CUDA, float32 logits are read once for all of them (twice per temperature other than 1): a fused kernel
     (``segood.methods._logits_triton``) writes per pixel the maximum logit and the exponential sums every form
     is made of, and each form is a few operations on those maps. It computes what each form's own function
-    computes, summed in another order (so up to float32 rounding). Elsewhere, and where Triton cannot run,
-    each form's own function."""
+    computes, summed in another order (so up to float32 rounding). Elsewhere, and where Triton cannot run, each
+    form as its own function computes it, from one band-by-band pass for the exponential sums of every
+    temperature (and the maximum logit) the forms need: :func:`_shared_logit_scores`."""
     from segood import _triton
 
     unknown = sorted({name for name, _ in forms} - set(LOGIT_FORMS))
@@ -283,7 +303,39 @@ def logit_scores(logits, forms):
                                  "each method scores the logits with torch operations")
         if scores is not None:
             return scores
-    return [LOGIT_FORMS[name](logits, temperature) for name, temperature in forms]
+    return _shared_logit_scores(logits, forms)
+
+
+def _shared_logit_scores(logits, forms):
+    """:func:`logit_scores` with the exponential sums of max softmax, entropy, ODIN and energy, at every
+    temperature they ask for, and the maximum logit from one pass over the logits (:func:`_exp_sums_at`). A form's
+    own function makes that pass for its temperature alone: the same operations on the same bands, so the same
+    bits. ODIN's spread form keeps a pass of its own."""
+    temperatures = {}  # {T: whether entropy's weighted sum is needed}
+    for name, t in forms:
+        if name in ("max_softmax", "entropy"):
+            temperatures[1.0] = temperatures.get(1.0, False) or name == "entropy"
+        elif name in ("odin", "energy"):
+            _check_temperature(t, "ODIN" if name == "odin" else "energy")
+            temperatures.setdefault(float(t), False)
+    if not temperatures:
+        return [LOGIT_FORMS[name](logits, t) for name, t in forms]
+    top, sums = _exp_sums_at(logits, temperatures)
+    scores = []
+    for name, t in forms:
+        if name == "max_softmax":
+            scores.append(1.0 - 1.0 / sums[1.0][0])
+        elif name == "entropy":
+            scores.append(_entropy_from_sums(*sums[1.0], logits.shape[1]))
+        elif name == "odin":
+            scores.append(1.0 - 1.0 / sums[float(t)][0])
+        elif name == "energy":
+            scores.append(_energy_from_sums(top, sums[float(t)][0], float(t)))
+        elif name == "max_logit":
+            scores.append(-top)
+        else:
+            scores.append(LOGIT_FORMS[name](logits, t))
+    return scores
 
 
 def _fused_logit_scores(logits, forms, *, kernel=None):
