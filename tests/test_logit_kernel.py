@@ -39,6 +39,11 @@ def check_fused():
         assert torch.equal(score.isnan(), want.isnan()), name
         torch.testing.assert_close(score, want, rtol=2e-5, atol=1e-6, equal_nan=True, msg=name)
         print(f"{name} T={t}: equal", flush=True)
+    infinite = torch.zeros(1, 4, 1, 2)  # energy where the largest logit is +inf, and where every one is -inf
+    infinite[0, 1, 0, 0], infinite[0, :, 0, 1] = float("inf"), -float("inf")
+    energies = fn._fused_logit_scores(infinite, [("energy", 1.0), ("energy", 2.0)], kernel=_logits_triton)
+    assert all(e[0, 0].tolist() == [-float("inf"), float("inf")] for e in energies), energies
+    print("energy at infinite logits: equal", flush=True)
 
 
 def test_methods_scored_together_on_the_cpu_equal_each_alone_bit_for_bit():
@@ -90,27 +95,42 @@ def test_unknown_forms_are_refused():
 
 def test_the_fused_kernel_in_the_interpreter_equals_each_form():
     out = run_under_triton_interpreter(__file__)
-    assert out.count("equal") == len(FORMS), out
+    assert out.count("equal") == len(FORMS) + 1, out
 
 
 if __name__ == "__main__":  # the interpreter test's subprocess: TRITON_INTERPRET=1 is set
     check_fused()
 
 
-def test_the_cpu_running_maximum_equals_amax_bit_for_bit():
-    """max logit's running maximum over the channels (the CPU's) against ``amax``: ties, ±inf, NaN, equal zeros of
-    either sign first, one channel, a strided input and float16."""
+def test_the_cpu_running_maximum_equals_amax():
+    """max logit's running maximum over the channels (the CPU's) against ``amax``, bit for bit but for a zero
+    maximum's sign: ties, ±inf, NaN, zeros of either sign in every order, one channel, a strided input and
+    float16."""
     logits = hard_logits()
-    logits[0, :, 1, 0] = 0.0
-    logits[0, 0, 1, 0] = -0.0  # -0 first: amax keeps it
-    logits[0, 1, 1, 1] = -0.0  # +0 first
-    logits[1, :, 1, 2] = -float("inf")
-    logits[1, 3, 1, 3] = float("inf")
+    logits[:, :, 1] = -1.0
+    signs = torch.randint(0, 2, (2, 19, 131), generator=torch.Generator().manual_seed(6)).bool()
+    logits[:, :, 1] = torch.where(signs, -0.0, 0.0)  # zero maxima of random signs
+    logits[1, :, 2, 2] = -float("inf")
+    logits[1, 3, 2, 3] = float("inf")
     for z in (logits, logits[:, :1], logits[:, :, ::2, 1:], logits.half(), logits[:, :, :0]):
         got, want = fn._channel_max(z), z.amax(dim=1)
         assert got.shape == want.shape and got.dtype == want.dtype
-        assert torch.equal(got.view(torch.int16 if got.dtype == torch.float16 else torch.int32),
-                           want.view(torch.int16 if want.dtype == torch.float16 else torch.int32))
+        nan, zero = want.isnan(), want == 0
+        assert torch.equal(got.isnan(), nan) and torch.equal(got == 0, zero)
+        bits = torch.int16 if got.dtype == torch.float16 else torch.int32
+        assert torch.equal(got[~nan & ~zero].view(bits), want[~nan & ~zero].view(bits))
+
+
+def test_energy_at_infinite_logits_is_that_of_logsumexp():
+    """A +inf logit: energy -inf; every logit -inf: +inf; NaN stays NaN (the sums are NaN there)."""
+    logits = torch.zeros(1, 4, 1, 4)
+    logits[0, 1, 0, 0] = float("inf")
+    logits[0, :, 0, 1] = -float("inf")
+    logits[0, 2, 0, 2] = float("nan")
+    for t in (1.0, 3.0):
+        want = torch.logsumexp(logits / t, dim=1).mul_(-t)
+        assert torch.equal(fn.energy(logits, t).nan_to_num(), want.nan_to_num())
+        assert fn.energy(logits, t)[0, 0, :3].tolist()[:2] == [-float("inf"), float("inf")]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 2.0, 1000.0])

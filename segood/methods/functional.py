@@ -248,10 +248,10 @@ def max_logit(logits: torch.Tensor) -> torch.Tensor:
 
 
 def _channel_max(logits: torch.Tensor) -> torch.Tensor:
-    """max_c z_c, (N, H, W), as ``logits.amax(dim=1)``: the same values (a maximum rounds nothing; NaN wins; of
-    equal zeros the first channel's), on the CPU as a running maximum over the channels, 30-40% faster there than
-    ``amax`` over a dimension that is not the innermost (a 19-class 2x512x1024 batch: 5.7 -> 4.0 ms on one thread,
-    4.0 -> 2.4 on two)."""
+    """max_c z_c, (N, H, W), as ``logits.amax(dim=1)``: the same values (a maximum rounds nothing; NaN wins; a zero
+    maximum's sign may differ, +0 and -0 being one value), on the CPU as a running maximum over the channels,
+    30-40% faster there than ``amax`` over a dimension that is not the innermost (a 19-class 2x512x1024 batch:
+    5.7 -> 4.0 ms on one thread, 4.0 -> 2.4 on two)."""
     if logits.device.type != "cpu" or not logits.shape[1]:
         return logits.amax(dim=1)
     top = logits[:, 0].clone()
@@ -264,16 +264,18 @@ def _channel_max(logits: torch.Tensor) -> torch.Tensor:
 def energy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """-T logsumexp(f / T) (Liu et al. 2020, "Energy-based out-of-distribution detection"). Unbounded.
 
-    Computed as -(max_c f_c + T log Σ_c exp((f_c - max f) / T)), from the exponential sums the other logit forms
-    use (band by band on the CPU: no full-size temporaries, whose fresh memory cost more than the arithmetic);
-    ``torch.logsumexp`` gives the same up to float32 rounding."""
+    Computed as -(max_c f_c + T log Σ_c exp((f_c - max f) / T)), T > 0, from the exponential sums the other logit
+    forms use (band by band on the CPU: no full-size temporaries, whose fresh memory cost more than the
+    arithmetic); where the largest logit is ±inf, -(that logit), as ``torch.logsumexp`` has it. The same as
+    ``torch.logsumexp`` up to float32 rounding."""
     _check_temperature(temperature, "energy")
     top, sums = _exp_sums_at(logits, {float(temperature): False})
     return _energy_from_sums(top, sums[float(temperature)][0], float(temperature))
 
 
 def _energy_from_sums(top, total, temperature):
-    return torch.log(total).mul_(temperature).add_(top).neg_()
+    """-(top + T log S), and -top where top is ±inf (the sums are NaN there)."""
+    return torch.log(total).mul_(temperature).add_(top).neg_().where(~top.isinf(), -top)
 
 
 LOGIT_FORMS = {"max_softmax": lambda z, t: max_softmax_from_logits(z), "entropy": lambda z, t: entropy_from_logits(z),
@@ -292,7 +294,7 @@ def logit_scores(logits, forms):
     is made of, and each form is a few operations on those maps. It computes what each form's own function
     computes, summed in another order (so up to float32 rounding). Elsewhere, and where Triton cannot run, each
     form as its own function computes it, from one band-by-band pass for the exponential sums of every
-    temperature (and the maximum logit) the forms need: :func:`_shared_logit_scores`."""
+    temperature the forms need: :func:`_shared_logit_scores`."""
     from segood import _triton
 
     unknown = sorted({name for name, _ in forms} - set(LOGIT_FORMS))
@@ -308,9 +310,9 @@ def logit_scores(logits, forms):
 
 def _shared_logit_scores(logits, forms):
     """:func:`logit_scores` with the exponential sums of max softmax, entropy, ODIN and energy, at every
-    temperature they ask for, and the maximum logit from one pass over the logits (:func:`_exp_sums_at`). A form's
-    own function makes that pass for its temperature alone: the same operations on the same bands, so the same
-    bits. ODIN's spread form keeps a pass of its own."""
+    temperature they ask for, from one pass over the logits (:func:`_exp_sums_at`). A form's own function makes
+    that pass for its temperature alone: the same operations on the same bands, so the same bits. Max logit and
+    ODIN's spread form keep a pass of their own."""
     temperatures = {}  # {T: whether entropy's weighted sum is needed}
     for name, t in forms:
         if name in ("max_softmax", "entropy"):
@@ -331,8 +333,6 @@ def _shared_logit_scores(logits, forms):
             scores.append(1.0 - 1.0 / sums[float(t)][0])
         elif name == "energy":
             scores.append(_energy_from_sums(top, sums[float(t)][0], float(t)))
-        elif name == "max_logit":
-            scores.append(-top)
         else:
             scores.append(LOGIT_FORMS[name](logits, t))
     return scores
@@ -367,7 +367,7 @@ def _fused_logit_scores(logits, forms, *, kernel=None):
         elif name == "odin_spread":
             score = to_uniform.clamp(min=tiny).reciprocal_().sub_(above_one.clamp(min=tiny).reciprocal_())
         else:  # energy: -T logsumexp(z / T) = -(max z + T log S_T)
-            score = torch.log1p(above_one).mul_(t).add_(top).neg_()
+            score = torch.log1p(above_one).mul_(t).add_(top).neg_().where(~top.isinf(), -top)  # (as energy())
         scores.append(score)
     return scores
 

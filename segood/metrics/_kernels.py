@@ -371,8 +371,8 @@ def _float32_kernel(bits, labels, m, table, occupied, problems, step):
     highest score bits, a superset of the rows counted in (a normal number's row is its top 9 bits; the bits of
     every pixel but infinities and NaN, from two reductions in the vectorised loop: a mark per pixel cost a fifth
     of the kernel's time, masking the uncounted pixels out 4%), so that the caller reads and clears only those.
-    A block of both signs would so mark every row between its positive and its negative scores, half the table,
-    for each drain to read: its rows are marked per sign instead, from a second pass over the block
+    A block of both signs would so mark every row between its positive and its negative scores (up to nearly
+    every row) for each drain to read: its rows are marked per sign instead, from a second pass over the block
     (:func:`_mark_signs`).
     Each pixel adds ``step`` to its counter (1; -1 takes a call's counts out again: :meth:`Kept.undo`). Returns
     the number of careful pixels.
