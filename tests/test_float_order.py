@@ -451,6 +451,12 @@ def test_the_float32_kernel_marks_the_rows_of_each_sign_a_block_holds():
     allowed[[0, *range(120, 131), *range(256 + 100, 256 + 106)]] = True
     assert marks[counted].all() and not marks[~allowed].any()
     np.testing.assert_array_equal(counted, allowed)
+    table, marks = _kernels._table(np.float32, 10)  # ones and a -0: rows 127 and 0 (-0's bits are not a row)
+    ones = np.ones(_kernels._BLOCK, np.float32)
+    ones[5] = -0.0
+    _kernels._float32_kernel(ones.view(np.uint32), np.zeros(ones.size, np.uint8), 10, table, marks,
+                             np.zeros(3, np.int64), 1)
+    assert set(np.flatnonzero(marks)) == {0, 127}
 
 
 def test_add_rows_adds_each_row_where_numpy_fancy_indexing_would():

@@ -368,9 +368,10 @@ def _float32_kernel(bits, labels, m, table, occupied, problems, step):
     so the rows map to float64 bins afterwards (:func:`drain`). Zeros (either sign) go to
     row 0. Subnormals, infinities, NaN and bad labels go to the careful slot: the wrapper bins them the slow way.
     Marks in ``occupied`` (512 bytes) the zero row and, per block, every row between those of its lowest and its
-    highest score bits, a superset of the rows counted in (a normal number's row is its top 9 bits; the bits of
-    every pixel but infinities and NaN, from two reductions in the vectorised loop: a mark per pixel cost a fifth
-    of the kernel's time, masking the uncounted pixels out 4%), so that the caller reads and clears only those.
+    highest score bits, a superset of the rows counted in (a normal number's row is its top 9 bits; the lowest
+    of every pixel's bits but zeros', the highest of its normal numbers', from two reductions in the vectorised
+    loop: a mark per pixel cost a fifth of the kernel's time, masking the uncounted pixels out 4%), so that the
+    caller reads and clears only those.
     A block of both signs would so mark every row between its positive and its negative scores (up to nearly
     every row) for each drain to read: its rows are marked per sign instead, from a second pass over the block
     (:func:`_mark_signs`).
@@ -404,7 +405,7 @@ def _float32_kernel(bits, labels, m, table, occupied, problems, step):
             idx[k] = index if ok else (ignored_index if label == u(IGNORE) else careful_index)
             zeros |= u(zero)  # zero apart, so that zeros among values near 1 mark two rows, not 127:
             lowest = min(lowest, u(b - u(1)))  # its bits minus one wrap around to the top
-            highest = max(highest, b if normal | zero else u(0))  # (infinities and NaN: careful, unmarked)
+            highest = max(highest, b if normal else u(0))  # (zeros: the zero row; infinities, NaN: careful)
         _add_runs(table, idx, n, step)
         occupied[0] |= zeros
         if lowest < u(0x7FFFFFFF) and highest > u(0x80000000):  # a positive score and a negative one
