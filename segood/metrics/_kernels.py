@@ -455,40 +455,41 @@ def _float64_kernel(scores, labels, m, table, occupied, problems, step):
     careful slot: the wrapper counts them. Each pixel adds ``step`` (as the float32 kernel's). Returns the number
     of careful pixels.
     """
+    u = np.uint32  # (the key in 64 bits, the rest cast back to 32: vectorises in 32-bit lanes, as _float32_kernel's)
     shift = np.uint64(52 - m)
-    mm = np.uint64(m)
-    low_mask = np.uint64((1 << m) - 1)
-    half = np.uint64(BINADES // 2)
+    low_mask = u((1 << m) - 1)
+    width = u((table.size - 2) >> 13)  # 2^m: 4096 x 2 rows of it
+    half = u(BINADES // 2)
     values = np.empty(_BLOCK, np.float64)
     bits = values.view(np.uint64)
-    idx = np.empty(_BLOCK, np.uint64)
-    ignored_index = np.uint64(table.size - 2)
-    careful_index = np.uint64(table.size - 1)
+    idx = np.empty(_BLOCK, np.uint32)
+    ignored_index = u(table.size - 2)
+    careful_index = u(table.size - 1)
     for start in range(0, scores.size, _BLOCK):
         block_scores = scores[start : start + _BLOCK]
         block_labels = labels[start : start + _BLOCK]
         n = block_scores.size
         for k in range(n):
             values[k] = block_scores[k] + 0.0  # -0.0 becomes +0.0
-        low_negative, high_negative = half - np.uint64(1), np.uint64(0)
-        low_positive, high_positive = np.uint64(BINADES - 1), half
+        low_negative, high_negative = u(half - u(1)), u(0)
+        low_positive, high_positive = u(BINADES - 1), half
         for k in range(n):  # branch-free, so it vectorises
-            u = bits[k]
-            key = u ^ ((np.uint64(0) - (u >> np.uint64(63))) | SIGN)
-            row = key >> np.uint64(52)
-            label = np.uint64(block_labels[k])
-            ok = (label <= np.uint64(OOD)) & (values[k] == values[k])
-            index = (((row << np.uint64(1)) | label) << mm) | ((key >> shift) & low_mask)
-            idx[k] = index if ok else (ignored_index if label == np.uint64(IGNORE) else careful_index)
+            b = bits[k]
+            key = b ^ ((np.uint64(0) - (b >> np.uint64(63))) | SIGN)
+            row = u(key >> np.uint64(52))
+            label = u(block_labels[k])
+            ok = (label <= u(OOD)) & (values[k] == values[k])
+            index = u(u(u(u(row << u(1)) | label) * width) | u(u(key >> shift) & low_mask))
+            idx[k] = index if ok else (ignored_index if label == u(IGNORE) else careful_index)
             positive = row >= half
-            low_positive = min(low_positive, row if ok & positive else np.uint64(BINADES - 1))
+            low_positive = min(low_positive, row if ok & positive else u(BINADES - 1))
             high_positive = max(high_positive, row if ok & positive else half)
-            low_negative = min(low_negative, row if ok & ~positive else half - np.uint64(1))
-            high_negative = max(high_negative, row if ok & ~positive else np.uint64(0))
+            low_negative = min(low_negative, row if ok & ~positive else u(half - u(1)))
+            high_negative = max(high_negative, row if ok & ~positive else u(0))
         _add_runs(table, idx, n, step)
-        for row in range(low_negative, high_negative + np.uint64(1)):
+        for row in range(low_negative, high_negative + 1):
             occupied[row] = 1
-        for row in range(low_positive, high_positive + np.uint64(1)):
+        for row in range(low_positive, high_positive + 1):
             occupied[row] = 1
     return _scratch_counts(table, problems)
 
