@@ -20,16 +20,11 @@ def max_softmax(probs: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _exp_sums(logits, temperature=1.0, weighted=False):
-    """With u = (z - max_c z) / T: (S = Σ_c exp(u_c), Σ_c exp(u_c) u_c if ``weighted`` else None), each
-    (N, H, W): the one exp pass the logit forms need, band by band, never materialising the softmax."""
-    return _exp_sums_at(logits, {float(temperature): weighted})[1][float(temperature)]
-
-
-@torch.no_grad()
 def _exp_sums_at(logits, temperatures):
-    """(max_c z, {T: :func:`_exp_sums` at T}) for each T of ``temperatures`` ({T: weighted}) in one pass over the
-    logits, band by band: each T's sums are the bits of its own pass (the same operations on the same band)."""
+    """(max_c z, {T: (S_T, W_T)}) for each T of ``temperatures`` ({T: weighted}), with u = (z - max_c z) / T:
+    S_T = Σ_c exp(u_c) and W_T = Σ_c exp(u_c) u_c if weighted else None, each (N, H, W): the one exp pass the
+    logit forms need, for every temperature at once, band by band, never materialising the softmax. Each T's
+    sums are the bits of a pass for it alone (the same operations on the same band)."""
     n, c, h, w = logits.shape
     top = logits.new_empty(n, h, w)
     sums = {t: (logits.new_empty(n, h, w), logits.new_empty(n, h, w) if weighted else None)
@@ -53,24 +48,18 @@ def _exp_sums_at(logits, temperatures):
 
 def max_softmax_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """:func:`max_softmax` straight from logits (N, C, H, W): max_c p_c = 1 / Σ_c exp(z_c - max z)."""
-    return 1.0 - 1.0 / _exp_sums(logits)[0]
+    return _shared_logit_scores(logits, [("max_softmax", 1.0)])[0]
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """:func:`entropy` from logits: with u = z - max z and S = Σ exp(u), H = log S - Σ_c exp(u_c) u_c / S."""
-    return _entropy_from_sums(*_exp_sums(logits, weighted=True), logits.shape[1])
-
-
-def _entropy_from_sums(total, weighted_sum, classes):
-    h = torch.log(total) - weighted_sum / total
-    return (h / math.log(classes)).clamp(0.0, 1.0)
+    return _shared_logit_scores(logits, [("entropy", 1.0)])[0]
 
 
 def odin(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """1 - max_c softmax(logits / T)_c (Liang et al. 2018, "Enhancing the reliability of OOD image detection",
     without the input perturbation, which :class:`segood.methods.Odin` adds). T = 1 is max softmax exactly."""
-    _check_temperature(temperature, "ODIN")
-    return 1.0 - 1.0 / _exp_sums(logits, float(temperature))[0]
+    return _shared_logit_scores(logits, [("odin", temperature)])[0]
 
 
 def _check_temperature(temperature, name):
@@ -268,14 +257,7 @@ def energy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     forms use (band by band on the CPU: no full-size temporaries, whose fresh memory cost more than the
     arithmetic); where the largest logit is ±inf, -(that logit), as ``torch.logsumexp`` has it. The same as
     ``torch.logsumexp`` up to float32 rounding."""
-    _check_temperature(temperature, "energy")
-    top, sums = _exp_sums_at(logits, {float(temperature): False})
-    return _energy_from_sums(top, sums[float(temperature)][0], float(temperature))
-
-
-def _energy_from_sums(top, total, temperature):
-    """-(top + T log S), and -top where top is ±inf (the sums are NaN there)."""
-    return torch.log(total).mul_(temperature).add_(top).neg_().where(~top.isinf(), -top)
+    return _shared_logit_scores(logits, [("energy", temperature)])[0]
 
 
 LOGIT_FORMS = {"max_softmax": lambda z, t: max_softmax_from_logits(z), "entropy": lambda z, t: entropy_from_logits(z),
@@ -310,8 +292,8 @@ def logit_scores(logits, forms):
 
 def _shared_logit_scores(logits, forms):
     """:func:`logit_scores` with the exponential sums of max softmax, entropy, ODIN and energy, at every
-    temperature they ask for, from one pass over the logits (:func:`_exp_sums_at`). A form's own function makes
-    that pass for its temperature alone: the same operations on the same bands, so the same bits. Max logit and
+    temperature they ask for, from one pass over the logits (:func:`_exp_sums_at`). Each of these forms' own
+    function is this for itself alone: the same operations on the same bands, so the same bits. Max logit and
     ODIN's spread form keep a pass of their own."""
     temperatures = {}  # {T: whether entropy's weighted sum is needed}
     for name, t in forms:
@@ -325,14 +307,15 @@ def _shared_logit_scores(logits, forms):
     top, sums = _exp_sums_at(logits, temperatures)
     scores = []
     for name, t in forms:
-        if name == "max_softmax":
-            scores.append(1.0 - 1.0 / sums[1.0][0])
+        if name in ("max_softmax", "odin"):  # 1 - max_c softmax(z / T)_c = 1 - 1 / S_T
+            scores.append(1.0 - 1.0 / sums[float(t) if name == "odin" else 1.0][0])
         elif name == "entropy":
-            scores.append(_entropy_from_sums(*sums[1.0], logits.shape[1]))
-        elif name == "odin":
-            scores.append(1.0 - 1.0 / sums[float(t)][0])
-        elif name == "energy":
-            scores.append(_energy_from_sums(top, sums[float(t)][0], float(t)))
+            total, weighted_sum = sums[1.0]
+            h = torch.log(total) - weighted_sum / total
+            scores.append((h / math.log(logits.shape[1])).clamp(0.0, 1.0))
+        elif name == "energy":  # -(max z + T log S_T); -max z where it is ±inf (the sums are NaN there)
+            energy_t = torch.log(sums[float(t)][0]).mul_(float(t)).add_(top).neg_()
+            scores.append(energy_t.where(~top.isinf(), -top))
         else:
             scores.append(LOGIT_FORMS[name](logits, t))
     return scores
