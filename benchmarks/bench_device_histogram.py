@@ -4,7 +4,8 @@
 
 Both see the same ``images`` max-softmax-like float32 maps (benchmarks/bench_metrics.py's data) at m = 10 and
 give per-image counts: the numba kernel one image at a time (as the accumulator runs it on host arrays), the torch
-path on the whole batch (segood.metrics._device, as the accumulator runs it on a device). Prints ms, the ratio to
+path on the whole batch (segood.metrics._device, as the accumulator runs it on a device): its two passes, and its
+one pass where the binades are known (an accumulator's, after its first batches). Prints ms, the ratio to
 the memory-read floor and the torch path's time as a multiple of the numba kernel's: on a GPU the Triton kernel
 runs instead (benchmarks/gpu_check.py).
 """
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 import numba
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -42,8 +44,14 @@ def main():
     def torch_batch():
         return _device.float_histograms(*batch, 10, kernel="torch")
 
+    known = np.unique(np.concatenate([binades for binades, _ in torch_batch()[0]]))
+
+    def torch_known():
+        return _device.float_histograms(*batch, 10, kernel="torch", known=known)
+
     rows = {"memory-read floor": floor, "numba kernel, per image": numba_per_image,
-            "torch path, one batch (segood.metrics._device)": torch_batch}
+            "torch path, one batch (segood.metrics._device)": torch_batch,
+            "torch path, one batch, binades known (one pass)": torch_known}
     seconds = dict(zip(rows, interleaved_best_times(list(rows.values()), args.repeat)))
     print(f"float-order histogram, m = 10, {args.images} maps of {args.height}x{args.width} float32, CPU "
           f"({torch.get_num_threads()} torch threads, {threads} numba threads)")
@@ -51,6 +59,9 @@ def main():
         print(f"{name:64s} {value * 1e3:9.1f} ms  {seconds['memory-read floor'] / value:6.3f} of the floor")
     ratio = seconds["torch path, one batch (segood.metrics._device)"] / seconds["numba kernel, per image"]
     print(f"torch path / numba kernel: {ratio:.1f}x the time")
+    one_pass, two_passes = (seconds[f"torch path, one batch{which}"]
+                            for which in (", binades known (one pass)", " (segood.metrics._device)"))
+    print(f"torch path, one pass / two passes: {one_pass / two_passes:.2f}x the time")
 
 
 if __name__ == "__main__":

@@ -441,8 +441,9 @@ def time_methods(device, scale, work):
 def time_accumulators(device, scale, work):
     """The accumulators against the memory-read floor on ``maps`` score maps: the linear grid and the float-order
     grid over the whole batch; the float-order grid with per-image counts as the evaluation runs it (one (N, H, W)
-    batch per update, and one frame per update), compute() excluded and included; float16 scores (against their
-    own floor); the device kernel alone (at three block sizes, and with each program's end bins added at once); and
+    batch per update, and one frame per update), compute() excluded and included, and a batch to an accumulator
+    that holds its binades already (one pass); float16 scores (against their own floor); the device kernel alone
+    (at three block sizes, with each program's end bins added at once, and on known binades: one pass); and
     on saturated scores (``bench_metrics.saturated``: a confident network's), where every pixel's own addition
     meets the same counter."""
     from segood import _triton
@@ -471,6 +472,9 @@ def time_accumulators(device, scale, work):
             return acc.compute() if compute else acc
         return run
 
+    warm = FloatOrderAccumulator(10, per_image=True).update(scores, labels)  # its binades: those of every update
+    known = np.unique(np.concatenate([b for b, _ in _device.float_histograms(flat_scores, flat_labels, 10)[0]]))
+
     named = {
         "floor_ms": floor,
         "linear_400_ms": lambda: LinearGridAccumulator(400).update(scores, labels),
@@ -481,7 +485,9 @@ def time_accumulators(device, scale, work):
         "float_m10_per_frame_compute_ms": per_image(scores, frames=True, compute=True),
         "float16_floor_ms": floor16,
         "float16_m10_per_image_ms": per_image(half),
+        "float_m10_per_image_known_ms": lambda: warm.update(scores, labels).settle(),
         "float_m10_kernel_ms": lambda: _device.float_histograms(flat_scores, flat_labels, 10),
+        "float_m10_kernel_known_ms": lambda: _device.float_histograms(flat_scores, flat_labels, 10, known=known),
         **{f"float_m10_kernel_block{block}_ms": functools.partial(_device.float_histograms, flat_scores, flat_labels,
                                                                   10, block=block) for block in (1024, 4096)},
         "float_m10_kernel_ends_ms": lambda: _device.float_histograms(flat_scores, flat_labels, 10, ends=True),

@@ -70,17 +70,33 @@ def numba_reference(scores, labels, m):
     return _kernels.float_histogram_numpy(*as_numpy_inputs(scores, labels, keep_float32_exact=True), m, 1)
 
 
-def check_kernel(kernel, dtype, m, block=_device.BLOCK, ends=False):
+KNOWN = ("the batch's", "more", "fewer")  # binades known beforehand: the batch's own, a superset, all but one
+
+
+def known_binades(wants, which):
+    """The binades a :func:`check_kernel` call declares known (``which`` of :data:`KNOWN`), from the images'
+    reference counts ``wants``."""
+    union = np.unique(np.concatenate([binades for binades, _, _ in wants]))
+    if which == "more":
+        return np.union1d(union, [1, 2048, 4000])
+    if which == "fewer":
+        return np.delete(union, union.size // 2)
+    return union
+
+
+def check_kernel(kernel, dtype, m, block=_device.BLOCK, ends=False, known=None):
     scores, labels = batch(dtype, m)
+    wants = [numba_reference(scores[i], labels[i], m) for i in range(len(scores))]
     images, problems = _device.float_histograms(torch.as_tensor(scores), torch.as_tensor(labels), m, kernel=kernel,
-                                                block=block, ends=ends)
+                                                block=block, ends=ends,
+                                                known=known and known_binades(wants, known))
     want_problems = np.zeros(3, np.int64)
-    for i, (binades, counts) in enumerate(images):
-        want_binades, want_counts, want = numba_reference(scores[i], labels[i], m)
+    for i, ((binades, counts), (want_binades, want_counts, want)) in enumerate(zip(images, wants, strict=True)):
         want_problems += want
         for got, expected in ((binades, want_binades), (counts, want_counts)):
             assert got.dtype == expected.dtype, f"{kernel} {dtype} m={m} image {i}: dtype {got.dtype}"
-            np.testing.assert_array_equal(got, expected, err_msg=f"{kernel} {dtype} m={m} ends={ends} image {i}")
+            np.testing.assert_array_equal(got, expected,
+                                          err_msg=f"{kernel} {dtype} m={m} ends={ends} known={known} image {i}")
     np.testing.assert_array_equal(problems, want_problems, err_msg=f"{kernel} {dtype} m={m} problems")
     assert want_problems[_kernels.N_IGNORED] and want_problems[_kernels.N_BAD_LABEL]  # the cases are there
 
@@ -91,12 +107,22 @@ def test_the_torch_path_equals_the_numba_kernel_per_image(dtype, m):
     check_kernel("torch", dtype, m)
 
 
+@pytest.mark.parametrize("known", KNOWN)
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int64"])
+def test_the_torch_path_on_known_binades_counts_in_one_pass_where_they_hold_every_pixel(monkeypatch, dtype, known):
+    passes = []
+    two_passes = _device._two_passes
+    monkeypatch.setattr(_device, "_two_passes", lambda *args: passes.append(1) or two_passes(*args))
+    check_kernel("torch", dtype, 10, known=known)
+    assert len(passes) == (known == "fewer")
+
+
 def test_the_triton_kernel_in_the_interpreter_equals_the_numba_kernel_per_image():
     """Every dtype and m as above and the empty cases, through the Triton kernel run by Triton's CPU interpreter,
     with blocks of 256 pixels so that each image spans several programs; with each program's end bins added at
-    once (``ends``) and without."""
+    once (``ends``) and without; on binades known beforehand (all, more, too few) likewise."""
     out = run_under_triton_interpreter(__file__)
-    assert out.count("equal") == len(DTYPES) * 3 * 2, out
+    assert out.count("equal") == len(DTYPES) * 3 * 2 + len(DTYPES) * len(KNOWN), out
 
 
 def check_empty(kernel):
@@ -183,3 +209,6 @@ if __name__ == "__main__":  # the interpreter test's subprocess: TRITON_INTERPRE
             for gathered in (False, True):
                 check_kernel("triton", name, bits, block=256, ends=gathered)
                 print(f"{name} m={bits} ends={gathered}: equal", flush=True)
+        for which in KNOWN:
+            check_kernel("triton", name, 10, block=256, ends=which == "more", known=which)
+            print(f"{name} known={which}: equal", flush=True)

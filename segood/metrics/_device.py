@@ -8,12 +8,17 @@ Two passes over the scores, two waits for the device per batch whatever its size
    the problem counters; the host reads these flags (N x 4096);
 2. every counted pixel adds one to its bin in a compact (N, K, 2, 2^m) table, K the binades occupied anywhere in
    the batch, through a 4096-entry binade -> slot lookup; the host reads the table.
+Where the binades are known beforehand (``known``: an accumulator's, once its first batches have been counted),
+one pass and one wait: pass 2 on the known binades' slots, counting the problems too and the pixels of any other
+binade; only where there are such pixels is the batch counted again by the two passes.
 
 The key of a float16 / bfloat16 / float32 score is computed from its own bits in 32-bit integers: the float64
 exponent and the top m mantissa bits of its exact float64 value (a subnormal is normalised through the exact
 float32 conversion of its mantissa), so no float64 copy of the map is made. Float64 and integer scores go
 through float64 (integers round as numpy's astype does).
 """
+
+import functools
 
 import numpy as np
 
@@ -27,7 +32,7 @@ _CHUNK = 1 << 22  # pixels per step of the torch path: its int64 temporaries sta
 BLOCK = 2048  # pixels per Triton program
 
 
-def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK, ends=False):
+def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK, ends=False, known=None):
     """Float-order counts of each image of a batch, on the tensors' own device.
 
     Args:
@@ -39,21 +44,23 @@ def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK, ends=False)
         block: pixels per Triton program (a power of two).
         ends: each Triton program adds the pixels of its lowest and highest bin with one atomic addition per label
             (the same counts; off until a device has timed it: ``benchmarks/gpu_check.py --only accumulators``).
+        known: the binades the scores most likely occupy, increasing (an accumulator's own): counted in one pass
+            where they hold every counted pixel (the same counts).
 
     Returns:
         ([(binades (k,) int64 increasing, counts (k, 2, 2^m) int64)] per image, problems (3,) int64), numpy.
     """
     if kernel is not None:
-        return _histograms(scores, labels, m, kernel, block, ends)
+        return _histograms(scores, labels, m, kernel, block, ends, known)
     if scores.is_cuda and _triton.available():
-        counted = _triton.attempt(lambda: _histograms(scores, labels, m, "triton", block, ends), "histogram kernel",
-                                  "counting with torch operations (the same counts, slower)")
+        counted = _triton.attempt(lambda: _histograms(scores, labels, m, "triton", block, ends, known),
+                                  "histogram kernel", "counting with torch operations (the same counts, slower)")
         if counted is not None:
             return counted
-    return _histograms(scores, labels, m, "torch", block, ends)
+    return _histograms(scores, labels, m, "torch", block, ends, known)
 
 
-def _histograms(scores, labels, m, kernel, block, ends):
+def _histograms(scores, labels, m, kernel, block, ends, known):
     import torch
 
     n, p = scores.shape
@@ -64,13 +71,64 @@ def _histograms(scores, labels, m, kernel, block, ends):
     if not narrow and scores.dtype not in (torch.float64, torch.int32, torch.int64):
         scores = scores.to(torch.float64)  # uint16/32/64: rare, converted as numpy converts them
     scores, labels = scores.contiguous(), labels.contiguous()
-    device = scores.device
-    flags = torch.zeros(n * BINADES + 3, dtype=torch.int64, device=device)  # presence, then problems: one read
-    presence, problems = flags[: n * BINADES].view(n, BINADES), flags[n * BINADES :]
     if kernel not in ("triton", "torch"):
         raise ValueError(f"kernel must be 'triton' or 'torch', got {kernel!r}")
     if kernel == "triton":
         from segood.metrics import _device_triton as kernels  # made on first use: importing Triton is slow
+    else:
+        kernels = None
+    steps = (scores, labels, m, narrow, bf16, kernels, block, ends)
+    known = None if known is None else np.asarray(known, np.int64)
+    if known is not None and known.size and scores.numel() and n * known.size * 2 << m <= _TABLE_LIMIT:
+        counted = _known_histograms(*steps, known)
+        if counted is not None:
+            return counted
+    return _two_passes(*steps)
+
+
+def _known_histograms(scores, labels, m, narrow, bf16, kernels, block, ends, known):
+    """The counts of :func:`float_histograms` in one pass over ``known`` binades' slots, or None where a counted
+    pixel lies in another binade."""
+    import torch
+
+    n, p = scores.shape
+    slot_of = _slot_table(known.tobytes(), str(scores.device))
+    counters = torch.zeros(4, dtype=torch.int64, device=scores.device)  # problems, then the pixels missed
+    table = torch.zeros((n * known.size * 2 << m) + 1, dtype=torch.int32 if p < 1 << 31 else torch.int64,
+                        device=scores.device)  # (the last: a dump)
+    if kernels is not None:
+        kernels.count[(n * triton_cdiv(p, block),)](scores, labels, slot_of, table, counters, n, p, known.size, M=m,
+                                                     WIDE=not narrow, BF16=bf16, BLOCK=block, ENDS=ends, KNOWN=True)
+    else:
+        _torch_count(scores, labels, slot_of, table, known.size, m, narrow, counters)
+    table = table.cpu().numpy()[:-1].reshape(n, known.size, 2, 1 << m)
+    counters = counters.cpu().numpy()
+    if counters[3]:
+        return None
+    occupied = table.any(axis=(2, 3))
+    return [(known[rows], counts[rows].astype(np.int64)) for rows, counts in zip(occupied, table)], counters[:3]
+
+
+@functools.lru_cache(maxsize=64)  # (a few accumulators' binades on a few devices: one upload each)
+def _slot_table(known, device):
+    """The (4096,) int32 binade -> slot lookup of the binades ``known`` (int64 bytes) on ``device``, -1 elsewhere."""
+    import torch
+
+    slots = np.full(BINADES, -1, np.int32)
+    binades = np.frombuffer(known, np.int64)
+    slots[binades] = np.arange(binades.size, dtype=np.int32)
+    return torch.from_numpy(slots).to(device)
+
+
+def _two_passes(scores, labels, m, narrow, bf16, kernels, block, ends):
+    """The counts of :func:`float_histograms`: the occupied binades, then the counts in their slots."""
+    import torch
+
+    n, p = scores.shape
+    device = scores.device
+    flags = torch.zeros(n * BINADES + 3, dtype=torch.int64, device=device)  # presence, then problems: one read
+    presence, problems = flags[: n * BINADES].view(n, BINADES), flags[n * BINADES :]
+    kernel = "torch" if kernels is None else "triton"
     if not scores.numel():
         pass  # nothing to launch
     elif kernel == "triton":
@@ -92,8 +150,8 @@ def _histograms(scores, labels, m, kernel, block, ends):
             table = torch.zeros((stop - start) * union.size * 2 * width + 1, dtype=counts_dtype, device=device)
             if kernel == "triton":
                 kernels.count[((stop - start) * triton_cdiv(p, block),)](
-                    scores[start:stop], labels[start:stop], slot_of, table, stop - start, p, union.size, M=m,
-                    WIDE=not narrow, BF16=bf16, BLOCK=block, ENDS=ends)
+                    scores[start:stop], labels[start:stop], slot_of, table, problems, stop - start, p, union.size,
+                    M=m, WIDE=not narrow, BF16=bf16, BLOCK=block, ENDS=ends, KNOWN=False)
             else:
                 _torch_count(scores[start:stop], labels[start:stop], slot_of, table, union.size, m, narrow)
             table = table.cpu().numpy()[:-1].reshape(stop - start, union.size, 2, width)  # the last: a dump
@@ -145,26 +203,33 @@ def _torch_steps(scores, labels):
             yield i, slice(start, start + _CHUNK)
 
 
+def _torch_problems(label, nan, problems):
+    """problems += the ignored pixels, bad labels and NaN scores at counted pixels; returns which are counted."""
+    known = label <= OOD
+    ignored = (label == IGNORE).sum()
+    problems[N_IGNORED] += ignored
+    problems[N_BAD_LABEL] += label.numel() - known.sum() - ignored
+    problems[N_BAD_SCORE] += (known & nan).sum()
+    return known & ~nan
+
+
 def _torch_presence(scores, labels, presence, problems, m, narrow):
     import torch
 
     dump = torch.zeros(BINADES + 1, dtype=presence.dtype, device=presence.device)
     for i, part in _torch_steps(scores, labels):
         binade, _, nan = _torch_key(scores[i, part], m, narrow)
-        label = labels[i, part]
-        known = label <= OOD
-        ignored = (label == IGNORE).sum()
-        problems[N_IGNORED] += ignored
-        problems[N_BAD_LABEL] += label.numel() - known.sum() - ignored
-        problems[N_BAD_SCORE] += (known & nan).sum()
+        counted = _torch_problems(labels[i, part], nan, problems)
         dump.zero_()
         # uncounted pixels flag a dump entry: no compaction, so no wait for the device
-        dump.index_fill_(0, binade.masked_fill_(~known | nan, BINADES).long(), 1)
+        dump.index_fill_(0, binade.masked_fill_(~counted, BINADES).long(), 1)
         presence[i] |= dump[:BINADES]
 
 
-def _torch_count(scores, labels, slot_of, table, slots, m, narrow):
-    """Adds each counted pixel to ``table`` ((n x slots x 2 x 2^m) + 1 counters, the last one the dump)."""
+def _torch_count(scores, labels, slot_of, table, slots, m, narrow, counters=None):
+    """Adds each counted pixel to ``table`` ((n x slots x 2 x 2^m) + 1 counters, the last one the dump). With
+    ``counters``, the problems and then the counted pixels whose binade has no slot (-1), which are left out, are
+    added to them."""
     import torch
 
     index_dtype = torch.int32 if table.numel() < 1 << 31 else torch.int64
@@ -173,8 +238,14 @@ def _torch_count(scores, labels, slot_of, table, slots, m, narrow):
         binade, low, nan = _torch_key(scores[i, part], m, narrow)
         label = labels[i, part]
         slot = slot_of[binade.long()].to(index_dtype)
+        counted = (label <= OOD) & ~nan
+        if counters is not None:
+            _torch_problems(label, nan, counters)
+            missed = counted & (slot < 0)
+            counters[3] += missed.sum()
+            counted &= ~missed
         index = slot.add_(i * slots).mul_(2).add_(label).bitwise_left_shift_(m).add_(low.to(index_dtype))
-        index.masked_fill_((label > OOD) | nan, table.numel() - 1)
+        index.masked_fill_(~counted, table.numel() - 1)
         table.index_add_(0, index, one.expand(index.numel()))
 
 

@@ -18,6 +18,7 @@ LABEL_IGNORE = tl.constexpr(IGNORE)
 N_IGNORED = tl.constexpr(_kernels.N_IGNORED)
 N_BAD_LABEL = tl.constexpr(_kernels.N_BAD_LABEL)
 N_BAD_SCORE = tl.constexpr(_kernels.N_BAD_SCORE)
+N_MISSED = tl.constexpr(_kernels.N_BAD_SCORE + 1)  # after the problems: the pixels of binades not in the slots
 
 
 @triton.jit
@@ -61,6 +62,16 @@ def _pixels(scores, labels, base, offsets, inside, M: tl.constexpr, WIDE: tl.con
 
 
 @triton.jit
+def _problems(problems, inside, label, nan):
+    """problems += the block's ignored pixels, bad labels and NaN scores at counted pixels."""
+    known = inside & (label <= LABEL_OOD)
+    ignored = inside & (label == LABEL_IGNORE)
+    tl.atomic_add(problems + N_IGNORED, tl.sum(ignored.to(tl.int64), 0), sem="relaxed")
+    tl.atomic_add(problems + N_BAD_LABEL, tl.sum((inside & ~known & ~ignored).to(tl.int64), 0), sem="relaxed")
+    tl.atomic_add(problems + N_BAD_SCORE, tl.sum((known & nan).to(tl.int64), 0), sem="relaxed")
+
+
+@triton.jit
 def _block(N, P, BLOCK: tl.constexpr):
     """(image, pixel offsets, which are inside the image, the image's first pixel) of this program's block."""
     image = tl.program_id(0) % N
@@ -74,11 +85,7 @@ def presence(scores, labels, flags, problems, N, P, M: tl.constexpr, WIDE: tl.co
     """flags[image, binade] = 1 for each binade that holds a counted pixel; problems += the block's."""
     image, offsets, inside, base = _block(N, P, BLOCK)
     binade, low, label, counted, nan = _pixels(scores, labels, base, offsets, inside, M, WIDE, BF16)
-    known = inside & (label <= LABEL_OOD)
-    ignored = inside & (label == LABEL_IGNORE)
-    tl.atomic_add(problems + N_IGNORED, tl.sum(ignored.to(tl.int64), 0), sem="relaxed")
-    tl.atomic_add(problems + N_BAD_LABEL, tl.sum((inside & ~known & ~ignored).to(tl.int64), 0), sem="relaxed")
-    tl.atomic_add(problems + N_BAD_SCORE, tl.sum((known & nan).to(tl.int64), 0), sem="relaxed")
+    _problems(problems, inside, label, nan)
     # A block's binades mostly lie within 32 of its lowest or of its highest one (zeros among values near 1 use
     # both): a bit word each, written as a few flags. Only pixels outside both windows store their own flag, so
     # a typical block writes a handful of flags, not one per pixel to the same few addresses.
@@ -96,14 +103,21 @@ def presence(scores, labels, flags, problems, N, P, M: tl.constexpr, WIDE: tl.co
 
 
 @triton.jit(do_not_specialize=["N", "SLOTS"])  # SLOTS, the binades in use, changes from batch to batch
-def count(scores, labels, slot_of, table, N, P, SLOTS, M: tl.constexpr, WIDE: tl.constexpr, BF16: tl.constexpr,
-          BLOCK: tl.constexpr, ENDS: tl.constexpr):
+def count(scores, labels, slot_of, table, problems, N, P, SLOTS, M: tl.constexpr, WIDE: tl.constexpr,
+          BF16: tl.constexpr, BLOCK: tl.constexpr, ENDS: tl.constexpr, KNOWN: tl.constexpr):
     """table[image, slot_of[binade], label, low] += 1 for every counted pixel. ``ENDS``: the pixels of the block's
     lowest and highest bin, per label, added by one atomic addition each (the saturated scores of a confident
-    network fill the end bins: one counter that every pixel's own addition would wait for), the others one by one."""
+    network fill the end bins: one counter that every pixel's own addition would wait for), the others one by one.
+    ``KNOWN``: the slots are those of binades known beforehand (-1 for the others), and this pass also counts the
+    problems and, at problems[N_MISSED], the counted pixels of the other binades, which it leaves out."""
     image, offsets, inside, base = _block(N, P, BLOCK)
     binade, low, label, counted, nan = _pixels(scores, labels, base, offsets, inside, M, WIDE, BF16)
     slot = tl.load(slot_of + binade, mask=counted, other=0).to(tl.int64)
+    if KNOWN:
+        _problems(problems, inside, label, nan)
+        missed = counted & (slot < 0)
+        tl.atomic_add(problems + N_MISSED, tl.sum(missed.to(tl.int64), 0), sem="relaxed")
+        counted = counted & ~missed
     row = image.to(tl.int64) * SLOTS + slot
     if ENDS:
         key = row * (1 << M) + low  # (the bin without its label: the ends are those of the scores)

@@ -221,8 +221,9 @@ class FloatOrderAccumulator(Streaming):
         ``per_image`` (the ignored pixels all with the first), from one call of the device kernels."""
         scores, labels = device_tensors(scores, labels)
         n = self._image_count(scores)
+        # (the state's binades: after the first batches, those of every batch, counted in one pass)
         images, problems = _device.float_histograms(scores.reshape(n, -1), labels.reshape(n, -1),
-                                                    self.mantissa_bits)
+                                                    self.mantissa_bits, known=self._binades)
         self._check(scores, labels, problems)
         exact = self._exact(scores.dtype)
         ignored = [int(problems[_kernels.N_IGNORED])] + [0] * (n - 1)
