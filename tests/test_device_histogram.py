@@ -146,14 +146,14 @@ def test_a_batch_of_empty_images_and_images_without_counted_pixels():
 def device_path(monkeypatch):
     """Torch CPU tensors take the device path (the torch kernels), as CUDA tensors do; numpy arrays the numba one."""
     calls = []
-    real = _device.float_histograms
+    real = _device.start_histograms
 
     def counted(*args, **kwargs):
         calls.append(args[0].shape)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(float_order, "_on_device", lambda scores, labels: isinstance(scores, torch.Tensor))
-    monkeypatch.setattr(_device, "float_histograms", counted)
+    monkeypatch.setattr(_device, "start_histograms", counted)
     return calls
 
 
@@ -182,6 +182,41 @@ def test_the_accumulator_on_the_device_path_keeps_the_numpy_paths_state(device_p
     assert not device._queued
     assert host.compute()["per_image_mean" if per_image else "auroc"] == \
         device.compute()["per_image_mean" if per_image else "auroc"]
+
+
+def test_updates_begun_together_and_completed_in_turn_keep_the_state_of_updates_one_by_one(device_path,
+                                                                                            monkeypatch):
+    """The evaluation begins every method's update of a batch before it completes any: the state is unchanged until
+    each is completed, and then that of updates one after another, on the two-pass path (the first batch, and one
+    of new binades) and the one-pass one (the binades of the first); an update completed with a problem (NaN)
+    leaves the state unchanged."""
+    passes = []
+    two_passes = _device._two_passes
+    monkeypatch.setattr(_device, "_two_passes", lambda *args: passes.append(1) or two_passes(*args))
+    rng = np.random.default_rng(2)
+    first = torch.from_numpy(rng.random((2, 8, 8)).astype(np.float32))
+    frames = [first, first.flip(-1), first * 1e6]
+    labels = torch.from_numpy(rng.integers(0, 2, (2, 8, 8)).astype(np.uint8))
+    one_by_one = [FloatOrderAccumulator(per_image=True) for _ in range(2)]
+    together = [FloatOrderAccumulator(per_image=True) for _ in range(2)]
+    for scores in frames:
+        for k, acc in enumerate(one_by_one):
+            acc.update(scores * (k + 1), labels)
+        before = [acc.state_dict() for acc in together]
+        updates = [acc.begin_update(scores * (k + 1), labels) for k, acc in enumerate(together)]
+        for acc, state in zip(together, before):
+            assert_same_state(acc, FloatOrderAccumulator.from_state_dict(state))
+        assert [complete() for complete in updates] == together
+        for a, b in zip(one_by_one, together):
+            assert_same_state(a, b)
+    assert len(passes) == 2 * 2 + 0 + 2 * 2  # (each accumulator of both lists: the first frame and the last)
+    nan = frames[0].clone()
+    nan[0, 0, 0] = np.nan
+    complete = together[0].begin_update(nan, labels)
+    before = together[0].state_dict()
+    with pytest.raises(ValueError, match="NaN scores"):
+        complete()
+    assert_same_state(together[0], FloatOrderAccumulator.from_state_dict(before))
 
 
 def test_the_device_path_refuses_what_the_numpy_path_refuses(device_path):

@@ -188,8 +188,11 @@ class Evaluation(Part):
             self._add_sums(self.confusion, set_name, confusion)  # label of no class: the calibration refuses it)
             self.calibration[set_name].update(softmax(logits, self.probabilities), targets)
         self._add_sums(self.class_count, set_name, class_counts(semantic_there, NUM_CLASSES))
+        # every method's update begun before any is completed: one wait for the device, not one or two a method
+        for complete in [self.acc[(name, set_name)].begin_update(score, labels, clip=clip)
+                         for name, score in scores.items()]:
+            complete()
         for name, score in scores.items():
-            self.acc[(name, set_name)].update(score, labels, clip=clip)
             if self.official:
                 self.official_acc[(name, set_name)].update(score, ood_mask)
             if (name, set_name) in self.comp and not chosen_by_run(self.components):  # else: the components pass

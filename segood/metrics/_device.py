@@ -50,17 +50,25 @@ def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK, ends=False,
     Returns:
         ([(binades (k,) int64 increasing, counts (k, 2, 2^m) int64)] per image, problems (3,) int64), numpy.
     """
+    return start_histograms(scores, labels, m, kernel=kernel, block=block, ends=ends, known=known)()
+
+
+def start_histograms(scores, labels, m, *, kernel=None, block=BLOCK, ends=False, known=None):
+    """:func:`float_histograms` in two steps: the device's work is started, and the function returned gives the
+    counts. Where ``known`` holds the batch's binades, its one pass is started and the counts sent on their way to
+    pinned host memory, and the function waits for them: several batches started before any is read wait for the
+    device once. Elsewhere the two passes run at once (waiting twice), and the function returns their counts."""
     if kernel is not None:
-        return _histograms(scores, labels, m, kernel, block, ends, known)
+        return _start(scores, labels, m, kernel, block, ends, known)
     if scores.is_cuda and _triton.available():
-        counted = _triton.attempt(lambda: _histograms(scores, labels, m, "triton", block, ends, known),
+        started = _triton.attempt(lambda: _start(scores, labels, m, "triton", block, ends, known),
                                   "histogram kernel", "counting with torch operations (the same counts, slower)")
-        if counted is not None:
-            return counted
-    return _histograms(scores, labels, m, "torch", block, ends, known)
+        if started is not None:
+            return started
+    return _start(scores, labels, m, "torch", block, ends, known)
 
 
-def _histograms(scores, labels, m, kernel, block, ends, known):
+def _start(scores, labels, m, kernel, block, ends, known):
     import torch
 
     n, p = scores.shape
@@ -79,19 +87,9 @@ def _histograms(scores, labels, m, kernel, block, ends, known):
         kernels = None
     steps = (scores, labels, m, narrow, bf16, kernels, block, ends)
     known = None if known is None else np.asarray(known, np.int64)
-    if known is not None and known.size and scores.numel() and n * known.size * 2 << m <= _TABLE_LIMIT:
-        counted = _known_histograms(*steps, known)
-        if counted is not None:
-            return counted
-    return _two_passes(*steps)
-
-
-def _known_histograms(scores, labels, m, narrow, bf16, kernels, block, ends, known):
-    """The counts of :func:`float_histograms` in one pass over ``known`` binades' slots, or None where a counted
-    pixel lies in another binade."""
-    import torch
-
-    n, p = scores.shape
+    if known is None or not known.size or not scores.numel() or n * known.size * 2 << m > _TABLE_LIMIT:
+        counted = _two_passes(*steps)  # (now: a kernel that cannot build here fails within start_histograms)
+        return lambda: counted
     slot_of = _slot_table(known.tobytes(), str(scores.device))
     counters = torch.zeros(4, dtype=torch.int64, device=scores.device)  # problems, then the pixels missed
     table = torch.zeros((n * known.size * 2 << m) + 1, dtype=torch.int32 if p < 1 << 31 else torch.int64,
@@ -101,12 +99,35 @@ def _known_histograms(scores, labels, m, narrow, bf16, kernels, block, ends, kno
                                                      WIDE=not narrow, BF16=bf16, BLOCK=block, ENDS=ends, KNOWN=True)
     else:
         _torch_count(scores, labels, slot_of, table, known.size, m, narrow, counters)
-    table = table.cpu().numpy()[:-1].reshape(n, known.size, 2, 1 << m)
-    counters = counters.cpu().numpy()
+    return functools.partial(_known_counts, steps, known, _to_host(table, counters))
+
+
+def _known_counts(steps, known, copies):
+    """The counts of :func:`float_histograms` from the one pass over ``known`` binades' slots (``copies``: its table
+    and counters on their way to the host), or from the two passes where a counted pixel lies in another binade."""
+    table, counters = copies()
     if counters[3]:
-        return None
-    occupied = table.any(axis=(2, 3))
+        return _two_passes(*steps)
+    n, m = steps[0].shape[0], steps[2]
+    occupied = (table := table[:-1].reshape(n, known.size, 2, 1 << m)).any(axis=(2, 3))
     return [(known[rows], counts[rows].astype(np.int64)) for rows, counts in zip(occupied, table)], counters[:3]
+
+
+def _to_host(*tensors):
+    """A function giving the numpy copies of ``tensors``, which are on their way to pinned host memory (CUDA: it
+    waits for them) or are themselves on the host."""
+    import torch
+
+    if not tensors[0].is_cuda:
+        return lambda: [t.numpy() for t in tensors]
+    copies = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True) for t in tensors]
+    done = torch.cuda.Event()
+    done.record()
+
+    def wait():
+        done.synchronize()
+        return [c.numpy() for c in copies]
+    return wait
 
 
 @functools.lru_cache(maxsize=64)  # (a few accumulators' binades on a few devices: one upload each)

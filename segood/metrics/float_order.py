@@ -103,14 +103,21 @@ class FloatOrderAccumulator(Streaming):
             labels: same shape: 0 (ID), 1 (OOD), 255 (ignore).
             clip: has no meaning on this grid (there is no range to clip to); True is an error.
         """
+        return self.begin_update(scores, labels, clip=clip)()
+
+    def begin_update(self, scores, labels, *, clip=False):
+        """:meth:`update` in two steps: the device's work for CUDA tensors is started, and the function returned
+        (no arguments) completes the update, returning self; see :meth:`Streaming.begin_update`."""
         if clip:
             raise ValueError("clip has no meaning on the float-order grid: every real score has a bin. Drop "
                              "clip=True (or use the linear grid: num_thresholds / score_range)")
-        on_device = _on_device(scores, labels)
-        if on_device:  # the whole batch in one call: a fixed number of waits for the device
-            results = self._device_histograms(*matching_inputs(scores, labels))
-        else:
-            results = [self._histogram(s, lab) for s, lab in self._split_images(scores, labels)]
+        if _on_device(scores, labels):  # the whole batch in one call: at most two waits for the device
+            counted = self._start_device_histograms(*matching_inputs(scores, labels))
+            return lambda: self._complete(counted(), on_device=True)
+        return lambda: self._complete([self._histogram(s, lab) for s, lab in self._split_images(scores, labels)])
+
+    def _complete(self, results, *, on_device=False):
+        """Add the validated [(binades, counts, n_ignored, exact)] of an update's images to the state."""
         self._add(*[(binades, counts) for binades, counts, _, _ in results])  # all validated before any change
         for binades, counts, n_ignored, exact in results:
             self.n_ignored += n_ignored
@@ -216,18 +223,22 @@ class FloatOrderAccumulator(Streaming):
             kept.commit()
         return binades, counts, int(problems[_kernels.N_IGNORED]), self._exact(scores_dtype)
 
-    def _device_histograms(self, scores, labels):
-        """[(binades, counts, n_ignored, exact)] of torch tensors on their device, validated: one per image with
-        ``per_image`` (the ignored pixels all with the first), from one call of the device kernels."""
+    def _start_device_histograms(self, scores, labels):
+        """The device's work for torch tensors started; returns the function giving [(binades, counts, n_ignored,
+        exact)], validated: one per image with ``per_image`` (the ignored pixels all with the first)."""
         scores, labels = device_tensors(scores, labels)
         n = self._image_count(scores)
         # (the state's binades: after the first batches, those of every batch, counted in one pass)
-        images, problems = _device.float_histograms(scores.reshape(n, -1), labels.reshape(n, -1),
-                                                    self.mantissa_bits, known=self._binades)
-        self._check(scores, labels, problems)
-        exact = self._exact(scores.dtype)
-        ignored = [int(problems[_kernels.N_IGNORED])] + [0] * (n - 1)
-        return [(binades, counts, n_ignored, exact) for (binades, counts), n_ignored in zip(images, ignored)]
+        counted = _device.start_histograms(scores.reshape(n, -1), labels.reshape(n, -1), self.mantissa_bits,
+                                           known=self._binades)
+
+        def results():
+            images, problems = counted()
+            self._check(scores, labels, problems)
+            exact = self._exact(scores.dtype)
+            ignored = [int(problems[_kernels.N_IGNORED])] + [0] * (n - 1)
+            return [(binades, counts, n_ignored, exact) for (binades, counts), n_ignored in zip(images, ignored)]
+        return results
 
     def _exact(self, dtype):
         """Whether every bin holds one distinct value of ``dtype`` at this resolution."""

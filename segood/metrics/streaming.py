@@ -1,6 +1,8 @@
 """What the three pixel accumulators (the linear, float-order and exact grids) share: the per-image bookkeeping,
 their state's common keys and reductions (:mod:`segood.metrics.state`), the checks of state fields and inputs."""
 
+import functools
+
 import numpy as np
 
 from segood.metrics.bootstrap import ImageCounts
@@ -29,6 +31,14 @@ class Streaming(Part):
 
     def __add__(self, other):
         return self.copy().merge(other)
+
+    def begin_update(self, scores, labels, *, clip=False):
+        """:meth:`update` in two steps: whatever the device can do alone is started, and the function returned (no
+        arguments) completes the update, waiting for the device where it must, and returns self. The state is
+        unchanged until then (and when that raises). Several accumulators' updates begun before any is completed
+        wait for the device once: the float-order grid's, where the state holds the batch's binades (the others
+        do all their work on completion)."""
+        return functools.partial(self.update, scores, labels, clip=clip)
 
     # The per-image bookkeeping, read through properties: an image's bookkeeping (its curve, metrics and coarse
     # counts: host work) may wait in a queue (:meth:`_queue_image`) until :meth:`settle` or any read of these.
