@@ -115,6 +115,9 @@ def test_the_torch_path_on_known_binades_counts_in_one_pass_where_they_hold_ever
     monkeypatch.setattr(_device, "_two_passes", lambda *args: passes.append(1) or two_passes(*args))
     check_kernel("torch", dtype, 10, known=known)
     assert len(passes) == (known == "fewer")
+    monkeypatch.setattr(_device, "_KNOWN_LIMIT", 4 * 8 * 2 << 10)  # a table of 8 binades at most: two passes
+    check_kernel("torch", dtype, 10, known=known)
+    assert len(passes) == (known == "fewer") + 1
 
 
 def test_the_triton_kernel_in_the_interpreter_equals_the_numba_kernel_per_image():

@@ -28,6 +28,8 @@ from segood.metrics._kernels import BINADES, N_BAD_LABEL, N_BAD_SCORE, N_IGNORED
 
 _NARROW = ("float16", "bfloat16", "float32", "int8", "uint8", "int16", "bool")  # exact in float32
 _TABLE_LIMIT = 1 << 28  # counters per pass-2 table (1 GiB of int32); larger batches run in groups of images
+_KNOWN_LIMIT = 1 << 22  # counters of a one-pass table (16 MiB of int32, all sent to the host): beyond, two passes,
+# whose table holds only the batch's own binades
 _CHUNK = 1 << 22  # pixels per step of the torch path: its int64 temporaries stay near 100 MiB
 BLOCK = 2048  # pixels per Triton program
 
@@ -87,7 +89,7 @@ def _start(scores, labels, m, kernel, block, ends, known):
         kernels = None
     steps = (scores, labels, m, narrow, bf16, kernels, block, ends)
     known = None if known is None else np.asarray(known, np.int64)
-    if known is None or not known.size or not scores.numel() or n * known.size * 2 << m > _TABLE_LIMIT:
+    if known is None or not known.size or not scores.numel() or n * known.size * 2 << m > _KNOWN_LIMIT:
         counted = _two_passes(*steps)  # (now: a kernel that cannot build here fails within start_histograms)
         return lambda: counted
     slot_of = _slot_table(known.tobytes(), str(scores.device))
