@@ -90,7 +90,7 @@ def _start(scores, labels, m, kernel, block, ends, known):
     steps = (scores, labels, m, narrow, bf16, kernels, block, ends)
     known = None if known is None else np.asarray(known, np.int64)
     if known is None or not known.size or not scores.numel() or n * known.size * 2 << m > _KNOWN_LIMIT:
-        counted = _two_passes(*steps)  # (now: a kernel that cannot build here fails within start_histograms)
+        counted = _two_passes(*steps)  # (run here: a kernel that cannot build fails within the Triton attempt)
         return lambda: counted
     slot_of = _slot_table(known.tobytes(), str(scores.device))
     counters = torch.zeros(4, dtype=torch.int64, device=scores.device)  # problems, then the pixels missed
@@ -111,7 +111,8 @@ def _known_counts(steps, known, copies):
     if counters[3]:
         return _two_passes(*steps)
     n, m = steps[0].shape[0], steps[2]
-    occupied = (table := table[:-1].reshape(n, known.size, 2, 1 << m)).any(axis=(2, 3))
+    table = table[:-1].reshape(n, known.size, 2, 1 << m)
+    occupied = table.any(axis=(2, 3))
     return [(known[rows], counts[rows].astype(np.int64)) for rows, counts in zip(occupied, table)], counters[:3]
 
 

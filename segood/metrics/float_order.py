@@ -111,7 +111,7 @@ class FloatOrderAccumulator(Streaming):
         if clip:
             raise ValueError("clip has no meaning on the float-order grid: every real score has a bin. Drop "
                              "clip=True (or use the linear grid: num_thresholds / score_range)")
-        if _on_device(scores, labels):  # the whole batch in one call: at most two waits for the device
+        if _on_device(scores, labels):  # the whole batch in one call: a fixed number of waits for the device
             counted = self._start_device_histograms(*matching_inputs(scores, labels))
             return lambda: self._complete(counted(), on_device=True)
         return lambda: self._complete([self._histogram(s, lab) for s, lab in self._split_images(scores, labels)])
