@@ -678,13 +678,15 @@ class _Updates(_InThread):
     """The batches' updates, one at a time, in order. With ``overlap`` each runs in a thread of its own while the
     main thread reads the next batch and starts its network; on CUDA on a stream of its own, which first waits for
     the batch's scores and is synchronised before the batch's tensors are let go (their memory may then serve the
-    next batch). An update that failed is raised by the next :meth:`submit` or :meth:`wait`. Without ``overlap``
-    each update runs in :meth:`submit`."""
+    next batch). That stream has the high priority: as the next batch's network kernels free the device's
+    multiprocessors, the update's short kernels take them first, so the update (which waits for its counts) does
+    not wait for that network. An update that failed is raised by the next :meth:`submit` or :meth:`wait`. Without
+    ``overlap`` each update runs in :meth:`submit`."""
 
     def __init__(self, device, overlap):
         super().__init__("segood-update")
         self.device, self.overlap = device, overlap
-        self.stream = torch.cuda.Stream(device) if overlap and device.type == "cuda" else None
+        self.stream = torch.cuda.Stream(device, priority=-1) if overlap and device.type == "cuda" else None
 
     def submit(self, update):
         if not self.overlap:
