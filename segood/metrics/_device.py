@@ -112,8 +112,8 @@ def _known_counts(steps, known, copies):
         return _two_passes(*steps)
     n, m = steps[0].shape[0], steps[2]
     table = table[:-1].reshape(n, known.size, 2, 1 << m)
-    occupied = table.any(axis=(2, 3))
-    return [(known[rows], counts[rows].astype(np.int64)) for rows, counts in zip(occupied, table)], counters[:3]
+    images = [(known[rows], counts[rows].astype(np.int64)) for rows, counts in zip(table.any(axis=(2, 3)), table)]
+    return images, counters[:3].copy()
 
 
 def _to_host(*tensors):
