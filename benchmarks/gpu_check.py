@@ -443,7 +443,8 @@ def time_accumulators(device, scale, work):
     grid over the whole batch; the float-order grid with per-image counts as the evaluation runs it (one (N, H, W)
     batch per update, and one frame per update), compute() excluded and included, and a batch to an accumulator
     that holds its binades already (one pass); float16 scores (against their own floor); the device kernel alone
-    (at three block sizes, with each program's end bins added at once, and on known binades: one pass); and
+    (at three block sizes, with each program's end bins added at once, and on known binades: one pass, with
+    and without the end bins at once); and
     on saturated scores (``bench_metrics.saturated``: a confident network's), where every pixel's own addition
     meets the same counter."""
     from segood import _triton
@@ -473,7 +474,12 @@ def time_accumulators(device, scale, work):
         return run
 
     warm = FloatOrderAccumulator(10, per_image=True).update(scores, labels)  # its binades: those of every update
-    known = np.unique(np.concatenate([b for b, _ in _device.float_histograms(flat_scores, flat_labels, 10)[0]]))
+
+    def known(flat):
+        return np.unique(np.concatenate([b for b, _ in _device.float_histograms(flat, flat_labels, 10)[0]]))
+
+    def one_pass(flat, ends=False):
+        return functools.partial(_device.float_histograms, flat, flat_labels, 10, known=known(flat), ends=ends)
 
     named = {
         "floor_ms": floor,
@@ -487,7 +493,8 @@ def time_accumulators(device, scale, work):
         "float16_m10_per_image_ms": per_image(half),
         "float_m10_per_image_known_ms": lambda: warm.update(scores, labels).settle(),
         "float_m10_kernel_ms": lambda: _device.float_histograms(flat_scores, flat_labels, 10),
-        "float_m10_kernel_known_ms": lambda: _device.float_histograms(flat_scores, flat_labels, 10, known=known),
+        "float_m10_kernel_known_ms": one_pass(flat_scores),
+        "float_m10_kernel_known_ends_ms": one_pass(flat_scores, ends=True),
         **{f"float_m10_kernel_block{block}_ms": functools.partial(_device.float_histograms, flat_scores, flat_labels,
                                                                   10, block=block) for block in (1024, 4096)},
         "float_m10_kernel_ends_ms": lambda: _device.float_histograms(flat_scores, flat_labels, 10, ends=True),
@@ -495,6 +502,8 @@ def time_accumulators(device, scale, work):
         "float_m10_kernel_saturated_ms": lambda: _device.float_histograms(flat_confident, flat_labels, 10),
         "float_m10_kernel_ends_saturated_ms": lambda: _device.float_histograms(flat_confident, flat_labels, 10,
                                                                                ends=True),
+        "float_m10_kernel_known_saturated_ms": one_pass(flat_confident),
+        "float_m10_kernel_known_ends_saturated_ms": one_pass(flat_confident, ends=True),
     }
     ms = dict(zip(named, interleaved_best_ms(list(named.values()), scale["repeat"] * 3, device)))
     result = {**ms, "pixels": int(scores.numel()), "maps": scale["maps"], "size": [height, width],
