@@ -153,8 +153,19 @@ def check_accumulators(device, scale, work):
             "float-order grid: device counts differ"
     batch, batch_labels = np.stack([scores, wide]).reshape(4, 256, -1), np.stack([labels, labels]).reshape(4, 256, -1)
     cpu = FloatOrderAccumulator(per_image=True).update(batch, batch_labels)
-    dev = FloatOrderAccumulator(per_image=True).update(torch.from_numpy(batch).to(device),
-                                                       torch.from_numpy(batch_labels).to(device))
+    on_device = torch.from_numpy(batch).to(device), torch.from_numpy(batch_labels).to(device)
+    dev = FloatOrderAccumulator(per_image=True).update(*on_device)
+    # the batch again, now on the state's binades (one pass), begun as an evaluation begins it: in a thread, on a
+    # stream of high priority that waits for the batch, while the main stream is busy
+    cpu.update(batch, batch_labels)
+    stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
+    busy = torch.randn(2048, 2048, device=device)
+    with contextlib.ExitStack() as stack:
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(device))
+            busy @ busy @ busy
+            stack.enter_context(torch.cuda.stream(stream))
+        dev.begin_update(*on_device)()
     for key, value in cpu.state_dict().items():  # NaN equals NaN here (an undeclared score_range)
         np.testing.assert_array_equal(dev.state_dict()[key], value, f"float-order grid, per image: device {key} differs")
     return {"pixels": int(scores.size), "float_order_kernel": check_float_order_kernel(device, scores, wide, labels)}
@@ -163,7 +174,8 @@ def check_accumulators(device, scale, work):
 def check_float_order_kernel(device, scores, wide, labels):
     """The device kernel (Triton on CUDA, the torch path on the CPU) against the numba kernel, per image of a batch
     of the adversarial and the wide scores: float32 at m = 1, 10, 14, float16 and float64 at m = 10 (each case a
-    compilation of the Triton kernels). Returns the kernel's name."""
+    compilation of the Triton kernels), in two passes and in one pass over known binades (the batch's, more, all
+    but one: the two passes again). Returns the kernel's name."""
     from segood import _triton
     from segood.metrics import _device, _kernels
     from segood.metrics.functional import as_numpy_inputs
@@ -176,16 +188,18 @@ def check_float_order_kernel(device, scores, wide, labels):
         inputs = {"float32": batch.astype(np.float32), "float16": batch.astype(np.float16), "float64": batch}
     for name, data in inputs.items():
         for m in (1, 10, 14) if name == "float32" else (10,):
-            images, problems = _device.float_histograms(torch.from_numpy(data).to(device),
-                                                        torch.from_numpy(batch_labels).to(device), m, kernel=kernel)
-            expected = np.zeros(3, np.int64)
-            for i, (binades, counts) in enumerate(images):
-                want = _kernels.float_histogram_numpy(*as_numpy_inputs(data[i], batch_labels[i],
-                                                                       keep_float32_exact=True), m, 1)
-                expected += want[2]
-                assert np.array_equal(binades, want[0]) and np.array_equal(counts, want[1]), \
-                    f"{kernel} kernel, {name} scores, m = {m}, image {i}: counts differ from the CPU kernel's"
-            assert np.array_equal(problems, expected), f"{kernel} kernel, {name} scores, m = {m}: problems differ"
+            wants = [_kernels.float_histogram_numpy(*as_numpy_inputs(data[i], batch_labels[i], keep_float32_exact=True),
+                                                    m, 1) for i in range(len(data))]
+            union = np.unique(np.concatenate([want[0] for want in wants]))
+            for known in (None, union, np.union1d(union, [1, 4000]), union[1:]):
+                images, problems = _device.float_histograms(torch.from_numpy(data).to(device),
+                                                            torch.from_numpy(batch_labels).to(device), m,
+                                                            kernel=kernel, known=known)
+                case = f"{kernel} kernel, {name} scores, m = {m}, {'no' if known is None else known.size} known binades"
+                for i, ((binades, counts), want) in enumerate(zip(images, wants)):
+                    assert np.array_equal(binades, want[0]) and np.array_equal(counts, want[1]), \
+                        f"{case}, image {i}: counts differ from the CPU kernel's"
+                assert np.array_equal(problems, sum(want[2] for want in wants)), f"{case}: problems differ"
     return kernel
 
 

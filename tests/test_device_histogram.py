@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from segood import _triton
 from segood.metrics import FloatOrderAccumulator, _device, _kernels, float_order
 from segood.metrics.float_order import bin_thresholds
 from segood.metrics.functional import as_numpy_inputs
@@ -118,6 +119,25 @@ def test_the_torch_path_on_known_binades_counts_in_one_pass_where_they_hold_ever
     monkeypatch.setattr(_device, "_KNOWN_LIMIT", 4 * 8 * 2 << 10)  # a table of 8 binades at most: two passes
     check_kernel("torch", dtype, 10, known=known)
     assert len(passes) == (known == "fewer") + 1
+
+
+def test_two_passes_whose_triton_kernels_fail_give_way_to_the_torch_path(monkeypatch):
+    """The two passes after a one-pass miss run when the update completes, outside start_histograms: there too a
+    Triton kernel that cannot launch here warns and leaves the counting to the torch path."""
+    class Unlaunchable:  # the Triton kernels' module where they cannot build or launch
+        def __getattr__(self, name):
+            raise RuntimeError(f"cannot build {name} here")
+
+    monkeypatch.setattr(_triton, "_BROKEN", [])
+    scores, labels = (torch.as_tensor(x) for x in batch("float32", 10))
+    steps = (scores, labels, 10, True, False, Unlaunchable(), 256, False)
+    with pytest.warns(RuntimeWarning, match="cannot build presence here.*counting with torch operations"):
+        images, problems = _device._counted_twice(steps)
+    want_images, want_problems = _device._two_passes(*steps[:5], None, *steps[6:])
+    np.testing.assert_array_equal(problems, want_problems)
+    for (binades, counts), (want_binades, want_counts) in zip(images, want_images, strict=True):
+        np.testing.assert_array_equal(binades, want_binades)
+        np.testing.assert_array_equal(counts, want_counts)
 
 
 def test_the_triton_kernel_in_the_interpreter_equals_the_numba_kernel_per_image():

@@ -90,9 +90,11 @@ def _start(scores, labels, m, kernel, block, ends, known):
     steps = (scores, labels, m, narrow, bf16, kernels, block, ends)
     known = None if known is None else np.asarray(known, np.int64)
     if known is None or not known.size or not scores.numel() or n * known.size * 2 << m > _KNOWN_LIMIT:
-        counted = _two_passes(*steps)  # (run here: a kernel that cannot build fails within the Triton attempt)
+        counted = _two_passes(*steps)  # (run here: a kernel that cannot build fails within start_histograms' attempt)
         return lambda: counted
     slot_of = _slot_table(known.tobytes(), str(scores.device))
+    if slot_of.is_cuda:  # (cached, and read on this stream: its memory is not reused while this pass may read it)
+        slot_of.record_stream(torch.cuda.current_stream(scores.device))
     counters = torch.zeros(4, dtype=torch.int64, device=scores.device)  # problems, then the pixels missed
     table = torch.zeros((n * known.size * 2 << m) + 1, dtype=torch.int32 if p < 1 << 31 else torch.int64,
                         device=scores.device)  # (the last: a dump)
@@ -109,23 +111,32 @@ def _known_counts(steps, known, copies):
     and counters on their way to the host), or from the two passes where a counted pixel lies in another binade."""
     table, counters = copies()
     if counters[3]:
-        return _two_passes(*steps)
+        return _counted_twice(steps)
     n, m = steps[0].shape[0], steps[2]
     table = table[:-1].reshape(n, known.size, 2, 1 << m)
     images = [(known[rows], counts[rows].astype(np.int64)) for rows, counts in zip(table.any(axis=(2, 3)), table)]
     return images, counters[:3].copy()
 
 
+def _counted_twice(steps):
+    """:func:`_two_passes` of ``steps``; where its Triton kernels cannot build or launch here, the torch path's."""
+    if steps[5] is None:
+        return _two_passes(*steps)
+    counted = _triton.attempt(lambda: _two_passes(*steps), "histogram kernel",
+                              "counting with torch operations (the same counts, slower)")
+    return _two_passes(*steps[:5], None, *steps[6:]) if counted is None else counted
+
+
 def _to_host(*tensors):
-    """A function giving the numpy copies of ``tensors``, which are on their way to pinned host memory (CUDA: it
-    waits for them) or are themselves on the host."""
+    """A function giving the numpy copies of ``tensors`` (on one device), which are on their way to pinned host
+    memory (CUDA: it waits for them) or are themselves on the host."""
     import torch
 
     if not tensors[0].is_cuda:
         return lambda: [t.numpy() for t in tensors]
     copies = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True) for t in tensors]
     done = torch.cuda.Event()
-    done.record()
+    done.record(torch.cuda.current_stream(tensors[0].device))  # (the copies' stream: that of their device)
 
     def wait():
         done.synchronize()

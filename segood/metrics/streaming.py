@@ -35,7 +35,8 @@ class Streaming(Part):
     def begin_update(self, scores, labels, *, clip=False):
         """:meth:`update` in two steps: whatever the device can do alone is started, and the function returned (no
         arguments) completes the update, waiting for the device where it must, and returns self. The state is
-        unchanged until then (and when that raises). Several accumulators' updates begun before any is completed
+        unchanged until then (and when that raises); the inputs must stay unchanged until then too, since the
+        completion may read them. Several accumulators' updates begun before any is completed
         wait for the device once: the float-order grid's, where the state holds the batch's binades (the others
         do all their work on completion)."""
         return functools.partial(self.update, scores, labels, clip=clip)
