@@ -155,8 +155,8 @@ def check_accumulators(device, scale, work):
     cpu = FloatOrderAccumulator(per_image=True).update(batch, batch_labels)
     on_device = torch.from_numpy(batch).to(device), torch.from_numpy(batch_labels).to(device)
     dev = FloatOrderAccumulator(per_image=True).update(*on_device)
-    # the batch again, now on the state's binades (one pass), begun as an evaluation begins it: in a thread, on a
-    # stream of high priority that waits for the batch, while the main stream is busy
+    # the batch again, now on the state's binades (one pass), begun as an evaluation begins it: on a stream of high
+    # priority that waits for the batch, while the main stream is busy
     cpu.update(batch, batch_labels)
     stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
     busy = torch.randn(2048, 2048, device=device)
