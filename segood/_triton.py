@@ -2,6 +2,7 @@
 no kernel has failed to build or launch on this machine. After a failure every kernel gives way to its torch path,
 which computes the same."""
 
+import contextlib
 import functools
 import warnings
 
@@ -21,13 +22,15 @@ def _imports():
     return True
 
 
-def attempt(call, kernel, fallback):
-    """``call()``, a launch of the Triton ``kernel``; None where Triton cannot build or launch it on this machine,
+def attempt(call, kernel, fallback, device):
+    """``call()``, a launch of the Triton ``kernel`` on the CUDA ``device`` of its tensors (made the current device
+    meanwhile: Triton launches on the current one); None where Triton cannot build or launch it on this machine,
     after a warning that ``fallback`` is used from now on (running out of device memory is raised as it is)."""
     import torch
 
     try:
-        return call()
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():  # (CPU: tests)
+            return call()
     except torch.cuda.OutOfMemoryError:
         raise
     except Exception as err:  # noqa: BLE001 - a Triton that cannot build or launch its kernels here

@@ -284,7 +284,7 @@ def logit_scores(logits, forms):
         raise ValueError(f"unknown logit forms {unknown}; known: {', '.join(LOGIT_FORMS)}")
     if logits.is_cuda and logits.dtype == torch.float32 and logits.shape[1] > 1 and _triton.available():
         scores = _triton.attempt(lambda: _fused_logit_scores(logits, forms), "logit kernel",
-                                 "each method scores the logits with torch operations")
+                                 "each method scores the logits with torch operations", logits.device)
         if scores is not None:
             return scores
     return _shared_logit_scores(logits, forms)

@@ -64,7 +64,8 @@ def start_histograms(scores, labels, m, *, kernel=None, block=BLOCK, ends=False,
         return _start(scores, labels, m, kernel, block, ends, known)
     if scores.is_cuda and _triton.available():
         started = _triton.attempt(lambda: _start(scores, labels, m, "triton", block, ends, known),
-                                  "histogram kernel", "counting with torch operations (the same counts, slower)")
+                                  "histogram kernel", "counting with torch operations (the same counts, slower)",
+                                  scores.device)
         if started is not None:
             return started
     return _start(scores, labels, m, "torch", block, ends, known)
@@ -123,7 +124,7 @@ def _counted_twice(steps):
     if steps[5] is None:
         return _two_passes(*steps)
     counted = _triton.attempt(lambda: _two_passes(*steps), "histogram kernel",
-                              "counting with torch operations (the same counts, slower)")
+                              "counting with torch operations (the same counts, slower)", steps[0].device)
     return _two_passes(*steps[:5], None, *steps[6:]) if counted is None else counted
 
 
@@ -301,7 +302,7 @@ def label_sums(labels, values, n, *, kernel=None):
         return _kernel_label_sums(labels, values, n, kernel)
     if values.is_cuda and values.dtype.is_floating_point and _triton.available():
         sums = _triton.attempt(lambda: _kernel_label_sums(labels, values, n, None), "sums kernel",
-                               "sums by atomic additions (their last bits may vary)")
+                               "sums by atomic additions (their last bits may vary)", values.device)
         if sums is not None:
             return sums
     weights = values.flatten().to(torch.float64, copy=True).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)

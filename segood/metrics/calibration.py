@@ -68,7 +68,7 @@ class CalibrationAccumulator(Part):
             return self._update_host(probs.float(), target)
         if probs.is_cuda and _triton.available():
             totals = _triton.attempt(lambda: _kernel_totals(probs, target.to(probs.device), self.num_bins),
-                                     "calibration kernel", "torch operations (the same counts)")
+                                     "calibration kernel", "torch operations (the same counts)", probs.device)
             if totals is not None:
                 return self._add(*totals, probs.shape[1])
         return self._update_torch(probs, target)
