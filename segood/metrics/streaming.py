@@ -36,9 +36,9 @@ class Streaming(Part):
         """:meth:`update` in two steps: whatever the device can do alone is started, and the function returned (no
         arguments) completes the update, waiting for the device where it must, and returns self. The state is
         unchanged until then (and when that raises); the inputs must stay unchanged until then too, since the
-        completion may read them. Several accumulators' updates begun before any is completed
-        wait for the device once: the float-order grid's, where the state holds the batch's binades (the others
-        do all their work on completion)."""
+        completion may read them. Several accumulators' updates begun before any is completed wait for the device
+        once: the float-order grid's, where the state holds the batch's binades (the others do all their work on
+        completion)."""
         return functools.partial(self.update, scores, labels, clip=clip)
 
     # The per-image bookkeeping, read through properties: an image's bookkeeping (its curve, metrics and coarse
