@@ -322,6 +322,20 @@ def test_odin_spread_orders_pixels_as_the_max_softmax_at_t(temperature, ties):
     torch.testing.assert_close(odin_spread(z.float(), temperature).double().flatten(), spread, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 1000.0, 1e9])
+def test_odin_spread_equals_its_definition_with_expm1(temperature):
+    """The score's C - S term comes from tanh (expm1(u) = tanh(u / 2) (exp(u) + 1)): against the definition summed
+    with expm1, in float64 to 1e-12 relatively (no ties: S - 1 is the sum over the classes but the maximum), and in
+    float32 to the float64 value within a few float32 steps."""
+    z = random_logits(7)
+    u = (z - z.amax(1, keepdim=True)) / temperature
+    definition = (1 / -torch.expm1(u).sum(1) - 1 / torch.exp(u).masked_fill(u == 0, 0.0).sum(1)).flatten()
+    torch.testing.assert_close(odin_spread(z, temperature).flatten(), definition, rtol=1e-12, atol=0)
+    scale = definition.abs().max().item()  # (the score crosses 0, where relative errors mean nothing)
+    torch.testing.assert_close(odin_spread(z.float(), temperature).double().flatten(), definition, rtol=2e-6,
+                               atol=2e-7 * scale)
+
+
 def test_odin_spread_direction_range_and_bounds():
     values = [odin_spread(logits_mix(a).double(), 1.0).item() for a in np.linspace(0.05, 0.95, 10)]
     assert all(b > a for a, b in zip(values, values[1:]))  # more uniform, more OOD

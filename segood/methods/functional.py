@@ -99,9 +99,12 @@ def odin_spread(logits: torch.Tensor, temperature: float) -> torch.Tensor:
         if temperature != 1.0:
             u /= float(temperature)
         at_max = u == 0
-        below = torch.exp(u).masked_fill_(at_max, 0.0).sum(dim=1)  # S - 1: every term but the maxima, then
+        exp = torch.exp(u)
+        # C - S = -sum_c expm1(u_c), and expm1(u) = tanh(u / 2) (exp(u) + 1) exactly: each term within 3 ulp
+        # relatively (expm1: 1), from a vectorised tanh instead of torch's scalar expm1 on the CPU (5x its time)
+        to_uniform = exp.add(1.0).mul_(u.mul_(0.5).tanh_()).sum(dim=1).neg_()
+        below = exp.masked_fill_(at_max, 0.0).sum(dim=1)  # S - 1: every term but the maxima, then
         above_one = below.add_(at_max.sum(dim=1).to(dtype).sub_(1.0))  # the maxima but one (1 each)
-        to_uniform = u.expm1_().sum(dim=1).neg_()  # C - S
         out[:, rows] = to_uniform.clamp_(min=tiny).reciprocal_().sub_(above_one.clamp_(min=tiny).reciprocal_())
     return out
 
