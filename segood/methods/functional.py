@@ -87,8 +87,7 @@ def odin_spread(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     Args:
         logits: (N, C, H, W). temperature: T > 0.
     """
-    if not temperature > 0:
-        raise ValueError(f"the ODIN temperature must be positive, got {temperature}")
+    _check_temperature(temperature, "ODIN")
     n, c, h, w = logits.shape
     dtype = torch.promote_types(logits.dtype, torch.float32)
     tiny = torch.finfo(dtype).tiny

@@ -91,7 +91,7 @@ def _start(scores, labels, m, kernel, block, ends, known):
     steps = (scores, labels, m, narrow, bf16, kernels, block, ends)
     known = None if known is None else np.asarray(known, np.int64)
     if known is None or not known.size or not scores.numel() or n * known.size * 2 << m > _KNOWN_LIMIT:
-        counted = _two_passes(*steps)  # (now: a kernel that cannot build fails inside start_histograms' attempt)
+        counted = _two_passes(*steps)  # (at once: a kernel that cannot build fails inside start_histograms' attempt)
         return lambda: counted
     slot_of = _slot_table(known.tobytes(), str(scores.device))
     if slot_of.is_cuda:  # (cached, and read on this stream: its memory is not reused while this pass may read it)
