@@ -546,9 +546,9 @@ def time_evaluate(device, scale, work):
 def time_pipeline(device, scale, work):
     """``segood evaluate`` of the plain head's single-pass methods against its network's forward pass alone, at
     each batch size in fp32 and half precision (fp16 on CUDA, bf16 on the CPU), each batch's update beside the
-    next batch's network (the default on CUDA); and at the largest batch up to 4 with the updates in turn, and in
-    fp32 with the batches in blocks written again (``reading._device_batches``: pageable or registered), the
-    updates in turn and beside. After a run that warms up (kernels built, memory allocated), two runs over a and b
+    next batch's network (the default on CUDA), the batches pinned by the DataLoader and in blocks written again
+    that are registered as pinned memory (``reading._device_batches``), one after the other; and at the largest
+    batch up to 4 with the updates in turn, and in fp32 in blocks pageable or registered. After a run that warms up (kernels built, memory allocated), two runs over a and b
     copies of one set (as sets of their own: the frames of each are read and scored again): the run of b copies,
     start-up included, gives the end-to-end throughput; the difference of the two runs, the warm one (the run's
     fixed costs cancel: both runs have enough batches for every reader process evaluate starts); the run of b
@@ -564,9 +564,11 @@ def time_pipeline(device, scale, work):
     methods = [m.name for m in default_methods(model, fitted=False) if m.needs.forward and not m.needs.perturbs]
     half = "fp16" if device.type == "cuda" else "bf16"
     in_turn = max(b for b in scale["batches"] if b <= 4)
-    variants = ([(p, b, True, "pinned") for p in ("fp32", half) for b in scale["batches"]]
+    variants = ([(p, b, True, blocks) for p in ("fp32", half) for b in scale["batches"]
+                 for blocks in ("pinned", "registered")]
                 + [(p, in_turn, False, "pinned") for p in ("fp32", half)]
-                + [("fp32", in_turn, o, blocks) for blocks in ("pageable", "registered") for o in (False, True)])
+                + [("fp32", in_turn, False, "registered"), ("fp32", in_turn, False, "pageable"),
+                   ("fp32", in_turn, True, "pageable")])
     rows = []
     for precision, batch, overlap, blocks in variants:
         amp = None if precision == "fp32" else precision

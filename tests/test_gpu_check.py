@@ -27,10 +27,11 @@ def test_gpu_check_dry_run(tmp_path):
     assert throughput["accumulators"]["floor_ms"] > 0 and throughput["evaluate"]["images_per_s"] > 0
     pipeline = throughput["pipeline"]
     assert [(r["precision"], r["batch"], r["overlap"], r["blocks"]) for r in pipeline["rows"]] == [
-        ("fp32", 1, True, "pinned"), ("fp32", 2, True, "pinned"), ("bf16", 1, True, "pinned"),
-        ("bf16", 2, True, "pinned"), ("fp32", 2, False, "pinned"), ("bf16", 2, False, "pinned"),
-        ("fp32", 2, False, "pageable"), ("fp32", 2, True, "pageable"), ("fp32", 2, False, "registered"),
-        ("fp32", 2, True, "registered")]
+        ("fp32", 1, True, "pinned"), ("fp32", 1, True, "registered"), ("fp32", 2, True, "pinned"),
+        ("fp32", 2, True, "registered"), ("bf16", 1, True, "pinned"), ("bf16", 1, True, "registered"),
+        ("bf16", 2, True, "pinned"), ("bf16", 2, True, "registered"), ("fp32", 2, False, "pinned"),
+        ("bf16", 2, False, "pinned"), ("fp32", 2, False, "registered"), ("fp32", 2, False, "pageable"),
+        ("fp32", 2, True, "pageable")]
     assert all({"data", "forward", "accumulate"} <= set(r["stages_ms_per_frame"]) for r in pipeline["rows"])
     assert all(r["forward_ms_per_frame"] > 0 and r["evaluate_ms_per_frame_with_startup"] > 0
                for r in pipeline["rows"])

@@ -9,6 +9,7 @@ at a time. The batches and their order are the same either way, so are the count
 
 import functools
 import math
+import os
 import threading
 import typing
 
@@ -165,15 +166,21 @@ class _Batches(torch.utils.data.Dataset):
         return len(self.blocks) - 1, True
 
 
+DEVICE_BATCHES = ("registered", "pinned", "pageable")
+
+
 def _device_batches():
-    """How batches for a CUDA device reach it: ``"pinned"``, each in a fresh block of shared memory that the
-    DataLoader's pinning thread copies into pinned memory (on an H200's host 21 ms a batch of four 1024x2048 frames,
-    slower than the network); ``"pageable"``, in blocks the readers write again, each batch copied to the device from
-    its block (a copy the host waits for, with no pinning thread and no fault per page); ``"registered"``, in such
-    blocks that the main process registers with CUDA as pinned memory, once a block (copies the host does not wait
-    for). Pinned until a device has proven and timed the others (``benchmarks/gpu_check.py --only blocks
-    pipeline``)."""
-    return "pinned"
+    """How batches for a CUDA device reach it (the environment variable ``SEGOOD_DEVICE_BATCHES``, default the
+    first): ``"registered"``, in blocks of shared memory that the readers write again and that the main process
+    registers with CUDA as pinned memory, once a block (copies the host does not wait for); ``"pinned"``, each in a
+    fresh block that the DataLoader's pinning thread copies into pinned memory (on an H200's host 21 ms a batch of
+    four 1024x2048 frames, slower than the network); ``"pageable"``, in blocks written again, each batch copied to
+    the device from its block (a copy the host waits for). On an H200, registered blocks gave the same states as
+    pinned copies and were faster warm in 8 of 9 pipeline rows (``benchmarks/gpu_check.py --only blocks pipeline``)."""
+    mode = os.environ.get("SEGOOD_DEVICE_BATCHES", DEVICE_BATCHES[0])
+    if mode not in DEVICE_BATCHES:
+        raise ValueError(f"SEGOOD_DEVICE_BATCHES must be one of {', '.join(DEVICE_BATCHES)}, got {mode!r}")
+    return mode
 
 
 def _register(block):
@@ -181,8 +188,8 @@ def _register(block):
     error = int(torch.cuda.cudart().cudaHostRegister(block.data_ptr(), block.numel(), 0))
     if error:  # (torch binds no call that clears the error: the run stops here, not at a later kernel's check)
         raise RuntimeError(f"CUDA refused to register a reader's block of {block.numel()} bytes of shared memory as "
-                           f"pinned memory (cudaError {error}); pinned copies work where registered blocks do not "
-                           "(segood.evaluation.reading._device_batches returning 'pinned', the default)")
+                           f"pinned memory (cudaError {error}); pinned copies work where registered blocks do not: "
+                           "run with the environment variable SEGOOD_DEVICE_BATCHES=pinned")
     return block
 
 
