@@ -548,12 +548,12 @@ def time_pipeline(device, scale, work):
     each batch size in fp32 and half precision (fp16 on CUDA, bf16 on the CPU), each batch's update beside the
     next batch's network (the default on CUDA), the batches pinned by the DataLoader and in blocks written again
     that are registered as pinned memory (``reading._device_batches``), one after the other; and at the largest
-    batch up to 4 with the updates in turn, and in fp32 in blocks pageable or registered. After a run that warms up (kernels built, memory allocated), two runs over a and b
-    copies of one set (as sets of their own: the frames of each are read and scored again): the run of b copies,
-    start-up included, gives the end-to-end throughput; the difference of the two runs, the warm one (the run's
-    fixed costs cancel: both runs have enough batches for every reader process evaluate starts); the run of b
-    copies, the time of each stage (``data``: waiting for the readers; the others run beside one another where the
-    updates overlap)."""
+    batch up to 4 with the updates in turn, and in fp32 in blocks pageable or registered. After a run that warms
+    up (kernels built, memory allocated), two runs over a and b copies of one set (as sets of their own: the frames
+    of each are read and scored again): the run of b copies, start-up included, gives the end-to-end throughput;
+    the difference of the two runs, the warm one (the run's fixed costs cancel: both runs have enough batches for
+    every reader process evaluate starts); the run of b copies, the time of each stage (``data``: waiting for the
+    readers; the others run beside one another where the updates overlap)."""
     from segood.evaluation.runner import default_methods
 
     path = make_eval_set(work, scale["size"], scale["pipeline_frames"])

@@ -176,7 +176,8 @@ def _device_batches():
     fresh block that the DataLoader's pinning thread copies into pinned memory (on an H200's host 21 ms a batch of
     four 1024x2048 frames, slower than the network); ``"pageable"``, in blocks written again, each batch copied to
     the device from its block (a copy the host waits for). On an H200, registered blocks gave the same states as
-    pinned copies and were faster warm in 8 of 9 pipeline rows (``benchmarks/gpu_check.py --only blocks pipeline``)."""
+    pinned copies, and evaluate ran faster warm with them in 8 of 9 pairs of pipeline rows
+    (``benchmarks/gpu_check.py --only blocks pipeline``)."""
     mode = os.environ.get("SEGOOD_DEVICE_BATCHES", DEVICE_BATCHES[0])
     if mode not in DEVICE_BATCHES:
         raise ValueError(f"SEGOOD_DEVICE_BATCHES must be one of {', '.join(DEVICE_BATCHES)}, got {mode!r}")
