@@ -28,6 +28,7 @@ script never rots. On one H200 the full check takes 6–7 minutes (by its parts'
 import argparse
 import contextlib
 import functools
+import itertools
 import json
 import os
 import shutil
@@ -175,7 +176,8 @@ def check_float_order_kernel(device, scores, wide, labels):
     """The device kernel (Triton on CUDA, the torch path on the CPU) against the numba kernel, per image of a batch
     of the adversarial and the wide scores: float32 at m = 1, 10, 14, float16 and float64 at m = 10 (each case a
     compilation of the Triton kernels), in two passes and in one pass over known binades (the batch's, more, all
-    but one: the two passes again). Returns the kernel's name."""
+    but one: the two passes again), each program's end bins added pixel by pixel and at once (``ends``). Returns
+    the kernel's name."""
     from segood import _triton
     from segood.metrics import _device, _kernels
     from segood.metrics.functional import as_numpy_inputs
@@ -191,11 +193,12 @@ def check_float_order_kernel(device, scores, wide, labels):
             wants = [_kernels.float_histogram_numpy(*as_numpy_inputs(data[i], batch_labels[i], keep_float32_exact=True),
                                                     m, 1) for i in range(len(data))]
             union = np.unique(np.concatenate([want[0] for want in wants]))
-            for known in (None, union, np.union1d(union, [1, 4000]), union[1:]):
+            for known, ends in itertools.product((None, union, np.union1d(union, [1, 4000]), union[1:]), (False, True)):
                 images, problems = _device.float_histograms(torch.from_numpy(data).to(device),
                                                             torch.from_numpy(batch_labels).to(device), m,
-                                                            kernel=kernel, known=known)
-                case = f"{kernel} kernel, {name} scores, m = {m}, {'no' if known is None else known.size} known binades"
+                                                            kernel=kernel, known=known, ends=ends)
+                case = (f"{kernel} kernel, {name} scores, m = {m}, {'no' if known is None else known.size} known "
+                        f"binades, ends {'at once' if ends else 'pixel by pixel'}")
                 for i, ((binades, counts), want) in enumerate(zip(images, wants)):
                     assert np.array_equal(binades, want[0]) and np.array_equal(counts, want[1]), \
                         f"{case}, image {i}: counts differ from the CPU kernel's"
@@ -487,7 +490,9 @@ def time_accumulators(device, scale, work):
             return acc.compute() if compute else acc
         return run
 
-    warm = FloatOrderAccumulator(10, per_image=True).update(scores, labels)  # its binades: those of every update
+    # its binades: those of every update; a copy of it updated, each image's bookkeeping left queued (as per_image
+    # leaves it: the evaluation does it while the device runs the next batch's network)
+    warm = FloatOrderAccumulator(10, per_image=True).update(scores, labels).settle()
 
     def known(flat):
         return np.unique(np.concatenate([b for b, _ in _device.float_histograms(flat, flat_labels, 10)[0]]))
@@ -505,7 +510,7 @@ def time_accumulators(device, scale, work):
         "float_m10_per_frame_compute_ms": per_image(scores, frames=True, compute=True),
         "float16_floor_ms": floor16,
         "float16_m10_per_image_ms": per_image(half),
-        "float_m10_per_image_known_ms": lambda: warm.update(scores, labels).settle(),
+        "float_m10_per_image_known_ms": lambda: warm.copy().update(scores, labels),
         "float_m10_kernel_ms": lambda: _device.float_histograms(flat_scores, flat_labels, 10),
         "float_m10_kernel_known_ms": one_pass(flat_scores),
         "float_m10_kernel_known_ends_ms": one_pass(flat_scores, ends=True),
