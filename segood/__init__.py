@@ -13,10 +13,10 @@ if TYPE_CHECKING:  # (imported on first use below: ``import segood`` stays light
 # makes no network access (every import of albumentations in segood comes after this package's import).
 os.environ["NO_ALBUMENTATIONS_UPDATE"] = "1"
 
-__all__ = ["Scorer", "__version__", "evaluate"]
+__all__ = ["Scorer", "__version__", "evaluate", "keep_freed_memory"]
 
 
-def __getattr__(name: str):  # ``segood.evaluate`` and ``segood.Scorer`` without importing torch at ``import segood``
+def __getattr__(name: str):  # ``segood.evaluate`` and the others without importing torch at ``import segood``
     if name == "evaluate":
         from segood.evaluation import evaluate
 
@@ -25,4 +25,8 @@ def __getattr__(name: str):  # ``segood.evaluate`` and ``segood.Scorer`` without
         from segood.methods.scorer import Scorer
 
         return Scorer
+    if name == "keep_freed_memory":
+        from segood._memory import keep_freed_memory
+
+        return keep_freed_memory
     raise AttributeError(f"module 'segood' has no attribute {name!r}")

@@ -1,0 +1,44 @@
+"""Freed memory kept (glibc): a large block freed and allocated again reuses its pages, where glibc's defaults hand
+it back to the system and fault it in afresh; ``segood`` commands keep it."""
+
+import platform
+import subprocess
+import sys
+
+import pytest
+
+CHILD = """
+import resource, sys
+import torch
+import segood
+from segood.cli import main
+
+if sys.argv[1] == "function":
+    print(segood.keep_freed_memory(), segood.keep_freed_memory())
+elif sys.argv[1] == "command":
+    main(["metrics", "/nonexistent/state.npz"])  # (an error: the command returns at once)
+torch.manual_seed(0)
+layer, x = torch.nn.Conv2d(3, 16, 3, padding=1), torch.rand(1, 3, 512, 1024)
+with torch.no_grad():
+    for _ in range(3):  # (the heap grows to its size)
+        layer(x)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(4):
+        layer(x)  # 32 MiB of activations allocated, written and freed, as a network's layers do
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+PAGES = 4 * 16 * 512 * 1024 * 4 // 4096
+
+
+def faults(mode):
+    run = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout.split()
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc settings")
+def test_freed_memory_is_kept_by_the_function_and_by_every_command():
+    assert int(faults("default")[-1]) >= 0.9 * PAGES  # every page faulted in again, each time
+    function = faults("function")
+    assert function[:2] == ["True", "True"] and int(function[-1]) < 0.01 * PAGES
+    assert int(faults("command")[-1]) < 0.01 * PAGES
