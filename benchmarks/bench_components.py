@@ -4,7 +4,8 @@ CPU forward pass of PSPNet-ResNet50 on the same frame, in one run.
     python benchmarks/bench_components.py --height 1024 --width 2048 [--repeat 3] [--device cpu]
 
 The frame holds 12 obstacle-like OOD blobs and ~9% ignore; the scores are noisy, so that the prediction at the
-threshold has many small components (the worst case for labelling). Runs under ``torch_timing.MALLOC_ENV``.
+threshold has many small components (the worst case for labelling). Freed memory kept, as in every
+``segood`` command (``segood.keep_freed_memory``).
 """
 
 import numpy as np

@@ -4,8 +4,8 @@
 
 Builds a mixed set of procedural scenes and Perlin noise at the given size, evaluates an untrained
 PSPNet-ResNet50 with the given head on it through ``segood.evaluate`` (batch 1) and prints images/s and the share
-of the run's time in data loading, forward, each method's scoring and accumulation. Runs under
-``torch_timing.MALLOC_ENV`` (see there).
+of the run's time in data loading, forward, each method's scoring and accumulation. Freed memory kept, as in every
+``segood`` command (``segood.keep_freed_memory``).
 """
 
 import argparse
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from torch_timing import with_stable_malloc
+from segood import keep_freed_memory
 
 from segood.data import Noise, convert, mix
 from segood.data.h5 import H5SegmentationDataset, frame_loader
@@ -34,7 +34,7 @@ def main():
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/segood-bench-eval"))
     args = parser.parse_args()
-    with_stable_malloc()
+    keep_freed_memory()
     shutil.rmtree(args.workdir, ignore_errors=True)
     size = (args.height, args.width)
     write_scene_set(args.workdir / "scenes.h5", args.frames // 2, size)

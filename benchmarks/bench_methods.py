@@ -8,12 +8,13 @@ methods), and what the method adds to it: for single-pass methods the scoring of
 (``from_output``); for the others ``score`` minus the forward (Monte-Carlo samples, perturbation passes). The
 forward pass and the method take turns in each round, so that both see the same machine; each network runs eight
 forward passes first. Then the logit methods scored together (``logit_scores``, as an evaluation scores them)
-against each alone in turn. Runs under ``torch_timing.MALLOC_ENV`` (see there).
+against each alone in turn. Freed memory kept, as in every
+``segood`` command (``segood.keep_freed_memory``).
 """
 
 import torch
 
-from torch_timing import MALLOC_ENV, best_ms, device_name, interleaved_best_ms, parse_args
+from torch_timing import best_ms, device_name, interleaved_best_ms, parse_args
 
 from segood.methods import get_method
 from segood.methods.functional import logit_scores, predicted_classes
@@ -34,7 +35,7 @@ def main():
     logits = torch.randn(1, 19, args.height, args.width, device=device)
     argmax = best_ms(lambda: predicted_classes(logits), 9, device)
     print(f"pspnet resnet50, input 1x3x{args.height}x{args.width}, {name}, best of {args.repeat}; of the forward, "
-          f"the predicted classes from the logits take {argmax:.0f} ms; glibc malloc: {MALLOC_ENV}\n")
+          f"the predicted classes from the logits take {argmax:.0f} ms; freed memory kept\n")
     print("| method | params | head | forward ms | added ms | overhead over the forward |\n|---|---|---|---:|---:|---:|")
     models = {}
     for method_name, params in ROWS:

@@ -4,8 +4,8 @@ accumulator on the same frame, in one run.
     python benchmarks/bench_official.py --height 1024 --width 2048 [--repeat 3]
 
 Random scores with ~5% OOD pixels, as float32 (every pixel a distinct value: the worst case for Fishyscapes' table)
-and as float16; each contender adds the frame to a fresh accumulator and computes. Runs under
-``torch_timing.MALLOC_ENV``.
+and as float16; each contender adds the frame to a fresh accumulator and computes. Freed memory kept, as in every
+``segood`` command (``segood.keep_freed_memory``).
 """
 
 import numpy as np

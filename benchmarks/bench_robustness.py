@@ -7,13 +7,14 @@ Each corruption corrupts one generated driving scene with its two masks (``segoo
 seeded albumentations Compose is built per frame, as ``CorruptedSet`` does), taking turns with the network's
 forward pass (batch 1, no grad, eval mode), best of ``--repeat`` rounds. Target: every corruption <= 20% of the
 forward pass. ``--family standard`` times the 15 ImageNet-C corruptions (at the standard's fixed pixel sizes;
-1024x2048 is the size published Cityscapes-C numbers use). Runs under ``torch_timing.MALLOC_ENV`` (see there).
+1024x2048 is the size published Cityscapes-C numbers use). Freed memory kept, as in every
+``segood`` command (``segood.keep_freed_memory``).
 """
 
 import numpy as np
 import torch
 
-from torch_timing import device_name, interleaved_best_ms, parse_args, with_stable_malloc
+from torch_timing import device_name, interleaved_best_ms, parse_args
 
 from segood.data.synthetic import driving_scene
 from segood.models import build_model
@@ -26,7 +27,6 @@ TARGET = 0.20
 def main():
     import sys
 
-    with_stable_malloc()  # (re-runs the script with every option before they are taken off sys.argv below)
     options = {"--severity": "5", "--family": "segood"}
     for key in options:
         if key in sys.argv:

@@ -1,24 +1,11 @@
 """Timing helpers shared by the network benchmarks."""
 
 import argparse
-import os
-import sys
 import time
 
 import torch
 
-
-# glibc malloc gives tensors over its (dynamic) mmap threshold fresh pages, so a CPU forward pass page-faults
-# its large activations on every call and runs up to ~1.8x slower, depending on what ran before. Fixed settings
-# keep them on the heap: forward timings are then stable, and ratios to them conservative.
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
-
-
-def with_stable_malloc():
-    """Re-run this script under ``MALLOC_ENV`` unless it already runs under it (glibc reads it at start)."""
-    if any(os.environ.get(key) != value for key, value in MALLOC_ENV.items()):
-        sys.stdout.flush()
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC_ENV})
+from segood import keep_freed_memory
 
 
 def parse_args(doc, repeat, height=512, width=1024):
@@ -29,7 +16,7 @@ def parse_args(doc, repeat, height=512, width=1024):
     parser.add_argument("--repeat", type=int, default=repeat)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
-    with_stable_malloc()
+    keep_freed_memory()  # (as every segood command does: forward passes on the CPU without page faults)
     return args
 
 

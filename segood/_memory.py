@@ -1,8 +1,8 @@
 """Freed memory kept by the process: glibc's malloc hands every block above a threshold (at most 32 MiB, adapting)
 back to the system when it is freed, so the next block of that size faults its pages in afresh, zeroed by the
 kernel. A network's forward pass on the CPU frees and allocates its activations, hundreds of MiB, every frame:
-PSPNet-ResNet50 at 1024x2048 faulted 1.25 M pages a forward pass on a 2-core virtual machine and ran 2.4 times
-slower than with its freed memory kept (``benchmarks/bench_malloc.py``)."""
+PSPNet-ResNet50 at 1024x2048 faulted 1.3 M pages a forward pass on a 2-core virtual machine and ran 3.0 times
+slower than with its freed memory kept, 1.9 times at 512x1024 (``benchmarks/bench_malloc.py``)."""
 
 import ctypes
 import functools

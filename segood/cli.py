@@ -907,7 +907,7 @@ def main(argv=None):
     args = build_parser(adapters=converting).parse_args(argv)
     from segood._memory import keep_freed_memory
 
-    keep_freed_memory()  # (a forward pass on the CPU 2.4x faster)
+    keep_freed_memory()  # (a forward pass on the CPU 1.9-3.0x faster)
     try:
         return args.run(args)
     except (ValueError, OSError, RuntimeError) as err:  # bad input: one clear line, no traceback

@@ -17,6 +17,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
     ("bench_evaluate.py", ["--frames", "2", "--height", "64", "--width", "128", "--device", "cpu"]),
     ("bench_device_histogram.py", ["--images", "2", "--height", "32", "--width", "64", "--repeat", "1"]),
     ("bench_gil.py", ["--images", "1", "--height", "32", "--width", "64", "--repeat", "1"]),
+    ("bench_malloc.py", ["--sizes", "32x64", "--rounds", "1", "--encoder", "resnet18"]),
     ("bench_pipeline.py", ["--frames", "4", "--height", "32", "--width", "64", "--repeat", "1", "--profile",
                            "--many", "2"]),
 ])

@@ -1,6 +1,7 @@
 """Freed memory kept (glibc): a large block freed and allocated again reuses its pages, where glibc's defaults hand
 it back to the system and fault it in afresh; ``segood`` commands keep it."""
 
+import os
 import platform
 import subprocess
 import sys
@@ -31,7 +32,8 @@ PAGES = 4 * 16 * 512 * 1024 * 4 // 4096
 
 
 def faults(mode):
-    run = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}  # (glibc's defaults, as set here)
+    run = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, timeout=120, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
     return run.stdout.split()
 
