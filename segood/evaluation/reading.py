@@ -2,8 +2,8 @@
 
 A pass over the sets is a plan of batches, (set name, frame indices) each, read in that order by
 :func:`batch_reader`. With ``workers`` > 0 the batches are read by that many ``DataLoader`` worker processes, a
-few batches ahead, into pinned memory where the network runs on CUDA (so that the copy to the device is
-asynchronous), while the main process scores the batch before; with 0 they are read in the main process, one
+few batches ahead, into blocks of shared memory they write again (registered as pinned memory where the network
+runs on CUDA, so that the copy to the device is asynchronous), while the main process scores the batch before; with 0 they are read in the main process, one
 at a time. The batches and their order are the same either way, so are the counts.
 """
 
