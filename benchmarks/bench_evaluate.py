@@ -16,7 +16,6 @@ from pathlib import Path
 import torch
 
 from segood import keep_freed_memory
-
 from segood.data import Noise, convert, mix
 from segood.data.h5 import H5SegmentationDataset, frame_loader
 from segood.data.synthetic import write_scene_set
