@@ -27,7 +27,7 @@ from segood._threads import beside_readers
 from segood.data.h5 import H5SegmentationDataset
 from segood.data.synthetic import write_scene_set
 from segood.evaluation import evaluate
-from segood.evaluation.reading import batch_reader, default_workers
+from segood.evaluation.reading import _device_batches, batch_reader, default_workers
 from segood.evaluation.runner import Evaluation
 from segood.methods import get_method
 from segood.methods.schedule import score_frames
@@ -61,7 +61,7 @@ def main():
     parser.add_argument("--profile", action="store_true", help="then profile one evaluate run: where the main "
                         "process spends its time, by function")
     parser.add_argument("--reading", action="store_true", help="then time reading alone at 1, 2, 4, ... reader "
-                        "processes (with and without pinned memory on CUDA), and one frame in the main process "
+                        "processes (for the host and, on CUDA, for the device), and one frame in the main process "
                         "with and without verification: why reading is slow on a machine")
     parser.add_argument("--many", type=int, default=0, metavar="K", help="then time evaluate over K copies of the "
                         "set, each a set of its own, and the robustness suite over 3 corruptions x 5 severities: "
@@ -151,7 +151,8 @@ def many_sets(run, model, path, args, workers, device):
 
 def reading_scaling(read, path, frames, workers, device, repeat):
     """Reading alone at 1, 2, 4, ... up to ``workers`` reader processes (ms per frame, and per frame and process:
-    flat when the readers scale), with and without pinned memory on CUDA; one frame read in the main process with
+    flat when the readers scale), for the host and, on CUDA, for the device (the batches as ``_device_batches`` says:
+    registered blocks unless SEGOOD_DEVICE_BATCHES says otherwise); one frame read in the main process with
     and without verification (its sha256s); the cores and the CPU quota this process may use."""
     import os
     import time
@@ -159,11 +160,12 @@ def reading_scaling(read, path, frames, workers, device, repeat):
     quota = Path("/sys/fs/cgroup/cpu.max")
     print(f"\nreading alone: {len(os.sched_getaffinity(0))} cores for this process, cgroup cpu.max "
           f"{quota.read_text().strip() if quota.exists() else 'absent'}\n")
-    print("| readers | pinned | ms/frame | ms/frame per reader |\n|---:|---|---:|---:|")
+    print("| readers | for | ms/frame | ms/frame per reader |\n|---:|---|---:|---:|")
     for count in sorted({min(workers, 1 << k) for k in range(5)} | {workers}):
         for pin in (False, True) if device.type == "cuda" else (False,):
             ms = best_ms(lambda: read(count, pin), repeat, torch.device("cpu")) / frames
-            print(f"| {count} | {'yes' if pin else 'no'} | {ms:.1f} | {ms * max(count, 1):.1f} |")
+            kind = f"the device, {_device_batches()}" if pin else "the host"
+            print(f"| {count} | {kind} | {ms:.1f} | {ms * max(count, 1):.1f} |")
     for verify in (True, False):
         dataset = H5SegmentationDataset(path, verify=verify)
         start = time.perf_counter()

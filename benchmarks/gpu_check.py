@@ -490,9 +490,9 @@ def time_accumulators(device, scale, work):
             return acc.compute() if compute else acc
         return run
 
-    # its binades: those of every update; a copy of it updated, each image's bookkeeping left queued (as per_image
-    # leaves it: the evaluation does it while the device runs the next batch's network)
-    warm = FloatOrderAccumulator(10, per_image=True).update(scores, labels).settle()
+    # its binades: those of every update; each image's bookkeeping left queued, as per_image leaves it (the
+    # evaluation does it while the device runs the next batch's network)
+    warm = FloatOrderAccumulator(10, per_image=True).update(scores, labels)
 
     def known(flat):
         return np.unique(np.concatenate([b for b, _ in _device.float_histograms(flat, flat_labels, 10)[0]]))
@@ -510,7 +510,7 @@ def time_accumulators(device, scale, work):
         "float_m10_per_frame_compute_ms": per_image(scores, frames=True, compute=True),
         "float16_floor_ms": floor16,
         "float16_m10_per_image_ms": per_image(half),
-        "float_m10_per_image_known_ms": lambda: warm.copy().update(scores, labels),
+        "float_m10_per_image_known_ms": lambda: warm.update(scores, labels),
         "float_m10_kernel_ms": lambda: _device.float_histograms(flat_scores, flat_labels, 10),
         "float_m10_kernel_known_ms": one_pass(flat_scores),
         "float_m10_kernel_known_ends_ms": one_pass(flat_scores, ends=True),

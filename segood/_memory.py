@@ -9,17 +9,20 @@ import functools
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 KEEP = 1 << 30  # bytes: blocks up to this size come from the heap, and this much freed at its top stays there
+OLD_GLIBC_KEEP = 1 << 25  # the largest mmap threshold glibc before 2.35 accepts
 
 
 @functools.cache
 def keep_freed_memory():
-    """Make glibc's malloc serve blocks of up to 1 GiB from its heap and keep up to 1 GiB freed at the heap's top,
-    instead of returning them to the system at once: the process's resident memory stays near its peak, and its
-    large blocks reuse pages instead of faulting them in again. For this process and the reader processes it
-    starts from then on; ``segood`` commands call it, a script of your own may too. Returns whether it applied
-    (False where the C library is not glibc, whose malloc has no such settings)."""
+    """Make glibc's malloc serve blocks of up to 1 GiB from its heap (32 MiB before glibc 2.35, which refuses
+    more) and keep up to 1 GiB freed at the heap's top, instead of returning them to the system at once: the
+    process's resident memory stays near its peak, and its large blocks reuse pages instead of faulting them in
+    again. For this process and the reader processes it forks from then on; ``segood`` commands call it, a script
+    of your own may too. Returns whether it applied (False where the C library is not glibc, whose malloc has no
+    such settings)."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (AttributeError, OSError, TypeError):  # (no mallopt: not glibc)
         return False
-    return bool(mallopt(M_MMAP_THRESHOLD, KEEP)) and bool(mallopt(M_TRIM_THRESHOLD, KEEP))
+    heap = any(mallopt(M_MMAP_THRESHOLD, size) for size in (KEEP, OLD_GLIBC_KEEP))
+    return bool(mallopt(M_TRIM_THRESHOLD, KEEP)) and heap

@@ -596,11 +596,6 @@ def test_a_compiled_forward_pass_gives_the_counts_of_the_network_as_it_is(noise_
         compiled(lambda images: images)
 
 
-if __name__ == "__main__":  # the interpreter test's subprocess: TRITON_INTERPRET=1 is set
-    check_kernel_sums()
-    check_kernel_calibration()
-
-
 def test_the_way_batches_reach_a_device_is_read_from_the_environment(monkeypatch):
     monkeypatch.delenv("SEGOOD_DEVICE_BATCHES", raising=False)
     assert reading._device_batches() == "registered"
@@ -610,3 +605,9 @@ def test_the_way_batches_reach_a_device_is_read_from_the_environment(monkeypatch
     with pytest.raises(ValueError, match="SEGOOD_DEVICE_BATCHES must be one of registered, pinned, pageable, got "
                                          "'pinnned'"):
         next(batch_reader({"a": Frames(4)}, [("a", [0, 1]), ("a", [2, 3])], workers=1, pin=True))
+
+
+if __name__ == "__main__":  # the interpreter test's subprocess: TRITON_INTERPRET=1 is set
+    check_kernel_sums()
+    check_kernel_calibration()
+

@@ -170,8 +170,8 @@ DEVICE_BATCHES = ("registered", "pinned", "pageable")
 
 
 def _device_batches():
-    """How batches for a CUDA device reach it (the environment variable ``SEGOOD_DEVICE_BATCHES``, default the
-    first): ``"registered"``, in blocks of shared memory that the readers write again and that the main process
+    """How batches for a device reach it (the environment variable ``SEGOOD_DEVICE_BATCHES``, default the first;
+    off CUDA, registered and pageable blocks are the same): ``"registered"``, in blocks of shared memory that the readers write again and that the main process
     registers with CUDA as pinned memory, once a block (copies the host does not wait for); ``"pinned"``, each in a
     fresh block that the DataLoader's pinning thread copies into pinned memory (on an H200's host 21 ms a batch of
     four 1024x2048 frames, slower than the network); ``"pageable"``, in blocks written again, each batch copied to

@@ -45,7 +45,7 @@ def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK, ends=False,
             (where it cannot, a warning says why and the torch path, which counts alike, is used from then on).
         block: pixels per Triton program (a power of two).
         ends: each Triton program adds the pixels of its lowest and highest bin with one atomic addition per label
-            (the same counts; on an H200 never slower, 19-22% faster on saturated scores; off until the
+            (the same counts; on an H200 within 1%, 19-22% faster on saturated scores; off until the
             device check has compared its counts: ``benchmarks/gpu_check.py --only accumulator_counts``).
         known: the binades the scores most likely occupy, increasing (an accumulator's own): counted in one pass
             where they hold every counted pixel (the same counts).
