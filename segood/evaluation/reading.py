@@ -1,10 +1,10 @@
 """Reading a run's frames ahead of the network: batches read, verified and decoded in worker processes.
 
 A pass over the sets is a plan of batches, (set name, frame indices) each, read in that order by
-:func:`batch_reader`. With ``workers`` > 0 the batches are read by that many ``DataLoader`` worker processes, a
-few batches ahead, into blocks of shared memory they write again (registered as pinned memory where the network
-runs on CUDA, so that the copy to the device is asynchronous), while the main process scores the batch before; with 0 they are read in the main process, one
-at a time. The batches and their order are the same either way, so are the counts.
+:func:`batch_reader`. With ``workers`` > 0 the batches are read by that many ``DataLoader`` worker processes, a few
+batches ahead, into blocks of shared memory they write again (registered as pinned memory where the network runs on
+CUDA, so that the copy to the device is asynchronous), while the main process scores the batch before; with 0 they
+are read in the main process, one at a time. The batches and their order are the same either way, so are the counts.
 """
 
 import functools
@@ -170,14 +170,14 @@ DEVICE_BATCHES = ("registered", "pinned", "pageable")
 
 
 def _device_batches():
-    """How batches for a device reach it (the environment variable ``SEGOOD_DEVICE_BATCHES``, default the first;
-    off CUDA, registered and pageable blocks are the same): ``"registered"``, in blocks of shared memory that the readers write again and that the main process
-    registers with CUDA as pinned memory, once a block (copies the host does not wait for); ``"pinned"``, each in a
-    fresh block that the DataLoader's pinning thread copies into pinned memory (on an H200's host 21 ms a batch of
-    four 1024x2048 frames, slower than the network); ``"pageable"``, in blocks written again, each batch copied to
-    the device from its block (a copy the host waits for). On an H200, registered blocks gave the same states as
-    pinned copies, and evaluate ran faster warm with them in 8 of 9 pairs of pipeline rows
-    (``benchmarks/gpu_check.py --only blocks pipeline``)."""
+    """How batches for a device reach it (the environment variable ``SEGOOD_DEVICE_BATCHES``, default the first; off
+    CUDA, registered and pageable blocks are the same): ``"registered"``, in blocks of shared memory that the
+    readers write again and that the main process registers with CUDA as pinned memory, once a block (copies the
+    host does not wait for); ``"pinned"``, each in a fresh block that the DataLoader's pinning thread copies into
+    pinned memory (on an H200's host 21 ms a batch of four 1024x2048 frames, slower than the network);
+    ``"pageable"``, in blocks written again, each batch copied to the device from its block (a copy the host waits
+    for). On an H200, registered blocks gave the same states as pinned copies, and evaluate ran faster warm with
+    them in 8 of 9 pairs of pipeline rows (``benchmarks/gpu_check.py --only blocks pipeline``)."""
     mode = os.environ.get("SEGOOD_DEVICE_BATCHES", DEVICE_BATCHES[0])
     if mode not in DEVICE_BATCHES:
         raise ValueError(f"SEGOOD_DEVICE_BATCHES must be one of {', '.join(DEVICE_BATCHES)}, got {mode!r}")
