@@ -275,9 +275,10 @@ def _torch_count(scores, labels, slot_of, table, slots, m, narrow, counters=None
         binade, low, nan = _torch_key(scores[i, part], m, narrow)
         label = labels[i, part]
         slot = slot_of[binade.long()].to(index_dtype)
-        counted = (label <= OOD) & ~nan
-        if counters is not None:
-            _torch_problems(label, nan, counters)
+        if counters is None:
+            counted = (label <= OOD) & ~nan
+        else:
+            counted = _torch_problems(label, nan, counters)
             missed = counted & (slot < 0)
             counters[3] += missed.sum()
             counted &= ~missed
