@@ -23,6 +23,7 @@ import torch
 
 from torch_timing import best_ms, interleaved_best_ms
 
+from segood import keep_freed_memory
 from segood._threads import beside_readers
 from segood.data.h5 import H5SegmentationDataset
 from segood.data.synthetic import write_scene_set
@@ -61,13 +62,14 @@ def main():
     parser.add_argument("--profile", action="store_true", help="then profile one evaluate run: where the main "
                         "process spends its time, by function")
     parser.add_argument("--reading", action="store_true", help="then time reading alone at 1, 2, 4, ... reader "
-                        "processes (for the host and, on CUDA, for the device), and one frame in the main process "
+                        "processes (for the host and for a device), and one frame in the main process "
                         "with and without verification: why reading is slow on a machine")
     parser.add_argument("--many", type=int, default=0, metavar="K", help="then time evaluate over K copies of the "
                         "set, each a set of its own, and the robustness suite over 3 corruptions x 5 severities: "
                         "runs of many sets, where a cost per set adds up (one run each)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/segood-bench-pipeline"))
     args = parser.parse_args()
+    keep_freed_memory()  # (as every segood command does)
     shutil.rmtree(args.workdir, ignore_errors=True)
     args.workdir.mkdir(parents=True)
     size, path = (args.height, args.width), args.workdir / "scenes.h5"
@@ -151,8 +153,9 @@ def many_sets(run, model, path, args, workers, device):
 
 def reading_scaling(read, path, frames, workers, device, repeat):
     """Reading alone at 1, 2, 4, ... up to ``workers`` reader processes (ms per frame, and per frame and process:
-    flat when the readers scale), for the host and, on CUDA, for the device (the batches as ``_device_batches`` says:
-    registered blocks unless SEGOOD_DEVICE_BATCHES says otherwise); one frame read in the main process with
+    flat when the readers scale), for the host and for a device (the batches as ``_device_batches`` says:
+    registered blocks, images channels last, unless SEGOOD_DEVICE_BATCHES says otherwise; without CUDA, the same
+    blocks unregistered); one frame read in the main process with
     and without verification (its sha256s); the cores and the CPU quota this process may use."""
     import os
     import time
@@ -162,7 +165,7 @@ def reading_scaling(read, path, frames, workers, device, repeat):
           f"{quota.read_text().strip() if quota.exists() else 'absent'}\n")
     print("| readers | for | ms/frame | ms/frame per reader |\n|---:|---|---:|---:|")
     for count in sorted({min(workers, 1 << k) for k in range(5)} | {workers}):
-        for pin in (False, True) if device.type == "cuda" else (False,):
+        for pin in (False, True):  # (for a device: in its blocks, images channels last, CUDA or not)
             ms = best_ms(lambda: read(count, pin), repeat, torch.device("cpu")) / frames
             kind = f"the device, {_device_batches()}" if pin else "the host"
             print(f"| {count} | {kind} | {ms:.1f} | {ms * max(count, 1):.1f} |")

@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_metrics import saturated  # noqa: E402
 from torch_timing import device_name, interleaved_best_ms  # noqa: E402
 
+from segood import keep_freed_memory  # noqa: E402
 from segood.metrics import FloatOrderAccumulator, LinearGridAccumulator  # noqa: E402
 from segood.methods import get_method  # noqa: E402
 from segood.methods.schedule import score_batch  # noqa: E402
@@ -70,6 +71,7 @@ def main():
     parser.add_argument("--only", nargs="+", choices=[*CHECKS, *MEASURES], metavar="PART",
                         help=f"run only these parts (checks: {', '.join(CHECKS)}; measurements: {', '.join(MEASURES)})")
     args = parser.parse_args()
+    keep_freed_memory()  # (as every segood command does)
     wanted = set(args.only or [*CHECKS, *MEASURES])
     scale = DRY if args.dry_run else FULL
     device = torch.device("cpu" if args.dry_run else args.device)

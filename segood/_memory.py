@@ -18,7 +18,8 @@ def keep_freed_memory():
     more) and keep up to 1 GiB freed at the heap's top, instead of returning them to the system at once: the
     process's resident memory stays near its peak, and its large blocks reuse pages instead of faulting them in
     again. For this process and the reader processes it forks from then on; ``segood`` commands call it, a script
-    of your own may too. Returns whether it applied (False where the C library is not glibc, whose malloc has no
+    of your own may too, and every reader process that reads an evaluation's frames calls it for itself (a reader
+    decodes MiBs a frame). Returns whether it applied (False where the C library is not glibc, whose malloc has no
     such settings)."""
     try:
         mallopt = ctypes.CDLL(None).mallopt

@@ -60,9 +60,12 @@ def test_workers_give_the_batches_of_the_main_process_in_order(workers, pin):
     for (_, runs_w, _), (_, runs_0, _) in zip(got, want):
         for (_, batch_w), (_, batch_0) in zip(runs_w, runs_0):
             assert all(torch.equal(batch_w[k], batch_0[k]) for k in batch_0)
-    for runs, _ in batch_reader(sets, plan, workers=workers, pin=pin):
+    for k, (runs, _) in enumerate(batch_reader(sets, plan, workers=workers, pin=pin)):
         for batch, _ in runs:  # one storage a batch: one handshake with the reader
             assert len({t.untyped_storage().data_ptr() for t in batch.values()}) == 1
+            # for a device, the readers' images in the frames' own order (copied, not transposed): for the device
+            layout = torch.channels_last if pin and k else torch.contiguous_format
+            assert batch["image"].is_contiguous(memory_format=layout)
 
 
 @pytest.mark.parametrize("mode", [None, "pageable", "registered"])
