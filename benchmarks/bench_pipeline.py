@@ -16,9 +16,11 @@ machine's noise slows each alike), after one warm-up each.
 """
 
 import argparse
+import functools
 import shutil
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from torch_timing import best_ms, interleaved_best_ms
@@ -82,8 +84,8 @@ def main():
     plan = [("scenes", list(range(k, min(k + args.batch_size, args.frames)))) for k in range(0, args.frames,
                                                                                             args.batch_size)]
 
-    def read(workers=workers, pin=device.type == "cuda"):
-        for _ in batch_reader({"scenes": dataset}, plan, workers=workers, pin=pin):
+    def read(workers=workers, pin=device.type == "cuda", copies=1):
+        for _ in batch_reader({"scenes": dataset}, plan * copies, workers=workers, pin=pin):
             pass
 
     batches = [batch for runs, _ in batch_reader({"scenes": dataset}, plan, workers=0) for batch in runs]
@@ -116,8 +118,8 @@ def main():
     warm = "evaluate, warm (the second copy's frames)"  # a run's fixed costs cancel
     stages[warm] = stages.pop("evaluate, two copies of the set") - stages["evaluate"]
     where = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"{args.frames} frames of {args.height}x{args.width}, batch {args.batch_size}, null network, {', '.join(args.methods)}, "
-          f"{workers} reader workers, {where}\n")
+    print(f"{args.frames} frames of {args.height}x{args.width}, batch {args.batch_size}, null network, "
+          f"{', '.join(args.methods)}, {workers} reader workers, {where}\n")
     print("| stage | ms/frame |\n|---|---:|")
     for stage, seconds in stages.items():
         print(f"| {stage} | {1000 * seconds / args.frames:.1f} |")
@@ -152,23 +154,37 @@ def many_sets(run, model, path, args, workers, device):
 
 
 def reading_scaling(read, path, frames, workers, device, repeat):
-    """Reading alone at 1, 2, 4, ... up to ``workers`` reader processes (ms per frame, and per frame and process:
-    flat when the readers scale), for the host and for a device (the batches as ``_device_batches`` says:
+    """Reading alone at 1, 2, 4, ... up to ``workers`` reader processes, warm (what a pass over three copies of the
+    frames adds to a pass over one, per frame: the readers' start cancels), in ms per frame, and per frame and
+    process (flat when the readers scale), with the readers' CPU time and page faults per frame (warm likewise), for
+    the host and for a device (the batches as ``_device_batches`` says:
     registered blocks, images channels last, unless SEGOOD_DEVICE_BATCHES says otherwise; without CUDA, the same
     blocks unregistered); one frame read in the main process with
     and without verification (its sha256s); the cores and the CPU quota this process may use."""
     import os
+    import resource
     import time
+
+    def readers_use(count, pin, copies):  # (the readers' CPU ms and page faults in a pass: they exit at its end)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        read(count, pin, copies)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        return np.array([1000 * cpu, after.ru_minflt - before.ru_minflt])
 
     quota = Path("/sys/fs/cgroup/cpu.max")
     print(f"\nreading alone: {len(os.sched_getaffinity(0))} cores for this process, cgroup cpu.max "
           f"{quota.read_text().strip() if quota.exists() else 'absent'}\n")
-    print("| readers | for | ms/frame | ms/frame per reader |\n|---:|---|---:|---:|")
-    for count in sorted({min(workers, 1 << k) for k in range(5)} | {workers}):
+    print("| readers | for | ms/frame | ms/frame per reader | readers' CPU ms/frame | readers' page faults/frame |")
+    print("|---:|---|---:|---:|---:|---:|")
+    for count in sorted(({min(workers, 1 << k) for k in range(5)} | {workers}) - {0}):
         for pin in (False, True):  # (for a device: in its blocks, images channels last, CUDA or not)
-            ms = best_ms(lambda: read(count, pin), repeat, torch.device("cpu")) / frames
+            one, three = (best_ms(functools.partial(read, count, pin, copies), repeat, torch.device("cpu"))
+                          for copies in (1, 3))
+            ms = (three - one) / (2 * frames)
+            cpu, faults = (readers_use(count, pin, 3) - readers_use(count, pin, 1)) / (2 * frames)
             kind = f"the device, {_device_batches()}" if pin else "the host"
-            print(f"| {count} | {kind} | {ms:.1f} | {ms * max(count, 1):.1f} |")
+            print(f"| {count} | {kind} | {ms:.1f} | {ms * count:.1f} | {cpu:.1f} | {faults:.0f} |")
     for verify in (True, False):
         dataset = H5SegmentationDataset(path, verify=verify)
         start = time.perf_counter()

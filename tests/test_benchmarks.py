@@ -19,7 +19,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
     ("bench_gil.py", ["--images", "1", "--height", "32", "--width", "64", "--repeat", "1"]),
     ("bench_malloc.py", ["--sizes", "32x64", "--rounds", "1", "--encoder", "resnet18"]),
     ("bench_pipeline.py", ["--frames", "4", "--height", "32", "--width", "64", "--repeat", "1", "--profile",
-                           "--many", "2"]),
+                           "--many", "2", "--reading"]),
 ])
 def test_a_benchmark_runs_at_a_toy_size(script, args, tmp_path):
     option = {"bench_evaluate.py": "--workdir", "bench_board.py": "--work", "bench_pipeline.py": "--workdir"}.get(script)
