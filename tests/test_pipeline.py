@@ -608,6 +608,8 @@ def test_the_way_batches_reach_a_device_is_read_from_the_environment(monkeypatch
     with pytest.raises(ValueError, match="SEGOOD_DEVICE_BATCHES must be one of registered, pinned, pageable, got "
                                          "'pinnned'"):
         next(batch_reader({"a": Frames(4)}, [("a", [0, 1]), ("a", [2, 3])], workers=1, pin=True))
+    with pytest.raises(ValueError, match="SEGOOD_DEVICE_BATCHES"):  # (and by a run's options, before its network
+        EvaluateOptions()  # is loaded: the command line makes them first)
 
 
 if __name__ == "__main__":  # the interpreter test's subprocess: TRITON_INTERPRET=1 is set
