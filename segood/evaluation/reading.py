@@ -235,9 +235,8 @@ def batch_reader(datasets, plan, *, workers=0, pin=False, skip_bad=False):
     register = cuda and mode == "registered"
     taken = None if mode == "pinned" else torch.zeros(1, dtype=torch.int64).share_memory_()
     loader = torch.utils.data.DataLoader(_Batches(datasets, plan[1:], skip_bad, taken, channels_last=pin),
-                                         batch_size=None,
-                                         shuffle=False, num_workers=workers, pin_memory=cuda and mode == "pinned",
-                                         worker_init_fn=_reader_started)
+                                         batch_size=None, shuffle=False, num_workers=workers,
+                                         pin_memory=cuda and mode == "pinned", worker_init_fn=_reader_started)
     reads = iter(loader)  # (the readers start)
     stopping = threading.Thread(target=reads._shutdown_workers, name="segood-readers-exit", daemon=True)
     registered = {}  # {(reader, slot): its block, registered with CUDA}
