@@ -30,7 +30,7 @@ from segood._threads import beside_readers
 from segood.data.h5 import H5SegmentationDataset
 from segood.data.synthetic import write_scene_set
 from segood.evaluation import evaluate
-from segood.evaluation.reading import _device_batches, batch_reader, default_workers
+from segood.evaluation.reading import device_batches, batch_reader, default_workers
 from segood.evaluation.runner import Evaluation
 from segood.methods import get_method
 from segood.methods.schedule import score_frames
@@ -157,10 +157,9 @@ def reading_scaling(read, path, frames, workers, device, repeat):
     """Reading alone at 1, 2, 4, ... up to ``workers`` reader processes, warm (what a pass over three copies of the
     frames adds to a pass over one, per frame: the readers' start cancels), in ms per frame, and per frame and
     process (flat when the readers scale), with the readers' CPU time and page faults per frame (warm likewise), for
-    the host and for a device (the batches as ``_device_batches`` says:
-    registered blocks, images channels last, unless SEGOOD_DEVICE_BATCHES says otherwise; without CUDA, the same
-    blocks unregistered); one frame read in the main process with
-    and without verification (its sha256s); the cores and the CPU quota this process may use."""
+    the host and for a device (the batches as ``device_batches`` says: registered blocks, images channels last,
+    unless SEGOOD_DEVICE_BATCHES says otherwise; without CUDA, the same blocks unregistered); one frame read in the
+    main process with and without verification (its sha256s); the cores and the CPU quota this process may use."""
     import os
     import resource
     import time
@@ -183,7 +182,8 @@ def reading_scaling(read, path, frames, workers, device, repeat):
                           for copies in (1, 3))
             ms = (three - one) / (2 * frames)
             cpu, faults = (readers_use(count, pin, 3) - readers_use(count, pin, 1)) / (2 * frames)
-            kind = f"the device, {_device_batches()}" if pin else "the host"
+            kind = "the host" if not pin else f"a device, {device_batches()}" + (
+                "" if torch.cuda.is_available() else " (no CUDA: unregistered)")
             print(f"| {count} | {kind} | {ms:.1f} | {ms * count:.1f} | {cpu:.1f} | {faults:.0f} |")
     for verify in (True, False):
         dataset = H5SegmentationDataset(path, verify=verify)

@@ -353,7 +353,7 @@ def check_overlap(device, scale, work):
 
 
 def check_blocks(device, scale, work):
-    """A run whose readers write blocks again (``reading._device_batches``), copied to the device from pageable
+    """A run whose readers write blocks again (``reading.device_batches``), copied to the device from pageable
     memory or registered with CUDA, writes the state of a run whose batches are pinned by the DataLoader, with its
     updates in turn or overlapped."""
     return same_states(device, scale, work, [{"overlap": False, "blocks": "pinned"}] + [
@@ -554,7 +554,7 @@ def time_pipeline(device, scale, work):
     """``segood evaluate`` of the plain head's single-pass methods against its network's forward pass alone, at
     each batch size in fp32 and half precision (fp16 on CUDA, bf16 on the CPU), each batch's update beside the
     next batch's network (the default on CUDA), the batches pinned by the DataLoader and in blocks written again
-    that are registered as pinned memory (``reading._device_batches``), one after the other; and at the largest
+    that are registered as pinned memory (``reading.device_batches``), one after the other; and at the largest
     batch up to 4 with the updates in turn, and in fp32 in blocks pageable or registered. After a run that warms
     up (kernels built, memory allocated), two runs over a and b copies of one set (as sets of their own: the frames
     of each are read and scored again): the run of b copies, start-up included, gives the end-to-end throughput;
@@ -605,18 +605,18 @@ def time_pipeline(device, scale, work):
 def pipeline_variant(overlap=None, blocks=None):
     """``segood evaluate`` with each batch's update beside the next batch's network or in turn (``overlap``), its
     batches for the device pinned by the DataLoader or in blocks written again, pageable or registered (``blocks``:
-    ``reading._device_batches``); None: the default."""
+    ``reading.device_batches``); None: the default."""
     from segood.evaluation import reading, runner
 
-    saved = runner._overlaps, reading._device_batches
+    saved = runner._overlaps, reading.device_batches
     if overlap is not None:
         runner._overlaps = lambda device: overlap
     if blocks is not None:
-        reading._device_batches = lambda: blocks
+        reading.device_batches = lambda: blocks
     try:
         yield
     finally:
-        runner._overlaps, reading._device_batches = saved
+        runner._overlaps, reading.device_batches = saved
 
 
 def evaluate_seconds(model, runs, methods, folder, **options):

@@ -19,7 +19,7 @@ from segood.evaluation.runner import run
 from segood.leaderboard import leaderboard, make_benchmark, submit
 from segood.methods import Scorer, get_method
 from segood.methods.functional import entropy_from_logits
-from segood.methods.schedule import score_batch
+from segood.methods.schedule import score_batch, score_frames
 from segood.metrics import make_accumulator
 from segood.models import ExternalModel, build_model, preprocess
 
@@ -176,6 +176,19 @@ def test_a_scorer_equals_its_maps_scored_from_a_file(sets, tmp_path):
         evaluate(Scorer(darkness), [path], out_dir=tmp_path / "x", fit_set=sets["cs"], progress=False)
     with pytest.raises(TypeError, match="not a torch nn.Module; .* evaluated as segood.Scorer"):
         evaluate(darkness, [path], out_dir=tmp_path / "x", progress=False)
+
+
+def test_a_scorer_gets_contiguous_frames_whatever_their_layout():
+    seen = []
+
+    def fn(images):
+        seen.append(images.is_contiguous())
+        return darkness(images)
+
+    scorer = Scorer(fn, name="dark")  # (a device's batches from the readers are channels last)
+    images = torch.randint(0, 256, (2, 8, 8, 3), dtype=torch.uint8).permute(0, 3, 1, 2)
+    scored = score_frames(scorer, images, [scorer])
+    assert seen == [True] and torch.equal(scored.scores[0], darkness(images.contiguous()))
 
 
 BAD_SCORERS = {

@@ -49,7 +49,8 @@ def flat(reads):
 
 
 @pytest.mark.parametrize("workers, pin", [(1, False), (2, False), (2, True)])
-def test_workers_give_the_batches_of_the_main_process_in_order(workers, pin):
+def test_workers_give_the_batches_of_the_main_process_in_order(workers, pin, monkeypatch):
+    monkeypatch.delenv("SEGOOD_DEVICE_BATCHES", raising=False)  # (the default: blocks written again)
     sets = {"a": Frames(7), "b": Frames(5)}
     plan = [("a", [0, 1, 2]), ("a", [3, 4, 5]), ("a", [6]), ("b", [0, 1]), ("b", [2, 3, 4])]
     want = flat(zip([n for n, _ in plan], batch_reader(sets, plan, workers=0)))
@@ -63,7 +64,7 @@ def test_workers_give_the_batches_of_the_main_process_in_order(workers, pin):
     for k, (runs, _) in enumerate(batch_reader(sets, plan, workers=workers, pin=pin)):
         for batch, _ in runs:  # one storage a batch: one handshake with the reader
             assert len({t.untyped_storage().data_ptr() for t in batch.values()}) == 1
-            # for a device, the readers' images in the frames' own order (copied, not transposed): for the device
+            # for a device, the readers' images in the frames' own order: copied, not transposed
             layout = torch.channels_last if pin and k else torch.contiguous_format
             assert batch["image"].is_contiguous(memory_format=layout)
 
@@ -73,7 +74,7 @@ def test_readers_write_their_batches_into_blocks_again_only_once_the_main_proces
                                                                                                  monkeypatch):
     import time
 
-    monkeypatch.setattr(reading, "_device_batches", lambda: mode)  # (None: blocks for the CPU; else for a device,
+    monkeypatch.setattr(reading, "device_batches", lambda: mode)  # (None: blocks for the CPU; else for a device,
     sets = {"a": Frames(40)}  # registered with CUDA where there is one: a batch is kept until the batch after next
     plan = [("a", list(range(k, min(k + 3, 40)))) for k in range(0, 40, 3)]  # is asked for; sizes change within
     want = flat(zip([n for n, _ in plan], batch_reader(sets, plan, workers=0)))  # and across batches)
@@ -601,9 +602,9 @@ def test_a_compiled_forward_pass_gives_the_counts_of_the_network_as_it_is(noise_
 
 def test_the_way_batches_reach_a_device_is_read_from_the_environment(monkeypatch):
     monkeypatch.delenv("SEGOOD_DEVICE_BATCHES", raising=False)
-    assert reading._device_batches() == "registered"
+    assert reading.device_batches() == "registered"
     monkeypatch.setenv("SEGOOD_DEVICE_BATCHES", "pinned")
-    assert reading._device_batches() == "pinned"
+    assert reading.device_batches() == "pinned"
     monkeypatch.setenv("SEGOOD_DEVICE_BATCHES", "pinnned")
     with pytest.raises(ValueError, match="SEGOOD_DEVICE_BATCHES must be one of registered, pinned, pageable, got "
                                          "'pinnned'"):

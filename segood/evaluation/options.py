@@ -7,7 +7,7 @@ import math
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 
-from segood.evaluation.reading import _device_batches
+from segood.evaluation.reading import device_batches
 from segood.evaluation.runner import component_spec
 from segood.metrics import METRICS, grid_spec, make_accumulator
 from segood.metrics.bootstrap import Bootstrap
@@ -124,7 +124,7 @@ class EvaluateOptions(Options):
         object.__setattr__(self, "grid", grid)
         object.__setattr__(self, "components", component_spec(self.components, self.commit_on))
         check_benchmark(self.official)
-        _device_batches()  # (a misspelt SEGOOD_DEVICE_BATCHES refused now, not once the network is loaded)
+        device_batches()  # (a misspelt SEGOOD_DEVICE_BATCHES refused now, not once the network is loaded)
 
 
 @dataclass(frozen=True)

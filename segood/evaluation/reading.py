@@ -79,9 +79,9 @@ def _layout(items, indices, channels_last=False):
     ``items`` stacked, a run of frames of one size at a time, each tensor 64-byte aligned; the dtypes promote as
     ``torch.stack``'s do. One block a batch: a reader process hands a batch to the main process as one shared
     storage (each storage costs a handshake with the reader, about 1 ms while it decodes the next batch).
-    ``channels_last``: the images (N, 3, H, W) are stored as (N, H, W, 3), the frames' own order, so that stacking
-    them copies rather than transposes (0.3 ms a 1024x2048 frame against 1.8 ms): for a device, which transposes
-    them as it normalises them."""
+    ``channels_last``: the images (N, C, H, W) are stored as (N, H, W, C), the frames' own order, so that stacking
+    them copies rather than transposes (a reader's CPU 10.0 against 11.3 ms a 1024x2048 frame: ``bench_pipeline.py
+    --reading``): for a device, which transposes them in the copy that normalises them."""
     sizes = [tuple(item["image"].shape) for item in items]
     keys = [key for key, value in items[0].items() if isinstance(value, torch.Tensor)] if items else []
     promoted = functools.partial(functools.reduce, torch.promote_types)
@@ -90,7 +90,7 @@ def _layout(items, indices, channels_last=False):
         places = {}
         for key in keys:
             shape, dtype = (len(run), *items[run[0]][key].shape), promoted(items[k][key].dtype for k in run)
-            places[key] = (offset, shape, dtype, channels_last and key == "image")
+            places[key] = (offset, shape, dtype, channels_last and key == "image" and len(shape) == 4)
             offset += -(-math.prod(shape) * dtype.itemsize // 64) * 64
         layout.append(([indices[k] for k in run], places))
     return layout, offset
@@ -181,7 +181,7 @@ class _Batches(torch.utils.data.Dataset):
 DEVICE_BATCHES = ("registered", "pinned", "pageable")
 
 
-def _device_batches():
+def device_batches():
     """How batches for a device reach it (the environment variable ``SEGOOD_DEVICE_BATCHES``, default the first; off
     CUDA, registered and pageable blocks are the same): ``"registered"``, in blocks of shared memory that the
     readers write again and that the main process registers with CUDA as pinned memory, once a block (copies the
@@ -219,7 +219,7 @@ def batch_reader(datasets, plan, *, workers=0, pin=False, skip_bad=False):
     ahead (never more readers than there are batches to read ahead). Without ``pin``, a batch from the readers
     lives in a block of memory they write again: it is valid until the next batch is asked for (copy what is kept
     longer). ``pin``: the batches are for a device, which may still be copying from one when the next is asked
-    for: in blocks written again (:func:`_device_batches` other than pinned), a batch is valid until the batch after
+    for: in blocks written again (:func:`device_batches` other than pinned), a batch is valid until the batch after
     next is asked for (the device and the batch's update must be done with it by then), on CUDA from a block
     registered as pinned memory where it says so, its images stored channels last (a view (N, 3, H, W) of (N, H,
     W, 3): :func:`_layout`); else no block is written again, and on CUDA each batch goes into pinned memory (for an
@@ -230,7 +230,7 @@ def batch_reader(datasets, plan, *, workers=0, pin=False, skip_bad=False):
         for k in range(len(plan)):
             yield _checked(batches[k])
         return
-    mode = _device_batches() if pin else None
+    mode = device_batches() if pin else None
     cuda = pin and torch.cuda.is_available()
     register = cuda and mode == "registered"
     taken = None if mode == "pinned" else torch.zeros(1, dtype=torch.int64).share_memory_()
