@@ -560,7 +560,8 @@ def time_pipeline(device, scale, work):
     of each are read and scored again): the run of b copies, start-up included, gives the end-to-end throughput;
     the difference of the two runs, the warm one (the run's fixed costs cancel: both runs have enough batches for
     every reader process evaluate starts); the run of b copies, the time of each stage (``data``: waiting for the
-    readers; the others run beside one another where the updates overlap)."""
+    readers; the others run beside one another where the updates overlap); and, warm, the readers' CPU time and
+    page faults and the main process's page faults a frame."""
     from segood.evaluation.runner import default_methods
 
     path = make_eval_set(work, scale["size"], scale["pipeline_frames"])
@@ -588,16 +589,19 @@ def time_pipeline(device, scale, work):
 
         forward_ms = interleaved_best_ms([forward], scale["repeat"], device)[0] / batch
         with pipeline_variant(overlap, blocks):
-            seconds, stages = evaluate_seconds(model, runs, methods, work / f"pipeline_{precision}_{batch}_{overlap}_"
-                                               f"{blocks}", batch_size=batch, device=device, amp=amp)
+            seconds, stages, use = evaluate_seconds(model, runs, methods, work / f"pipeline_{precision}_{batch}_"
+                                                    f"{overlap}_{blocks}", batch_size=batch, device=device, amp=amp)
         warm_ms = 1000 * (seconds[1] - seconds[0]) / (frames[1] - frames[0])
+        readers_cpu_ms, readers_faults, main_faults = (use[1] - use[0]) / (frames[1] - frames[0])
         rows.append({"precision": precision, "batch": batch, "overlap": overlap, "blocks": blocks,
                      "forward_ms_per_frame": forward_ms,
                      "evaluate_ms_per_frame_warm": warm_ms,
                      "evaluate_ms_per_frame_with_startup": 1000 * seconds[1] / frames[1],
                      "warm_share": forward_ms / warm_ms, "share_with_startup": forward_ms * frames[1] /
                      (1000 * seconds[1]), "startup_s": seconds[1] - frames[1] * warm_ms / 1000,
-                     "stages_ms_per_frame": stages})
+                     "stages_ms_per_frame": stages, "readers_cpu_ms_per_frame_warm": readers_cpu_ms,
+                     "readers_page_faults_per_frame_warm": readers_faults,
+                     "main_page_faults_per_frame_warm": main_faults})
     return {"methods": methods, "frames": list(frames), "rows": rows}
 
 
@@ -621,17 +625,25 @@ def pipeline_variant(overlap=None, blocks=None):
 
 def evaluate_seconds(model, runs, methods, folder, **options):
     """The seconds of one ``segood evaluate`` (no figures, no bootstrap) over each of ``runs`` ({set: path}),
-    after an unmeasured run over the first (kernels built and memory allocated); and the last run's milliseconds
-    a frame per stage."""
+    after an unmeasured run over the first (kernels built and memory allocated); the last run's milliseconds a
+    frame per stage; and what each run used: [its reader processes' CPU ms and page faults (they have exited at
+    its end), the main process's page faults]."""
+    import resource
+
     from segood.evaluation import evaluate
 
-    seconds = []
+    def used():
+        readers, main = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
+        return np.array([1000 * (readers.ru_utime + readers.ru_stime), readers.ru_minflt, main.ru_minflt])
+
+    seconds, use = [], []
     for k, sets in enumerate([runs[0], *runs]):
-        start = time.perf_counter()
+        before, start = used(), time.perf_counter()
         doc = evaluate(model, sets, methods, folder / str(k), progress=False, figures=False, bootstrap=None,
                        **options)
         seconds.append(time.perf_counter() - start)
-    return seconds[1:], doc["timings"]["ms_per_image"]
+        use.append(used() - before)
+    return seconds[1:], doc["timings"]["ms_per_image"], use[1:]
 
 
 def time_compile(device, scale, work):
@@ -669,8 +681,8 @@ def time_compile(device, scale, work):
     methods = [m.name for m in default_methods(model, fitted=False) if m.needs.forward and not m.needs.perturbs]
     for name, backend in (("evaluate_ms_per_frame_warm", None),
                           ("compiled_evaluate_ms_per_frame_warm", scale["compile_backend"])):
-        seconds, _ = evaluate_seconds(model, runs, methods, work / f"compile_{backend}", batch_size=batch,
-                                      device=device, compile=backend)
+        seconds, _, _ = evaluate_seconds(model, runs, methods, work / f"compile_{backend}", batch_size=batch,
+                                         device=device, compile=backend)
         out[name] = 1000 * (seconds[1] - seconds[0]) / (frames[1] - frames[0])
     return out
 
@@ -769,12 +781,13 @@ def table(report):
               f"{pipeline['frames'][1]} frames, warm = the difference of runs of {pipeline['frames'][1]} and "
               f"{pipeline['frames'][0]} frames):", "",
               "| precision | batch | updates | batches in | forward ms/frame | evaluate ms/frame, warm | share | "
-              "with start-up | share | start-up s |", "|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+              "with start-up | share | start-up s | readers' page faults/frame |",
+              "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['precision']} | {r['batch']} | {'beside' if r['overlap'] else 'in turn'} | "
               f"{r['blocks']} | "
               f"{r['forward_ms_per_frame']:.1f} | {r['evaluate_ms_per_frame_warm']:.1f} | {r['warm_share']:.0%} | "
-              f"{r['evaluate_ms_per_frame_with_startup']:.1f} | {r['share_with_startup']:.0%} | {r['startup_s']:.2f} |"
-              for r in pipeline["rows"]]
+              f"{r['evaluate_ms_per_frame_with_startup']:.1f} | {r['share_with_startup']:.0%} | {r['startup_s']:.2f} | "
+              f"{r['readers_page_faults_per_frame_warm']:.0f} |" for r in pipeline["rows"]]
     robust, amp = report["throughput"]["robustness"], report["throughput"]["amp_effect"]
     lines += ["", f"robustness, clean + one condition: {robust['clean_and_one_condition_ms_per_frame']:.1f} ms/frame "
               f"(plain evaluation {robust['clean_ms_per_frame']:.1f})",
