@@ -8,8 +8,7 @@ methods), and what the method adds to it: for single-pass methods the scoring of
 (``from_output``); for the others ``score`` minus the forward (Monte-Carlo samples, perturbation passes). The
 forward pass and the method take turns in each round, so that both see the same machine; each network runs eight
 forward passes first. Then the logit methods scored together (``logit_scores``, as an evaluation scores them)
-against each alone in turn. Freed memory kept, as in every
-``segood`` command (``segood.keep_freed_memory``).
+against each alone in turn. Freed memory kept, as in every ``segood`` command (``segood.keep_freed_memory``).
 """
 
 import torch

@@ -4,8 +4,7 @@
 
 Rows: forward ms/image (batch 1, no grad, eval mode) for PSPNet-ResNet50 and DeepLabV3+-Xception41 with each
 head; then for the dropout head: ``mc_logits(T=8)`` against one forward pass and against 8 full passes (the
-three take turns). Freed memory kept, as in every
-``segood`` command (``segood.keep_freed_memory``).
+three take turns). Freed memory kept, as in every ``segood`` command (``segood.keep_freed_memory``).
 """
 
 import torch

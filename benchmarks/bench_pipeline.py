@@ -30,7 +30,7 @@ from segood._threads import beside_readers
 from segood.data.h5 import H5SegmentationDataset
 from segood.data.synthetic import write_scene_set
 from segood.evaluation import evaluate
-from segood.evaluation.reading import device_batches, batch_reader, default_workers
+from segood.evaluation.reading import batch_reader, default_workers, device_batches
 from segood.evaluation.runner import Evaluation
 from segood.methods import get_method
 from segood.methods.schedule import score_frames

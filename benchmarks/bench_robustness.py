@@ -7,8 +7,8 @@ Each corruption corrupts one generated driving scene with its two masks (``segoo
 seeded albumentations Compose is built per frame, as ``CorruptedSet`` does), taking turns with the network's
 forward pass (batch 1, no grad, eval mode), best of ``--repeat`` rounds. Target: every corruption <= 20% of the
 forward pass. ``--family standard`` times the 15 ImageNet-C corruptions (at the standard's fixed pixel sizes;
-1024x2048 is the size published Cityscapes-C numbers use). Freed memory kept, as in every
-``segood`` command (``segood.keep_freed_memory``).
+1024x2048 is the size published Cityscapes-C numbers use). Freed memory kept, as in every ``segood`` command
+(``segood.keep_freed_memory``).
 """
 
 import numpy as np

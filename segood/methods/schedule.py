@@ -147,9 +147,9 @@ def check_compile_backend(backend):
 def score_frames(model, images, methods, *, mc_seed=None, amp=None, out=None):
     """Score uint8 RGB frames ``images`` (N, 3, H, W) on the model's device: a
     :class:`~segood.methods.scorer.Scorer` (``methods`` is ``[model]``) gets them contiguous (a device's batches
-    from the readers are channels last), a network their
-    ImageNet-normalised copy (:func:`score_batch`, with ``amp``), written into ``out`` where given (see
-    :func:`~segood.models.network.preprocess`). Returns a :class:`ScoredBatch`."""
+    from the readers are channels last), a network their ImageNet-normalised copy (:func:`score_batch`, with
+    ``amp``), written into ``out`` where given (see :func:`~segood.models.network.preprocess`). Returns a
+    :class:`ScoredBatch`."""
     if not getattr(model, "scores_frames", False):  # (a Scorer: it returns the anomaly scores itself)
         return score_batch(model, preprocess(images, out), methods, mc_seed=mc_seed, amp=amp)
     check_methods(model, methods)
