@@ -1,4 +1,4 @@
-"""Cost of the official mode (SMIYC's and Fishyscapes' own AP / FPR95) per frame, against segood's own pixel
+"""Cost of the official mode (SMIYC's, Fishyscapes' and CAOS' own metrics) per frame, against segood's own pixel
 accumulator on the same frame, in one run.
 
     python benchmarks/bench_official.py --height 1024 --width 2048 [--repeat 3]
@@ -14,7 +14,7 @@ import torch
 from torch_timing import interleaved_best_ms, parse_args
 
 from segood.metrics import make_accumulator
-from segood.metrics.official import FishyscapesPixelAccumulator, SMIYCPixelAccumulator
+from segood.metrics.official import CAOSPixelAccumulator, FishyscapesPixelAccumulator, SMIYCPixelAccumulator
 
 
 def main():
@@ -27,7 +27,8 @@ def main():
         s = scores.astype(dtype)
         contenders = {"segood (float-order grid, m = 10)": lambda: make_accumulator().update(s, labels).compute(),
                       "SMIYC official": lambda: SMIYCPixelAccumulator().update(s, labels).compute(),
-                      "Fishyscapes official": lambda: FishyscapesPixelAccumulator().update(s, labels).compute()}
+                      "Fishyscapes official": lambda: FishyscapesPixelAccumulator().update(s, labels).compute(),
+                      "CAOS official": lambda: CAOSPixelAccumulator().update(s, labels).compute()}
         times = interleaved_best_ms(list(contenders.values()), args.repeat, torch.device("cpu"))
         rows += [(name, np.dtype(dtype).name, ms) for name, ms in zip(contenders, times)]
     print(f"frame {args.height}x{args.width}, CPU, {torch.get_num_threads()} threads, best of {args.repeat}\n")

@@ -592,7 +592,7 @@ def build_parser(*, adapters=True):
     from pathlib import Path
 
     # Plain name tuples, not the registries: the registries' modules import torch, numba and albumentations.
-    from segood.names import (ARCHS, BLENDS, CORRUPTIONS, FAMILIES, HEADS, HEIGHT_RATIO, OE_LOSSES,
+    from segood.names import (ARCHS, BLENDS, CORRUPTIONS, FAMILIES, HEADS, HEIGHT_RATIO, OE_LOSSES, OFFICIAL,
                               STANDARD_CORRUPTIONS, STANDARD_SIZES, THRESHOLD_RULES, adapter_help, method_names,
                               metric_names)
 
@@ -714,9 +714,10 @@ def build_parser(*, adapters=True):
                          "(default f1, best pixel F1 as SegmentMeIfYouCan)")
     ev.add_argument("--oracle-thresholds", action="store_true",
                     help="the FILE's thresholds were chosen on the test sets themselves: marked ORACLE in every report")
-    ev.add_argument("--official", choices=("smiyc", "fishyscapes"),
-                    help="also the benchmark's own computation of its numbers (its AP and FPR95; SMIYC's component "
-                         "metrics too), reported beside segood's as e.g. 'AUPRC (SMIYC official)' (docs/official.md)")
+    ev.add_argument("--official", choices=OFFICIAL,
+                    help="also the benchmark's own computation of its numbers (its AP and FPR95, CAOS' per-image "
+                         "AUROC too; SMIYC's component metrics), reported beside segood's as e.g. 'AUPRC (SMIYC "
+                         "official)' (docs/official.md)")
     ev.add_argument("--no-verify", action="store_true",
                     help="do not check frames against their set's sha256 digests (faster; corruption goes unseen)")
     add_analysis_options(ev)

@@ -10,6 +10,8 @@ METHODS = ("max_softmax", "odin", "mahalanobis", "confidence", "entropy", "varsu
            "energy", "sml", "rba", "mask_max_softmax", "eam")
 #: segood.metrics.METRICS.
 METRICS = ("auroc", "auprc", "fpr95", "max_iou")
+#: segood.metrics.official.BENCHMARKS.
+OFFICIAL = ("smiyc", "fishyscapes", "caos")
 #: segood.metrics.thresholds.RULES.
 THRESHOLD_RULES = ("tpr95", "balanced_accuracy", "f1", "iou")
 #: segood.models.ARCHS and HEADS.

@@ -63,6 +63,7 @@ def test_name_tuples_match_the_registries():
     from segood.data.registry import ADAPTERS
     from segood.methods import METHODS
     from segood.metrics import METRICS
+    from segood.metrics.official import BENCHMARKS
     from segood.metrics.thresholds import RULES
     from segood.models import ARCHS, HEADS, INFERENCE_MODES, list_model_types
     from segood.models.train import OE_LOSSES
@@ -71,6 +72,7 @@ def test_name_tuples_match_the_registries():
     assert names.METHODS == tuple(METHODS)
     assert names.METRICS == tuple(METRICS)
     assert names.THRESHOLD_RULES == tuple(RULES)
+    assert names.OFFICIAL == BENCHMARKS
     assert (names.ARCHS, names.HEADS) == (tuple(ARCHS), tuple(HEADS))
     assert names.OE_LOSSES == tuple(OE_LOSSES)
     assert (names.FAMILIES, names.STANDARD_SIZES) == (tuple(FAMILIES), tuple(STANDARD_SIZES))

@@ -1,7 +1,7 @@
 """The official mode against each benchmark's definitions followed step by step here (plain numpy loops written
-from the definitions of road-anomaly-benchmark's PixBinaryClass / SegEval and bdl-benchmark's
-calculate_metrics_perpixAP), on literal frames with ties and scores on thresholds; and segood's own numbers
-unchanged by it."""
+from the definitions of road-anomaly-benchmark's PixBinaryClass / SegEval, bdl-benchmark's
+calculate_metrics_perpixAP and anomaly-seg's eval_ood.py), on literal frames with ties and scores on thresholds,
+and against values that anomaly-seg's own code gave on them; and segood's own numbers unchanged by it."""
 
 import numpy as np
 import pytest
@@ -10,9 +10,10 @@ from scipy import ndimage
 from segood.labels import IGNORE, OOD
 from segood.metrics import exact_metrics
 from segood.metrics.components import ComponentAccumulator
-from segood.metrics.official import (SMIYC_TAUS, FishyscapesPixelAccumulator, SMIYCComponentAccumulator,
-                                     SMIYCPixelAccumulator, fishyscapes_metrics, fishyscapes_values,
-                                     pixel_accumulator_from_state, smiyc_frame_bins, smiyc_pixel_metrics)
+from segood.metrics.official import (CAOS_METRICS, SMIYC_TAUS, CAOSPixelAccumulator, FishyscapesPixelAccumulator,
+                                     SMIYCComponentAccumulator, SMIYCPixelAccumulator, caos_frame_metrics,
+                                     fishyscapes_metrics, fishyscapes_values, pixel_accumulator_from_state,
+                                     smiyc_frame_bins, smiyc_pixel_metrics)
 
 X = IGNORE
 # three 6 x 8 frames: scores on a few values (ties), many exactly 0.5 (the component threshold below)
@@ -241,6 +242,107 @@ def test_fishyscapes_state_resumes_and_merges_to_one_run():
         FishyscapesPixelAccumulator().update(np.full((2, 2), np.nan), np.zeros((2, 2), np.uint8))
 
 
+# ---- CAOS' eval_ood.py, step by step --------------------------------------------------------------------------------
+
+def caos_reference(scores, labels):
+    """CAOS' per-frame metrics and their means: per frame with OOD and ID counted pixels, TP and FP at every
+    distinct score from high to low; the ROC area by trapezoids from (0, 0); AP as recall steps times precision;
+    FPR95 at the first distinct score, from the first of full recall up, whose recall is closest to 0.95."""
+    rows = []
+    for frame_scores, frame_labels in zip(scores, labels):
+        keep = frame_labels != IGNORE
+        s, gt = frame_scores[keep].astype(np.float64), frame_labels[keep] == OOD
+        n_pos, n_neg = int(gt.sum()), int((~gt).sum())
+        if not n_pos or not n_neg:
+            continue
+        tps, fps = [], []
+        for v in sorted(set(s.tolist()), reverse=True):
+            tps.append(int(np.sum(gt & (s >= v))))
+            fps.append(int(np.sum(~gt & (s >= v))))
+        tpr = [0.0] + [tp / n_pos for tp in tps]
+        fpr = [0.0] + [fp / n_neg for fp in fps]
+        auroc = sum((fpr[k] - fpr[k - 1]) * (tpr[k] + tpr[k - 1]) / 2 for k in range(1, len(tpr)))
+        ap = sum((tpr[k] - tpr[k - 1]) * tps[k - 1] / (tps[k - 1] + fps[k - 1]) for k in range(1, len(tpr)))
+        full = next(k for k in range(len(tps)) if tps[k] == n_pos)
+        cutoff = min(range(full, -1, -1), key=lambda k: abs(tps[k] / n_pos - 0.95))  # (min: the first of equals)
+        rows.append((auroc, ap, fps[cutoff] / n_neg))
+    return dict(zip(CAOS_METRICS, np.mean(rows, axis=0)))
+
+
+# What anomaly-seg's own functions (anom_utils.get_and_print_results, as eval_ood.py calls it, with the ignore
+# pixels left out) return on the three literal frames: (AUROC, AP, FPR95) each.
+CAOS_LITERAL_FRAMES = [(0.9635416666666666, 0.825, 0.19444444444444445),
+                       (0.9559228650137741, 0.84688995215311, 0.24242424242424243),
+                       (0.9512195121951219, 0.7142857142857143, 0.1951219512195122)]
+# A frame where recall 0.9 lies closer to 0.95 than recall 1.0 does: CAOS takes its FPR at recall 0.9 (the lowest
+# score of that recall), segood at the first threshold of TPR >= 0.95. anomaly-seg's code: (0.965,
+# 0.9614285714285713, 0.1); segood's FPR95 0.4.
+BELOW_SCORES = np.array([[.9, .9, .8, .8, .7, .7, .6, .6, .5, .2], [.55, .2, .2, .2, .1, .1, .1, .05, .0, .0]], np.float32)
+BELOW_LABELS = np.array([[1] * 10, [0] * 10], np.uint8)
+CAOS_KEYS = (*CAOS_METRICS, "n_frames", "n_averaged_frames", "n_skipped_frames")
+
+
+def test_caos_frame_metrics_equal_anomaly_segs_own_values():
+    for frame_scores, frame_labels, want in zip(SCORES, LABELS, CAOS_LITERAL_FRAMES):
+        assert caos_frame_metrics(frame_scores, frame_labels) == pytest.approx(want, abs=1e-15, rel=0)
+    got = caos_frame_metrics(BELOW_SCORES, BELOW_LABELS)
+    assert got == pytest.approx((0.965, 0.9614285714285713, 0.1), abs=1e-15, rel=0)
+    assert exact_metrics(BELOW_SCORES, BELOW_LABELS)["fpr95"] == pytest.approx(0.4)
+    # with ID scores between the last two OOD ones, recall 0.9 holds at four scores: CAOS takes the lowest (FPR
+    # 0.5, not 0.1); anomaly-seg's code: (0.94, 0.9566666666666666, 0.5)
+    spread = BELOW_SCORES.copy()
+    spread[1, 1:5] = [.4, .3, .3, .25]
+    assert caos_frame_metrics(spread, BELOW_LABELS) == pytest.approx((0.94, 0.9566666666666666, 0.5), abs=1e-15, rel=0)
+    acc = CAOSPixelAccumulator().update(SCORES, LABELS)
+    assert_close(acc.compute(), dict(zip(CAOS_METRICS, np.mean(CAOS_LITERAL_FRAMES, axis=0))), CAOS_METRICS)
+
+
+@pytest.mark.parametrize("case", ["literal", "random", "float32"])
+def test_caos_pixel_metrics_equal_the_official_definition(case):
+    from sklearn.metrics import average_precision_score, roc_auc_score
+
+    scores, labels = {"literal": (SCORES, LABELS), "random": random_frames(7, n=5),
+                      "float32": random_frames(8, n=5, decimals=12)}[case]
+    if case == "float32":
+        scores = scores.astype(np.float32)
+    labels[-1][labels[-1] == OOD] = 0  # a frame without OOD pixels: skipped, as CAOS skips it
+    acc = CAOSPixelAccumulator()
+    for s, lab in zip(scores, labels):
+        acc.update(s, lab)
+    got = acc.compute()
+    assert_close(got, caos_reference(scores, labels), CAOS_METRICS)
+    assert (got["n_frames"], got["n_averaged_frames"], got["n_skipped_frames"]) == (len(scores), len(scores) - 1, 1)
+    for s, lab in zip(scores[:-1], labels[:-1]):  # scikit-learn's AUROC and AP, as CAOS calls them
+        keep = lab != IGNORE
+        auroc, ap, _ = caos_frame_metrics(s, lab)
+        assert auroc == pytest.approx(roc_auc_score(lab[keep] == OOD, s[keep]), abs=1e-12)
+        assert ap == pytest.approx(average_precision_score(lab[keep] == OOD, s[keep]), abs=1e-12)
+
+
+def test_caos_state_resumes_merges_and_refuses_what_it_cannot_hold():
+    scores, labels = random_frames(9, n=5, decimals=3)
+    whole = CAOSPixelAccumulator().update(scores, labels).compute()
+    parts = [CAOSPixelAccumulator().update(scores[k], labels[k]) for k in (4, 2, 0, 3, 1)]  # in another order
+    restored = pixel_accumulator_from_state(parts[0].state_dict())
+    for part in parts[1:]:
+        restored.merge(part)
+    assert restored.compute() == whole  # the means are exactly rounded sums: the frames' order does not matter
+    empty = CAOSPixelAccumulator().update(scores, np.zeros_like(labels)).compute()
+    assert np.isnan(empty["auroc"]) and empty["n_skipped_frames"] == 5
+    nan = scores.copy()
+    nan[0, 0, 0] = np.nan
+    labels[0, 0, 0] = 0
+    with pytest.raises(ValueError, match="1 counted pixels have NaN scores"):
+        CAOSPixelAccumulator().update(nan, labels)
+    state = restored.state_dict()
+    with pytest.raises(ValueError, match="one row per frame not skipped"):
+        CAOSPixelAccumulator.from_state_dict({**state, "values": state["values"][1:]})
+    with pytest.raises(ValueError, match="one row per frame not skipped"):
+        CAOSPixelAccumulator.from_state_dict({**state, "values": state["values"] + 2})
+    with pytest.raises(ValueError, match="lacks 'pixels'"):
+        CAOSPixelAccumulator.from_state_dict({k: v for k, v in state.items() if k != "pixels"})
+
+
 # ---- SMIYC's SegEval, step by step ----------------------------------------------------------------------------------
 
 def smiyc_components_reference(scores, labels, threshold, min_pred, min_gt):
@@ -353,13 +455,23 @@ def perlin(noise_sets):
     return tiny_network(), sets / "perlin_mixed.h5"
 
 
-def test_official_mode_in_an_evaluation_leaves_segoods_numbers_unchanged(perlin, tmp_path):
+def batch_scores(model, data, method, batch_size):
+    """(scores, OOD masks) of a method on a set's frames, batch by batch as a run scores them (the network's floats
+    depend on the batch)."""
     import torch
 
     from segood.data.h5 import H5SegmentationDataset
-    from segood.evaluation import Evaluation, evaluate
     from segood.methods import get_method
     from segood.models import preprocess
+
+    items = list(H5SegmentationDataset(data))
+    for start in range(0, len(items), batch_size):
+        batch = {k: torch.stack([it[k] for it in items[start : start + batch_size]]) for k in ("image", "ood_mask")}
+        yield get_method(method).score(model, preprocess(batch["image"]))[0], batch["ood_mask"]
+
+
+def test_official_mode_in_an_evaluation_leaves_segoods_numbers_unchanged(perlin, tmp_path):
+    from segood.evaluation import Evaluation, evaluate
 
     model, data = perlin
     options = {"components": {"preset": "obstacle", "thresholds": {"entropy": 0.001, "max_softmax": 0.9}},
@@ -372,12 +484,9 @@ def test_official_mode_in_an_evaluation_leaves_segoods_numbers_unchanged(perlin,
         assert {k: v for k, v in theirs.items() if k != "official"} == mine  # segood's own numbers unchanged
         pixels, components = SMIYCPixelAccumulator(), SMIYCComponentAccumulator(
             options["components"]["thresholds"][m], "obstacle")
-        items = list(H5SegmentationDataset(data))
-        for start in range(0, len(items), 2):  # the run's batches: the network's floats depend on the batch
-            batch = {k: torch.stack([it[k] for it in items[start : start + 2]]) for k in ("image", "ood_mask")}
-            score = get_method(m).score(model, preprocess(batch["image"]))[0]
-            pixels.update(score, batch["ood_mask"])
-            components.update(score, batch["ood_mask"])
+        for score, ood_mask in batch_scores(model, data, m, 2):
+            pixels.update(score, ood_mask)
+            components.update(score, ood_mask)
         want = pixels.compute()
         got = theirs["official"]
         assert got["label"] == "SMIYC official" and got["n_frames"] == want["n_frames"] == 4
@@ -395,6 +504,37 @@ def test_official_mode_in_an_evaluation_leaves_segoods_numbers_unchanged(perlin,
         evaluate(model, [data], ["entropy", "max_softmax"], tmp_path / "plain", official="smiyc", **options)
     with pytest.raises(ValueError, match="unknown official mode 'kitti'; choose one of smiyc, fishyscapes"):
         evaluate(model, [data], ["entropy"], tmp_path / "bad", official="kitti", **options)
+
+
+def test_caos_official_mode_reports_beside_segoods_per_image_means(perlin, tmp_path):
+    from segood.data.common import Sample
+    from segood.data.h5 import SetWriter
+    from segood.evaluation import evaluate
+
+    model, rng = perlin[0], np.random.default_rng(0)
+    writer = SetWriter(tmp_path / "scenes.h5", (48, 96), {"source": "test", "split": "val"})
+    for k in range(4):  # every frame with ID and OOD pixels: a noise rectangle on a smooth scene
+        image = np.repeat(np.linspace(0, 255, 96, dtype=np.uint8)[None, :, None], 48, 0).repeat(3, 2)
+        ood = np.zeros((48, 96), np.uint8)
+        ood[10 + k : 30, 20 : 50 + 5 * k] = OOD
+        image[ood == OOD] = rng.integers(0, 256, (int(ood.sum()), 3), np.uint8)
+        writer.append(Sample(image, ood, np.zeros_like(ood), f"scene/{k}"))
+    writer.commit()
+    data = tmp_path / "scenes.h5"
+    doc = evaluate(model, [data], ["entropy"], tmp_path / "caos", official="caos", batch_size=2, progress=False,
+                   figures=False, bootstrap=None)
+    want = CAOSPixelAccumulator()
+    for score, ood_mask in batch_scores(model, data, "entropy", 2):
+        want.update(score, ood_mask)
+    result = doc["results"]["entropy"]["scenes"]
+    got = result["official"]
+    assert got["label"] == "CAOS official" and got["n_averaged_frames"] == 4
+    assert_close(got, want.compute(), CAOS_KEYS)
+    text = (tmp_path / "caos" / "results.md").read_text()
+    mine = result["per_image_mean"]
+    assert "## CAOS official beside segood" in text and "segood's per-image means and the same metrics" in text
+    assert (f"| entropy | scenes | {mine['auroc']:.4f} | {got['auroc']:.4f} | {mine['auprc']:.4f} | "
+            f"{got['auprc']:.4f} | {mine['fpr95']:.4f} | {got['fpr95']:.4f} |") in text
 
 
 def test_official_fishyscapes_from_the_command_line(perlin, tmp_path, capsys):
@@ -436,7 +576,7 @@ def test_a_killed_run_resumes_to_the_same_official_numbers(perlin, tmp_path, mon
 
 def _gather_worker(rank, world, out_dir):
     scores, labels = random_frames(6, n=5, decimals=3)
-    for kind in (SMIYCPixelAccumulator, FishyscapesPixelAccumulator):
+    for kind in (SMIYCPixelAccumulator, FishyscapesPixelAccumulator, CAOSPixelAccumulator):
         acc = kind()
         for k in range(rank, 5, world):  # rank 1 holds two frames, rank 0 three
             acc.update(scores[k], labels[k])
@@ -448,7 +588,7 @@ def test_two_process_gloo_all_reduce_gives_every_rank_the_whole_set(tmp_path):
 
     run_in_group(_gather_worker, str(tmp_path))
     scores, labels = random_frames(6, n=5, decimals=3)
-    for kind in (SMIYCPixelAccumulator, FishyscapesPixelAccumulator):
+    for kind in (SMIYCPixelAccumulator, FishyscapesPixelAccumulator, CAOSPixelAccumulator):
         whole = kind()
         for k in range(5):
             whole.update(scores[k], labels[k])

@@ -76,7 +76,7 @@ class EvaluateOptions(Options):
             normalises them (with ``commit_on``).
         bootstrap: the report's image-level bootstrap (None: no intervals).
         commit_on: a set of the run to commit thresholds on (and the component thresholds, when the run chooses).
-        official: "smiyc" or "fishyscapes": also that benchmark's own computation (docs/official.md).
+        official: "smiyc", "fishyscapes" or "caos": also that benchmark's own computation (docs/official.md).
         align_corners: for an ``nn.Module`` whose logits come out smaller than the frame: how they are resized.
     """
 

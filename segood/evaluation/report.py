@@ -17,7 +17,7 @@ from segood.labels import CLASS_NAMES, colorize
 from segood.methods.tuning import same_source_tuning
 from segood.metrics import METRICS, describe_grid, grid_spec
 from segood.metrics.bootstrap import Bootstrap
-from segood.metrics.official import LABELS as OFFICIAL_LABELS
+from segood.metrics.official import LABELS as OFFICIAL_LABELS, PER_IMAGE as OFFICIAL_PER_IMAGE
 
 SCHEMA = "segood.results/1"
 COARSE = 0.01  # a pooled value the binning may move by more than this is flagged ≈ in results.md
@@ -581,14 +581,18 @@ def official_markdown(doc, sets):
     def number(value, digits=4):
         return "–" if value is None else f"{value:.{digits}f}"
 
+    per_image = present[0]["benchmark"] in OFFICIAL_PER_IMAGE  # (a benchmark that averages over frames)
+    names = [k for k in METRICS if k in present[0]]
     lines = [f"## {label} beside segood (docs/official.md)", "",
-             f"segood's pooled values and the same metrics as the benchmark's own code computes them ({label}).", "",
-             f"| method | set | AUPRC | AUPRC ({label}) | FPR95 | FPR95 ({label}) |", "|---|---|---:|---:|---:|---:|"]
+             f"segood's {'per-image means' if per_image else 'pooled values'} and the same metrics as the benchmark's "
+             f"own code computes them ({label}).", "",
+             "| method | set | " + " | ".join(f"{METRICS[k].label} | {METRICS[k].label} ({label})" for k in names)
+             + " |", "|---|---|" + "---:|---:|" * len(names)]
     for (m, s), c in cells.items():
         if c:
-            pooled = doc["results"][m][s]["pooled"]
-            lines.append(f"| {m} | {s} | {number(pooled['auprc'])} | {number(c['auprc'])} | {number(pooled['fpr95'])} "
-                         f"| {number(c['fpr95'])} |")
+            mine = doc["results"][m][s]["per_image_mean" if per_image else "pooled"] or {}
+            lines.append(f"| {m} | {s} | " + " | ".join(f"{number(mine.get(k))} | {number(c[k])}" for k in names)
+                         + " |")
     if "best_f1_threshold" in present[0]:
         lines.append("")
         lines.append(f"{label}: the threshold of best pixel F1 on its curve (its component threshold, tuned on the "

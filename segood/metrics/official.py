@@ -25,6 +25,14 @@ value of the counted pixels (labels 0 and 1) is a threshold; AP is the step sum 
 recall (sklearn's old ``average_precision_score``); FPR95 = the FPR at the first threshold, from high to low and
 after a (0, 0) point, whose TPR (a float quotient) is >= 0.95.
 
+CAOS (Hendrycks et al., "Scaling Out-of-Distribution Detection for Real-World Settings", ICML 2022; code:
+anomaly-seg, ``eval_ood.py`` and ``anom_utils.py``; StreetHazards and BDD-Anomaly) scores each frame on its own
+and averages: per frame with OOD and ID pixels, scikit-learn's ``roc_auc_score`` (the trapezoidal ROC area over
+the frame's distinct scores) and ``average_precision_score`` (AP = sum_k (recall_k - recall_k-1) * precision_k from
+the highest score down), and its own ``fpr_and_fdr_at_recall``: over the distinct scores from the first of full
+recall up, the first whose recall (a float quotient) is closest to 0.95 (so possibly below it), and its FPR; each
+metric then the plain mean over those frames (frames with no OOD or no ID pixel are skipped).
+
 Deliberate differences from the official code (each changes nothing on ordinary data, or the official result
 there is an accident of implementation):
 - SMIYC: where several frames share the highest threshold, the official curve keeps, besides the point with all
@@ -44,13 +52,19 @@ there is an accident of implementation):
   official pixel metrics so it can be given (``--component-thresholds``).
 - Fishyscapes: equal infinite scores are one tie group (the official ``np.diff`` of inf and inf is NaN, which
   splits them pixel by pixel in input order); NaN scores at counted pixels are an error.
-- Both: a metric is NaN (with the reason) where the set has no OOD or no ID pixel; the official code divides by
+- CAOS: pixels labelled ignore (255) are left out of their frame, as its unused ``mask`` argument would; its
+  StreetHazards protocol has none (``--protocol original``). Infinite scores are ranked as the extremes they are
+  (scikit-learn refuses them); NaN scores at counted pixels are an error. The means are exactly rounded sums
+  (``math.fsum``), the same in any order of the frames (runs sharded over processes included).
+- All: a metric is NaN (with the reason) where the set has no OOD or no ID pixel; the official code divides by
   zero there. Sums are taken in another order than the official code's, so values agree to about 1e-15.
 
 The accumulators keep, per distinct threshold, the ID and OOD pixels (SMIYC: of the frames' bins, at most 768 a
-frame; Fishyscapes: per distinct float32 score, at most 2^32): states add (merge, resume, shards) and save as plain
-arrays.
+frame; Fishyscapes: per distinct float32 score, at most 2^32), or (CAOS) the three metrics of each frame: states
+add (merge, resume, shards) and save as plain arrays.
 """
+
+import math
 
 import numpy as np
 
@@ -59,9 +73,12 @@ from segood.metrics.components import ComponentAccumulator, frame_components
 from segood.metrics.functional import _to_numpy, raise_bad_labels
 from segood.metrics.state import Part
 
-BENCHMARKS = ("smiyc", "fishyscapes")
+BENCHMARKS = ("smiyc", "fishyscapes", "caos")
 #: How each benchmark's numbers are named in reports: "AUPRC (SMIYC official)".
-LABELS = {"smiyc": "SMIYC official", "fishyscapes": "Fishyscapes official"}
+LABELS = {"smiyc": "SMIYC official", "fishyscapes": "Fishyscapes official", "caos": "CAOS official"}
+#: The benchmarks that average their metrics over frames (compared with segood's per-image means, not the pooled).
+PER_IMAGE = ("caos",)
+CAOS_METRICS = ("auroc", "auprc", "fpr95")
 SMIYC_NUM_BINS = 768  # road-anomaly-benchmark's PixBinaryClass: 768 "percentiles" bins per frame
 SMIYC_TAUS = tuple(float(t) for t in np.linspace(0.25, 0.75, 11))
 _MIN_CONSOLIDATE = 1 << 16
@@ -170,9 +187,14 @@ def fishyscapes_values(scores, labels):
     as Fishyscapes ranks them (scores rounded to float32)."""
     values, ood = _counted(scores, labels)
     with np.errstate(over="ignore"):  # beyond the float32 range: ±inf, as the official cast gives
-        values = values.astype(np.float32)
-    if np.isnan(values).any():
-        raise ValueError(f"{int(np.count_nonzero(np.isnan(values)))} counted pixels have NaN scores; Fishyscapes' "
+        return _distinct_counts(values.astype(np.float32), ood, "Fishyscapes'")
+
+
+def _distinct_counts(values, ood, benchmark):
+    """(distinct ``values`` as float64, increasing; their ID pixels; their OOD pixels): each class sorted in its own
+    dtype, then merged. NaN values are an error naming ``benchmark``."""
+    if values.dtype.kind == "f" and np.isnan(values).any():
+        raise ValueError(f"{int(np.count_nonzero(np.isnan(values)))} counted pixels have NaN scores; {benchmark} "
                          "ranking of them is undefined")
     pieces = [_distinct(np.sort(values[~ood])), _distinct(np.sort(values[ood]))]
     zeros = [np.zeros(k.size, np.int64) for k, _ in pieces]
@@ -207,6 +229,33 @@ def fishyscapes_metrics(values, id_counts, ood_counts):
     tpr, fpr = np.r_[0.0, tps] / n_ood, np.r_[0.0, fps] / n_id  # from (0, 0)
     return {"auprc": float(auprc), "fpr95": float(fpr[np.searchsorted(tpr, 0.95)]), "n_id": n_id, "n_ood": n_ood,
             "n_thresholds": int(values.size)}
+
+
+def caos_frame_metrics(scores, labels):
+    """One frame's AUROC, AP and FPR95 as CAOS computes them (see the module docstring).
+
+    Args:
+        scores: real scores of one frame, any shape, higher = more OOD. labels: alike, 0 (ID), 1 (OOD), 255
+            (ignore: left out).
+
+    Returns:
+        (auroc, auprc, fpr95) floats, or None where the frame has no OOD or no ID counted pixel (CAOS skips it).
+    """
+    values, ood = _counted(scores, labels)
+    _, id_counts, ood_counts = _distinct_counts(values if values.dtype.kind == "f" else values.astype(np.float64),
+                                                ood, "CAOS'")
+    n_ood = int(ood_counts.sum())
+    n_id = ood.size - n_ood
+    if not n_ood or not n_id:
+        return None
+    tps, fps = np.cumsum(ood_counts[::-1]), np.cumsum(id_counts[::-1])  # at or above each distinct score, high to low
+    tpr, fpr = np.r_[0, tps] / n_ood, np.r_[0, fps] / n_id
+    auroc = np.sum(np.diff(fpr) * (tpr[1:] + tpr[:-1])) / 2
+    auprc = np.sum(np.diff(tpr) * (tps / (tps + fps)))
+    full = int(np.searchsorted(tps, n_ood))  # the first score of full recall; CAOS looks from there up
+    distance = np.abs(tps[: full + 1] / n_ood - 0.95)
+    cutoff = full - int(np.argmin(distance[::-1]))  # the first closest in that order: the lower score of a tie
+    return float(auroc), float(auprc), float(fps[cutoff] / n_id)
 
 
 def smiyc_frame_components(scores, labels, threshold, *, min_pred, min_gt):
@@ -405,6 +454,86 @@ class FishyscapesPixelAccumulator(_OfficialPixels):
         return f"FishyscapesPixelAccumulator(n_frames={self.n_frames})"
 
 
+class CAOSPixelAccumulator(Part):
+    """CAOS' AUROC (↑), AP (↑) and FPR95 (↓), each in [0, 1] (Hendrycks et al. 2022; anomaly-seg's ``eval_ood.py``:
+    per frame, then averaged over the frames with OOD and ID pixels), streamed; see the module docstring.
+
+    Example:
+        >>> acc = CAOSPixelAccumulator()
+        >>> acc.update(scores, ood_mask)   # (H, W) or (N, H, W), higher = more OOD
+        >>> acc.compute()["auroc"]
+    """
+
+    format = "segood.CAOSPixelAccumulator/1"
+    reductions = {"frames": "sum", "pixels": "sum", "values": "cat"}
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        """Forget every frame."""
+        self.values = np.zeros((0, len(CAOS_METRICS)))  # per frame averaged: AUROC, AP, FPR95
+        self.n_frames = self.n_skipped_frames = self.n_id = self.n_ood = 0
+        return self
+
+    def update(self, scores, labels):
+        """Add frames: ``scores`` (H, W) or (N, H, W) real numbers (numpy or torch), ``labels`` the OOD masks alike.
+        The state is unchanged when this raises."""
+        scores, labels = (_host(x) for x in (scores, labels))
+        if scores.shape != labels.shape or scores.ndim not in (2, 3):
+            raise ValueError(f"scores {scores.shape} and labels {labels.shape} must be (H, W) or (N, H, W) alike")
+        if scores.ndim == 2:
+            scores, labels = scores[None], labels[None]
+        frames = [caos_frame_metrics(s, lab) for s, lab in zip(scores, labels)]
+        rows = [f for f in frames if f is not None]
+        if rows:
+            self.values = np.concatenate([self.values, np.array(rows)])
+        self.n_frames += len(frames)
+        self.n_skipped_frames += len(frames) - len(rows)
+        self.n_id += int(np.count_nonzero(labels == 0))
+        self.n_ood += int(np.count_nonzero(labels == OOD))
+        return self
+
+    def compute(self):
+        """The mean of each metric over the frames averaged (NaN where there is none), with ``n_frames``,
+        ``n_averaged_frames``, ``n_skipped_frames`` and the counted pixels ``n_id``, ``n_ood``."""
+        n = len(self.values)
+        means = [math.fsum(column) / n if n else float("nan") for column in self.values.T]
+        return {**dict(zip(CAOS_METRICS, means)), "n_id": self.n_id, "n_ood": self.n_ood, "n_frames": self.n_frames,
+                "n_averaged_frames": n, "n_skipped_frames": self.n_skipped_frames}
+
+    def state_dict(self):
+        """The state as plain numpy arrays (``numpy.savez``-able without pickle)."""
+        return {"format": np.array(self.format), "values": self.values.copy(),
+                "frames": np.array([self.n_frames, self.n_skipped_frames], np.int64),
+                "pixels": np.array([self.n_id, self.n_ood], np.int64)}
+
+    @classmethod
+    def from_state_dict(cls, state):
+        """Rebuild from :meth:`state_dict`; every field is checked."""
+        try:
+            if str(np.asarray(state["format"])) != cls.format:
+                raise ValueError(f"unknown state format {state['format']!r}; expected {cls.format!r}")
+            values, frames, pixels = (np.asarray(state[k]) for k in ("values", "frames", "pixels"))
+        except KeyError as err:
+            raise ValueError(f"{cls.__name__} state lacks {err}") from None
+        for key, counts in (("frames", frames), ("pixels", pixels)):
+            if counts.shape != (2,) or not np.issubdtype(counts.dtype, np.integer) or (counts < 0).any():
+                raise ValueError(f"{cls.__name__} state: {key!r} must be two non-negative counts")
+        if values.ndim != 2 or values.shape[1] != len(CAOS_METRICS) or not np.issubdtype(values.dtype, np.floating) \
+                or not ((values >= -1e-12) & (values <= 1 + 1e-12)).all() or len(values) != frames[0] - frames[1]:
+            raise ValueError(f"{cls.__name__} state: 'values' must be (frames averaged, 3) floats in [0, 1], one row "
+                             "per frame not skipped")
+        acc = cls()
+        acc.values = values.astype(np.float64)
+        acc.n_frames, acc.n_skipped_frames = (int(v) for v in frames)
+        acc.n_id, acc.n_ood = (int(v) for v in pixels)
+        return acc
+
+    def __repr__(self):
+        return f"CAOSPixelAccumulator(n_frames={self.n_frames})"
+
+
 class SMIYCComponentAccumulator(ComponentAccumulator):
     """SMIYC's component metrics (Chan et al. 2021; ``SegEval-*``): :class:`ComponentAccumulator` (sIoU, PPV, F1*,
     all ↑ in [0, 1]) with a pixel predicted OOD iff ``score > threshold`` and tau from ``np.linspace(0.25, 0.75,
@@ -435,7 +564,8 @@ class SMIYCComponentAccumulator(ComponentAccumulator):
             raise ValueError(f"{cls.__name__} state lacks {err}") from None
 
 
-PIXEL_ACCUMULATORS = {"smiyc": SMIYCPixelAccumulator, "fishyscapes": FishyscapesPixelAccumulator}
+PIXEL_ACCUMULATORS = {"smiyc": SMIYCPixelAccumulator, "fishyscapes": FishyscapesPixelAccumulator,
+                      "caos": CAOSPixelAccumulator}
 
 
 def pixel_accumulator(official):
@@ -444,7 +574,7 @@ def pixel_accumulator(official):
 
 
 def pixel_accumulator_from_state(state):
-    """Either official pixel accumulator from its ``state_dict`` (the format entry says which)."""
+    """An official pixel accumulator from its ``state_dict`` (the format entry says which)."""
     form = str(np.asarray(state.get("format", "")))
     for cls in PIXEL_ACCUMULATORS.values():
         if form == cls.format:
