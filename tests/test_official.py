@@ -1,7 +1,7 @@
 """The official mode against each benchmark's definitions followed step by step here (plain numpy loops written
 from the definitions of road-anomaly-benchmark's PixBinaryClass / SegEval, bdl-benchmark's
 calculate_metrics_perpixAP and anomaly-seg's eval_ood.py), on literal frames with ties and scores on thresholds,
-and against values that anomaly-seg's own code gave on them; and segood's own numbers unchanged by it."""
+and against the values each benchmark's own code gave on such frames; and segood's own numbers unchanged by it."""
 
 import numpy as np
 import pytest
@@ -305,6 +305,7 @@ def test_caos_pixel_metrics_equal_the_official_definition(case):
                       "float32": random_frames(8, n=5, decimals=12)}[case]
     if case == "float32":
         scores = scores.astype(np.float32)
+    labels = labels.copy()
     labels[-1][labels[-1] == OOD] = 0  # a frame without OOD pixels: skipped, as CAOS skips it
     acc = CAOSPixelAccumulator()
     for s, lab in zip(scores, labels):
@@ -427,6 +428,27 @@ def test_the_example_numbers_of_the_docs():
     assert [round(r["fpr95"], 4) for r in (exact, smiyc, fishy)] == [0.5199, 0.5186, 0.5199]
     # on the literal frames every bin holds one distinct value: SMIYC's curve is the exact one there
     assert_close(smiyc_official(SCORES, LABELS), exact_metrics(SCORES, LABELS), ("auprc", "fpr95"))
+
+
+# What the official code itself returned on these frames (road-anomaly-benchmark: binary_confusion_matrix with
+# 768 "percentiles" bins a frame, aggregate_dynamic_bins, curves_from_cmats; bdl-benchmark:
+# calculate_metrics_perpixAP): SMIYC's values of PIXEL_KEYS, Fishyscapes' AP and FPR95.
+OFFICIAL_CODE_VALUES = {
+    "literal": ((0.8083333333333333, 0.20909090909090908, 0.5, 0.75, 0.75),
+                (0.8083333333333333, 0.20909090909090908)),
+    "random": ((0.7641733676269722, 0.5186348408710217, 0.339367054412, 0.5566682642739998, 0.6224677716390423),
+               (0.7636993503798247, 0.519891122278057)),
+}
+
+
+@pytest.mark.parametrize("case", list(OFFICIAL_CODE_VALUES))
+def test_official_modes_equal_the_official_codes_own_values(case):
+    scores, labels = {"literal": (SCORES, LABELS), "random": random_frames(0, n=6, decimals=12)}[case]
+    smiyc, fishy = OFFICIAL_CODE_VALUES[case]
+    got = smiyc_official(scores, labels)
+    assert [got[k] for k in PIXEL_KEYS] == pytest.approx(smiyc, abs=1e-15, rel=0)
+    got = FishyscapesPixelAccumulator().update(scores, labels).compute()
+    assert (got["auprc"], got["fpr95"]) == pytest.approx(fishy, abs=1e-15, rel=0)
 
 
 def test_tau_of_six_tenths_is_the_official_linspaces():
