@@ -489,7 +489,7 @@ def _score(args):
     from segood.evaluation.options import ScoreOptions
 
     options = ScoreOptions(name=args.name, score_range=args.score_range, clip=args.clip, verify=not args.no_verify,
-                           **grid_options(args))
+                           official=args.official, **grid_options(args))
     doc = evaluate_score_maps(args.scores, args.data, args.out, options)
     _print_run(args, args.out, doc)
     return 0
@@ -851,6 +851,8 @@ def build_parser(*, adapters=True):
     score.add_argument("--clip", action="store_true", help="with --num-thresholds: clip out-of-range scores into the "
                                                            "range instead of failing")
     score.add_argument("--no-verify", action="store_true", help="do not check the set's frames against its digests")
+    score.add_argument("--official", choices=OFFICIAL, help="also the benchmark's own computation of its pixel "
+                       "metrics, beside segood's (docs/official.md)")
     add_verbosity(score, progress=False)
     score.set_defaults(run=_score)
 

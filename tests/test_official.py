@@ -3,6 +3,8 @@ from the definitions of road-anomaly-benchmark's PixBinaryClass / SegEval, bdl-b
 calculate_metrics_perpixAP and anomaly-seg's eval_ood.py), on literal frames with ties and scores on thresholds,
 and against the values each benchmark's own code gave on such frames; and segood's own numbers unchanged by it."""
 
+import json
+
 import numpy as np
 import pytest
 from scipy import ndimage
@@ -12,8 +14,8 @@ from segood.metrics import exact_metrics
 from segood.metrics.components import ComponentAccumulator
 from segood.metrics.official import (CAOS_METRICS, SMIYC_TAUS, CAOSPixelAccumulator, FishyscapesPixelAccumulator,
                                      SMIYCComponentAccumulator, SMIYCPixelAccumulator, caos_frame_metrics,
-                                     fishyscapes_metrics, fishyscapes_values, pixel_accumulator_from_state,
-                                     smiyc_frame_bins, smiyc_pixel_metrics)
+                                     fishyscapes_metrics, fishyscapes_values, pixel_accumulator,
+                                     pixel_accumulator_from_state, smiyc_frame_bins, smiyc_pixel_metrics)
 
 X = IGNORE
 # three 6 x 8 frames: scores on a few values (ties), many exactly 0.5 (the component threshold below)
@@ -528,21 +530,27 @@ def test_official_mode_in_an_evaluation_leaves_segoods_numbers_unchanged(perlin,
         evaluate(model, [data], ["entropy"], tmp_path / "bad", official="kitti", **options)
 
 
-def test_caos_official_mode_reports_beside_segoods_per_image_means(perlin, tmp_path):
+def rectangle_set(path, frames=4):
+    """A converted set whose every frame has ID and OOD pixels: a noise rectangle on a smooth scene."""
     from segood.data.common import Sample
     from segood.data.h5 import SetWriter
-    from segood.evaluation import evaluate
 
-    model, rng = perlin[0], np.random.default_rng(0)
-    writer = SetWriter(tmp_path / "scenes.h5", (48, 96), {"source": "test", "split": "val"})
-    for k in range(4):  # every frame with ID and OOD pixels: a noise rectangle on a smooth scene
+    rng = np.random.default_rng(0)
+    writer = SetWriter(path, (48, 96), {"source": "test", "split": "val"})
+    for k in range(frames):
         image = np.repeat(np.linspace(0, 255, 96, dtype=np.uint8)[None, :, None], 48, 0).repeat(3, 2)
         ood = np.zeros((48, 96), np.uint8)
         ood[10 + k : 30, 20 : 50 + 5 * k] = OOD
         image[ood == OOD] = rng.integers(0, 256, (int(ood.sum()), 3), np.uint8)
         writer.append(Sample(image, ood, np.zeros_like(ood), f"scene/{k}"))
     writer.commit()
-    data = tmp_path / "scenes.h5"
+    return path
+
+
+def test_caos_official_mode_reports_beside_segoods_per_image_means(perlin, tmp_path):
+    from segood.evaluation import evaluate
+
+    model, data = perlin[0], rectangle_set(tmp_path / "scenes.h5")
     doc = evaluate(model, [data], ["entropy"], tmp_path / "caos", official="caos", batch_size=2, progress=False,
                    figures=False, bootstrap=None)
     want = CAOSPixelAccumulator()
@@ -576,6 +584,37 @@ def test_official_fishyscapes_from_the_command_line(perlin, tmp_path, capsys):
     assert isinstance(acc, FishyscapesPixelAccumulator) and acc.n_frames == 4 and not ev.official_comp
     assert main([*args[:-1], "smiyc", "--resume"]) == 2  # the folder holds the Fishyscapes run
     assert "different run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("official", ["smiyc", "caos"])
+def test_official_numbers_of_score_maps_from_elsewhere(perlin, tmp_path, capsys, official):
+    """segood score --official: the benchmark's own numbers of score maps in its layout, from the maps as stored
+    (SMIYC's: float16)."""
+    import h5py
+
+    from segood.cli import main
+    from segood.data.h5 import ood_masks
+    from segood.evaluation.exchange import export_scores
+    from segood.methods import get_method
+
+    data = rectangle_set(tmp_path / "scenes.h5")
+    export_scores(perlin[0], {"scenes": data}, [get_method("entropy")], tmp_path / "maps", layout="smiyc",
+                  progress=False)
+    folder = tmp_path / "maps" / "anomaly_p" / "entropy" / "scenes"
+    want = pixel_accumulator(official)
+    for frame_id, mask in ood_masks(data):
+        with h5py.File(folder / f"{frame_id.rsplit('/', 1)[-1]}.hdf5") as f:
+            want.update(f["value"][()], mask)
+    assert main(["score", "--scores", str(folder), "--data", str(data), "--out", str(tmp_path / "run"), "--name",
+                 "entropy", "--official", official]) == 0
+    label = {"smiyc": "SMIYC official", "caos": "CAOS official"}[official]
+    assert f"## {label} beside segood" in (tmp_path / "run" / "results.md").read_text()
+    got = json.loads((tmp_path / "run" / "results.json").read_text())["results"]["entropy"]["scenes"]["official"]
+    keys = CAOS_KEYS if official == "caos" else (*PIXEL_KEYS, "n_frames")
+    assert_close(got, want.compute(), keys)
+    assert main(["score", "--scores", str(folder), "--data", str(data), "--out", str(tmp_path / "run"), "--name",
+                 "entropy"]) == 2  # the folder holds the run with the official mode
+    assert "holds a different run" in capsys.readouterr().err
 
 
 def test_a_killed_run_resumes_to_the_same_official_numbers(perlin, tmp_path, monkeypatch):

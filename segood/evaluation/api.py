@@ -180,7 +180,7 @@ def evaluate_score_maps(scores_path: str | Path, data_path: str | Path, out_dir:
     the layouts of :mod:`segood.evaluation.exchange`: segood's HDF5 file (one dataset per frame id), a folder of
     SegmentMeIfYouCan's ``<fid>.hdf5`` files or of Fishyscapes' ``<fid>_anomaly.npy`` files. ``options``: a
     :class:`~segood.evaluation.options.ScoreOptions` (the method's name, the declared score range, the grid,
-    clip, figures, verify); ``keywords`` are its fields (``num_thresholds=400``), put into ``options`` when both
+    clip, figures, verify, official mode); ``keywords`` are its fields (``num_thresholds=400``), put into ``options`` when both
     are given. On the float-order grid (the default) any real score is binned; a declared range (``score_range``,
     or the segood file's root attribute ``score_range``) is checked. With ``num_thresholds`` the paper's linear
     grid is used, on the declared range; ``grid`` names a grid as in :func:`evaluate` (on the exact grid too a
@@ -199,7 +199,7 @@ def evaluate_score_maps(scores_path: str | Path, data_path: str | Path, out_dir:
                 raise ValueError(f"{scores_path} declares no score_range, which the linear grid needs: pass "
                                  "--score-range LO HI, or drop --num-thresholds (the float-order grid needs no range)")
             grid = {**grid, "score_range": list(score_range)}
-        ev = Evaluation([name], [set_name], grid)
+        ev = Evaluation([name], [set_name], grid, official=options.official)
         if grid["kind"] != "linear" and score_range is not None:  # a declared range is checked, not a grid
             for acc in ev.acc.values():
                 acc.score_range = score_range
@@ -222,7 +222,7 @@ def evaluate_score_maps(scores_path: str | Path, data_path: str | Path, out_dir:
                    "sets": {set_name: {**set_identity(data_path), "frames": len(dataset)}},
                    "methods": {name: {"name": name, "params": {"score_range": list(score_range) if score_range else None},
                                       "uses_ood_data": None}},
-                   "config": {"grid": grid}}
+                   "config": {"grid": grid, **({"official": options.official} if options.official else {})}}
     folder = RunFolder(out_dir)
     _check_run_folder(folder, description)
     write_json(folder.run, description)

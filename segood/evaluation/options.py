@@ -143,6 +143,8 @@ class ScoreOptions(Options):
             ``score_range`` holds None as its range: it takes the one the score file declares.
         clip: on the linear grid, clip out-of-range scores into the range instead of failing.
         figures: draw the figures into the run folder. verify: check every frame against its set's manifest.
+        official: "smiyc", "fishyscapes" or "caos": also that benchmark's own computation of its pixel metrics
+            (docs/official.md).
     """
 
     name: str = "external"
@@ -151,6 +153,7 @@ class ScoreOptions(Options):
     clip: bool = False
     figures: bool = True
     verify: bool = True
+    official: str | None = None
     num_thresholds: InitVar[int | None] = None
     mantissa_bits: InitVar[int | None] = None
     max_pixels: InitVar[int | None] = None
@@ -161,6 +164,7 @@ class ScoreOptions(Options):
         if self.score_range is not None:
             object.__setattr__(self, "score_range", score_range_of(self.score_range))
         self._check_flags("clip", "figures", "verify")
+        check_benchmark(self.official)
         grid = grid_spec(num_thresholds, None, mantissa_bits, kind=self.grid, max_pixels=max_pixels)
         if grid["kind"] == "linear":  # its range: score_range, else a whole grid's own, else the score file's
             declared = self.score_range or (grid.get("score_range") if isinstance(self.grid, dict) else None)
