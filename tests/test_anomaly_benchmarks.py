@@ -259,10 +259,12 @@ def test_streethazards_protocol_from_the_command_line_and_bad_values(tmp_path, c
 
 def test_streethazards_original_protocol_reports_per_image_means_beside_pooled(tmp_path):
     """results.md of a set converted with the original protocol names both numbers, each equal to scikit-learn on
-    the converted masks: AUROC pooled over every pixel, and the mean of the per-image AUROCs."""
+    the converted masks: AUROC pooled over every pixel, and the mean of the per-image AUROCs (CAOS' own, with
+    official="caos", too); the metrics figure's bar is the per-image mean there, the pooled value elsewhere."""
     from sklearn.metrics import roc_auc_score
 
     from segood.evaluation import evaluate_score_maps
+    from segood.evaluation.report import bar_values
 
     streethazards_tree(tmp_path / "sh")
     rng = np.random.default_rng(5)
@@ -279,7 +281,7 @@ def test_streethazards_original_protocol_reports_per_image_means_beside_pooled(t
             for frame_id, score in zip(frame_ids, scores):
                 f[frame_id] = score.astype(np.float32)
         docs[protocol] = evaluate_score_maps(tmp_path / f"scores_{protocol}.h5", data, tmp_path / f"run_{protocol}",
-                                             name="external", figures=False)
+                                             name="external", figures=False, official="caos")
         kept = masks != 255
         pooled = roc_auc_score(masks[kept], scores[kept])
         per_image = np.mean([roc_auc_score(m[m != 255], s[m != 255]) for m, s in zip(masks, scores)])
@@ -287,6 +289,9 @@ def test_streethazards_original_protocol_reports_per_image_means_beside_pooled(t
         result = docs[protocol]["results"]["external"][f"sh_{protocol}"]
         assert result["pooled"]["auroc"] == pytest.approx(pooled, abs=1e-12)
         assert result["per_image_mean"]["auroc"] == pytest.approx(per_image, abs=1e-12)
+        assert result["official"]["auroc"] == pytest.approx(per_image, abs=1e-12)  # CAOS' own: the same here
+        headline = per_image if protocol == "original" else pooled  # the figure's bar: the set's headline
+        assert bar_values(docs[protocol], "external", [f"sh_{protocol}"], "auroc")[0] == [pytest.approx(headline)]
         markdown = (tmp_path / f"run_{protocol}" / "results.md").read_text()
         section = markdown.split("## AUROC ↑ (pooled over all pixels")[1].split("\n## ")[0]
         header = next(line for line in section.splitlines() if line.startswith("| method |"))

@@ -157,6 +157,57 @@ def test_every_bad_submission_is_rejected_with_its_reason(world, tmp_path):
     assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
 
 
+def test_a_set_that_averages_per_image_is_ranked_by_its_per_image_means(tmp_path):
+    """A set converted with a protocol that averages per image (StreetHazards' original) is scored on the board by
+    its per-image means, as its own report heads it; a self-reported state's per-image values must be what its
+    counts allow, and it must hold them."""
+    from segood.data.common import Sample
+    from segood.data.h5 import SetWriter
+
+    headline = "per-image mean, a test protocol"
+    writer = SetWriter(tmp_path / "avg.h5", (32, 64), {"source": "test", "split": "val", "per_image_headline": headline})
+    rng = np.random.default_rng(5)
+    for k in range(4):  # OOD patches of four sizes: per-image means differ from the pooled values
+        ood = np.zeros((32, 64), np.uint8)
+        ood[4 : 8 + 5 * k, 8:40] = 1
+        image = rng.integers(0, 128, (32, 64, 3), np.uint8)
+        image[ood == 1] += rng.integers(0, 128, (int(ood.sum()), 3), np.uint8)
+        writer.append(Sample(image, ood, np.zeros_like(ood), f"frame/{k}"))
+    writer.commit()
+    run = evaluate(tiny_network(), {"avg": tmp_path / "avg.h5"}, ["max_softmax", "entropy"], tmp_path / "run",
+                   progress=False, figures=False)
+    (tmp_path / "subs").mkdir()
+    for method in ("max_softmax", "entropy"):
+        submit(tmp_path / "run", tmp_path / "subs" / f"{method}.zip", method=method, name=method)
+    make_benchmark({"t": {"sets": {"avg": tmp_path / "avg.h5"}, "rank_by": "auroc"}}, tmp_path / "bench.json")
+    good = tmp_path / "subs" / "entropy.zip"
+    with zipfile.ZipFile(good) as z:
+        state = dict(np.load(io.BytesIO(z.read("states/avg.npz"))))
+    forged = io.BytesIO()  # one image's AUROC beyond what its counts allow (there: 0.56 to 1)
+    values = state["image_values"].copy()
+    values[0, list(state["per_image_metrics"]).index("auroc")] = 0.0
+    np.savez(forged, **{**state, "image_values": values})
+    replace_member(good, tmp_path / "subs" / "forged.zip", "states/avg.npz", forged.getvalue())
+    pooled_only = io.BytesIO()  # a state without per-image counts
+    np.savez(pooled_only, **{k: v for k, v in state.items() if not k.startswith("image_")})
+    replace_member(good, tmp_path / "subs" / "pooled_only.zip", "states/avg.npz", pooled_only.getvalue())
+
+    board = leaderboard(tmp_path / "subs", tmp_path / "bench.json", tmp_path / "board")
+    entries = board["tracks"]["t"]["entries"]
+    means = {m: run["results"][m]["avg"]["per_image_mean"] for m in ("max_softmax", "entropy")}
+    assert [e["name"] for e in entries] == sorted(means, key=lambda m: -means[m]["auroc"])
+    for entry in entries:
+        for metric in ("auroc", "auprc", "fpr95", "max_iou"):
+            assert entry["sets"]["avg"][metric] == pytest.approx(means[entry["name"]][metric], abs=1e-12)
+        assert entry["score"] == pytest.approx(means[entry["name"]]["auroc"], abs=1e-12)
+        assert entry["interval"][0] <= entry["score"] <= entry["interval"][1]
+    assert board["tracks"]["t"]["per_image"] == {"avg": headline}
+    assert f"| avg ({headline}) |" in (tmp_path / "board" / "leaderboard.md").read_text()
+    reasons = {r["file"]: r["reason"] for r in board["rejected"]}
+    assert "image 0's auroc is" in reasons["forged.zip"] and "which its counts do not allow" in reasons["forged.zip"]
+    assert "must hold the per-image counts of every frame" in reasons["pooled_only.zip"]
+
+
 def test_cli_round_trip(world, tmp_path, capsys):
     root, _ = world
     assert main(["submit", str(root / "run"), "--method", "entropy", "--method-name", "Entropy (cli)",

@@ -279,7 +279,8 @@ CAOS_LITERAL_FRAMES = [(0.9635416666666666, 0.825, 0.19444444444444445),
 # A frame where recall 0.9 lies closer to 0.95 than recall 1.0 does: CAOS takes its FPR at recall 0.9 (the lowest
 # score of that recall), segood at the first threshold of TPR >= 0.95. anomaly-seg's code: (0.965,
 # 0.9614285714285713, 0.1); segood's FPR95 0.4.
-BELOW_SCORES = np.array([[.9, .9, .8, .8, .7, .7, .6, .6, .5, .2], [.55, .2, .2, .2, .1, .1, .1, .05, .0, .0]], np.float32)
+BELOW_SCORES = np.array([[.9, .9, .8, .8, .7, .7, .6, .6, .5, .2],
+                         [.55, .2, .2, .2, .1, .1, .1, .05, .0, .0]], np.float32)
 BELOW_LABELS = np.array([[1] * 10, [0] * 10], np.uint8)
 CAOS_KEYS = (*CAOS_METRICS, "n_frames", "n_averaged_frames", "n_skipped_frames")
 

@@ -180,12 +180,12 @@ def evaluate_score_maps(scores_path: str | Path, data_path: str | Path, out_dir:
     the layouts of :mod:`segood.evaluation.exchange`: segood's HDF5 file (one dataset per frame id), a folder of
     SegmentMeIfYouCan's ``<fid>.hdf5`` files or of Fishyscapes' ``<fid>_anomaly.npy`` files. ``options``: a
     :class:`~segood.evaluation.options.ScoreOptions` (the method's name, the declared score range, the grid,
-    clip, figures, verify, official mode); ``keywords`` are its fields (``num_thresholds=400``), put into ``options`` when both
-    are given. On the float-order grid (the default) any real score is binned; a declared range (``score_range``,
-    or the segood file's root attribute ``score_range``) is checked. With ``num_thresholds`` the paper's linear
-    grid is used, on the declared range; ``grid`` names a grid as in :func:`evaluate` (on the exact grid too a
-    declared range is checked). Missing, extra or unreadable frames, shape mismatches and out-of-range values are
-    errors that name the frames and files.
+    clip, figures, verify, official mode); ``keywords`` are its fields (``num_thresholds=400``), put into
+    ``options`` when both are given. On the float-order grid (the default) any real score is binned; a declared
+    range (``score_range``, or the segood file's root attribute ``score_range``) is checked. With ``num_thresholds``
+    the paper's linear grid is used, on the declared range; ``grid`` names a grid as in :func:`evaluate` (on the
+    exact grid too a declared range is checked). Missing, extra or unreadable frames, shape mismatches and
+    out-of-range values are errors that name the frames and files.
     """
     options = ScoreOptions.of(options, **keywords)
     name, grid = options.name, options.grid

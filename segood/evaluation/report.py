@@ -215,7 +215,7 @@ def metric_tables(doc):
     that averages per image (its identity's ``per_image_headline``) also shows its per-image means beside its
     pooled numbers in the pooled tables, each column named."""
     sets = list(next(iter(doc["results"].values())))
-    headlines = {s: (doc.get("sets") or {}).get(s, {}).get("per_image_headline") for s in sets}
+    headlines = {s: _headline(doc, s) for s in sets}
     names = {(s, a): f"{s} ({headlines[s] if a == 'per_image_mean' else 'pooled over pixels'})" if headlines[s]
              else s for s in sets for a in ("pooled", "per_image_mean")}
     tables = []
@@ -387,13 +387,13 @@ def write_figures(figures, doc, ev):
     width = 0.8 / max(len(methods), 1)
     for ax, metric in zip(axes, METRICS):
         for k, m in enumerate(methods):
-            values = [doc["results"][m][s]["pooled"].get(metric) or 0.0 for s in sets]
-            intervals = [(doc["results"][m][s].get("intervals") or {}).get(metric) or [None, None] for s in sets]
+            values, intervals = bar_values(doc, m, sets, metric)
             errors = np.array([[v - lo, hi - v] if lo is not None else [0.0, 0.0]
                                for v, (lo, hi) in zip(values, intervals)]).T
             ax.bar(np.arange(len(sets)) + k * width, values, width, label=m, yerr=np.clip(errors, 0, None),
                    capsize=2, error_kw={"linewidth": 0.8})
-        ax.set_xticks(np.arange(len(sets)) + width * (len(methods) - 1) / 2, sets, rotation=20, fontsize=8)
+        ax.set_xticks(np.arange(len(sets)) + width * (len(methods) - 1) / 2,
+                      [f"{s}\n(per-image mean)" if _headline(doc, s) else s for s in sets], rotation=20, fontsize=8)
         ax.set_title(f"{METRICS[metric].label} {arrow(metric)}")
     axes[0].legend(fontsize=7)
     _save(fig, figures / "metrics.png")
@@ -607,6 +607,22 @@ def official_markdown(doc, sets):
             lines.append(f"| {m} | {s} | " + " | ".join(" / ".join(number(x[k], 3) for k in ("siou", "ppv", "f1_star"))
                                                         for x in (mine, theirs)) + f" | {theirs['threshold']:.6g} |")
     return lines + [""]
+
+
+def bar_values(doc, method, sets, metric):
+    """(values, [lo, hi] intervals) of a method's bars of ``metric`` over ``sets``: each set's headline aggregate
+    (its per-image mean where its protocol averages per image, else the pooled value); 0 and [None, None] where
+    undefined."""
+    results = [doc["results"][method][s] for s in sets]
+    kinds = [("per_image_mean", "per_image_intervals") if _headline(doc, s) else ("pooled", "intervals") for s in sets]
+    values = [(r[value] or {}).get(metric) or 0.0 for r, (value, _) in zip(results, kinds)]
+    intervals = [(r.get(interval) or {}).get(metric) or [None, None] for r, (_, interval) in zip(results, kinds)]
+    return values, intervals
+
+
+def _headline(doc, set_name):
+    """A set's per-image headline (its protocol averages per image), or None."""
+    return (doc.get("sets") or {}).get(set_name, {}).get("per_image_headline")
 
 
 def heat_limits(maps, percentiles=HEAT_PERCENTILES):

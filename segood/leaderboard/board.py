@@ -28,7 +28,8 @@ from segood.leaderboard.submission import validate
 from segood.metrics import (METRICS, UndefinedMetricWarning, accumulator_from_state, describe_grid, grid_spec,
                             make_accumulator)
 from segood.metrics.streaming import OPTIONAL_STATE
-from segood.metrics.bootstrap import Bootstrap, coarse_keys, shifted_metrics, tied_ranks
+from segood.metrics.bootstrap import Bootstrap, coarse_keys, resampled_means, shifted_metrics, tied_ranks
+from segood.metrics.functional import metric_bounds
 
 BENCHMARK_SCHEMA = "segood.benchmark/1"
 TOLERANCE = 1e-6
@@ -68,9 +69,10 @@ def make_benchmark(tracks, out, *, grid=None):
 
 def _official(name, path, private):
     identity, manifest = set_identity(path), read_manifest(path)
+    headline = {"per_image_headline": identity["per_image_headline"]} if "per_image_headline" in identity else {}
     return {"manifest_sha256": identity["manifest_sha256"], "ood_sources": identity["ood_sources"],
             "pixels": manifest["pixels"], "private": private, "path": str(path.resolve()),
-            "frame_sizes": [list(size) for size in frame_sizes(path)], "frame_ids": frame_ids(path)}
+            "frame_sizes": [list(size) for size in frame_sizes(path)], "frame_ids": frame_ids(path), **headline}
 
 
 def write_public_set(path, out):
@@ -147,6 +149,9 @@ def _judge(path, benchmark, limits, masks, spill):
                                f"({map_member(mine)}, written by segood submit --scores)")
             else:
                 recomputed[set_name], images[set_name] = _self_reported(mine, entry, files, official, grid)
+            if official.get("per_image_headline"):  # a protocol that averages per image: ranked by those means
+                recomputed[set_name] = _per_image_means(mine, images[set_name][0], official,
+                                                        trusted=set_name in verified)
         if spec.get("verified_only") and len(verified) < len(spec["sets"]):
             raise Rejected(f"track {track} ranks verified entries only: submit score maps for "
                            f"{sorted(set(spec['sets']) - set(verified))}")
@@ -256,6 +261,34 @@ def _check_images(set_name, acc, official):
     if pooled != summed:
         raise Rejected(f"set {set_name!r}: the pooled histogram is not the sum of the per-image counts (pixels "
                        "moved between bins?); submit the state as segood wrote it")
+
+
+def _per_image_means(set_name, images, official, *, trusted):
+    """{metric: mean over the images where it is defined (None where none)}: a set whose protocol averages per
+    image (its ``per_image_headline``) is scored so. The board computed a verified entry's per-image values itself
+    (``trusted``); a state keeps each image's values beside its counts on the coarse grid only, so each value of a
+    self-reported state must lie within what its image's coarse counts allow."""
+    if len(images) != len(official["frame_ids"]):
+        raise Rejected(f"set {set_name!r} averages its metrics per image ({official['per_image_headline']}): the "
+                       "state must hold the per-image counts of every frame, as segood evaluate writes them")
+    values = np.array(images.values).reshape(len(images), len(images.names))
+    columns = [images.names.index(metric) if metric in images.names else None for metric in METRICS]
+    if None in columns:
+        raise Rejected(f"set {set_name!r}: the state's per-image values lack "
+                       f"{[m for m, c in zip(METRICS, columns) if c is None]}")
+    values = values[:, columns]
+    if not trusted:
+        for k, counts in enumerate(images.counts):
+            bounds = metric_bounds(np.asarray(counts).T)
+            for metric, value in zip(METRICS, values[k]):
+                lo, hi = bounds[metric]
+                if math.isnan(lo) != math.isnan(value) or not math.isnan(value) and not (
+                        lo - TOLERANCE <= value <= hi + TOLERANCE):
+                    raise Rejected(f"set {set_name!r}: image {k}'s {metric} is {value}, which its counts do not "
+                                   f"allow ([{lo}, {hi}])")
+    defined = ~np.isnan(values)
+    return {metric: float(values[defined[:, j], j].mean()) if defined[:, j].any() else None
+            for j, metric in enumerate(METRICS)}
 
 
 def _by_key(keys, counts):
@@ -430,7 +463,9 @@ def leaderboard(submissions_dir, benchmark_path, out_dir, limits=Limits(), boots
             row["figure"] = f"figures/roc_{t}_{k}.png"  # named by position: no submitted string in a path
             _draw_roc(out_dir / row["figure"], row.pop("_curves"), f"{row['name']} ({row['file']})")
     doc = {"schema": "segood.leaderboard/1", "bootstrap": vars(bootstrap) if bootstrap else None, "tracks": {
-        t: {"rank_by": benchmark["tracks"][t]["rank_by"], "sets": list(benchmark["tracks"][t]["sets"]), "entries": rows}
+        t: {"rank_by": benchmark["tracks"][t]["rank_by"], "sets": list(benchmark["tracks"][t]["sets"]),
+            "per_image": {s: o["per_image_headline"] for s, o in benchmark["tracks"][t]["sets"].items()
+                          if o.get("per_image_headline")}, "entries": rows}
         for t, rows in tracks.items()}, "rejected": rejected}
     write_json(out_dir / "leaderboard.json", doc)
     atomic_write_text(out_dir / "leaderboard.md", board_markdown(doc))
@@ -514,7 +549,7 @@ def _intervals_and_ties(rows, spec, settings):
     """Set each row's ``interval`` (of its score, the mean over the sets of the rank_by metric) and ``rank``; drop
     the per-image counts. The same resampled images serve every entry, so verified entries (the board's own
     per-frame counts, in frame order) are paired; self-reported counts may come in another order (sharded runs),
-    so they get intervals but never a tie."""
+    so they get intervals but never a tie. A set whose protocol averages per image resamples its per-image means."""
     metric, sets = spec["rank_by"], list(spec["sets"])
     samples = {}
     if settings:
@@ -523,7 +558,9 @@ def _intervals_and_ties(rows, spec, settings):
         for k, row in enumerate(rows):
             images = row["_images"]
             if row["score"] is not None and all(len(images[s]) == len(weights[s][0]) for s in sets):
-                samples[k] = np.mean([shifted_metrics(images[s], weights[s], (metric,), row["sets"][s])[metric]
+                samples[k] = np.mean([resampled_means(images[s], weights[s], (metric,))[metric]
+                                      if spec["sets"][s].get("per_image_headline") else
+                                      shifted_metrics(images[s], weights[s], (metric,), row["sets"][s])[metric]
                                       for s in sets], axis=0)
     sign = 1.0 if METRICS[metric].higher_is_better else -1.0
     paired = [k for k in samples if rows[k]["verified"]]
@@ -567,7 +604,8 @@ def board_markdown(doc):
     for track, t in doc["tracks"].items():
         metric = t["rank_by"]
         lines += [f"## {track} — ranked by mean {metric} over {', '.join(t['sets'])}", "",
-                  "| rank | method | score | " + " | ".join(t["sets"]) + " | notes | file (sha256) |",
+                  "| rank | method | score | " + " | ".join(_set_label(t, s) for s in t["sets"])
+                  + " | notes | file (sha256) |",
                   "|---:|---|---:|" + "---:|" * len(t["sets"]) + "---|---|"]
         for k, row in enumerate(t["entries"], 1):
             cells = " | ".join(_fmt(row["sets"][s][metric]) for s in t["sets"])
@@ -592,7 +630,8 @@ def board_html(doc):
     for track, t in doc["tracks"].items():
         metric = t["rank_by"]
         parts.append(f"<h2>{esc(track)} — ranked by mean {esc(metric)}</h2><table class='sortable'><thead><tr>"
-                     + "".join(f"<th>{esc(h)}</th>" for h in ["rank", "method", "score", *t["sets"], "notes",
+                     + "".join(f"<th>{esc(h)}</th>" for h in ["rank", "method", "score",
+                                                              *(_set_label(t, s) for s in t["sets"]), "notes",
                                                               "file (sha256)", "curves"])
                      + "</tr></thead><tbody>")
         for k, row in enumerate(t["entries"], 1):
@@ -620,6 +659,12 @@ document.querySelectorAll('table.sortable th').forEach((th, col) => th.addEventL
 _INTERVAL_NOTE = ("[lo, hi]: {confidence:.0%} image-level bootstrap interval of the score ({resamples} resamples, seed "
                   "{seed}). Verified entries not significantly worse than a better one (paired bootstrap) share "
                   "its rank; self-reported entries are never tied (their images may come in another order).")
+
+
+def _set_label(track, set_name):
+    """A set's column: its name, and its headline where its protocol averages per image."""
+    headline = track.get("per_image", {}).get(set_name)
+    return f"{set_name} ({headline})" if headline else set_name
 
 
 def _rank(row, position):

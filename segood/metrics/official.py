@@ -455,8 +455,9 @@ class FishyscapesPixelAccumulator(_OfficialPixels):
 
 
 class CAOSPixelAccumulator(Part):
-    """CAOS' AUROC (↑), AP (↑) and FPR95 (↓), each in [0, 1] (Hendrycks et al. 2022; anomaly-seg's ``eval_ood.py``:
-    per frame, then averaged over the frames with OOD and ID pixels), streamed; see the module docstring.
+    """CAOS' AUROC (↑), AP (↑) and FPR95 (↓), each in [0, 1] (Hendrycks et al. 2022; anomaly-seg's
+    ``eval_ood.py``: per frame, then averaged over the frames with OOD and ID pixels), streamed; see the module
+    docstring.
 
     Example:
         >>> acc = CAOSPixelAccumulator()
