@@ -2,9 +2,11 @@
 against the maintainer's private masks, in a fresh process; prints its wall time and peak RSS.
 
     python benchmarks/bench_board.py [--submissions 20] [--frames 50] [--height 1024] [--width 2048] [--work DIR]
+                                     [--components anomaly]
 
 Target (issue 18): 20 x 50 frames of 1024 x 2048 in <= 60 s on CPU and <= 2 GiB RSS. The data (about 4 GiB for
-the full size) is generated once into --work (default a temporary folder) and seeded.
+the full size) is generated once into --work (default a temporary folder) and seeded. ``--components``: then the
+same submissions judged again on a track with SegmentMeIfYouCan's component metrics (a second pass over the maps).
 """
 
 import argparse
@@ -68,6 +70,7 @@ def main():
     parser.add_argument("--height", type=int, default=1024)
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--work", type=Path)
+    parser.add_argument("--components", choices=("anomaly", "obstacle"))
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work or Path(tmp)
@@ -75,13 +78,21 @@ def main():
             work.mkdir(parents=True, exist_ok=True)
             make_world(work, args.submissions, args.frames, args.height, args.width)
         size = sum(p.stat().st_size for p in (work / "subs").iterdir())
-        out = subprocess.run([sys.executable, "-c", JUDGE, str(work / "subs"), str(work / "bench.json"),
-                              str(work / "board")], capture_output=True, text=True, check=True)
-        result = json.loads(out.stdout)
-    assert result["entries"] == args.submissions and not result["rejected"], result
-    print(f"judged {args.submissions} submissions x {args.frames} frames of {args.height}x{args.width} float16 maps "
-          f"({size / 2**30:.2f} GiB of zips): {result['seconds']:.1f} s, peak RSS {result['peak_rss_mib']:.0f} MiB "
-          f"(targets: <= 60 s, <= 2048 MiB)")
+        benches = {"": work / "bench.json"}
+        if args.components:
+            benches[f", with component metrics ({args.components})"] = work / "bench_components.json"
+            spec = json.loads((work / "bench.json").read_text())["tracks"]["verified"]
+            make_benchmark({"verified": {"sets": {"private": spec["sets"]["private"]["path"]}, "rank_by": "auroc",
+                                         "private": ["private"], "verified_only": True,
+                                         "components": args.components}}, benches[list(benches)[1]])
+        for label, bench in benches.items():
+            out = subprocess.run([sys.executable, "-c", JUDGE, str(work / "subs"), str(bench), str(work / "board")],
+                                 capture_output=True, text=True, check=True)
+            result = json.loads(out.stdout)
+            assert result["entries"] == args.submissions and not result["rejected"], result
+            print(f"judged {args.submissions} submissions x {args.frames} frames of {args.height}x{args.width} "
+                  f"float16 maps ({size / 2**30:.2f} GiB of zips){label}: {result['seconds']:.1f} s, peak RSS "
+                  f"{result['peak_rss_mib']:.0f} MiB (targets: <= 60 s, <= 2048 MiB)")
 
 
 if __name__ == "__main__":

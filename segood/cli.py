@@ -514,7 +514,7 @@ def _benchmark(args):
 
     sets = sets_by_stem(args.sets, "--sets")
     doc = make_benchmark({args.track: {"sets": sets, "rank_by": args.rank_by, "private": args.private or [],
-                                       "verified_only": args.verified_only}}, args.out,
+                                       "verified_only": args.verified_only, "components": args.components}}, args.out,
                          grid=grid_spec(args.num_thresholds, None, args.mantissa_bits, kind=args.grid))
     track = doc["tracks"][args.track]
     print(f"wrote {args.out}: track {args.track}, {len(track['sets'])} "
@@ -880,6 +880,9 @@ def build_parser(*, adapters=True):
     bench.add_argument("--private", nargs="+", metavar="SET", help="sets (by file stem) whose masks stay private: "
                        "entered with score maps only; a public copy without masks is written beside --out")
     bench.add_argument("--verified-only", action="store_true", help="rank only entries scored here from maps")
+    bench.add_argument("--components", choices=("anomaly", "obstacle"),
+                       help="also SegmentMeIfYouCan's component metrics (sIoU, PPV, F1*) of verified entries with this "
+                            "preset's size filters, at each entry's best pixel-F1 threshold on each set (ORACLE)")
     bench.add_argument("--rank-by", default="auroc", choices=list(metric_choices), help=f"one of {', '.join(metric_choices)}")
     add_grid_options(bench, exact=False)  # submissions carry states: an exact one would hold every pixel
     bench.add_argument("--out", type=Path, required=True)

@@ -13,7 +13,8 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 @pytest.mark.parametrize("script,args", [
     ("bench_metrics.py", ["--images", "1", "--height", "32", "--width", "64", "--repeat", "1", "--skip-slow"]),
     ("bench_intervals.py", ["--methods", "2", "--sets", "1", "--images", "5", "--resamples", "20"]),
-    ("bench_board.py", ["--submissions", "2", "--frames", "2", "--height", "32", "--width", "64"]),
+    ("bench_board.py", ["--submissions", "2", "--frames", "2", "--height", "32", "--width", "64", "--components",
+                        "obstacle"]),
     ("bench_evaluate.py", ["--frames", "2", "--height", "64", "--width", "128", "--device", "cpu"]),
     ("bench_device_histogram.py", ["--images", "2", "--height", "32", "--width", "64", "--repeat", "1"]),
     ("bench_gil.py", ["--images", "1", "--height", "32", "--width", "64", "--repeat", "1"]),

@@ -73,6 +73,40 @@ def test_verified_entries_equal_a_local_score_of_the_same_maps(world, tmp_path):
     assert outputs == ["figures", "index.html", "leaderboard.json", "leaderboard.md"]
 
 
+def test_component_metrics_of_verified_entries_equal_a_local_computation(world, tmp_path):
+    """A track with components: each verified entry's sIoU / PPV / F1* per set, at its best pixel-F1 threshold on
+    the set (SMIYC's choice), equal those of the same maps computed here from the set's own masks."""
+    from segood.data.h5 import ood_masks
+    from segood.metrics import make_accumulator
+    from segood.metrics.components import ComponentAccumulator, best_f1_threshold
+
+    root, sets, _ = world
+    make_benchmark({"parts": {"sets": {"perlin_mixed": sets["perlin_mixed"]}, "rank_by": "auroc",
+                              "private": ["perlin_mixed"], "components": "obstacle"}}, tmp_path / "b" / "bench.json")
+    board = leaderboard(root / "subs", tmp_path / "b" / "bench.json", tmp_path / "board")
+    assert board["rejected"] == [] and board["tracks"]["parts"]["components"] == "obstacle"
+    masks = list(ood_masks(sets["perlin_mixed"]))
+    for entry in board["tracks"]["parts"]["entries"]:
+        with zipfile.ZipFile(root / "subs" / f"{entry['name'].split()[1]}.zip") as archive, \
+                h5py.File(archive.open("scores/perlin_mixed.h5")) as f:
+            maps = [f[frame_id][...] for frame_id, _ in masks]
+        pixels = make_accumulator()
+        for score, (_, mask) in zip(maps, masks):
+            pixels.update(score, mask)
+        want = ComponentAccumulator(best_f1_threshold(pixels.compute()), "obstacle")
+        for score, (_, mask) in zip(maps, masks):
+            want.update(score, mask)
+        want = want.compute()
+        got = entry["components"]["perlin_mixed"]
+        assert got == pytest.approx({k: want[k] for k in ("siou", "ppv", "f1_star", "threshold")}, abs=1e-12)
+    text = (tmp_path / "board" / "leaderboard.md").read_text()
+    assert "### parts — component metrics" in text and "(obstacle preset)" in text and "ORACLE" in text
+    plain = leaderboard(root / "subs", root / "bench" / "bench.json", tmp_path / "plain")  # a track without them
+    assert all("components" not in e for e in plain["tracks"]["private"]["entries"])
+    with pytest.raises(ValueError, match="components must be one of"):
+        make_benchmark({"t": {"sets": sets, "rank_by": "auroc", "components": "roads"}}, tmp_path / "c.json")
+
+
 def folder_submission(folder, maps, frames, edit=None):
     """A folder submission whose scores/perlin_mixed.h5 is written by ``edit(file, frames)`` (default: valid)."""
     (folder / "scores").mkdir(parents=True)

@@ -29,16 +29,21 @@ from segood.metrics import (METRICS, UndefinedMetricWarning, accumulator_from_st
                             make_accumulator)
 from segood.metrics.streaming import OPTIONAL_STATE
 from segood.metrics.bootstrap import Bootstrap, coarse_keys, resampled_means, shifted_metrics, tied_ranks
+from segood.metrics.components import PRESETS, ComponentAccumulator, best_f1_threshold
 from segood.metrics.functional import metric_bounds
 
 BENCHMARK_SCHEMA = "segood.benchmark/1"
 TOLERANCE = 1e-6
+COMPONENT_KEYS = ("siou", "ppv", "f1_star", "threshold")  # what the board shows of a verified entry's components
 
 
 def make_benchmark(tracks, out, *, grid=None):
     """Write BENCH.json: ``tracks`` = {track: {"sets": {name: path of the maintainer's set}, "rank_by": metric,
-    "private": [names of sets whose masks stay private], "verified_only": bool}}; every submission must be binned
+    "private": [names of sets whose masks stay private], "verified_only": bool, "components": a preset of
+    SegmentMeIfYouCan's component metrics ("anomaly" or "obstacle"; optional)}}; every submission must be binned
     on ``grid`` (:func:`segood.metrics.grid_spec`; default: the float-order grid), so that entries are comparable.
+    With ``components``, each verified entry also gets the component metrics of each set (sIoU, PPV, F1*) at its
+    best pixel-F1 threshold on that set, as SegmentMeIfYouCan chooses it (an oracle threshold, named so).
 
     A private set is scored only from submitted score maps (the verified track); beside BENCH.json goes its public
     copy ``<name>.public.h5`` (the images, every mask pixel ignore) to export maps from. BENCH.json records each
@@ -55,7 +60,11 @@ def make_benchmark(tracks, out, *, grid=None):
         private = set(spec.get("private", ()))
         if not private <= set(spec["sets"]):
             raise ValueError(f"private sets {sorted(private - set(spec['sets']))} are not sets of track {track!r}")
+        if spec.get("components") not in (None, *PRESETS):
+            raise ValueError(f"components must be one of {sorted(PRESETS)} (SegmentMeIfYouCan's presets) or none, "
+                             f"got {spec['components']!r}")
         doc["tracks"][track] = {"rank_by": spec["rank_by"], "verified_only": bool(spec.get("verified_only")),
+                                **({"components": spec["components"]} if spec.get("components") else {}),
                                 "sets": {name: _official(name, Path(path), name in private)
                                          for name, path in spec["sets"].items()}}
         for name in sorted(private):
@@ -142,7 +151,8 @@ def _judge(path, benchmark, limits, masks, spill):
             mine = matches[track][set_name]  # the submission's name for the set
             entry = doc["sets"][mine]
             if "scores" in entry:
-                recomputed[set_name], images[set_name] = _verified(mine, files, official, grid, masks)
+                recomputed[set_name], images[set_name] = _verified(mine, files, official, grid, masks,
+                                                                   spec.get("components"))
                 verified.append(set_name)
             elif official.get("private"):
                 raise Rejected(f"set {set_name!r} keeps its masks private: submit its score maps "
@@ -168,6 +178,7 @@ def _judge(path, benchmark, limits, masks, spill):
             "sets": recomputed,
             "_images": {k: v[0] for k, v in images.items()},  # per-image counts, for the intervals (not written out)
             "_curves": {k: v[1] for k, v in images.items()},  # ROC per set, for the entry's figure (not written out)
+            **({"components": {k: v[2] for k, v in images.items()}} if spec.get("components") else {}),
         }
     return rows
 
@@ -235,7 +246,7 @@ def _self_reported(set_name, entry, files, official, grid):
         raise Rejected(f"set {set_name!r}: invalid accumulator state ({err})") from None
     values = _check(set_name, acc, entry["claims"], official["pixels"])
     _check_images(set_name, acc, official)
-    return values, (acc.images, _roc(acc))
+    return values, (acc.images, _roc(acc), None)
 
 
 def _check_images(set_name, acc, official):
@@ -299,8 +310,10 @@ def _by_key(keys, counts):
     return {int(k): (int(a), int(b)) for k, (a, b) in zip(unique, sums) if a or b}
 
 
-def _verified(set_name, files, official, grid, masks):
-    """Metrics computed here from submitted score maps and the maintainer's own masks, on the benchmark's grid."""
+def _verified(set_name, files, official, grid, masks, components=None):
+    """Metrics computed here from submitted score maps and the maintainer's own masks, on the benchmark's grid;
+    with ``components`` (a preset), a second pass over the maps gives the component metrics at the best pixel-F1
+    threshold of the first pass's curve."""
     member = map_member(set_name)
     if member not in files:
         raise Rejected(f"set {set_name!r}: no score maps {member}")
@@ -314,7 +327,15 @@ def _verified(set_name, files, official, grid, masks):
             acc.update(scores[None], mask[None])
         except (ValueError, TypeError) as err:
             raise Rejected(f"set {set_name!r}, frame {frame_id}: {err}") from None
-    return _values(acc)[1], (acc.images, _roc(acc))
+    result, values = _values(acc)
+    found = None
+    if components and result["n_id"] and result["n_ood"]:
+        comp = ComponentAccumulator(best_f1_threshold(result), components, threshold_source="oracle")
+        for (_, scores), (_, mask) in zip(read_maps(files[member], frames), masks[official["path"]]):
+            comp.update(scores, mask)
+        found = {key: None if isinstance(v, float) and math.isnan(v) else v
+                 for key, v in comp.compute().items() if key in COMPONENT_KEYS}
+    return values, (acc.images, _roc(acc), found)
 
 
 def _roc(acc, points=2000):
@@ -465,7 +486,9 @@ def leaderboard(submissions_dir, benchmark_path, out_dir, limits=Limits(), boots
     doc = {"schema": "segood.leaderboard/1", "bootstrap": vars(bootstrap) if bootstrap else None, "tracks": {
         t: {"rank_by": benchmark["tracks"][t]["rank_by"], "sets": list(benchmark["tracks"][t]["sets"]),
             "per_image": {s: o["per_image_headline"] for s, o in benchmark["tracks"][t]["sets"].items()
-                          if o.get("per_image_headline")}, "entries": rows}
+                          if o.get("per_image_headline")}, "entries": rows,
+            **({"components": benchmark["tracks"][t]["components"]} if benchmark["tracks"][t].get("components")
+               else {})}
         for t, rows in tracks.items()}, "rejected": rejected}
     write_json(out_dir / "leaderboard.json", doc)
     atomic_write_text(out_dir / "leaderboard.md", board_markdown(doc))
@@ -612,6 +635,14 @@ def board_markdown(doc):
             lines.append(f"| {_rank(row, k)} | {_md(row['name'])} | {_score(row)} | {cells} | {_md(_flags(row))} | "
                          f"{_md(row['file'])} ({row['sha256']}) |")
         lines.append("")
+        if t.get("components"):
+            lines += [f"### {track} — component metrics", "", _components_note(t), "",
+                      "| rank | method | " + " | ".join(f"{_set_label(t, s)} sIoU / PPV / F1*" for s in t["sets"])
+                      + " |", "|---:|---|" + "---:|" * len(t["sets"])]
+            lines += [f"| {_rank(row, k)} | {_md(row['name'])} | "
+                      + " | ".join(_components_cell(row, s) for s in t["sets"]) + " |"
+                      for k, row in enumerate(t["entries"], 1)]
+            lines.append("")
     if doc.get("bootstrap"):
         lines += [_INTERVAL_NOTE.format(**doc["bootstrap"]), ""]
     if doc["rejected"]:
@@ -640,6 +671,14 @@ def board_html(doc):
             parts.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells)
                          + f"<td><a href='{esc(row['figure'])}'>ROC</a></td></tr>")
         parts.append("</tbody></table>")
+        if t.get("components"):
+            parts.append(f"<h3>{esc(track)} — component metrics</h3><p>{esc(_components_note(t))}</p>"
+                         "<table class='sortable'><thead><tr>"
+                         + "".join(f"<th>{esc(h)}</th>" for h in ["rank", "method", *(
+                             f"{_set_label(t, s)} sIoU / PPV / F1*" for s in t["sets"])]) + "</tr></thead><tbody>")
+            parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in [_rank(row, k), row["name"], *(
+                _components_cell(row, s) for s in t["sets"])]) + "</tr>" for k, row in enumerate(t["entries"], 1)]
+            parts.append("</tbody></table>")
     if doc["rejected"]:
         parts.append("<h2>Rejected</h2><table><thead><tr><th>file</th><th>reason</th></tr></thead><tbody>")
         parts += [f"<tr><td>{esc(r['file'])}</td><td>{esc(r['reason'])}</td></tr>" for r in doc["rejected"]]
@@ -659,6 +698,17 @@ document.querySelectorAll('table.sortable th').forEach((th, col) => th.addEventL
 _INTERVAL_NOTE = ("[lo, hi]: {confidence:.0%} image-level bootstrap interval of the score ({resamples} resamples, seed "
                   "{seed}). Verified entries not significantly worse than a better one (paired bootstrap) share "
                   "its rank; self-reported entries are never tied (their images may come in another order).")
+
+
+def _components_note(track):
+    return (f"SegmentMeIfYouCan's component metrics ({track['components']} preset) of verified entries, each set at "
+            "the entry's best pixel-F1 threshold on that set, as SegmentMeIfYouCan chooses it: ORACLE, tuned on the "
+            "test set. Self-reported entries: –.")
+
+
+def _components_cell(row, set_name):
+    found = (row.get("components") or {}).get(set_name)
+    return "–" if not found else " / ".join(_fmt(found[k]) for k in ("siou", "ppv", "f1_star"))
 
 
 def _set_label(track, set_name):
