@@ -483,13 +483,8 @@ def leaderboard(submissions_dir, benchmark_path, out_dir, limits=Limits(), boots
         for k, row in enumerate(rows):
             row["figure"] = f"figures/roc_{t}_{k}.png"  # named by position: no submitted string in a path
             _draw_roc(out_dir / row["figure"], row.pop("_curves"), f"{row['name']} ({row['file']})")
-    doc = {"schema": "segood.leaderboard/1", "bootstrap": vars(bootstrap) if bootstrap else None, "tracks": {
-        t: {"rank_by": benchmark["tracks"][t]["rank_by"], "sets": list(benchmark["tracks"][t]["sets"]),
-            "per_image": {s: o["per_image_headline"] for s, o in benchmark["tracks"][t]["sets"].items()
-                          if o.get("per_image_headline")}, "entries": rows,
-            **({"components": benchmark["tracks"][t]["components"]} if benchmark["tracks"][t].get("components")
-               else {})}
-        for t, rows in tracks.items()}, "rejected": rejected}
+    doc = {"schema": "segood.leaderboard/1", "bootstrap": vars(bootstrap) if bootstrap else None,
+           "tracks": {t: _track_doc(benchmark["tracks"][t], rows) for t, rows in tracks.items()}, "rejected": rejected}
     write_json(out_dir / "leaderboard.json", doc)
     atomic_write_text(out_dir / "leaderboard.md", board_markdown(doc))
     atomic_write_text(out_dir / "index.html", board_html(doc))
@@ -566,6 +561,14 @@ def _alive(pid):
     except PermissionError:
         return True
     return True
+
+
+def _track_doc(spec, rows):
+    """A track of the board's document: its metric, its sets (``per_image``: the headline of each whose protocol
+    averages per image), its component preset where it has one, and its ranked entries."""
+    return {"rank_by": spec["rank_by"], "sets": list(spec["sets"]),
+            "per_image": {s: o["per_image_headline"] for s, o in spec["sets"].items() if o.get("per_image_headline")},
+            **({"components": spec["components"]} if spec.get("components") else {}), "entries": rows}
 
 
 def _intervals_and_ties(rows, spec, settings):
