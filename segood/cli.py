@@ -246,25 +246,7 @@ def _evaluate(args):
     from segood.evaluation.api import start_distributed
 
     device = start_distributed(args.device)
-    components = None
-    if not args.components and (args.component_thresholds or args.component_rule or args.oracle_thresholds):
-        raise ValueError("--component-thresholds, --component-rule and --oracle-thresholds set up the component "
-                         "metrics: add --components anomaly|obstacle, or drop them")
-    if args.components:  # (checked as a whole by segood.evaluation.runner.component_spec)
-        given = args.component_thresholds
-        if args.oracle_thresholds and given in (None, "oracle"):
-            raise ValueError("--oracle-thresholds says that the thresholds of --component-thresholds FILE.json were "
-                             "chosen on the test sets: give the FILE")
-        thresholds = None
-        if given not in (None, "oracle"):
-            try:
-                thresholds = json.loads(Path(given).read_text())
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-                raise ValueError(f"{given} is not a readable JSON file of thresholds ({err})") from None
-        oracle = given == "oracle" or args.oracle_thresholds
-        components = {"preset": args.components, "thresholds": thresholds, "rule": args.component_rule,
-                      "source": "oracle" if oracle else "committed"}
-    options = _evaluate_options(args, device, components=components, official=args.official,
+    options = _evaluate_options(args, device, components=_components(args), official=args.official,
                                 **_analysis_options(args))
     if args.scorer:
         from segood.methods.scorer import load_scorer
@@ -287,6 +269,32 @@ def _evaluate(args):
     if doc is not None:
         _print_run(args, args.out, doc)
     return 0
+
+
+def _components(args):
+    """The component-metrics spec of --components, --component-thresholds, --component-rule and
+    --oracle-thresholds (None without --components; checked as a whole by
+    :func:`segood.evaluation.runner.component_spec`)."""
+    from pathlib import Path
+
+    if not args.components:
+        if args.component_thresholds or args.component_rule or args.oracle_thresholds:
+            raise ValueError("--component-thresholds, --component-rule and --oracle-thresholds set up the component "
+                             "metrics: add --components anomaly|obstacle, or drop them")
+        return None
+    given = args.component_thresholds
+    if args.oracle_thresholds and given in (None, "oracle"):
+        raise ValueError("--oracle-thresholds says that the thresholds of --component-thresholds FILE.json were "
+                         "chosen on the test sets: give the FILE")
+    thresholds = None
+    if given not in (None, "oracle"):
+        try:
+            thresholds = json.loads(Path(given).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{given} is not a readable JSON file of thresholds ({err})") from None
+    oracle = given == "oracle" or args.oracle_thresholds
+    return {"preset": args.components, "thresholds": thresholds, "rule": args.component_rule,
+            "source": "oracle" if oracle else "committed"}
 
 
 def _evaluate_options(args, device, **more):
@@ -414,6 +422,22 @@ def add_run_options(parser):
     parser.add_argument("--skip-bad", action="store_true", help="skip unreadable or corrupt frames instead of stopping")
 
 
+def add_component_options(parser, rules, default):
+    """--components, --component-thresholds, --component-rule and --oracle-thresholds (:func:`_components`);
+    ``default``: what happens without --component-thresholds."""
+    parser.add_argument("--components", choices=("anomaly", "obstacle"),
+                        help="also the component-level metrics of SegmentMeIfYouCan with this preset's size filters")
+    parser.add_argument("--component-thresholds", metavar="FILE|oracle",
+                        help="JSON {method: threshold} chosen on a tuning set (or {method: {set: threshold}}); or "
+                             f"'oracle': best pixel F1 on each test set itself, marked ORACLE. {default}")
+    parser.add_argument("--component-rule", choices=rules, metavar="RULE",
+                        help=f"the rule that picks the thresholds the run chooses itself: {', '.join(rules)} "
+                             "(default f1, best pixel F1 as SegmentMeIfYouCan)")
+    parser.add_argument("--oracle-thresholds", action="store_true",
+                        help="the FILE's thresholds were chosen on the test sets themselves: marked ORACLE in every "
+                             "report")
+
+
 def add_analysis_options(parser):
     parser.add_argument("--commit-on", metavar="SET", help="a set of the run (by name) to commit thresholds on by "
                         "each rule (tpr95, balanced_accuracy, f1, iou), applied unchanged to every set; without it "
@@ -488,8 +512,13 @@ def _score(args):
     from segood.evaluation import evaluate_score_maps
     from segood.evaluation.options import ScoreOptions
 
+    components = _components(args)
+    if components and components["thresholds"] is None and components["source"] == "committed":
+        raise ValueError("segood score evaluates one set: give the component thresholds in a file chosen on a tuning "
+                         "set (--component-thresholds FILE.json), or tune them on this set, reported as an oracle "
+                         "(--component-thresholds oracle)")
     options = ScoreOptions(name=args.name, score_range=args.score_range, clip=args.clip, verify=not args.no_verify,
-                           official=args.official, **grid_options(args))
+                           official=args.official, components=components, **grid_options(args))
     doc = evaluate_score_maps(args.scores, args.data, args.out, options)
     _print_run(args, args.out, doc)
     return 0
@@ -703,17 +732,8 @@ def build_parser(*, adapters=True):
     ev.add_argument("--methods", nargs="+", default=["all"], choices=["all", *method_choices], metavar="METHOD",
                     help=f"method names ({', '.join(method_choices)}), or all (default: every method the head serves)")
     add_run_options(ev)
-    ev.add_argument("--components", choices=("anomaly", "obstacle"),
-                    help="also the component-level metrics of SegmentMeIfYouCan with this preset's size filters")
-    ev.add_argument("--component-thresholds", metavar="FILE|oracle",
-                    help="JSON {method: threshold} chosen on a tuning set (or {method: {set: threshold}}); or "
-                         "'oracle': best pixel F1 on each test set itself, marked ORACLE. Without it, --commit-on "
-                         "SET commits them on SET by best pixel F1 (a second pass over the frames)")
-    ev.add_argument("--component-rule", choices=THRESHOLD_RULES, metavar="RULE",
-                    help=f"the rule that picks the thresholds the run chooses itself: {', '.join(THRESHOLD_RULES)} "
-                         "(default f1, best pixel F1 as SegmentMeIfYouCan)")
-    ev.add_argument("--oracle-thresholds", action="store_true",
-                    help="the FILE's thresholds were chosen on the test sets themselves: marked ORACLE in every report")
+    add_component_options(ev, THRESHOLD_RULES, "Without it, --commit-on SET commits them on SET by best pixel F1 "
+                          "(a second pass over the frames)")
     ev.add_argument("--official", choices=OFFICIAL,
                     help="also the benchmark's own computation of its numbers (its AP and FPR95, CAOS' per-image "
                          "AUROC too; SMIYC's component metrics), reported beside segood's as e.g. 'AUPRC (SMIYC "
@@ -852,7 +872,8 @@ def build_parser(*, adapters=True):
                                                            "range instead of failing")
     score.add_argument("--no-verify", action="store_true", help="do not check the set's frames against its digests")
     score.add_argument("--official", choices=OFFICIAL, help="also the benchmark's own computation of its pixel "
-                       "metrics, beside segood's (docs/official.md)")
+                       "metrics (SMIYC's component metrics too), beside segood's (docs/official.md)")
+    add_component_options(score, THRESHOLD_RULES, "With oracle the maps are read twice")
     add_verbosity(score, progress=False)
     score.set_defaults(run=_score)
 

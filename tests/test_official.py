@@ -622,6 +622,45 @@ def test_official_numbers_of_score_maps_from_elsewhere(perlin, tmp_path, capsys,
     assert "holds a different run" in capsys.readouterr().err
 
 
+def test_component_metrics_of_score_maps_from_elsewhere(perlin, tmp_path, capsys):
+    """segood score --components with thresholds tuned on the set (oracle, a second read of the maps): segood's and
+    SMIYC's component metrics at the set's best pixel-F1 threshold, as computed here from the same maps."""
+    import h5py
+
+    from segood.cli import main
+    from segood.data.h5 import ood_masks
+    from segood.evaluation.exchange import export_scores
+    from segood.methods import get_method
+    from segood.metrics import make_accumulator
+    from segood.metrics.thresholds import commit
+
+    data = rectangle_set(tmp_path / "scenes.h5")
+    export_scores(perlin[0], {"scenes": data}, [get_method("entropy")], tmp_path / "maps", layout="smiyc",
+                  progress=False)
+    folder = tmp_path / "maps" / "anomaly_p" / "entropy" / "scenes"
+    frames = []
+    for frame_id, mask in ood_masks(data):
+        with h5py.File(folder / f"{frame_id.rsplit('/', 1)[-1]}.hdf5") as f:
+            frames.append((f["value"][()], mask))
+    pixels = make_accumulator()
+    for score, mask in frames:
+        pixels.update(score, mask)
+    threshold = commit(pixels.compute(), "f1")
+    ours, theirs = ComponentAccumulator(threshold, "obstacle"), SMIYCComponentAccumulator(threshold, "obstacle")
+    for score, mask in frames:
+        ours.update(score, mask)
+        theirs.update(score, mask)
+    args = ["score", "--scores", str(folder), "--data", str(data), "--out", str(tmp_path / "run"), "--name",
+            "entropy", "--official", "smiyc", "--components", "obstacle"]
+    assert main(args) == 2 and "segood score evaluates one set" in capsys.readouterr().err
+    assert main([*args, "--component-thresholds", "oracle"]) == 0
+    result = json.loads((tmp_path / "run" / "results.json").read_text())["results"]["entropy"]["scenes"]
+    assert result["components"]["threshold"] == threshold and result["components"]["n_frames"] == 4
+    assert_close(result["components"], ours.compute(), COMPONENT_KEYS)
+    assert_close(result["official"]["components"], theirs.compute(), COMPONENT_KEYS)
+    assert result["official"]["components"]["threshold_source"] == "oracle"
+
+
 def test_a_killed_run_resumes_to_the_same_official_numbers(perlin, tmp_path, monkeypatch):
     from rawtrees import killed_after
     from segood.evaluation import evaluate

@@ -1,5 +1,6 @@
 """``segood.evaluate`` for any segmentation model, and the evaluation of black-box score maps."""
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -19,7 +20,8 @@ from segood.evaluation.options import EvaluateOptions, ScoreOptions, score_range
 from segood.evaluation.reading import UnreadableFrame, batch_reader, default_workers
 from segood.evaluation.report import build_results, grid_of_config, write_report
 from segood.evaluation.results import Results
-from segood.evaluation.runner import Evaluation, default_methods, run, run_identity
+from segood.evaluation.runner import (Evaluation, chosen_by_run, chosen_thresholds, default_methods, run,
+                                      run_identity)
 from segood.io import write_json
 from segood.methods.methods import Method, check_grid, method_for_grid
 from segood.methods.scorer import Scorer
@@ -199,35 +201,50 @@ def evaluate_score_maps(scores_path: str | Path, data_path: str | Path, out_dir:
                 raise ValueError(f"{scores_path} declares no score_range, which the linear grid needs: pass "
                                  "--score-range LO HI, or drop --num-thresholds (the float-order grid needs no range)")
             grid = {**grid, "score_range": list(score_range)}
-        ev = Evaluation([name], [set_name], grid, official=options.official)
+        ev = Evaluation([name], [set_name], grid, options.components, official=options.official)
         if grid["kind"] != "linear" and score_range is not None:  # a declared range is checked, not a grid
             for acc in ev.acc.values():
                 acc.score_range = score_range
-        frames = {set_name: ScoredFrames(dataset, maps)}
-        plan = [(set_name, [index]) for index in range(len(dataset))]
-        workers = default_workers(frames, plan)
-        reads = batch_reader(frames, plan, workers=workers)
-        with beside_readers(workers):
-            for index, frame_id in enumerate(maps.frame_ids):
-                try:
-                    [(batch, _)], _ = next(reads)
-                    ev.process(set_name, [index], batch, {name: batch["score"]}, clip=options.clip)
-                except UnreadableFrame as err:
-                    raise ValueError(err.reason) from None
-                except (ValueError, TypeError) as err:
-                    raise ValueError(f"frame {frame_id}: {err}") from None
+        _each_frame(dataset, maps, set_name, lambda index, batch: ev.process(
+            set_name, [index], batch, {name: batch["score"]}, clip=options.clip))
+        if chosen_by_run(ev.components):  # thresholds tuned on this set (oracle): the components in a second pass
+            ev.choose_component_thresholds(chosen_thresholds(ev.components, {(name, set_name): ev.acc[
+                (name, set_name)].compute()}))
+            if (name, set_name) in ev.comp:  # (none where the set lacks ID or OOD pixels)
+                _each_frame(dataset, maps, set_name, lambda index, batch: ev.update_components(
+                    name, set_name, batch["score"], batch["ood_mask"]))
     description = {"toolkit": run_identity(),
                    "model": {"score_maps": str(scores_path), "layout": maps.layout,
                              "sha256": _sha256(scores_path)},
                    "sets": {set_name: {**set_identity(data_path), "frames": len(dataset)}},
                    "methods": {name: {"name": name, "params": {"score_range": list(score_range) if score_range else None},
                                       "uses_ood_data": None}},
-                   "config": {"grid": grid, **({"official": options.official} if options.official else {})}}
+                   "config": {"grid": grid, **{key: getattr(options, key) for key in ("components", "official")
+                                               if getattr(options, key)}}}
     folder = RunFolder(out_dir)
     _check_run_folder(folder, description)
     write_json(folder.run, description)
     ev.save(folder.state())
     return write_report(folder.path, figures=options.figures)
+
+
+def _each_frame(dataset, maps, set_name, update):
+    """``update(index, batch)`` of each frame of a set with its score map (a batch of one frame, ``score`` beside
+    the set's arrays), read by the reader processes; an unreadable frame, or one whose update fails, is a ValueError
+    naming it."""
+    frames = {set_name: ScoredFrames(dataset, maps)}
+    plan = [(set_name, [index]) for index in range(len(dataset))]
+    workers = default_workers(frames, plan)
+    reads = batch_reader(frames, plan, workers=workers)
+    with contextlib.closing(reads), beside_readers(workers):
+        for index, frame_id in enumerate(maps.frame_ids):
+            try:
+                [(batch, _)], _ = next(reads)
+                update(index, batch)
+            except UnreadableFrame as err:
+                raise ValueError(err.reason) from None
+            except (ValueError, TypeError) as err:
+                raise ValueError(f"frame {frame_id}: {err}") from None
 
 
 class ScoredFrames(torch.utils.data.Dataset):

@@ -145,6 +145,8 @@ class ScoreOptions(Options):
         figures: draw the figures into the run folder. verify: check every frame against its set's manifest.
         official: "smiyc", "fishyscapes" or "caos": also that benchmark's own computation of its pixel metrics
             (docs/official.md).
+        components: SegmentMeIfYouCan's component metrics, as :func:`~segood.evaluation.runner.component_spec`
+            normalises them; the set is the run's only one, so its thresholds are given or tuned on it ("oracle").
     """
 
     name: str = "external"
@@ -154,6 +156,7 @@ class ScoreOptions(Options):
     figures: bool = True
     verify: bool = True
     official: str | None = None
+    components: dict | None = None
     num_thresholds: InitVar[int | None] = None
     mantissa_bits: InitVar[int | None] = None
     max_pixels: InitVar[int | None] = None
@@ -165,6 +168,7 @@ class ScoreOptions(Options):
             object.__setattr__(self, "score_range", score_range_of(self.score_range))
         self._check_flags("clip", "figures", "verify")
         check_benchmark(self.official)
+        object.__setattr__(self, "components", component_spec(self.components))
         grid = grid_spec(num_thresholds, None, mantissa_bits, kind=self.grid, max_pixels=max_pixels)
         if grid["kind"] == "linear":  # its range: score_range, else a whole grid's own, else the score file's
             declared = self.score_range or (grid.get("score_range") if isinstance(self.grid, dict) else None)
