@@ -16,6 +16,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
     ("bench_board.py", ["--submissions", "2", "--frames", "2", "--height", "32", "--width", "64", "--components",
                         "obstacle"]),
     ("bench_evaluate.py", ["--frames", "2", "--height", "64", "--width", "128", "--device", "cpu"]),
+    ("bench_score.py", ["--frames", "2", "--height", "64", "--width", "128", "--repeat", "1"]),
     ("bench_device_histogram.py", ["--images", "2", "--height", "32", "--width", "64", "--repeat", "1"]),
     ("bench_gil.py", ["--images", "1", "--height", "32", "--width", "64", "--repeat", "1"]),
     ("bench_malloc.py", ["--sizes", "32x64", "--rounds", "1", "--encoder", "resnet18"]),
@@ -23,7 +24,8 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
                            "--many", "2", "--reading"]),
 ])
 def test_a_benchmark_runs_at_a_toy_size(script, args, tmp_path):
-    option = {"bench_evaluate.py": "--workdir", "bench_board.py": "--work", "bench_pipeline.py": "--workdir"}.get(script)
+    option = {"bench_evaluate.py": "--workdir", "bench_board.py": "--work", "bench_pipeline.py": "--workdir",
+              "bench_score.py": "--workdir"}.get(script)
     args = [*args, option, str(tmp_path / "work")] if option else args
     done = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True,
                           cwd=tmp_path, timeout=600)
