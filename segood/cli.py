@@ -512,13 +512,8 @@ def _score(args):
     from segood.evaluation import evaluate_score_maps
     from segood.evaluation.options import ScoreOptions
 
-    components = _components(args)
-    if components and components["thresholds"] is None and components["source"] == "committed":
-        raise ValueError("segood score evaluates one set: give the component thresholds in a file chosen on a tuning "
-                         "set (--component-thresholds FILE.json), or tune them on this set, reported as an oracle "
-                         "(--component-thresholds oracle)")
     options = ScoreOptions(name=args.name, score_range=args.score_range, clip=args.clip, verify=not args.no_verify,
-                           official=args.official, components=components, **grid_options(args))
+                           official=args.official, components=_components(args), **grid_options(args))
     doc = evaluate_score_maps(args.scores, args.data, args.out, options)
     _print_run(args, args.out, doc)
     return 0

@@ -296,6 +296,10 @@ def test_caos_frame_metrics_equal_anomaly_segs_own_values():
     spread = BELOW_SCORES.copy()
     spread[1, 1:5] = [.4, .3, .3, .25]
     assert caos_frame_metrics(spread, BELOW_LABELS) == pytest.approx((0.94, 0.9566666666666666, 0.5), abs=1e-15, rel=0)
+    # integers a float64 cannot tell apart stay apart, as in anomaly-seg's sort: (0.75, 0.8333333333333333, 0.5)
+    big = np.array([[2**62, 2**62 + 1], [0, 1]], np.int64)
+    assert caos_frame_metrics(big, np.array([[0, 1], [0, 1]], np.uint8)) == pytest.approx(
+        (0.75, 0.8333333333333333, 0.5), abs=1e-15, rel=0)
     acc = CAOSPixelAccumulator().update(SCORES, LABELS)
     assert_close(acc.compute(), dict(zip(CAOS_METRICS, np.mean(CAOS_LITERAL_FRAMES, axis=0))), CAOS_METRICS)
 
@@ -345,6 +349,13 @@ def test_caos_state_resumes_merges_and_refuses_what_it_cannot_hold():
         CAOSPixelAccumulator.from_state_dict({**state, "values": state["values"] + 2})
     with pytest.raises(ValueError, match="lacks 'pixels'"):
         CAOSPixelAccumulator.from_state_dict({k: v for k, v in state.items() if k != "pixels"})
+    with pytest.raises(ValueError, match="'frames' must hold non-negative counts below 2"):  # (as uint64, 0 minus
+        CAOSPixelAccumulator.from_state_dict({**state, "frames": np.array(  # them would wrap around to the rows)
+            [0, 2**64 - len(state["values"])], np.uint64)})
+    with pytest.raises(ValueError, match="one row per frame not skipped"):
+        CAOSPixelAccumulator.from_state_dict({**state, "frames": np.array([0, 2], np.int64)})
+    with pytest.raises(ValueError, match="'pixels' must hold non-negative counts below 2"):
+        CAOSPixelAccumulator.from_state_dict({**state, "pixels": np.array([2**63 - 1] * 2, np.int64)})
 
 
 # ---- SMIYC's SegEval, step by step ----------------------------------------------------------------------------------
@@ -591,25 +602,35 @@ def test_official_fishyscapes_from_the_command_line(perlin, tmp_path, capsys):
     assert "different run" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("official", ["smiyc", "caos"])
-def test_official_numbers_of_score_maps_from_elsewhere(perlin, tmp_path, capsys, official):
-    """segood score --official: the benchmark's own numbers of score maps in its layout, from the maps as stored
-    (SMIYC's: float16)."""
+def smiyc_maps(model, folder):
+    """The entropy maps of :func:`rectangle_set`'s frames in SMIYC's layout under ``folder``: (the set, the maps'
+    folder, [(the map as stored, float16; the frame's mask)])."""
     import h5py
 
-    from segood.cli import main
     from segood.data.h5 import ood_masks
     from segood.evaluation.exchange import export_scores
     from segood.methods import get_method
 
-    data = rectangle_set(tmp_path / "scenes.h5")
-    export_scores(perlin[0], {"scenes": data}, [get_method("entropy")], tmp_path / "maps", layout="smiyc",
-                  progress=False)
-    folder = tmp_path / "maps" / "anomaly_p" / "entropy" / "scenes"
-    want = pixel_accumulator(official)
+    data = rectangle_set(folder / "scenes.h5")
+    export_scores(model, {"scenes": data}, [get_method("entropy")], folder / "maps", layout="smiyc", progress=False)
+    maps = folder / "maps" / "anomaly_p" / "entropy" / "scenes"
+    frames = []
     for frame_id, mask in ood_masks(data):
-        with h5py.File(folder / f"{frame_id.rsplit('/', 1)[-1]}.hdf5") as f:
-            want.update(f["value"][()], mask)
+        with h5py.File(maps / f"{frame_id.rsplit('/', 1)[-1]}.hdf5") as f:
+            frames.append((f["value"][()], mask))
+    return data, maps, frames
+
+
+@pytest.mark.parametrize("official", ["smiyc", "caos"])
+def test_official_numbers_of_score_maps_from_elsewhere(perlin, tmp_path, capsys, official):
+    """segood score --official: the benchmark's own numbers of score maps in its layout, from the maps as stored
+    (SMIYC's: float16)."""
+    from segood.cli import main
+
+    data, folder, frames = smiyc_maps(perlin[0], tmp_path)
+    want = pixel_accumulator(official)
+    for score, mask in frames:
+        want.update(score, mask)
     assert main(["score", "--scores", str(folder), "--data", str(data), "--out", str(tmp_path / "run"), "--name",
                  "entropy", "--official", official]) == 0
     label = {"smiyc": "SMIYC official", "caos": "CAOS official"}[official]
@@ -625,23 +646,12 @@ def test_official_numbers_of_score_maps_from_elsewhere(perlin, tmp_path, capsys,
 def test_component_metrics_of_score_maps_from_elsewhere(perlin, tmp_path, capsys):
     """segood score --components with thresholds tuned on the set (oracle, a second read of the maps): segood's and
     SMIYC's component metrics at the set's best pixel-F1 threshold, as computed here from the same maps."""
-    import h5py
-
     from segood.cli import main
-    from segood.data.h5 import ood_masks
-    from segood.evaluation.exchange import export_scores
-    from segood.methods import get_method
+    from segood.evaluation import evaluate_score_maps
     from segood.metrics import make_accumulator
     from segood.metrics.thresholds import commit
 
-    data = rectangle_set(tmp_path / "scenes.h5")
-    export_scores(perlin[0], {"scenes": data}, [get_method("entropy")], tmp_path / "maps", layout="smiyc",
-                  progress=False)
-    folder = tmp_path / "maps" / "anomaly_p" / "entropy" / "scenes"
-    frames = []
-    for frame_id, mask in ood_masks(data):
-        with h5py.File(folder / f"{frame_id.rsplit('/', 1)[-1]}.hdf5") as f:
-            frames.append((f["value"][()], mask))
+    data, folder, frames = smiyc_maps(perlin[0], tmp_path)
     pixels = make_accumulator()
     for score, mask in frames:
         pixels.update(score, mask)
@@ -653,6 +663,8 @@ def test_component_metrics_of_score_maps_from_elsewhere(perlin, tmp_path, capsys
     args = ["score", "--scores", str(folder), "--data", str(data), "--out", str(tmp_path / "run"), "--name",
             "entropy", "--official", "smiyc", "--components", "obstacle"]
     assert main(args) == 2 and "segood score evaluates one set" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="segood score evaluates one set"):  # committing on the set itself, in Python
+        evaluate_score_maps(folder, data, tmp_path / "py", components={"preset": "obstacle", "commit_on": "scenes"})
     assert main([*args, "--component-thresholds", "oracle"]) == 0
     result = json.loads((tmp_path / "run" / "results.json").read_text())["results"]["entropy"]["scenes"]
     assert result["components"]["threshold"] == threshold and result["components"]["n_frames"] == 4

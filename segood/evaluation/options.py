@@ -168,6 +168,11 @@ class ScoreOptions(Options):
             object.__setattr__(self, "score_range", score_range_of(self.score_range))
         self._check_flags("clip", "figures", "verify")
         check_benchmark(self.official)
+        if self.components is not None and self.components.get("thresholds") is None \
+                and self.components.get("source", "committed") == "committed":
+            raise ValueError("segood score evaluates one set: give the component thresholds chosen on a tuning set "
+                             "(--component-thresholds FILE.json; 'thresholds': {method: threshold}), or tune them on "
+                             "this set, reported as an oracle (--component-thresholds oracle; 'source': 'oracle')")
         object.__setattr__(self, "components", component_spec(self.components))
         grid = grid_spec(num_thresholds, None, mantissa_bits, kind=self.grid, max_pixels=max_pixels)
         if grid["kind"] == "linear":  # its range: score_range, else a whole grid's own, else the score file's

@@ -72,8 +72,8 @@ class Evaluation(Part):
                  examples=(EXAMPLES_PER_SET, EXAMPLE_WIDTH), official=None):
         """``quality``: also the network's segmentation quality per set (confusion matrix for mIoU, calibration
         of its softmax); ``examples``: (frames kept per set, their largest width or None) for the figures;
-        ``official``: also a benchmark's own computation ("smiyc" or "fishyscapes", :mod:`segood.metrics.official`)
-        beside segood's numbers."""
+        ``official``: also a benchmark's own computation ("smiyc", "fishyscapes" or "caos",
+        :mod:`segood.metrics.official`) beside segood's numbers."""
         self.method_names, self.set_names = list(method_names), list(set_names)
         self.quality = bool(quality)
         self.example_count, self.example_width = examples

@@ -29,8 +29,9 @@ from segood.metrics import (METRICS, UndefinedMetricWarning, accumulator_from_st
                             make_accumulator)
 from segood.metrics.streaming import OPTIONAL_STATE
 from segood.metrics.bootstrap import Bootstrap, coarse_keys, resampled_means, shifted_metrics, tied_ranks
-from segood.metrics.components import PRESETS, ComponentAccumulator, best_f1_threshold
+from segood.metrics.components import PRESETS, ComponentAccumulator
 from segood.metrics.functional import metric_bounds
+from segood.metrics.thresholds import commit
 
 BENCHMARK_SCHEMA = "segood.benchmark/1"
 TOLERANCE = 1e-6
@@ -329,10 +330,13 @@ def _verified(set_name, files, official, grid, masks, components=None):
             raise Rejected(f"set {set_name!r}, frame {frame_id}: {err}") from None
     result, values = _values(acc)
     found = None
-    if components and result["n_id"] and result["n_ood"]:
-        comp = ComponentAccumulator(best_f1_threshold(result), components, threshold_source="oracle")
-        for (_, scores), (_, mask) in zip(read_maps(files[member], frames), masks[official["path"]]):
-            comp.update(scores, mask)
+    if components and result["n_id"] and result["n_ood"]:  # at the threshold of best pixel F1, as SMIYC's
+        comp = ComponentAccumulator(commit(result, "f1"), components, threshold_source="oracle")
+        for (frame_id, scores), (_, mask) in zip(read_maps(files[member], frames), masks[official["path"]]):
+            try:
+                comp.update(scores, mask)
+            except (ValueError, TypeError) as err:
+                raise Rejected(f"set {set_name!r}, frame {frame_id}: {err}") from None
         found = {key: None if isinstance(v, float) and math.isnan(v) else v
                  for key, v in comp.compute().items() if key in COMPONENT_KEYS}
     return values, (acc.images, _roc(acc), found)

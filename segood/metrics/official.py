@@ -52,8 +52,9 @@ there is an accident of implementation):
   official pixel metrics so it can be given (``--component-thresholds``).
 - Fishyscapes: equal infinite scores are one tie group (the official ``np.diff`` of inf and inf is NaN, which
   splits them pixel by pixel in input order); NaN scores at counted pixels are an error.
-- CAOS: pixels labelled ignore (255) are left out of their frame, as its unused ``mask`` argument would; its
-  StreetHazards protocol has none (``--protocol original``). Infinite scores are ranked as the extremes they are
+- CAOS: its code has no ignore label (it counts every pixel that is not OOD as ID, void included); segood leaves
+  pixels labelled ignore (255) out of their frame. StreetHazards' original protocol ignores none, as CAOS counts
+  them; segood's BDD-Anomaly ignores BDD's void pixels, which CAOS counts as ID. Infinite scores are ranked as the extremes they are
   (scikit-learn refuses them); NaN scores at counted pixels are an error. The means are exactly rounded sums
   (``math.fsum``), the same in any order of the frames (runs sharded over processes included).
 - All: a metric is NaN (with the reason) where the set has no OOD or no ID pixel; the official code divides by
@@ -71,7 +72,7 @@ import numpy as np
 from segood.labels import IGNORE, OOD
 from segood.metrics.components import ComponentAccumulator, frame_components
 from segood.metrics.functional import _to_numpy, raise_bad_labels
-from segood.metrics.state import Part
+from segood.metrics.state import Part, check_counts
 
 BENCHMARKS = ("smiyc", "fishyscapes", "caos")
 #: How each benchmark's numbers are named in reports: "AUPRC (SMIYC official)".
@@ -191,15 +192,17 @@ def fishyscapes_values(scores, labels):
 
 
 def _distinct_counts(values, ood, benchmark):
-    """(distinct ``values`` as float64, increasing; their ID pixels; their OOD pixels): each class sorted in its own
-    dtype, then merged. NaN values are an error naming ``benchmark``."""
+    """(distinct ``values``, increasing, as float64; their ID pixels; their OOD pixels): each class sorted and the
+    two merged in the values' own dtype (integers beyond 2^53 stay apart). NaN values are an error naming
+    ``benchmark``."""
     if values.dtype.kind == "f" and np.isnan(values).any():
         raise ValueError(f"{int(np.count_nonzero(np.isnan(values)))} counted pixels have NaN scores; {benchmark} "
                          "ranking of them is undefined")
     pieces = [_distinct(np.sort(values[~ood])), _distinct(np.sort(values[ood]))]
     zeros = [np.zeros(k.size, np.int64) for k, _ in pieces]
-    return _merge_sorted([pieces[0][0], pieces[1][0]], [np.stack([pieces[0][1], zeros[0]]),
-                                                       np.stack([zeros[1], pieces[1][1]])])
+    keys, id_counts, ood_counts = _merge_sorted([pieces[0][0], pieces[1][0]], [np.stack([pieces[0][1], zeros[0]]),
+                                                                             np.stack([zeros[1], pieces[1][1]])])
+    return keys.astype(np.float64), id_counts, ood_counts
 
 
 def fishyscapes_metrics(values, id_counts, ood_counts):
@@ -242,8 +245,7 @@ def caos_frame_metrics(scores, labels):
         (auroc, auprc, fpr95) floats, or None where the frame has no OOD or no ID counted pixel (CAOS skips it).
     """
     values, ood = _counted(scores, labels)
-    _, id_counts, ood_counts = _distinct_counts(values if values.dtype.kind == "f" else values.astype(np.float64),
-                                                ood, "CAOS'")
+    _, id_counts, ood_counts = _distinct_counts(values, ood, "CAOS'")
     n_ood = int(ood_counts.sum())
     n_id = ood.size - n_ood
     if not n_ood or not n_id:
@@ -266,17 +268,15 @@ def smiyc_frame_components(scores, labels, threshold, *, min_pred, min_gt):
 
 
 def _distinct(ordered):
-    """(distinct values as float64, how many times each) of a sorted array."""
-    if not ordered.size:
-        return np.zeros(0), np.zeros(0, np.int64)
-    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
-    return ordered[starts].astype(np.float64), np.diff(np.r_[starts, ordered.size]).astype(np.int64)
+    """(distinct values in their own dtype, how many times each) of a sorted array."""
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if ordered.size else np.zeros(0, np.int64)
+    return ordered[starts], np.diff(np.r_[starts, ordered.size]).astype(np.int64)
 
 
 def _merge_sorted(keys, counts):
-    """(keys, ID counts, OOD counts) of sorted key arrays ``keys`` with their (2, K) ``counts``: one table, the
-    counts of equal keys added (a stable sort merges the sorted runs in linear time per run)."""
-    keys = np.concatenate([np.asarray(k, np.float64) for k in keys])
+    """(keys, ID counts, OOD counts) of sorted key arrays ``keys`` (of one dtype) with their (2, K) ``counts``: one
+    table, the counts of equal keys added (a stable sort merges the sorted runs in linear time per run)."""
+    keys = np.concatenate([np.asarray(k) for k in keys])
     counts = np.concatenate(counts, axis=1) if counts else np.zeros((2, 0), np.int64)
     if not keys.size:
         return keys, np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -289,7 +289,7 @@ def _merge_sorted(keys, counts):
 
 def _table(keys, counts):
     """(keys, (2, K) counts) of :func:`_merge_sorted`."""
-    keys, id_counts, ood_counts = _merge_sorted(keys, counts)
+    keys, id_counts, ood_counts = _merge_sorted([np.asarray(k, np.float64) for k in keys], counts)
     return keys, np.stack([id_counts, ood_counts])
 
 
@@ -519,15 +519,17 @@ class CAOSPixelAccumulator(Part):
         except KeyError as err:
             raise ValueError(f"{cls.__name__} state lacks {err}") from None
         for key, counts in (("frames", frames), ("pixels", pixels)):
-            if counts.shape != (2,) or not np.issubdtype(counts.dtype, np.integer) or (counts < 0).any():
+            if counts.shape != (2,) or not np.issubdtype(counts.dtype, np.integer):
                 raise ValueError(f"{cls.__name__} state: {key!r} must be two non-negative counts")
+            check_counts(counts, key)
+        n_frames, n_skipped = (int(v) for v in frames)  # (Python ints: unsigned counts cannot wrap around)
         if values.ndim != 2 or values.shape[1] != len(CAOS_METRICS) or not np.issubdtype(values.dtype, np.floating) \
-                or not ((values >= -1e-12) & (values <= 1 + 1e-12)).all() or len(values) != frames[0] - frames[1]:
+                or not ((values >= -1e-12) & (values <= 1 + 1e-12)).all() or len(values) != n_frames - n_skipped:
             raise ValueError(f"{cls.__name__} state: 'values' must be (frames averaged, 3) floats in [0, 1], one row "
                              "per frame not skipped")
         acc = cls()
         acc.values = values.astype(np.float64)
-        acc.n_frames, acc.n_skipped_frames = (int(v) for v in frames)
+        acc.n_frames, acc.n_skipped_frames = n_frames, n_skipped
         acc.n_id, acc.n_ood = (int(v) for v in pixels)
         return acc
 
