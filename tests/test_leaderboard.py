@@ -159,8 +159,8 @@ def test_every_bad_submission_is_rejected_with_its_reason(world, tmp_path):
 
 def test_a_set_that_averages_per_image_is_ranked_by_its_per_image_means(tmp_path):
     """A set converted with a protocol that averages per image (StreetHazards' original) is scored on the board by
-    its per-image means, as its own report heads it; a self-reported state's per-image values must be what its
-    counts allow, and it must hold them."""
+    its per-image means, as its own report heads it; a self-reported state must hold them, its images the frames'
+    pixels, its per-image values what its counts allow."""
     from segood.data.common import Sample
     from segood.data.h5 import SetWriter
 
@@ -188,6 +188,16 @@ def test_a_set_that_averages_per_image_is_ranked_by_its_per_image_means(tmp_path
     values[0, list(state["per_image_metrics"]).index("auroc")] = 0.0
     np.savez(forged, **{**state, "image_values": values})
     replace_member(good, tmp_path / "subs" / "forged.zip", "states/avg.npz", forged.getvalue())
+    offsets, keys, counts = state["image_offsets"], state["image_keys"], state["image_counts"].copy()
+    row = [{key: offsets[k] + j for j, key in enumerate(keys[offsets[k] : offsets[k + 1]].tolist())} for k in (0, 1)]
+    shared = sorted(set(row[0]) & set(row[1]))
+    for kind, source in ((1, 0), (0, 1)):  # an OOD pixel from image 0 to 1 and an ID pixel back, each within one
+        key = next(key for key in shared if counts[row[source][key], kind])  # coarse bin: the pooled counts and
+        counts[row[source][key], kind] -= 1  # each image's size unchanged, its (ID, OOD) pixels not its frame's
+        counts[row[1 - source][key], kind] += 1
+    moved = io.BytesIO()
+    np.savez(moved, **{**state, "image_counts": counts})
+    replace_member(good, tmp_path / "subs" / "moved.zip", "states/avg.npz", moved.getvalue())
     pooled_only = io.BytesIO()  # a state without per-image counts
     np.savez(pooled_only, **{k: v for k, v in state.items() if not k.startswith("image_")})
     replace_member(good, tmp_path / "subs" / "pooled_only.zip", "states/avg.npz", pooled_only.getvalue())
@@ -206,6 +216,7 @@ def test_a_set_that_averages_per_image_is_ranked_by_its_per_image_means(tmp_path
     reasons = {r["file"]: r["reason"] for r in board["rejected"]}
     assert "image 0's auroc is" in reasons["forged.zip"] and "which its counts do not allow" in reasons["forged.zip"]
     assert "must hold the per-image counts of every frame" in reasons["pooled_only.zip"]
+    assert "other (ID, OOD) pixels than the set's frames" in reasons["moved.zip"]
 
 
 def test_cli_round_trip(world, tmp_path, capsys):

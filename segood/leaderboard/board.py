@@ -79,7 +79,11 @@ def make_benchmark(tracks, out, *, grid=None):
 
 def _official(name, path, private):
     identity, manifest = set_identity(path), read_manifest(path)
-    headline = {"per_image_headline": identity["per_image_headline"]} if "per_image_headline" in identity else {}
+    headline = {}
+    if "per_image_headline" in identity:  # scored per image: each frame's (ID, OOD) pixels, to check images by
+        headline = {"per_image_headline": identity["per_image_headline"],
+                    "frame_pixels": [[int(np.count_nonzero(mask == 0)), int(np.count_nonzero(mask == 1))]
+                                     for _, mask in ood_masks(path)]}
     return {"manifest_sha256": identity["manifest_sha256"], "ood_sources": identity["ood_sources"],
             "pixels": manifest["pixels"], "private": private, "path": str(path.resolve()),
             "frame_sizes": [list(size) for size in frame_sizes(path)], "frame_ids": frame_ids(path), **headline}
@@ -278,8 +282,9 @@ def _check_images(set_name, acc, official):
 def _per_image_means(set_name, images, official, *, trusted):
     """{metric: mean over the images where it is defined (None where none)}: a set whose protocol averages per
     image (its ``per_image_headline``) is scored so. The board computed a verified entry's per-image values itself
-    (``trusted``); a state keeps each image's values beside its counts on the coarse grid only, so each value of a
-    self-reported state must lie within what its image's coarse counts allow."""
+    (``trusted``). A self-reported state's images must hold the set's frames' (ID, OOD) pixels (in any order), and,
+    since a state keeps each image's values beside its counts on the coarse grid only, each value must lie within
+    what its image's coarse counts allow."""
     if len(images) != len(official["frame_ids"]):
         raise Rejected(f"set {set_name!r} averages its metrics per image ({official['per_image_headline']}): the "
                        "state must hold the per-image counts of every frame, as segood evaluate writes them")
@@ -290,6 +295,10 @@ def _per_image_means(set_name, images, official, *, trusted):
                        f"{[m for m, c in zip(METRICS, columns) if c is None]}")
     values = values[:, columns]
     if not trusted:
+        held = sorted((int(c[:, 0].sum()), int(c[:, 1].sum())) for c in images.counts)
+        if "frame_pixels" in official and held != sorted(map(tuple, official["frame_pixels"])):
+            raise Rejected(f"set {set_name!r}: the state's images hold other (ID, OOD) pixels than the set's frames "
+                           "(pixels moved between images?); submit the state as segood wrote it")
         for k, counts in enumerate(images.counts):
             bounds = metric_bounds(np.asarray(counts).T)
             for metric, value in zip(METRICS, values[k]):
