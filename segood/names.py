@@ -38,8 +38,8 @@ ADAPTERS = {
     "idd": "polygon JSON in file order; car ID, autorickshaw OOD, the rest ignore",
     "noise": "Perlin or random normal noise, every pixel OOD, the same bytes on every machine",
     "sun": "SUN2012 LabelMe XML through label_maps/sun.yaml; size filter; seeded 25% tune / 75% eval split",
-    "bdd_anomaly": "BDD-Anomaly: BDD100K seg trainIds; train/motorcycle/bicycle OOD, other classes ID; --split "
-                   "test",
+    "bdd_anomaly": "BDD-Anomaly: BDD100K seg trainIds; train/motorcycle/bicycle OOD, other classes ID, void ignore "
+                   "(--protocol original: ID); --split test",
     "lostandfound": "LostAndFound gtCoarse labelIds: 1 free space ID, 2..200 OOD, else ignore; --split testNoKnown "
                     "(SMIYC)",
     "fishyscapes_laf": "Fishyscapes Lost & Found labels (0 ID, 1 OOD, 255 ignore) with images from "

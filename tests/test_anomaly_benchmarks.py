@@ -343,15 +343,22 @@ def test_road_obstacles_v0_evaluates_the_road_only(tmp_path, capsys):
         " ".join(str(w.message) for w in caught)
     assert (read_set(tmp_path / "ra.h5")[0]["ood_mask"][:, :6, :-2] == 0).all()  # would count the background as ID
 
-def test_bdd_anomaly_test_set_is_the_frames_with_anomaly_classes(tmp_path):
+@pytest.mark.parametrize("protocol", ["segood", "original"])
+def test_bdd_anomaly_test_set_is_the_frames_with_anomaly_classes(tmp_path, protocol):
+    """0..15 ID, 16..18 OOD, void (255) ignore (the original protocol, CAOS': ID), other values ignore."""
     frames = bdd_tree(tmp_path / "bdd")
     with pytest.warns(ConversionWarning, match="40"):
-        manifest = convert(BDDAnomaly(tmp_path / "bdd", "test"), tmp_path / "t.h5", size=(12, 20), progress=False)
+        manifest = convert(BDDAnomaly(tmp_path / "bdd", "test", protocol=protocol), tmp_path / "t.h5", size=(12, 20),
+                           progress=False)
+    assert manifest["params"] == {"protocol": protocol}
+    headline = "per-image mean, CAOS' protocol" if protocol == "original" else None
+    assert manifest.get("per_image_headline") == headline == set_identity(tmp_path / "t.h5").get("per_image_headline")
     arrays, frame_ids = read_set(tmp_path / "t.h5")
     assert frame_ids == ["train/00054602-3bf57337", "val/7d06fefd-f7be05a6"]
     for k, frame_id in enumerate(frame_ids):
         image, label = frames[frame_id]
-        ood = np.where(label <= 15, 0, np.where(np.isin(label, (16, 17, 18)), 1, 255))
+        void = 0 if protocol == "original" else 255
+        ood = np.where(label <= 15, 0, np.where(np.isin(label, (16, 17, 18)), 1, np.where(label == 255, void, 255)))
         np.testing.assert_array_equal(arrays["images"][k], image)
         np.testing.assert_array_equal(arrays["ood_mask"][k], ood)
         np.testing.assert_array_equal(arrays["semantic"][k], np.where(label == 40, 255, label))
@@ -363,6 +370,18 @@ def test_bdd_anomaly_test_set_is_the_frames_with_anomaly_classes(tmp_path):
         with pytest.warns(ConversionWarning):
             convert(BDDAnomaly(tmp_path / "bdd", split), tmp_path / f"{split}.h5", size=(12, 20), progress=False)
         assert read_set(tmp_path / f"{split}.h5")[1] == expected
+    with pytest.raises(ValueError, match=r"BDD-Anomaly protocol must be one of \('segood', 'original'\), got 'caos'"):
+        BDDAnomaly(tmp_path / "bdd", protocol="caos")
+
+
+def test_bdd_anomaly_protocol_from_the_command_line(tmp_path):
+    frames = bdd_tree(tmp_path / "bdd")
+    assert main(["convert", "bdd_anomaly", str(tmp_path / "bdd"), "--protocol", "original", "--out",
+                 str(tmp_path / "o.h5"), "--size", "12", "20", "--quiet"]) == 0
+    assert read_manifest(tmp_path / "o.h5")["params"] == {"protocol": "original"}
+    arrays, frame_ids = read_set(tmp_path / "o.h5")
+    for k, frame_id in enumerate(frame_ids):
+        assert (arrays["ood_mask"][k][frames[frame_id][1] == 255] == 0).all()  # void is ID, as CAOS counts it
 
 
 def test_road_anomaly_frame_list_webp_and_rescaled_labels(tmp_path):

@@ -5,7 +5,12 @@ motorcycle (17) and bicycle (18): ``test`` is every frame of BDD's train and val
 them, ``train`` / ``val`` the frames of those splits that contain none. ood_mask: 16, 17, 18 OOD, the other 16
 classes ID, 255 ignore. ``semantic`` holds the BDD trainIds as they are (OOD pixels keep their class, so
 analyses can tell the three anomaly classes apart). ``seg/color_labels/`` holds colour renderings and is never
-read. Values 19..254 become ignore and are warned about."""
+read. Values 19..254 become ignore and are warned about.
+
+Two protocols, as StreetHazards': ``segood`` (the default) as above, numbers pooled over pixels; ``original``,
+the CAOS code's (``create_bdd_dataset.py`` shifts void to a label of its own, ``eval_ood.py`` counts every pixel
+that is not an anomaly as ID): void (255) counts as ID, and the benchmark averages each metric per image (the set
+records ``per_image_headline``)."""
 
 from pathlib import Path
 
@@ -18,8 +23,11 @@ EXPECTED_TREE = """\
 <root>/seg/images/{train,val}/<id>.jpg
 <root>/seg/labels/{train,val}/<id>_train_id.png"""
 ANOMALY_CLASSES = (16, 17, 18)  # train, motorcycle, bicycle
-LABELS = LabelTable({**{c: ("id", c) for c in range(16)}, **{c: ("ood", c) for c in ANOMALY_CLASSES},
-                     255: "ignore"}, "BDD-Anomaly")
+PROTOCOLS = {"segood": "ignore", "original": "id"}  # protocol -> the role of void (255)
+TABLES = {protocol: LabelTable({**{c: ("id", c) for c in range(16)}, **{c: ("ood", c) for c in ANOMALY_CLASSES},
+                                255: void}, "BDD-Anomaly") for protocol, void in PROTOCOLS.items()}
+#: how results.md names the per-image means of a set converted with the original protocol
+PER_IMAGE_HEADLINE = "per-image mean, CAOS' protocol"
 LABEL_SUFFIX = "_train_id.png"
 SPLITS = ("test", "train", "val")
 
@@ -30,13 +38,19 @@ class BDDAnomaly(Adapter):
     Listing reads every label file once to decide; unreadable ones are ``prefiltered`` with the reason."""
 
     name, source = "bdd_anomaly", "bdd_anomaly"
-    help = "BDD-Anomaly: BDD100K seg trainIds; train/motorcycle/bicycle OOD, other classes ID; --split test"
+    help = ("BDD-Anomaly: BDD100K seg trainIds; train/motorcycle/bicycle OOD, other classes ID, void ignore "
+            "(--protocol original: ID); --split test")
     default_split = "test"
-    label_map_sha256 = LABELS.sha256
 
-    def __init__(self, root, split="test"):
+    def __init__(self, root, split="test", *, protocol="segood"):
         if split not in SPLITS:
             raise ValueError(f"BDD-Anomaly split must be one of {SPLITS}, got {split!r}")
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"BDD-Anomaly protocol must be one of {tuple(PROTOCOLS)}, got {protocol!r} (segood: "
+                             "void ignored, pooled; original: void ID, per-image means as the headline, as CAOS)")
+        self.table = TABLES[protocol]
+        self.label_map_sha256 = self.table.sha256
+        self.params = {"protocol": protocol}
         self.root, self.split = Path(root), split
         require_tree(self.root, EXPECTED_TREE, f"seg/labels/*/*{LABEL_SUFFIX}", "BDD-Anomaly (BDD100K seg)")
         self.frames, self.prefiltered, self.unused_files = [], [], []
@@ -60,6 +74,21 @@ class BDDAnomaly(Adapter):
             self.unused_files.append(("seg/color_labels/", "colour renderings of the labels: never read"))
 
 
+    @classmethod
+    def add_arguments(cls, parser):
+        super().add_arguments(parser)
+        parser.add_argument("--protocol", choices=tuple(PROTOCOLS), default="segood",
+                            help="segood (default): void (255) ignored, numbers pooled over pixels; original: void "
+                                 "ID and per-image means beside the pooled numbers, as CAOS evaluates")
+
+    @classmethod
+    def from_args(cls, args):
+        return cls(args.root, args.split, protocol=args.protocol)
+
+    def provenance(self):
+        headline = {"per_image_headline": PER_IMAGE_HEADLINE} if self.params["protocol"] == "original" else {}
+        return {**super().provenance(), **headline}
+
     def refs(self):
         return list(self.frames)
 
@@ -75,8 +104,8 @@ class BDDAnomaly(Adapter):
         image = read_rgb(image_path)
         if raw.shape != image.shape[:2]:
             raise SkipFrame(f"image {image.shape[:2]} and labels {raw.shape} differ in size")
-        ood_mask, semantic, extra = LABELS.apply(raw)
+        ood_mask, semantic, extra = self.table.apply(raw)
         return Sample(image, ood_mask, semantic, self.frame_id(path), extra)
 
     def summary(self, extras):
-        return LABELS.summary(extras)
+        return self.table.summary(extras)

@@ -53,8 +53,8 @@ there is an accident of implementation):
 - Fishyscapes: equal infinite scores are one tie group (the official ``np.diff`` of inf and inf is NaN, which
   splits them pixel by pixel in input order); NaN scores at counted pixels are an error.
 - CAOS: its code has no ignore label (it counts every pixel that is not OOD as ID, void included); segood leaves
-  pixels labelled ignore (255) out of their frame. StreetHazards' original protocol ignores none, as CAOS counts
-  them; segood's BDD-Anomaly ignores BDD's void pixels, which CAOS counts as ID. Infinite scores are ranked as the extremes they are
+  pixels labelled ignore (255) out of their frame. The original protocols of StreetHazards and BDD-Anomaly
+  (``--protocol original``) ignore none, as CAOS counts them. Infinite scores are ranked as the extremes they are
   (scikit-learn refuses them); NaN scores at counted pixels are an error. The means are exactly rounded sums
   (``math.fsum``), the same in any order of the frames (runs sharded over processes included).
 - All: a metric is NaN (with the reason) where the set has no OOD or no ID pixel; the official code divides by
