@@ -17,23 +17,19 @@ from pathlib import Path
 import numpy as np
 
 from segood.data.adapter import Adapter, register_adapter
+from segood.data.caos import PROTOCOLS, CAOSProtocols
 from segood.data.common import LabelTable, Sample, SkipFrame, read_label, read_rgb, require_tree
 
 EXPECTED_TREE = """\
 <root>/seg/images/{train,val}/<id>.jpg
 <root>/seg/labels/{train,val}/<id>_train_id.png"""
 ANOMALY_CLASSES = (16, 17, 18)  # train, motorcycle, bicycle
-PROTOCOLS = {"segood": "ignore", "original": "id"}  # protocol -> the role of void (255)
-TABLES = {protocol: LabelTable({**{c: ("id", c) for c in range(16)}, **{c: ("ood", c) for c in ANOMALY_CLASSES},
-                                255: void}, "BDD-Anomaly") for protocol, void in PROTOCOLS.items()}
-#: how results.md names the per-image means of a set converted with the original protocol
-PER_IMAGE_HEADLINE = "per-image mean, CAOS' protocol"
 LABEL_SUFFIX = "_train_id.png"
 SPLITS = ("test", "train", "val")
 
 
 @register_adapter
-class BDDAnomaly(Adapter):
+class BDDAnomaly(CAOSProtocols, Adapter):
     """Frames of ``test`` (BDD train + val frames with an anomaly class), ``train`` or ``val`` (without one).
     Listing reads every label file once to decide; unreadable ones are ``prefiltered`` with the reason."""
 
@@ -41,16 +37,15 @@ class BDDAnomaly(Adapter):
     help = ("BDD-Anomaly: BDD100K seg trainIds; train/motorcycle/bicycle OOD, other classes ID, void ignore "
             "(--protocol original: ID); --split test")
     default_split = "test"
+    unlabeled = "void (255)"
+    headline = "per-image mean, CAOS' protocol"  # how results.md names the original protocol's means
+    tables = {protocol: LabelTable({**{c: ("id", c) for c in range(16)}, **{c: ("ood", c) for c in ANOMALY_CLASSES},
+                                    255: role}, "BDD-Anomaly") for protocol, role in PROTOCOLS.items()}
 
     def __init__(self, root, split="test", *, protocol="segood"):
         if split not in SPLITS:
             raise ValueError(f"BDD-Anomaly split must be one of {SPLITS}, got {split!r}")
-        if protocol not in PROTOCOLS:
-            raise ValueError(f"BDD-Anomaly protocol must be one of {tuple(PROTOCOLS)}, got {protocol!r} (segood: "
-                             "void ignored, pooled; original: void ID, per-image means as the headline, as CAOS)")
-        self.table = TABLES[protocol]
-        self.label_map_sha256 = self.table.sha256
-        self.params = {"protocol": protocol}
+        self._use_protocol(protocol)
         self.root, self.split = Path(root), split
         require_tree(self.root, EXPECTED_TREE, f"seg/labels/*/*{LABEL_SUFFIX}", "BDD-Anomaly (BDD100K seg)")
         self.frames, self.prefiltered, self.unused_files = [], [], []
@@ -73,21 +68,6 @@ class BDDAnomaly(Adapter):
         if (self.root / "seg" / "color_labels").exists():
             self.unused_files.append(("seg/color_labels/", "colour renderings of the labels: never read"))
 
-
-    @classmethod
-    def add_arguments(cls, parser):
-        super().add_arguments(parser)
-        parser.add_argument("--protocol", choices=tuple(PROTOCOLS), default="segood",
-                            help="segood (default): void (255) ignored, numbers pooled over pixels; original: void "
-                                 "ID and per-image means beside the pooled numbers, as CAOS evaluates")
-
-    @classmethod
-    def from_args(cls, args):
-        return cls(args.root, args.split, protocol=args.protocol)
-
-    def provenance(self):
-        headline = {"per_image_headline": PER_IMAGE_HEADLINE} if self.params["protocol"] == "original" else {}
-        return {**super().provenance(), **headline}
 
     def refs(self):
         return list(self.frames)

@@ -11,6 +11,7 @@ unlabeled, other and anomaly. Values outside 1..14 become ignore and are warned 
 from pathlib import Path
 
 from segood.data.adapter import Adapter, register_adapter
+from segood.data.caos import PROTOCOLS, CAOSProtocols
 from segood.data.common import LabelTable, Sample, SkipFrame, read_label, read_rgb, require_tree
 
 EXPECTED_TREE = """\
@@ -32,48 +33,27 @@ CLASSES = {  # StreetHazards value -> (ood role, Cityscapes trainId or None)
     13: ("id", 7),    # traffic sign
     14: "ood",        # anomaly
 }
-PROTOCOLS = {"segood": "ignore", "original": "id"}  # protocol -> the role of unlabeled (1)
-TABLES = {protocol: LabelTable({1: unlabeled, **CLASSES}, "StreetHazards") for protocol, unlabeled in PROTOCOLS.items()}
-#: how results.md names the per-image means of a set converted with the original protocol
-PER_IMAGE_HEADLINE = "per-image mean, StreetHazards' protocol"
 
 
 @register_adapter
-class StreetHazards(Adapter):
+class StreetHazards(CAOSProtocols, Adapter):
     """Frames of ``training``, ``validation`` or ``test``, listed from the images (``<split>/<town>/<n>``)."""
 
     name, source = "streethazards", "streethazards"
     help = "StreetHazards: its 13 classes ID, anomaly (14) OOD, unlabeled ignore (--protocol original: ID)"
     default_split = "test"
+    unlabeled = "unlabeled (1)"
+    headline = "per-image mean, StreetHazards' protocol"  # how results.md names the original protocol's means
+    tables = {protocol: LabelTable({1: role, **CLASSES}, "StreetHazards") for protocol, role in
+              PROTOCOLS.items()}
 
     def __init__(self, root, split="test", *, protocol="segood"):
         if split not in SPLITS:
             raise ValueError(f"StreetHazards split must be one of {tuple(SPLITS)}, got {split!r}")
-        if protocol not in PROTOCOLS:
-            raise ValueError(f"StreetHazards protocol must be one of {tuple(PROTOCOLS)}, got {protocol!r} (segood: "
-                             "unlabeled ignored, pooled; original: unlabeled ID, per-image means as the headline)")
+        self._use_protocol(protocol)
         self.root, self.split = Path(root), split
         self.top = self.root / SPLITS[split]
         require_tree(self.root, EXPECTED_TREE, f"{SPLITS[split]}/images/{split}/*/*.png", f"StreetHazards ({split})")
-        self.table = TABLES[protocol]
-        self.label_map_sha256 = self.table.sha256
-        self.params = {"protocol": protocol}
-
-
-    @classmethod
-    def add_arguments(cls, parser):
-        super().add_arguments(parser)
-        parser.add_argument("--protocol", choices=tuple(PROTOCOLS), default="segood",
-                            help="segood (default): unlabeled (1) ignored, numbers pooled over pixels; original: "
-                                 "unlabeled ID and per-image means beside the pooled numbers, as CAOS evaluates")
-
-    @classmethod
-    def from_args(cls, args):
-        return cls(args.root, args.split, protocol=args.protocol)
-
-    def provenance(self):
-        headline = {"per_image_headline": PER_IMAGE_HEADLINE} if self.params["protocol"] == "original" else {}
-        return {**super().provenance(), **headline}
 
     def refs(self):
         return sorted((self.top / "images" / self.split).glob("*/*.png"))
