@@ -18,7 +18,7 @@ import numpy as np
 
 from segood.data.adapter import Adapter, register_adapter
 from segood.data.caos import PROTOCOLS, CAOSProtocols
-from segood.data.common import LabelTable, Sample, SkipFrame, read_label, read_rgb, require_tree
+from segood.data.common import LabelTable, SkipFrame, read_label, read_rgb, require_tree
 
 EXPECTED_TREE = """\
 <root>/seg/images/{train,val}/<id>.jpg
@@ -82,10 +82,4 @@ class BDDAnomaly(CAOSProtocols, Adapter):
             raise SkipFrame(f"no image {bdd_id}.jpg")
         raw = read_label(path)
         image = read_rgb(image_path)
-        if raw.shape != image.shape[:2]:
-            raise SkipFrame(f"image {image.shape[:2]} and labels {raw.shape} differ in size")
-        ood_mask, semantic, extra = self.table.apply(raw)
-        return Sample(image, ood_mask, semantic, self.frame_id(path), extra)
-
-    def summary(self, extras):
-        return self.table.summary(extras)
+        return self._sample(image, raw, self.frame_id(path))

@@ -2,6 +2,8 @@
 ``segood`` (the default: a label of no class ignored, numbers pooled over pixels) and ``original``, the CAOS code's
 (that label counted as ID, each metric averaged per image: the set records ``per_image_headline``)."""
 
+from segood.data.common import Sample, SkipFrame
+
 PROTOCOLS = {"segood": "ignore", "original": "id"}  # protocol -> the role of the label of no class
 
 
@@ -32,6 +34,16 @@ class CAOSProtocols:
     @classmethod
     def from_args(cls, args):
         return cls(args.root, args.split, protocol=args.protocol)
+
+    def _sample(self, image, raw, frame_id):
+        """The sample of a frame's image and its raw CAOS labels, through the protocol's table."""
+        if raw.shape != image.shape[:2]:
+            raise SkipFrame(f"image {image.shape[:2]} and labels {raw.shape} differ in size")
+        ood_mask, semantic, extra = self.table.apply(raw)
+        return Sample(image, ood_mask, semantic, frame_id, extra)
+
+    def summary(self, extras):
+        return self.table.summary(extras)
 
     def provenance(self):
         headline = {"per_image_headline": self.headline} if self.params["protocol"] == "original" else {}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from segood.data.adapter import Adapter, register_adapter
 from segood.data.caos import PROTOCOLS, CAOSProtocols
-from segood.data.common import LabelTable, Sample, SkipFrame, read_label, read_rgb, require_tree
+from segood.data.common import LabelTable, read_label, read_rgb, require_tree
 
 EXPECTED_TREE = """\
 <root>/train/images/{training,validation}/<town>/<n>.png   + <root>/train/annotations/<same path>
@@ -65,10 +65,4 @@ class StreetHazards(CAOSProtocols, Adapter):
         label_path = self.top / "annotations" / self.split / path.parent.name / path.name
         raw = read_label(label_path)
         image = read_rgb(path)
-        if raw.shape != image.shape[:2]:
-            raise SkipFrame(f"image {image.shape[:2]} and labels {raw.shape} differ in size")
-        ood_mask, semantic, extra = self.table.apply(raw)
-        return Sample(image, ood_mask, semantic, self.frame_id(path), extra)
-
-    def summary(self, extras):
-        return self.table.summary(extras)
+        return self._sample(image, raw, self.frame_id(path))
