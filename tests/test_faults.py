@@ -244,6 +244,35 @@ def test_a_state_header_declaring_more_than_it_holds_is_refused_before_allocatio
         load_npz(npz.getvalue(), ("counts",))
 
 
+def test_a_states_arrays_may_grow_with_its_set_and_no_further():
+    """A per-image state of many frames outgrows the fixed cap of a state array; the board allows each growing array
+    what a state of the set's frames can hold (here: every pixel in a coarse bin of its own), no more."""
+    import io
+
+    from segood.leaderboard.board import _state_sizes
+    from segood.leaderboard.safe import Rejected, load_npz
+    from segood.metrics import FloatOrderAccumulator, grid_spec, make_accumulator
+    from segood.metrics.streaming import OPTIONAL_STATE
+
+    rng = np.random.default_rng(0)
+    acc = FloatOrderAccumulator(per_image=True)
+    frames = [(8, 8)] * 30
+    scores = (2.0 ** rng.uniform(-60, 60, (30, 8, 8))).astype(np.float32)  # nearly every pixel a coarse bin
+    acc.update(scores, (rng.random((30, 8, 8)) < 0.5).astype(np.uint8))
+    state = acc.state_dict()
+    npz = io.BytesIO()
+    np.savez(npz, **state)
+    keys = tuple(make_accumulator(grid_spec()).state_dict())
+    sizes = _state_sizes(grid_spec(), frames)
+    assert all(state[name].nbytes <= most for name, most in sizes.items())
+    assert state["image_counts"].nbytes > 16 * 30 * 50 and state["counts"].nbytes > 1 << 20
+    loaded = load_npz(npz.getvalue(), keys, max_bytes=4096, optional=OPTIONAL_STATE, sizes=sizes)
+    assert (loaded["image_counts"] == state["image_counts"]).all()
+    with pytest.raises(Rejected, match="array 'image_(keys|counts)' has .* bytes, over .*, the most a state of this set"):
+        load_npz(npz.getvalue(), keys, max_bytes=4096, optional=OPTIONAL_STATE, sizes=_state_sizes(grid_spec(),
+                                                                                                  frames[:3]))
+
+
 def test_folder_score_files_with_a_group_or_a_lying_header_are_named(tmp_path):
     import h5py
 

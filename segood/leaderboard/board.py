@@ -28,8 +28,9 @@ from segood.leaderboard.submission import validate
 from segood.metrics import (METRICS, UndefinedMetricWarning, accumulator_from_state, describe_grid, grid_spec,
                             make_accumulator)
 from segood.metrics.streaming import OPTIONAL_STATE
-from segood.metrics.bootstrap import Bootstrap, coarse_keys, resampled_means, shifted_metrics, tied_ranks
+from segood.metrics.bootstrap import COARSE_BITS, Bootstrap, coarse_keys, resampled_means, shifted_metrics, tied_ranks
 from segood.metrics.components import PRESETS, ComponentAccumulator
+from segood.metrics._kernels import BINADES
 from segood.metrics.functional import metric_bounds
 from segood.metrics.thresholds import commit
 
@@ -242,8 +243,8 @@ def _self_reported(set_name, entry, files, official, grid):
     state_file = f"states/{set_name}.npz"
     if state_file not in files:
         raise Rejected(f"set {set_name!r}: no accumulator state {state_file}")
-    state = load_npz(files[state_file], tuple(make_accumulator(grid).state_dict()),
-                     optional=OPTIONAL_STATE)
+    state = load_npz(files[state_file], tuple(make_accumulator(grid).state_dict()), optional=OPTIONAL_STATE,
+                     sizes=_state_sizes(grid, _frame_sizes(official)))
     _check_state_config(set_name, state, grid)
     try:
         acc = accumulator_from_state(state)
@@ -254,6 +255,22 @@ def _self_reported(set_name, entry, files, official, grid):
     return values, (acc.images, _roc(acc), None)
 
 
+def _frame_sizes(official):
+    """(height, width) of each frame of a set's BENCH.json entry (older files: one size for all)."""
+    return official.get("frame_sizes") or [official["size"]] * len(official["frame_ids"])
+
+
+def _state_sizes(grid, sizes):
+    """The most bytes each growing array of a state of frames of ``sizes`` on ``grid`` can hold: a float-order
+    table's row per binade a pixel occupies, each image's coarse bin per pixel (at most every coarse bin of every
+    binade). Larger arrays are refused before they are read."""
+    pixels = [h * w for h, w in sizes]
+    binades = min(BINADES, sum(pixels))
+    coarse = sum(min(p, BINADES << COARSE_BITS) for p in pixels)
+    return {"binades": 8 * binades, "counts": 8 * binades * (2 << grid.get("mantissa_bits", 0)),
+            "image_keys": 8 * coarse, "image_counts": 16 * coarse}
+
+
 def _check_images(set_name, acc, official):
     """A state's per-image counts (where it has them) must be those of the set's frames: one image per frame,
     each image's pixels fitting a frame (images may come in another order, so the largest images are matched to
@@ -261,7 +278,7 @@ def _check_images(set_name, acc, official):
     images = acc.images
     if not len(images):
         return
-    sizes = official.get("frame_sizes") or [official["size"]] * len(official["frame_ids"])
+    sizes = _frame_sizes(official)
     if len(images) != len(sizes):
         raise Rejected(f"set {set_name!r}: the state holds counts of {len(images)} images; the set has "
                        f"{len(sizes)} frames")
@@ -329,7 +346,7 @@ def _verified(set_name, files, official, grid, masks, components=None):
         raise Rejected(f"set {set_name!r}: no score maps {member}")
     if official["path"] not in masks:
         masks[official["path"]] = _maintainer_masks(official["path"])
-    sizes = official.get("frame_sizes") or [official["size"]] * len(official["frame_ids"])  # (older files: one size)
+    sizes = _frame_sizes(official)
     frames = [(frame_id, *size) for frame_id, size in zip(official["frame_ids"], sizes)]
     acc = make_accumulator(grid, per_image=True)
     for (frame_id, scores), (_, mask) in zip(read_maps(files[member], frames), masks[official["path"]]):

@@ -213,9 +213,11 @@ def _depth(value, level=1):
     return max((_depth(child, level + 1) for child in children), default=level)
 
 
-def load_npz(data, keys, max_bytes=16 << 20, optional=()):
+def load_npz(data, keys, max_bytes=16 << 20, optional=(), sizes=None):
     """{name: array} of npz bytes holding exactly ``keys`` (and any of ``optional``), each at most ``max_bytes``
-    uncompressed; never unpickles (object arrays are refused). Sizes are checked before anything is decompressed."""
+    uncompressed, or at most ``sizes[name]`` where that is larger (arrays that grow with a set); never unpickles
+    (object arrays are refused). Sizes are checked before anything is decompressed."""
+    sizes = sizes or {}
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             names = {info.filename[:-4]: info for info in archive.infolist() if info.filename.endswith(".npy")}
@@ -223,8 +225,10 @@ def load_npz(data, keys, max_bytes=16 << 20, optional=()):
             if not required <= set(names) <= set(keys) or len(archive.infolist()) != len(names):
                 raise Rejected(f"an accumulator state holds {sorted(names)}; expected exactly {sorted(keys)}")
             for name, info in names.items():
-                if info.file_size > max_bytes:
-                    raise Rejected(f"accumulator state array {name!r} has {info.file_size} bytes, over {max_bytes}")
+                most = max(max_bytes, sizes.get(name, 0))
+                if info.file_size > most:
+                    raise Rejected(f"accumulator state array {name!r} has {info.file_size} bytes, over {most}, the "
+                                   "most a state of this set can need")
                 declared = _declared_bytes(archive, info)  # what np.load would allocate, before it does
                 if declared > info.file_size:
                     raise Rejected(f"accumulator state array {name!r} declares {declared} bytes in its header but "
