@@ -207,6 +207,35 @@ def test_threads_taking_chunks_give_the_counts_of_one_pass_whatever_else_runs(mo
             np.testing.assert_array_equal(x, y)
 
 
+def test_no_int32_table_counts_more_than_2_31_pixels(monkeypatch):
+    """The general kernel's chunks stay within an int32 counter (the limit made small here: its chunks are
+    recorded), and the float16 pattern tables of several threads, which may hold 2^31 pixels together, are binned
+    each alone (forged tables of 1.5e9 pixels each, one value)."""
+    rng = np.random.default_rng(6)
+    scores = rng.standard_normal(10_001)
+    labels = (rng.random(scores.size) < 0.3).astype(np.uint8)
+    want = _kernels.float_histogram_numpy(scores, labels, 12, 1)
+    sizes, general = [], _kernels._general
+    monkeypatch.setattr(_kernels, "_general", lambda s, *args: sizes.append(s.size) or general(s, *args))
+    monkeypatch.setattr(_kernels, "_COUNTER_LIMIT", 1000)
+    got = _kernels.float_histogram_numpy(scores, labels, 12, 2)
+    assert max(sizes) <= 1000 and sum(sizes) == scores.size
+    for x, y in zip(got, want):
+        np.testing.assert_array_equal(x, y)
+    monkeypatch.undo()
+
+    half = np.float16(0.5).view(np.uint16)  # pattern row: sign and exponent; column: the 10 mantissa bits
+    row, mantissa = int(half) >> 10, int(half) & 0x3FF
+    tables = [_kernels._table(np.float16, 10) for _ in range(2)]
+    for patterns, marked in tables:
+        patterns[(((row << 1) | 1) << 10) | mantissa] = 1_500_000_000
+        marked[row] = 1
+    binades, counts = _kernels._drained(np.float16, 10, *zip(*tables))
+    one = _kernels.float_histogram_numpy(np.float16([0.5]), np.uint8([1]), 10, 1)
+    np.testing.assert_array_equal(binades, one[0])
+    np.testing.assert_array_equal(counts, one[1] * 3_000_000_000)
+
+
 def test_torch_path_equals_the_numpy_path():
     rng = np.random.default_rng(7)
     scores = rng.standard_normal(50_000) * 10.0 ** rng.integers(-10, 10, 50_000)

@@ -644,12 +644,14 @@ def _drained(dtype, m, tables, marks, *, keep=False):
     binned in a float32 table first), summed (:func:`drain`); every table cleared and given back (``keep``: kept,
     to count on)."""
     try:
-        if dtype == np.float16:
+        if dtype == np.float16:  # each thread's patterns binned and drained alone: together they may pass 2^31
             table, occupied = _table(np.float32, m)
             try:
+                parts = []
                 for patterns, marked in zip(tables, marks):
                     _replay_halves(patterns, marked, m, table, occupied)
-                return drain((table,), (occupied,), m, *ROW_BINADES[np.dtype(np.float32)])
+                    parts.append(drain((table,), (occupied,), m, *ROW_BINADES[np.dtype(np.float32)]))
+                return merge_binades(parts, owned=True)
             finally:
                 _give_back(np.float32, m, table, occupied)
         return drain(tables, marks, m, *ROW_BINADES[np.dtype(dtype)])
@@ -712,7 +714,8 @@ def float_histogram_numpy(scores, labels, m, threads, initial_slots=8, *, kept=N
     keep = fast and kept is not None and kept.ready(scores.dtype, m, scores.size)
     if keep:
         kept.start(scores.dtype, m, scores.size)
-    bounds = _guided_bounds(scores.size, threads) if fast else [scores.size * c // threads for c in range(threads + 1)]
+    pieces = max(threads, -(-scores.size // _COUNTER_LIMIT))  # (the general kernel's table is int32 too)
+    bounds = _guided_bounds(scores.size, threads) if fast else [scores.size * c // pieces for c in range(pieces + 1)]
     chunks = len(bounds) - 1
     parts, tables = [], []  # [(binades, counts)]; [(table, row marks)] of this call's threads that ran a fast kernel
     problems = np.zeros((chunks, 3), dtype=np.int64)
