@@ -325,7 +325,7 @@ def exact_metrics(scores, labels):
     ``average_precision_score``. Direction: higher score = more OOD.
 
     Args:
-        scores: finite float array, any shape. labels: same shape, 0 (ID), 1 (OOD), 255 (ignore).
+        scores: real array, any shape (±inf allowed, NaN refused). labels: same shape, 0 (ID), 1 (OOD), 255 (ignore).
 
     Returns:
         dict: auroc, auprc, fpr95, max_iou, max_iou_threshold, n_id, n_ood, n_ignored.
@@ -344,8 +344,9 @@ def exact_curve(scores, labels):
     if np.any(labels[~counted] != IGNORE):
         raise_bad_labels(labels)
     s = scores[counted].astype(np.float64)
-    if not np.all(np.isfinite(s)):
-        raise ValueError(f"{int(np.count_nonzero(~np.isfinite(s)))} counted pixels have NaN or inf scores")
+    if np.isnan(s).any():
+        raise ValueError(f"{int(np.count_nonzero(np.isnan(s)))} counted pixels have NaN scores; every other real "
+                         "value, ±inf included, is a threshold")
     is_ood = labels[counted] == OOD
     thresholds, hist = distinct_score_counts(s[~is_ood], s[is_ood])
     fp, tp = (np.cumsum(row[::-1])[::-1] for row in hist)
