@@ -167,6 +167,29 @@ def test_accumulator_pools_counts_over_frames():
     assert (obstacle.min_pred, obstacle.min_gt) == (50, 10) and np.isnan(obstacle.compute()["f1_star"])
 
 
+def test_a_component_state_carries_its_settings(tmp_path):
+    """copy(), save() / load() and merge keep the threshold, its source and the size filters; states of other
+    settings do not merge (a committed threshold's counts and an oracle's are not one result)."""
+    rng = np.random.default_rng(2)
+    truth = np.zeros((2, 30, 40), np.uint8)
+    truth[:, 5:15, 5:20] = OOD
+    scores = rng.random(truth.shape) * 0.5 + 0.5 * (truth == OOD)
+    acc = ComponentAccumulator(0.6, "obstacle", min_gt=3, threshold_source="oracle").update(scores[0], truth[0])
+    acc.save(tmp_path / "c.npz")
+    for restored in (acc.copy(), ComponentAccumulator.load(tmp_path / "c.npz")):
+        assert restored.compute() == acc.compute()
+        assert restored.compute()["threshold_source"] == "oracle" and (restored.min_pred, restored.min_gt) == (50, 3)
+    other = ComponentAccumulator(0.6, "obstacle", min_gt=3, threshold_source="oracle").update(scores[1], truth[1])
+    assert acc.copy().merge(other).compute() == ComponentAccumulator(
+        0.6, "obstacle", min_gt=3, threshold_source="oracle").update(scores, truth).compute()
+    with pytest.raises(ValueError, match="different thresholds or size filters"):
+        acc.merge(ComponentAccumulator(0.5, "obstacle", min_gt=3, threshold_source="oracle"))
+    with pytest.raises(ValueError, match="'threshold_source' is oracle vs committed"):
+        acc.merge(ComponentAccumulator(0.6, "obstacle", min_gt=3))
+    with pytest.raises(ValueError, match="unknown state format"):
+        ComponentAccumulator.from_state_dict({**acc.state_dict(), "format": np.array("other/1")})
+
+
 def test_best_f1_threshold_is_the_pixel_f1_maximiser():
     rng = np.random.default_rng(2)
     labels = (rng.random(5000) < 0.2).astype(np.uint8)

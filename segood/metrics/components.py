@@ -87,7 +87,8 @@ class ComponentAccumulator(Part):
     """
 
     taus = TAUS  #: the sIoU / PPV thresholds tau
-    reductions = {"taus": "sum", "sums": "sum", "counts": "sum"}
+    format = "segood.ComponentAccumulator/1"
+    reductions = {"taus": "sum", "sums": "sum", "counts": "sum"}  # (the settings: the same in states that merge)
     strict = False  #: predicted OOD iff score > threshold (SMIYC's code) instead of score >= threshold
 
     def __init__(self, threshold, preset="anomaly", *, min_pred=None, min_gt=None, threshold_source="committed"):
@@ -98,7 +99,7 @@ class ComponentAccumulator(Part):
         self.threshold = float(threshold)
         self.min_pred = PRESETS[preset]["min_pred"] if min_pred is None else int(min_pred)
         self.min_gt = PRESETS[preset]["min_gt"] if min_gt is None else int(min_gt)
-        self.preset, self.threshold_source = preset, threshold_source
+        self.threshold_source = threshold_source
         self.tp = np.zeros(len(self.taus), np.int64)
         self.fn = np.zeros(len(self.taus), np.int64)
         self.fp = np.zeros(len(self.taus), np.int64)
@@ -131,9 +132,28 @@ class ComponentAccumulator(Part):
             raise ValueError("cannot merge component accumulators with different thresholds or size filters")
 
     def state_dict(self):
-        """The counts as plain arrays: (3, 11) int64 TP / FN / FP per tau, the two sums, the three counts."""
-        return {"taus": np.stack([self.tp, self.fn, self.fp]), "sums": np.array([self.siou_sum, self.ppv_sum]),
+        """The state as plain arrays: the settings (threshold, its source, the size filters), then the counts:
+        (3, 11) int64 TP / FN / FP per tau, the two sums, the three counts."""
+        return {"format": np.array(self.format), "threshold": np.array(self.threshold),
+                "threshold_source": np.array(self.threshold_source),
+                "sizes": np.array([self.min_pred, self.min_gt], np.int64),
+                "taus": np.stack([self.tp, self.fn, self.fp]), "sums": np.array([self.siou_sum, self.ppv_sum]),
                 "counts": np.array([self.n_gt, self.n_pred, self.n_frames], np.int64)}
+
+    @classmethod
+    def from_state_dict(cls, state):
+        """Rebuild from :meth:`state_dict`; every field is checked."""
+        try:
+            if str(np.asarray(state["format"])) != cls.format:
+                raise ValueError(f"unknown state format {state['format']!r}; expected {cls.format!r}")
+            sizes = np.asarray(state["sizes"])
+            if sizes.shape != (2,) or not np.issubdtype(sizes.dtype, np.integer) or (sizes < 0).any():
+                raise ValueError("'sizes' must be (min_pred, min_gt), non-negative integers")
+            acc = cls(float(np.asarray(state["threshold"])), min_pred=int(sizes[0]), min_gt=int(sizes[1]),
+                      threshold_source=str(np.asarray(state["threshold_source"])))
+            return acc.load_state_dict(state)
+        except KeyError as err:
+            raise ValueError(f"{cls.__name__} state lacks {err}") from None
 
     def load_state_dict(self, arrays):
         """Restore :meth:`state_dict` output, checked (shapes, non-negative integer counts, finite sums)."""

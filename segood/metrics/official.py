@@ -546,26 +546,6 @@ class SMIYCComponentAccumulator(ComponentAccumulator):
     strict = True
     format = "segood.SMIYCComponentAccumulator/1"
 
-    def state_dict(self):
-        """The state as plain numpy arrays: the threshold, the size filters and the counts."""
-        return {"format": np.array(self.format), "threshold": np.array(self.threshold),
-                "sizes": np.array([self.min_pred, self.min_gt], np.int64), **super().state_dict()}
-
-    @classmethod
-    def from_state_dict(cls, state, *, preset="anomaly", threshold_source="committed"):
-        """Rebuild from :meth:`state_dict`; every field is checked."""
-        try:
-            if str(np.asarray(state["format"])) != cls.format:
-                raise ValueError(f"unknown state format {state['format']!r}; expected {cls.format!r}")
-            sizes = np.asarray(state["sizes"])
-            if sizes.shape != (2,) or not np.issubdtype(sizes.dtype, np.integer) or (sizes < 0).any():
-                raise ValueError("'sizes' must be (min_pred, min_gt), non-negative integers")
-            acc = cls(float(np.asarray(state["threshold"])), preset, min_pred=int(sizes[0]), min_gt=int(sizes[1]),
-                      threshold_source=threshold_source)
-            return acc.load_state_dict(state)
-        except KeyError as err:
-            raise ValueError(f"{cls.__name__} state lacks {err}") from None
-
 
 PIXEL_ACCUMULATORS = {"smiyc": SMIYCPixelAccumulator, "fishyscapes": FishyscapesPixelAccumulator,
                       "caos": CAOSPixelAccumulator}
