@@ -189,7 +189,23 @@ def _library_model(args):
                "classes": _class_map(args.class_map)}
     if args.model_type == "torchvision":
         options["arch"] = args.arch
-    return load_library_model(args.model_type, args.model, **options)
+    return load_library_model(_model_type(args.model_type), args.model, **options)
+
+
+def _model_type(spec):
+    """The registered model type of ``--model-type`` NAME or MODULE:NAME (the module, which registers NAME with
+    ``@register_model_type``, imported first)."""
+    from segood.models import MODEL_TYPES
+    from segood.registry import import_user_module
+
+    module_name, _, name = spec.rpartition(":")
+    if module_name:
+        import_user_module(f"--model-type {spec}", module_name)
+    if name not in MODEL_TYPES:
+        raise ValueError(f"--model-type {spec}: no model type {name!r} is registered (registered: "
+                         f"{', '.join(sorted(MODEL_TYPES))}); a loader of your own: MODULE:NAME, where MODULE "
+                         "registers NAME with @register_model_type (docs/models.md)")
+    return name
 
 
 def _class_map(spec):
@@ -383,9 +399,10 @@ def add_model_options(parser):
     parser.add_argument("--align-corners", action="store_true",
                         help="resize logits that come out smaller than the frame with align_corners=True, as the "
                              "model's library does (default: False, as torch and smp)")
-    parser.add_argument("--model-type", choices=MODEL_TYPES,
+    parser.add_argument("--model-type", metavar="|".join(MODEL_TYPES) + "|MODULE:NAME",
                         help="a network of another library, read from --model (docs/models.md): hf (a transformers "
-                             "folder), torchvision (a state dict, with --arch), smp (a save_pretrained folder)")
+                             "folder), torchvision (a state dict, with --arch), smp (a save_pretrained folder), or "
+                             "the loader NAME that MODULE registers")
     parser.add_argument("--model", type=Path, help="with --model-type: the network's local folder or state dict")
     parser.add_argument("--inference", choices=INFERENCE_MODES, default="whole",
                         help="with --model-type: whole frames (default), resize to the network's size and back, "

@@ -1,6 +1,9 @@
 """Registries: a name -> definition map per extension point (methods, dataset adapters, metrics), each filled by
 a decorator beside the definitions (``@register_method`` over a class), read through ``get_*`` and ``list_*``."""
 
+import importlib
+import os
+import sys
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
@@ -40,3 +43,22 @@ class Registry(dict):
 
     def __missing__(self, name: str):
         raise KeyError(f"unknown {self.kind} {name!r}; choose one of {sorted(self)}")
+
+
+def import_user_module(flag: str, module_name: str):
+    """The user's module ``module_name`` (a scorer, or code that registers a loader), imported from the current
+    folder (searched first, as ``python -m`` does) or PYTHONPATH; a ValueError that starts with ``flag`` and names
+    what is missing."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name and module_name.startswith(err.name):
+            raise ValueError(f"{flag}: no module {module_name!r} in the current folder ({cwd}) or on PYTHONPATH; "
+                             "run segood from the folder that holds it, or add that folder to PYTHONPATH") from err
+        raise ValueError(f"{flag}: importing {module_name} failed: it needs {err.name!r}, which is not "
+                         "installed") from err
+    except Exception as err:  # whatever the user's module raises while it is imported
+        raise ValueError(f"{flag}: importing {module_name} failed ({type(err).__name__}: {err})") from err

@@ -400,3 +400,48 @@ def test_evaluate_a_transformers_folder_from_the_command_line_and_the_api(sets, 
                  "--out", str(tmp_path / "bad"), "--quiet"]) == 2
     assert main(["evaluate", "--model", str(tmp_path / "m2f"), "--sets", str(sets / "perlin_mixed.h5"),
                  "--out", str(tmp_path / "bad2"), "--quiet"]) == 2
+
+
+PLUGIN = '''
+import torch
+from segood.models.adapters import LibraryModel, register_model_type
+from segood.models.network import SegOutput
+
+class OneByOne(LibraryModel):
+    def num_network_classes(self):
+        return self.module.out_channels
+
+    def network_output(self, x):
+        return SegOutput(self.module(x), None)
+
+@register_model_type(name="one_by_one")
+def load_one_by_one(path, **options):
+    module = torch.nn.Conv2d(3, 19, 1)
+    module.load_state_dict(torch.load(path, weights_only=True))
+    return OneByOne(module, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), multiple=1, **options)
+'''
+
+
+def test_a_registered_loader_from_the_command_line(sets, tmp_path, monkeypatch, capsys):
+    """``--model-type MODULE:NAME`` imports the module that registers NAME (docs/models.md's recipe), found in the
+    current folder; a name nobody registered is an error that says how to register one."""
+    import sys
+
+    from segood.models import MODEL_TYPES
+
+    (tmp_path / "one_by_one_plugin.py").write_text(PLUGIN)
+    torch.save(torch.nn.Conv2d(3, 19, 1).state_dict(), tmp_path / "net.pt")
+    monkeypatch.chdir(tmp_path)
+    try:
+        args = ["evaluate", "--model", "net.pt", "--sets", str(sets / "perlin_mixed.h5"), "--methods", "max_logit",
+                "--resamples", "0", "--quiet"]
+        assert main(args[:1] + ["--model-type", "one_by_one", "--out", "bad"] + args[1:]) == 2
+        assert "no model type 'one_by_one' is registered" in capsys.readouterr().err
+        assert main(args[:1] + ["--model-type", "one_by_one_plugin:one_by_one", "--out", "run"] + args[1:]) == 0
+        run = json.loads((tmp_path / "run" / "run.json").read_text())
+        assert run["model"]["adapter"] == "OneByOne"
+        assert main(args[:1] + ["--model-type", "no_such_plugin:x", "--out", "bad"] + args[1:]) == 2
+        assert "no module 'no_such_plugin' in the current folder" in capsys.readouterr().err
+    finally:
+        MODEL_TYPES.pop("one_by_one", None)
+        sys.modules.pop("one_by_one_plugin", None)

@@ -5,15 +5,13 @@ SegmentMeIfYouCan's own evaluation loop hands a method one RGB image and takes a
 that shape of method, batched or (``per_image``) exactly as SegmentMeIfYouCan calls it.
 """
 
-import importlib
-import os
-import sys
 from typing import Callable
 
 import numpy as np
 import torch
 
 from segood.methods.methods import Needs
+from segood.registry import import_user_module
 
 
 class Scorer:
@@ -115,20 +113,7 @@ def load_scorer(spec: str, *, name: str | None = None, per_image: bool = False,
     if not (sep and module_name and attribute):
         raise ValueError(f"--scorer {spec!r}: write MODULE:FUNCTION, e.g. my_method:anomaly_scores for the function "
                          "anomaly_scores in my_method.py (in the current folder or on PYTHONPATH)")
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        if err.name and module_name.startswith(err.name):
-            raise ValueError(f"--scorer {spec}: no module {module_name!r} in the current folder ({cwd}) or on "
-                             "PYTHONPATH; run segood from the folder that holds it, or add that folder to "
-                             "PYTHONPATH") from err
-        raise ValueError(f"--scorer {spec}: importing {module_name} failed: it needs {err.name!r}, which is not "
-                         "installed") from err
-    except Exception as err:  # whatever the user's module raises while it is imported
-        raise ValueError(f"--scorer {spec}: importing {module_name} failed ({type(err).__name__}: {err})") from err
+    module = import_user_module(f"--scorer {spec}", module_name)
     fn = module
     for part in attribute.split("."):
         if not hasattr(fn, part):
