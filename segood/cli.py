@@ -648,7 +648,7 @@ def build_parser(*, adapters=True):
     demo.add_argument("--out", type=Path, default=Path("runs/demo"), help="output folder (default runs/demo)")
     demo.add_argument("--data", type=Path, default=Path("datasets/demo"), help="raw trees and sets (cached)")
     demo.add_argument("--seed", type=int, default=0, help="data seed (the shipped checkpoints used 0)")
-    demo.add_argument("--retrain", action="store_true", help="train the four demo checkpoints from scratch")
+    demo.add_argument("--retrain", action="store_true", help="train the five demo checkpoints from scratch")
     demo.add_argument("--quick", action="store_true", help="a few small frames (a smoke test, not a benchmark)")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
     demo.set_defaults(run=_demo)
