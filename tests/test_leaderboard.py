@@ -3,6 +3,7 @@
 import html.parser
 import io
 import json
+import os
 import pickle
 import shutil
 import subprocess
@@ -260,6 +261,12 @@ def test_hostile_strings_forged_flags_and_malformed_files(world, tmp_path):
     # control characters (ESC/OSC/BEL, bidi) in the file name and a Markdown link in the method's name
     rebuild(good, subs / "evil\x1b]0;owned\x07\u202e.zip", edit=lambda d: d["method"].update(name="Entropy (x)"))
     rebuild(good, subs / "linked.zip", edit=lambda d: d["method"].update(description="[click](http://x.y)"))
+    rebuild(good, subs / "autolinked.zip", edit=lambda d: d["method"].update(name="www.evil-site.example/login"))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "id_rsa_backup.txt").write_text("secret")
+    (subs / "escape").symlink_to(outside)  # a link out of the submissions' folder is not followed
+    os.mkfifo(subs / "stall.zip")  # a pipe would block the board forever
     # the same-source flag flipped off although the tuning provenance names the test set's source
     def flip(d):
         d["method"]["params"]["tuning"] = {"set": {"ood_sources": ["perlin_noise"]}}
@@ -288,13 +295,16 @@ def test_hostile_strings_forged_flags_and_malformed_files(world, tmp_path):
     assert "nests deeper than" in reasons["deep.zip"]
     assert "is corrupt" in reasons["crc.zip"] and "CRC" in reasons["crc.zip"]
     assert "below 2^58" in reasons["wrap.zip"]
+    assert "a symbolic link" in reasons["escape"] and "neither a zip file nor a folder" in reasons["stall.zip"]
+    assert "id_rsa" not in json.dumps(board)
     entries = {e["file"]: e for e in board["tracks"]["noise"]["entries"]}
     assert entries["flipped.zip"]["same_source_tuning"]
     evil = next(name for name in entries if name.startswith("evil"))
     assert "\x1b" not in evil and "\u202e" not in evil and "\x07" not in evil
     markdown = (tmp_path / "board" / "leaderboard.md").read_text()
     assert "\x1b" not in markdown
-    assert "[click](http" not in markdown
+    assert "[click](http" not in markdown and "http://" not in markdown and "www.evil" not in markdown
+    assert "www\\.evil\\-site\\.example\\/login" in markdown  # CommonMark shows the name as it is
     assert len({e["sha256"] for e in entries.values()}) == len(entries)  # entries told apart by content hash
     assert entries["linked.zip"]["sha256"] in markdown
     run = subprocess.run([sys.executable, "-c", "import sys, segood.leaderboard; print('torch' in sys.modules)"],

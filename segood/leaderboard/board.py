@@ -7,6 +7,7 @@ import html
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -765,8 +766,10 @@ def _fmt(value):
 
 
 def _md(text):
-    """Markdown-safe: HTML escaped and every character with a Markdown meaning backslash-escaped (no live links)."""
-    text = html.escape(shown(text))
-    for ch in "\\`*_[]()!#|~":
-        text = text.replace(ch, "\\" + ch)
-    return text
+    """Markdown-safe: every ASCII punctuation character backslash-escaped, which CommonMark shows as the character
+    itself: no HTML (``<``, ``&``), no links, and no autolinks (``www.``, ``://``, ``@``: a renderer finds those
+    within one run of text, and an escape ends the run)."""
+    return _PUNCTUATION.sub(r"\\\g<0>", shown(text))
+
+
+_PUNCTUATION = re.compile(r"[!-/:-@\[-`{-~]")

@@ -45,7 +45,12 @@ def read_submission_files(path, limits=Limits(), spill=None, select_maps=None):
     (raising :class:`Rejected` for what it may not); any other map is refused before anything is copied.
     A failure to write into ``spill`` (a full disk) is a :class:`MaintainerError`."""
     path = Path(path)
-    if path.is_dir():
+    mode = path.lstat().st_mode  # (a link is not followed: it could lead out of the submissions' folder)
+    if stat.S_ISLNK(mode):
+        raise Rejected("a symbolic link; a submission is a zip file or a folder of its own")
+    if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+        raise Rejected("neither a zip file nor a folder (a pipe, socket or device is never read)")
+    if stat.S_ISDIR(mode):
         files = _read_folder(path, limits)
         _refuse_unselected(files, select_maps)
         return files
