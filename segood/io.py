@@ -3,11 +3,32 @@
 import errno
 import json
 import os
+import signal
 import tempfile
+import threading
 import zipfile
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
+
+
+@contextmanager
+def exit_on_sigterm():
+    """Within (in the main thread): SIGTERM raises SystemExit(143), so that ``finally`` blocks and context managers
+    remove temporary files and stop worker processes, as after Ctrl-C (the default action ends the process at
+    once). Elsewhere, nothing changes: only the main thread can set handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 @contextmanager

@@ -1,6 +1,8 @@
 """Unlucky and hostile input to the commands around the board: sets sharing a name, a full disk, two writers
 at once, a tuning set that cannot rank, self-reported states whose counts do not add up."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -343,3 +345,37 @@ def test_a_full_disk_names_the_file_it_could_not_write(tmp_path):
             raise OSError(errno.ENOSPC, "No space left on device")
     assert (tmp_path / "results.json").read_text() == '{\n  "a": 1\n}\n'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
+
+
+def test_a_conversion_stopped_by_sigterm_leaves_no_temporary_file(tmp_path):
+    """SIGTERM ends a command as Ctrl-C does: the set's temporary file is removed, nothing is put in place."""
+    import signal
+    import subprocess
+    import sys
+
+    marker = tmp_path / "writing"
+    child = """
+import pathlib, sys, time
+from segood.cli import main
+from segood.data import h5
+append = h5.SetWriter.append
+def slow(self, frame):
+    append(self, frame)
+    pathlib.Path(sys.argv[1]).write_text(str(self.tmp))
+    time.sleep(120)
+h5.SetWriter.append = slow
+sys.exit(main(["convert", "noise", "--out", sys.argv[2], "--count", "3", "--size", "32", "64", "--quiet"]))
+"""
+    process = subprocess.Popen([sys.executable, "-c", child, str(marker), str(tmp_path / "out" / "noise.h5")])
+    try:
+        for _ in range(600):
+            if marker.exists() and marker.read_text():
+                break
+            assert process.poll() is None
+            subprocess.run(["sleep", "0.1"])
+        assert Path(marker.read_text()).exists()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 128 + signal.SIGTERM
+    finally:
+        process.kill()
+    assert list((tmp_path / "out").iterdir()) == []

@@ -9,9 +9,7 @@ import math
 import os
 import re
 import shutil
-import signal
 import tempfile
-import threading
 import unicodedata
 import warnings
 from contextlib import contextmanager
@@ -20,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from segood.data.h5 import frame_ids, frame_sizes, ood_masks, read_array, read_manifest, set_identity
-from segood.io import atomic_write_bytes, atomic_write_text, write_json
+from segood.io import atomic_write_bytes, atomic_write_text, exit_on_sigterm, write_json
 from segood.labels import IGNORE
 from segood.leaderboard.maps import map_member, read_maps
 from segood.leaderboard.safe import (Limits, MaintainerError, Rejected, is_map, load_npz, read_submission_files,
@@ -569,19 +567,11 @@ def _work_folder(parent):
         if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
     folder = Path(tempfile.mkdtemp(prefix=f".judge-{os.getpid()}-", dir=parent))
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        yield folder
+        with exit_on_sigterm():
+            yield folder
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def _exit_on_sigterm(signum, frame):
-    raise SystemExit(128 + signum)
 
 
 def _alive(pid):
