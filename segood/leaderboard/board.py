@@ -756,10 +756,10 @@ def _fmt(value):
 
 
 def _md(text):
-    """Markdown-safe: every ASCII punctuation character backslash-escaped, which CommonMark shows as the character
-    itself: no HTML (``<``, ``&``), no links, and no autolinks (``www.``, ``://``, ``@``: a renderer finds those
-    within one run of text, and an escape ends the run)."""
-    return _PUNCTUATION.sub(r"\\\g<0>", shown(text))
+    """Markdown-safe: every character with a Markdown meaning backslash-escaped, which CommonMark shows as the
+    character itself: no HTML (``<``, ``&``), no links or emphasis, and no autolinks (``www.``, ``://``, ``@``: a
+    renderer finds those within one run of text, and an escape ends the run)."""
+    return _MARKDOWN.sub(r"\\\g<0>", shown(text))
 
 
-_PUNCTUATION = re.compile(r"[!-/:-@\[-`{-~]")
+_MARKDOWN = re.compile(r"[\\`*_\[\]()!#|~<>&.:@]")
