@@ -161,10 +161,7 @@ def read_npz(path, what, max_bytes=8 << 30):
                 if not info.filename.endswith(".npy"):
                     raise ValueError(f"member {info.filename!r} is not an array")
                 with archive.open(info) as member:
-                    version = np.lib.format.read_magic(member)
-                    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-                        np.lib.format.read_array_header_2_0
-                    shape, fortran, dtype = read_header(member)
+                    shape, fortran, dtype = npy_header(member)
                     if dtype.hasobject:
                         raise _Pickled()
                     nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
@@ -188,3 +185,13 @@ def read_npz(path, what, max_bytes=8 << 30):
 
 class _Pickled(Exception):
     """An npz member holds object arrays."""
+
+
+def npy_header(file):
+    """(shape, Fortran order, dtype) from the header of an open .npy file or npz member, the array's data left
+    unread (so that a header's claims can be checked before anything is allocated for them)."""
+    import numpy as np
+
+    version = np.lib.format.read_magic(file)
+    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    return read_header(file)

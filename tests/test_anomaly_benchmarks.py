@@ -2,6 +2,9 @@
 Road Anomaly, RoadObstacles v0) on tiny raw trees in their published layouts, with their gotchas, checked pixel for
 pixel."""
 
+import io
+import zipfile
+
 import h5py
 import numpy as np
 import pytest
@@ -199,6 +202,38 @@ def test_fishyscapes_static_rebuilds_the_image_from_cityscapes_and_the_overlay(t
     np.testing.assert_array_equal(arrays["images"][0], image)
     np.testing.assert_array_equal(arrays["ood_mask"][0], label)
     assert "unused_files" not in manifest  # the overlays belong to their frames
+
+
+def test_fishyscapes_static_overlay_header_is_checked_before_its_data_is_read(tmp_path):
+    frames_cs = [("frankfurt", "000000", "000294"), ("lindau", "000001", "000019"), ("munster", "000002", "000019"),
+                 ("frankfurt", "000003", "000576")]
+    cityscapes_tree(tmp_path / "cs", frames=frames_cs)
+    ids = ["_".join(frame) for frame in frames_cs]
+    frames = fishyscapes_static_tree(tmp_path / "static", tmp_path / "cs", ids)
+
+    def plant(frame_id, shape):
+        """An overlay of a few bytes of int16 data under a header that declares ``shape``."""
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(header, {"descr": "<i2", "fortran_order": False, "shape": shape})
+        with zipfile.ZipFile(tmp_path / "static" / f"{frame_id}_rgb.npz", "w") as archive:
+            archive.writestr("rgb.npy", header.getvalue() + b"\0" * 64)
+
+    plant(f"0000_{ids[0]}", (1 << 30, 1 << 30, 3))  # 6 EiB declared: np.load would try to allocate them
+    plant(f"0002_{ids[2]}", (32, 64, 3))  # the image's shape, the data cut short
+    with np.load(tmp_path / "static" / f"0001_{ids[1]}_rgb.npz") as npz:
+        overlay = npz["rgb"]
+    np.savez_compressed(tmp_path / "static" / f"0001_{ids[1]}_rgb.npz", rgb=overlay)  # compressed overlays read too
+    assert main(["convert", "fishyscapes_static", str(tmp_path / "static"), "--cityscapes-root",
+                 str(tmp_path / "cs"), "--out", str(tmp_path / "st.h5"), "--size", "32", "64", "--quiet"]) == 0
+    arrays, frame_ids = read_set(tmp_path / "st.h5")
+    assert frame_ids == [f"0001_{ids[1]}"]
+    np.testing.assert_array_equal(arrays["images"][0], frames[f"0001_{ids[1]}"][0])
+    reasons = {row["frame_id"]: row["reason"] for row in read_manifest(tmp_path / "st.h5")["skipped"]}
+    assert sorted(reasons) == [f"0000_{ids[0]}", f"0002_{ids[2]}", f"0003_{ids[3]}"]
+    assert reasons[f"0000_{ids[0]}"] == "overlay (1073741824, 1073741824, 3) and Cityscapes image (32, 64, 3) " \
+        "differ in shape"
+    assert reasons[f"0002_{ids[2]}"].startswith(f"cannot read overlay 0002_{ids[2]}_rgb.npz (ValueError: ")
+    assert "float64" in reasons[f"0003_{ids[3]}"]
 
 
 def streethazards_expected(label, protocol):

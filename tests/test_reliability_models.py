@@ -2,6 +2,7 @@
 settings, and a checkpoint never makes segood reach the network."""
 
 import io
+import json
 import pickle
 import socket
 
@@ -114,3 +115,41 @@ def test_checkpoints_never_fetch_encoder_weights(tmp_path, monkeypatch):
     assert loaded.config.encoder_weights == "imagenet"
     for a, b in zip(loaded.state_dict().values(), model.state_dict().values()):
         assert torch.equal(a, b)
+
+
+# A checkpoint's outlier-exposure record is plain JSON, checked when the checkpoint is read: it is copied into
+# run.json and its object_sources are compared with the test sets'.
+def test_outlier_exposure_records_hold_plain_json_values_only(small_set, tmp_path, capsys):
+    model = build_model("pspnet", "resnet18")
+    looped = ["sun2012"]
+    looped.append(looped)
+    records = {  # file: (record, what the error says after "<file>: the checkpoint's ")
+        "int_sources.pt": ({"object_sources": 5}, r"outlier_exposure\['object_sources'\] is 5; expected a list"),
+        "int_source.pt": ({"object_sources": ["sun2012", 3]}, r"outlier_exposure\['object_sources'\] is "),
+        "tensor.pt": ({"object_sources": ["sun2012"], "w": torch.tensor(0.5)}, "outlier_exposure record is not a"),
+        "deep_tensor.pt": ({"margins": [1.0, {"m": torch.ones(2)}]}, "outlier_exposure record is not a"),
+        "int_key.pt": ({"parent": {1: "a"}}, "outlier_exposure record is not a"),
+        "looped.pt": ({"objects": looped}, "outlier_exposure record is not a"),
+        "list.pt": (["sun2012"], "outlier_exposure record is not a dict of plain JSON values")}
+    for name, (record, message) in records.items():
+        save_checkpoint(tmp_path / name, model, outlier_exposure=record)
+        with pytest.raises(ValueError, match=f"{name}: the checkpoint's {message}"):
+            read_checkpoint(tmp_path / name)
+        with pytest.raises(ValueError, match=f"{name}: the checkpoint's {message}"):
+            load_model(tmp_path / name)
+    assert main(["evaluate", "--checkpoint", str(tmp_path / "tensor.pt"), "--sets", str(small_set),
+                 "--methods", "max_softmax", "--out", str(tmp_path / "bad"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "tensor.pt: the checkpoint's outlier_exposure record is not a dict" in err and "Traceback" not in err
+
+    shared = ["sun2012"]  # one list twice is still plain JSON
+    record = {"object_sources": shared, "objects": shared, "weight": 0.5, "margins": None, "parent": {"n": [1, True]}}
+    save_checkpoint(tmp_path / "plain.pt", model, outlier_exposure=record)
+    loaded, _ = load_model(tmp_path / "plain.pt")
+    assert loaded.outlier_exposure == record
+    save_checkpoint(tmp_path / "none.pt", model)
+    assert load_model(tmp_path / "none.pt")[0].outlier_exposure is None
+    assert main(["evaluate", "--checkpoint", str(tmp_path / "plain.pt"), "--sets", str(small_set),
+                 "--methods", "max_softmax", "--out", str(tmp_path / "good"), "--quiet"]) == 0
+    run = json.loads((tmp_path / "good" / "run.json").read_text())
+    assert run["model"]["outlier_exposure"] == {**record, "same_source_sets": []}

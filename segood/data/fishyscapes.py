@@ -5,6 +5,7 @@ Neither dataset holds its images: the adapter takes the LostAndFound or Cityscap
 
 import re
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ import numpy as np
 from segood.data.adapter import Adapter, register_adapter
 from segood.data.common import LabelTable, Sample, SkipFrame, read_label, read_rgb, require_tree
 from segood.data.lostandfound import laf_image_path
+from segood.io import npy_header
 
 LABELS = LabelTable({0: "id", 1: "ood", 255: "ignore"}, "Fishyscapes")
 
@@ -112,28 +114,33 @@ class FishyscapesStatic(_Flat):
         image_path = self.images_root / "leftImg8bit" / "val" / city / f"{cityscapes_id}_leftImg8bit.png"
         if not image_path.is_file():
             raise SkipFrame(f"no Cityscapes val image {image_path.name}")
-        overlay = read_overlay(self.root / f"{self.frame_id(path)}_rgb.npz")
         base = read_rgb(image_path)
-        if overlay.shape != base.shape:
-            raise SkipFrame(f"overlay {overlay.shape} and Cityscapes image {base.shape} differ in shape")
+        overlay = read_overlay(self.root / f"{self.frame_id(path)}_rgb.npz", base.shape)
         image = np.clip(base.astype(np.int64) + overlay, 0, 255).astype(np.uint8)
         ood_mask, semantic, extra = self.labels(path, image.shape)
         return Sample(image, ood_mask, semantic, self.frame_id(path), extra)
 
 
-def read_overlay(path):
-    """The ``rgb`` array of a Static overlay file: (H, W, 3) of a signed integer dtype; :class:`SkipFrame`
-    otherwise (pickled objects are never loaded)."""
+def read_overlay(path, image_shape):
+    """The ``rgb`` array of a Static overlay file: (H, W, 3) of a signed integer dtype, the shape of the Cityscapes
+    image (``image_shape``) it adds to; :class:`SkipFrame` otherwise. The member's .npy header is checked before its
+    data is read, so a header that declares a huge array allocates nothing; pickled objects are never loaded."""
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            if "rgb" not in npz.files:
-                raise SkipFrame(f"{path.name} has no array 'rgb' (found {npz.files})")
-            overlay = npz["rgb"]
+        with zipfile.ZipFile(path) as archive:
+            if "rgb.npy" not in archive.namelist():
+                found = [name[: -len(".npy")] if name.endswith(".npy") else name for name in archive.namelist()]
+                raise SkipFrame(f"{path.name} has no array 'rgb' (found {found})")
+            with archive.open("rgb.npy") as member:
+                shape, _, dtype = npy_header(member)
+            if not np.issubdtype(dtype, np.signedinteger) or len(shape) != 3 or shape[2] != 3:
+                raise SkipFrame(f"overlay {path.name} is {dtype} of shape {shape}; expected a signed integer (H, W, "
+                                "3) array")
+            if shape != tuple(image_shape):
+                raise SkipFrame(f"overlay {shape} and Cityscapes image {tuple(image_shape)} differ in shape")
+            with archive.open("rgb.npy") as member:
+                return np.lib.format.read_array(member, allow_pickle=False)
     except FileNotFoundError:
         raise SkipFrame(f"no overlay file {path.name}") from None
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
+    except (OSError, ValueError, zipfile.BadZipFile, zlib.error, NotImplementedError, EOFError) as err:
         raise SkipFrame(f"cannot read overlay {path.name} ({type(err).__name__}: {err})") from None
-    if not np.issubdtype(overlay.dtype, np.signedinteger) or overlay.ndim != 3 or overlay.shape[2] != 3:
-        raise SkipFrame(f"overlay {path.name} is {overlay.dtype} of shape {overlay.shape}; expected a signed "
-                        "integer (H, W, 3) array")
-    return overlay
+

@@ -11,6 +11,8 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
+from segood.io import npy_header
+
 
 class Rejected(Exception):
     """A submission is refused; the message is the reason shown on the board."""
@@ -251,8 +253,5 @@ def load_npz(data, keys, max_bytes=16 << 20, optional=(), sizes=None):
 def _declared_bytes(archive, info):
     """The bytes an npz member's .npy header declares (shape × item size)."""
     with archive.open(info) as member:
-        version = np.lib.format.read_magic(member)
-        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-            np.lib.format.read_array_header_2_0
-        shape, _, dtype = read_header(member)
+        shape, _, dtype = npy_header(member)
     return int(np.prod(shape, dtype=object)) * dtype.itemsize

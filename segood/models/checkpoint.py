@@ -1,5 +1,6 @@
 """Checkpoints: a plain dict (format tag, version, model config, state dicts) loaded with weights_only=True."""
 
+import json
 import pickle
 import zipfile
 from dataclasses import fields, replace
@@ -53,7 +54,29 @@ def read_checkpoint(path, map_location="cpu"):
     for key in ("config", "model"):
         if not isinstance(state.get(key), dict):
             raise ValueError(f"{path}: the checkpoint has no {key!r} dictionary; it is damaged or not segood's")
+    check_outlier_exposure(state.get("outlier_exposure"), path)
     return state
+
+
+def check_outlier_exposure(record, path="the checkpoint"):
+    """A checkpoint's ``outlier_exposure`` record (None for a network trained without): a dict of plain JSON values
+    whose ``object_sources``, where present, is a list of str. Anything else is a ValueError naming ``path``: the
+    record is copied into run.json (a tensor could not be written) and its sources are compared with the test
+    sets'."""
+    if record is None:
+        return
+    try:  # (JSON turns int keys into str and tuples into lists: such a record does not come back equal)
+        plain = isinstance(record, dict) and json.loads(json.dumps(record)) == record
+    except (TypeError, ValueError):  # a tensor or another object; a record that holds itself
+        plain = False
+    if not plain:
+        raise ValueError(f"{path}: the checkpoint's outlier_exposure record is not a dict of plain JSON values (str, "
+                         f"int, float, bool, None, lists and str-keyed dicts of them): {record!r:.100}; it is "
+                         "damaged or not segood's (segood train writes the record)")
+    sources = record.get("object_sources", [])
+    if not isinstance(sources, list) or not all(isinstance(source, str) for source in sources):
+        raise ValueError(f"{path}: the checkpoint's outlier_exposure['object_sources'] is {sources!r:.80}; expected a "
+                         "list of source names (str) such as ['sun2012']; it is damaged or not segood's")
 
 
 def model_config(config, path="the checkpoint"):
@@ -88,6 +111,5 @@ def load_model(path, map_location="cpu"):
     except RuntimeError as err:
         raise ValueError(f"{path}: the weights do not fit the network its config describes ({config.arch}, "
                          f"{config.encoder}, head {config.head!r}): {str(err).splitlines()[0]}") from None
-    record = state.get("outlier_exposure")
-    model.outlier_exposure = record if isinstance(record, dict) else None
+    model.outlier_exposure = state.get("outlier_exposure")  # (checked by read_checkpoint: a dict of JSON values)
     return model.eval(), state
