@@ -15,7 +15,8 @@ from segood.cli import main
 from segood.data import IDD, Cityscapes, ConversionError, Sample, Sun, convert
 from segood.data.common import rasterise
 from segood.data.convert import ConversionWarning
-from segood.data.h5 import CorruptFrame, H5SegmentationDataset, SetWriter, manifest_path, read_manifest
+from segood.data.h5 import (CorruptFrame, H5SegmentationDataset, SetWriter, frame_ids, frame_sizes, manifest_path,
+                             read_manifest, set_identity)
 from segood.evaluation import evaluate
 from segood.labels import IGNORE, OOD
 from segood.models import build_model
@@ -318,3 +319,91 @@ def test_sun_listing_and_label_rules_on_a_tree(tmp_path):
     rules = {row["name"]: row["rule"] for row in manifest["coverage"]}
     assert rules == {"person sitting": "modifiers", "": "empty", "parked white car": "modifiers",
                      "teapot": "default"}
+
+
+# 17. A damaged set (a frame's dataset deleted, a bit flipped in an object header, a link where a frame's dataset
+# should be) is a CorruptFrame naming the set, the frame and the array, which skip_bad skips as a digest mismatch.
+def test_damaged_frames_are_corrupt_frames_that_skip_bad_passes_over(small_set, tmp_path):
+    missing, flipped, linked = (tmp_path / f"{name}.h5" for name in ("missing", "flipped", "linked"))
+    for path in (missing, flipped, linked):
+        shutil.copy(small_set, path)
+    with h5py.File(missing, "r+") as f:
+        del f["images"]["1"]
+    with h5py.File(flipped, "r") as f:
+        header = h5py.h5o.get_info(f["images"]["1"].id).addr
+    data = bytearray(flipped.read_bytes())
+    data[data.index(b"deflate\0", header) - 2] ^= 1  # the deflate filter's count of parameters: 1 -> 0
+    flipped.write_bytes(data)
+    with h5py.File(linked, "r+") as f:
+        del f["ood_mask"]["1"], f["semantic"]["2"]
+        f["ood_mask"]["1"] = h5py.ExternalLink(str(small_set), "ood_mask/1")  # another file, however alike
+        f["semantic"]["2"] = h5py.SoftLink("/semantic/0")
+    with pytest.raises(CorruptFrame, match=r"missing.h5: frame 1: images is missing from the set"):
+        H5SegmentationDataset(missing)[1]
+    with pytest.raises(CorruptFrame, match=r"flipped.h5: frame 1: images cannot be read \(IndexError"):
+        H5SegmentationDataset(flipped)[1]
+    with pytest.raises(CorruptFrame, match=r"linked.h5: frame 1: ood_mask is a link \(ExternalLink\)"):
+        H5SegmentationDataset(linked, verify=False)[1]
+    with pytest.raises(CorruptFrame, match=r"linked.h5: frame 2: semantic is a link \(SoftLink\)"):
+        H5SegmentationDataset(linked, verify=False)[2]
+    assert H5SegmentationDataset(flipped)[0]["frame_id"] == "val/aachen/aachen_000000_000000"
+    model = build_model("pspnet", "resnet18").eval()
+    with pytest.raises(ValueError, match="missing: cannot read frame 1 .*images is missing"):
+        evaluate(model, [missing], ["max_softmax"], tmp_path / "run", progress=False, figures=False)
+    doc = evaluate(model, [missing, flipped, linked], ["max_softmax"], tmp_path / "run2", progress=False,
+                   figures=False, skip_bad=True)
+    assert [s[:2] for s in doc["skipped_frames"]] == [["missing", 1], ["flipped", 1], ["linked", 1], ["linked", 2]]
+
+
+# 18. A set whose manifest lacks a field, or whose frame ids are not strings, is an error naming the file and the
+# field, never a KeyError or AttributeError.
+def test_bad_set_fields_are_errors_naming_the_file_and_the_field(small_set, tmp_path):
+    import json
+
+    no_source, int_ids = tmp_path / "no_source.h5", tmp_path / "int_ids.h5"
+    shutil.copy(small_set, no_source)
+    shutil.copy(small_set, int_ids)
+    with h5py.File(no_source, "r+") as f:
+        manifest = json.loads(f["manifest"][()])
+        del manifest["source"], f["manifest"]
+        f.create_dataset("manifest", data=json.dumps(manifest), dtype=h5py.string_dtype())
+    with h5py.File(int_ids, "r+") as f:
+        del f["frame_id"]
+        f.create_dataset("frame_id", data=np.arange(3))
+    with pytest.raises(ValueError, match=r"no_source.h5: its manifest has no field source.*convert it again with "
+                                         "segood convert"):
+        set_identity(no_source)
+    for read in (H5SegmentationDataset, frame_ids):
+        with pytest.raises(ValueError, match=r"int_ids.h5: the field frame_id holds int64, not one string per "
+                                             "frame.*convert it again with segood convert"):
+            read(int_ids)
+
+
+# 19. A current-format set whose per-frame digests were deleted is an error, never a read left unverified with a
+# warning (only sets of the first format, which predate digests, are read so: test_empty_conversions_...).
+def test_a_current_set_without_its_digests_is_an_error(small_set):
+    with h5py.File(small_set, "r+") as f:
+        assert f.attrs["format"] == "segood.h5set/2"
+        del f["frame_sha256"]
+    with pytest.raises(CorruptFrame, match=r"cs.h5: a segood.h5set/2 set without its per-frame digests"):
+        H5SegmentationDataset(small_set)
+    assert len(H5SegmentationDataset(small_set, verify=False)) == 3  # read unverified only when asked
+
+
+# 20. A score file's malformed score_range is an error naming the file, never a TypeError.
+@pytest.mark.parametrize("declared", [5, (0.0, 1.0, 2.0), "low"])
+def test_a_malformed_score_range_is_an_error_naming_the_file(small_set, tmp_path, declared):
+    from segood.evaluation.exchange import ScoreMaps
+
+    scores = tmp_path / "scores.h5"
+    with h5py.File(scores, "w") as f:
+        for frame_id, size in zip(frame_ids(small_set), frame_sizes(small_set)):
+            f.create_dataset(frame_id, data=np.zeros(size, np.float32))
+        f.attrs["score_range"] = (0, 1)
+    with ScoreMaps(scores, frame_ids(small_set)) as maps:
+        assert maps.score_range == (0.0, 1.0)
+    with h5py.File(scores, "r+") as f:
+        f.attrs["score_range"] = declared
+    with pytest.raises(ValueError, match=r"scores.h5: the score_range attribute is .*; score_range must be two "
+                                         r"numbers \(low, high\)"):
+        ScoreMaps(scores, frame_ids(small_set))

@@ -246,7 +246,17 @@ def require_labels(path):
 def frame_ids(path):
     """The frame ids of a converted set, in order, without reading any frame."""
     with h5py.File(path, "r") as f:
-        return [s.decode() for s in f["frame_id"][...]]
+        return _frame_ids(f, path)
+
+
+def _frame_ids(f, path):
+    """The frame ids of an open set; a ValueError naming the file where ``frame_id`` is not a list of strings."""
+    stored = f.get("frame_id")
+    if not isinstance(stored, h5py.Dataset) or stored.ndim != 1 or h5py.check_string_dtype(stored.dtype) is None:
+        found = "is missing" if stored is None else f"holds {getattr(stored, 'dtype', 'a group')}"
+        raise ValueError(f"{path}: the field frame_id {found}, not one string per frame: the set is damaged or was "
+                         "not written by segood; convert it again with segood convert")
+    return [s.decode() for s in stored[...]]
 
 
 def frame_sizes(path):
@@ -276,20 +286,41 @@ def _frame_sizes(f, path):
 
 def read_array(f, name, index, size):
     """Array ``name`` of frame ``index`` of an open set (either layout), after checking that its stored shape is
-    the frame's recorded ``size``, so that nothing larger than a recorded frame is ever decompressed."""
-    node = f[name]
-    per_frame = isinstance(node, h5py.Group)
-    if per_frame:
-        node = node[str(index)]
-    stored = node.shape if per_frame else node.shape[1:]
-    if tuple(stored[:2]) != tuple(size) or len(stored) != (3 if name == "images" else 2):
-        raise CorruptFrame(f"{f.filename}: frame {index}: {name} is stored with shape {stored}, the manifest "
-                           f"records a {size[0]}×{size[1]} frame; reconvert the set")
-    offset = (0,) * node.ndim if per_frame else (index,) + (0,) * (node.ndim - 1)
-    frame = _inflated(node, offset, stored, f"{f.filename}: frame {index}: {name}")
-    if frame is not None:
-        return frame
-    return node[()] if per_frame else node[index]
+    the frame's recorded ``size``, so that nothing larger than a recorded frame is ever decompressed. Any failure
+    to read it (a missing or damaged dataset, a link where a dataset should be) is a :class:`CorruptFrame` naming
+    the set, the frame and the array."""
+    what = f"{f.filename}: frame {index}: {name}"
+    try:
+        node = _stored(f, name, what)
+        per_frame = isinstance(node, h5py.Group)
+        if per_frame:
+            node = _stored(node, str(index), what)
+        stored = node.shape if per_frame else node.shape[1:]
+        if tuple(stored[:2]) != tuple(size) or len(stored) != (3 if name == "images" else 2):
+            raise CorruptFrame(f"{what} is stored with shape {stored}, the manifest records a {size[0]}×{size[1]} "
+                               "frame; reconvert the set")
+        offset = (0,) * node.ndim if per_frame else (index,) + (0,) * (node.ndim - 1)
+        frame = _inflated(node, offset, stored, what)
+        if frame is not None:
+            return frame
+        return node[()] if per_frame else node[index]
+    except CorruptFrame:
+        raise
+    except (KeyError, IndexError, OSError, ValueError) as err:  # h5py's errors for damaged objects and headers
+        raise CorruptFrame(f"{what} cannot be read ({type(err).__name__}: {err}): the file is damaged; reconvert "
+                           "the set") from None
+
+
+def _stored(group, name, what):
+    """``group[name]``, an object stored in the set itself: a soft or external link there (which would open another
+    object, or another file) is a :class:`CorruptFrame`."""
+    link = group.get(name, getlink=True)
+    if link is None:
+        raise CorruptFrame(f"{what} is missing from the set: the file is damaged; reconvert the set")
+    if not isinstance(link, h5py.HardLink):
+        raise CorruptFrame(f"{what} is a link ({type(link).__name__}) where the set stores the array itself: the "
+                           "file was modified after conversion; reconvert the set")
+    return group[name]
 
 
 def _inflated(node, offset, shape, what):
@@ -336,12 +367,12 @@ def ood_masks(path):
             raise CorruptFrame(f"{path}: no per-frame digests matching the manifest; reconvert the set")
         sizes = _frame_sizes(f, path)
         k = ARRAYS.index("ood_mask")
-        for index, frame_id in enumerate(f["frame_id"][...]):
+        for index, frame_id in enumerate(_frame_ids(f, path)):
             mask = read_array(f, "ood_mask", index, sizes[index])
             if hashlib.sha256(np.ascontiguousarray(mask)).digest() != digests[index, k].tobytes():
-                raise CorruptFrame(f"{path}: frame {index} ({frame_id.decode()}): ood_mask differs from the sha256 "
-                                   "recorded at conversion; reconvert the set")
-            yield frame_id.decode(), mask
+                raise CorruptFrame(f"{path}: frame {index} ({frame_id}): ood_mask differs from the sha256 recorded "
+                                   "at conversion; reconvert the set")
+            yield frame_id, mask
 
 
 def set_identity(path):
@@ -349,14 +380,27 @@ def set_identity(path):
     ``per_image_headline`` where the set was converted with a protocol that averages per image (StreetHazards
     ``--protocol original``: reports name its per-image means so, beside the pooled numbers)."""
     manifest = read_manifest(path)
-    if manifest["source"] == "mix":
-        components = manifest["components"]
-        ood_sources = [c["source"] for c in components[:1]]  # mix() puts the OOD set first
+    if _manifest_field(manifest, path, "source") == "mix":  # mix() puts the OOD set first
+        ood_sources = [_manifest_field(manifest, path, "components", 0, "source")]
     else:
-        ood_sources = [manifest["source"]] if manifest["pixels"]["ood"] else []
-    digest = hashlib.sha256(json.dumps(manifest["sha256"], sort_keys=True).encode()).hexdigest()
+        ood_sources = [manifest["source"]] if _manifest_field(manifest, path, "pixels", "ood") else []
+    digest = hashlib.sha256(json.dumps(_manifest_field(manifest, path, "sha256"), sort_keys=True).encode()).hexdigest()
     headline = {"per_image_headline": manifest["per_image_headline"]} if manifest.get("per_image_headline") else {}
     return {"file": Path(path).name, "ood_sources": ood_sources, "manifest_sha256": digest, **headline}
+
+
+def _manifest_field(manifest, path, *keys):
+    """``manifest[keys[0]][keys[1]]...`` of the set at ``path``; a ValueError naming the file and the field where
+    the manifest lacks it."""
+    value = manifest
+    for key in keys:
+        try:
+            value = value[key]
+        except (KeyError, IndexError, TypeError):
+            field = ".".join(map(str, keys))
+            raise ValueError(f"{path}: its manifest has no field {field}: the set is damaged or was not written by "
+                             "segood; convert it again with segood convert") from None
+    return value
 
 
 def object_sources(manifest):
@@ -412,7 +456,7 @@ class H5SegmentationDataset:
         with f:
             if f.attrs.get("format") not in (FORMAT, FIXED_SIZE_FORMAT):
                 raise ValueError(f"{self.path} is not a segood set (format {f.attrs.get('format')!r})")
-            self.frame_ids = [s.decode() for s in f["frame_id"][...]]  # (once: one by one, 0.3 ms a frame)
+            self.frame_ids = _frame_ids(f, self.path)  # (once: one by one, 0.3 ms a frame)
             self.length = len(self.frame_ids)
             self.attrs = dict(f.attrs)
             self.sizes = _frame_sizes(f, self.path)
@@ -423,8 +467,14 @@ class H5SegmentationDataset:
         self._pid = None
 
     def _checked_digests(self, f):
-        """The per-frame digests, checked against the manifest's hashes (None for sets without them)."""
+        """The per-frame digests, checked against the manifest's hashes (None for sets of the first layout, which
+        predate them; a set of the current layout without them is a :class:`CorruptFrame`)."""
         if "frame_sha256" not in f:
+            if f.attrs.get("format") != FIXED_SIZE_FORMAT:
+                raise CorruptFrame(f"{self.path}: a {FORMAT} set without its per-frame digests (frame_sha256), "
+                                   "which every set of this format stores: the file was modified after conversion; "
+                                   "convert it again with segood convert (or read it unverified with verify=False, "
+                                   "--no-verify)")
             warnings.warn(f"{self.path} was converted without per-frame digests: its frames cannot be verified; "
                           "reconvert it with this segood to have them checked", stacklevel=3)
             return None

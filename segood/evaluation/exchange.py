@@ -70,7 +70,7 @@ class ScoreMaps:
                 raise ValueError(f"{self.path} is not a readable HDF5 score file ({err}); write one dataset of H×W "
                                  "scores per frame id") from None
             if "score_range" in self.file.attrs:
-                self.score_range = tuple(float(v) for v in self.file.attrs["score_range"])
+                self.score_range = self._declared_range(self.file.attrs["score_range"])
             stored = []
             self.file.visititems(lambda key, obj: stored.append(key) if isinstance(obj, h5py.Dataset) else None)
             if self.frame_ids is None:
@@ -87,6 +87,18 @@ class ScoreMaps:
             self.close()
             raise ValueError(f"the score maps in {self.path} do not match the set: missing {_some(missing)}, extra "
                              f"{_some(extra)}")
+
+    def _declared_range(self, value):
+        """(low, high) of the file's ``score_range`` attribute; a ValueError naming the file where it is not two
+        numbers."""
+        try:
+            low, high = (float(v) for v in value)
+        except (TypeError, ValueError):
+            self.close()
+            raise ValueError(f"{self.path}: the score_range attribute is {np.asarray(value).tolist()!r}; score_range "
+                             "must be two numbers (low, high), e.g. f.attrs['score_range'] = (0.0, 1.0); or leave it "
+                             "out and pass --score-range LO HI") from None
+        return low, high
 
     def __getitem__(self, frame_id):
         if self.layout == "segood":
