@@ -75,6 +75,35 @@ def test_score_maps_read_by_reader_processes_give_the_same_state(world, tmp_path
             evaluate_score_maps(maps, data, tmp_path / "bad", name="entropy", figures=False)
 
 
+@pytest.mark.parametrize("layout", ["segood", "smiyc", "fishyscapes"])
+def test_a_map_that_claims_a_huge_shape_is_refused_before_it_is_read(world, tmp_path, layout):
+    """A file a few kilobytes long can declare a 2^20 × 2^20 map (4 TiB of float32): its shape is checked against
+    the frame's before anything is read, in every layout, scoring maps and packaging them alike."""
+    from segood.data.h5 import frame_ids, frame_sizes
+    from segood.evaluation.exchange import ScoreMaps
+
+    root, model = world
+    data = root / "perlin_mixed.h5"
+    maps = export_scores(model, {"perlin_mixed": data}, [get_method("entropy")], tmp_path / "out", layout=layout,
+                         progress=False)[("entropy", "perlin_mixed")]
+    key, huge = frame_ids(data)[1], (1 << 20, 1 << 20)
+    if layout == "segood":
+        with h5py.File(maps, "r+") as f:
+            del f[key]
+            f.create_dataset(key, shape=huge, dtype="f4", chunks=(64, 64))  # no chunk written: a few bytes
+    elif layout == "smiyc":
+        with h5py.File(maps / f"{file_ids([key])[key]}.hdf5", "w") as f:
+            f.create_dataset("value", shape=huge, dtype="f2", chunks=(64, 64))
+    else:
+        with open(maps / f"{file_ids([key])[key]}_anomaly.npy", "wb") as f:
+            np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": huge})
+    message = rf"frame {key}: scores of shape \(1048576, 1048576\), the frame is \(\d+, \d+\)"
+    with pytest.raises(ValueError, match=message):
+        evaluate_score_maps(maps, data, tmp_path / "run", name="entropy", figures=False)
+    with ScoreMaps(maps, frame_ids(data), frame_sizes(data)) as read, pytest.raises(ValueError, match=message):
+        read[key]
+
+
 def test_folder_layouts_name_missing_extra_and_bad_files(world, tmp_path):
     root, model = world
     sets = {"perlin_mixed": root / "perlin_mixed.h5"}

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from segood._threads import beside_readers
-from segood.data.h5 import H5SegmentationDataset, frame_ids, frame_loader, require_labels, set_identity
+from segood.data.h5 import H5SegmentationDataset, frame_ids, frame_loader, frame_sizes, require_labels, set_identity
 from segood.evaluation.exchange import ScoreMaps
 from segood.evaluation.layout import RunFolder
 from segood.evaluation.options import EvaluateOptions, ScoreOptions, score_range_of
@@ -193,7 +193,7 @@ def evaluate_score_maps(scores_path: str | Path, data_path: str | Path, out_dir:
     name, grid = options.name, options.grid
     dataset = _open_set(data_path, options.verify)
     set_name = Path(data_path).stem
-    with ScoreMaps(scores_path, frame_ids(data_path)) as maps:
+    with ScoreMaps(scores_path, frame_ids(data_path), frame_sizes(data_path)) as maps:
         declared = None if maps.score_range is None else score_range_of(maps.score_range)  # (the file's, checked)
         score_range = options.score_range or declared
         if grid["kind"] == "linear" and grid["score_range"] is None:  # the linear grid on the file's declared range
@@ -260,10 +260,7 @@ class ScoredFrames(torch.utils.data.Dataset):
 
     def __getitem__(self, index):
         item, frame_id = self.dataset[index], self.maps.frame_ids[index]
-        score = self.maps[frame_id]
-        if score.shape != tuple(item["ood_mask"].shape):
-            raise ValueError(f"frame {frame_id}: scores of shape {score.shape}, the frame is "
-                             f"{tuple(item['ood_mask'].shape)} (maps are exchanged at each frame's own size)")
+        score = self.maps[frame_id]  # (its shape checked against the frame's before it is read)
         return {**item, "score": torch.from_numpy(np.ascontiguousarray(score))}
 
 

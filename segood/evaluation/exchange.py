@@ -18,6 +18,8 @@ import h5py
 import numpy as np
 from tqdm import tqdm
 
+from segood.io import npy_header
+
 LAYOUTS = ("segood", "smiyc", "fishyscapes")
 _SUFFIX = {"smiyc": ".hdf5", "fishyscapes": "_anomaly.npy"}
 
@@ -53,15 +55,17 @@ class ScoreMaps:
     """Read access to the score maps of one set's frames in any layout: ``maps[frame_id]`` -> (H, W) array in
     native byte order; ``score_range`` a declared range or None. Use as a context manager. ``frame_ids``: the
     set's; None reads every map of a segood file (the folder layouts need them: their file names carry only the
-    last part of each id)."""
+    last part of each id). ``sizes``: the frames' (H, W), in the order of ``frame_ids``: each map's stored shape is
+    checked against its frame's before its scores are read (a file that claims a huge map allocates nothing)."""
 
-    def __init__(self, path, frame_ids):
+    def __init__(self, path, frame_ids, sizes=None):
         self.path, self.layout = Path(path), detect_layout(path)
         if frame_ids is None and self.layout != "segood":
             raise ValueError(f"{self.path} is a folder of {self.layout} score files, named by the last part of each "
                              "frame id: give the set they belong to for the full ids (its converted file or public "
                              "copy; segood submit --data SET=FILE.h5)")
         self.frame_ids = None if frame_ids is None else list(frame_ids)
+        self.sizes = None if sizes is None else {f: tuple(size) for f, size in zip(self.frame_ids, sizes)}
         self.score_range, self.file, self._pid = None, None, os.getpid()
         if self.layout == "segood":
             try:
@@ -105,8 +109,7 @@ class ScoreMaps:
             if self._pid != os.getpid():  # a reader process: its own handle (HDF5's are not shared across a fork)
                 self.file, self._pid = h5py.File(self.path, "r"), os.getpid()
             node = self.file[frame_id]
-            if node.ndim != 2:
-                raise ValueError(f"frame {frame_id}: the scores in {self.path} have shape {node.shape}, not (H, W)")
+            self._check_shape(frame_id, node.shape)
             score = node[...]
         else:
             path = self.path / f"{self.names[frame_id]}{_SUFFIX[self.layout]}"
@@ -117,15 +120,25 @@ class ScoreMaps:
                         if not isinstance(value, h5py.Dataset) or value.ndim != 2:
                             raise ValueError(f"its 'value' is {_what(value)}; SegmentMeIfYouCan files hold the "
                                              "H×W scores in a dataset 'value'")
+                        self._check_shape(frame_id, value.shape)
                         score = value[...]
                 else:
-                    score = _load_npy(path)
+                    score = _load_npy(path, lambda shape: self._check_shape(frame_id, shape))
+            except WrongShape:
+                raise
             except (OSError, KeyError, ValueError, EOFError) as err:
                 raise ValueError(f"frame {frame_id}: {path} is not a readable {self.layout} score file "
                                  f"({type(err).__name__}: {str(err)[:200]})") from None
-        if score.ndim != 2:
-            raise ValueError(f"frame {frame_id}: the scores in {self.path} have shape {score.shape}, not (H, W)")
         return score.astype(score.dtype.newbyteorder("="), copy=False)  # big-endian files too
+
+    def _check_shape(self, frame_id, shape):
+        """Refuse a stored map that is not H×W, or not its frame's size where the sizes are known."""
+        if len(shape) != 2:
+            raise WrongShape(f"frame {frame_id}: the scores in {self.path} have shape {shape}, not (H, W)")
+        size = None if self.sizes is None else self.sizes[frame_id]
+        if size is not None and tuple(shape) != size:
+            raise WrongShape(f"frame {frame_id}: scores of shape {tuple(shape)}, the frame is {size} (maps are "
+                             "exchanged at each frame's own size)")
 
     def close(self):
         if getattr(self, "file", None) is not None and self._pid == os.getpid():
@@ -203,16 +216,16 @@ def _what(node):
     return f"a {type(node).__name__.lower()}"
 
 
-def _load_npy(path):
-    """An H×W array of an .npy file, its header checked first: two dimensions, and no more bytes declared than
-    the file holds (so that nothing is allocated for a header's claims)."""
+class WrongShape(ValueError):
+    """A stored score map of another shape than its frame's."""
+
+
+def _load_npy(path, check_shape):
+    """An H×W array of an .npy file, its header checked first: ``check_shape(shape)``, and no more bytes declared
+    than the file holds (so that nothing is allocated for a header's claims)."""
     with open(path, "rb") as f:
-        version = np.lib.format.read_magic(f)
-        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-            np.lib.format.read_array_header_2_0
-        shape, _, dtype = read_header(f)
-        if len(shape) != 2:
-            raise ValueError(f"its array has shape {shape}, not (H, W)")
+        shape, _, dtype = npy_header(f)
+        check_shape(shape)
         declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
         if declared > os.fstat(f.fileno()).st_size - f.tell():
             raise ValueError(f"its header declares a {shape[0]}×{shape[1]} {dtype} array ({declared} bytes), more "

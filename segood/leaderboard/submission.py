@@ -73,16 +73,16 @@ def submit(run_dir, out, *, method=None, name, description="", allow_same_source
 def _add_float16_maps(archive, member, path, data=None):
     """Store a float16 copy of score maps in any layout :class:`segood.evaluation.exchange.ScoreMaps` reads as
     ``member``: the frames of the set ``data``, or (segood's file only) every map the file holds."""
-    from segood.data.h5 import frame_ids
+    from segood.data.h5 import frame_ids, frame_sizes
     from segood.evaluation.exchange import ScoreMaps
     from segood.leaderboard.maps import write_maps
 
     try:
-        ids = None if data is None else frame_ids(data)
+        ids, sizes = (None, None) if data is None else (frame_ids(data), frame_sizes(data))
     except KeyError as err:
         raise ValueError(f"{data} is not a converted segood set (it lacks {err}); give the set the maps belong to, "
                          "or its public copy") from None
-    with ScoreMaps(path, ids) as maps, tempfile.TemporaryDirectory() as tmp:
+    with ScoreMaps(path, ids, sizes) as maps, tempfile.TemporaryDirectory() as tmp:
         write_maps(maps, maps.frame_ids, Path(tmp) / "maps.h5")
         archive.write(Path(tmp) / "maps.h5", member, compress_type=zipfile.ZIP_STORED)  # lzf inside already
 
