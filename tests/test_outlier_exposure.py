@@ -2,6 +2,7 @@
 fine-tuning (resumable to the same weights, the OE record in the checkpoint), the same-source flag of an
 evaluation, and the command line's checks."""
 
+import json
 import math
 import warnings
 
@@ -280,6 +281,10 @@ def test_a_mask_classification_network_fine_tunes_with_rba_resumably(oe_sets, ma
         results = evaluate(model, sets, ["rba", "max_softmax"], None, batch_size=4, progress=False, figures=False)
     assert {s: r["same_source_oe"] for s, r in results["results"]["rba"].items()} == {"sun_objects": True,
                                                                                      "generated": False}
+    record = tmp_path / "straight/final/segood.json"
+    record.write_text(json.dumps({"outlier_exposure": {"object_sources": 5}}))  # checked as a checkpoint's is
+    with pytest.raises(ValueError, match=r"segood.json: the checkpoint's outlier_exposure\['object_sources'\] is 5"):
+        load_library_model("hf", tmp_path / "straight/final")
 
 
 def test_a_mask_network_takes_the_rba_loss_and_a_crop_it_can_see(oe_sets, mask_parent, tmp_path):

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from segood.models.adapters import LibraryModel, register_model_type
+from segood.models.checkpoint import check_outlier_exposure
 from segood.models.network import QueryOutput, SegOutput
 
 #: model_type in a transformers config -> (its semantic segmentation class, its image processor class)
@@ -142,4 +143,5 @@ def _outlier_exposure_record(path):
     except (ValueError, AttributeError):
         raise ValueError(f"{path} is not segood's record of a fine-tuning (a JSON object); remove it or "
                          "fine-tune again") from None
-    return record if isinstance(record, dict) else None
+    check_outlier_exposure(record, path)
+    return record
