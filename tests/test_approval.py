@@ -66,7 +66,11 @@ def test_passing_requirements_and_the_corruption_as_ood_question(tmp_path):
     ({"requirements": [{"require": "miou >= 0.6", "methods": ["entropy"]}]}, "takes no methods"),
     ({"requirements": [{"require": "auroc >= 0.9", "question": "what"}]}, "question must be one of"),
     ({"requirements": [{"require": "auroc >= 0.9", "severity": 3}]}, "unknown fields \\['severity'\\]"),
-    ({"requirements": [{"require": "auroc >= 0.9", "severities": [0, 6]}]}, "a list of levels 1-5"),
+    ({"requirements": [{"require": "auroc >= 0.9", "severities": [0, 6]}]}, "a list of distinct levels 1-5"),
+    ({"requirements": [{"require": "auroc >= 0.9", "severities": [3, 3]}]}, "a list of distinct levels 1-5"),
+    ({"requirements": [{"require": "auroc >= 0.9", "methods": []}]}, "methods must be a list of distinct names"),
+    ({"requirements": [{"require": "auroc >= 0.9", "corruptions": ["fog", "fog"]}]}, "must be a list of distinct"),
+    ({"requirements": [{"require": "auroc >= 0.9", None: 1, "foo": 2}]}, r"unknown fields \['None', 'foo'\]"),
     ({"require": "auroc >= 0.9"}, "expected 'requirements:'"),
 ])
 def test_bad_requirements_are_clear_errors(doc, message):

@@ -207,6 +207,8 @@ def test_the_standard_family_lists_the_15_of_imagenet_c_in_their_order():
     assert resolve_corruptions(None, "standard") == list(STANDARD)
     with pytest.raises(KeyError, match="unknown corruption 'haze'; choose from noise, .*c:fog"):
         resolve_corruptions(["haze"], "standard")
+    with pytest.raises(ValueError, match="corruption c:fog is named twice"):  # (a condition counted twice)
+        resolve_corruptions(["fog", "c:fog"], "standard")
     with pytest.raises(ValueError, match="unknown corruption family 'imagenet'; choose from segood, standard, all"):
         corruption_names("imagenet")
     with pytest.raises(ValueError, match="standard_size must be one of"):

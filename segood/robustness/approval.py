@@ -116,7 +116,7 @@ def parse_requirements(doc, source="requirements"):
             raise ValueError(f"{where}: each requirement needs 'require: METRIC >= VALUE' (or <=, >, <)")
         unknown = set(item) - _FIELDS
         if unknown:
-            raise ValueError(f"{where}: unknown fields {sorted(unknown)}; allowed: {sorted(_FIELDS)}")
+            raise ValueError(f"{where}: unknown fields {sorted(map(str, unknown))}; allowed: {sorted(_FIELDS)}")
         match = _COMPARISON.match(str(item["require"]))
         if not match:
             raise ValueError(f"{where}: cannot read {item['require']!r}; write e.g. 'auroc >= 0.90'")
@@ -139,20 +139,27 @@ def parse_requirements(doc, source="requirements"):
         if "severities" in item and "up_to_severity" in item:
             raise ValueError(f"{where}: give severities or up_to_severity, not both")
         severities, up_to = item.get("severities"), item.get("up_to_severity", 5)
-        if not (isinstance(severities, list) and severities or severities is None) or not all(
+        if not (_listed(severities) or severities is None) or not all(
                 type(v) is int and 1 <= v <= 5 for v in [*(severities or []), up_to]):
-            raise ValueError(f"{where}: severities must be a list of levels 1-5 and up_to_severity a level, got "
-                             f"{severities!r} and {up_to!r}")
+            raise ValueError(f"{where}: severities must be a list of distinct levels 1-5 and up_to_severity a level, "
+                             f"got {severities!r} and {up_to!r}")
         lists = {key: item.get(key) for key in ("corruptions", "methods", "sets")}
         for key, names in lists.items():
-            if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
-                raise ValueError(f"{where}: {key} must be a list of names, got {names!r}")
+            if names is not None and not (_listed(names) and all(isinstance(n, str) for n in names)):
+                raise ValueError(f"{where}: {key} must be a list of distinct names (leave it out for all of the "
+                                 f"run's), got {names!r}")
         scope = f"severities {severities}" if severities else f"severity <= {up_to}"
         extra = " (corruption as OOD)" if question == "corruption_as_ood" else ""
         parsed.append({"name": str(item.get("name") or f"{metric} {op} {value:g}{extra}, {scope}"),
                        "metric": metric, "op": op, "value": value, "question": question, "severities": severities,
                        "up_to_severity": up_to, **lists})
     return parsed
+
+
+def _listed(values):
+    """Whether ``values`` is a non-empty list without repeats (an empty list would silently mean all of the run's;
+    a repeat, a cell counted twice)."""
+    return isinstance(values, list) and bool(values) and len(set(map(repr, values))) == len(values)
 
 
 def check_requirements(doc, requirements):

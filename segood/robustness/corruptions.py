@@ -82,6 +82,8 @@ def resolve_corruptions(names, family="segood"):
         if prefixed in levels_table() and (family == "standard" or name not in levels_table()):
             name = prefixed
         check_corruption(name)
+        if name in resolved:
+            raise ValueError(f"corruption {name} is named twice; name each once")
         resolved.append(name)
     return resolved
 
