@@ -240,8 +240,10 @@ def _rotation(p, scale, size):
 def _crop(p, scale, size):
     height, width = size
     share = p["keep"] ** 2
+    # (nearest-exact: the mask pixel whose centre is nearest each output pixel's, where the image samples; OpenCV's
+    # plain nearest floors the corner-aligned coordinate, a shift of up to a pixel up and left)
     return A.RandomResizedCrop(size=(height, width), scale=(share, share), ratio=(width / height,) * 2,
-                               mask_interpolation=cv2.INTER_NEAREST, p=1)
+                               mask_interpolation=cv2.INTER_NEAREST_EXACT, p=1)
 
 
 def _reflection(p, scale, size):
