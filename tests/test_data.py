@@ -162,6 +162,9 @@ def test_dataset_with_dataloader_workers_and_mix(tmp_path):
         manifest["pixels"]["id"] / (3 * 32 * 64))
     again = mix(tmp_path / "perlin.h5", tmp_path / "cs.h5", tmp_path / "mixed2.h5", seed=0, progress=False)
     assert again["sha256"] == manifest["sha256"]  # deterministic order
+    with pytest.raises(ValueError, match="frame id 'perlin_noise/.*' comes twice"):  # a set mixed with itself
+        mix(tmp_path / "perlin.h5", tmp_path / "perlin.h5", tmp_path / "self.h5", progress=False)
+    assert not (tmp_path / "self.h5").exists()
 
     dataset = H5SegmentationDataset(tmp_path / "mixed.h5")
     loader = torch.utils.data.DataLoader(dataset, batch_size=2, num_workers=2)

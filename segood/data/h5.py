@@ -131,7 +131,7 @@ class SetWriter:
             raise
         self.digests = []  # per frame: the 3 × 32 digest bytes
         self.pixels = {"id": 0, "ood": 0, "ignore": 0}
-        self.frame_ids = []
+        self.frame_ids, self.seen = [], set()
         self.frame_sizes = []
 
     def append(self, frame):
@@ -139,6 +139,10 @@ class SetWriter:
         if not isinstance(frame, EncodedFrame):
             frame = encode(frame)
         n = len(self.frame_ids)
+        if frame.frame_id in self.seen:
+            raise ValueError(f"{self.path}: frame id {frame.frame_id!r} comes twice; a set's frame ids must tell its "
+                             "frames apart (they key corruption seeds and per-frame results): mixing a set with "
+                             "itself, or two sets of one source that share frame ids?")
         size = tuple(frame.shapes["images"][:2])
         if self.size is not None and size != self.size:
             raise ValueError(f"{frame.frame_id}: the frame is {size[0]}×{size[1]}, this set's frames "
@@ -155,6 +159,7 @@ class SetWriter:
         for key, count in frame.pixels.items():
             self.pixels[key] += count
         self.frame_ids.append(frame.frame_id)
+        self.seen.add(frame.frame_id)
         self.frame_sizes.append(list(size))
 
     def commit(self, skipped=(), extra=None):
