@@ -2,6 +2,7 @@
 
 import csv
 import json
+import shutil
 
 import h5py
 import numpy as np
@@ -220,21 +221,34 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(sets, tmp_path, monkeyp
     assert resumed["timings"]["images"] == whole["timings"]["images"] == 9
 
 
-def _distributed_worker(rank, world, sets_dir, out_dir):
-    evaluate(tiny_network("dropout"), [f"{sets_dir}/perlin_mixed.h5", f"{sets_dir}/cs.h5"], ["max_softmax", "entropy"],
-             out_dir, batch_size=1, progress=False, figures=False)
+def _distributed_worker(rank, world, paths, out_dir):
+    evaluate(tiny_network("dropout"), paths, ["max_softmax", "entropy"], out_dir, batch_size=1, progress=False,
+             figures=False, skip_bad=True)
 
 
 def test_two_process_gloo_run_equals_single_process(sets, tmp_path):
-    single = evaluate(tiny_network("dropout"), [sets / "perlin_mixed.h5", sets / "cs.h5"], ["max_softmax", "entropy"],
-                      tmp_path / "single", batch_size=1, progress=False, figures=False)
-    run_in_group(_distributed_worker, str(sets), str(tmp_path / "multi"))
+    """Two ranks give the counts of one process, skipped frames included (each rank skips its own); their merged
+    state, resumed by one process, has no frame left to count again."""
+    broken = tmp_path / "broken.h5"  # perlin_mixed with frames 1 (rank 1's) and 4 (rank 0's) damaged
+    shutil.copy(sets / "perlin_mixed.h5", broken)
+    shutil.copy(sets / "perlin_mixed.manifest.json", tmp_path / "broken.manifest.json")
+    with h5py.File(broken, "r+") as f:
+        for frame in ("1", "4"):
+            f["images"][frame].id.write_direct_chunk((0, 0, 0), b"not a deflate stream")
+    paths = [str(broken), str(sets / "cs.h5")]
+    single = evaluate(tiny_network("dropout"), paths, ["max_softmax", "entropy"], tmp_path / "single", batch_size=1,
+                      progress=False, figures=False, skip_bad=True)
+    run_in_group(_distributed_worker, paths, str(tmp_path / "multi"))
     multi = json.loads((tmp_path / "multi/results.json").read_text())
-    for method in ("max_softmax", "entropy"):
-        for set_name in ("perlin_mixed", "cs"):
-            a, b = single["results"][method][set_name], multi["results"][method][set_name]
-            assert a["pooled"] == b["pooled"] and (a["n_id"], a["n_ood"]) == (b["n_id"], b["n_ood"])
-    assert multi["timings"]["images"] == 9
+    resumed = evaluate(tiny_network("dropout"), paths, ["max_softmax", "entropy"], tmp_path / "multi", batch_size=1,
+                       progress=False, figures=False, skip_bad=True, resume=True)
+    for other in (multi, resumed):
+        for method in ("max_softmax", "entropy"):
+            for set_name in ("broken", "cs"):
+                a, b = single["results"][method][set_name], other["results"][method][set_name]
+                assert a["pooled"] == b["pooled"] and (a["n_id"], a["n_ood"]) == (b["n_id"], b["n_ood"])
+        assert other["timings"]["images"] == 7
+        assert [entry[:2] for entry in other["skipped_frames"]] == [["broken", 1], ["broken", 4]]
 
 
 def test_bad_inputs_fail_before_any_compute(sets, tmp_path):

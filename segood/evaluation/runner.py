@@ -47,7 +47,7 @@ from segood.metrics.components import PRESETS, ComponentAccumulator
 from segood.metrics.official import (SMIYCComponentAccumulator, check_benchmark, pixel_accumulator,
                                      pixel_accumulator_from_state)
 from segood.metrics.segmentation import confusion_counts
-from segood.metrics.state import Part, all_reduce_state, distributed, flatten, unflatten
+from segood.metrics.state import Part, all_gather_json, all_reduce_state, distributed, flatten, unflatten
 from segood.metrics.thresholds import RULES, commit
 from segood.version import __version__
 
@@ -337,10 +337,17 @@ class Evaluation(Part):
 
     def all_reduce(self):
         """Combine the run's state over torch.distributed ranks by its :attr:`reductions` (a no-op without a process
-        group): counts and sums are summed; each rank keeps its own progress and example frames."""
+        group): counts and sums are summed; each rank keeps its own example frames and timings; the frames done
+        are those of every rank (a merged state resumed by one process has none left to count again) and the
+        skipped frames every rank's."""
         self.settle()
         if distributed():
             self.load_state_dict(all_reduce_state(*flatten(self.parts, PART_REDUCTIONS)))
+            ranks = all_gather_json({"done": self.done, "components_done": self.components_done,
+                                     "skipped": self.skipped})
+            for name in ("done", "components_done"):
+                setattr(self, name, {s: sum(rank[name][s] for rank in ranks) for s in self.set_names})
+            self.skipped = sorted(entry for rank in ranks for entry in rank["skipped"])
         return self
 
 

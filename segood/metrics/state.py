@@ -23,6 +23,8 @@ must hold the same keys but its ``"local"`` ones. :class:`Part` gives ``merge``,
 ``save`` and ``load`` from the contract.
 """
 
+import json
+
 import numpy as np
 
 from segood.io import read_state, write_npz
@@ -123,6 +125,18 @@ def all_reduce_state(state, reductions):
             ranks[0] = merge_states(ranks[0], other, reductions)
         out.update(ranks[0])
     return out
+
+
+def all_gather_json(value):
+    """[``value`` of every rank] in rank order (a JSON-able value; [value] without a process group)."""
+    if not distributed():
+        return [value]
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    data = np.frombuffer(json.dumps(value).encode(), np.uint8)
+    return [json.loads(rank["value"].tobytes()) for rank in _all_gather({"value": data}, device)]
 
 
 def _packed(arrays, dtype, size=0):
