@@ -298,6 +298,11 @@ def test_any_torch_module_with_a_feature_hook(sets, tmp_path):
                    figures=False, fit_set=sets / "cs.h5", feature_layer="decoder")
     assert doc["model"]["class"].endswith("FPN") and "dimreduce" in doc["model"]["served_heads"]
     assert 0 <= doc["results"]["mahalanobis"]["perlin_mixed"]["pooled"]["auroc"] <= 1
+    assert doc["config"]["fit_set"]["file"] == "cs.h5"
+    with pytest.raises(ValueError, match="holds a different run"):  # fitted on another set: not the same run
+        evaluate(external, [sets / "perlin_mixed.h5"], ["max_softmax", get_method("mahalanobis")], tmp_path,
+                 progress=False, figures=False, fit_set=sets / "perlin_mixed.h5", feature_layer="decoder",
+                 resume=True)
 
 
 def test_results_tex_holds_the_tables_of_results_md(sets, tmp_path):

@@ -127,6 +127,7 @@ def prepare(model, sets, methods, options):
     if o.components and o.components.get("commit_on") is not None and o.components["commit_on"] not in sets:
         raise ValueError(f"the component thresholds' tuning set {o.components['commit_on']!r} is not a set of the "
                          f"run; choose one of {list(sets)}")
+    fitted = []
     for method in methods:
         check_grid(method, o.grid)
         method.check(model)
@@ -135,6 +136,7 @@ def prepare(model, sets, methods, options):
                 raise ValueError(f"{method.name} needs its training statistics: pass fit_set (--fit-set), a "
                                  "converted training set, or a fitted method")
             method.fit(model, frame_loader(H5SegmentationDataset(o.fit_set), o.batch_size), progress=o.progress)
+            fitted.append(method.name)
     description = {
         "toolkit": run_identity(),
         "model": {**_model_identity(model, o.checkpoint), **_outlier_exposure(model, sets)},
@@ -142,6 +144,7 @@ def prepare(model, sets, methods, options):
         # a network fine-tuned with outlier exposure has seen OOD data, whatever the method
         "methods": {m.name: {**m.describe(), **({"uses_ood_data": True} if _exposed(model) else {})} for m in methods},
         "config": {"grid": o.grid, "batch_size": o.batch_size, **({"components": o.components} if o.components else {}),
+                   **({"fit_set": set_identity(o.fit_set)} if fitted else {}),  # (a resume must fit on the same)
                    **{key: getattr(o, key) for key in ("official", "amp", "compile") if getattr(o, key)}},
     }
     return model, sets, methods, description
