@@ -216,3 +216,12 @@ def test_coarse_counts_equal_the_coarse_keys_grouped_by_numpy():
     np.testing.assert_array_equal(got, want[occupied])
     empty = coarse_counts(np.zeros(0), np.zeros((2, 0), np.int64))
     assert empty[0].shape == (0,) and empty[1].shape == (0, 2)
+
+
+@pytest.mark.parametrize("settings, message", [({"resamples": -5}, "at least one resample"),
+                                               ({"resamples": 0}, "at least one resample"),
+                                               ({"confidence": 2.0}, "strictly between 0 and 1")])
+def test_bad_bootstrap_settings_are_refused_when_made(settings, message):
+    """Before any frame is scored (they failed at the end of a run)."""
+    with pytest.raises(ValueError, match=message):
+        Bootstrap(**settings)

@@ -447,3 +447,11 @@ def test_logit_forms_equal_the_probability_forms(band_elements, monkeypatch):
     assert torch.equal(predicted_classes(holes, 2), expected[:, ::2, ::2])  # (and (0, 0, 0))
     assert torch.equal(predicted_classes(holes.permute(0, 1, 3, 2).contiguous().permute(0, 1, 3, 2), 2),
                        expected[:, ::2, ::2])  # (a non-contiguous layout, read where it is)
+
+
+@pytest.mark.parametrize("samples", [0, 1, -1])
+def test_monte_carlo_methods_need_two_samples(samples):
+    """One sample has no spread (its scores were all zero); none left the score unset."""
+    for name in ("varsum", "mutual_info"):
+        with pytest.raises(ValueError, match=f"{name} needs at least 2 Monte-Carlo samples"):
+            get_method(name, samples=samples)

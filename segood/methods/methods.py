@@ -177,6 +177,9 @@ class MonteCarlo(Method):
     from_samples_together = None
 
     def __init__(self, samples=8, **params):
+        if isinstance(samples, bool) or int(samples) < 2:
+            raise ValueError(f"{self.name} needs at least 2 Monte-Carlo samples (their spread is the score), got "
+                             f"{samples!r}")
         super().__init__(samples=int(samples), **params)
 
     @property

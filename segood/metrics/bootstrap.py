@@ -123,6 +123,13 @@ class Bootstrap:
     seed: int = 0
     confidence: float = CONFIDENCE
 
+    def __post_init__(self):
+        if isinstance(self.resamples, bool) or not isinstance(self.resamples, (int, np.integer)) or self.resamples < 1:
+            raise ValueError(f"the bootstrap needs at least one resample, got {self.resamples!r} (--resamples 0 "
+                             "turns the intervals off)")
+        if not 0 < self.confidence < 1:
+            raise ValueError(f"the intervals' confidence must lie strictly between 0 and 1, got {self.confidence!r}")
+
     def weights(self, n_images):
         """(resamples, n_images): how often each image is drawn in each resample."""
         rng = np.random.default_rng(self.seed)
