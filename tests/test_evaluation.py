@@ -299,6 +299,13 @@ def test_any_torch_module_with_a_feature_hook(sets, tmp_path):
     assert doc["model"]["class"].endswith("FPN") and "dimreduce" in doc["model"]["served_heads"]
     assert 0 <= doc["results"]["mahalanobis"]["perlin_mixed"]["pooled"]["auroc"] <= 1
     assert doc["config"]["fit_set"]["file"] == "cs.h5"
+    torch.save(external.state_dict(), tmp_path / "fpn.pt")  # a plain smp state dict: its wrapper is hooked too
+    assert main(["evaluate", "--arch", "fpn", "--encoder", "resnet18", "--weights", str(tmp_path / "fpn.pt"),
+                 "--feature-layer", "decoder", "--methods", "mahalanobis", "--fit-set", str(sets / "cs.h5"),
+                 "--sets", str(sets / "perlin_mixed.h5"), "--out", str(tmp_path / "cli"), "--resamples", "0",
+                 "--quiet"]) == 0
+    cli = json.loads((tmp_path / "cli" / "results.json").read_text())["results"]["mahalanobis"]["perlin_mixed"]
+    assert cli["pooled"]["auroc"] == doc["results"]["mahalanobis"]["perlin_mixed"]["pooled"]["auroc"]
     with pytest.raises(ValueError, match="holds a different run"):  # fitted on another set: not the same run
         evaluate(external, [sets / "perlin_mixed.h5"], ["max_softmax", get_method("mahalanobis")], tmp_path,
                  progress=False, figures=False, fit_set=sets / "perlin_mixed.h5", feature_layer="decoder",

@@ -49,6 +49,21 @@ def test_the_matrix_flags_same_source_cells_and_equals_direct_evaluations(source
     assert json.loads((tmp_path / "p" / "protocol.json").read_text())["headline"] == doc["headline"]
 
 
+def test_any_torch_module_is_tuned_as_it_is_evaluated(sources, tmp_path):
+    """A plain ``nn.Module`` returning logits is wrapped before ODIN is tuned on it (as ``segood.evaluate`` wraps
+    it); ``feature_layer`` reaches Mahalanobis' fit too."""
+    import segmentation_models_pytorch as smp
+
+    tuning, tests = sources
+    torch.manual_seed(0)
+    module = smp.create_model("fpn", encoder_name="resnet18", encoder_weights=None, classes=19).eval()
+    doc = cross_source(module, {"perlin_tune": tuning["perlin_tune"]}, {"normal_test": tests["normal_test"]},
+                       ["odin", "mahalanobis"], tmp_path / "p", progress=False, fit_set=tests["perlin_test"],
+                       feature_layer="decoder", bootstrap=None)
+    assert set(doc["headline"]) == {"odin", "mahalanobis"} and 0 <= doc["cells"]["odin"]["perlin_tune"][
+        "normal_test"]["auroc"] <= 1
+
+
 def test_bad_protocols_are_refused(sources, tmp_path):
     tuning, tests = sources
     with pytest.raises(ValueError, match="both as tuning and as test"):

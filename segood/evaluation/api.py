@@ -105,8 +105,8 @@ def prepare(model, sets, methods, options):
             raise ValueError(f"scorer {model.name} is its own method: pass methods=None, or evaluate the methods "
                              "with a network instead")
         methods = [model]
-    else:
-        model = as_network(model, feature_layer=o.feature_layer, align_corners=o.align_corners)
+    else:  # (in inference mode before a method is fitted on it: batch norm and dropout as when scoring)
+        model = as_network(model, feature_layer=o.feature_layer, align_corners=o.align_corners).eval()
     if o.device is not None:
         model = model.to(o.device)
     if isinstance(sets, (list, tuple)):

@@ -15,8 +15,10 @@ from segood.evaluation.api import evaluate
 from segood.evaluation.options import GRIDS, ProtocolOptions
 from segood.io import atomic_write_text, write_json
 from segood.methods import get_method
+from segood.methods.scorer import Scorer
 from segood.methods.tuning import tune
 from segood.metrics import METRICS
+from segood.models.external import as_network
 
 SCHEMA = "segood.protocol/1"
 __all__ = ["GRIDS", "ProtocolOptions", "cross_source", "protocol_markdown"]
@@ -50,6 +52,9 @@ def cross_source(model, tuning_sets: dict[str, str | Path], test_sets: dict[str,
                              "tuning ranks OOD against ID pixels, so a tuning set needs both; give a set with OOD "
                              "objects (e.g. segood convert mix)")
     sources = {name: set(set_identity(path)["ood_sources"]) for name, path in {**tuning_sets, **test_sets}.items()}
+    if not isinstance(model, Scorer):  # (tuning scores the network itself, in inference mode, as the evaluation will)
+        model = as_network(model, feature_layer=evaluation.feature_layer,
+                           align_corners=evaluation.align_corners).eval()
     out_dir = Path(out_dir)
     cells = {m: {} for m in methods}
     tuned_params = {m: {} for m in methods}

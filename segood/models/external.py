@@ -65,13 +65,13 @@ def load_smp_weights(arch, encoder, weights, *, num_classes=NUM_CLASSES):
     except RuntimeError as err:
         raise ValueError(f"{weights} does not fit smp {arch} with {encoder} and {num_classes} classes: "
                          f"{str(err).splitlines()[0]}") from None
-    return ExternalModel(model)
+    return ExternalModel(model).eval()
 
 
 def as_network(model, *, feature_layer=None, align_corners=None):
     """``model`` as segood scores it: a segood network as it is; any other ``nn.Module`` returning logits wrapped in
     :class:`ExternalModel` (``feature_layer``, ``align_corners`` as there; an ExternalModel gets ``align_corners``
-    when given). A TypeError for what is no ``nn.Module``."""
+    when given, and is wrapped again with ``feature_layer``). A TypeError for what is no ``nn.Module``."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model is a {type(model).__name__}, not a torch nn.Module; a callable that returns anomaly "
                         "scores itself is evaluated as segood.Scorer(fn)")
@@ -82,6 +82,12 @@ def as_network(model, *, feature_layer=None, align_corners=None):
         return model
     if not isinstance(model, ExternalModel):
         return ExternalModel(model, feature_layer, align_corners=bool(align_corners))
+    if feature_layer is not None:  # (a plain smp state dict's wrapper: hooked again; a library's adapter: refused)
+        if type(model) is not ExternalModel:
+            raise ValueError(f"feature_layer {feature_layer!r}: a {type(model).__name__} gives its own features (or "
+                             "none); it takes no feature layer")
+        return ExternalModel(model.module, feature_layer,
+                             align_corners=model.align_corners if align_corners is None else bool(align_corners))
     if align_corners is not None:
         model.align_corners = bool(align_corners)
     return model
