@@ -102,6 +102,15 @@ def test_sml_statistics_and_score_equal_their_definitions(sets):
             assert sml.state["stds"][c].item() == pytest.approx(chosen.std(), rel=1e-6)
         else:
             assert (sml.state["means"][c].item(), sml.state["stds"][c].item()) == (0.0, 1.0)
+    odd = [{"image": b["image"][..., :60, :60]} for b in loader]  # sides the network's stride (8) does not divide
+    fitted = get_method("sml").fit(model, odd)
+    with torch.no_grad():  # scored as score_batch scores: zero-padded at the bottom and right to 64, cropped back
+        logits = torch.cat([model(torch.nn.functional.pad(preprocess(b["image"]), (0, 4, 0, 4))).logits[
+            ..., :60, :60] for b in odd]).double()
+    top, classes = logits.max(dim=1)
+    present = [c for c in range(19) if (classes == c).sum() > 1]
+    assert present and all(fitted.state["means"][c].item() == pytest.approx(top[classes == c].mean().item(), rel=1e-9)
+                           for c in present)
     x = preprocess(data[0]["image"][None])
     with torch.no_grad():
         z = model(x).logits
