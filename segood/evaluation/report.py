@@ -74,7 +74,20 @@ def build_results(run, ev, *, bootstrap=Bootstrap(), commit_on=None):
                "per_method": runtime(ev)}
     return {"schema": SCHEMA, **run, "results": results, "per_class_mean_score": per_class, "timings": timings,
             "skipped_frames": ev.skipped, "bootstrap": described, "comparisons": comparisons,
-            "commit_on": commit_on, "notes": ev.notes()}
+            "commit_on": commit_on, "notes": ev.notes() + _unfinished(run, ev)}
+
+
+def _unfinished(run, ev):
+    """Notes for the sets whose frames were not all scored (or skipped): a run stopped before its end."""
+    skipped = [entry[0] for entry in ev.skipped]
+    notes = []
+    for s in ev.set_names:
+        frames = run["sets"].get(s, {}).get("frames")
+        counted = ev.images[s] + skipped.count(s)
+        if frames is not None and counted < frames:
+            notes.append(f"The run is unfinished: {counted} of the {frames} frames of {s} were scored or skipped, "
+                         "and its numbers are those of these frames only; finish it with --resume.")
+    return notes
 
 
 def _outlier_exposure(run, method):
@@ -363,9 +376,9 @@ def write_figures(figures, doc, ev):
         for m in methods:
             acc = ev.acc[(m, s)]
             fp, tp = np.cumsum(acc.curve_counts()[1][..., ::-1], axis=-1)[..., ::-1]
-            n_id, n_ood = fp[0], tp[0]
-            if not (n_id and n_ood):
+            if not (fp.size and fp[0] and tp[0]):  # (no pixel of one kind, or none at all: a set not reached yet)
                 continue
+            n_id, n_ood = fp[0], tp[0]
             if tp.size > CURVE_POINTS:  # the exact grid: a point per distinct score, more than a figure resolves
                 keep = np.unique(np.linspace(0, tp.size - 1, CURVE_POINTS).round().astype(np.int64))
                 fp, tp = fp[keep], tp[keep]
