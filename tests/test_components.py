@@ -1,6 +1,8 @@
 """Component-level metrics against a naive reference written from the definition (scipy-free: a flood fill),
 on hand-drawn cases and random ones."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -276,6 +278,9 @@ def test_combined_runs_keep_their_component_metrics(noise_sets, tmp_path):
                  components={"preset": "obstacle", "thresholds": {method: 0.001}})
     doc = combine_runs(runs, tmp_path / "combined", figures=False)
     assert all("components" in doc["results"][m]["perlin_mixed"] for m in ("entropy", "max_softmax"))
+    for run, method in zip(runs, ("entropy", "max_softmax")):  # each method's network time: its own run's
+        alone = json.loads((run / "results.json").read_text())["timings"]["per_method"][method]
+        assert doc["timings"]["per_method"][method]["inference_ms_per_image"] == alone["inference_ms_per_image"]
 
 
 def test_the_threshold_is_compared_in_float64_as_the_pixel_metrics_compare():

@@ -180,6 +180,8 @@ def combine_runs(run_dirs: list[str | Path], out_dir: str | Path, *, figures: bo
             combined.examples.setdefault(key, {}).update(example)
         for stage, seconds in ev.seconds.items():
             combined.seconds[stage] = combined.seconds.get(stage, 0.0) + seconds
+        for m in ev.method_names:  # a method's network time is its own run's, not every run's together
+            combined.seconds[f"forward/{m}"] = ev.seconds.get(f"forward/{m}", ev.seconds.get("forward", 0.0))
     combined.class_count, combined.images = states[0].class_count, states[0].images
     run = {"toolkit": runs[0]["toolkit"], "model": {str(d): r["model"] for d, r in zip(run_dirs, runs)},
            "method_models": {m: str(d) for d, r in zip(run_dirs, runs) for m in r["methods"]},
