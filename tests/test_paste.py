@@ -8,7 +8,7 @@ import pytest
 
 from segood.cli import main
 from segood.data import Cityscapes, convert, read_manifest
-from segood.data.paste import BLENDS, GROUND, Paste, ground_horizon, polygon_mask
+from segood.data.paste import BLENDS, FOOTPRINT, GROUND, MIN_GROUND, Paste, ground_horizon, polygon_mask
 from segood.data.synthetic import write_cityscapes_tree, write_sun_tree
 from segood.labels import CLASS_NAMES, ID, IGNORE, OOD
 
@@ -134,6 +134,11 @@ def test_placement_on_the_ground_scaled_by_distance_below_the_horizon(trees):
             placed = polygon * paste["scale"] + paste["offset"]
             assert placed[:, 1].max() == pytest.approx(y) and placed[:, 0].min() + placed[:, 0].max() == \
                 pytest.approx(2 * x)
+            # at least half its footprint (its lowest 10% of rows) on ground that no earlier paste covers
+            mask = reference_mask(placed, *ground.shape)
+            foot = mask & (np.arange(ground.shape[0])[:, None] >= paste["base"][1] - max(1.0, FOOTPRINT * height))
+            assert ground[foot].mean() >= MIN_GROUND
+            ground &= ~mask
             count += 1
     assert count >= 12
 

@@ -366,6 +366,7 @@ class Paste(Adapter):
             ood_mask[window][mask] = OOD if role == "ood" else ID
             semantic[window][mask] = IGNORE if role == "ood" else obj.train_id
             owner[window][mask] = len(pastes) + 1
+            ground[window][mask] = False  # a later object stands on road or sidewalk, not on this one
             pastes.append({"object": obj.key, "name": obj.name, "role": str(role),
                            "class": None if role == "ood" else CLASS_NAMES[obj.train_id],
                            "base": list(base), "scale": float(scale), "offset": [float(offset[0]), float(offset[1])],
