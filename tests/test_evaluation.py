@@ -201,6 +201,11 @@ def test_odin_named_on_the_linear_grid_takes_the_paper_form(sets, tmp_path):
     with pytest.raises(ValueError, match="odin: form='softmax'"):
         evaluate(tiny_network("dropout"), [sets / "perlin_mixed.h5"], [get_method("odin")], tmp_path / "refused",
                  num_thresholds=400, progress=False)
+    with pytest.warns(UserWarning, match="max_logit, energy left out: the linear grid bins"):  # the defaults
+        every = evaluate(tiny_network("dropout"), [sets / "perlin_mixed.h5"], None, None, num_thresholds=400,
+                         progress=False, figures=False, bootstrap=None)
+    assert list(every["results"]) == ["max_softmax", "odin", "entropy", "varsum", "mutual_info"]
+    assert every["methods"]["odin"]["params"]["form"] == "softmax"
 
 
 @pytest.mark.parametrize("methods,batch_size", [(["entropy"], 2), (["max_softmax", "varsum", "mutual_info"], 1)])

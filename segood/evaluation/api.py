@@ -23,7 +23,7 @@ from segood.evaluation.results import Results
 from segood.evaluation.runner import (Evaluation, chosen_by_run, chosen_thresholds, default_methods, run,
                                       run_identity)
 from segood.io import write_json
-from segood.methods.methods import Method, check_grid, method_for_grid
+from segood.methods.methods import Method, check_grid, fits_grid, method_for_grid
 from segood.methods.scorer import Scorer
 from segood.models.external import as_network
 from segood.models.network import SegmentationNetwork
@@ -124,6 +124,12 @@ def prepare(model, sets, methods, options):
             need = "it needs" if len(unfitted) == 1 else "they need"
             warnings.warn(f"{', '.join(unfitted)} left out: {need} a fit on training data (fit_set, --fit-set)",
                           stacklevel=3)
+        methods = [method_for_grid(m.name, o.grid) for m in methods]  # (on the linear grid: their [0, 1] forms)
+        unbinned = [m.name for m in methods if not fits_grid(m, o.grid)]
+        if unbinned:
+            warnings.warn(f"{', '.join(unbinned)} left out: the linear grid bins scores in its range only, and "
+                          "theirs are unbounded (the float-order grid, the default, takes every method)", stacklevel=3)
+            methods = [m for m in methods if m.name not in unbinned]
     methods = [method_for_grid(m, o.grid) if isinstance(m, str) else m for m in methods]  # by name: the grid's form
     if o.components and o.components.get("commit_on") is not None and o.components["commit_on"] not in sets:
         raise ValueError(f"the component thresholds' tuning set {o.components['commit_on']!r} is not a set of the "

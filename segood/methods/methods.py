@@ -575,12 +575,18 @@ def method_for_grid(name: str, grid: dict) -> Method:
     return get_method(name, **(LINEAR_FORMS.get(name, {}) if grid["kind"] == "linear" else {}))
 
 
-def check_grid(method, grid):
-    """Refuse a method whose scores the grid cannot bin: the linear grid needs them in its range."""
+def fits_grid(method, grid):
+    """Whether the grid can bin the method's scores: the linear grid needs them in its range."""
     if grid["kind"] != "linear":
-        return
+        return True
     lo, hi = grid["score_range"]
-    if method.score_range is None or not (lo <= method.score_range[0] and method.score_range[1] <= hi):
+    return method.score_range is not None and lo <= method.score_range[0] and method.score_range[1] <= hi
+
+
+def check_grid(method, grid):
+    """Refuse a method whose scores the grid cannot bin (:func:`fits_grid`)."""
+    if not fits_grid(method, grid):
+        lo, hi = grid["score_range"]
         raise ValueError(f"{method.name} scores are {'unbounded' if method.score_range is None else method.score_range}"
                          f"; the linear grid bins scores in [{lo:g}, {hi:g}] only. Use the float-order grid (the "
                          "default: drop --num-thresholds / num_thresholds), or the method's [0, 1] form if it has "
