@@ -2,6 +2,8 @@
 
 import math
 
+import shutil
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -181,3 +183,11 @@ def test_train_and_miou_commands(tiny_set, tmp_path, capsys):
     table = (tmp_path / "m.md").read_text()
     assert "| pspnet resnet18 + dimreduce |" in table and "mIoU" in table
     assert (tmp_path / "m.csv").read_text().startswith("network,class,iou")
+    shutil.copy(tmp_path / "final.pt", tmp_path / "again.pt")  # one network twice (a parent and its fine-tune)
+    assert main(["miou", str(tmp_path / "final.pt"), str(tmp_path / "again.pt"), "--data", str(tiny_set),
+                 "--out", str(tmp_path / "two.md"), "--quiet"]) == 0
+    table = (tmp_path / "two.md").read_text()
+    assert "| pspnet resnet18 + dimreduce (final.pt) |" in table and "| pspnet resnet18 + dimreduce (again.pt) |" in table
+    assert main(["train", "--train", str(tiny_set), "--out", str(tmp_path / "zero"), "--batch-size", "0",
+                 "--quiet"]) == 2
+    assert "batch size must be at least 1" in capsys.readouterr().err

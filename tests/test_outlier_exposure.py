@@ -218,6 +218,7 @@ def test_command_line_fine_tunes_and_checks_its_options(oe_sets, tmp_path, capsy
     assert read_checkpoint(tmp_path / "cli/final.pt")["outlier_exposure"]["margins"] == [-8.0, -2.0]
     refused = {
         "set up outlier exposure": base + ["--oe-loss", "energy"],
+        "--init-type set up outlier exposure": base + ["--init", str(oe_sets["parent"]), "--init-type", "hf"],
         "pass --init CHECKPOINT": base + ["--outlier-exposure", str(oe_sets["oe_sun"])],
         "has no margins": base + oe + ["--oe-margins", "0", "5"],
         "m_in < m_out": base + oe + ["--oe-loss", "rba", "--oe-margins", "5", "0"],

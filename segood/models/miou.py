@@ -1,5 +1,7 @@
 """Segmentation quality of a network on a converted set: per-class IoU and mIoU (the paper's RQ1)."""
 
+from pathlib import Path
+
 import numpy as np
 import torch
 from tqdm import tqdm
@@ -47,10 +49,15 @@ def miou_report(checkpoints, data, *, batch_size=2, progress=True):
     """(Markdown table, CSV text) of the per-class IoU and mIoU of each checkpoint on the set ``data``."""
     from segood.models.checkpoint import load_model
 
-    results = {}
+    rows = []
     for path in checkpoints:
         model, state = load_model(path)
-        results[network_name(state["config"])] = evaluate_miou(model, data, batch_size=batch_size, progress=progress)
+        rows.append((network_name(state["config"]), Path(path).name,
+                     evaluate_miou(model, data, batch_size=batch_size, progress=progress)))
+    names = [name for name, _, _ in rows]  # (one network twice, e.g. a parent and its fine-tune: named by file too)
+    results = {name if names.count(name) == 1 else f"{name} ({file})": r for name, file, r in rows}
+    if len(results) < len(rows):
+        raise ValueError(f"checkpoints {[str(p) for p in checkpoints]} name one file twice; give each once")
     csv = "network,class,iou\n" + "".join(f"{name},{cls},{iou}\n" for name, r in results.items()
                                          for cls, iou in r["iou"].items())
     return miou_table(results), csv

@@ -75,6 +75,10 @@ class TrainConfig:
                 setattr(self, key, str(getattr(self, key)))
         if self.oe_margins is not None:
             self.oe_margins = [float(v) for v in self.oe_margins]
+        if type(self.batch_size) is not int or self.batch_size < 1:
+            raise ValueError(f"the batch size must be at least 1, got {self.batch_size!r}")
+        if type(self.epochs) is not int or self.epochs < 0:
+            raise ValueError(f"the epochs must be at least 0, got {self.epochs!r}")
         check_oe_options(self)
 
     @property
@@ -92,6 +96,8 @@ def check_oe_options(config):
     oe_given = [name for name, default in (("oe_loss", "entropy"), ("oe_weight", None), ("oe_margins", None),
                                            ("oe_reduction", "sets")) if getattr(config, name) != default]
     if config.outlier_exposure is None:
+        if config.init_type is not None:
+            oe_given.insert(0, "init_type")  # (a transformers network is trained here only by RbA's fine-tuning)
         if oe_given:
             raise ValueError(f"{', '.join('--' + n.replace('_', '-') for n in oe_given)} set up outlier exposure: "
                              "pass --outlier-exposure SET (a set made by segood convert paste) or drop them")
