@@ -154,6 +154,23 @@ def test_resume_equals_uninterrupted(tiny_set, tmp_path, head):
     assert a["log"][-1]["loss"] == b["log"][-1]["loss"]
 
 
+def test_augmentation_is_drawn_per_frame_whatever_reads_it(tiny_set, tmp_path):
+    """The training batches of an epoch are the same read in the main process or by two reader processes (each
+    holds a copy of the transform: drawing from its running state, readers repeated each other's draws)."""
+    from segood.models.train import _Augmented, _dataset, augmentation
+
+    cfg = config(tiny_set, tmp_path, epochs=1)
+    batches = []
+    for workers in (0, 2):
+        transform = augmentation(cfg, 0)
+        loader = torch.utils.data.DataLoader(_Augmented(_dataset(cfg, transform), transform, 7), batch_size=2,
+                                             shuffle=True, num_workers=workers,
+                                             generator=torch.Generator().manual_seed(7))
+        batches.append([batch["image"] for batch in loader])
+    assert len(batches[0]) > 2 and all(torch.equal(a, b) for a, b in zip(*batches))
+    assert not torch.equal(batches[0][0][0], batches[0][1][0])  # two frames, two draws
+
+
 class Evil:
     def __reduce__(self):
         return (print, ("pwned",))

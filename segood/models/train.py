@@ -232,8 +232,9 @@ def train(config, *, resume=False, progress=True, stop_after=None):
     """Train, checkpointing atomically every epoch to ``out_dir/last.pt`` (and, at the end, ``final.pt``; for a
     transformers network, its folder ``final/``).
 
-    Every epoch reseeds the data order, augmentation and dropout from (seed, epoch), so ``resume=True`` after
-    an interruption gives the same weights as an uninterrupted run. ``stop_after``: return after this many
+    Every epoch reseeds the data order and dropout from (seed, epoch) and each frame's augmentation from (seed,
+    epoch, frame), so ``resume=True`` after an interruption gives the same weights as an uninterrupted run, with
+    any number of ``workers``. ``stop_after``: return after this many
     epochs of this call (for time-boxed jobs; resume later). Returns the per-epoch log (list of dicts).
     """
     out = Path(config.out_dir)
@@ -271,7 +272,8 @@ def train(config, *, resume=False, progress=True, stop_after=None):
         torch.manual_seed(seed)
         np.random.seed(seed % 2**32)
         random.seed(seed)
-        dataset = _dataset(config, augmentation(config, epoch))
+        transform = augmentation(config, epoch)
+        dataset = _Augmented(_dataset(config, transform), transform, seed)
         loader = torch.utils.data.DataLoader(dataset, batch_size=config.batch_size, shuffle=True, drop_last=True,
                                              num_workers=config.workers, generator=torch.Generator().manual_seed(seed))
         learner.module.train()
@@ -372,6 +374,22 @@ def _dataset(config, transform):
         raise ValueError(f"{config.outlier_exposure} has no OOD pixels: outlier exposure needs a set with pasted OOD "
                          "objects (segood convert paste --cityscapes-root ... --split train --objects SUN2012_ROOT)")
     return torch.utils.data.ConcatDataset([train_set, oe_set])
+
+
+class _Augmented(torch.utils.data.Dataset):
+    """The frames of ``dataset``, whose reads apply ``transform``, augmented with draws from (``seed``, frame
+    index): the same whichever process reads a frame, in whatever order (each reader process holds a copy of the
+    transform, so draws from its own running state would repeat across readers and change with their number)."""
+
+    def __init__(self, dataset, transform, seed):
+        self.dataset, self.transform, self.seed = dataset, transform, seed
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        self.transform.set_random_seed((self.seed * 1_000_003 + index) % 2**32)
+        return self.dataset[index]
 
 
 def _oe_entry(record):
