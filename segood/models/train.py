@@ -257,6 +257,8 @@ def train(config, *, resume=False, progress=True, stop_after=None):
         try:
             learner.module.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
+            if state.get("scaler"):  # (CUDA's loss scale: a resume goes on at the scale the run had reached)
+                scaler.load_state_dict(state["scaler"])
             start_epoch, iteration, log = int(state["epoch"]) + 1, int(state["iteration"]), list(state["log"])
         except (KeyError, RuntimeError, ValueError, TypeError) as err:
             raise ValueError(f"{out / 'last.pt'} cannot be resumed from ({type(err).__name__}: {err}); start a "
@@ -296,8 +298,8 @@ def train(config, *, resume=False, progress=True, stop_after=None):
         if config.val_set:
             row["val_miou"] = evaluate_miou(learner.network, config.val_set, device=device, progress=False)["miou"]
         log.append(row)
-        learner.save(out / "last.pt", optimizer=optimizer.state_dict(), epoch=epoch, iteration=iteration, log=log,
-                     train_config=asdict(config), **_oe_entry(record))
+        learner.save(out / "last.pt", optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), epoch=epoch,
+                     iteration=iteration, log=log, train_config=asdict(config), **_oe_entry(record))
         atomic_write_text(out / "log.csv", _csv(log))
     if last_epoch < config.epochs:
         return log
