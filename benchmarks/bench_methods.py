@@ -9,6 +9,8 @@ methods), and what the method adds to it: for single-pass methods the scoring of
 forward pass and the method take turns in each round, so that both see the same machine; each network runs eight
 forward passes first. Then the logit methods scored together (``logit_scores``, as an evaluation scores them)
 against each alone in turn. Freed memory kept, as in every ``segood`` command (``segood.keep_freed_memory``).
+Frames of at least 128×256: Mahalanobis is fitted on one frame of random labels, which must give some class more
+pixels than the feature dimension.
 """
 
 import torch
