@@ -236,7 +236,7 @@ def test_a_full_disk_stops_the_board_naming_the_file_it_could_not_write(world, t
             return False
 
     monkeypatch.setattr(safe, "open", Full, raising=False)
-    with pytest.raises(MaintainerError, match=r"cannot write .*scores_perlin_mixed\.h5 .*No space left"):
+    with pytest.raises(MaintainerError, match=r"cannot write .*map0\.h5 .*No space left"):
         leaderboard(subs, bench, tmp_path / "board")
     assert sorted(p.name for p in (tmp_path / "board").iterdir()) == []
 
@@ -264,6 +264,26 @@ def test_the_board_copies_maps_under_its_own_folder_and_removes_them(world, tmp_
     assert list(system_temp.iterdir()) == []
     assert sorted(p.name for p in (tmp_path / "board").iterdir()) == ["figures", "index.html", "leaderboard.json",
                                                                       "leaderboard.md"]
+
+
+def test_a_set_name_too_long_for_a_file_name_is_judged_like_any_other(world, tmp_path):
+    """Copies of maps are named by position, not by the submitted set name (300 characters made the copy fail as
+    the maintainer's fault, and no board was written)."""
+    root = world[0]
+    (tmp_path / "subs").mkdir()
+    long = "x" * 300
+    with zipfile.ZipFile(root / "subs" / "entropy.zip") as a, \
+            zipfile.ZipFile(tmp_path / "subs" / "long.zip", "w") as b:
+        doc = json.loads(a.read("submission.json"))
+        entry = doc["sets"].pop("perlin_mixed")
+        bench = json.loads((root / "bench" / "bench.json").read_text())
+        digest = next(t["sets"]["perlin_mixed"]["manifest_sha256"] for t in bench["tracks"].values()
+                      if "perlin_mixed" in t["sets"])
+        doc["sets"][long] = {**entry, "scores": f"scores/{long}.h5", "manifest_sha256": digest}  # matched by it
+        b.writestr("submission.json", json.dumps(doc))
+        b.writestr(f"scores/{long}.h5", a.read("scores/perlin_mixed.h5"))
+    board = leaderboard(tmp_path / "subs", root / "bench" / "bench.json", tmp_path / "board")
+    assert board["rejected"] == [] and all(len(track["entries"]) == 1 for track in board["tracks"].values())
 
 
 def test_maps_of_sets_the_benchmark_lacks_are_refused_before_any_is_copied(world, tmp_path, monkeypatch):

@@ -97,8 +97,8 @@ def read_submission_files(path, limits=Limits(), spill=None, select_maps=None):
         if declared > limits.maps_bytes:
             raise Rejected(f"score maps of {declared} bytes in all, over the limit {limits.maps_bytes}")
         budget = limits.maps_bytes
-        for name, info in maps:
-            files[name] = _spill(archive, info, name, Path(spill), min(limits.map_bytes, budget))
+        for index, (name, info) in enumerate(maps):  # (copies named by position: no submitted string in a path)
+            files[name] = _spill(archive, info, name, Path(spill) / f"map{index}.h5", min(limits.map_bytes, budget))
             budget -= files[name].stat().st_size
         return files
 
@@ -129,11 +129,10 @@ def _refuse_unselected(files, select_maps):
             raise Rejected(f"{foreign[0]}: the benchmark has no such set; maps are read only for its own sets")
 
 
-def _spill(archive, info, name, spill, max_bytes):
-    """Copy one zip member to ``spill`` in bounded pieces; returns its path."""
+def _spill(archive, info, name, target, max_bytes):
+    """Copy the zip member ``name`` to the file ``target`` in bounded pieces; returns ``target``."""
     if info.file_size > max_bytes:
         raise Rejected(f"member {name!r} would expand to {info.file_size} bytes, over the limit {max_bytes}")
-    target = spill / name.replace("/", "_")
     written = 0
     with _member(archive, info, name) as member:
         try:
