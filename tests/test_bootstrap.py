@@ -87,6 +87,11 @@ def test_tied_ranks_by_hand():
                    for a in "abcd"}
     assert tied_ranks({"a": 0.9, "b": 0.89, "c": 0.7, "d": 0.69, "e": None}, significant, True) == \
         {"a": 1, "b": 1, "c": 3, "d": 3, "e": None}
+    # "s" is compared with none (significant against all, as a board's self-reported entry): it takes its place
+    # between a and b without leading b's group
+    unpaired = {a: {b: a == "s" or b == "s" or significant[a][b] for b in "abcds"} for a in "abcds"}
+    assert tied_ranks({"a": 0.9, "s": 0.895, "b": 0.89, "c": 0.7}, unpaired, True, compared=set("abcd")) == \
+        {"a": 1, "s": 2, "b": 1, "c": 4}
 
 
 def test_per_image_counts_survive_states_merges_and_refuse_forgeries():

@@ -617,7 +617,8 @@ def _intervals_and_ties(rows, spec, settings):
             if a != b:
                 lo, hi = settings.interval(sign * (samples[a] - samples[b]))
                 significant[a][b] = lo is not None and (lo > 0 or hi < 0)
-    ranks = tied_ranks({k: row["score"] for k, row in enumerate(rows)}, significant, METRICS[metric].higher_is_better)
+    ranks = tied_ranks({k: row["score"] for k, row in enumerate(rows)}, significant, METRICS[metric].higher_is_better,
+                       compared=set(paired))
     for k, row in enumerate(rows):
         del row["_images"]
         row["interval"] = settings.interval(samples[k]) if k in samples else None

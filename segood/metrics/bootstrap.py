@@ -244,12 +244,17 @@ def compare(per_method, settings=Bootstrap(), metric_names=None, points=None):
     return out
 
 
-def tied_ranks(values, significant, higher_is_better):
+def tied_ranks(values, significant, higher_is_better, compared=None):
     """{method: rank}: methods sorted by value; a method shares the rank of the best method of its group unless
-    it is significantly worse than it (``significant[a][b]``), which starts a new group. Undefined values: None."""
+    it is significantly worse than it (``significant[a][b]``), which starts a new group. ``compared``: the methods
+    compared pairwise (default: all); any other takes its own position, and neither leads nor joins a group.
+    Undefined values: None."""
     order = sorted((m for m in values if values[m] is not None), key=lambda m: -values[m] if higher_is_better else values[m])
     ranks, leader = {}, None
     for position, m in enumerate(order, 1):
+        if compared is not None and m not in compared:
+            ranks[m] = position
+            continue
         if leader is None or significant[leader][m]:
             leader, rank = m, position
         ranks[m] = rank
