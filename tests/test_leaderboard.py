@@ -73,6 +73,22 @@ def test_round_trip_and_ranking(world, tmp_path):
     assert "PSPNet entropy" in (tmp_path / "index.html").read_text()
 
 
+def test_a_track_a_submission_does_not_cover_leaves_it_to_the_others(world, tmp_path):
+    """A self-reported submission cannot enter a track of private masks, but still ranks on the open track;
+    covering no track at all, it is rejected with every track's reason."""
+    root, _ = world
+    tracks = {"open": {"sets": {"perlin_mixed": root / "perlin_mixed.h5"}, "rank_by": "auroc"},
+              "hidden": {"sets": {"normal_mixed": root / "normal_mixed.h5"}, "rank_by": "auroc",
+                         "private": ["normal_mixed"], "verified_only": True}}
+    make_benchmark(tracks, tmp_path / "bench.json", grid=grid_spec(400))
+    board = leaderboard(root / "subs", tmp_path / "bench.json", tmp_path / "board")
+    assert board["rejected"] == []
+    assert len(board["tracks"]["open"]["entries"]) == 2 and board["tracks"]["hidden"]["entries"] == []
+    make_benchmark({"hidden": tracks["hidden"]}, tmp_path / "hidden.json", grid=grid_spec(400))
+    board = leaderboard(root / "subs", tmp_path / "hidden.json", tmp_path / "board2")
+    assert all("keeps its masks private" in r["reason"] for r in board["rejected"]) and len(board["rejected"]) == 2
+
+
 def test_same_source_tuning_needs_consent_and_shows(world, tmp_path):
     root, _ = world
     with pytest.raises(ValueError, match="same source"):

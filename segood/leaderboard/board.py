@@ -147,45 +147,59 @@ def _judge(path, benchmark, limits, masks, spill):
     files = read_submission_files(path, limits, spill, select_maps=lambda read: _wanted_maps(read, benchmark, limits))
     doc = strict_json(files["submission.json"], limits)
     validate(doc)
-    matches = {track: match_sets(doc, spec, track) for track, spec in benchmark["tracks"].items()}
     grid = benchmark_grid(benchmark)
-    rows = {}
+    rows, uncovered = {}, []
     for track, spec in benchmark["tracks"].items():
-        recomputed, verified, images = {}, [], {}
-        for set_name, official in spec["sets"].items():
-            mine = matches[track][set_name]  # the submission's name for the set
-            entry = doc["sets"][mine]
-            if "scores" in entry:
-                recomputed[set_name], images[set_name] = _verified(mine, files, official, grid, masks,
-                                                                   spec.get("components"))
-                verified.append(set_name)
-            elif official.get("private"):
-                raise Rejected(f"set {set_name!r} keeps its masks private: submit its score maps "
-                               f"({map_member(mine)}, written by segood submit --scores)")
-            else:
-                recomputed[set_name], images[set_name] = _self_reported(mine, entry, files, official, grid)
-            if official.get("per_image_headline"):  # a protocol that averages per image: ranked by those means
-                recomputed[set_name] = _per_image_means(mine, images[set_name][0], official,
-                                                        trusted=set_name in verified)
-        if spec.get("verified_only") and len(verified) < len(spec["sets"]):
-            raise Rejected(f"track {track} ranks verified entries only: submit score maps for "
-                           f"{sorted(set(spec['sets']) - set(verified))}")
-        rank_by = spec["rank_by"]
-        values = [r[rank_by] for r in recomputed.values()]
-        rows[track] = {
-            "name": shown(doc["method"]["name"]), "description": shown(doc["method"].get("description", "")),
-            "file": shown(Path(path).name), "sha256": _content_hash(files),
-            "verified": len(verified) == len(spec["sets"]),
-            "uses_ood_data": doc["method"].get("uses_ood_data", False),
-            "same_source_tuning": any(_same_source(doc, matches[track][s], official)
-                                      for s, official in spec["sets"].items()),
-            "score": None if any(v is None for v in values) else sum(values) / len(values),
-            "sets": recomputed,
-            "_images": {k: v[0] for k, v in images.items()},  # per-image counts, for the intervals (not written out)
-            "_curves": {k: v[1] for k, v in images.items()},  # ROC per set, for the entry's figure (not written out)
-            **({"components": {k: v[2] for k, v in images.items()}} if spec.get("components") else {}),
-        }
+        try:
+            rows[track] = _track_row(path, doc, files, track, spec, grid, masks)
+        except NotCovered as reason:  # (a track whose sets the submission does not cover: the others may rank it)
+            uncovered.append(str(reason))
+    if not rows:
+        raise Rejected("; ".join(uncovered))
     return rows
+
+
+class NotCovered(Rejected):
+    """A submission lacks what one track needs (a set's results, or a private or verified-only set's maps)."""
+
+
+def _track_row(path, doc, files, track, spec, grid, masks):
+    """A submission's entry in one track (:class:`NotCovered` where it lacks what the track needs)."""
+    matches = match_sets(doc, spec, track)
+    recomputed, verified, images = {}, [], {}
+    for set_name, official in spec["sets"].items():
+        mine = matches[set_name]  # the submission's name for the set
+        entry = doc["sets"][mine]
+        if "scores" in entry:
+            recomputed[set_name], images[set_name] = _verified(mine, files, official, grid, masks,
+                                                               spec.get("components"))
+            verified.append(set_name)
+        elif official.get("private"):
+            raise NotCovered(f"set {set_name!r} keeps its masks private: submit its score maps "
+                             f"({map_member(mine)}, written by segood submit --scores)")
+        else:
+            recomputed[set_name], images[set_name] = _self_reported(mine, entry, files, official, grid)
+        if official.get("per_image_headline"):  # a protocol that averages per image: ranked by those means
+            recomputed[set_name] = _per_image_means(mine, images[set_name][0], official,
+                                                    trusted=set_name in verified)
+    if spec.get("verified_only") and len(verified) < len(spec["sets"]):
+        raise NotCovered(f"track {track} ranks verified entries only: submit score maps for "
+                         f"{sorted(set(spec['sets']) - set(verified))}")
+    rank_by = spec["rank_by"]
+    values = [r[rank_by] for r in recomputed.values()]
+    return {
+        "name": shown(doc["method"]["name"]), "description": shown(doc["method"].get("description", "")),
+        "file": shown(Path(path).name), "sha256": _content_hash(files),
+        "verified": len(verified) == len(spec["sets"]),
+        "uses_ood_data": doc["method"].get("uses_ood_data", False),
+        "same_source_tuning": any(_same_source(doc, matches[s], official)
+                                  for s, official in spec["sets"].items()),
+        "score": None if any(v is None for v in values) else sum(values) / len(values),
+        "sets": recomputed,
+        "_images": {k: v[0] for k, v in images.items()},  # per-image counts, for the intervals (not written out)
+        "_curves": {k: v[1] for k, v in images.items()},  # ROC per set, for the entry's figure (not written out)
+        **({"components": {k: v[2] for k, v in images.items()}} if spec.get("components") else {}),
+    }
 
 
 def _wanted_maps(files, benchmark, limits):
@@ -228,7 +242,7 @@ def match_sets(doc, spec, track):
             theirs = [f"{s!r} ({e['manifest_sha256'][:12]}…)" if "manifest_sha256" in e else f"{s!r} (no hash)"
                       for s, e in doc["sets"].items()]
             theirs = ", ".join(theirs[:5]) + (f" and {len(theirs) - 5} more" if len(theirs) > 5 else "")
-            raise Rejected(f"track {track}: no results for set {name!r} (manifest hash "
+            raise NotCovered(f"track {track}: no results for set {name!r} (manifest hash "
                            f"{official['manifest_sha256'][:12]}…): the submission's sets are {theirs}")
         matched[name] = name
     return matched
