@@ -952,6 +952,7 @@ def main(argv=None):
     try:
         with exit_on_sigterm():  # a killed command removes its temporary files too
             return args.run(args)
-    except (ValueError, OSError, RuntimeError) as err:  # bad input: one clear line, no traceback
-        print(f"segood {args.command}: error: {err}", file=sys.stderr)
+    except (ValueError, OSError, RuntimeError, KeyError) as err:  # bad input: one clear line, no traceback
+        print(f"segood {args.command}: error: {err.args[0] if isinstance(err, KeyError) and err.args else err}",
+              file=sys.stderr)
         return 2

@@ -31,6 +31,14 @@ def _exit(signum, frame):
     raise SystemExit(128 + signum)
 
 
+def as_open_makes(path):
+    """Give a temporary file the permissions ``open`` would have given it (0666 less the umask): mkstemp's 0600
+    would surprise whoever shares the folder once the file is renamed into place."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 @contextmanager
 def atomic_output(path):
     """Yield a temporary path beside ``path``; it replaces ``path`` only when the block completes."""
@@ -42,9 +50,7 @@ def atomic_output(path):
     try:
         with _naming_full_disk(path):
             yield tmp
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would surprise whoever shares the run folder
+            as_open_makes(tmp)
             os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -208,3 +208,6 @@ def test_train_and_miou_commands(tiny_set, tmp_path, capsys):
     assert main(["train", "--train", str(tiny_set), "--out", str(tmp_path / "zero"), "--batch-size", "0",
                  "--quiet"]) == 2
     assert "batch size must be at least 1" in capsys.readouterr().err
+    assert main(["train", "--train", str(tiny_set), "--out", str(tmp_path / "zero"), "--scale", "2", "0.5",
+                 "--quiet"]) == 2
+    assert "0 < MIN <= MAX" in capsys.readouterr().err

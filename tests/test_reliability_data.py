@@ -407,3 +407,28 @@ def test_a_malformed_score_range_is_an_error_naming_the_file(small_set, tmp_path
     with pytest.raises(ValueError, match=r"scores.h5: the score_range attribute is .*; score_range must be two "
                                          r"numbers \(low, high\)"):
         ScoreMaps(scores, frame_ids(small_set))
+
+
+def test_another_datasets_label_map_and_bad_yaml_are_one_line_errors(tmp_path):
+    """IDD's converter given SUN's map (or a file that is no YAML mapping) names the file and what it lacks."""
+    from segood.data.common import load_label_map
+
+    with pytest.raises(ValueError, match=r"sun.yaml lacks \['cs_train_id', 'eval_roles'\]: is it another"):
+        load_label_map(Path(__file__).parents[1] / "label_maps" / "sun.yaml", ("cs_train_id", "eval_roles"))
+    for text, message in (("- a\n- b\n", r"lacks \['default'\]"), ("a: [\n", "is not valid YAML")):
+        (tmp_path / "bad.yaml").write_text(text)
+        with pytest.raises(ValueError, match=message):
+            load_label_map(tmp_path / "bad.yaml", ("default",))
+
+
+def test_converted_sets_have_the_permissions_open_gives(tmp_path):
+    """Not mkstemp's 0600: whoever shares the folder reads the set as they read its manifest."""
+    import os
+
+    from segood.data import Noise
+
+    convert(Noise("perlin", 1, size=(8, 8), seed=1), tmp_path / "n.h5", size=(8, 8), progress=False)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(tmp_path / "n.h5").st_mode & 0o777 == 0o666 & ~umask
+    assert os.stat(tmp_path / "n.manifest.json").st_mode & 0o777 == 0o666 & ~umask

@@ -171,8 +171,9 @@ def resize_sample(sample, size):
                   sample.frame_id, sample.extra)
 
 
-def load_label_map(name):
-    """(parsed YAML dict, sha256 of the file's bytes) for ``label_maps/<name>.yaml`` or a path."""
+def load_label_map(name, required=()):
+    """(parsed YAML dict, sha256 of the file's bytes) for ``label_maps/<name>.yaml`` or a path; a ValueError naming
+    the file where it is not a YAML mapping holding the ``required`` keys (another dataset's map, say)."""
     if str(name).endswith((".yaml", ".yml")):
         path = Path(name)
     else:
@@ -180,7 +181,15 @@ def load_label_map(name):
         if path is None:
             raise FileNotFoundError(f"label map {name!r} not found in {[str(d) for d in _LABEL_MAP_DIRS]}")
     data = path.read_bytes()
-    return yaml.safe_load(data), hashlib.sha256(data).hexdigest()
+    try:
+        parsed = yaml.safe_load(data)
+    except yaml.YAMLError as err:
+        raise ValueError(f"label map {path} is not valid YAML ({str(err).splitlines()[0]})") from None
+    missing = [key for key in required if not isinstance(parsed, dict) or key not in parsed]
+    if not isinstance(parsed, dict) or missing:
+        raise ValueError(f"label map {path} lacks {missing or 'any mapping'}: is it another dataset's map? (the "
+                         "shipped ones are in label_maps/)")
+    return parsed, hashlib.sha256(data).hexdigest()
 
 
 def read_label(path, what="label image"):

@@ -25,7 +25,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from segood.io import atomic_output, exclusive
+from segood.io import as_open_makes, atomic_output, exclusive
 
 try:  # ISA-L's inflate, a drop-in for zlib's that reads the sets' deflated frames about twice as fast
     from isal import isal_zlib as _INFLATE
@@ -189,6 +189,7 @@ class SetWriter:
                                           "--overwrite to replace it")
                 with atomic_output(manifest_path(self.path)) as copy:
                     Path(copy).write_text(text)
+                as_open_makes(self.tmp)
                 os.replace(self.tmp, self.path)  # the commit point, and the last step: the set with its manifest
         except BaseException:
             self.abort()

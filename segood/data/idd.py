@@ -25,7 +25,7 @@ class IDD(SplitTree):
 
     def __init__(self, root, split="val", label_map="idd"):
         super().__init__(root, split)
-        self.label_map, self.label_map_sha256 = load_label_map(label_map)
+        self.label_map, self.label_map_sha256 = load_label_map(label_map, ("cs_train_id", "eval_roles"))
         table = self.label_map["cs_train_id"]
         self.names = list(table)
         self.train_id = {name: IGNORE if v is None else int(v) for name, v in table.items()}

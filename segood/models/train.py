@@ -79,6 +79,8 @@ class TrainConfig:
             raise ValueError(f"the batch size must be at least 1, got {self.batch_size!r}")
         if type(self.epochs) is not int or self.epochs < 0:
             raise ValueError(f"the epochs must be at least 0, got {self.epochs!r}")
+        if not 0 < self.scale[0] <= self.scale[1]:
+            raise ValueError(f"--scale MIN MAX must satisfy 0 < MIN <= MAX, got {list(self.scale)}")
         check_oe_options(self)
 
     @property
