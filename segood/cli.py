@@ -141,9 +141,14 @@ def _train(args):
 
 
 def _miou(args):
+    from pathlib import Path
+
     from segood.io import atomic_write_text
     from segood.models.miou import miou_report
 
+    if args.out and (args.out.suffix != ".md" or args.out.resolve() in {Path(p).resolve() for p in args.checkpoints}):
+        raise ValueError(f"--out {args.out}: give a .md file for the table (its .csv is written beside it), not a "
+                         "checkpoint or another kind of file")
     table, csv = miou_report(args.checkpoints, args.data, batch_size=args.batch_size, progress=not args.quiet)
     print(table, end="")
     if args.out:

@@ -205,6 +205,9 @@ def test_train_and_miou_commands(tiny_set, tmp_path, capsys):
                  "--out", str(tmp_path / "two.md"), "--quiet"]) == 0
     table = (tmp_path / "two.md").read_text()
     assert "| pspnet resnet18 + dimreduce (final.pt) |" in table and "| pspnet resnet18 + dimreduce (again.pt) |" in table
+    assert main(["miou", str(tmp_path / "final.pt"), "--data", str(tiny_set), "--out", str(tmp_path / "final.pt"),
+                 "--quiet"]) == 2  # the checkpoint is not overwritten by the table
+    assert "give a .md file for the table" in capsys.readouterr().err and load_model(tmp_path / "final.pt")
     assert main(["train", "--train", str(tiny_set), "--out", str(tmp_path / "zero"), "--batch-size", "0",
                  "--quiet"]) == 2
     assert "batch size must be at least 1" in capsys.readouterr().err
