@@ -84,6 +84,10 @@ def test_a_track_a_submission_does_not_cover_leaves_it_to_the_others(world, tmp_
     board = leaderboard(root / "subs", tmp_path / "bench.json", tmp_path / "board")
     assert board["rejected"] == []
     assert len(board["tracks"]["open"]["entries"]) == 2 and board["tracks"]["hidden"]["entries"] == []
+    for grid, message in ((grid_spec(0), "num_thresholds must be at least 2"),
+                          (grid_spec(mantissa_bits=99), r"mantissa_bits must be in \[1, 14\]")):
+        with pytest.raises(ValueError, match=message):  # refused here, not blamed on every submitter later
+            make_benchmark(tracks, tmp_path / "bad.json", grid=grid)
     make_benchmark({"hidden": tracks["hidden"]}, tmp_path / "hidden.json", grid=grid_spec(400))
     board = leaderboard(root / "subs", tmp_path / "hidden.json", tmp_path / "board2")
     assert all("keeps its masks private" in r["reason"] for r in board["rejected"]) and len(board["rejected"]) == 2

@@ -54,6 +54,7 @@ def make_benchmark(tracks, out, *, grid=None):
         raise ValueError("a benchmark's submissions carry accumulator states, and a state of the exact grid holds "
                          "every counted pixel's score: choose the float-order grid (the default; its bounds say how "
                          "far a value can be from exact, more mantissa bits narrow them) or the linear one")
+    make_accumulator(grid)  # (a grid no accumulator takes is refused here, not blamed on every submitter later)
     doc = {"schema": BENCHMARK_SCHEMA, "grid": grid, "tracks": {}}
     for track, spec in tracks.items():
         if spec["rank_by"] not in METRICS:
