@@ -143,4 +143,3 @@ def read_overlay(path, image_shape):
         raise SkipFrame(f"no overlay file {path.name}") from None
     except (OSError, ValueError, zipfile.BadZipFile, zlib.error, NotImplementedError, EOFError) as err:
         raise SkipFrame(f"cannot read overlay {path.name} ({type(err).__name__}: {err})") from None
-

@@ -59,6 +59,11 @@ def committed(ev, results, commit_on=None, rules=tuple(RULES)):
     return out
 
 
+def forward_seconds(ev, method):
+    """The network time of ``method``'s run: the run's forward passes (a combined run keeps each method's own)."""
+    return ev.seconds.get(f"forward/{method}", ev.seconds.get("forward", 0.0))
+
+
 def runtime(ev):
     """{method: inference and scoring time apart, per image and per megapixel} (inference = the shared
     forward pass; scoring = what the method adds, its Monte-Carlo samples included)."""
@@ -69,7 +74,7 @@ def runtime(ev):
         return {}
     out = {}
     for m in ev.method_names:
-        forward = ev.seconds.get(f"forward/{m}", ev.seconds.get("forward", 0.0))  # (combined runs: the method's own)
+        forward = forward_seconds(ev, m)
         scoring = ev.seconds.get(f"score/{m}", 0.0)
         out[m] = {"inference_ms_per_image": 1e3 * forward / images, "scoring_ms_per_image": 1e3 * scoring / images,
                   "inference_ms_per_megapixel": 1e9 * forward / pixels, "scoring_ms_per_megapixel": 1e9 * scoring / pixels}

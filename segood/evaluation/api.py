@@ -118,13 +118,13 @@ def prepare(model, sets, methods, options):
         sets = dict(sets)
     frames = {name: len(_open_set(path, o.verify)) for name, path in sets.items()}
     if methods is None:
-        methods = default_methods(model, fitted=o.fit_set is not None)
+        # (on the linear grid: each in its [0, 1] form where it has one)
+        methods = [method_for_grid(m.name, o.grid) for m in default_methods(model, fitted=o.fit_set is not None)]
         unfitted = [m.name for m in default_methods(model) if m.needs.fit and m.name not in {x.name for x in methods}]
         if unfitted:
             need = "it needs" if len(unfitted) == 1 else "they need"
             warnings.warn(f"{', '.join(unfitted)} left out: {need} a fit on training data (fit_set, --fit-set)",
                           stacklevel=3)
-        methods = [method_for_grid(m.name, o.grid) for m in methods]  # (on the linear grid: their [0, 1] forms)
         unbinned = [m.name for m in methods if not fits_grid(m, o.grid)]
         if unbinned:
             warnings.warn(f"{', '.join(unbinned)} left out: the linear grid bins scores in its range only, and "

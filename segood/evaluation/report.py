@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from segood.evaluation.analysis import committed, computed, runtime, significance
+from segood.evaluation.analysis import committed, computed, forward_seconds, runtime, significance
 from segood.evaluation.layout import RunFolder
 from segood.evaluation.runner import Evaluation
 from segood.io import atomic_write_text, write_json
@@ -181,7 +181,7 @@ def combine_runs(run_dirs: list[str | Path], out_dir: str | Path, *, figures: bo
         for stage, seconds in ev.seconds.items():
             combined.seconds[stage] = combined.seconds.get(stage, 0.0) + seconds
         for m in ev.method_names:  # a method's network time is its own run's, not every run's together
-            combined.seconds[f"forward/{m}"] = ev.seconds.get(f"forward/{m}", ev.seconds.get("forward", 0.0))
+            combined.seconds[f"forward/{m}"] = forward_seconds(ev, m)
     combined.class_count, combined.images = states[0].class_count, states[0].images
     run = {"toolkit": runs[0]["toolkit"], "model": {str(d): r["model"] for d, r in zip(run_dirs, runs)},
            "method_models": {m: str(d) for d, r in zip(run_dirs, runs) for m in r["methods"]},

@@ -244,7 +244,7 @@ def match_sets(doc, spec, track):
                       for s, e in doc["sets"].items()]
             theirs = ", ".join(theirs[:5]) + (f" and {len(theirs) - 5} more" if len(theirs) > 5 else "")
             raise NotCovered(f"track {track}: no results for set {name!r} (manifest hash "
-                           f"{official['manifest_sha256'][:12]}…): the submission's sets are {theirs}")
+                             f"{official['manifest_sha256'][:12]}…): the submission's sets are {theirs}")
         matched[name] = name
     return matched
 

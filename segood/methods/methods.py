@@ -453,17 +453,13 @@ class StandardizedMaxLogit(Fitted):
         predicted as each class, in float64; a class never predicted gets mean 0 and std 1."""
         from tqdm import tqdm
 
-        from segood.methods.schedule import pad_to_multiple
         from segood.models.network import frame_output, preprocess
 
         self.check(model)
         device = next(model.parameters()).device
         sums = None
         for batch in tqdm(loader, desc="sml fit", disable=not progress):
-            x = preprocess(batch["image"].to(device))  # as scored: padded to the network's multiple, cropped back
-            height, width = x.shape[-2:]
-            logits = frame_output(model, pad_to_multiple(x, getattr(model, "input_multiple", 1))).logits
-            logits = logits[..., :height, :width]
+            logits = frame_output(model, preprocess(batch["image"].to(device))).logits  # as scored: at the frame's size
             top, classes = logits.max(dim=1)
             c = logits.shape[1]
             if sums is None:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from segood._threads import for_network
-from segood.models.network import IMAGENET_STD, preprocess, resize_output
+from segood.models.network import IMAGENET_STD, pad_to_multiple, preprocess, resize_output
 from segood.models.predict import predicted_classes
 
 AMP_DTYPES = {None: None, "fp16": torch.float16, "bf16": torch.bfloat16}  # segood's names -> autocast's dtypes
@@ -191,13 +191,6 @@ def _score_shared(methods, indices, hook_name, alone, value, scores, clock):
         for k, score in zip(group, hook([methods[k] for k in group], value)):
             scores[k] = score
         clock.lap(f"score/{methods[group[0]].name}")
-
-
-def pad_to_multiple(x, multiple):
-    """``x`` (N, C, H, W) padded with zeros at the bottom and right to sides divisible by ``multiple``."""
-    height, width = x.shape[-2:]
-    pad_h, pad_w = -height % multiple, -width % multiple
-    return torch.nn.functional.pad(x, (0, pad_w, 0, pad_h)) if pad_h or pad_w else x
 
 
 def _tensors(value, change):

@@ -5,7 +5,7 @@ bilinear upsample to the input size, the last operation before the softmax (the 
 pixel maps to one location of the penultimate layer.
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -183,9 +183,25 @@ def resize_output(output, size, *, align_corners=False):
 
 
 def frame_output(model, x):
-    """The forward pass of ``model`` on ``x`` (N, 3, H, W) with its logits at the frame's size (H, W):
-    :func:`resize_output` with the model's ``align_corners`` (False where it declares none)."""
-    return resize_output(model(x), x.shape[-2:], align_corners=getattr(model, "align_corners", False))
+    """The forward pass of ``model`` on ``x`` (N, 3, H, W) with its logits at the frame's size (H, W), as scoring
+    gives them: ``x`` padded to the model's ``input_multiple``, :func:`resize_output` with its ``align_corners``
+    (False where it declares none), the logits cropped back to the frame."""
+    height, width = x.shape[-2:]
+    padded = pad_to_multiple(x, getattr(model, "input_multiple", 1))
+    output = resize_output(model(padded), padded.shape[-2:], align_corners=getattr(model, "align_corners", False))
+    if padded is x:
+        return output
+
+    def crop(t):
+        return None if t is None else t[..., :height, :width]
+    return replace(output, logits=crop(output.logits), confidence=crop(output.confidence))
+
+
+def pad_to_multiple(x, multiple):
+    """``x`` (N, C, H, W) padded with zeros at the bottom and right to sides divisible by ``multiple``."""
+    height, width = x.shape[-2:]
+    pad_h, pad_w = -height % multiple, -width % multiple
+    return F.pad(x, (0, pad_w, 0, pad_h)) if pad_h or pad_w else x
 
 
 def preprocess(images, out=None):
