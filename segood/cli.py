@@ -34,9 +34,11 @@ def _demo(args):
 def _metrics(args):
     import numpy as np
 
-    from segood.io import read_npz
+    from segood.io import output_file, read_npz
     from segood.metrics import METRICS, load_accumulator
 
+    if args.curves:
+        output_file(args.curves, ".csv", "the counts", option="--curves")
     arrays = read_npz(args.state, "accumulator or evaluation state")
     if "meta" in arrays:  # an evaluation run's state: one accumulator per method and set
         return _run_metrics(args, arrays)
@@ -141,14 +143,11 @@ def _train(args):
 
 
 def _miou(args):
-    from pathlib import Path
-
-    from segood.io import atomic_write_text
+    from segood.io import atomic_write_text, output_file
     from segood.models.miou import miou_report
 
-    if args.out and (args.out.suffix != ".md" or args.out.resolve() in {Path(p).resolve() for p in args.checkpoints}):
-        raise ValueError(f"--out {args.out}: give a .md file for the table (its .csv is written beside it), not a "
-                         "checkpoint or another kind of file")
+    if args.out:
+        output_file(args.out, ".md", "the table (its .csv is written beside it)")
     table, csv = miou_report(args.checkpoints, args.data, batch_size=args.batch_size, progress=not args.quiet)
     print(table, end="")
     if args.out:

@@ -113,10 +113,11 @@ def demo_checkpoints(sets, *, retrain=False, directory=CHECKPOINTS, epochs=None,
             config = TrainConfig(train_set=str(sets["cityscapes_train"]), val_set=str(sets["cityscapes_val"]),
                                  out_dir=str(work), head=head, crop=list(_size(sets["cityscapes_train"])), seed=0,
                                  **{**TRAIN, "epochs": epochs or TRAIN["epochs"]})
+            shutil.rmtree(work, ignore_errors=True)  # (left by a killed run)
             log = train(config, progress=progress)
             model, _ = load_model(work / "final.pt")
             save_checkpoint(path, model.half(), log=log, train_config={**config.__dict__, "train_set": "demo"})
-            _remove(work)
+            shutil.rmtree(work)
             trained = True
         paths[head] = path
     paths["plain_oe"] = Path(directory) / "demo_plain_oe.pt"
@@ -142,18 +143,13 @@ def train_oe_checkpoint(path, parent, sets, raw, *, epochs=None, progress=True):
     config = finetune_config(parent, train_set=str(sets["cityscapes_train"]), val_set=str(sets["cityscapes_val"]),
                              out_dir=str(work), outlier_exposure=str(oe_set), crop=list(size), seed=0,
                              **{**OE, "epochs": epochs and max(1, epochs // 2) or OE["epochs"]})
+    shutil.rmtree(work, ignore_errors=True)  # (left by a killed run)
     log = train(config, progress=progress)
     model, state = load_model(work / "final.pt")
     save_checkpoint(path, model.half(), log=log, outlier_exposure=state["outlier_exposure"],
                     train_config={**config.__dict__, "train_set": "demo", "val_set": "demo", "out_dir": "demo",
                                   "init": Path(parent).name, "outlier_exposure": oe_set.name})
-    _remove(work)
-
-
-def _remove(folder):
-    for file in folder.iterdir():
-        file.unlink()
-    folder.rmdir()
+    shutil.rmtree(work)
 
 
 def freeze_outputs(paths, out):

@@ -39,6 +39,15 @@ def as_open_makes(path):
     os.chmod(path, 0o666 & ~umask)
 
 
+def output_file(path, suffix, what, *, option="--out"):
+    """``path`` as a Path if it names a ``suffix`` file; else a ValueError saying what to give (an output named like
+    one of the inputs, ``--out SET.h5``, would silently replace it)."""
+    path = Path(path)
+    if path.suffix.lower() != suffix:
+        raise ValueError(f"{option} {path}: give a {suffix} file for {what}")
+    return path
+
+
 @contextmanager
 def atomic_output(path):
     """Yield a temporary path beside ``path``; it replaces ``path`` only when the block completes."""

@@ -242,3 +242,27 @@ def test_a_per_image_protocol_is_summarised_by_its_per_image_means():
     del doc["sets"]["sh"]["per_image_headline"]
     title, labels, rows = table(summary_text(doc), "sh")
     assert "pooled, * the best" in title and list(rows) == ["a", "b"] and rows["a"]["AUROC"] == 0.9
+
+
+def test_an_output_named_like_an_input_is_refused_before_any_work(world, tmp_path, capsys):
+    """``--out SET.h5`` (a slip of the fingers) would have replaced the set with a zip, a benchmark or a generator,
+    and ``--curves STATE.npz`` the state with a CSV: each output must be of its own kind."""
+    import hashlib
+    import shutil
+
+    from segood.metrics import PixelOODAccumulator
+
+    perlin = tmp_path / "perlin_mixed.h5"
+    shutil.copy(world["sets"] / "perlin_mixed.h5", perlin)
+    state = tmp_path / "a.npz"
+    PixelOODAccumulator(10).update(np.array([0.1, 0.9]), np.array([0, 1], np.uint8)).save(state)
+    digests = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (perlin, state)}
+    for argv, expected in [
+            (["benchmark", "--track", "t", "--sets", str(perlin), "--out", str(perlin)], "give a .json file"),
+            (["submit", "--scores", f"perlin_mixed={perlin}", "--method-name", "E", "--out", str(perlin)],
+             "give a .zip file for the submission"),
+            (["attack-generator", "--out", str(perlin), "--quiet"], "give a .pt file for the generator"),
+            (["metrics", str(state), "--curves", str(state)], "--curves " + str(state) + ": give a .csv file")]:
+        assert main(argv) == 2
+        assert expected in capsys.readouterr().err
+    assert digests == {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (perlin, state)}

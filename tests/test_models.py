@@ -208,6 +208,11 @@ def test_train_and_miou_commands(tiny_set, tmp_path, capsys):
     assert main(["miou", str(tmp_path / "final.pt"), "--data", str(tiny_set), "--out", str(tmp_path / "final.pt"),
                  "--quiet"]) == 2  # the checkpoint is not overwritten by the table
     assert "give a .md file for the table" in capsys.readouterr().err and load_model(tmp_path / "final.pt")
+    before = (tmp_path / "final.pt").read_bytes()
+    assert main(["train", "--train", str(tiny_set), "--out", str(tmp_path), "--arch", "pspnet", "--encoder",
+                 "resnet18", "--epochs", "1", "--batch-size", "4", "--crop", "64", "128", "--quiet"]) == 2
+    assert "already holds a training (last.pt, final.pt): --resume continues it" in capsys.readouterr().err
+    assert (tmp_path / "final.pt").read_bytes() == before  # not trained over
     assert main(["train", "--train", str(tiny_set), "--out", str(tmp_path / "zero"), "--batch-size", "0",
                  "--quiet"]) == 2
     assert "batch size must be at least 1" in capsys.readouterr().err

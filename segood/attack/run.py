@@ -23,7 +23,7 @@ from segood.attack.space import Scene, SearchSpace
 from segood.data.h5 import H5SegmentationDataset, frame_loader, set_identity
 from segood.data.paste import demo_objects, sun_objects
 from segood.data.sun import SunLabelMap
-from segood.io import atomic_write_text, write_json
+from segood.io import atomic_write_text, output_file, write_json
 from segood.methods import get_method
 from segood.models import load_model
 
@@ -60,6 +60,7 @@ def train_generator(path, *, objects="demo", label_map="sun", latent=LATENT, epo
     """Train the attack's generator (:mod:`segood.attack.generator`) on the crops of the OOD objects of
     ``objects`` and write it atomically to ``path``. Returns the training record (settings, loss per epoch, the
     final reconstruction loss, the objects' keys and the seconds it took)."""
+    path = output_file(path, ".pt", "the generator")
     _, bank = object_bank(objects, label_map)
     started = time.perf_counter()
     images, _ = object_crops(bank, ObjectImages())

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from segood.data.h5 import frame_ids, frame_sizes, ood_masks, read_array, read_manifest, set_identity
-from segood.io import atomic_write_bytes, atomic_write_text, exit_on_sigterm, write_json
+from segood.io import atomic_write_bytes, atomic_write_text, exit_on_sigterm, output_file, write_json
 from segood.labels import IGNORE
 from segood.leaderboard.maps import map_member, read_maps
 from segood.leaderboard.safe import (Limits, MaintainerError, Rejected, is_map, load_npz, read_submission_files,
@@ -49,6 +49,7 @@ def make_benchmark(tracks, out, *, grid=None):
     A private set is scored only from submitted score maps (the verified track); beside BENCH.json goes its public
     copy ``<name>.public.h5`` (the images, every mask pixel ignore) to export maps from. BENCH.json records each
     set's path, frame ids and size, so it stays with the maintainer; the frame ids are what submitters need."""
+    out = output_file(out, ".json", "the benchmark (BENCH.json)")
     grid = grid or grid_spec()
     if grid["kind"] == "exact":
         raise ValueError("a benchmark's submissions carry accumulator states, and a state of the exact grid holds "
@@ -70,7 +71,10 @@ def make_benchmark(tracks, out, *, grid=None):
                                 "sets": {name: _official(name, Path(path), name in private)
                                          for name, path in spec["sets"].items()}}
         for name in sorted(private):
-            public = Path(out).parent / f"{name}.public.h5"
+            public = out.parent / f"{name}.public.h5"
+            if public.resolve() == Path(spec["sets"][name]).resolve():
+                raise ValueError(f"{public} is set {name!r} itself: its public copy would replace it; keep the "
+                                 "maintainer's sets out of the benchmark's folder or name the set otherwise")
             write_public_set(spec["sets"][name], public)
             # maps exported from the public copy carry its manifest hash: matched to the set by it
             doc["tracks"][track]["sets"][name]["public_manifest_sha256"] = set_identity(public)["manifest_sha256"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from segood.io import atomic_output, exclusive
+from segood.io import atomic_output, exclusive, output_file
 from segood.leaderboard.maps import map_member
 from segood.leaderboard.safe import Rejected
 from segood.metrics import METRICS
@@ -33,6 +33,7 @@ def submit(run_dir, out, *, method=None, name, description="", allow_same_source
     to its set. Without ``run_dir`` a submission holds maps only (``uses_ood_data`` is then declared here).
     Refuses a method tuned on its test source unless ``allow_same_source`` (the flag then travels with it).
     """
+    out = output_file(out, ".zip", "the submission")
     if not NAME_PATTERN.match(name):
         raise ValueError(f"method name {name!r}: use 1-80 letters, digits, spaces and ._+()/- (starting with a letter "
                          "or digit)")
@@ -45,7 +46,6 @@ def submit(run_dir, out, *, method=None, name, description="", allow_same_source
     document = ({"schema": SCHEMA, "method": {"name": name, "description": description, "params": {},
                                                "uses_ood_data": bool(uses_ood_data)}, "sets": {}}
                 if run_dir is None else None)
-    out = Path(out)
     # one submit at a time into ``out``; the zip is written under a temporary name and renamed when complete, so
     # a failure (a full disk) leaves no partial zip and the previous one as it was
     with exclusive(out, "segood submit"), atomic_output(out) as tmp:

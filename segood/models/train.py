@@ -240,6 +240,10 @@ def train(config, *, resume=False, progress=True, stop_after=None):
     epochs of this call (for time-boxed jobs; resume later). Returns the per-epoch log (list of dicts).
     """
     out = Path(config.out_dir)
+    held = [name for name in ("last.pt", "final.pt", "final") if (out / name).exists()]
+    if held and not resume:
+        raise ValueError(f"{out} already holds a training ({', '.join(held)}): --resume continues it; another "
+                         "--out starts a new one")
     device = _device(config.device)
     torch.manual_seed(config.seed)  # the initial weights
     if config.init_type == "hf":
