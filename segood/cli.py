@@ -643,7 +643,7 @@ def build_parser(*, adapters=True):
 
     method_choices, metric_choices = method_names(), metric_names()  # with what a plugin registered
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="segood", description="segood: pixel-level out-of-distribution detection benchmark for semantic segmentation.")
     parser.add_argument("--version", action="version", version=f"segood {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -933,6 +933,22 @@ def build_parser(*, adapters=True):
                                                  "--out; emptied on every exit)")
     board.set_defaults(run=_leaderboard)
     return parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """An option of several values given twice lists both (``--sets a.h5 --sets b.h5``: both sets), where argparse
+    keeps the last only; a default is replaced, not extended."""
+
+    def add_argument(self, *names, **options):
+        if options.get("nargs") == "+" and "action" not in options and names[0].startswith("-"):
+            options["action"] = _Extend
+        return super().add_argument(*names, **options)
+
+
+class _Extend(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, [*(() if given is None or given is self.default else given), *values])
 
 
 def _adapters(wanted):

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from segood.cli import main
+from segood.cli import build_parser, main
 from segood.data.synthetic import scene_batch
 from segood.labels import IGNORE, LABEL_ID_TO_TRAIN_ID, NUM_CLASSES, colorize
 from segood.metrics import PixelOODAccumulator
@@ -82,6 +82,16 @@ def test_metrics_command_and_its_errors(tmp_path, capsys):
     np.savez(tmp_path / "bad.npz", hist=np.zeros(3))
     assert main(["metrics", str(tmp_path / "bad.npz")]) == 2
     assert "lacks" in capsys.readouterr().err
+
+
+def test_a_list_option_given_twice_lists_both_and_replaces_its_default():
+    parse = build_parser(adapters=False).parse_args
+    args = parse(["robustness", "--checkpoint", "m.pt", "--sets", "a.h5", "--out", "r", "--sets", "b.h5",
+                  "--severities", "1", "--severities", "3", "5"])
+    assert [str(p) for p in args.sets] == ["a.h5", "b.h5"] and args.severities == [1, 3, 5]
+    assert args.methods == ["all"]  # the default, where the option is not given
+    args = parse(["evaluate", "--checkpoint", "m.pt", "--sets", "a.h5", "--out", "r", "--methods", "entropy"])
+    assert args.methods == ["entropy"]  # not ["all", "entropy"]
 
 
 def test_python_dash_m_entry_point():
