@@ -167,9 +167,13 @@ def _model(args):
         if getattr(args, "align_corners", False):
             raise ValueError("--align-corners sets how a model's smaller logits are resized to the frame; a segood "
                              "checkpoint gives them at the frame's size already: drop it")
+        other = _given(args, "arch", "encoder", "weights", "num_classes")
+        if other:
+            raise ValueError(f"--checkpoint holds its network and its settings: drop {', '.join(other)} (they "
+                             "describe a plain smp state dict, given instead of a checkpoint)")
         return load_model(args.checkpoint)[0]
     if args.weights and args.arch and args.encoder:
-        model = load_smp_weights(args.arch, args.encoder, args.weights, num_classes=args.num_classes)
+        model = load_smp_weights(args.arch, args.encoder, args.weights, num_classes=args.num_classes or 19)
         model.align_corners = bool(getattr(args, "align_corners", False))
         return model
     raise ValueError("give --checkpoint, or --arch, --encoder and --weights for a plain smp state dict")
@@ -183,10 +187,8 @@ def _library_model(args):
         raise ValueError("--model-type and --model go together: the library (hf, torchvision, smp) and the local "
                          "folder or state dict of its network; --inference, --infer-size, --window, --stride and "
                          "--class-map set up such a network")
-    other = [flag for flag, given in (("--checkpoint", args.checkpoint), ("--encoder", args.encoder),
-                                      ("--weights", args.weights), ("--align-corners", args.align_corners)) if given]
-    if args.model_type != "torchvision" and args.arch:
-        other.append("--arch")
+    other = _given(args, "checkpoint", "encoder", "weights", "num_classes", "align_corners",
+                   *(("arch",) if args.model_type != "torchvision" else ()))
     if other:
         raise ValueError(f"--model-type {args.model_type} loads the network from --model: drop {', '.join(other)}")
     options = {"inference": args.inference, "size": args.infer_size, "crop": args.window, "stride": args.stride,
@@ -194,6 +196,11 @@ def _library_model(args):
     if args.model_type == "torchvision":
         options["arch"] = args.arch
     return load_library_model(_model_type(args.model_type), args.model, **options)
+
+
+def _given(args, *names):
+    """The options among ``names`` that were given, as flags."""
+    return ["--" + name.replace("_", "-") for name in names if getattr(args, name, None)]
 
 
 def _model_type(spec):
@@ -397,7 +404,7 @@ def add_model_options(parser):
                                        "(any smp architecture name, e.g. pspnet, deeplabv3plus)")
     parser.add_argument("--encoder")
     parser.add_argument("--weights", type=Path)
-    parser.add_argument("--num-classes", type=positive_int, default=19, metavar="C",
+    parser.add_argument("--num-classes", type=positive_int, metavar="C",
                         help="with --weights: the classes the state dict predicts (default 19, Cityscapes'; with "
                              "others, the methods that need no class mapping run)")
     parser.add_argument("--align-corners", action="store_true",
@@ -510,6 +517,9 @@ def _report(args):
     from segood.evaluation import write_report
     from segood.robustness.suite import is_robustness_run, write_robustness_report
 
+    if args.out and not args.combine:
+        raise ValueError(f"--out names the folder of a combined report (--combine RUN ...); {args.run_dir}'s own "
+                         "report is rewritten in it: drop --out")
     if not args.combine and is_robustness_run(args.run_dir):
         write_robustness_report(args.run_dir)
         if args.verbose and not args.quiet:
@@ -904,7 +914,8 @@ def build_parser(*, adapters=True):
                       help="the converted set (or its public copy) a set's maps belong to: its frame ids, which the "
                            "folder layouts need, and its manifest hash, by which the board matches the maps; "
                            "repeatable")
-    sub_.add_argument("--uses-ood-data", action="store_true", help="without a run: the method saw OOD data")
+    sub_.add_argument("--uses-ood-data", action="store_true", help="the method saw OOD data (a run records it "
+                      "for networks trained with outlier exposure; this declares it for any other)")
     sub_.add_argument("--method-name", required=True, help="its name on the board")
     sub_.add_argument("--description", default="")
     sub_.add_argument("--allow-same-source", action="store_true", help="submit a method tuned on its test source")

@@ -94,6 +94,8 @@ def test_quiet_prints_nothing_and_verbose_the_whole_report(run, capsys):
     printed = capsys.readouterr().out
     assert "ra21_val (SegmentMeIfYouCan" in printed and "##" not in printed
     assert main(["report", str(out), "--resamples", "0", "-q"]) == 0 and capsys.readouterr().out == ""
+    assert main(["report", str(out), "--out", str(out.parent / "elsewhere")]) == 2  # (it was ignored)
+    assert "--out names the folder of a combined report" in capsys.readouterr().err
 
 
 def test_metrics_reads_a_run_state(run, capsys):

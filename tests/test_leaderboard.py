@@ -250,6 +250,10 @@ def test_cli_round_trip(world, tmp_path, capsys):
     assert main(["leaderboard", str(tmp_path / "subs"), "--benchmark", str(tmp_path / "bench.json"), "--out",
                  str(tmp_path / "board")]) == 0
     assert "| 1 | Entropy \\(cli\\) |" in capsys.readouterr().out
+    assert main(["submit", str(root / "run"), "--method", "entropy", "--method-name", "Declared", "--uses-ood-data",
+                 "--out", str(tmp_path / "declared.zip")]) == 0  # (the declaration was dropped with a run)
+    with zipfile.ZipFile(tmp_path / "declared.zip") as z:
+        assert json.loads(z.read("submission.json"))["method"]["uses_ood_data"] is True
 
 
 def test_submissions_from_before_states_named_their_metrics_are_judged(world, tmp_path):

@@ -91,7 +91,7 @@ def test_a_quarter_resolution_model_evaluates_as_its_upsampled_self(sets, tmp_pa
         evaluate(build_model("pspnet", "resnet18"), [sets["cs"]], ["entropy"], tmp_path / "net", align_corners=True)
 
 
-def test_align_corners_and_class_count_from_the_command_line(sets, tmp_path):
+def test_align_corners_and_class_count_from_the_command_line(sets, tmp_path, capsys):
     import segmentation_models_pytorch as smp
 
     torch.manual_seed(0)
@@ -102,6 +102,11 @@ def test_align_corners_and_class_count_from_the_command_line(sets, tmp_path):
                  "--out", str(tmp_path / "run"), "--resamples", "0", "--quiet"]) == 0
     assert json.loads((tmp_path / "run" / "run.json").read_text())["model"]["align_corners"] is True
     assert "The model predicts 5 classes" in json.loads((tmp_path / "run" / "results.json").read_text())["notes"][0]
+    for given, dropped in [(["--checkpoint", "m.pt", "--arch", "fpn", "--num-classes", "5"], "--arch, --num-classes"),
+                           (["--model-type", "smp", "--model", "m", "--num-classes", "5"], "--num-classes")]:
+        # (they were ignored: a checkpoint's network was evaluated as though they applied)
+        assert main(["evaluate", *given, "--sets", str(sets["cs"]), "--out", str(tmp_path / "no")]) == 2
+        assert f"drop {dropped}" in capsys.readouterr().err
 
 
 # any number of classes

@@ -30,7 +30,8 @@ def submit(run_dir, out, *, method=None, name, description="", allow_same_source
     against its own masks (for sets whose masks are private, the only way to enter). ``data`` = {set name: the
     converted set the maps belong to, or its public copy}: the frame ids, which the folder layouts need (their
     files carry only the last part of each id), and the set's manifest hash, by which the board matches the maps
-    to its set. Without ``run_dir`` a submission holds maps only (``uses_ood_data`` is then declared here).
+    to its set. Without ``run_dir`` a submission holds maps only; ``uses_ood_data`` declares that the method saw OOD
+    data (a run records it for its networks trained with outlier exposure; the declaration adds to that).
     Refuses a method tuned on its test source unless ``allow_same_source`` (the flag then travels with it).
     """
     out = output_file(out, ".zip", "the submission")
@@ -54,6 +55,7 @@ def submit(run_dir, out, *, method=None, name, description="", allow_same_source
                 if run_dir is not None:
                     document = _add_states(archive, run_dir, method, name, description, allow_same_source,
                                            skip=score_maps)
+                    document["method"]["uses_ood_data"] |= bool(uses_ood_data)
                 for set_name, path in score_maps.items():
                     _add_float16_maps(archive, map_member(set_name), path, data.get(set_name))
                     previous = document["sets"].get(set_name, {})
