@@ -260,6 +260,15 @@ def test_component_metrics_from_the_command_line(noise_sets, tmp_path, capsys):
     assert main([*base, "--component-thresholds", str(tmp_path / "t.json"), "--oracle-thresholds",
                  "--out", str(tmp_path / "b")]) == 0
     assert "thresholds ORACLE: tuned on the test set itself)" in capsys.readouterr().out
+    for given, error in [('{"entropyy": 0.001}', "name none of the run's methods ['entropy'] on its sets"),
+                         ('{"entropy": NaN}', "a component threshold must be a number"),
+                         ('{"entropy": "0.1"}', "a component threshold must be a number")]:
+        (tmp_path / "t.json").write_text(given)  # (a misspelt method had no component metrics, silently)
+        assert main([*base, "--component-thresholds", str(tmp_path / "t.json"), "--out", str(tmp_path / "c")]) == 2
+        assert error in capsys.readouterr().err
+    (tmp_path / "t.json").write_text('{"entropy": 0.001, "energy": 0.5}')  # a file of more methods than the run's
+    with pytest.warns(UserWarning, match="component thresholds of energy left unused"):
+        assert main([*base, "--component-thresholds", str(tmp_path / "t.json"), "--out", str(tmp_path / "d")]) == 0
 
 
 def test_combined_runs_keep_their_component_metrics(noise_sets, tmp_path):

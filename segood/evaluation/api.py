@@ -20,8 +20,8 @@ from segood.evaluation.options import EvaluateOptions, ScoreOptions, score_range
 from segood.evaluation.reading import UnreadableFrame, batch_reader, default_workers
 from segood.evaluation.report import build_results, grid_of_config, write_report
 from segood.evaluation.results import Results
-from segood.evaluation.runner import (Evaluation, chosen_by_run, chosen_thresholds, default_methods, run,
-                                      run_identity)
+from segood.evaluation.runner import (Evaluation, check_given_thresholds, chosen_by_run, chosen_thresholds,
+                                      default_methods, run, run_identity)
 from segood.io import write_json
 from segood.methods.methods import Method, check_grid, fits_grid, method_for_grid
 from segood.methods.scorer import Scorer
@@ -211,6 +211,7 @@ def evaluate_score_maps(scores_path: str | Path, data_path: str | Path, out_dir:
                 raise ValueError(f"{scores_path} declares no score_range, which the linear grid needs: pass "
                                  "--score-range LO HI, or drop --num-thresholds (the float-order grid needs no range)")
             grid = {**grid, "score_range": list(score_range)}
+        check_given_thresholds(options.components, [name], [set_name])
         ev = Evaluation([name], [set_name], grid, options.components, official=options.official)
         if grid["kind"] != "linear" and score_range is not None:  # a declared range is checked, not a grid
             for acc in ev.acc.values():

@@ -468,6 +468,23 @@ def component_spec(components, commit_on=None):
     return {"preset": preset, "thresholds": None, "source": source, "rule": rule, "commit_on": tuning}
 
 
+def check_given_thresholds(components, method_names, set_names):
+    """Given component thresholds ({method: threshold or {set: threshold}}) must reach the run: a method or set
+    they name outside it is warned about (a file may hold more methods than a run evaluates), none reaching it is
+    an error (a misspelt name left the run without component metrics, silently)."""
+    given = (components or {}).get("thresholds")
+    if given is None or chosen_by_run(components):
+        return
+    unknown = [m for m in given if m not in method_names]
+    unknown += [f"{m}/{s}" for m, v in given.items() if m in method_names and isinstance(v, dict)
+                for s in v if s not in set_names]
+    if not any(component_threshold(components, m, s) is not None for m in method_names for s in set_names):
+        raise ValueError(f"the component thresholds given ({', '.join(map(str, given)) or 'none'}) name none of the "
+                         f"run's methods {method_names} on its sets {set_names}: name them as the run does")
+    if unknown:
+        warnings.warn(f"component thresholds of {', '.join(unknown)} left unused: not methods (or sets) of this run")
+
+
 def chosen_by_run(components):
     """Whether the run chooses the component thresholds itself (after its pixel pass)."""
     return components is not None and "rule" in components
@@ -567,6 +584,7 @@ def run(model, sets, methods, out_dir, options, *, rank=0, world_size=1, seed=0,
                              f"{ev.grid}, official mode {ev.official}), not {names} on {list(sets)} (official mode "
                              f"{official}): use another --out or drop --resume")
     else:
+        check_given_thresholds(components, names, list(sets))
         ev = Evaluation(names, list(sets), grid, components, quality=quality, examples=examples, official=official)
     model.eval()
     if options.compile:

@@ -21,6 +21,8 @@ Memory is constant: per tau three counts, and the sums behind the mean sIoU and 
 computation where it differs (``score > threshold``, its tau values) is :mod:`segood.metrics.official`.
 """
 
+import numbers
+
 import cv2
 import numpy as np
 
@@ -96,6 +98,8 @@ class ComponentAccumulator(Part):
             raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
         if threshold_source not in ("committed", "oracle"):
             raise ValueError(f"threshold_source must be 'committed' or 'oracle', got {threshold_source!r}")
+        if isinstance(threshold, (bool, np.bool_)) or not isinstance(threshold, numbers.Real) or threshold != threshold:
+            raise ValueError(f"a component threshold must be a number (scores >= it are flagged), got {threshold!r}")
         self.threshold = float(threshold)
         self.min_pred = PRESETS[preset]["min_pred"] if min_pred is None else int(min_pred)
         self.min_gt = PRESETS[preset]["min_gt"] if min_gt is None else int(min_gt)
