@@ -832,9 +832,10 @@ def build_parser(*, adapters=True):
     rob.add_argument("--sets", type=Path, nargs="+", required=True, help="converted evaluation sets (.h5)")
     rob.add_argument("--methods", nargs="+", default=["all"], choices=["all", *method_choices], metavar="METHOD",
                      help="method names, or all (default: every method the head serves)")
-    rob.add_argument("--family", choices=FAMILIES, default="segood",
+    rob.add_argument("--family", choices=FAMILIES,
                      help="the corruptions by default: segood (its own 14), standard (the 15 of ImageNet-C / "
-                          "Cityscapes-C, named c:NAME) or all (default segood)")
+                          "Cityscapes-C, named c:NAME) or all (default segood); with --corruptions, they must be "
+                          "of it")
     rob.add_argument("--corruptions", nargs="+", metavar="CORRUPTION",
                      help=f"default all of --family; segood: {', '.join(CORRUPTIONS)}; standard: "
                           f"{', '.join(STANDARD_CORRUPTIONS)} (the c: may be left out with --family standard)")

@@ -213,6 +213,12 @@ def test_the_standard_family_lists_the_15_of_imagenet_c_in_their_order():
         resolve_corruptions(["fog", "c:fog"], "standard")
     with pytest.raises(ValueError, match="unknown corruption family 'imagenet'; choose from segood, standard, all"):
         corruption_names("imagenet")
+    assert resolve_corruptions(["blur", "c:fog"]) == ["blur", "c:fog"]  # no family given: any corruption
+    with pytest.raises(ValueError, match="corruption blur is not of the standard family: name its corruptions "
+                                         r"\(c:gaussian_noise, "):  # (segood's blur was run, the family ignored)
+        resolve_corruptions(["blur"], "standard")
+    with pytest.raises(ValueError, match="corruption c:fog is not of the segood family"):
+        resolve_corruptions(["c:fog"], "segood")
     with pytest.raises(ValueError, match="standard_size must be one of"):
         corrupt(scenes(1)[0][0], name="c:fog", severity=1, standard_size="scaled")
     assert "| c:fog | thickness 1.5, decay 2.0 |" in severity_markdown(["c:fog"])

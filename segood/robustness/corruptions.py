@@ -69,19 +69,23 @@ def family_of(name):
     return "standard" if name.startswith(STANDARD_PREFIX) else "segood"
 
 
-def resolve_corruptions(names, family="segood"):
-    """Full names of ``names`` (default: all of ``family``): a standard corruption may be named without its prefix
-    when the family is "standard", or when segood has no corruption of that name ("c:fog" or, with family
-    "standard", "fog"); an unknown name is a KeyError listing the valid ones."""
+def resolve_corruptions(names, family=None):
+    """Full names of ``names`` (default: all of ``family``, segood's own without one): a standard corruption may be
+    named without its prefix when the family is "standard", or when segood has no corruption of that name ("c:fog"
+    or, with family "standard", "fog"); an unknown name is a KeyError listing the valid ones, a name outside a
+    given family (but "all") a ValueError."""
+    every = corruption_names(family or "segood")  # (checks the family)
     if not names:
-        return list(corruption_names(family))
-    corruption_names(family)  # (checks the family)
+        return list(every)
     resolved = []
     for name in names:
         prefixed = STANDARD_PREFIX + name
         if prefixed in levels_table() and (family == "standard" or name not in levels_table()):
             name = prefixed
         check_corruption(name)
+        if family in ("segood", "standard") and family_of(name) != family:
+            raise ValueError(f"corruption {name} is not of the {family} family: name its corruptions ("
+                             f"{', '.join(every)}), or leave the family out")
         if name in resolved:
             raise ValueError(f"corruption {name} is named twice; name each once")
         resolved.append(name)

@@ -34,7 +34,7 @@ SCHEMA = "segood.robustness/1"
 
 
 def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corruptions=None, severities=SEVERITIES,
-               seed=0, requirements=None, family="segood", standard_size="fixed", reference=None,
+               seed=0, requirements=None, family=None, standard_size="fixed", reference=None,
                options: EvaluateOptions | None = None, **keywords):
     """Evaluate ``methods`` of ``model`` on ``sets`` clean and under ``corruptions`` (default: all of the severity
     table) at ``severities``; writes ``out_dir`` (results.json, results.md, figures/) and returns the results
@@ -42,8 +42,8 @@ def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corrupti
     components, official mode and bootstrap do not apply); the corruptions are applied where the frames are
     read, in the reader processes (``workers``). ``seed`` seeds the corruptions (per frame, corruption and
     severity); ``requirements``: type-approval requirements (a YAML path, or parsed ones) checked at the end.
-    ``family``: the corruptions by default, "segood" (segood's own), "standard" (the 15 of ImageNet-C /
-    Cityscapes-C, ``c:NAME``) or "all"; ``standard_size``: "fixed" (the standard's pixel sizes) or "height"
+    ``family``: the corruptions by default, "segood" (segood's own; without a family too), "standard" (the 15 of
+    ImageNet-C / Cityscapes-C, ``c:NAME``) or "all"; named ``corruptions`` must be of it; ``standard_size``: "fixed" (the standard's pixel sizes) or "height"
     (scaled to the frames' rows); ``reference``: a robustness run (folder or results.json) whose numbers the
     summary's corruption errors (mCE) are relative to."""
     from segood.robustness.approval import load_requirements
