@@ -4,6 +4,7 @@ import argparse
 import json
 import sys
 
+from segood.arguments import natural, non_negative_float, positive_float, positive_int
 from segood.version import __version__
 
 
@@ -435,9 +436,9 @@ def add_run_options(parser):
 
     parser.add_argument("--fit-set", type=Path, help="converted training set to fit Mahalanobis on")
     parser.add_argument("--out", type=Path, required=True, help="run folder, e.g. runs/NAME")
-    parser.add_argument("--batch-size", type=int, default=2)
+    parser.add_argument("--batch-size", type=positive_int, default=2)
     parser.add_argument("--device", help="cpu, cuda, cuda:1 (default: the model's)")
-    parser.add_argument("--workers", type=int, help="processes reading frames ahead of the network (default: one "
+    parser.add_argument("--workers", type=natural, help="processes reading frames ahead of the network (default: one "
                         "per spare core, at most 16, none for small sets; 0: read in the main process)")
     parser.add_argument("--amp", choices=("fp16", "bf16"), help="the network's forward passes in mixed precision "
                         "(autocast; the scores are computed from float32 logits)")
@@ -445,7 +446,7 @@ def add_run_options(parser):
                         "pass through torch.compile (default backend: inductor); the first batches of each frame "
                         "size wait for the compilation")
     add_grid_options(parser)
-    parser.add_argument("--save-every", type=int, default=20, help="batches between saved states (default 20)")
+    parser.add_argument("--save-every", type=positive_int, default=20, help="batches between saved states (default 20)")
     parser.add_argument("--resume", action="store_true", help="continue a killed run from its saved state")
     parser.add_argument("--skip-bad", action="store_true", help="skip unreadable or corrupt frames instead of stopping")
 
@@ -470,9 +471,9 @@ def add_analysis_options(parser):
     parser.add_argument("--commit-on", metavar="SET", help="a set of the run (by name) to commit thresholds on by "
                         "each rule (tpr95, balanced_accuracy, f1, iou), applied unchanged to every set; without it "
                         "the tables show oracle thresholds, named so")
-    parser.add_argument("--resamples", type=int, default=1000, help="image-level bootstrap resamples for the "
+    parser.add_argument("--resamples", type=natural, default=1000, help="image-level bootstrap resamples for the "
                         "intervals and paired comparisons (default 1000; 0: none)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
+    parser.add_argument("--seed", type=natural, default=0, help="seed of the bootstrap (default 0)")
 
 
 def _robustness(args):
@@ -611,13 +612,6 @@ def set_and_path(text):
     return name, Path(path)
 
 
-def positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
 def add_grid_options(parser, *, exact=True):
     """The threshold grid: the float-order grid by default, the paper's linear grid with --num-thresholds, the
     exact grid with --grid exact (where ``exact`` offers it)."""
@@ -661,7 +655,7 @@ def build_parser(*, adapters=True):
     demo = sub.add_parser("demo", help="the whole benchmark on generated data in the real raw layouts")
     demo.add_argument("--out", type=Path, default=Path("runs/demo"), help="output folder (default runs/demo)")
     demo.add_argument("--data", type=Path, default=Path("datasets/demo"), help="raw trees and sets (cached)")
-    demo.add_argument("--seed", type=int, default=0, help="data seed (the shipped checkpoints used 0)")
+    demo.add_argument("--seed", type=natural, default=0, help="data seed (the shipped checkpoints used 0)")
     demo.add_argument("--retrain", action="store_true", help="train the five demo checkpoints from scratch")
     demo.add_argument("--quick", action="store_true", help="a few small frames (a smoke test, not a benchmark)")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -680,7 +674,7 @@ def build_parser(*, adapters=True):
     common.add_argument("--size", type=positive_int, nargs=2, metavar=("H", "W"),
                         help="resize every frame to H W (default: each frame keeps its native size; SUN and the "
                              "noise sets: 1024 2048, as the paper); recorded in the manifest's resize")
-    common.add_argument("--workers", type=int, default=0, help="decoding processes (default 0: in-process)")
+    common.add_argument("--workers", type=natural, default=0, help="decoding processes (default 0: in-process)")
     common.add_argument("--strict", action="store_true", help="fail on the first frame that cannot be converted")
     common.add_argument("--overwrite", action="store_true", help="replace an existing output")
     common.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -693,9 +687,9 @@ def build_parser(*, adapters=True):
     mixer = kinds.add_parser("mix", help="OOD set + ID frames (e.g. Cityscapes val) -> an evaluation set")
     mixer.add_argument("--ood", type=Path, required=True)
     mixer.add_argument("--id", type=Path, required=True)
-    mixer.add_argument("--id-frames", type=int, help="how many ID frames (default all)")
+    mixer.add_argument("--id-frames", type=positive_int, help="how many ID frames (default all)")
     mixer.add_argument("--out", type=Path, required=True)
-    mixer.add_argument("--seed", type=int, default=0)
+    mixer.add_argument("--seed", type=natural, default=0)
     mixer.add_argument("--overwrite", action="store_true")
     mixer.add_argument("--quiet", action="store_true")
     cover = kinds.add_parser("coverage", help="print the label-map audit of a converted SUN set")
@@ -710,10 +704,11 @@ def build_parser(*, adapters=True):
     train.add_argument("--encoder", help="smp encoder (default resnet50; e.g. tu-xception41 for DeepLabV3+)")
     train.add_argument("--head", choices=HEADS)
     train.add_argument("--encoder-weights", help="e.g. imagenet, when cached locally (default none)")
-    for name, kind in (("epochs", int), ("batch-size", int), ("lr", float), ("poly-power", float),
-                       ("dropout-p", float), ("reduced-dim", int), ("workers", int), ("seed", int)):
+    for name, kind in (("epochs", natural), ("batch-size", positive_int), ("lr", positive_float),
+                       ("poly-power", non_negative_float), ("dropout-p", float), ("reduced-dim", positive_int),
+                       ("workers", natural), ("seed", natural)):
         train.add_argument(f"--{name}", type=kind)
-    train.add_argument("--crop", type=int, nargs=2, metavar=("H", "W"), help="training crop (default 512 1024)")
+    train.add_argument("--crop", type=positive_int, nargs=2, metavar=("H", "W"), help="training crop (default 512 1024)")
     train.add_argument("--scale", type=float, nargs=2, metavar=("MIN", "MAX"), help="random scale (default 0.5 2)")
     train.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
     train.add_argument("--init", help="start from this checkpoint (its network settings; fine-tuning)")
@@ -731,7 +726,7 @@ def build_parser(*, adapters=True):
     train.add_argument("--oe-reduction", choices=("sets", "pixels"),
                        help="entropy: each term a mean over its pixels (sets, the paper) or over all (pixels)")
     train.add_argument("--resume", action="store_true", help="continue from OUT/last.pt")
-    train.add_argument("--stop-after", type=int, help="stop after this many epochs (resume later with --resume)")
+    train.add_argument("--stop-after", type=positive_int, help="stop after this many epochs (resume later with --resume)")
     train.add_argument("--quiet", action="store_true")
     train.set_defaults(run=_train)
 
@@ -739,7 +734,7 @@ def build_parser(*, adapters=True):
     miou.add_argument("checkpoints", type=Path, nargs="+")
     miou.add_argument("--data", type=Path, required=True)
     miou.add_argument("--out", type=Path, help="write the table here (.md) and a .csv beside it")
-    miou.add_argument("--batch-size", type=int, default=2)
+    miou.add_argument("--batch-size", type=positive_int, default=2)
     miou.add_argument("--quiet", action="store_true")
     miou.set_defaults(run=_miou)
 
@@ -782,12 +777,12 @@ def build_parser(*, adapters=True):
     att.add_argument("--blend", choices=BLENDS, default="feather", help="default feather")
     att.add_argument("--height-ratio", type=float, nargs=2, default=HEIGHT_RATIO, metavar=("LOW", "HIGH"),
                      help="pasted height / distance of its base below the horizon (default %(default)s)")
-    att.add_argument("--budget", type=int, default=100, help="network passes per frame and method (default 100)")
-    att.add_argument("--temperature", type=float, default=0.1,
+    att.add_argument("--budget", type=positive_int, default=100, help="network passes per frame and method (default 100)")
+    att.add_argument("--temperature", type=positive_float, default=0.1,
                      help="of the energy in units of the method's ID score spread (default 0.1)")
-    att.add_argument("--step", type=float, default=0.1, help="proposal std in the unit cube (default 0.1)")
-    att.add_argument("--seed", type=int, default=0, help="with the frame id and the method, seeds each chain")
-    att.add_argument("--max-frames", type=int, help="attack the first N frames only")
+    att.add_argument("--step", type=positive_float, default=0.1, help="proposal std in the unit cube (default 0.1)")
+    att.add_argument("--seed", type=natural, default=0, help="with the frame id and the method, seeds each chain")
+    att.add_argument("--max-frames", type=positive_int, help="attack the first N frames only")
     att.add_argument("--standard", type=Path, help="a standard OOD set evaluated beside (e.g. the demo's paste.h5)")
     att.add_argument("--fit-set", type=Path, help="converted training set to fit sml and mahalanobis on")
     att.add_argument("--device", help="cpu, cuda (default: cpu)")
@@ -805,7 +800,7 @@ def build_parser(*, adapters=True):
     gen.add_argument("--label-map", default="sun", help="which objects are OOD (default label_maps/sun.yaml)")
     gen.add_argument("--latent", type=positive_int, default=16, help="latent size (default 16)")
     gen.add_argument("--epochs", type=positive_int, default=200, help="passes over the crops (default 200)")
-    gen.add_argument("--seed", type=int, default=0, help="seeds the weights and the batch order")
+    gen.add_argument("--seed", type=natural, default=0, help="seeds the weights and the batch order")
     gen.add_argument("--quiet", action="store_true")
     gen.set_defaults(run=_attack_generator)
 
@@ -819,7 +814,7 @@ def build_parser(*, adapters=True):
     proto.add_argument("--metric", default="auroc", choices=list(metric_choices), help="the matrix's metric (default auroc)")
     proto.add_argument("--fit-set", type=Path, help="converted training set for the methods that need a fit")
     proto.add_argument("--out", type=Path, required=True)
-    proto.add_argument("--batch-size", type=int, default=2)
+    proto.add_argument("--batch-size", type=positive_int, default=2)
     proto.add_argument("--device")
     proto.add_argument("--resume", action="store_true", help="continue the evaluations of a killed protocol")
     proto.add_argument("--quiet", action="store_true")
@@ -847,7 +842,7 @@ def build_parser(*, adapters=True):
                           "summary's mCE and relative mCE are relative to it")
     rob.add_argument("--severities", type=int, nargs="+", default=[1, 2, 3, 4, 5], choices=[1, 2, 3, 4, 5],
                      metavar="LEVEL", help="levels 1-5 (default all)")
-    rob.add_argument("--seed", type=int, default=0, help="seed of the corruptions (per frame, corruption, level)")
+    rob.add_argument("--seed", type=natural, default=0, help="seed of the corruptions (per frame, corruption, level)")
     rob.add_argument("--requirements", type=Path, metavar="FILE.yaml",
                      help="type-approval requirements: pass/fail table in approval.md; exit status 1 on FAIL")
     add_run_options(rob)
@@ -871,7 +866,7 @@ def build_parser(*, adapters=True):
                              "<set>/<fid>.hdf5; fishyscapes: OUT/<method>/<set>/<fid>_anomaly.npy; in these two "
                              "<set> is the benchmark's name of the split (e.g. AnomalyTrack-validation)")
     export.add_argument("--out", type=Path, required=True)
-    export.add_argument("--batch-size", type=int, default=2)
+    export.add_argument("--batch-size", type=positive_int, default=2)
     export.add_argument("--device")
     export.add_argument("--quiet", action="store_true")
     export.set_defaults(run=_export)

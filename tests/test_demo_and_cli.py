@@ -94,6 +94,33 @@ def test_a_list_option_given_twice_lists_both_and_replaces_its_default():
     assert args.methods == ["entropy"]  # not ["all", "entropy"]
 
 
+@pytest.mark.parametrize("argv, error", [
+    (["convert", "noise", "--out", "n.h5", "--octaves", "0"], "argument --octaves: must be a positive integer, got 0"),
+    (["convert", "noise", "--out", "n.h5", "--seed", "-1"], "argument --seed: must be an integer of at least 0"),
+    (["convert", "noise", "--out", "n.h5", "--sigma", "nan"], "argument --sigma: must be a finite number of at least 0"),
+    (["miou", "m.pt", "--data", "d.h5", "--batch-size", "0"], "argument --batch-size: must be a positive integer"),
+    (["train", "--train", "t.h5", "--out", "r", "--lr", "nan"], "argument --lr: must be a finite number above 0, got nan"),
+    (["evaluate", "--checkpoint", "m.pt", "--sets", "s.h5", "--out", "r", "--workers", "-1"],
+     "argument --workers: must be an integer of at least 0, got -1")])
+def test_values_out_of_range_are_usage_errors_naming_the_option(argv, error, capsys):
+    """(They crashed deep in the run, or were taken: noise of 0 octaves was a flat grey set, NaN a learning rate.)"""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2 and error in capsys.readouterr().err
+
+
+def test_the_library_refuses_them_too():
+    from segood.data.noise import Noise
+    from segood.models.train import TrainConfig
+
+    with pytest.raises(ValueError, match="got frequency 0, seed -1"):
+        Noise(frequency=0, seed=-1)
+    with pytest.raises(ValueError, match=r"--lr must lie in \(0, inf\), got nan"):
+        TrainConfig("t.h5", "r", lr=float("nan"))
+    with pytest.raises(ValueError, match=r"--dropout-p must lie in \[0, 1\), got 1.0"):
+        TrainConfig("t.h5", "r", dropout_p=1.0)
+
+
 def test_python_dash_m_entry_point():
     out = subprocess.run([sys.executable, "-m", "segood", "--version"], capture_output=True, text=True, check=True)
     assert out.stdout.startswith("segood ")

@@ -7,6 +7,7 @@ transcendental functions, whose last bits may differ between libms).
 
 import numpy as np
 
+from segood.arguments import natural, non_negative_float, positive_int
 from segood.data.adapter import CITYSCAPES_SIZE, Adapter, register_adapter
 from segood.data.common import Sample
 from segood.labels import IGNORE, OOD
@@ -69,6 +70,14 @@ class Noise(Adapter):
     def __init__(self, kind="perlin", count=100, size=CITYSCAPES_SIZE, seed=0, **params):
         if kind not in KINDS:
             raise ValueError(f"noise kind must be one of {KINDS}, got {kind!r}")
+        least = {"count": (count, 1), "frequency": (params.get("frequency", 1), 1),
+                 "octaves": (params.get("octaves", 1), 1), "seed": (seed, 0)}
+        wrong = [f"{k} {v!r}" for k, (v, low) in least.items() if int(v) != v or v < low]
+        if not 0 <= params.get("sigma", 0) < np.inf:
+            wrong.append(f"sigma {params['sigma']!r}")
+        if wrong:
+            raise ValueError(f"noise needs a count, frequency and octaves of at least 1, a seed of at least 0 and a "
+                             f"finite sigma of at least 0; got {', '.join(wrong)}")
         self.kind, self.count, self.size, self.seed, self.params = kind, int(count), tuple(size), int(seed), params
         self.source = f"{kind}_noise"
 
@@ -79,11 +88,11 @@ class Noise(Adapter):
     @classmethod
     def add_arguments(cls, parser):
         parser.add_argument("--kind", choices=KINDS, default="perlin")
-        parser.add_argument("--count", type=int, default=100)
-        parser.add_argument("--seed", type=int, default=0)
-        parser.add_argument("--frequency", type=int, default=4, help="Perlin lattice cells across the width")
-        parser.add_argument("--octaves", type=int, default=4)
-        parser.add_argument("--sigma", type=float, default=0.25, help="normal noise std in [0, 1] units")
+        parser.add_argument("--count", type=positive_int, default=100)
+        parser.add_argument("--seed", type=natural, default=0)
+        parser.add_argument("--frequency", type=positive_int, default=4, help="Perlin lattice cells across the width")
+        parser.add_argument("--octaves", type=positive_int, default=4)
+        parser.add_argument("--sigma", type=non_negative_float, default=0.25, help="normal noise std in [0, 1] units")
 
     @classmethod
     def from_args(cls, args):

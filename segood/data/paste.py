@@ -26,6 +26,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from segood.arguments import natural, positive_int
 from segood.data.adapter import Adapter, register_adapter
 from segood.data.cityscapes import Cityscapes
 from segood.data.common import Sample, SkipFrame, clip_polygon, read_rgb, require_tree
@@ -315,12 +316,12 @@ class Paste(Adapter):
         parser.add_argument("--split", default="val", help="Cityscapes split (default val)")
         parser.add_argument("--objects", required=True, help="a SUN2012 root (LabelMe XML) or 'demo' (generated)")
         parser.add_argument("--blend", choices=BLENDS, default="none", help="default none")
-        parser.add_argument("--per-frame", type=int, default=1, help="OOD objects per frame (default 1)")
-        parser.add_argument("--negatives", type=int, default=0,
+        parser.add_argument("--per-frame", type=positive_int, default=1, help="OOD objects per frame (default 1)")
+        parser.add_argument("--negatives", type=natural, default=0,
                             help="ID objects (person, car, ...) per frame, pasted the same way (default 0)")
         parser.add_argument("--height-ratio", type=float, nargs=2, default=HEIGHT_RATIO, metavar=("LOW", "HIGH"),
                             help="pasted height / distance of its base below the horizon (default %(default)s)")
-        parser.add_argument("--seed", type=int, default=0, help="with the frame id, seeds each frame")
+        parser.add_argument("--seed", type=natural, default=0, help="with the frame id, seeds each frame")
         parser.add_argument("--label-map", default="sun", help="which objects are OOD (default label_maps/sun.yaml)")
 
     @classmethod

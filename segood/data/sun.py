@@ -10,6 +10,7 @@ import defusedxml.ElementTree as ET
 import numpy as np
 from PIL import Image
 
+from segood.arguments import natural
 from segood.data.adapter import CITYSCAPES_SIZE, Adapter, register_adapter
 from segood.data.common import Sample, SkipFrame, load_label_map, rasterise, read_rgb, require_tree
 from segood.labels import CLASS_NAMES, ID, IGNORE, OOD
@@ -156,7 +157,7 @@ class Sun(Adapter):
     def add_arguments(cls, parser):
         super().add_arguments(parser)
         parser.add_argument("--label-map", default="sun", help="a label map name or YAML (default label_maps/sun.yaml)")
-        parser.add_argument("--seed", type=int, default=0, help="seed of the 25%% tune / 75%% eval split")
+        parser.add_argument("--seed", type=natural, default=0, help="seed of the 25%% tune / 75%% eval split")
 
     @classmethod
     def from_args(cls, args):

@@ -9,6 +9,7 @@ The checkpoint records where the OE objects came from (``outlier_exposure``: the
 
 import csv
 import io
+import math
 import random
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -79,8 +80,14 @@ class TrainConfig:
             raise ValueError(f"the batch size must be at least 1, got {self.batch_size!r}")
         if type(self.epochs) is not int or self.epochs < 0:
             raise ValueError(f"the epochs must be at least 0, got {self.epochs!r}")
-        if not 0 < self.scale[0] <= self.scale[1]:
+        if not 0 < self.scale[0] <= self.scale[1] < math.inf:
             raise ValueError(f"--scale MIN MAX must satisfy 0 < MIN <= MAX, got {list(self.scale)}")
+        for key, high in (("lr", math.inf), ("momentum", 1), ("weight_decay", math.inf), ("poly_power", math.inf),
+                          ("conf_lambda", math.inf), ("dropout_p", 1)):  # (NaN fails every comparison)
+            value = getattr(self, key)
+            if not 0 <= value < high or key == "lr" and value == 0:
+                raise ValueError(f"--{key.replace('_', '-')} must lie in {'(' if key == 'lr' else '['}0, {high}), got "
+                                 f"{value!r}")
         check_oe_options(self)
 
     @property
@@ -119,14 +126,14 @@ def check_oe_options(config):
     if config.oe_loss == "entropy" and not 0.0 <= weight <= 1.0:
         raise ValueError(f"--oe-weight is Meta-OOD's λ, the OOD term's share of the loss: it must lie in [0, 1], "
                          f"got {weight}")
-    if weight < 0:
-        raise ValueError(f"--oe-weight must be at least 0, got {weight}")
+    if not 0 <= weight < math.inf:
+        raise ValueError(f"--oe-weight must be a finite number of at least 0, got {weight}")
     if config.oe_margins is not None:
         if margins is None:
             raise ValueError(f"--oe-loss {config.oe_loss} has no margins: drop --oe-margins (they set the hinges of "
                              "the energy and rba losses)")
-        if len(config.oe_margins) != 2:
-            raise ValueError(f"--oe-margins takes two values, M_IN M_OUT; got {config.oe_margins}")
+        if len(config.oe_margins) != 2 or not all(map(math.isfinite, config.oe_margins)):
+            raise ValueError(f"--oe-margins takes two finite values, M_IN M_OUT; got {config.oe_margins}")
     if config.oe_loss == "energy" and margins[0] >= margins[1]:
         raise ValueError(f"energy margins must have m_in < m_out (ID energies are pushed below m_in, OOD ones above "
                          f"m_out), got m_in={margins[0]}, m_out={margins[1]}")
