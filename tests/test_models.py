@@ -213,9 +213,9 @@ def test_train_and_miou_commands(tiny_set, tmp_path, capsys):
                  "resnet18", "--epochs", "1", "--batch-size", "4", "--crop", "64", "128", "--quiet"]) == 2
     assert "already holds a training (last.pt, final.pt): --resume continues it" in capsys.readouterr().err
     assert (tmp_path / "final.pt").read_bytes() == before  # not trained over
-    assert main(["train", "--train", str(tiny_set), "--out", str(tmp_path / "zero"), "--batch-size", "0",
-                 "--quiet"]) == 2
-    assert "batch size must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", "--train", str(tiny_set), "--out", str(tmp_path / "zero"), "--batch-size", "0", "--quiet"])
+    assert "argument --batch-size: must be a positive integer, got 0" in capsys.readouterr().err
     assert main(["train", "--train", str(tiny_set), "--out", str(tmp_path / "zero"), "--scale", "2", "0.5",
                  "--quiet"]) == 2
     assert "0 < MIN <= MAX" in capsys.readouterr().err
