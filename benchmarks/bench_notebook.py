@@ -27,24 +27,26 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--folder-only", action="store_true")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="segood-bench-notebook-"))
-    sets = mixed_noise_sets(work, kinds=("perlin",), noise_frames=2, cityscapes_frames=2)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 19, 1))
-    data = {"perlin": sets / "perlin_mixed.h5"}
-    ways = {"run folder + figures": lambda k: evaluate(model, data, ["max_softmax"], work / f"run{k}", progress=False)}
-    if not args.folder_only:
-        ways["in memory"] = lambda k: evaluate(model, data, ["max_softmax"], progress=False)
-    best = {}
-    for name, call in ways.items():
-        call("warm")
-        times = []
-        for k in range(args.repeats):
-            t0 = time.perf_counter()
-            call(k)
-            times.append(time.perf_counter() - t0)
-        best[name] = min(times)
-        print(f"{name}: {best[name]:.2f} s (best of {args.repeats})")
+    with tempfile.TemporaryDirectory(prefix="segood-bench-notebook-") as folder:
+        work = Path(folder)
+        sets = mixed_noise_sets(work, kinds=("perlin",), noise_frames=2, cityscapes_frames=2)
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 19, 1))
+        data = {"perlin": sets / "perlin_mixed.h5"}
+        ways = {"run folder + figures":
+                lambda k: evaluate(model, data, ["max_softmax"], work / f"run{k}", progress=False)}
+        if not args.folder_only:
+            ways["in memory"] = lambda k: evaluate(model, data, ["max_softmax"], progress=False)
+        best = {}
+        for name, call in ways.items():
+            call("warm")
+            times = []
+            for k in range(args.repeats):
+                t0 = time.perf_counter()
+                call(k)
+                times.append(time.perf_counter() - t0)
+            best[name] = min(times)
+            print(f"{name}: {best[name]:.2f} s (best of {args.repeats})")
     if len(best) == 2:
         print(f"in memory / run folder + figures: {best['in memory'] / best['run folder + figures']:.2f}")
 

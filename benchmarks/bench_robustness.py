@@ -18,23 +18,20 @@ from torch_timing import device_name, interleaved_best_ms, parse_args
 
 from segood.data.synthetic import driving_scene
 from segood.models import build_model
-from segood.robustness import corrupt, corruption_names
+from segood.robustness import FAMILIES, corrupt, corruption_names
 
 TARGET = 0.20
 
 
+def _options(parser):
+    parser.add_argument("--severity", type=int, default=5, choices=range(1, 6))
+    parser.add_argument("--family", default="segood", choices=FAMILIES)
+
+
 @torch.no_grad()
 def main():
-    import sys
-
-    options = {"--severity": "5", "--family": "segood"}
-    for key in options:
-        if key in sys.argv:
-            k = sys.argv.index(key)
-            options[key] = sys.argv[k + 1]
-            del sys.argv[k : k + 2]
-    severity, family = int(options["--severity"]), options["--family"]
-    args = parse_args(__doc__, repeat=3)
+    args = parse_args(__doc__, repeat=3, more=_options)
+    severity, family = args.severity, args.family
     device = torch.device(args.device)
     image, semantic, ood_mask = driving_scene(np.random.default_rng(0), args.height, args.width, ood=True)
     torch.manual_seed(0)

@@ -8,13 +8,16 @@ import torch
 from segood import keep_freed_memory
 
 
-def parse_args(doc, repeat, height=512, width=1024):
-    """The options every network benchmark takes: input size, repeats, device."""
+def parse_args(doc, repeat, height=512, width=1024, more=None):
+    """The options every network benchmark takes: input size, repeats, device; ``more(parser)`` adds a script's
+    own."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--height", type=int, default=height)
     parser.add_argument("--width", type=int, default=width)
     parser.add_argument("--repeat", type=int, default=repeat)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    if more is not None:
+        more(parser)
     args = parser.parse_args()
     keep_freed_memory()  # (as every segood command does: forward passes on the CPU without page faults)
     return args

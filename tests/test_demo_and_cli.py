@@ -97,9 +97,11 @@ def test_a_list_option_given_twice_lists_both_and_replaces_its_default():
 @pytest.mark.parametrize("argv, error", [
     (["convert", "noise", "--out", "n.h5", "--octaves", "0"], "argument --octaves: must be a positive integer, got 0"),
     (["convert", "noise", "--out", "n.h5", "--seed", "-1"], "argument --seed: must be an integer of at least 0"),
-    (["convert", "noise", "--out", "n.h5", "--sigma", "nan"], "argument --sigma: must be a finite number of at least 0"),
+    (["convert", "noise", "--out", "n.h5", "--sigma", "nan"],
+     "argument --sigma: must be a finite number of at least 0"),
     (["miou", "m.pt", "--data", "d.h5", "--batch-size", "0"], "argument --batch-size: must be a positive integer"),
-    (["train", "--train", "t.h5", "--out", "r", "--lr", "nan"], "argument --lr: must be a finite number above 0, got nan"),
+    (["train", "--train", "t.h5", "--out", "r", "--lr", "nan"],
+     "argument --lr: must be a finite number above 0, got nan"),
     (["evaluate", "--checkpoint", "m.pt", "--sets", "s.h5", "--out", "r", "--workers", "-1"],
      "argument --workers: must be an integer of at least 0, got -1")])
 def test_values_out_of_range_are_usage_errors_naming_the_option(argv, error, capsys):
