@@ -864,7 +864,7 @@ def build_parser(*, adapters=True):
     export.add_argument("--layout", choices=("segood", "smiyc", "fishyscapes"), default="segood",
                         help="segood: OUT/<method>/<set>.h5 (segood score reads it); smiyc: OUT/anomaly_p/<method>/"
                              "<set>/<fid>.hdf5; fishyscapes: OUT/<method>/<set>/<fid>_anomaly.npy; in these two "
-                             "<set> is the benchmark's name of the split (e.g. AnomalyTrack-validation)")
+                             "<set> is the folder the benchmark's code reads (e.g. AnomalyTrack-all)")
     export.add_argument("--out", type=Path, required=True)
     export.add_argument("--batch-size", type=positive_int, default=2)
     export.add_argument("--device")

@@ -87,7 +87,8 @@ def test_frames_without_labels_can_be_exported_never_evaluated(tmp_path):
     ("test", ["curvy-street_003", "gravel_000"]),
     ("night", ["driveway_001"]),
     ("snowstorm", ["snowstorm1_000", "snowstorm2_004"]),
-    ("all", ["curvy-street_003", "driveway_001", "gravel_000", "snowstorm1_000", "snowstorm2_004"])])
+    ("all", ["curvy-street_003", "driveway_001", "gravel_000", "snowstorm1_000", "snowstorm2_004", "validation_1",
+             "validation_19", "validation_25", "validation_30"])])  # as SMIYC's ObstacleTrack-all: every frame
 def test_smiyc_obstacle_scene_splits_from_webp(tmp_path, split, expected):
     frames = smiyc_tree(tmp_path / "dataset_ObstacleTrack", "dataset_ObstacleTrack", OBSTACLE_FRAMES)
     adapter = RoadObstacle21(tmp_path / "dataset_ObstacleTrack", split)

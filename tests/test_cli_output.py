@@ -125,13 +125,15 @@ def test_headline_metrics_follow_the_benchmark_of_the_sets_source():
     assert benchmark_of(["lostandfound"]).label == "SegmentMeIfYouCan"
     assert benchmark_of(["fishyscapes_laf"]).label == "Fishyscapes"
     assert benchmark_of(["perlin_noise"]).label == "the paper's protocol"
+    assert benchmark_of(["streethazards"]).label == benchmark_of(["bdd_anomaly"]).label == "CAOS"
 
 
 @pytest.mark.parametrize("manifest, layout, name", [
-    ({"source": "smiyc_roadanomaly21", "split": "validation"}, "smiyc", "AnomalyTrack-validation"),
-    ({"source": "smiyc_roadobstacle21", "split": "night"}, "smiyc", "ObstacleTrack-night"),
-    ({"source": "lostandfound", "split": "testNoKnown"}, "smiyc", "LostAndFound-testNoKnown"),
-    ({"source": "fishyscapes_laf", "split": "val"}, "smiyc", "FishyLAFAnomaly-val"),
+    # SegmentMeIfYouCan's name_for_persistence: the folder its Evaluation reads a split's maps from
+    ({"source": "smiyc_roadanomaly21", "split": "validation"}, "smiyc", "AnomalyTrack-all"),
+    ({"source": "smiyc_roadobstacle21", "split": "night"}, "smiyc", "ObstacleTrack-all"),
+    ({"source": "lostandfound", "split": "testNoKnown"}, "smiyc", "LostAndFound-test"),
+    ({"source": "lostandfound", "split": "train"}, "smiyc", "LostAndFound-train"),
     ({"source": "fishyscapes_laf", "split": "val"}, "fishyscapes", "LostAndFound"),
     ({"source": "fishyscapes_static", "split": "val"}, "fishyscapes", "Static"),
     ({"source": "smiyc_roadanomaly21", "split": "validation"}, "fishyscapes", None),
@@ -139,6 +141,8 @@ def test_headline_metrics_follow_the_benchmark_of_the_sets_source():
 ])
 def test_split_names(manifest, layout, name):
     assert split_name(manifest, layout) == name
+    with pytest.raises(ValueError, match="reads the maps of Fishyscapes Lost & Found from its LostAndFound-train"):
+        split_name({"source": "fishyscapes_laf", "split": "val"}, "smiyc")
 
 
 def test_export_folders_carry_the_benchmarks_names_and_every_write_is_said(world, tmp_path, capsys):
@@ -147,7 +151,7 @@ def test_export_folders_carry_the_benchmarks_names_and_every_write_is_said(world
     assert main(["export", "--checkpoint", checkpoint, "--sets", ra21, perlin, "--methods", "entropy",
                  "--layout", "smiyc", "--out", str(tmp_path / "ex"), "--quiet"]) == 0
     printed = capsys.readouterr().out.splitlines()
-    folder = tmp_path / "ex" / "anomaly_p" / "entropy" / "AnomalyTrack-validation"
+    folder = tmp_path / "ex" / "anomaly_p" / "entropy" / "AnomalyTrack-all"
     assert sorted(p.name for p in folder.iterdir()) == ["validation0000.hdf5", "validation0001.hdf5"]
     assert (tmp_path / "ex" / "anomaly_p" / "entropy" / "perlin_mixed").is_dir()  # not a benchmark's split
     assert printed == [f"wrote {folder}: entropy scores of ra21_val",
@@ -238,7 +242,7 @@ def test_a_per_image_protocol_is_summarised_by_its_per_image_means():
            "sets": {"sh": {"ood_sources": ["streethazards"], "frames": 2,
                            "per_image_headline": "per-image mean, StreetHazards' protocol"}}}
     title, labels, rows = table(summary_text(doc), "sh")
-    assert title == "sh (the paper's protocol: AUROC first; 2 images; per-image mean, StreetHazards' protocol, " \
+    assert title == "sh (CAOS: AUROC, AUPRC, FPR95 first; 2 images; per-image mean, StreetHazards' protocol, " \
                     "* the best)"
     assert list(rows) == ["b", "a"] and rows["b"]["AUROC"] == 0.7 and rows["a"]["MaxIoU"] is None
     del doc["sets"]["sh"]["per_image_headline"]

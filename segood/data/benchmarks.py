@@ -2,8 +2,9 @@
 benchmark's headline metrics (what the summary of a run shows first) and its own names for its splits (the
 folders ``segood export`` writes in its layouts).
 
-SegmentMeIfYouCan (RoadAnomaly21, RoadObstacle21, LostAndFound) and Fishyscapes rank methods by AUPRC (their
-"AP") and FPR95; every other set (the paper's: SUN pasted objects, noise, mixes) by AUROC.
+SegmentMeIfYouCan (RoadAnomaly21, RoadObstacle21, LostAndFound), Fishyscapes and Road Anomaly (as later work
+reports it) rank methods by AUPRC (their "AP") and FPR95; CAOS (StreetHazards, BDD-Anomaly) prints AUROC, AUPR
+and FPR95; every other set (the paper's: SUN pasted objects, noise, mixes) by AUROC.
 """
 
 from dataclasses import dataclass
@@ -20,17 +21,22 @@ class Benchmark:
 
 SMIYC = Benchmark("SegmentMeIfYouCan", ("auprc", "fpr95"))
 FISHYSCAPES = Benchmark("Fishyscapes", ("auprc", "fpr95"))
+CAOS = Benchmark("CAOS", ("auroc", "auprc", "fpr95"))
+ROAD_ANOMALY = Benchmark("Road Anomaly", ("auprc", "fpr95"))
 PAPER = Benchmark("the paper's protocol", ("auroc",))
 
 #: {source: the benchmark its sets belong to}; a source not listed is the paper's.
 BY_SOURCE = {"smiyc_roadanomaly21": SMIYC, "smiyc_roadobstacle21": SMIYC, "lostandfound": SMIYC,
-             "fishyscapes_laf": FISHYSCAPES, "fishyscapes_static": FISHYSCAPES}
+             "fishyscapes_laf": FISHYSCAPES, "fishyscapes_static": FISHYSCAPES, "streethazards": CAOS,
+             "bdd_anomaly": CAOS, "road_anomaly": ROAD_ANOMALY, "road_obstacles_v0": ROAD_ANOMALY}
 
-#: {export layout: {source: the benchmark's name of a split, with ``{split}``}}: SegmentMeIfYouCan's dataset names
-#: (``road_anomaly_benchmark``'s ``dataset_name``), Fishyscapes' (its ``LostAndFound`` and ``Static`` sets).
+#: {export layout: {source: the folder the benchmark's own code reads a split's maps from, with ``{split}``}}:
+#: SegmentMeIfYouCan's ``name_for_persistence`` (``road_anomaly_benchmark``'s datasets: every RoadAnomaly21 split
+#: is stored under ``AnomalyTrack-all``, every RoadObstacle21 one under ``ObstacleTrack-all``, testNoKnown under
+#: ``LostAndFound-test``), Fishyscapes' names of its ``LostAndFound`` and ``Static`` sets.
 SPLIT_NAMES = {
-    "smiyc": {"smiyc_roadanomaly21": "AnomalyTrack-{split}", "smiyc_roadobstacle21": "ObstacleTrack-{split}",
-              "lostandfound": "LostAndFound-{split}", "fishyscapes_laf": "FishyLAFAnomaly-{split}"},
+    "smiyc": {"smiyc_roadanomaly21": "AnomalyTrack-all", "smiyc_roadobstacle21": "ObstacleTrack-all",
+              "lostandfound": "LostAndFound-{folder}"},
     "fishyscapes": {"fishyscapes_laf": "LostAndFound", "fishyscapes_static": "Static"},
 }
 
@@ -50,8 +56,13 @@ def headline_metrics(ood_sources, metrics):
 
 
 def split_name(manifest, layout):
-    """The benchmark's own name of a converted set (its ``manifest``) in an export ``layout`` ("smiyc" or
-    "fishyscapes"), e.g. ``AnomalyTrack-validation`` for SMIYC's RoadAnomaly21 validation split; None where the
-    set is none of a benchmark's splits (another source, a mix)."""
+    """The folder a benchmark's own code reads the score maps of a converted set (its ``manifest``) from in an
+    export ``layout`` ("smiyc" or "fishyscapes"), e.g. ``AnomalyTrack-all`` for SMIYC's RoadAnomaly21 validation
+    split; None where the set is none of a benchmark's splits (another source, a mix)."""
+    if layout == "smiyc" and manifest.get("source") == "fishyscapes_laf":
+        raise ValueError("SegmentMeIfYouCan reads the maps of Fishyscapes Lost & Found from its LostAndFound-train "
+                         "and -test folders, by LostAndFound frame id: export the LostAndFound train and test sets "
+                         "in the smiyc layout, or this set in the fishyscapes layout")
     pattern = SPLIT_NAMES.get(layout, {}).get(manifest.get("source"))
-    return pattern.format(split=manifest.get("split")) if pattern else None
+    split = manifest.get("split")
+    return pattern.format(folder="test" if split == "testNoKnown" else split) if pattern else None

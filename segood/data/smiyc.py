@@ -83,7 +83,7 @@ class _Track(Adapter):
 
 @register_adapter
 class RoadAnomaly21(_Track):
-    """RoadAnomaly21: 110 frames (``.jpg``, mixed sizes, converted to 1024x2048 by default); ``validation``
+    """RoadAnomaly21: 110 frames (``.jpg``, mixed sizes, kept at their native sizes by default); ``validation``
     (``validation0000``..``validation0009``, with labels), ``test`` (the 100 others, no public labels), ``all``."""
 
     name, source = "smiyc_anomaly", "smiyc_roadanomaly21"
@@ -116,7 +116,8 @@ OBSTACLE_VALIDATION_LEFT_OUT = frozenset([19, *range(21, 30)])
 class RoadObstacle21(_Track):
     """RoadObstacle21 (``.webp``, 1920x1080): ``validation`` (with labels, less ``validation_19`` and
     ``validation_21``..``validation_29``), ``test`` (327 frames), ``night`` (30), ``snowstorm`` (55), ``all``
-    (test + night + snowstorm); the scene is the fid up to its first ``_``. Only the road is ID."""
+    (every scene, all 40 validation frames included, as SMIYC's ``ObstacleTrack-all``); the scene is the fid up to
+    its first ``_``. Only the road is ID."""
 
     name, source = "smiyc_obstacle", "smiyc_roadobstacle21"
     help = "SMIYC RoadObstacle21 (dataset_ObstacleTrack, webp): road 0 ID, 1 OOD, else ignore; test has no labels"
@@ -129,13 +130,12 @@ class RoadObstacle21(_Track):
         known = {s: split for split, scenes in OBSTACLE_SCENES.items() for s in scenes}
         if scene not in known:
             return f"scene {scene!r} is none of RoadObstacle21's ({', '.join(sorted(known))})"
-        wanted = ("test", "night", "snowstorm") if self.split == "all" else (self.split,)
-        if known[scene] not in wanted:
+        if self.split not in ("all", known[scene]):
             return f"scene {scene!r} belongs to the {known[scene]} split, not {self.split}"
         if scene == "validation":
             number = fid.split("_")[1] if "_" in fid else ""
             if not number.isdigit():
                 return "not named validation_<n>"
-            if int(number) in OBSTACLE_VALIDATION_LEFT_OUT:
+            if self.split == "validation" and int(number) in OBSTACLE_VALIDATION_LEFT_OUT:
                 return "left out of SMIYC's RoadObstacle21 validation split"
         return ""

@@ -6,7 +6,9 @@ Layouts (``LAYOUTS``), for the frames of one converted set:
   SegmentMeIfYouCan's ``Evaluation.save_output`` writes them under ``outputs/anomaly_p/<method>/<dataset>/``;
 - ``fishyscapes``: a folder of ``<fid>_anomaly.npy`` files (H×W), as the Fishyscapes server expects.
 In the two folder layouts ``<fid>`` is the last component of segood's frame id (``val/x/frame_7`` -> ``frame_7``).
-Every missing, extra, unreadable or misshapen file is an error that names the frame and the path.
+Every missing, unreadable or misshapen file is an error that names the frame and the path, and so is an extra
+dataset in segood's file; a folder may hold other frames' files besides the set's (SegmentMeIfYouCan stores the
+maps of all of a track's splits in one folder).
 """
 
 import errno
@@ -86,11 +88,12 @@ class ScoreMaps:
             by_name = {n: f for f, n in self.names.items()}
             stored = [by_name.get(n, f"{n}{suffix}") for n in stored_names]
         missing = sorted(set(self.frame_ids) - set(stored))
-        extra = sorted(set(stored) - set(self.frame_ids))
+        # a folder may hold other sets' frames too (SMIYC stores every RoadAnomaly21 split in AnomalyTrack-all)
+        extra = sorted(set(stored) - set(self.frame_ids)) if self.layout == "segood" else []
         if missing or extra:
             self.close()
-            raise ValueError(f"the score maps in {self.path} do not match the set: missing {_some(missing)}, extra "
-                             f"{_some(extra)}")
+            raise ValueError(f"the score maps in {self.path} do not match the set: missing {_some(missing)}"
+                             + (f", extra {_some(extra)}" if self.layout == "segood" else ""))
 
     def _declared_range(self, value):
         """(low, high) of the file's ``score_range`` attribute; a ValueError naming the file where it is not two
@@ -158,9 +161,9 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
     """Score every frame of ``sets`` ({name: converted set}) with ``methods`` and write the maps in ``layout``:
     ``segood``: ``out_dir/<method>/<set>.h5``; ``smiyc``: ``out_dir/anomaly_p/<method>/<set>/<fid>.hdf5``
     (float16, dataset ``value``); ``fishyscapes``: ``out_dir/<method>/<set>/<fid>_anomaly.npy`` (float32).
-    In the two folder layouts ``<set>`` is the benchmark's own name of a set that is one of its splits (from its
-    manifest, :func:`segood.data.benchmarks.split_name`: ``AnomalyTrack-validation``, ``LostAndFound``), the
-    name in ``sets`` for any other. Every file is written atomically. Returns {(method, set): path written}."""
+    In the two folder layouts ``<set>`` is the folder the benchmark's own code reads a split's maps from (from its
+    manifest, :func:`segood.data.benchmarks.split_name`: ``AnomalyTrack-all``, ``LostAndFound``), the name in
+    ``sets`` for any other. Every file is written atomically. Returns {(method, set): path written}."""
     from segood.data.benchmarks import split_name
     from segood.data.h5 import H5SegmentationDataset, frame_ids, frame_loader, read_manifest
     from segood.methods.schedule import check_methods, score_batch
@@ -174,11 +177,13 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
     check_methods(model, methods)
     folders = {name: name if layout == "segood" else split_name(read_manifest(path), layout) or name
                for name, path in sets.items()}
-    shared = {f for f in folders.values() if list(folders.values()).count(f) > 1}
-    if shared:
-        raise ValueError(f"sets {sorted(n for n, f in folders.items() if f in shared)} would share the folder "
-                         f"{sorted(shared)[0]!r} (a benchmark's name for its split): export them to different --out "
-                         "folders")
+    files = {}  # {(folder, file name): set}: sets may share a folder (a benchmark's splits do), never a file
+    for set_name, path in sets.items():
+        for name in (file_ids(frame_ids(path)).values() if layout != "segood" else [set_name]):
+            other = files.setdefault((folders[set_name], name), set_name)
+            if other != set_name:
+                raise ValueError(f"sets {other} and {set_name} would both write {folders[set_name]}/{name}: export "
+                                 "them to different --out folders")
     written = {}
     for set_name, path in sets.items():
         dataset = H5SegmentationDataset(path)
