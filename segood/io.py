@@ -2,6 +2,7 @@
 
 import errno
 import json
+import math
 import os
 import signal
 import tempfile
@@ -118,17 +119,18 @@ def atomic_write_text(path, text):
 
 
 def write_json(path, obj):
-    """Atomic JSON write; NaN is written as null so the file stays valid JSON."""
-    atomic_write_text(path, json.dumps(_nan_to_none(obj), indent=2, allow_nan=False) + "\n")
+    """Atomic JSON write; NaN and ±inf (an undefined metric; a threshold above every score, where all scores are
+    +inf) are written as null so the file stays valid JSON."""
+    atomic_write_text(path, json.dumps(_finite_or_none(obj), indent=2, allow_nan=False) + "\n")
 
 
-def _nan_to_none(obj):
-    if isinstance(obj, float) and obj != obj:
+def _finite_or_none(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
         return None
     if isinstance(obj, dict):
-        return {k: _nan_to_none(v) for k, v in obj.items()}
+        return {k: _finite_or_none(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_nan_to_none(v) for v in obj]
+        return [_finite_or_none(v) for v in obj]
     return obj
 
 

@@ -183,6 +183,19 @@ def test_a_scorer_equals_its_maps_scored_from_a_file(sets, tmp_path):
         evaluate(darkness, [path], out_dir=tmp_path / "x", progress=False)
 
 
+def saturated(images):
+    """+inf everywhere: every score ties at the top (a threshold above them all is +inf)."""
+    return torch.full(images.shape[:1] + images.shape[2:], float("inf"))
+
+
+def test_scores_that_all_tie_at_inf_are_reported(sets, tmp_path):
+    doc = evaluate(Scorer(saturated), [sets["perlin_mixed"]], out_dir=tmp_path / "run", progress=False, figures=False)
+    pooled = doc["results"]["saturated"]["perlin_mixed"]["pooled"]  # (the report crashed writing inf into JSON)
+    assert pooled["auroc"] == 0.5 and pooled["fpr95"] == 1.0
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["results"]["saturated"]["perlin_mixed"][
+        "pooled"]["auroc"] == 0.5
+
+
 def test_a_scorer_gets_contiguous_frames_whatever_their_layout():
     seen = []
 
