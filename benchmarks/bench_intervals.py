@@ -3,7 +3,7 @@
     python benchmarks/bench_intervals.py [--methods 7] [--sets 4] [--images 500] [--resamples 1000] [--binades 20]
 
 Each (method, set) holds ``--images`` images whose scores spread log-uniformly over ``--binades`` binades (the
-coarse grid then holds up to 16 bins per binade per image: the worst case for the state's size), accumulated on
+coarse grid then holds up to 32 bins per binade per image: the worst case for the state's size), accumulated on
 the default float-order grid with per-image counts; the time is that of ``segood.evaluation.analysis
 .computed`` and ``significance`` (the pooled metrics, every interval, paired comparison and rank), the size that of the per-image arrays in the
 state. Target (issue 17): 7 methods x 4 sets x 500 images in <= 10 s on CPU; <= 32 KiB per image per

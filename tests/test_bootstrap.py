@@ -225,7 +225,10 @@ def test_coarse_counts_equal_the_coarse_keys_grouped_by_numpy():
 
 @pytest.mark.parametrize("settings, message", [({"resamples": -5}, "at least one resample"),
                                                ({"resamples": 0}, "at least one resample"),
-                                               ({"confidence": 2.0}, "strictly between 0 and 1")])
+                                               ({"confidence": 2.0}, "strictly between 0 and 1"),
+                                               ({"seed": -1}, "seed must be an integer of at least 0"),
+                                               ({"seed": None}, "seed must be an integer of at least 0"),
+                                               ({"seed": 1.5}, "seed must be an integer of at least 0")])
 def test_bad_bootstrap_settings_are_refused_when_made(settings, message):
     """Before any frame is scored (they failed at the end of a run)."""
     with pytest.raises(ValueError, match=message):

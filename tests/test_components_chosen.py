@@ -79,13 +79,16 @@ def test_missing_or_unusable_thresholds_are_errors_that_say_what_to_give(sets, t
     with pytest.raises(ValueError, match=r"--commit-on SET.*--component-thresholds FILE.json.*--component-thresholds "
                                          r"oracle"):
         evaluate(model, sets, METHODS, tmp_path / "a", components={"preset": "obstacle"}, **OPTIONS)
-    with pytest.raises(ValueError, match=r"tuning set 'tune' is not a set of the run; choose one of \['perlin_mixed'"):
+    with pytest.raises(ValueError, match=r"'tune' is not a set of the run; choose one of \['perlin_mixed'"):
         evaluate(model, sets, METHODS, tmp_path / "b", components={"preset": "obstacle"}, commit_on="tune", **OPTIONS)
+    with pytest.raises(ValueError, match=r"commit_on \(--commit-on\) 'cs': a threshold needs ID and OOD pixels on the "
+                                         r"tuning set, and it has \d+ ID and 0 OOD"):  # (its thresholds were None)
+        evaluate(model, sets, METHODS, tmp_path / "b", commit_on="cs", **OPTIONS)
     with pytest.raises(ValueError, match="unknown threshold rule 'best'"):
         evaluate(model, sets, METHODS, tmp_path / "c", components={"preset": "obstacle", "rule": "best"},
                  commit_on="cs", **OPTIONS)
-    with pytest.raises(ValueError, match=r"cannot commit entropy's component threshold on 'cs': it needs ID and OOD "
-                                         r"pixels there \(\d+ ID, 0 OOD\); choose another --commit-on set"):
+    with pytest.raises(ValueError, match=r"'cs': a threshold needs ID and OOD pixels on the tuning set, and it has "
+                                         r"\d+ ID and 0 OOD"):  # (refused before the run, not after it)
         evaluate(model, sets[2:], ["entropy"], tmp_path / "d", components={"preset": "obstacle"}, commit_on="cs",
                  **OPTIONS)
     save_checkpoint(tmp_path / "m.pt", model)

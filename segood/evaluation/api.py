@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from segood._threads import beside_readers
-from segood.data.h5 import H5SegmentationDataset, frame_ids, frame_loader, frame_sizes, require_labels, set_identity
+from segood.data.h5 import (H5SegmentationDataset, frame_ids, frame_loader, frame_sizes, read_manifest, require_labels,
+                             set_identity)
 from segood.evaluation.exchange import ScoreMaps
 from segood.evaluation.layout import RunFolder
 from segood.evaluation.options import EvaluateOptions, ScoreOptions, score_range_of
@@ -131,9 +132,10 @@ def prepare(model, sets, methods, options):
                           "theirs are unbounded (the float-order grid, the default, takes every method)", stacklevel=3)
             methods = [m for m in methods if m.name not in unbinned]
     methods = [method_for_grid(m, o.grid) if isinstance(m, str) else m for m in methods]  # by name: the grid's form
-    if o.components and o.components.get("commit_on") is not None and o.components["commit_on"] not in sets:
-        raise ValueError(f"the component thresholds' tuning set {o.components['commit_on']!r} is not a set of the "
-                         f"run; choose one of {list(sets)}")
+    if o.commit_on is not None:
+        _check_tuning_set(sets, o.commit_on, "commit_on (--commit-on)")
+    if o.components and o.components.get("commit_on") is not None:
+        _check_tuning_set(sets, o.components["commit_on"], "the component thresholds' tuning set")
     fitted = []
     for method in methods:
         check_grid(method, o.grid)
@@ -285,6 +287,17 @@ def _check_run_folder(folder, description):
         if any(_comparable(previous.get(k)) != _comparable(description[k]) for k in ("model", "sets", "methods", "config")):
             raise ValueError(f"{folder.path} holds a different run (another model, sets, methods or settings); "
                              "choose another --out")
+
+
+def _check_tuning_set(sets, name, what):
+    """A set to commit thresholds on must be one of the run's, with ID and OOD pixels (read from its manifest):
+    refused before the run rather than reported as thresholds of none."""
+    if name not in sets:
+        raise ValueError(f"{what} {name!r} is not a set of the run; choose one of {list(sets)}")
+    pixels = read_manifest(sets[name]).get("pixels", {}) if isinstance(sets[name], (str, Path)) else {}
+    if pixels and not (pixels.get("id") and pixels.get("ood")):
+        raise ValueError(f"{what} {name!r}: a threshold needs ID and OOD pixels on the tuning set, and it has "
+                         f"{pixels.get('id', 0)} ID and {pixels.get('ood', 0)} OOD; choose a set of both (a mix)")
 
 
 def _open_set(path, verify=True):

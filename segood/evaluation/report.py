@@ -16,7 +16,7 @@ from segood.io import atomic_write_text, write_json
 from segood.labels import CLASS_NAMES, colorize
 from segood.methods.tuning import same_source_tuning
 from segood.metrics import METRICS, describe_grid, grid_spec
-from segood.metrics.bootstrap import Bootstrap
+from segood.metrics.bootstrap import COARSE_BITS, Bootstrap
 from segood.metrics.official import LABELS as OFFICIAL_LABELS, PER_IMAGE as OFFICIAL_PER_IMAGE
 
 SCHEMA = "segood.results/1"
@@ -308,9 +308,10 @@ def results_markdown(doc):
     if doc.get("bootstrap"):
         b = doc["bootstrap"]
         lines.append(f"[lo, hi]: {b['confidence']:.0%} image-level bootstrap intervals ({b['resamples']} resamples, "
-                     f"seed {b['seed']}). Bold: the best value, and every value not significantly worse than it "
-                     "(paired bootstrap of the methods on the same resamples; intervals of the difference that "
-                     "include 0 are ties). The resampled counts use a coarse grid (16 bins per binade): "
+                     f"seed {b['seed']}). Bold: the best value, and in pooled tables every value not significantly "
+                     "worse than it (paired bootstrap of the methods on the same resamples; intervals of the "
+                     f"difference that include 0 are ties). The resampled counts use a coarse grid ({2 ** COARSE_BITS} "
+                     "bins per binade): "
                      "\"coarsening\" in results.json bounds how far that moves a value.")
     per_image = [f"{(r['per_image_mean'] or {}).get('n_images', 0)}" for r in doc["results"][next(iter(doc["results"]))].values()]
     lines.append(f"Per-image means average the images where a metric is defined ({', '.join(per_image)} images per set).")

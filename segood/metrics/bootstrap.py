@@ -129,6 +129,9 @@ class Bootstrap:
                              "turns the intervals off)")
         if not 0 < self.confidence < 1:
             raise ValueError(f"the intervals' confidence must lie strictly between 0 and 1, got {self.confidence!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
+            raise ValueError(f"the bootstrap's seed must be an integer of at least 0 (it is reported, so that the "
+                             f"intervals can be repeated), got {self.seed!r}")
 
     def weights(self, n_images):
         """(resamples, n_images): how often each image is drawn in each resample."""
