@@ -237,7 +237,7 @@ def _distributed_worker(rank, world, paths, out_dir):
 def test_two_process_gloo_run_equals_single_process(sets, tmp_path):
     """Two ranks give the counts of one process, skipped frames included (each rank skips its own); their merged
     state, resumed by one process, has no frame left to count again."""
-    broken = tmp_path / "broken.h5"  # perlin_mixed with frames 1 (rank 1's) and 4 (rank 0's) damaged
+    broken = tmp_path / "broken.h5"  # perlin_mixed with frames 1 (rank 0's) and 4 (rank 1's) damaged
     shutil.copy(sets / "perlin_mixed.h5", broken)
     shutil.copy(sets / "perlin_mixed.manifest.json", tmp_path / "broken.manifest.json")
     with h5py.File(broken, "r+") as f:
@@ -255,6 +255,12 @@ def test_two_process_gloo_run_equals_single_process(sets, tmp_path):
             for set_name in ("broken", "cs"):
                 a, b = single["results"][method][set_name], other["results"][method][set_name]
                 assert a["pooled"] == b["pooled"] and (a["n_id"], a["n_ood"]) == (b["n_id"], b["n_ood"])
+                assert a["per_image_mean"] == b["per_image_mean"]
+    one, two = np.load(tmp_path / "single/state.npz"), np.load(tmp_path / "multi/state.npz")
+    rows = [k for k in one.files if k.endswith(("/per_image_metrics", "/image_offsets", "/image_keys", "/image_counts"))]
+    assert rows
+    for key in rows:  # per-image rows in frame order, as one process's: the same resamples for the same seed, and
+        np.testing.assert_array_equal(one[key], two[key])  # a paired comparison across runs pairs the same images
         assert other["timings"]["images"] == 7
         assert [entry[:2] for entry in other["skipped_frames"]] == [["broken", 1], ["broken", 4]]
 

@@ -546,6 +546,13 @@ def _frame_counts(value, sets, key):
     return dict(value)
 
 
+def shard_bounds(frames, rank, world_size):
+    """(start, stop) of the frames rank ``rank`` of ``world_size`` scores: contiguous blocks in rank order, so that a
+    merged state's per-image rows (concatenated rank by rank) are in frame order, as one process's are: resamples
+    of the same seed draw the same images, and runs sharded differently pair image by image."""
+    return frames * rank // world_size, frames * (rank + 1) // world_size
+
+
 def run(model, sets, methods, out_dir, options, *, rank=0, world_size=1, seed=0, quality=False,
         examples=(EXAMPLES_PER_SET, EXAMPLE_WIDTH)):
     """Evaluate ``methods`` (method objects) of ``model`` on ``sets`` ({name: .h5 path, or a Dataset of segood
@@ -742,7 +749,7 @@ class _Loop:
     Monte-Carlo seeds and scores). Batches are read ahead by ``workers`` processes
     (:func:`~segood.evaluation.reading.batch_reader`), and each batch's update runs beside the next batch's
     network where ``updates`` overlaps them (:class:`_Updates`; every save waits for the update running).
-    ``shard`` = (rank, world size): this process scores every world-size-th frame."""
+    ``shard`` = (rank, world size): this process scores its block of frames (:func:`shard_bounds`)."""
 
     model: object
     datasets: dict
@@ -766,7 +773,7 @@ class _Loop:
         plan = []
         for set_name, dataset in self.datasets.items():
             if methods_of(set_name):
-                frames = list(range(rank, len(dataset), world_size))[done[set_name]:]
+                frames = list(range(*shard_bounds(len(dataset), rank, world_size)))[done[set_name]:]
                 plan += [(set_name, frames[k : k + self.batch_size]) for k in range(0, len(frames), self.batch_size)]
         return plan
 
