@@ -64,6 +64,25 @@ def test_any_torch_module_is_tuned_as_it_is_evaluated(sources, tmp_path):
         "normal_test"]["auroc"] <= 1
 
 
+def test_on_the_linear_grid_methods_are_tuned_in_its_form_and_on_it(sources, tmp_path):
+    """ODIN is tuned (and tested) in its [0, 1] form, each point binned on the run's linear grid (tuning used the
+    float-order grid and ODIN's unbounded form, which the linear grid then refused)."""
+    tuning, tests = sources
+    one = {"perlin_tune": tuning["perlin_tune"]}
+    doc = cross_source(tiny_network(), one, {"normal_test": tests["normal_test"]}, ["odin"], tmp_path / "p",
+                       progress=False, num_thresholds=100, bootstrap=None)
+    assert doc["tuned_params"]["odin"]["perlin_tune"]["form"] == "softmax"
+    loader = torch.utils.data.DataLoader(H5SegmentationDataset(tuning["perlin_tune"]), batch_size=2)
+    linear = tune("odin", tiny_network(), loader, GRIDS["odin"], tuning_set=tuning["perlin_tune"], progress=False,
+                  metric_grid=doc_grid(tmp_path / "p" / "perlin_tune"))
+    assert doc["tuned_params"]["odin"]["perlin_tune"] == {k: v for k, v in linear.method().params.items()
+                                                          if k != "tuning"}
+
+
+def doc_grid(run):
+    return json.loads((run / "run.json").read_text())["config"]["grid"]
+
+
 def test_bad_protocols_are_refused(sources, tmp_path):
     tuning, tests = sources
     with pytest.raises(ValueError, match="both as tuning and as test"):

@@ -14,7 +14,7 @@ from segood.data.h5 import H5SegmentationDataset, frame_loader, read_manifest, s
 from segood.evaluation.api import evaluate
 from segood.evaluation.options import GRIDS, ProtocolOptions
 from segood.io import atomic_write_text, write_json
-from segood.methods import get_method
+from segood.methods.methods import method_for_grid
 from segood.methods.scorer import Scorer
 from segood.methods.tuning import tune
 from segood.metrics import METRICS
@@ -60,8 +60,9 @@ def cross_source(model, tuning_sets: dict[str, str | Path], test_sets: dict[str,
     tuned_params = {m: {} for m in methods}
     for s, path in tuning_sets.items():
         loader = frame_loader(H5SegmentationDataset(path), evaluation.batch_size)
-        tuned = [tune(m, model, loader, grids[m], metric=metric, tuning_set=path, progress=evaluation.progress).method()
-                 if m in grids else get_method(m) for m in methods]
+        tuned = [tune(m, model, loader, grids[m], metric=metric, tuning_set=path, metric_grid=evaluation.grid,
+                      progress=evaluation.progress).method()
+                 if m in grids else method_for_grid(m, evaluation.grid) for m in methods]
         doc = evaluate(model, {s: path, **test_sets}, tuned, out_dir / s, dataclasses.replace(
             evaluation, resume=evaluation.resume and (out_dir / s / "run.json").exists(), commit_on=s))
         for method in tuned:

@@ -13,7 +13,7 @@ import torch
 from tqdm import tqdm
 
 from segood.data.h5 import set_identity
-from segood.methods.methods import check_grid, get_method
+from segood.methods.methods import LINEAR_FORMS, check_grid, get_method
 from segood.methods.schedule import score_batch
 from segood.metrics import METRICS, make_accumulator
 from segood.models.network import preprocess
@@ -55,7 +55,9 @@ def tune(method_name, model, loader, grid, *, metric="auroc", tuning_set=None, m
     points = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
     if not points:
         raise ValueError("empty grid")
-    methods = [get_method(method_name, **p) for p in points]
+    # on the linear grid, in the [0, 1] form of its score where it has one (as evaluate makes it by name)
+    form = LINEAR_FORMS.get(method_name, {}) if (metric_grid or {}).get("kind") == "linear" else {}
+    methods = [get_method(method_name, **{**form, **p}) for p in points]
     for method in methods:
         check_grid(method, metric_grid or {"kind": "float"})
     accumulators = [make_accumulator(metric_grid) for _ in points]
@@ -77,4 +79,4 @@ def tune(method_name, model, loader, grid, *, metric="auroc", tuning_set=None, m
                          "results on the same OOD source are flagged")
     provenance = {"method": method_name, "metric": metric, "value": best_row[metric], "grid_points": len(points),
                   "set": set_identity(path)}
-    return TuningResult({k: best_row[k] for k in grid}, table, provenance)
+    return TuningResult({**form, **{k: best_row[k] for k in grid}}, table, provenance)
