@@ -89,6 +89,11 @@ def test_bad_protocols_are_refused(sources, tmp_path):
         cross_source(tiny_network(), tuning, {**tests, "perlin_tune": tests["perlin_test"]}, ["entropy"], tmp_path)
     with pytest.raises(ValueError, match="unknown threshold rule"):
         cross_source(tiny_network(), tuning, tests, ["entropy"], tmp_path, rule="accuracy")
+    id_only = tuning["perlin_tune"].parent / "cs.h5"
+    with pytest.raises(ValueError, match=r"tuning set 'cs' .* has \d+ ID and 0 OOD pixels: .* nothing tuned"):
+        cross_source(tiny_network(), {"cs": id_only}, tests, ["entropy"], tmp_path)
+    with pytest.raises(ValueError, match=r"test set 'cs' .* has \d+ ID and 0 OOD pixels: .* every headline undefined"):
+        cross_source(tiny_network(), tuning, {"cs": id_only}, ["entropy"], tmp_path)  # (the headlines were None)
 
 
 def test_cli_protocol(sources, tmp_path, capsys):

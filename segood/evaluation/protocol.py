@@ -45,12 +45,14 @@ def cross_source(model, tuning_sets: dict[str, str | Path], test_sets: dict[str,
     if clash:
         raise ValueError(f"sets {clash} are named both as tuning and as test sets: a tuning set is a held-out split; "
                          "name its own test split differently")
-    for name, path in tuning_sets.items():  # a tuning set must rank: without both kinds, nothing is tuned
-        pixels = read_manifest(path)["pixels"]
-        if not pixels["ood"] or not pixels["id"]:
-            raise ValueError(f"tuning set {name!r} ({path}) has {pixels['id']} ID and {pixels['ood']} OOD pixels: "
-                             "tuning ranks OOD against ID pixels, so a tuning set needs both; give a set with OOD "
-                             "objects (e.g. segood convert mix)")
+    for kind, sets in (("tuning", tuning_sets), ("test", test_sets)):  # each must rank OOD against ID pixels
+        for name, path in sets.items():
+            pixels = read_manifest(path)["pixels"]
+            if not pixels["ood"] or not pixels["id"]:
+                raise ValueError(f"{kind} set {name!r} ({path}) has {pixels['id']} ID and {pixels['ood']} OOD pixels: "
+                                 f"the protocol ranks OOD against ID pixels (a {kind} set without both leaves "
+                                 f"{'nothing tuned' if kind == 'tuning' else 'every headline undefined'}); give a set "
+                                 "with OOD objects (e.g. segood convert mix)")
     sources = {name: set(set_identity(path)["ood_sources"]) for name, path in {**tuning_sets, **test_sets}.items()}
     if not isinstance(model, Scorer):  # (tuning scores the network itself, in inference mode, as the evaluation will)
         model = as_network(model, feature_layer=evaluation.feature_layer,
