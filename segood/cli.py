@@ -228,10 +228,14 @@ def _class_map(spec):
     if spec is None or spec == "cityscapes":
         return spec
     try:
-        return json.loads(Path(spec).read_text())
+        mapping = json.loads(Path(spec).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"--class-map {spec}: give 'cityscapes' or a readable JSON file of a list or a dict "
                          f"({err})") from None
+    if not isinstance(mapping, (list, dict)):
+        raise ValueError(f"--class-map {spec} holds {json.dumps(mapping)}: give a JSON list (the network's class per "
+                         "Cityscapes trainId) or a dict {Cityscapes class: network class}")
+    return mapping
 
 
 def _protocol(args):

@@ -5,6 +5,7 @@ tiny random networks built offline from configs."""
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -239,6 +240,13 @@ def test_class_mapping_by_name_dict_and_list_and_its_refusals():
         class_indices(5, [7])
     with pytest.raises(ValueError, match="names none of its 5 classes"):
         class_indices(5, "cityscapes")
+    # separators aside ("trafficlight" is "traffic light"); integers of any kind; a JSON file's string trainIds
+    assert class_indices([n.replace(" ", "") for n in shuffled], "cityscapes") == indices
+    assert class_indices(5, np.array([4, 0, 2])) == class_indices(5, [np.int64(4), torch.tensor(0), 2]) == (4, 0, 2)
+    assert class_indices(shuffled, {str(k): shuffled.index(n) for k, n in enumerate(CLASS_NAMES)}) == indices
+    for wrong in (5, True):
+        with pytest.raises(ValueError, match="give 'cityscapes', a list of network classes per target class"):
+            class_indices(5, wrong)
 
 
 def test_a_mapped_network_gives_the_target_classes_and_refuses_an_unmappable_one():

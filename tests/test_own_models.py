@@ -107,6 +107,11 @@ def test_align_corners_and_class_count_from_the_command_line(sets, tmp_path, cap
         # (they were ignored: a checkpoint's network was evaluated as though they applied)
         assert main(["evaluate", *given, "--sets", str(sets["cs"]), "--out", str(tmp_path / "no")]) == 2
         assert f"drop {dropped}" in capsys.readouterr().err
+    (tmp_path / "five.json").write_text("5")  # (a traceback; null meant no mapping)
+    assert main(["evaluate", "--model-type", "smp", "--model", "m", "--class-map", str(tmp_path / "five.json"),
+                 "--sets", str(sets["cs"]), "--out", str(tmp_path / "no")]) == 2
+    assert "five.json holds 5: give a JSON list (the network's class per Cityscapes trainId) or a dict" in \
+        capsys.readouterr().err
 
 
 # any number of classes

@@ -12,6 +12,7 @@ The loaders never download: they read local folders and files only (``from_pretr
 ``local_files_only=True``; torchvision with ``weights=None, weights_backbone=None``).
 """
 
+import operator
 import re
 
 import torch
@@ -42,7 +43,19 @@ def list_model_types():
 
 
 def _normalised(name):
-    return re.sub(r"[\s_\-/]+", " ", str(name).strip().lower())
+    """A class name for matching: case, spaces, underscores, hyphens and slashes aside ("Traffic_Light" is
+    "trafficlight")."""
+    return re.sub(r"[\s_\-/]+", "", str(name).lower())
+
+
+def _integer(value):
+    """``value`` as an int where it is an integer of any kind (int, numpy, a 0-d tensor; not bool), else None."""
+    if isinstance(value, (bool, str)):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def class_indices(network_classes, classes):
@@ -65,7 +78,8 @@ def class_indices(network_classes, classes):
     lookup = {} if names is None else {_normalised(n): i for i, n in enumerate(names)}
 
     def index(value, target):
-        if isinstance(value, (int,)) and not isinstance(value, bool):
+        if _integer(value) is not None:
+            value = _integer(value)
             if not 0 <= value < count:
                 raise ValueError(f"class {target!r} maps to network class {value}, but the network has classes "
                                  f"0..{count - 1}")
@@ -94,7 +108,8 @@ def class_indices(network_classes, classes):
         by_name = {_normalised(n): k for k, n in enumerate(CLASS_NAMES)}
         mapped = {}
         for key, value in classes.items():
-            train_id = key if isinstance(key, int) else by_name.get(_normalised(key))
+            train_id = _integer(key) if _integer(key) is not None else (
+                int(key) if str(key).isdigit() else by_name.get(_normalised(key)))  # (JSON's keys are strings)
             if train_id is None or not 0 <= train_id < len(CLASS_NAMES):
                 raise ValueError(f"{key!r} is not a Cityscapes class (trainIds 0..{len(CLASS_NAMES) - 1} or "
                                  f"names {', '.join(CLASS_NAMES)})")
@@ -104,6 +119,9 @@ def class_indices(network_classes, classes):
             raise ValueError(f"the class map leaves Cityscapes classes {', '.join(missing)} unmapped; map every one "
                              "of the 19")
         return tuple(mapped[k] for k in range(len(CLASS_NAMES)))
+    if not (isinstance(classes, (list, tuple)) or getattr(classes, "ndim", None) == 1):  # (or an array, a tensor)
+        raise ValueError(f"classes={classes!r}: give 'cityscapes', a list of network classes per target class, or a "
+                         "dict {Cityscapes class: network class}")
     indices = tuple(index(v, k) for k, v in enumerate(classes))
     if not indices:
         raise ValueError("an empty class list maps no class: give one network class per target class")
