@@ -32,6 +32,9 @@ def test_a_method_scores_any_module_on_uint8_frames():
         torch.testing.assert_close(get_method(name)(module, images[1]), one, rtol=0, atol=0)
     with pytest.raises(ValueError, match="expected uint8 RGB images .*method.score"):
         get_method("entropy")(module, preprocess(images))
+    # method.score, which that error points to, takes the plain module too (it crashed on its output)
+    torch.testing.assert_close(get_method("entropy").score(module, preprocess(images))[0],
+                               get_method("entropy")(module, images), rtol=0, atol=0)
 
 
 def test_evaluate_in_memory_writes_nothing_and_makes_a_table(sets, tmp_path, monkeypatch):

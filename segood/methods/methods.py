@@ -122,15 +122,17 @@ class Method:
                              f"{images.dtype} of shape {tuple(images.shape)}; for ImageNet-normalised float input "
                              "call method.score(model, x)")
         network = as_network(model)
-        device = next(network.parameters()).device
+        device = next(network.parameters(), torch.empty(0)).device  # (a module without parameters: the CPU)
         scores = self.score(network.eval(), preprocess(images.to(device).reshape(-1, *images.shape[-3:])))[0]
         return scores[0] if images.ndim == 3 else scores
 
     def score(self, model, x):
-        """(scores (N, H, W), predicted classes (N, H, W)) of ImageNet-normalised images x (N, 3, H, W)."""
+        """(scores (N, H, W), predicted classes (N, H, W)) of ImageNet-normalised images x (N, 3, H, W), from a segood
+        network or any ``nn.Module`` returning logits (wrapped as :meth:`__call__` wraps it)."""
         from segood.methods.schedule import score_batch
+        from segood.models.external import as_network
 
-        batch = score_batch(model, x, [self])
+        batch = score_batch(as_network(model), x, [self])
         return batch.scores[0], batch.classes
 
 

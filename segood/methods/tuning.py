@@ -16,6 +16,7 @@ from segood.data.h5 import set_identity
 from segood.methods.methods import LINEAR_FORMS, check_grid, get_method
 from segood.methods.schedule import score_batch
 from segood.metrics import METRICS, make_accumulator
+from segood.models.external import as_network
 from segood.models.network import preprocess
 
 
@@ -61,7 +62,8 @@ def tune(method_name, model, loader, grid, *, metric="auroc", tuning_set=None, m
     for method in methods:
         check_grid(method, metric_grid or {"kind": "float"})
     accumulators = [make_accumulator(metric_grid) for _ in points]
-    device = next(model.parameters()).device
+    model = as_network(model)  # (any nn.Module returning logits, as evaluate takes it)
+    device = next(model.parameters(), torch.empty(0)).device
     for batch in tqdm(loader, desc=f"tune {method_name} ({len(points)} points)", disable=not progress):
         x = preprocess(batch["image"].to(device))
         labels = batch["ood_mask"].to(device)
