@@ -358,6 +358,11 @@ def test_mask_level_methods_refuse_networks_without_query_outputs(mask2former):
             with pytest.raises(ValueError, match=f"{name} needs a mask-classification network's .*Load a "
                                                  "Mask2Former or EoMT network"):
                 score_batch(model, x, [get_method(name)])
+    own = hf_model(mask2former)  # 4 classes of its own, no class map: Cityscapes' refinement classes mean nothing
+    with pytest.raises(ValueError, match="mask_max_softmax refines with Cityscapes' stuff classes .* predicts 4 "
+                                         "classes of its own"):  # (they were taken as its own indices 2..10)
+        score_batch(own, x, [get_method("mask_max_softmax")])
+    assert score_batch(own, x, [get_method("mask_max_softmax", refine=False)]).scores[0].shape == (1, 64, 64)
     sliding = hf_model(mask2former, inference="slide", crop=(64, 64), stride=(32, 32))
     for name in ("mask_max_softmax", "eam"):
         with pytest.raises(ValueError, match="Sliding-window inference .* keeps no queries"):

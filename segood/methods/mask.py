@@ -16,6 +16,7 @@ cropped input to the original size).
 import torch
 import torch.nn.functional as F
 
+from segood.labels import NUM_CLASSES
 from segood.methods.methods import Method, register_method, served_heads
 
 #: the heads a mask-classification adapter serves (:class:`segood.models.adapters.LibraryModel`)
@@ -133,6 +134,12 @@ class MaskMaxSoftmax(MaskLevel):
         probs = queries.class_logits.softmax(dim=-1)
         inliers = probs.shape[-1] - 1
         mapped = queries.class_indices
+        default = self.params["refine_classes"] == tuple(MASK2ANOMALY_REFINE_CLASSES)
+        if mapped is None and inliers != NUM_CLASSES and self.params["refine"] and default:
+            raise ValueError(f"mask_max_softmax refines with Cityscapes' stuff classes (trainIds "
+                             f"{', '.join(map(str, MASK2ANOMALY_REFINE_CLASSES))}), and this network predicts "
+                             f"{inliers} classes of its own: map them to Cityscapes' (--class-map, classes=), name "
+                             "its own classes to refine with (refine_classes=) or pass refine=False")
         refine = tuple(mapped[c] if mapped is not None else c for c in self.params["refine_classes"]
                        if mapped is None or c < len(mapped))
         out = []
