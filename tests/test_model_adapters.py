@@ -17,12 +17,13 @@ from transformers import (EomtImageProcessor, Mask2FormerImageProcessor, Segform
 
 from segood.cli import main  # noqa: E402
 from segood.evaluation import evaluate  # noqa: E402
+from segood.evaluation.api import _model_identity  # noqa: E402
 from segood.labels import CLASS_NAMES  # noqa: E402
 from segood.methods import get_method, score_batch  # noqa: E402
 from segood.methods.mask import eam, mask_max_softmax, rba  # noqa: E402
 from segood.models import (build_model, class_indices, hf_model, load_library_model, preprocess,  # noqa: E402
                            sliding_windows, torchvision_model)
-from segood.models.inference import slide  # noqa: E402
+from segood.models.inference import processor_size, slide  # noqa: E402
 from segood.models.network import SegOutput  # noqa: E402
 
 from networks import tiny_eomt, tiny_mask2former  # noqa: E402
@@ -75,6 +76,11 @@ def test_segformer_equals_transformers_post_processing_and_honours_its_processor
     assert torch.equal(batch.classes, torch.stack([r.segmentation for r in ref]))
     default = score_batch(hf_model(network), preprocess(images), [get_method("max_softmax")])
     assert not torch.allclose(default.output.logits, batch.output.logits)  # the processor's mean/std matter
+    # ... and so they are part of the run's identity, as the resize mode's size is (a resume never mixes two)
+    identities = [_model_identity(hf_model(network, p, inference="resize"), None) for p in (
+        processor, SegformerImageProcessor(), SegformerImageProcessor(image_mean=OWN_MEAN, image_std=OWN_STD,
+                                                                      size={"height": 32, "width": 64}))]
+    assert len({json.dumps(i, sort_keys=True) for i in identities}) == 3
 
 
 def test_mask2former_semantic_scores_equal_transformers_post_processing(mask2former):
@@ -104,10 +110,21 @@ def test_eomt_semantic_scores_equal_transformers_post_processing():
     ref = processor.post_process_semantic_segmentation(out, target_sizes=[(64, 64)], return_segmentation_scores=True)
     torch.testing.assert_close(batch.output.logits, ref[0].segmentation_scores[None], atol=1e-5, rtol=1e-5)
     model = hf_model(network, processor)
-    with pytest.raises(ValueError, match="exactly 64x64.*'resize' or 'slide'"):
-        score_batch(model, preprocess(frames(1, 48, 80)), [get_method("rba")])
+    for height, width in ((48, 80), (60, 60)):  # (60x60 was padded to the patch multiple, 64x64, and scored)
+        with pytest.raises(ValueError, match="exactly 64x64.*'resize' or 'slide'"):
+            score_batch(model, preprocess(frames(1, height, width)), [get_method("rba")])
     resized = hf_model(network, processor, inference="resize")
     assert score_batch(resized, preprocess(frames(1, 48, 80)), [get_method("eam")]).scores[0].shape == (1, 48, 80)
+
+
+@pytest.mark.parametrize("height, width", [(100, 151), (151, 100), (720, 1281), (333, 1000)])
+def test_the_resize_size_is_the_image_processors(height, width):
+    """Sides truncated as transformers truncates them (rounding gave 64x97 for 64x96, then 128 wide at the network's
+    multiple of 32)."""
+    for size in ({"shortest_edge": 64, "longest_edge": 1000}, {"shortest_edge": 64, "longest_edge": 100}):
+        processor = Mask2FormerImageProcessor(size=size, size_divisor=0, do_pad=False)
+        done = processor(images=[np.zeros((height, width, 3), np.uint8)], return_tensors="pt")["pixel_values"]
+        assert processor_size(height, width, processor.size) == tuple(done.shape[-2:])
 
 
 @pytest.mark.parametrize("arch", ["deeplabv3_mobilenet_v3_large", "fcn_resnet50", "lraspp_mobilenet_v3_large"])

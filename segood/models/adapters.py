@@ -128,6 +128,12 @@ def class_indices(network_classes, classes):
     return indices
 
 
+def _size_settings(size):
+    """The settings of an image processor's size that :func:`~segood.models.inference.processor_size` reads."""
+    get = size.get if isinstance(size, dict) else (lambda key: getattr(size, key, None))
+    return {k: get(k) for k in ("height", "width", "shortest_edge", "longest_edge") if get(k) is not None}
+
+
 def _some(names):
     names = [str(n) for n in names]
     return ", ".join(names[:25]) + (f" and {len(names) - 25} more" if len(names) > 25 else "")
@@ -196,7 +202,9 @@ class LibraryModel(ExternalModel):
 
     @property
     def input_multiple(self):
-        return self.multiple if self.inference == "whole" else 1
+        """What the scorer pads frames to a multiple of: the network's multiple in ``whole`` mode, unless it sees one
+        size only (a padded frame of another size would pass for it)."""
+        return self.multiple if self.inference == "whole" and not self.fixed_size else 1
 
     def network_input(self, x):
         """ImageNet-normalised ``x`` in the network's own normalisation."""
@@ -243,4 +251,11 @@ class LibraryModel(ExternalModel):
         return {"adapter": type(self).__name__, "inference": self.inference,
                 **({"size": list(self.size)} if self.size else {}),
                 **({"crop": list(self.crop), "stride": list(self.stride)} if self.crop else {}),
-                **({"class_indices": list(self.class_indices)} if self.class_indices else {})}
+                **({"class_indices": list(self.class_indices)} if self.class_indices else {}),
+                # (the input's normalisation and the sizes the network is given: a resumed run never mixes two)
+                **({"gain": self.gain.flatten().tolist(), "shift": self.shift.flatten().tolist()}
+                   if self.renormalise else {}),
+                **({"multiple": self.multiple} if self.multiple != 1 else {}),
+                **({"fixed_size": list(self.fixed_size)} if self.fixed_size else {}),
+                **({"processor_size": _size_settings(self.processor_size)}
+                   if self.inference == "resize" and self.processor_size else {})}

@@ -89,17 +89,21 @@ def resize_and_back(run, x, size, *, align_corners=False):
 def processor_size(height, width, size, *, multiple=1):
     """The (h, w) an image processor resizes a (height, width) frame to: ``size`` a dict (or an object with
     these attributes) of ``height``/``width`` (fixed), or ``shortest_edge`` (with an optional ``longest_edge``
-    cap: the short side scaled to it, aspect kept, the long side no longer than the cap), or ``longest_edge``
-    alone; rounded to ``multiple``."""
+    cap: the short side scaled to it, aspect kept, the long side no longer than the cap; sides truncated as
+    transformers truncates them), or ``longest_edge`` alone; rounded up to ``multiple``."""
     get = size.get if isinstance(size, dict) else (lambda key: getattr(size, key, None))
     if get("height") and get("width"):
         h, w = int(get("height")), int(get("width"))
-    elif get("shortest_edge") or get("longest_edge"):
+    elif get("shortest_edge") or get("longest_edge"):  # as transformers' get_resize_output_image_size: truncated
         short, long_ = min(height, width), max(height, width)
-        scale = get("shortest_edge") / short if get("shortest_edge") else get("longest_edge") / long_
-        if get("longest_edge") and long_ * scale > get("longest_edge"):
-            scale = get("longest_edge") / long_
-        h, w = int(round(height * scale)), int(round(width * scale))
+        cap = get("longest_edge")
+        if get("shortest_edge"):
+            new_short, new_long = int(get("shortest_edge")), int(get("shortest_edge") * long_ / short)
+        else:
+            new_short, new_long = int(cap * short / long_), int(cap)
+        if cap and new_long > cap:
+            new_short, new_long = int(cap * new_short / new_long), int(cap)
+        h, w = (new_short, new_long) if height <= width else (new_long, new_short)
     else:
         raise ValueError(f"the image processor's size {size!r} names no height/width, shortest_edge or "
                          "longest_edge: give the network's size yourself (size=(H, W), --infer-size H W)")
