@@ -455,3 +455,15 @@ def test_monte_carlo_methods_need_two_samples(samples):
     for name in ("varsum", "mutual_info"):
         with pytest.raises(ValueError, match=f"{name} needs at least 2 Monte-Carlo samples"):
             get_method(name, samples=samples)
+
+
+def test_entropy_of_one_class_and_window_sizes_of_one_number_are_refused():
+    """(Entropy over one class divided by log 1 gave NaN maps; an int window a TypeError.)"""
+    from segood.models.inference import check_inference
+
+    with pytest.raises(ValueError, match="entropy .* needs at least 2 classes, and these logits have 1"):
+        get_method("entropy")(torch.nn.Conv2d(3, 1, 1), torch.zeros(1, 3, 8, 8, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="crop must be two positive sides"):
+        check_inference("slide", crop=64)
+    with pytest.raises(ValueError, match="size=.H, W. is the resize mode's network size"):
+        check_inference("resize", size=64)

@@ -299,6 +299,9 @@ def _shared_logit_scores(logits, forms):
     ODIN's spread form keep a pass of their own."""
     temperatures = {}  # {T: whether entropy's weighted sum is needed}
     for name, t in forms:
+        if name == "entropy" and logits.shape[1] < 2:
+            raise ValueError(f"entropy is normalised by log C, the most a distribution over C classes can have: it "
+                             f"needs at least 2 classes, and these logits have {logits.shape[1]}")
         if name in ("max_softmax", "entropy"):
             temperatures[1.0] = temperatures.get(1.0, False) or name == "entropy"
         elif name in ("odin", "energy"):

@@ -28,7 +28,7 @@ def check_inference(mode, *, size=None, crop=None, stride=None):
             raise ValueError("sliding-window inference needs crop=(h, w) (--window H W), e.g. the training crop")
         stride = crop if stride is None else stride
         for name, pair in (("crop", crop), ("stride", stride)):
-            if len(pair) != 2 or min(int(v) for v in pair) < 1:
+            if not _two_sides(pair):
                 raise ValueError(f"{name} must be two positive sides (h, w), got {pair!r}")
         if any(int(s) > int(c) for s, c in zip(stride, crop)):
             raise ValueError(f"a stride {tuple(stride)} larger than the crop {tuple(crop)} leaves pixels no window "
@@ -36,9 +36,17 @@ def check_inference(mode, *, size=None, crop=None, stride=None):
     elif crop is not None or stride is not None:
         raise ValueError(f"crop and stride set the sliding window; inference mode {mode!r} takes none: drop them, "
                          "or choose mode='slide'")
-    if size is not None and (mode != "resize" or len(size) != 2 or min(int(v) for v in size) < 1):
+    if size is not None and (mode != "resize" or not _two_sides(size)):
         raise ValueError(f"size=(H, W) is the resize mode's network size (two positive sides), got {size!r} with "
                          f"mode {mode!r}")
+
+
+def _two_sides(pair):
+    """Whether ``pair`` is (h, w), two positive integers."""
+    try:
+        return len(pair) == 2 and min(int(v) for v in pair) >= 1
+    except (TypeError, ValueError):
+        return False
 
 
 def sliding_windows(height, width, crop, stride):
