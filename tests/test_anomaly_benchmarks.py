@@ -3,6 +3,7 @@ Road Anomaly, RoadObstacles v0) on tiny raw trees in their published layouts, wi
 pixel."""
 
 import io
+import json
 import zipfile
 
 import h5py
@@ -11,6 +12,7 @@ import pytest
 
 from segood.cli import main
 from segood.data import Cityscapes, ConversionError, convert, mix, read_manifest
+from segood.data.common import DatasetLayoutError
 from segood.data.convert import ConversionWarning
 from segood.data.h5 import ARRAYS, UnlabelledFrames, frame_sizes, read_array, require_labels, set_identity
 from segood.data.bdd_anomaly import BDDAnomaly
@@ -367,6 +369,16 @@ def test_road_obstacles_v0_evaluates_the_road_only(tmp_path, capsys):
     assert main(["convert", "road_obstacles_v0", str(tmp_path / "ro"), "--out", str(tmp_path / "cli.h5"), "--size",
                  "18", "32", "--quiet"]) == 0
     np.testing.assert_array_equal(read_set(tmp_path / "cli.h5")[0]["ood_mask"], arrays["ood_mask"])
+    # the release lists its frames in splits.json (Fishyscapes' TFDS builder reads its "full" list)
+    listed = json.loads((tmp_path / "ro" / "frame_list.json").read_text())
+    (tmp_path / "ro" / "frame_list.json").unlink()
+    (tmp_path / "ro" / "splits.json").write_text(json.dumps({"full": listed, "snowstorm": listed[:1]}))
+    with pytest.warns(ConversionWarning):
+        convert(RoadObstaclesV0(tmp_path / "ro"), tmp_path / "splits.h5", size=(18, 32), progress=False)
+    np.testing.assert_array_equal(read_set(tmp_path / "splits.h5")[0]["ood_mask"], arrays["ood_mask"])
+    with pytest.raises(DatasetLayoutError, match="no file matches 'frame_list.json'"):
+        RoadAnomaly(tmp_path / "ro")  # (Road Anomaly has no splits.json)
+    (tmp_path / "ro" / "frame_list.json").write_text(json.dumps(listed))
     with pytest.raises(KeyError, match="road_obstacles_v0"):
         get_adapter("road_obstacles")
     capsys.readouterr()

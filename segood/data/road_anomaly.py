@@ -25,25 +25,32 @@ IMAGE_SUFFIXES = (".webp", ".jpg")
 
 @register_adapter
 class RoadAnomaly(Adapter):
-    """The frames named in ``frame_list.json``, in its order; files in ``frames/`` it does not name are listed
-    under ``unused_files``."""
+    """The frames named in ``frame_list.json`` (RoadObstacles v0: or ``splits.json``'s ``full`` list), in its
+    order; files in ``frames/`` it does not name are listed under ``unused_files``."""
 
     name, source = "road_anomaly", "road_anomaly"
     help = "Road Anomaly (Lis et al. 2019): 0 ID, 2 OOD; labels of another size resized nearest (listed)"
     default_split = None
     split = "test"
-    labels, title = LABELS, "Road Anomaly"
+    labels, title, expected_tree = LABELS, "Road Anomaly", EXPECTED_TREE
     label_map_sha256 = LABELS.sha256
+
+    #: the files that may list the frames, the first found read: {name: the key of the list in it, or None}
+    index_files = {"frame_list.json": None}
 
     def __init__(self, root):
         self.root = Path(root)
-        require_tree(self.root, EXPECTED_TREE, "frame_list.json", self.title)
+        index = next((self.root / f for f in self.index_files if (self.root / f).is_file()), None)
+        if index is None:
+            require_tree(self.root, self.expected_tree, next(iter(self.index_files)), self.title)
+        key = self.index_files[index.name]
         try:
-            names = json.loads((self.root / "frame_list.json").read_text())
+            names = json.loads(index.read_text())
         except (OSError, ValueError) as err:
-            raise ValueError(f"{self.root / 'frame_list.json'} is not a JSON list of frame names ({err})") from None
+            raise ValueError(f"{index} is not JSON ({err})") from None
+        names = names.get(key) if key is not None and isinstance(names, dict) else names
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            raise ValueError(f"{self.root / 'frame_list.json'} must hold a JSON list of frame names")
+            raise ValueError(f"{index} must hold a JSON list of frame names" + (f" under {key!r}" if key else ""))
         self.stems = list(dict.fromkeys(_stem(n) for n in names))
         frames = self.root / "frames"
         if any(frames.glob("*.webp")):
@@ -53,7 +60,7 @@ class RoadAnomaly(Adapter):
         for path in sorted(frames.iterdir()) if frames.is_dir() else ():
             stem = path.name[: -len(".labels")] if path.is_dir() and path.name.endswith(".labels") else _stem(path.name)
             if stem not in listed:
-                self.unused_files.append((f"frames/{path.name}", "not named in frame_list.json"))
+                self.unused_files.append((f"frames/{path.name}", f"not named in {index.name}"))
 
     def refs(self):
         return list(self.stems)
@@ -94,6 +101,9 @@ class RoadObstaclesV0(RoadAnomaly):
     help = "RoadObstacles v0 (Road Anomaly's layout): road 1 ID, anomaly 2 OOD, background 0 and 255 ignore"
     labels, title = OBSTACLES_V0_LABELS, "RoadObstacles v0"
     label_map_sha256 = OBSTACLES_V0_LABELS.sha256
+    # (the release lists its frames in splits.json, whose "full" list Fishyscapes' TFDS builder reads)
+    index_files = {"frame_list.json": None, "splits.json": "full"}
+    expected_tree = EXPECTED_TREE.replace("frame_list.json", "frame_list.json   (or splits.json, its \"full\" list)")
 
 
 def _stem(name):
