@@ -133,7 +133,7 @@ def test_a_refused_requirement_file_changes_nothing_in_the_run(whole):
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
 
 
-def test_resume_after_a_kill_equals_an_uninterrupted_run(sets, whole, tmp_path, monkeypatch):
+def test_resume_after_a_kill_equals_an_uninterrupted_run(sets, whole, tmp_path, monkeypatch, capsys):
     _, doc = whole
     net = tiny_network()
     original = net.forward
@@ -142,8 +142,16 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(sets, whole, tmp_path, 
         robustness(net, [sets / "perlin_mixed.h5"], METHODS, tmp_path / "killed", save_every=1, figures=False,
                    **OPTIONS)
     monkeypatch.setattr(net, "forward", original)
+    (tmp_path / "req.yaml").write_text("requirements:\n  - require: auroc >= 0.0\n")
+    assert main(["approve", str(tmp_path / "killed"), str(tmp_path / "req.yaml")]) == 2  # (it passed on part)
+    assert "is an unfinished run" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "killed")]) == 0
+    doc_killed = json.loads((tmp_path / "killed" / "results.json").read_text())
+    assert doc_killed["unfinished"] and "**The run is unfinished**" in (tmp_path / "killed" / "results.md").read_text()
     resumed = robustness(net, [sets / "perlin_mixed.h5"], METHODS, tmp_path / "killed", resume=True, figures=False,
                          **OPTIONS)
+    assert "unfinished" not in resumed
+    assert main(["approve", str(tmp_path / "killed"), str(tmp_path / "req.yaml")]) == 0
     assert resumed["corrupted"] == doc["corrupted"] and resumed["clean"] == doc["clean"]
     assert resumed["timings"]["images"] == doc["timings"]["images"] == 4 * 5
     with pytest.raises(ValueError, match="holds a different run"):  # other corruptions: not this run's state

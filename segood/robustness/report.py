@@ -140,6 +140,10 @@ def results_markdown(doc):
              f"fly, seeded per (frame, corruption, severity) with seed {spec['seed']}. (a) corrupted ID stays ID: "
              "the methods on the corrupted set's own OOD and ID pixels. (b) corruption as OOD: the clean frames' ID "
              "pixels as ID, the corrupted frames' ID pixels as OOD (clean column: not defined).", ""]
+    if doc.get("unfinished"):
+        lines += [f"**The run is unfinished**: {len(doc['unfinished'])} sets or conditions were not scored to the end "
+                  f"(e.g. {', '.join(list(doc['unfinished'])[:3])}); their numbers are those of part of the frames. "
+                  "Finish it with --resume.", ""]
     methods = list(doc["methods"])
     for s, by_corruption in doc["corrupted"].items():
         clean = doc["clean"][s]

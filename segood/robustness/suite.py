@@ -155,8 +155,21 @@ def robustness_results(run, ev):
     images = sum(ev.images.values())
     timings = {"images": images,
                "ms_per_image": {k: 1e3 * v / images for k, v in ev.seconds.items()} if images else {}}
+    unfinished = unfinished_conditions(run, ev)
     return {"schema": SCHEMA, **run, "robustness": spec, "clean": clean, "corrupted": corrupted, "timings": timings,
-            "skipped_frames": ev.skipped}
+            "skipped_frames": ev.skipped, **({"unfinished": unfinished} if unfinished else {})}
+
+
+def unfinished_conditions(run, ev):
+    """{set or condition: [frames scored or skipped, frames of its set]} where a run stopped before its end."""
+    skipped = [entry[0] for entry in ev.skipped]
+    out = {}
+    for k in ev.set_names:
+        frames = (run["sets"].get(k) or run["sets"].get(k.rpartition("@")[0]) or {}).get("frames")
+        counted = ev.images[k] + skipped.count(k)
+        if frames is not None and counted < frames:
+            out[k] = [counted, frames]
+    return out
 
 
 def write_robustness_report(out_dir, *, figures=True, requirements=None, reference=None):
@@ -177,6 +190,11 @@ def write_robustness_report(out_dir, *, figures=True, requirements=None, referen
     if requirements is not None:
         if not isinstance(requirements, list):
             requirements = load_requirements(requirements)
+        if "unfinished" in doc:
+            raise ValueError(f"{folder.path} is an unfinished run ({len(doc['unfinished'])} sets or conditions not "
+                             "scored to the end, e.g. " + ", ".join(list(doc["unfinished"])[:3]) + "): its numbers "
+                             "are those of part of the frames; finish it with segood robustness ... --resume, then "
+                             "check the requirements")
         doc["approval"] = check_requirements(doc, requirements)
         atomic_write_text(folder.path / "approval.md", approval_markdown(doc["approval"]))
     write_json(folder.results_json, doc)
