@@ -353,3 +353,24 @@ def test_results_tex_holds_the_tables_of_results_md(sets, tmp_path):
             numbers += len(re.findall(r"-?\d+\.\d+", t))
     # a value per cell (2 cells, 2 aggregations, every metric) and intervals where they have width at 3 decimals
     assert 2 * 2 * len(METRIC_NAMES) < numbers <= 3 * 2 * 2 * len(METRIC_NAMES)
+
+
+def test_combined_runs_count_the_same_frames_and_keep_each_methods_model(sets, tmp_path, monkeypatch):
+    from segood.evaluation import combine_runs
+
+    paths, options = [sets / "perlin_mixed.h5"], {"progress": False, "figures": False, "bootstrap": None}
+    for method in ("entropy", "max_softmax", "energy"):
+        evaluate(tiny_network(), paths, [method], tmp_path / method, **options)
+    combine_runs([tmp_path / "entropy", tmp_path / "max_softmax"], tmp_path / "c1", figures=False, bootstrap=None)
+    combine_runs([tmp_path / "c1", tmp_path / "energy"], tmp_path / "c2", figures=False, bootstrap=None)
+    run = json.loads((tmp_path / "c2" / "run.json").read_text())  # (a combined run's models were nested away)
+    assert run["method_models"] == {m: str(tmp_path / m) for m in ("entropy", "max_softmax", "energy")}
+    assert set(run["model"]) == {str(tmp_path / m) for m in ("entropy", "max_softmax", "energy")}
+    with pytest.raises(ValueError, match="holds a run of its own, which the combined report would replace"):
+        combine_runs([tmp_path / "entropy", tmp_path / "max_softmax"], tmp_path / "energy", figures=False)
+    model = tiny_network()
+    monkeypatch.setattr(model, "forward", killed_after(model, 2))
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(model, paths, ["max_logit"], tmp_path / "killed", batch_size=1, save_every=1, **options)
+    with pytest.raises(ValueError, match="the runs counted other frames"):  # (mixed 4 frames with 2, silently)
+        combine_runs([tmp_path / "entropy", tmp_path / "killed"], tmp_path / "c3", figures=False)

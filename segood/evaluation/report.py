@@ -2,6 +2,7 @@
 
 import csv
 import io
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -74,7 +75,7 @@ def build_results(run, ev, *, bootstrap=Bootstrap(), commit_on=None):
                "per_method": runtime(ev)}
     return {"schema": SCHEMA, **run, "results": results, "per_class_mean_score": per_class, "timings": timings,
             "skipped_frames": ev.skipped, "bootstrap": described, "comparisons": comparisons,
-            "commit_on": commit_on, "notes": ev.notes() + _unfinished(run, ev)}
+            "commit_on": commit_on, "notes": run.get("notes", []) + ev.notes() + _unfinished(run, ev)}
 
 
 def _unfinished(run, ev):
@@ -144,6 +145,11 @@ def combine_runs(run_dirs: list[str | Path], out_dir: str | Path, *, figures: bo
     """One report over several runs on the same sets (e.g. one network per head): their accumulators side by
     side, no recomputation. Method names must be distinct across the runs."""
     folders = [RunFolder(d) for d in run_dirs]
+    out = RunFolder(out_dir)
+    if any(out.path.resolve() == f.path.resolve() for f in folders) or (
+            out.run.exists() and "combined_from" not in json.loads(out.run.read_text())):
+        raise ValueError(f"{out.path} holds a run of its own, which the combined report would replace: choose "
+                         "another --out")
     runs = [f.read_run() for f in folders]
     states = [Evaluation.load(f.state()) for f in folders]
     sets = states[0].set_names
@@ -168,6 +174,11 @@ def combine_runs(run_dirs: list[str | Path], out_dir: str | Path, *, figures: bo
     if unchosen:
         raise ValueError(f"{', '.join(unchosen)} stopped before choosing their component thresholds (after the pixel "
                          "pass): finish them with segood evaluate ... --resume first")
+    counted = [(ev.images, sorted(entry[:2] for entry in ev.skipped)) for ev in states]
+    if any(c != counted[0] for c in counted):
+        raise ValueError("the runs counted other frames (" + "; ".join(
+            f"{d}: {c[0]}, {len(c[1])} skipped" for d, c in zip(run_dirs, counted)) + "): finish an interrupted "
+                         "run with segood evaluate ... --resume, or combine runs over the same frames")
     components = {**specs[0], "thresholds": {m: t for c in specs for m, t in c["thresholds"].items()}} if specs else None
     combined = Evaluation(names, sets, states[0].grid, components, official=states[0].official)
     for ev in states:
@@ -182,15 +193,23 @@ def combine_runs(run_dirs: list[str | Path], out_dir: str | Path, *, figures: bo
             combined.seconds[stage] = combined.seconds.get(stage, 0.0) + seconds
         for m in ev.method_names:  # a method's network time is its own run's, not every run's together
             combined.seconds[f"forward/{m}"] = forward_seconds(ev, m)
-    combined.class_count, combined.images = states[0].class_count, states[0].images
-    run = {"toolkit": runs[0]["toolkit"], "model": {str(d): r["model"] for d, r in zip(run_dirs, runs)},
-           "method_models": {m: str(d) for d, r in zip(run_dirs, runs) for m in r["methods"]},
+    combined.class_count, combined.images, combined.skipped = states[0].class_count, states[0].images, states[0].skipped
+    models, method_models = {}, {}
+    for d, r in zip(run_dirs, runs):
+        if "method_models" in r:  # a combined run: its own runs' models, each method with its own
+            models.update(r["model"])
+            method_models.update(r["method_models"])
+        else:
+            models[str(d)] = r["model"]
+            method_models.update({m: str(d) for m in r["methods"]})
+    notes = [note for d, r, ev in zip(run_dirs, runs, states)  # (what each run said of its model's outputs)
+             for note in r.get("notes", [f"{d}: {n}" for n in ev.notes()])]
+    run = {"toolkit": runs[0]["toolkit"], "model": models, "method_models": method_models,
            "sets": runs[0]["sets"], "methods": {m: d for r in runs for m, d in r["methods"].items()},
-           "config": runs[0]["config"], "combined_from": [str(d) for d in run_dirs]}
-    folder = RunFolder(out_dir)
-    write_json(folder.run, run)
-    combined.save(folder.state())
-    return write_report(folder.path, figures=figures, bootstrap=bootstrap, commit_on=commit_on)
+           "config": runs[0]["config"], "combined_from": [str(d) for d in run_dirs], "notes": notes}
+    write_json(out.run, run)
+    combined.save(out.state())
+    return write_report(out.path, figures=figures, bootstrap=bootstrap, commit_on=commit_on)
 
 
 def results_csv(doc):
