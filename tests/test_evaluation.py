@@ -374,3 +374,10 @@ def test_combined_runs_count_the_same_frames_and_keep_each_methods_model(sets, t
         evaluate(model, paths, ["max_logit"], tmp_path / "killed", batch_size=1, save_every=1, **options)
     with pytest.raises(ValueError, match="the runs counted other frames"):  # (mixed 4 frames with 2, silently)
         combine_runs([tmp_path / "entropy", tmp_path / "killed"], tmp_path / "c3", figures=False)
+
+
+def test_the_report_says_which_pixels_each_set_has(sets, tmp_path):
+    evaluate(tiny_network(), [sets / "perlin.h5", sets / "cs.h5", sets / "perlin_mixed.h5"], ["entropy"],
+             tmp_path / "run", progress=False, figures=False, bootstrap=None)
+    line = next(x for x in (tmp_path / "run" / "results.md").read_text().splitlines() if x.startswith("Sets: "))
+    assert line.startswith("Sets: perlin (OOD pixels only), cs (no OOD pixels), perlin_mixed (ID:OOD = ")

@@ -212,6 +212,14 @@ def combine_runs(run_dirs: list[str | Path], out_dir: str | Path, *, figures: bo
     return write_report(out.path, figures=figures, bootstrap=bootstrap, commit_on=commit_on)
 
 
+def _pixels(result):
+    """What a set's counted pixels are, for the report's list of sets."""
+    n_id, n_ood = result["n_id"], result["n_ood"]
+    if not n_ood:
+        return "no OOD pixels" if n_id else "no pixel counted"
+    return f"ID:OOD = {n_id / n_ood:.2f}:1" if n_id else "OOD pixels only"
+
+
 def results_csv(doc):
     """One row per (method, set, aggregation); each metric's bootstrap interval (``<metric>_ci_low`` /
     ``_ci_high``, empty without a bootstrap) and, for the pooled rows, where the exact value lies given the grid's
@@ -308,9 +316,8 @@ def results_markdown(doc):
         lines.append("")
     lines += committed_markdown(doc, sets) + runtime_markdown(doc) + component_markdown(doc, sets)
     lines += official_markdown(doc, sets)
-    ratios = {s: doc["results"][next(iter(doc["results"]))][s]["id_to_ood_ratio"] for s in sets}
-    lines.append("Sets: " + ", ".join(f"{s} (ID:OOD = {r:.2f}:1)" if r else f"{s} (no OOD pixels)"
-                                      for s, r in ratios.items()) + ".")
+    first = doc["results"][next(iter(doc["results"]))]
+    lines.append("Sets: " + ", ".join(f"{s} ({_pixels(first[s])})" for s in sets) + ".")
     if any(r["same_source_tuning"] for by_set in doc["results"].values() for r in by_set.values()):
         lines.append("† tuned on data from the same OOD source as this test set (same_source_tuning).")
     if any(r.get("same_source_oe") for by_set in doc["results"].values() for r in by_set.values()):
@@ -370,7 +377,9 @@ def summary_text(doc):
         title = f"{s} ({benchmark.label}: {', '.join(METRICS[k].label for k in benchmark.headline)} first" + \
             (f"; {n_images} images" if n_images is not None else "") + f"; {per_image or 'pooled'}, * the best)"
         if not any(doc["results"][m][s]["n_ood"] for m in doc["results"]):
-            blocks += [f"{s}: no OOD pixels, so no OOD metric is defined", ""]
+            counted = any(doc["results"][m][s]["n_id"] for m in doc["results"])
+            blocks += [f"{s}: {'no OOD pixels' if counted else 'no frame counted yet'}, so no OOD metric is "
+                       "defined", ""]
             continue
         blocks.append(title)
         blocks.append("  " + "method".ljust(width) + "".join(f"  {h:>{c}}" for h, c in zip(headers, cells)))
