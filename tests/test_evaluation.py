@@ -381,3 +381,5 @@ def test_the_report_says_which_pixels_each_set_has(sets, tmp_path):
              tmp_path / "run", progress=False, figures=False, bootstrap=None)
     line = next(x for x in (tmp_path / "run" / "results.md").read_text().splitlines() if x.startswith("Sets: "))
     assert line.startswith("Sets: perlin (OOD pixels only), cs (no OOD pixels), perlin_mixed (ID:OOD = ")
+    assert main(["report", str(tmp_path / "run"), "--commit-on", "cs"]) == 2  # (its committed tables were empty)
+    assert main(["report", str(tmp_path / "run"), "--commit-on", "perlin_mixed", "-q"]) == 0
