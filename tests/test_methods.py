@@ -467,3 +467,13 @@ def test_entropy_of_one_class_and_window_sizes_of_one_number_are_refused():
         check_inference("slide", crop=64)
     with pytest.raises(ValueError, match="size=.H, W. is the resize mode's network size"):
         check_inference("resize", size=64)
+
+
+def test_methods_scored_in_one_pass_share_its_time():
+    """(The whole fused pass was charged to the first of its methods, the others to nothing.)"""
+    from segood.models.external import as_network
+
+    names = ("max_softmax", "entropy", "energy")
+    batch = score_batch(as_network(torch.nn.Conv2d(3, 19, 1)), torch.randn(1, 3, 32, 32), [get_method(n) for n in names])
+    shares = [batch.seconds[f"score/{n}"] for n in names]
+    assert shares[0] > 0 and shares == [shares[0]] * 3

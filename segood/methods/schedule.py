@@ -190,7 +190,7 @@ def _score_shared(methods, indices, hook_name, alone, value, scores, clock):
     for hook, group in together.items():
         for k, score in zip(group, hook([methods[k] for k in group], value)):
             scores[k] = score
-        clock.lap(f"score/{methods[group[0]].name}")
+        clock.lap(tuple(f"score/{methods[k].name}" for k in group))  # (one fused pass: its time shared)
 
 
 def _tensors(value, change):
@@ -235,6 +235,7 @@ class _Clock:
         return event
 
     def lap(self, stage):
+        """The time since the last lap is ``stage``'s, or shared equally by a tuple of stages (done together)."""
         self.laps.append((stage, self._mark()))
 
     def seconds(self):
@@ -243,5 +244,6 @@ class _Clock:
             if self.cuda:
                 end.synchronize()
             seconds = start.elapsed_time(end) / 1000 if self.cuda else end - start
-            out[stage] = out.get(stage, 0.0) + seconds
+            for name in stage if isinstance(stage, tuple) else (stage,):
+                out[name] = out.get(name, 0.0) + seconds / (len(stage) if isinstance(stage, tuple) else 1)
         return out
