@@ -383,3 +383,18 @@ def test_the_report_says_which_pixels_each_set_has(sets, tmp_path):
     assert line.startswith("Sets: perlin (OOD pixels only), cs (no OOD pixels), perlin_mixed (ID:OOD = ")
     assert main(["report", str(tmp_path / "run"), "--commit-on", "cs"]) == 2  # (its committed tables were empty)
     assert main(["report", str(tmp_path / "run"), "--commit-on", "perlin_mixed", "-q"]) == 0
+
+
+def test_latex_captions_say_what_each_table_bolds_and_the_csv_carries_both_flags(sets, tmp_path):
+    from segood.metrics.bootstrap import Bootstrap
+
+    evaluate(tiny_network(), [sets / "perlin_mixed.h5"], ["entropy", "max_softmax"], tmp_path / "run",
+             progress=False, figures=False, bootstrap=Bootstrap(20))
+    captions = [x for x in (tmp_path / "run" / "results.tex").read_text().splitlines() if x.startswith(r"\caption")]
+    pooled = [c for c in captions if "pooled" in c]
+    per_image = [c for c in captions if "per-image" in c]
+    assert pooled and per_image
+    assert all("not significantly worse (paired bootstrap)" in c for c in pooled)
+    assert not any("significantly" in c for c in per_image)  # (they bold the best value only)
+    header = (tmp_path / "run" / "results.csv").read_text().splitlines()[0].split(",")
+    assert header[header.index("same_source_tuning") + 1] == "same_source_oe"

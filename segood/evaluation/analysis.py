@@ -47,9 +47,8 @@ def committed(ev, results, commit_on=None, rules=tuple(RULES)):
     oracle thresholds each set would choose for itself."""
     if commit_on is not None and commit_on not in ev.set_names:
         raise ValueError(f"--commit-on {commit_on!r} is not a set of the run; choose one of {ev.set_names}")
-    tuning = [results[(m, commit_on)] for m in ev.method_names] if commit_on else []
-    if any(r is not None and r["n_id"] + r["n_ood"] and not (r["n_id"] and r["n_ood"]) for r in tuning):
-        r = next(r for r in tuning if r is not None)
+    r = results[(ev.method_names[0], commit_on)] if commit_on else None  # (every method counts the same pixels)
+    if r is not None and r["n_id"] + r["n_ood"] and not (r["n_id"] and r["n_ood"]):
         raise ValueError(f"--commit-on {commit_on!r}: a threshold needs ID and OOD pixels on the tuning set, and it "
                          f"has {r['n_id']} ID and {r['n_ood']} OOD; choose a set of both (a mix)")
     out = {}

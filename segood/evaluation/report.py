@@ -229,24 +229,25 @@ def results_csv(doc):
     interval_columns = [f"{m}_ci_{side}" for m in METRICS for side in ("low", "high")]
     bound_columns = [f"{m}_bin_{side}" for m in METRICS for side in ("low", "high")]
     writer.writerow(["method", "set", "aggregation", *METRICS, "max_iou_threshold", "n_images", "n_id", "n_ood",
-                     "same_source_tuning", *interval_columns, *bound_columns])
+                     "same_source_tuning", "same_source_oe", *interval_columns, *bound_columns])
 
     def intervals(found):
         return [v for m in METRICS for v in ((found or {}).get(m) or ("", ""))]
 
     for m, by_set in doc["results"].items():
         for s, r in by_set.items():
+            flags = r["same_source_tuning"], r.get("same_source_oe", False)
             writer.writerow([m, s, "pooled", *(r["pooled"].get(k) for k in (*METRICS, "max_iou_threshold")),
-                             "", r["n_id"], r["n_ood"], r["same_source_tuning"], *intervals(r.get("intervals")),
+                             "", r["n_id"], r["n_ood"], *flags, *intervals(r.get("intervals")),
                              *(v for m in METRICS for v in r["bounds"][m])])
             per_image = r["per_image_mean"] or {}
             writer.writerow([m, s, "per-image mean", *(per_image.get(k) for k in METRICS), "",
-                             per_image.get("n_images"), "", "", r["same_source_tuning"],
+                             per_image.get("n_images"), "", "", *flags,
                              *intervals(r.get("per_image_intervals")), *[""] * len(bound_columns)])
             official = r.get("official")
             if official:  # the benchmark's own computation: only the metrics it defines
                 writer.writerow([m, s, official["label"], *(official.get(k, "") for k in METRICS), "", "",
-                                 official["n_id"], official["n_ood"], r["same_source_tuning"],
+                                 official["n_id"], official["n_ood"], *flags,
                                  *[""] * (len(interval_columns) + len(bound_columns))])
     return buffer.getvalue()
 
@@ -516,21 +517,11 @@ def results_latex(doc):
     r"""The metric tables of results.md (:func:`metric_tables`) as LaTeX tables to paste into a paper: one table
     environment per metric and aggregation, booktabs rules (``\usepackage{booktabs}``), values to four decimals
     with their bootstrap intervals, bold as in results.md, the notes in each caption."""
-    b = doc.get("bootstrap")
-    notes = (rf"[lo, hi]: {100 * b['confidence']:.0f}\% image-level bootstrap intervals ({b['resamples']} "
-             rf"resamples, seed {b['seed']}). Bold: the best value and every value not significantly worse (paired "
-             "bootstrap)." if b else "Bold: the best value.")
     tables = metric_tables(doc)
-    cells = [c for _, _, _, rows in tables for _, row in rows for c in row]
-    if any(c.same_source for c in cells):
-        notes += r" $^\dagger$ tuned on data from the same OOD source as the test set."
-    if any(c.same_source_oe for c in cells):
-        notes += r" $^\ddagger$ outlier exposure on objects from the same source as the test set."
-    if any(c.coarse for c in cells):
-        notes += rf" $\approx$ the binning may move the value by more than {COARSE}."
     out = [rf"% segood {doc['toolkit']['segood_version']} ({doc['schema']}): the tables of results.md; needs "
            r"\usepackage{booktabs} (and \usepackage[T1]{fontenc} for accented letters in names)", ""]
     for k, (metric, title, columns, rows) in enumerate(tables):
+        notes = _latex_notes(doc.get("bootstrap"), [c for _, row in rows for c in row], pooled=k < len(METRICS))
         direction = r"$\uparrow$" if METRICS[metric].higher_is_better else r"$\downarrow$"
         out += [r"\begin{table}[t]", r"\centering", r"\small",
                 rf"\caption{{{latex_escape(METRICS[metric].label)} {direction}, {latex_escape(title)}. {notes}}}",
@@ -540,6 +531,21 @@ def results_latex(doc):
         out += [latex_escape(m) + " & " + " & ".join(_latex_cell(c) for c in row) + r" \\" for m, row in rows]
         out += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
     return "\n".join(out)
+
+
+def _latex_notes(b, cells, *, pooled):
+    """A table's caption notes: its intervals, what is bold (the paired comparison is of pooled values) and the
+    flags its own cells carry."""
+    notes = (rf"[lo, hi]: {100 * b['confidence']:.0f}\% image-level bootstrap intervals ({b['resamples']} "
+             rf"resamples, seed {b['seed']}). " if b else "") + "Bold: the best value" + (
+        " and every value not significantly worse (paired bootstrap)." if b and pooled else ".")
+    if any(c.same_source for c in cells):
+        notes += r" $^\dagger$ tuned on data from the same OOD source as the test set."
+    if any(c.same_source_oe for c in cells):
+        notes += r" $^\ddagger$ outlier exposure on objects from the same source as the test set."
+    if any(c.coarse for c in cells):
+        notes += rf" $\approx$ the binning may move the value by more than {COARSE}."
+    return notes
 
 
 def _latex_cell(cell):
