@@ -525,6 +525,9 @@ def _report(args):
     if args.out and not args.combine:
         raise ValueError(f"--out names the folder of a combined report (--combine RUN ...); {args.run_dir}'s own "
                          "report is rewritten in it: drop --out")
+    if args.combine and any(map(is_robustness_run, [args.run_dir, *args.combine])):
+        raise ValueError("--combine sets segood evaluate runs side by side; a robustness run is reported on its own "
+                         "(segood report RUN)")
     if not args.combine and is_robustness_run(args.run_dir):
         write_robustness_report(args.run_dir)
         if args.verbose and not args.quiet:

@@ -167,6 +167,7 @@ def test_cli_and_clear_errors(sets, tmp_path):
                  "--quiet"]) == 0
     doc = json.loads((tmp_path / "c/results.json").read_text())
     assert list(doc["corrupted"]["perlin_mixed"]) == ["jpeg"] and list(doc["corrupted"]["perlin_mixed"]["jpeg"]) == ["5"]
+    assert main(["report", str(tmp_path / "c"), "--combine", str(tmp_path / "c")]) == 2  # (a bare KeyError)
     with pytest.raises(KeyError, match="unknown corruption 'smog'"):
         robustness(net, [sets / "perlin_mixed.h5"], METHODS, tmp_path / "e", corruptions=["smog"])
     with pytest.raises(ValueError, match="severity of fog must be one of"):

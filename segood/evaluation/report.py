@@ -400,7 +400,7 @@ def write_figures(figures, doc, ev):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figures.mkdir(exist_ok=True)
+    figures.mkdir(parents=True, exist_ok=True)
     methods, sets = ev.method_names, ev.set_names
 
     for s in sets:  # ROC and PR curves
