@@ -209,7 +209,7 @@ def approval_markdown(result, *, shown=8):
              "| requirement | cells | result | failing cells |", "|---|---:|---|---|"]
     for row in result["requirements"]:
         named = [f"{f['corruption']} {f['severity']}" + (f" / {f['method']}" if f["method"] else "")
-                 + f" / {f['set']}: " + ("undefined" if f["value"] is None else f"{f['value']:.3f}")
+                 + f" / {f['set']}: " + ("undefined" if f["value"] is None else f"{f['value']:.6g}")
                  for f in row["failing"][:shown]]
         if len(row["failing"]) > shown:
             named.append(f"and {len(row['failing']) - shown} more")
