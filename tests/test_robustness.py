@@ -152,6 +152,8 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(sets, whole, tmp_path, 
                          **OPTIONS)
     assert "unfinished" not in resumed
     assert main(["approve", str(tmp_path / "killed"), str(tmp_path / "req.yaml")]) == 0
+    assert main(["report", str(tmp_path / "killed")]) == 0  # (a rebuilt report dropped the verdict)
+    assert json.loads((tmp_path / "killed" / "results.json").read_text())["approval"]["passed"]
     assert resumed["corrupted"] == doc["corrupted"] and resumed["clean"] == doc["clean"]
     assert resumed["timings"]["images"] == doc["timings"]["images"] == 4 * 5
     with pytest.raises(ValueError, match="holds a different run"):  # other corruptions: not this run's state

@@ -175,15 +175,19 @@ def unfinished_conditions(run, ev):
 def write_robustness_report(out_dir, *, figures=True, requirements=None, reference=None):
     """(Re)write results.json, results.md (and approval.md with ``requirements``) and the figures of a robustness
     run from its saved state; returns the results document. ``reference``: a robustness run (folder or
-    results.json) the summary's mCE is relative to; default: the one the run's last report named, if any."""
+    results.json) the summary's mCE is relative to; default: the one the run's last report named, if any;
+    ``requirements`` likewise default to those it was last checked against."""
     from segood.io import atomic_write_text
     from segood.robustness.approval import approval_markdown, check_requirements, load_requirements
 
     folder = RunFolder(out_dir)
     ev = Evaluation.load(folder.state())
     doc = robustness_results(folder.read_run(), ev)
-    if reference is None and folder.results_json.exists():
-        reference = json.loads(folder.results_json.read_text()).get("reference_run")
+    previous = json.loads(folder.results_json.read_text()) if folder.results_json.exists() else {}
+    if reference is None:
+        reference = previous.get("reference_run")
+    if requirements is None:  # (a rebuilt report checks the requirements the run was last checked against)
+        requirements = previous.get("requirements")
     if reference is not None:
         doc["reference_run"] = str(reference)
     doc["summary"] = summary(doc, None if reference is None else load_reference(reference))
@@ -195,7 +199,7 @@ def write_robustness_report(out_dir, *, figures=True, requirements=None, referen
                              "scored to the end, e.g. " + ", ".join(list(doc["unfinished"])[:3]) + "): its numbers "
                              "are those of part of the frames; finish it with segood robustness ... --resume, then "
                              "check the requirements")
-        doc["approval"] = check_requirements(doc, requirements)
+        doc["requirements"], doc["approval"] = requirements, check_requirements(doc, requirements)
         atomic_write_text(folder.path / "approval.md", approval_markdown(doc["approval"]))
     write_json(folder.results_json, doc)
     atomic_write_text(folder.results_md, results_markdown(doc))
