@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 import shutil
 
 import h5py
@@ -398,3 +399,12 @@ def test_latex_captions_say_what_each_table_bolds_and_the_csv_carries_both_flags
     assert not any("significantly" in c for c in per_image)  # (they bold the best value only)
     header = (tmp_path / "run" / "results.csv").read_text().splitlines()[0].split(",")
     assert header[header.index("same_source_tuning") + 1] == "same_source_oe"
+
+
+def test_a_name_with_a_bar_keeps_the_markdown_tables_whole(sets, tmp_path):
+    evaluate(tiny_network(), {"a|b": sets / "perlin_mixed.h5", "cs": sets / "cs.h5"}, ["entropy"], tmp_path / "run",
+             progress=False, figures=False, bootstrap=None, commit_on="a|b")
+    for table in (tmp_path / "run" / "results.md").read_text().split("\n\n"):
+        rows = [r for r in table.splitlines() if r.startswith("|")]
+        cells = {len(re.split(r"(?<!\\)\|", r)) for r in rows}
+        assert len(cells) <= 1, table  # (the header had a cell more than its rows)

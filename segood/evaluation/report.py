@@ -311,9 +311,9 @@ def results_markdown(doc):
     lines = [f"# Results ({doc['schema']}, segood {doc['toolkit']['segood_version']})", ""]
     for metric, title, columns, rows in metric_tables(doc):
         lines += [f"## {METRICS[metric].label} {arrow(metric)} ({title})", "",
-                  "| method | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+                  "| method | " + " | ".join(map(_md, columns)) + " |", "|---|" + "---:|" * len(columns)]
         for m, cells in rows:
-            lines.append(f"| {m} | " + " | ".join(_markdown_cell(c) for c in cells) + " |")
+            lines.append(f"| {_md(m)} | " + " | ".join(_markdown_cell(c) for c in cells) + " |")
         lines.append("")
     lines += committed_markdown(doc, sets) + runtime_markdown(doc) + component_markdown(doc, sets)
     lines += official_markdown(doc, sets)
@@ -494,6 +494,11 @@ def _ordinal(n):
     return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
+def _md(name):
+    """A method or set name in a Markdown table cell: its ``|`` escaped (it would split the cell)."""
+    return str(name).replace("|", r"\|")
+
+
 def _markdown_cell(cell):
     text = "–" if cell.value is None else f"{cell.value:.4f}"
     flags = (f" [{cell.interval[0]:.3f}, {cell.interval[1]:.3f}]" if cell.interval else "") + \
@@ -567,14 +572,14 @@ def committed_markdown(doc, sets):
     lines = []
     for rule in first[key]:
         lines += [f"## At the {rule} threshold ({title})", "", "TPR / FPR / balanced accuracy.", "",
-                  "| method | " + " | ".join(sets) + " |", "|---|" + "---:|" * len(sets)]
+                  "| method | " + " | ".join(map(_md, sets)) + " |", "|---|" + "---:|" * len(sets)]
         for m, by_set in doc["results"].items():
             cells = []
             for s in sets:
                 at = by_set[s][key][rule]
                 cells.append("–" if at["tpr"] is None else f"{at['tpr']:.3f} / {at['fpr']:.3f} / "
                                                            f"{at['balanced_accuracy']:.3f}")
-            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+            lines.append(f"| {_md(m)} | " + " | ".join(cells) + " |")
         lines.append("")
     return lines
 
@@ -587,7 +592,7 @@ def runtime_markdown(doc):
     lines = ["## Runtime: inference and scoring apart", "",
              "| method | inference ms / image | scoring ms / image | inference ms / MP | scoring ms / MP |",
              "|---|---:|---:|---:|---:|"]
-    lines += [f"| {m} | {t['inference_ms_per_image']:.1f} | {t['scoring_ms_per_image']:.1f} | "
+    lines += [f"| {_md(m)} | {t['inference_ms_per_image']:.1f} | {t['scoring_ms_per_image']:.1f} | "
               f"{t['inference_ms_per_megapixel']:.1f} | {t['scoring_ms_per_megapixel']:.1f} |"
               for m, t in per_method.items()]
     return lines + [""]
@@ -610,11 +615,11 @@ def component_markdown(doc, sets):
     title = (f"## Component-level metrics (SMIYC; ground truth >= {first['min_gt']} px, predictions >= "
              f"{first['min_pred']} px; thresholds {how})")
     lines = [title, "", "sIoU / PPV / F1* per method and set.", "",
-             "| method | " + " | ".join(sets) + " |", "|---|" + "---:|" * len(sets)]
+             "| method | " + " | ".join(map(_md, sets)) + " |", "|---|" + "---:|" * len(sets)]
     for m in doc["results"]:
         row = [cells[(m, s)] for s in sets]
         if any(row):
-            lines.append(f"| {m} | " + " | ".join("–" if not c else " / ".join(
+            lines.append(f"| {_md(m)} | " + " | ".join("–" if not c else " / ".join(
                 "–" if c[k] is None else f"{c[k]:.3f}" for k in ("siou", "ppv", "f1_star")) for c in row) + " |")
     return lines + [""]
 
@@ -641,8 +646,8 @@ def official_markdown(doc, sets):
     for (m, s), c in cells.items():
         if c:
             mine = doc["results"][m][s]["per_image_mean" if per_image else "pooled"] or {}
-            lines.append(f"| {m} | {s} | " + " | ".join(f"{number(mine.get(k))} | {number(c[k])}" for k in names)
-                         + " |")
+            lines.append(f"| {_md(m)} | {_md(s)} | "
+                         + " | ".join(f"{number(mine.get(k))} | {number(c[k])}" for k in names) + " |")
     if "best_f1_threshold" in present[0]:
         lines.append("")
         lines.append(f"{label}: the threshold of best pixel F1 on its curve (its component threshold, tuned on the "
@@ -654,8 +659,9 @@ def official_markdown(doc, sets):
                   "|---|---|---:|---:|---:|"]
         for (m, s), c in with_components:
             mine, theirs = doc["results"][m][s]["components"], c["components"]
-            lines.append(f"| {m} | {s} | " + " | ".join(" / ".join(number(x[k], 3) for k in ("siou", "ppv", "f1_star"))
-                                                        for x in (mine, theirs)) + f" | {theirs['threshold']:.6g} |")
+            lines.append(f"| {_md(m)} | {_md(s)} | "
+                         + " | ".join(" / ".join(number(x[k], 3) for k in ("siou", "ppv", "f1_star"))
+                                      for x in (mine, theirs)) + f" | {theirs['threshold']:.6g} |")
     return lines + [""]
 
 
