@@ -58,7 +58,10 @@ def test_evaluate_in_memory_writes_nothing_and_makes_a_table(sets, tmp_path, mon
     assert main(["report", str(folder)]) == 0  # rebuilt from the saved state alone
     rebuilt = Results(__import__("json").loads((folder / "results.json").read_text()), None)
     np.testing.assert_array_equal(rebuilt.table().value, table.value)
-    figures = results.figures(tmp_path / "figures")
+    assert results.save(folder) == folder  # the same run again: fine
+    with pytest.raises(ValueError, match="holds a different run"):  # (another run's folder was overwritten)
+        again.save(folder)
+    figures = results.figures(tmp_path / "new" / "figures")  # (its parent made too)
     assert any(p.suffix == ".png" for p in figures.iterdir())
     with pytest.raises(ValueError, match="resume continues a run saved in a folder"):
         segood.evaluate(plain_module(), [sets / "perlin_mixed.h5"], ["energy"], resume=True, progress=False)
