@@ -210,7 +210,7 @@ def test_odin_named_on_the_linear_grid_takes_the_paper_form(sets, tmp_path):
 
 
 @pytest.mark.parametrize("methods,batch_size", [(["entropy"], 2), (["max_softmax", "varsum", "mutual_info"], 1)])
-def test_resume_after_a_kill_equals_an_uninterrupted_run(sets, tmp_path, monkeypatch, methods, batch_size):
+def test_resume_after_a_kill_equals_an_uninterrupted_run(sets, tmp_path, monkeypatch, capsys, methods, batch_size):
     paths = [sets / "perlin_mixed.h5", sets / "cs.h5"]
     whole = evaluate(tiny_network("dropout"), paths, methods, tmp_path / "whole", batch_size=batch_size, progress=False,
                      figures=False)
@@ -224,6 +224,10 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(sets, tmp_path, monkeyp
     assert main(["report", str(tmp_path / "killed"), "--resamples", "0"]) == 0  # a report of what was counted
     notes = json.loads((tmp_path / "killed" / "results.json").read_text())["notes"]
     assert any(note.startswith("The run is unfinished") for note in notes)
+    printed = capsys.readouterr().out  # the images counted, not the set's 6 and 3
+    counted = json.loads((tmp_path / "killed" / "results.json").read_text())["timings"]["images_per_set"]
+    assert sum(counted.values()) < 9 and f"perlin_mixed (the paper's protocol: AUROC first; {counted['perlin_mixed']} " \
+        "images;" in printed
     resumed = evaluate(model, paths, methods, tmp_path / "killed", batch_size=batch_size, resume=True,
                        progress=False, figures=False)
     assert resumed["results"] == whole["results"] and resumed["notes"] == whole["notes"] == []

@@ -70,7 +70,7 @@ def build_results(run, ev, *, bootstrap=Bootstrap(), commit_on=None):
             means = np.divide(ev.class_sum[(m, s)], counts, out=np.full(len(counts), np.nan), where=counts > 0)
             per_class[m][s] = {name: (None if np.isnan(v) else float(v)) for name, v in zip(CLASS_NAMES, means)}
     images = sum(ev.images.values())
-    timings = {"images": images,
+    timings = {"images": images, "images_per_set": dict(ev.images),
                "ms_per_image": {k: 1e3 * v / images for k, v in ev.seconds.items()} if images else {},
                "per_method": runtime(ev)}
     return {"schema": SCHEMA, **run, "results": results, "per_class_mean_score": per_class, "timings": timings,
@@ -374,7 +374,7 @@ def summary_text(doc):
         headers = [f"{METRICS[k].label} {arrow(k)}" for k in metrics]
         cells = [max(len(h), 7) for h in headers]
         benchmark = benchmark_of(sources)
-        n_images = identity.get("frames")
+        n_images = (doc.get("timings") or {}).get("images_per_set", {}).get(s, identity.get("frames"))  # counted
         title = f"{s} ({benchmark.label}: {', '.join(METRICS[k].label for k in benchmark.headline)} first" + \
             (f"; {n_images} images" if n_images is not None else "") + f"; {per_image or 'pooled'}, * the best)"
         if not any(doc["results"][m][s]["n_ood"] for m in doc["results"]):
