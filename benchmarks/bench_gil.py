@@ -15,7 +15,6 @@ import threading
 import time
 
 import numba
-import numpy as np
 import torch
 
 from bench_metrics import make_data, spread

@@ -272,8 +272,6 @@ def _export(args):
 
 
 def _evaluate(args):
-    from pathlib import Path
-
     from segood.evaluation import evaluate
     from segood.evaluation.api import start_distributed
 

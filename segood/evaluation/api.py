@@ -3,7 +3,6 @@
 import contextlib
 import dataclasses
 import hashlib
-import json
 import tempfile
 import warnings
 import weakref
@@ -19,7 +18,7 @@ from segood.evaluation.exchange import ScoreMaps
 from segood.evaluation.layout import RunFolder
 from segood.evaluation.options import EvaluateOptions, ScoreOptions, score_range_of
 from segood.evaluation.reading import UnreadableFrame, batch_reader, default_workers
-from segood.evaluation.report import build_results, grid_of_config, write_report
+from segood.evaluation.report import build_results, write_report
 from segood.evaluation.results import Results
 from segood.evaluation.runner import (Evaluation, check_given_thresholds, chosen_by_run, chosen_thresholds,
                                       default_methods, run, run_identity)
@@ -166,7 +165,7 @@ def execute(model, sets, methods, out_dir, description, options, **run_options):
     import torch.distributed as dist
 
     folder = RunFolder(out_dir)
-    _check_run_folder(folder, description)
+    folder.refuse_another_run(description)
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
     fresh = not folder.run.exists()
     if rank == 0:
@@ -235,7 +234,7 @@ def evaluate_score_maps(scores_path: str | Path, data_path: str | Path, out_dir:
                    "config": {"grid": grid, **{key: getattr(options, key) for key in ("components", "official")
                                                if getattr(options, key)}}}
     folder = RunFolder(out_dir)
-    _check_run_folder(folder, description)
+    folder.refuse_another_run(description)
     write_json(folder.run, description)
     ev.save(folder.state())
     return write_report(folder.path, figures=options.figures)
@@ -275,18 +274,6 @@ class ScoredFrames(torch.utils.data.Dataset):
         item, frame_id = self.dataset[index], self.maps.frame_ids[index]
         score = self.maps[frame_id]  # (its shape checked against the frame's before it is read)
         return {**item, "score": torch.from_numpy(np.ascontiguousarray(score))}
-
-
-def _check_run_folder(folder, description):
-    """Refuse an output folder that holds a different run (another model, sets, methods or settings)."""
-    if folder.run.exists():
-        previous = folder.read_run()
-        config = previous.get("config") or {}  # runs before the float-order grid name num_thresholds: the linear grid
-        previous["config"] = {**{k: v for k, v in config.items() if k not in ("num_thresholds", "score_range")},
-                              "grid": grid_of_config(config)}
-        if any(_comparable(previous.get(k)) != _comparable(description[k]) for k in ("model", "sets", "methods", "config")):
-            raise ValueError(f"{folder.path} holds a different run (another model, sets, methods or settings); "
-                             "choose another --out")
 
 
 def _check_tuning_set(sets, name, what):
@@ -387,6 +374,3 @@ def _sha256(path):
                 digest.update(block)
     return digest.hexdigest()
 
-
-def _comparable(obj):
-    return json.loads(json.dumps(obj, sort_keys=True, default=str))

@@ -38,6 +38,19 @@ class RunFolder:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
             raise ValueError(f"{self.run} is unreadable ({err}); rerun the evaluation into a new folder") from None
 
+    def refuse_another_run(self, description):
+        """Refuse this folder where it holds a different run (another model, sets, methods or settings) than the one
+        ``description`` (run.json's content) describes."""
+        if not self.run.exists():
+            return
+        previous = self.read_run()
+        config = previous.get("config") or {}  # runs before the float-order grid name num_thresholds: the linear grid
+        previous["config"] = {**{k: v for k, v in config.items() if k not in ("num_thresholds", "score_range")},
+                              "grid": grid_of_config(config)}
+        if any(_comparable(previous.get(k)) != _comparable(description[k]) for k in ("model", "sets", "methods", "config")):
+            raise ValueError(f"{self.path} holds a different run (another model, sets, methods or settings); "
+                             "choose another --out")
+
     def read_results(self):
         """The results document (results.json)."""
         try:
@@ -47,3 +60,14 @@ class RunFolder:
                              f"{self.path}") from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
             raise ValueError(f"{self.results_json} is unreadable ({err}); rebuild it with segood report") from None
+
+
+def grid_of_config(config):
+    """The grid of a run's config (runs before the float-order grid name num_thresholds: the linear grid)."""
+    from segood.metrics import grid_spec
+
+    return config.get("grid") or grid_spec(config.get("num_thresholds", 400), config.get("score_range", (0.0, 1.0)))
+
+
+def _comparable(obj):
+    return json.loads(json.dumps(obj, sort_keys=True, default=str))

@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 
 from segood.evaluation.analysis import committed, computed, forward_seconds, runtime, significance
-from segood.evaluation.layout import RunFolder
+from segood.evaluation.layout import RunFolder, grid_of_config
 from segood.evaluation.runner import Evaluation
 from segood.io import atomic_write_text, write_json
 from segood.labels import CLASS_NAMES, colorize
 from segood.methods.tuning import same_source_tuning
-from segood.metrics import METRICS, describe_grid, grid_spec
+from segood.metrics import METRICS, describe_grid
 from segood.metrics.bootstrap import COARSE_BITS, Bootstrap
 from segood.metrics.official import LABELS as OFFICIAL_LABELS, PER_IMAGE as OFFICIAL_PER_IMAGE
 
@@ -702,14 +702,6 @@ def too_coarse(metric, result):
     if value is None or lo is None or hi is None:
         return False
     return max(value - lo, hi - value) > COARSE
-
-
-def grid_of_config(config):
-    """The grid of a run's config (runs before the float-order grid name num_thresholds: the linear grid)."""
-    return config.get("grid") or grid_spec(config.get("num_thresholds", 400), config.get("score_range", (0.0, 1.0)))
-
-
-
 
 
 def _file_name(name):

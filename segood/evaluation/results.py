@@ -55,11 +55,9 @@ class Results(dict):
         """Write the run folder's files into ``folder``: run.json, state.npz (so ``segood report`` can rebuild the
         report with other settings), results.json, .csv, .md and .tex; returns the folder. A folder that holds
         another run is refused."""
-        from segood.evaluation.api import _check_run_folder  # (that module imports this one)
-
         out = RunFolder(folder)
         described = {k: self[k] for k in ("toolkit", "model", "sets", "methods", "config") if k in self}
-        _check_run_folder(out, described)  # another run's folder is refused, not overwritten
+        out.refuse_another_run(described)  # (not overwritten)
         out.path.mkdir(parents=True, exist_ok=True)
         write_json(out.run, described)
         self.state.save(out.state())
