@@ -436,7 +436,7 @@ def add_run_options(parser):
     """What a run into a folder takes (segood evaluate and segood robustness)."""
     from pathlib import Path
 
-    parser.add_argument("--fit-set", type=Path, help="converted training set to fit Mahalanobis on")
+    parser.add_argument("--fit-set", type=Path, help="converted training set to fit Mahalanobis and SML on")
     parser.add_argument("--out", type=Path, required=True, help="run folder, e.g. runs/NAME")
     parser.add_argument("--batch-size", type=positive_int, default=2)
     parser.add_argument("--device", help="cpu, cuda, cuda:1 (default: the model's)")
@@ -659,7 +659,8 @@ def build_parser(*, adapters=True):
 
     demo = sub.add_parser("demo", help="the whole benchmark on generated data in the real raw layouts")
     demo.add_argument("--out", type=Path, default=Path("runs/demo"), help="output folder (default runs/demo)")
-    demo.add_argument("--data", type=Path, default=Path("datasets/demo"), help="raw trees and sets (cached)")
+    demo.add_argument("--data", type=Path, default=Path("datasets/demo"),
+                      help="raw trees and sets, cached (default datasets/demo)")
     demo.add_argument("--seed", type=natural, default=0, help="data seed (the shipped checkpoints used 0)")
     demo.add_argument("--retrain", action="store_true", help="train the five demo checkpoints from scratch")
     demo.add_argument("--quick", action="store_true", help="a few small frames (a smoke test, not a benchmark)")

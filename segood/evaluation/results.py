@@ -33,8 +33,12 @@ class Results(dict):
     def table(self, *, aggregation: str = "pooled") -> pandas.DataFrame:
         """A pandas DataFrame, one row per (method, set, metric): ``value`` and its bootstrap interval
         ``low``..``high`` (NaN where the run drew none); ``aggregation`` "pooled" (every pixel of the set, the
-        default) or "per-image mean" (needs pandas)."""
-        import pandas as pd
+        default) or "per-image mean" (needs pandas: ``pip install segood[notebook]``)."""
+        try:
+            import pandas as pd
+        except ModuleNotFoundError:
+            raise ModuleNotFoundError("Results.table() makes a pandas DataFrame: pip install 'segood[notebook]' (or "
+                                      "pandas); the numbers themselves are in the results dict without it") from None
 
         if aggregation not in ("pooled", "per-image mean"):
             raise ValueError(f"aggregation must be 'pooled' or 'per-image mean', got {aggregation!r}")
