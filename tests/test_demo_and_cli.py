@@ -70,6 +70,8 @@ def test_reduced_demo_end_to_end_with_the_shipped_checkpoints(tmp_path, capsys):
     assert all(0.0 <= r["p_oe_better"] <= 1.0 for r in oe["rows"] if r["p_oe_better"] is not None)
     assert "| entropy | sun ‡ | AUROC ↑ |" in out and "| entropy | paste | AUROC ↑ |" in out
     assert (tmp_path / "run/figures/metrics.png").stat().st_size > 10_000
+    assert main(["report", str(tmp_path / "run"), "-q"]) == 0  # a rebuilt report keeps the OE comparison (it was lost)
+    assert json.loads((tmp_path / "run/results.json").read_text())["outlier_exposure"] == oe
 
 
 def test_metrics_command_and_its_errors(tmp_path, capsys):

@@ -131,6 +131,9 @@ def write_report(out_dir: str | Path, *, figures: bool = True, bootstrap: Bootst
     folder = RunFolder(out_dir)
     ev = Evaluation.load(folder.state()) if state is None else state
     doc = build_results(folder.read_run(), ev, bootstrap=bootstrap, commit_on=commit_on)
+    if folder.results_json.exists():  # what a caller added to the document (the demo's OE comparison) is kept
+        previous = json.loads(folder.results_json.read_text())
+        doc = {**{k: v for k, v in previous.items() if k not in doc}, **doc}
     write_json(folder.results_json, doc)
     atomic_write_text(folder.results_csv, results_csv(doc))
     atomic_write_text(folder.results_md, results_markdown(doc))
