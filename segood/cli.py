@@ -714,7 +714,8 @@ def build_parser(*, adapters=True):
                        ("poly-power", non_negative_float), ("dropout-p", float), ("reduced-dim", positive_int),
                        ("workers", natural), ("seed", natural)):
         train.add_argument(f"--{name}", type=kind)
-    train.add_argument("--crop", type=positive_int, nargs=2, metavar=("H", "W"), help="training crop (default 512 1024)")
+    train.add_argument("--crop", type=positive_int, nargs=2, metavar=("H", "W"),
+                       help="training crop (default 512 1024)")
     train.add_argument("--scale", type=float, nargs=2, metavar=("MIN", "MAX"), help="random scale (default 0.5 2)")
     train.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
     train.add_argument("--init", help="start from this checkpoint (its network settings; fine-tuning)")
@@ -732,7 +733,8 @@ def build_parser(*, adapters=True):
     train.add_argument("--oe-reduction", choices=("sets", "pixels"),
                        help="entropy: each term a mean over its pixels (sets, the paper) or over all (pixels)")
     train.add_argument("--resume", action="store_true", help="continue from OUT/last.pt")
-    train.add_argument("--stop-after", type=positive_int, help="stop after this many epochs (resume later with --resume)")
+    train.add_argument("--stop-after", type=positive_int,
+                       help="stop after this many epochs (resume later with --resume)")
     train.add_argument("--quiet", action="store_true")
     train.set_defaults(run=_train)
 
@@ -783,7 +785,8 @@ def build_parser(*, adapters=True):
     att.add_argument("--blend", choices=BLENDS, default="feather", help="default feather")
     att.add_argument("--height-ratio", type=float, nargs=2, default=HEIGHT_RATIO, metavar=("LOW", "HIGH"),
                      help="pasted height / distance of its base below the horizon (default %(default)s)")
-    att.add_argument("--budget", type=positive_int, default=100, help="network passes per frame and method (default 100)")
+    att.add_argument("--budget", type=positive_int, default=100,
+                     help="network passes per frame and method (default 100)")
     att.add_argument("--temperature", type=positive_float, default=0.1,
                      help="of the energy in units of the method's ID score spread (default 0.1)")
     att.add_argument("--step", type=positive_float, default=0.1, help="proposal std in the unit cube (default 0.1)")

@@ -47,7 +47,8 @@ class RunFolder:
         config = previous.get("config") or {}  # runs before the float-order grid name num_thresholds: the linear grid
         previous["config"] = {**{k: v for k, v in config.items() if k not in ("num_thresholds", "score_range")},
                               "grid": grid_of_config(config)}
-        if any(_comparable(previous.get(k)) != _comparable(description[k]) for k in ("model", "sets", "methods", "config")):
+        if any(_comparable(previous.get(k)) != _comparable(description[k])
+               for k in ("model", "sets", "methods", "config")):
             raise ValueError(f"{self.path} holds a different run (another model, sets, methods or settings); "
                              "choose another --out")
 

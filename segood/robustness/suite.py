@@ -44,8 +44,8 @@ def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corrupti
     severity); ``requirements``: type-approval requirements (a YAML path, or parsed ones) checked at the end.
     ``family``: the corruptions by default, "segood" (segood's own; without a family too), "standard" (the 15 of
     ImageNet-C / Cityscapes-C, ``c:NAME``) or "all"; named ``corruptions`` must be of it; ``standard_size``:
-    "fixed" (the standard's pixel sizes) or "height" (scaled to the frames' rows); ``reference``: a robustness run (folder or results.json) whose numbers the
-    summary's corruption errors (mCE) are relative to."""
+    "fixed" (the standard's pixel sizes) or "height" (scaled to the frames' rows); ``reference``: a robustness
+    run (folder or results.json) whose numbers the summary's corruption errors (mCE) are relative to."""
     from segood.robustness.approval import load_requirements
     from segood.robustness.standard import standard_scale
 
