@@ -883,7 +883,8 @@ def build_parser(*, adapters=True):
     report = sub.add_parser("report", help="rebuild a run's tables and figures from its saved state")
     report.add_argument("run_dir", type=Path, metavar="RUN", help="a run folder written by segood evaluate")
     report.add_argument("--combine", type=Path, nargs="+", metavar="RUN",
-                        help="more runs on the same sets (e.g. one per head) to report side by side")
+                        help="more runs on the same sets (e.g. one per network) to report side by side; a method "
+                             "of several runs is named by its run's folder too")
     report.add_argument("--out", type=Path, help="with --combine: the combined report's folder")
     add_analysis_options(report)
     add_verbosity(report, progress=False)

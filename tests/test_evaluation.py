@@ -412,3 +412,19 @@ def test_a_name_with_a_bar_keeps_the_markdown_tables_whole(sets, tmp_path):
         rows = [r for r in table.splitlines() if r.startswith("|")]
         cells = {len(re.split(r"(?<!\\)\|", r)) for r in rows}
         assert len(cells) <= 1, table  # (the header had a cell more than its rows)
+
+
+def test_the_same_methods_of_two_networks_combine_named_by_their_runs(sets, tmp_path):
+    from segood.evaluation import combine_runs
+
+    paths, methods = [sets / "perlin_mixed.h5"], ["entropy", "max_softmax"]
+    runs = {name: evaluate(network, paths, methods, tmp_path / name, progress=False, figures=False, bootstrap=None)
+            for name, network in (("plain", tiny_network()), ("mcd", tiny_network("dropout")))}
+    doc = combine_runs([tmp_path / "plain", tmp_path / "mcd"], tmp_path / "both", bootstrap=None)
+    assert list(doc["results"]) == [f"{m} ({name})" for name in runs for m in methods]  # (refused before)
+    for name, run in runs.items():
+        for m in methods:
+            assert doc["results"][f"{m} ({name})"] == run["results"][m]
+            assert doc["method_models"][f"{m} ({name})"] == str(tmp_path / name)
+    assert (tmp_path / "both" / "figures" / "examples_perlin_mixed.png").exists()
+    assert main(["report", str(tmp_path / "both"), "-q"]) == 0  # rebuilt from the combined state alone

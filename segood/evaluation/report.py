@@ -5,6 +5,7 @@ import io
 import json
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,7 +147,8 @@ def write_report(out_dir: str | Path, *, figures: bool = True, bootstrap: Bootst
 def combine_runs(run_dirs: list[str | Path], out_dir: str | Path, *, figures: bool = True,
                  bootstrap: Bootstrap | None = Bootstrap(), commit_on: str | None = None) -> dict:
     """One report over several runs on the same sets (e.g. one network per head): their accumulators side by
-    side, no recomputation. Method names must be distinct across the runs."""
+    side, no recomputation. A method that several runs evaluated (max softmax of two networks) is named by its
+    run's folder too: ``max_softmax (psp_plain_eval)``."""
     folders = [RunFolder(d) for d in run_dirs]
     out = RunFolder(out_dir)
     if any(out.path.resolve() == f.path.resolve() for f in folders) or (
@@ -162,9 +164,12 @@ def combine_runs(run_dirs: list[str | Path], out_dir: str | Path, *, figures: bo
         for set_name in sets:
             if run["sets"][set_name]["manifest_sha256"] != runs[0]["sets"][set_name]["manifest_sha256"]:
                 raise ValueError(f"set {set_name!r} differs between the runs (another manifest): not comparable")
-    names = [m for ev in states for m in ev.method_names]
+    repeated = Counter(m for ev in states for m in ev.method_names)
+    renames = [{m: f"{m} ({Path(d).name})" if repeated[m] > 1 else m for m in ev.method_names}
+               for d, ev in zip(run_dirs, states)]
+    names = [rename[m] for rename, ev in zip(renames, states) for m in ev.method_names]
     if len(set(names)) != len(names):
-        raise ValueError(f"method names repeat across the runs: {names}")
+        raise ValueError(f"method names repeat across the runs, and so do the runs' folder names: {names}")
     if any(ev.grid != states[0].grid for ev in states):
         raise ValueError(f"runs on different threshold grids cannot be combined: {[ev.grid for ev in states]}")
     specs = [ev.components for ev in states if ev.components]
@@ -182,33 +187,36 @@ def combine_runs(run_dirs: list[str | Path], out_dir: str | Path, *, figures: bo
         raise ValueError("the runs counted other frames (" + "; ".join(
             f"{d}: {c[0]}, {len(c[1])} skipped" for d, c in zip(run_dirs, counted)) + "): finish an interrupted "
                          "run with segood evaluate ... --resume, or combine runs over the same frames")
-    components = {**specs[0], "thresholds": {m: t for c in specs for m, t in c["thresholds"].items()}} if specs else None
+    thresholds = {rename[m]: t for rename, ev in zip(renames, states) if ev.components
+                  for m, t in ev.components["thresholds"].items() if m in rename}
+    components = {**specs[0], "thresholds": thresholds} if specs else None
     combined = Evaluation(names, sets, states[0].grid, components, official=states[0].official)
-    for ev in states:
-        combined.acc.update(ev.acc)
-        combined.comp.update(ev.comp)
-        combined.official_acc.update(ev.official_acc)
-        combined.official_comp.update(ev.official_comp)
-        combined.class_sum.update(ev.class_sum)
+    for ev, rename in zip(states, renames):
+        for part in ("acc", "comp", "official_acc", "official_comp", "class_sum"):
+            getattr(combined, part).update({(rename[m], s): v for (m, s), v in getattr(ev, part).items()})
         for key, example in ev.examples.items():
-            combined.examples.setdefault(key, {}).update(example)
+            combined.examples.setdefault(key, {}).update(
+                {f"score_{rename[f[6:]]}" if f.startswith("score_") else f: v for f, v in example.items()})
         for stage, seconds in ev.seconds.items():
+            kind, _, m = stage.partition("/")
+            stage = f"{kind}/{rename[m]}" if m in rename else stage
             combined.seconds[stage] = combined.seconds.get(stage, 0.0) + seconds
         for m in ev.method_names:  # a method's network time is its own run's, not every run's together
-            combined.seconds[f"forward/{m}"] = forward_seconds(ev, m)
+            combined.seconds[f"forward/{rename[m]}"] = forward_seconds(ev, m)
     combined.class_count, combined.images, combined.skipped = states[0].class_count, states[0].images, states[0].skipped
     models, method_models = {}, {}
-    for d, r in zip(run_dirs, runs):
+    for d, r, rename in zip(run_dirs, runs, renames):
         if "method_models" in r:  # a combined run: its own runs' models, each method with its own
             models.update(r["model"])
-            method_models.update(r["method_models"])
+            method_models.update({rename[m]: model for m, model in r["method_models"].items()})
         else:
             models[str(d)] = r["model"]
-            method_models.update({m: str(d) for m in r["methods"]})
+            method_models.update({rename[m]: str(d) for m in r["methods"]})
     notes = [note for d, r, ev in zip(run_dirs, runs, states)  # (what each run said of its model's outputs)
              for note in r.get("notes", [f"{d}: {n}" for n in ev.notes()])]
     run = {"toolkit": runs[0]["toolkit"], "model": models, "method_models": method_models,
-           "sets": runs[0]["sets"], "methods": {m: d for r in runs for m, d in r["methods"].items()},
+           "sets": runs[0]["sets"],
+           "methods": {rename[m]: d for r, rename in zip(runs, renames) for m, d in r["methods"].items()},
            "config": runs[0]["config"], "combined_from": [str(d) for d in run_dirs], "notes": notes}
     write_json(out.run, run)
     combined.save(out.state())
