@@ -428,3 +428,18 @@ def test_the_same_methods_of_two_networks_combine_named_by_their_runs(sets, tmp_
             assert doc["method_models"][f"{m} ({name})"] == str(tmp_path / name)
     assert (tmp_path / "both" / "figures" / "examples_perlin_mixed.png").exists()
     assert main(["report", str(tmp_path / "both"), "-q"]) == 0  # rebuilt from the combined state alone
+
+
+def test_the_printed_table_marks_values_the_grid_cannot_pin_down(sets, tmp_path, capsys):
+    """ODIN at T = 1000 on the paper's linear grid saturates into one bin: its AUROC of 0.5 is marked ≈ where it is
+    printed, as results.md marks it (the printed table gave no hint)."""
+    assert main(["evaluate", "--checkpoint", str(_checkpoint(tmp_path)), "--sets", str(sets / "perlin_mixed.h5"),
+                 "--methods", "odin", "--num-thresholds", "400", "--resamples", "0", "--out", str(tmp_path / "r")]) == 0
+    printed = capsys.readouterr().out
+    row = next(line for line in printed.splitlines() if line.strip().startswith("odin"))
+    assert "≈" in row and "≈ the grid's bins leave the value more than" in printed
+
+
+def _checkpoint(tmp_path):
+    save_checkpoint(tmp_path / "m.pt", tiny_network())
+    return tmp_path / "m.pt"

@@ -361,8 +361,9 @@ def summary_text(doc):
     """What ``segood evaluate`` prints: one compact table per set, the methods ranked by the set's headline metric
     (its benchmark's, :mod:`segood.data.benchmarks`: AUPRC and FPR95 for SegmentMeIfYouCan and Fishyscapes, AUROC
     for the paper's sets) and the headline first; pooled values (per-image means for a set whose protocol averages
-    per image, its identity's ``per_image_headline``), best in each column marked *. The full report (intervals,
-    per-image means, thresholds, runtime) is results.md."""
+    per image, its identity's ``per_image_headline``), best in each column marked *, ≈ where the grid's bins leave
+    a pooled value far from exact. The full report (intervals, per-image means, thresholds, runtime) is
+    results.md."""
     from segood.data.benchmarks import benchmark_of, headline_metrics
 
     sets = list(next(iter(doc["results"].values())))
@@ -395,10 +396,14 @@ def summary_text(doc):
             continue
         blocks.append(title)
         blocks.append("  " + "method".ljust(width) + "".join(f"  {h:>{c}}" for h, c in zip(headers, cells)))
+        coarse = {(m, k) for m, _ in rows for k in metrics if not per_image and too_coarse(k, doc["results"][m][s])}
         for m, pooled in rows:
-            texts = ["–" if pooled.get(k) is None else f"{pooled[k]:.4f}" + ("*" if pooled[k] == best[k] else " ")
+            texts = ["–" if pooled.get(k) is None else f"{pooled[k]:.4f}"
+                     + (("*" if pooled[k] == best[k] else "") + ("≈" if (m, k) in coarse else "") or " ")
                      for k in metrics]
             blocks.append(("  " + m.ljust(width) + "".join(f"  {t:>{c}}" for t, c in zip(texts, cells))).rstrip())
+        if coarse:
+            blocks.append(f"≈ the grid's bins leave the value more than {COARSE} from exact (results.md: its bounds)")
         blocks.append("")
     return "\n".join(blocks)
 
