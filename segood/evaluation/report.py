@@ -81,15 +81,22 @@ def build_results(run, ev, *, bootstrap=Bootstrap(), commit_on=None):
 
 def _unfinished(run, ev):
     """Notes for the sets whose frames were not all scored (or skipped): a run stopped before its end."""
+    return [f"The run is unfinished: {counted} of the {frames} frames of {s} were scored or skipped, and its "
+            "numbers are those of these frames only; finish it with --resume."
+            for s, (counted, frames) in unfinished_sets(run, ev).items()]
+
+
+def unfinished_sets(run, ev):
+    """{set: [frames scored or skipped, frames of the set]} for the sets of a run stopped before its end (a
+    robustness run's conditions, ``set@corruption-level``, have their set's frames)."""
     skipped = [entry[0] for entry in ev.skipped]
-    notes = []
+    out = {}
     for s in ev.set_names:
-        frames = run["sets"].get(s, {}).get("frames")
+        frames = (run["sets"].get(s) or run["sets"].get(s.rpartition("@")[0]) or {}).get("frames")
         counted = ev.images[s] + skipped.count(s)
         if frames is not None and counted < frames:
-            notes.append(f"The run is unfinished: {counted} of the {frames} frames of {s} were scored or skipped, "
-                         "and its numbers are those of these frames only; finish it with --resume.")
-    return notes
+            out[s] = [counted, frames]
+    return out
 
 
 def _outlier_exposure(run, method):

@@ -134,7 +134,7 @@ class MaskMaxSoftmax(MaskLevel):
         probs = queries.class_logits.softmax(dim=-1)
         inliers = probs.shape[-1] - 1
         mapped = queries.class_indices
-        default = self.params["refine_classes"] == tuple(MASK2ANOMALY_REFINE_CLASSES)
+        default = self.params["refine_classes"] == MASK2ANOMALY_REFINE_CLASSES
         if mapped is None and inliers != NUM_CLASSES and self.params["refine"] and default:
             raise ValueError(f"mask_max_softmax refines with Cityscapes' stuff classes (trainIds "
                              f"{', '.join(map(str, MASK2ANOMALY_REFINE_CLASSES))}), and this network predicts "

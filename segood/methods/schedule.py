@@ -244,6 +244,7 @@ class _Clock:
             if self.cuda:
                 end.synchronize()
             seconds = start.elapsed_time(end) / 1000 if self.cuda else end - start
-            for name in stage if isinstance(stage, tuple) else (stage,):
-                out[name] = out.get(name, 0.0) + seconds / (len(stage) if isinstance(stage, tuple) else 1)
+            names = stage if isinstance(stage, tuple) else (stage,)
+            for name in names:
+                out[name] = out.get(name, 0.0) + seconds / len(names)
         return out

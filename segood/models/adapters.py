@@ -19,7 +19,8 @@ import torch
 
 from segood.labels import CLASS_NAMES
 from segood.models.external import ExternalModel
-from segood.models.inference import (check_inference, processor_size, resize_and_back, run_padded, slide)
+from segood.models.inference import (check_inference, processor_size, resize_and_back, run_padded, size_settings,
+                                     slide)
 from segood.models.network import IMAGENET_MEAN, IMAGENET_STD, SegOutput
 from segood.registry import Registry
 
@@ -78,12 +79,11 @@ def class_indices(network_classes, classes):
     lookup = {} if names is None else {_normalised(n): i for i, n in enumerate(names)}
 
     def index(value, target):
-        if _integer(value) is not None:
-            value = _integer(value)
-            if not 0 <= value < count:
-                raise ValueError(f"class {target!r} maps to network class {value}, but the network has classes "
+        if (number := _integer(value)) is not None:
+            if not 0 <= number < count:
+                raise ValueError(f"class {target!r} maps to network class {number}, but the network has classes "
                                  f"0..{count - 1}")
-            return value
+            return number
         found = lookup.get(_normalised(value))
         if found is None:
             raise ValueError(f"class {target!r} maps to {value!r}, which is not a class of the network; it has "
@@ -108,8 +108,9 @@ def class_indices(network_classes, classes):
         by_name = {_normalised(n): k for k, n in enumerate(CLASS_NAMES)}
         mapped = {}
         for key, value in classes.items():
-            train_id = _integer(key) if _integer(key) is not None else (
-                int(key) if str(key).isdigit() else by_name.get(_normalised(key)))  # (JSON's keys are strings)
+            train_id = _integer(key)
+            if train_id is None:  # a name, or a trainId as text (JSON's keys are strings)
+                train_id = int(key) if str(key).isdigit() else by_name.get(_normalised(key))
             if train_id is None or not 0 <= train_id < len(CLASS_NAMES):
                 raise ValueError(f"{key!r} is not a Cityscapes class (trainIds 0..{len(CLASS_NAMES) - 1} or "
                                  f"names {', '.join(CLASS_NAMES)})")
@@ -126,12 +127,6 @@ def class_indices(network_classes, classes):
     if not indices:
         raise ValueError("an empty class list maps no class: give one network class per target class")
     return indices
-
-
-def _size_settings(size):
-    """The settings of an image processor's size that :func:`~segood.models.inference.processor_size` reads."""
-    get = size.get if isinstance(size, dict) else (lambda key: getattr(size, key, None))
-    return {k: get(k) for k in ("height", "width", "shortest_edge", "longest_edge") if get(k) is not None}
 
 
 def _some(names):
@@ -257,5 +252,5 @@ class LibraryModel(ExternalModel):
                    if self.renormalise else {}),
                 **({"multiple": self.multiple} if self.multiple != 1 else {}),
                 **({"fixed_size": list(self.fixed_size)} if self.fixed_size else {}),
-                **({"processor_size": _size_settings(self.processor_size)}
+                **({"processor_size": size_settings(self.processor_size)}
                    if self.inference == "resize" and self.processor_size else {})}

@@ -99,7 +99,7 @@ def processor_size(height, width, size, *, multiple=1):
     these attributes) of ``height``/``width`` (fixed), or ``shortest_edge`` (with an optional ``longest_edge``
     cap: the short side scaled to it, aspect kept, the long side no longer than the cap; sides truncated as
     transformers truncates them), or ``longest_edge`` alone; rounded up to ``multiple``."""
-    get = size.get if isinstance(size, dict) else (lambda key: getattr(size, key, None))
+    get = size_settings(size).get
     if get("height") and get("width"):
         h, w = int(get("height")), int(get("width"))
     elif get("shortest_edge") or get("longest_edge"):  # as transformers' get_resize_output_image_size: truncated
@@ -116,6 +116,13 @@ def processor_size(height, width, size, *, multiple=1):
         raise ValueError(f"the image processor's size {size!r} names no height/width, shortest_edge or "
                          "longest_edge: give the network's size yourself (size=(H, W), --infer-size H W)")
     return max(multiple, -(-h // multiple) * multiple), max(multiple, -(-w // multiple) * multiple)
+
+
+def size_settings(size):
+    """The settings of an image processor's ``size`` (a dict, or an object with these attributes) that
+    :func:`processor_size` reads: height, width, shortest_edge, longest_edge, those given."""
+    get = size.get if isinstance(size, dict) else (lambda key: getattr(size, key, None))
+    return {k: get(k) for k in ("height", "width", "shortest_edge", "longest_edge") if get(k) is not None}
 
 
 def pad_to(x, multiple):

@@ -21,6 +21,7 @@ import numpy as np
 from segood.data.h5 import H5SegmentationDataset
 from segood.evaluation.api import execute, prepare
 from segood.evaluation.options import EvaluateOptions
+from segood.evaluation.report import unfinished_sets
 from segood.evaluation.layout import RunFolder
 from segood.evaluation.runner import EXAMPLE_WIDTH, Evaluation
 from segood.io import write_json
@@ -155,21 +156,9 @@ def robustness_results(run, ev):
     images = sum(ev.images.values())
     timings = {"images": images,
                "ms_per_image": {k: 1e3 * v / images for k, v in ev.seconds.items()} if images else {}}
-    unfinished = unfinished_conditions(run, ev)
+    unfinished = unfinished_sets(run, ev)
     return {"schema": SCHEMA, **run, "robustness": spec, "clean": clean, "corrupted": corrupted, "timings": timings,
             "skipped_frames": ev.skipped, **({"unfinished": unfinished} if unfinished else {})}
-
-
-def unfinished_conditions(run, ev):
-    """{set or condition: [frames scored or skipped, frames of its set]} where a run stopped before its end."""
-    skipped = [entry[0] for entry in ev.skipped]
-    out = {}
-    for k in ev.set_names:
-        frames = (run["sets"].get(k) or run["sets"].get(k.rpartition("@")[0]) or {}).get("frames")
-        counted = ev.images[k] + skipped.count(k)
-        if frames is not None and counted < frames:
-            out[k] = [counted, frames]
-    return out
 
 
 def write_robustness_report(out_dir, *, figures=True, requirements=None, reference=None):
