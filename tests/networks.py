@@ -5,14 +5,14 @@ import torch
 from segood.models import build_model
 
 
-def tiny_network(head="plain", **options):
-    """A PSPNet with a ResNet-18 encoder, weights drawn after ``torch.manual_seed(0)``, in eval mode.
+def tiny_network(head="plain", seed=0, **options):
+    """A PSPNet with a ResNet-18 encoder, weights drawn after ``torch.manual_seed(seed)``, in eval mode.
 
     Args:
         head: the head of :func:`segood.models.build_model` ("plain", "dropout", "dimreduce", ...).
         **options: further keyword options of :func:`segood.models.build_model` (``dropout_p``, ...).
     """
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     return build_model("pspnet", "resnet18", head=head, **options).eval()
 
 

@@ -13,6 +13,7 @@ import torch
 from segood.cli import main
 from segood.data.h5 import H5SegmentationDataset
 from segood.evaluation import evaluate, evaluate_score_maps
+from segood.evaluation.runner import Evaluation
 from segood.methods import get_method
 from segood.metrics import METRIC_NAMES, make_accumulator
 from segood.models import preprocess, save_checkpoint
@@ -369,6 +370,8 @@ def test_combined_runs_count_the_same_frames_and_keep_each_methods_model(sets, t
     combine_runs([tmp_path / "entropy", tmp_path / "max_softmax"], tmp_path / "c1", figures=False, bootstrap=None)
     combine_runs([tmp_path / "c1", tmp_path / "energy"], tmp_path / "c2", figures=False, bootstrap=None)
     run = json.loads((tmp_path / "c2" / "run.json").read_text())  # (a combined run's models were nested away)
+    examples = Evaluation.load(tmp_path / "c2" / "state.npz").examples  # one network: one prediction
+    assert examples and all([f for f in ex if f.startswith("classes")] == ["classes"] for ex in examples.values())
     assert run["method_models"] == {m: str(tmp_path / m) for m in ("entropy", "max_softmax", "energy")}
     assert set(run["model"]) == {str(tmp_path / m) for m in ("entropy", "max_softmax", "energy")}
     with pytest.raises(ValueError, match="holds a run of its own, which the combined report would replace"):
@@ -419,7 +422,7 @@ def test_the_same_methods_of_two_networks_combine_named_by_their_runs(sets, tmp_
 
     paths, methods = [sets / "perlin_mixed.h5"], ["entropy", "max_softmax"]
     runs = {name: evaluate(network, paths, methods, tmp_path / name, progress=False, figures=False, bootstrap=None)
-            for name, network in (("plain", tiny_network()), ("mcd", tiny_network("dropout")))}
+            for name, network in (("plain", tiny_network()), ("mcd", tiny_network("dropout", seed=1)))}
     doc = combine_runs([tmp_path / "plain", tmp_path / "mcd"], tmp_path / "both", bootstrap=None)
     assert list(doc["results"]) == [f"{m} ({name})" for name in runs for m in methods]  # (refused before)
     for name, run in runs.items():
@@ -428,6 +431,14 @@ def test_the_same_methods_of_two_networks_combine_named_by_their_runs(sets, tmp_
             assert doc["method_models"][f"{m} ({name})"] == str(tmp_path / name)
     assert (tmp_path / "both" / "figures" / "examples_perlin_mixed.png").exists()
     assert main(["report", str(tmp_path / "both"), "-q"]) == 0  # rebuilt from the combined state alone
+    # the example frames keep each network's predicted classes (the panels showed the last run's for both)
+    examples = Evaluation.load(tmp_path / "both" / "state.npz").examples
+    assert examples and all(sorted(f for f in ex if f.startswith("classes")) == ["classes (mcd)", "classes (plain)"]
+                            for ex in examples.values())
+    for name, run in runs.items():
+        for key, ex in run.state.examples.items():
+            assert np.array_equal(examples[key][f"classes ({name})"], ex["classes"])
+    assert not all(np.array_equal(ex["classes (mcd)"], ex["classes (plain)"]) for ex in examples.values())
 
 
 def test_the_printed_table_marks_values_the_grid_cannot_pin_down(sets, tmp_path, capsys):

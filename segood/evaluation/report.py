@@ -198,18 +198,22 @@ def combine_runs(run_dirs: list[str | Path], out_dir: str | Path, *, figures: bo
                   for m, t in ev.components["thresholds"].items() if m in rename}
     components = {**specs[0], "thresholds": thresholds} if specs else None
     combined = Evaluation(names, sets, states[0].grid, components, official=states[0].official)
-    for ev, rename in zip(states, renames):
+    labels = [Path(d).name for d in run_dirs]
+    labels = labels if len(set(labels)) == len(labels) else [str(d) for d in run_dirs]
+    for ev, rename, label in zip(states, renames, labels):
         for part in ("acc", "comp", "official_acc", "official_comp", "class_sum"):
             getattr(combined, part).update({(rename[m], s): v for (m, s), v in getattr(ev, part).items()})
         for key, example in ev.examples.items():
             combined.examples.setdefault(key, {}).update(
-                {f"score_{rename[f[6:]]}" if f.startswith("score_") else f: v for f, v in example.items()})
+                {f"score_{rename[f[6:]]}" if f.startswith("score_") else
+                 f"classes ({label})" if f == "classes" else f: v for f, v in example.items()})
         for stage, seconds in ev.seconds.items():
             kind, _, m = stage.partition("/")
             stage = f"{kind}/{rename[m]}" if m in rename else stage
             combined.seconds[stage] = combined.seconds.get(stage, 0.0) + seconds
         for m in ev.method_names:  # a method's network time is its own run's, not every run's together
             combined.seconds[f"forward/{rename[m]}"] = forward_seconds(ev, m)
+    _one_prediction_where_the_networks_agree(combined.examples)
     combined.class_count, combined.images, combined.skipped = states[0].class_count, states[0].images, states[0].skipped
     models, method_models = {}, {}
     for d, r, rename in zip(run_dirs, runs, renames):
@@ -228,6 +232,17 @@ def combine_runs(run_dirs: list[str | Path], out_dir: str | Path, *, figures: bo
     write_json(out.run, run)
     combined.save(out.state())
     return write_report(out.path, figures=figures, bootstrap=bootstrap, commit_on=commit_on)
+
+
+def _one_prediction_where_the_networks_agree(examples):
+    """A combined run's example frames keep each run's predicted classes (``classes (<run>)``) where the runs'
+    networks predict differently on any of them, and one ``classes`` where they all agree."""
+    predicted = [[v for f, v in ex.items() if f.startswith("classes (")] for ex in examples.values()]
+    if all(np.array_equal(p, c) for classes in predicted for p in classes for c in classes[:1]):
+        for ex, classes in zip(examples.values(), predicted):
+            for f in [f for f in ex if f.startswith("classes (")]:
+                del ex[f]
+            ex["classes"] = classes[0]
 
 
 def _pixels(result):
@@ -486,17 +501,18 @@ def write_figures(figures, doc, ev):
         keys = sorted(k for k in ev.examples if k[0] == s)
         if not keys:
             continue
-        cols = 3 + len(methods)
+        predictions = [f for f in ev.examples[keys[0]] if f == "classes" or f.startswith("classes (")]
+        cols = 2 + len(predictions) + len(methods)
         fig, axes = plt.subplots(len(keys), cols, figsize=(2.6 * cols, 1.6 * len(keys) + 0.4), squeeze=False)
         limits = {m: heat_limits([ev.examples[key][f"score_{m}"] for key in keys]) for m in methods}
         for row, key in enumerate(keys):
             ex = ev.examples[key]
             truth = colorize(ex["semantic"])
             truth[ex["ood_mask"] == 1] = 255  # OOD pixels in white
-            panels = [ex["image"], truth, colorize(ex["classes"])]
+            panels = [ex["image"], truth, *(colorize(ex[f]) for f in predictions)]
             panels += [ex[f"score_{m}"].astype(np.float32) for m in methods]
-            titles = ["input", "ground truth (OOD white)", "prediction", *methods]
-            ranges = [(None, None)] * 3 + [limits[m] for m in methods]
+            titles = ["input", "ground truth (OOD white)", *(f"prediction{f[7:]}" for f in predictions), *methods]
+            ranges = [(None, None)] * (2 + len(predictions)) + [limits[m] for m in methods]
             for ax, panel, title, (vmin, vmax) in zip(axes[row], panels, titles, ranges):
                 ax.imshow(panel, cmap="inferno" if panel.ndim == 2 else None, vmin=vmin, vmax=vmax)
                 ax.set_axis_off()
