@@ -116,6 +116,11 @@ def test_bfloat16_and_8_bit_scores_are_exact_at_their_resolution():
     exact = exact_metrics(b16.float().numpy(), labels)
     assert result["exact"] and all(result[k] == pytest.approx(exact[k], abs=1e-12) for k in METRICS)
     assert not FloatOrderAccumulator(6).update(small, labels).compute()["exact"]
+    # one mantissa bit fewer than the dtype has: two values share a bin, so the bounds must not be zero-width
+    assert not FloatOrderAccumulator(6).update(b16, torch.from_numpy(labels)).compute()["exact"]
+    halves = torch.randn(5000).half()
+    assert FloatOrderAccumulator(10).update(halves, torch.from_numpy(labels)).compute()["exact"]
+    assert not FloatOrderAccumulator(9).update(halves, torch.from_numpy(labels)).compute()["exact"]
 
 
 def test_crowded_monte_carlo_like_scores_are_resolved_with_bounds_around_exact():
@@ -454,6 +459,10 @@ def test_a_declared_range_is_checked_in_float64():
     with pytest.raises(ValueError, match="1 counted pixels have scores outside the declared score_range"):
         FloatOrderAccumulator(score_range=(0.0, 0.1)).update(np.array([0.1, 0.05], np.float32),
                                                              np.array([0, 1], np.uint8))
+    # only counted pixels are checked: an ignored pixel may score anything, NaN included
+    result = FloatOrderAccumulator(score_range=(0.0, 1.0)).update(np.array([0.5, 0.25, 7.0, np.nan]),
+                                                                  np.array([0, 1, 255, 255], np.uint8)).compute()
+    assert (result["n_id"], result["n_ood"], result["n_ignored"]) == (1, 1, 2)
 
 
 def test_the_float32_kernel_marks_the_rows_of_each_sign_a_block_holds():

@@ -499,3 +499,14 @@ def test_bounds_of_a_registered_metric_hold_its_value():
     finally:
         for metric in built_in.values():
             register_metric(metric, replace=True)
+
+
+def test_the_roc_polyline_ends_at_one_one_when_the_lowest_threshold_leaves_pixels_out():
+    """metrics_from_counts with P and N above TP_0 and FP_0 (counts whose lowest threshold does not predict every
+    pixel OOD): the ROC polyline still runs on from the last point to (1, 1), and that segment is area too."""
+    from segood.metrics.functional import METRICS, Curve, metrics_from_counts
+
+    thresholds, tp, fp = np.array([0.0, 1.0]), np.array([2, 1]), np.array([1, 0])
+    # (0, 0) -> (0, 1/4) -> (1/2, 1/2) -> (1, 1): 0 + 3/16 + 3/8
+    assert metrics_from_counts(thresholds, tp, fp, 4, 2)["auroc"] == 0.5625
+    assert METRICS["auroc"].from_curve(Curve(thresholds, tp, fp, 4, 2)) == 0.5625
