@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from segood.metrics import FloatOrderAccumulator, PixelOODAccumulator, exact_metrics
-from segood.metrics.bootstrap import Bootstrap, ImageCounts, coarse_keys, compare, resampled_metrics, tied_ranks
+from segood.metrics.bootstrap import (Bootstrap, ImageCounts, coarse_keys, compare, resampled_means,
+                                      resampled_metrics, tied_ranks)
 from segood.metrics.thresholds import RULES, at_threshold, commit
 
 
@@ -114,6 +115,63 @@ def test_per_image_counts_survive_states_merges_and_refuse_forgeries():
     assert len(FloatOrderAccumulator.from_state_dict(old).images) == 0
     with pytest.raises(ValueError, match="no per-image counts"):
         compare({"m": ImageCounts(("auroc",))})
+
+
+def test_intervals_and_weights_by_hand():
+    assert Bootstrap(confidence=0.5).interval([np.nan, 0, 1, 2, 3, 4]) == [1.0, 3.0]  # NaN resamples left out
+    assert Bootstrap(confidence=0.9).interval(np.arange(101.0)) == pytest.approx([5.0, 95.0])
+    assert Bootstrap().interval([np.nan, np.nan]) == [None, None]
+    weights = Bootstrap(400, seed=7).weights(3)
+    assert weights.shape == (400, 3) and (weights.sum(axis=1) == 3).all()
+    assert (weights.sum(axis=0) > 0).all()  # every image is drawn, the last one included
+    np.testing.assert_array_equal(weights, Bootstrap(400, seed=7).weights(3))  # the reported seed repeats them
+    assert not np.array_equal(weights, Bootstrap(400, seed=8).weights(3))
+
+
+def test_a_method_against_itself_is_a_coin_toss_and_never_significant():
+    scores, labels = images(6, 1.0, 9)
+    counts = accumulate(scores, labels).images
+    found = compare({"a": counts, "b": counts}, Bootstrap(20))
+    for name in ("auroc", "auprc", "fpr95", "max_iou"):  # every paired difference is 0: ties count half
+        assert found["p_better"][name]["a"]["b"] == 0.5
+        assert found["significant"][name]["a"]["b"] is False
+
+
+def test_per_image_means_average_the_drawn_images_where_the_metric_is_defined():
+    counts = ImageCounts(("auroc",))
+    counts.add(np.array([0.0, 1.0]), np.array([[1, 0], [0, 1]]), [0.8])
+    counts.add(np.array([0.0]), np.array([[2], [0]]), [np.nan])  # no OOD pixel: its AUROC is undefined
+    weights = np.array([[1.0, 1.0], [2.0, 0.0], [0.0, 2.0]])
+    np.testing.assert_array_equal(resampled_means(counts, weights, ("auroc",))["auroc"], [0.8, 0.8, np.nan])
+
+
+def test_an_image_with_no_counted_pixel_keeps_its_place_in_a_saved_state():
+    scores, labels = images(3, 1.0, 10)
+    labels[1] = 255
+    acc = accumulate(scores, labels)
+    assert len(acc.images) == 3 and acc.images.keys[1].size == 0
+    back = FloatOrderAccumulator.from_state_dict(acc.state_dict())
+    assert len(back.images) == 3 and back.images.keys[1].size == 0
+    np.testing.assert_array_equal(back.state_dict()["image_values"], acc.state_dict()["image_values"])
+
+
+def test_committed_thresholds_by_hand():
+    """TPR exactly 0.95 (19 of 20 OOD pixels) qualifies, ties go to the lowest threshold, and where nothing is
+    predicted OOD precision is NaN. Dyadic scores: the float-order grid's thresholds are the scores themselves."""
+    scores = np.array([0.75] * 19 + [0.125] + [0.0625, 0.25, 0.5, 0.875])
+    labels = np.array([1] * 20 + [0] * 4, np.uint8)
+    result = FloatOrderAccumulator().update(scores, labels).compute()
+    assert result["fpr95"] == 0.25
+    assert commit(result, "tpr95") == 0.75
+    assert at_threshold(result, 0.75) == pytest.approx(
+        {"tpr": 0.95, "fpr": 0.25, "precision": 0.95, "balanced_accuracy": 0.85, "f1": 0.95, "iou": 19 / 21})
+    nothing = at_threshold(result, 2.0)
+    assert np.isnan(nothing.pop("precision"))
+    assert nothing == {"tpr": 0.0, "fpr": 0.0, "balanced_accuracy": 0.5, "f1": 0.0, "iou": 0.0}
+    # the linear grid's bins at 0.25, 0.5 and 0.75 hold nothing: their counts are equal, and a rule takes the lowest
+    tied = PixelOODAccumulator(5).update(np.array([0.1, 0.9]), np.array([0, 1], np.uint8)).compute()
+    assert [commit(tied, rule) for rule in ("balanced_accuracy", "f1", "iou")] == [0.25] * 3
+    assert commit(tied, "tpr95") == 0.75
 
 
 def literal_rates(scores, labels, t):
