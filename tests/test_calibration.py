@@ -82,6 +82,19 @@ def test_edges_and_ties():
     assert got["bins"]["accuracy"][7] == 0.0  # the tie at 0.5 predicts class 0, the target is 1
 
 
+def test_confidences_on_the_bin_edges_of_four_bins():
+    """With 4 bins, 0.5 and 0.75 are exact bin edges (k/B falls in bin k - 1); of 15 bins no float32 confidence
+    but 1.0 sits on an edge, so the edge cases need another bin count."""
+    probs = torch.tensor([[0.5, 0.5], [0.75, 0.25], [0.25, 0.75], [1.0, 0.0]]).T.reshape(1, 2, 1, 4)
+    target = torch.tensor([[[0, 0, 1, 1]]])
+    for update in (CalibrationAccumulator(4).update, CalibrationAccumulator(4)._update_torch):
+        got = update(probs, target).compute()
+        assert got["bins"]["count"] == [0, 1, 2, 1]
+        # bin 1: confidence 0.5, right; bin 2: 0.75, both right; bin 3: 1.0, wrong
+        assert got["ece"] == pytest.approx(0.5 / 4 + 0.25 * 2 / 4 + 1.0 / 4, abs=1e-12)
+        assert got["brier"] == pytest.approx((0.5 + 0.125 + 0.125 + 2.0) / 4, abs=1e-12)
+
+
 def test_perfectly_confident_and_right_is_zero_and_all_ignored_is_undefined():
     probs = torch.zeros(1, 3, 2, 2)
     probs[:, 1] = 1

@@ -89,6 +89,36 @@ def test_hand_drawn_cases():
     assert ppv.tolist() == [0.5]
 
 
+def test_a_component_exactly_at_tau_reaches_it():
+    """sIoU >= tau is a true positive and PPV < tau a false positive: a component at exactly 0.5 is a true positive
+    (sIoU) and no false positive (PPV) at tau = 0.5; F1 at 0.25, 0.50, 0.75 and F1* by hand."""
+    truth = np.zeros((12, 16), np.uint8)
+    prediction = np.zeros(truth.shape, bool)
+    truth[1, 1:5], prediction[1, 1:3] = OOD, True  # A: 2 of its 4 pixels found: sIoU 1/2, PPV 1
+    truth[5, 1:3], prediction[5, 1:5] = OOD, True  # B: found with 2 ID pixels: sIoU 1/2, PPV 1/2
+    truth[9, 1:7], prediction[9, 1:14] = OOD, True  # C: found with 7 ID pixels: sIoU 6/13, PPV 6/13
+    siou, ppv = check(prediction, truth)
+    assert sorted(siou.tolist()) == pytest.approx([6 / 13, 0.5, 0.5])
+    assert sorted(ppv.tolist()) == pytest.approx([6 / 13, 0.5, 1.0])
+    got = ComponentAccumulator(0.5, min_pred=1, min_gt=1).update(prediction.astype(float), truth).compute()
+    assert got["taus"][5] == 0.5
+    assert got["tp"] == [3] * 5 + [2] + [0] * 5
+    assert got["fn"] == [0] * 5 + [1] + [3] * 5
+    assert got["fp"] == [0] * 5 + [1] + [2] * 5
+    assert (got["f1_25"], got["f1_50"], got["f1_75"]) == (1.0, pytest.approx(2 / 3), 0.0)
+    assert got["f1_star"] == pytest.approx((5 + 2 / 3) / 11)
+    assert got["siou"] == pytest.approx((1 + 6 / 13) / 3) and got["ppv"] == pytest.approx((1.5 + 6 / 13) / 3)
+
+
+def test_the_background_is_never_a_small_ground_truth_component():
+    """A frame nearly all OOD: its 3 ID pixels (fewer than min_gt) are background, not a small ground-truth
+    component, so they stay counted."""
+    truth = np.full((6, 6), OOD, np.uint8)
+    truth[0, :3] = 0
+    siou, ppv = check(np.ones(truth.shape, bool), truth, min_gt=10)
+    assert siou.tolist() == pytest.approx([33 / 36]) and ppv.tolist() == pytest.approx([33 / 36])
+
+
 def test_a_blob_joined_through_a_small_ground_truth_component_stays_one_component():
     """The official order: predicted components are formed before the small ground-truth components become ignore.
 
