@@ -10,7 +10,6 @@ from cityscapesscripts.helpers.labels import labels as _CITYSCAPES_LABELS
 ID = 0  #: in-distribution pixel, scored, a negative
 OOD = 1  #: out-of-distribution pixel, scored, a positive
 IGNORE = 255  #: never counted
-OOD_MASK_VALUES = (ID, OOD, IGNORE)
 
 _TRAIN = sorted((lab for lab in _CITYSCAPES_LABELS if 0 <= lab.trainId < 255), key=lambda lab: lab.trainId)
 

@@ -14,7 +14,6 @@ RULES = {
     "f1": "the threshold of best pixel F1 = 2 TP / (2 TP + FP + FN)",
     "iou": "the threshold of best OOD IoU = TP / (TP + FP + FN)",
 }
-AT_THRESHOLD = ("tpr", "fpr", "precision", "balanced_accuracy", "f1", "iou")
 
 
 def _rates(tp, fp, n_ood, n_id):
