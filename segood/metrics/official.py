@@ -70,7 +70,7 @@ import math
 import numpy as np
 
 from segood.labels import IGNORE, OOD
-from segood.metrics.components import ComponentAccumulator, frame_components
+from segood.metrics.components import ComponentAccumulator
 from segood.metrics.functional import _to_numpy, raise_bad_labels
 from segood.metrics.state import Part, check_counts
 
@@ -258,13 +258,6 @@ def caos_frame_metrics(scores, labels):
     distance = np.abs(tps[: full + 1] / n_ood - 0.95)
     cutoff = full - int(np.argmin(distance[::-1]))  # the first closest in that order: the lower score of a tie
     return float(auroc), float(auprc), float(fps[cutoff] / n_id)
-
-
-def smiyc_frame_components(scores, labels, threshold, *, min_pred, min_gt):
-    """(sIoU per ground-truth component, PPV per predicted component) of one frame as SMIYC's ``SegEval``
-    binarises it: a pixel is predicted OOD iff float64(score) > threshold."""
-    predicted = np.asarray(scores, np.float64) > float(threshold)
-    return frame_components(predicted, labels, min_pred=min_pred, min_gt=min_gt)
 
 
 def _distinct(ordered):
