@@ -99,7 +99,6 @@ def max_iou(curve):
     return float(np.max(iou_curve(curve)))
 
 
-#: Every metric segood reports, by name. Register one by adding a :class:`Metric` (``docs/extending.md``).
 def auprc_distinct_worst(refined):
     """AUPRC of the worst arrangement with each OOD pixel a distinct value: in bin k (ID above OOD), the i-th OOD
     pixel has precision (a + i) / (c + i), a = TP above it, c = all pixels above it; summed in closed form
