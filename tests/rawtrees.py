@@ -1,5 +1,5 @@
 """Tiny raw dataset trees in the exact published layouts (datasets/README.md), with known contents; a
-simulated kill for the resume tests and a damaged frame for the integrity tests."""
+simulated kill for the resume tests, a damaged frame for the integrity tests and a converted set read back."""
 
 import json
 from pathlib import Path
@@ -420,3 +420,17 @@ def replace_chunk(path, name, index, array):
     with h5py.File(path, "r+") as f:
         dataset = f[name][str(index)]
         dataset.id.write_direct_chunk((0,) * dataset.ndim, zlib.compress(array.tobytes()))
+
+
+def read_set(path):
+    """({array: the frames stacked, or a list where their sizes differ}, frame ids), read without the Dataset's
+    checks."""
+    import h5py
+
+    from segood.data.h5 import ARRAYS, frame_sizes, read_array
+
+    sizes = frame_sizes(path)
+    with h5py.File(path, "r") as f:
+        arrays = {k: [read_array(f, k, i, size) for i, size in enumerate(sizes)] for k in ARRAYS}
+        return ({k: np.stack(v) if len(set(sizes)) == 1 else v for k, v in arrays.items()},
+                [s.decode() for s in f["frame_id"]])

@@ -14,7 +14,7 @@ from segood.cli import main
 from segood.data import Cityscapes, ConversionError, convert, mix, read_manifest
 from segood.data.common import DatasetLayoutError
 from segood.data.convert import ConversionWarning
-from segood.data.h5 import ARRAYS, UnlabelledFrames, frame_sizes, read_array, require_labels, set_identity
+from segood.data.h5 import UnlabelledFrames, require_labels, set_identity
 from segood.data.bdd_anomaly import BDDAnomaly
 from segood.data.lostandfound import LostAndFound
 from segood.data.registry import ADAPTERS, get_adapter
@@ -23,18 +23,8 @@ from segood.data.smiyc import RoadAnomaly21, RoadObstacle21
 from segood.data.streethazards import StreetHazards
 
 from rawtrees import (LAF_EMPTY, LAF_FRAMES, bdd_tree, cityscapes_tree, fishyscapes_laf_tree, fishyscapes_static_tree,
-                      laf_tree, road_anomaly_tree, road_obstacles_v0_tree, smiyc_tree, streethazards_tree, write_label,
-                      write_rgb, write_webp)
-
-
-def read_set(path):
-    """({array: the frames stacked, or a list where their sizes differ}, frame ids), read without the Dataset's
-    checks."""
-    sizes = frame_sizes(path)
-    with h5py.File(path, "r") as f:
-        arrays = {k: [read_array(f, k, i, size) for i, size in enumerate(sizes)] for k in ARRAYS}
-        return ({k: np.stack(v) if len(set(sizes)) == 1 else v for k, v in arrays.items()},
-                [s.decode() for s in f["frame_id"]])
+                      laf_tree, read_set, road_anomaly_tree, road_obstacles_v0_tree, smiyc_tree, streethazards_tree,
+                      write_label, write_rgb, write_webp)
 
 
 def smiyc_expected(label):

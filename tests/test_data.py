@@ -12,21 +12,10 @@ import torch
 from segood.cli import main
 from segood.data import (IDD, Cityscapes, ConversionError, DatasetLayoutError, H5SegmentationDataset, Noise, Sun,
                          convert, mix, read_manifest, resize_sample)
-from segood.data.h5 import ARRAYS, frame_sizes, read_array
 from segood.data.sun import SunLabelMap, split_tune_eval
 from segood.labels import LABEL_ID_TO_TRAIN_ID
 
-from rawtrees import cityscapes_tree, idd_tree, sun_tree
-
-
-def read_set(path):
-    """({array: the frames stacked, or a list where their sizes differ}, frame ids), read without the Dataset's
-    checks."""
-    sizes = frame_sizes(path)
-    with h5py.File(path, "r") as f:
-        arrays = {k: [read_array(f, k, i, size) for i, size in enumerate(sizes)] for k in ARRAYS}
-        return ({k: np.stack(v) if len(set(sizes)) == 1 else v for k, v in arrays.items()},
-                [s.decode() for s in f["frame_id"]])
+from rawtrees import cityscapes_tree, idd_tree, read_set, sun_tree
 
 
 def test_cityscapes_label_ids_to_train_ids(tmp_path):
