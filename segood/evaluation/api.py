@@ -301,10 +301,6 @@ def _open_set(path, verify=True):
     return dataset
 
 
-def _some(names):
-    return "none" if not names else ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-
-
 def _model_identity(model, checkpoint):
     """What the model is, down to its weights (so that --resume never mixes two models); a scorer, its function."""
     if isinstance(model, Scorer):
