@@ -4,6 +4,7 @@ import hashlib
 import json
 
 import albumentations as A
+import defusedxml.ElementTree as ET
 import h5py
 import numpy as np
 import pytest
@@ -12,10 +13,11 @@ import torch
 from segood.cli import main
 from segood.data import (IDD, Cityscapes, ConversionError, DatasetLayoutError, H5SegmentationDataset, Noise, Sun,
                          convert, mix, read_manifest, resize_sample)
-from segood.data.sun import SunLabelMap, split_tune_eval
+from segood.data.sun import SunLabelMap, kept_polygons, split_tune_eval
 from segood.labels import LABEL_ID_TO_TRAIN_ID
 
-from rawtrees import cityscapes_tree, idd_tree, read_set, sun_tree
+from rawtrees import (SUN_OBJECTS, cityscapes_tree, gradient_image, idd_json, idd_tree, labelme_xml, read_set, rect,
+                      sun_tree, write_label, write_rgb)
 
 
 def test_cityscapes_label_ids_to_train_ids(tmp_path):
@@ -52,6 +54,51 @@ def test_idd_polygons_in_file_order(tmp_path):
     assert not (tmp_path / "strict.h5").exists()
 
 
+# The official labelId -> trainId table (cityscapesscripts.helpers.labels), written out for ids 0..33; every id not
+# listed (unlabeled 0, ego vehicle 1, ..., parking 9, rail track 10, guard rail 14, bridge 15, tunnel 16, polegroup
+# 18, caravan 29, trailer 30) has no train class: 255.
+CITYSCAPES_TRAIN_IDS = {7: 0, 8: 1, 11: 2, 12: 3, 13: 4, 17: 5, 19: 6, 20: 7, 21: 8, 22: 9, 23: 10, 24: 11, 25: 12,
+                        26: 13, 27: 14, 28: 15, 31: 16, 32: 17, 33: 18}
+
+
+def test_cityscapes_every_label_id_gets_its_published_train_id(tmp_path):
+    cityscapes_tree(tmp_path / "cs", frames=(("bonn", "000000", "000019"),), height=4, width=34)
+    label_ids = np.arange(34, dtype=np.uint8)[None].repeat(4, 0)  # column k holds label id k
+    write_label(tmp_path / "cs/gtFine/val/bonn/bonn_000000_000019_gtFine_labelIds.png", label_ids)
+    adapter = Cityscapes(tmp_path / "cs", "val")
+    sample = adapter.load(adapter.refs()[0])
+    expected = [CITYSCAPES_TRAIN_IDS.get(k, 255) for k in range(34)]
+    assert sample.semantic.tolist() == [expected] * 4
+    assert sample.ood_mask.tolist() == [[0 if k in CITYSCAPES_TRAIN_IDS else 255 for k in range(34)]] * 4
+
+
+# IDD's level-3 names -> the official csTrainId column; None: no Cityscapes counterpart (255).
+IDD_CS_TRAIN_IDS = {
+    "road": 0, "parking": None, "drivable fallback": None, "sidewalk": 1, "rail track": None,
+    "non-drivable fallback": 9, "person": 11, "animal": None, "rider": 12, "motorcycle": 17, "bicycle": 18,
+    "autorickshaw": None, "car": 13, "truck": 14, "bus": 15, "caravan": None, "trailer": None, "train": 16,
+    "vehicle fallback": None, "curb": None, "wall": 3, "fence": 4, "guard rail": None, "billboard": None,
+    "traffic sign": 7, "traffic light": 6, "pole": 5, "polegroup": None, "obs-str-bar-fallback": None,
+    "building": 2, "bridge": None, "tunnel": None, "vegetation": 8, "sky": 10, "fallback background": None,
+    "unlabeled": None, "ego vehicle": None, "rectification border": None, "out of roi": None, "license plate": None}
+
+
+def test_idd_every_label_name_gets_its_cs_train_id_and_only_car_and_autorickshaw_are_scored(tmp_path):
+    """One two-column stripe per IDD label name over rows 0..5; rows 6..7 no polygon covers (unlabeled)."""
+    names = list(IDD_CS_TRAIN_IDS)
+    assert len(names) == 40
+    height, width = 8, 2 * len(names)
+    objects = [{"label": name, "polygon": rect(2 * k, 0, 2 * k + 1, 5), "deleted": 0} for k, name in enumerate(names)]
+    write_rgb(tmp_path / "idd/leftImg8bit/val/0/000100_leftImg8bit.png", gradient_image(height, width))
+    idd_json(tmp_path / "idd/gtFine/val/0/000100_gtFine_polygons.json", height, width, objects)
+    adapter = IDD(tmp_path / "idd", "val")
+    sample = adapter.load(adapter.refs()[0])
+    semantic = [255 if IDD_CS_TRAIN_IDS[n] is None else IDD_CS_TRAIN_IDS[n] for n in names for _ in range(2)]
+    ood = [{"car": 0, "autorickshaw": 1}.get(n, 255) for n in names for _ in range(2)]  # "polegroup" stays itself
+    assert sample.semantic[:6].tolist() == [semantic] * 6 and sample.ood_mask[:6].tolist() == [ood] * 6
+    assert (sample.semantic[6:] == 255).all() and (sample.ood_mask[6:] == 255).all()  # background: unlabeled
+
+
 def test_sun_map_anonymous_deleted_order_clip_and_size_filter(tmp_path):
     sun_tree(tmp_path / "sun")
     sun = Sun(tmp_path / "sun", "all", seed=0)
@@ -76,6 +123,35 @@ def test_sun_map_anonymous_deleted_order_clip_and_size_filter(tmp_path):
     assert "vase" in (tmp_path / "sun.coverage.md").read_text()
 
 
+def test_sun_size_filter_keeps_only_frames_of_more_than_640x640_pixels(tmp_path):
+    for name, (height, width) in (("exact", (640, 640)), ("one_more_row", (641, 640))):
+        write_rgb(tmp_path / "sun/Images/a/abbey" / f"{name}.jpg", gradient_image(height, width))
+        (tmp_path / "sun/Annotations/a/abbey").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "sun/Annotations/a/abbey" / f"{name}.xml").write_text(
+            labelme_xml(f"{name}.jpg", "a/abbey", SUN_OBJECTS, (height, width)))
+    sun = Sun(tmp_path / "sun", "all")
+    assert [sun.frame_id(r) for r in sun.refs()] == ["a/abbey/one_more_row"]  # 410,240 pixels
+    assert sun.prefiltered == [("a/abbey/exact", "640x640 = 409600 pixels <= 640x640")]
+
+
+def test_sun_polygons_of_fewer_than_three_points_are_left_out():
+    objects = [("car", rect(0, 0, 9, 9)[:2], "alice", 0), ("tree", rect(0, 0, 9, 9)[:3], "bob", 0)]
+    kept = kept_polygons(ET.fromstring(labelme_xml("x.jpg", "a/abbey", objects)))
+    assert kept == [("tree", [(0.0, 0.0), (9.0, 0.0), (9.0, 9.0)])]
+
+
+def test_sun_frames_are_resized_to_the_cityscapes_size_by_default(tmp_path):
+    sun_tree(tmp_path / "sun", eligible=1)
+    sun = Sun(tmp_path / "sun", "eval")
+    assert sun.default_size == (1024, 2048)
+    convert(sun, tmp_path / "sun.h5", progress=False)
+    arrays, _ = read_set(tmp_path / "sun.h5")
+    assert arrays["images"].shape == (1, 1024, 2048, 3)
+    # nearest neighbour from 660x700: the OOD vase (rows and columns 200..299) lands on rows 311..465, columns 586..877
+    rows, cols = np.nonzero(arrays["ood_mask"][0] == 1)
+    assert (rows.min(), rows.max(), cols.min(), cols.max()) == (311, 465, 586, 877)
+
+
 def test_sun_label_map_rules():
     m = SunLabelMap()
     # a class noun with modifiers, parts or as the head of a phrase is that class; an empty name is ignore
@@ -83,6 +159,7 @@ def test_sun_label_map_rules():
     assert m.lookup("parked white car")[1:] == ("modifiers", "car") and m.lookup("car window")[1:] == ("part", "car")
     assert m.lookup("pine tree")[1:] == ("head noun", "vegetation") and m.lookup("brick wall")[1] == "ambiguous"
     assert m.lookup("toy car")[1] == "not a class" and m.values("toy car") == (1, 255)
+    assert m.lookup("toy cars")[1] == "not a class" and m.values("Toy Cars") == (1, 255)  # plurals too
     assert m.lookup("  ")[1] == "empty" and m.values("") == (255, 255)
     assert m.lookup("person with umbrella")[1] == "default"
     assert m.lookup("person occluded crop") == ("person", "class", "person")
@@ -96,6 +173,7 @@ def test_sun_split_is_seeded_exact_and_order_free(tmp_path):
     assert len(tune) == 5 and sorted(tune + eval_) == sorted(refs) and not set(tune) & set(eval_)
     assert split_tune_eval(refs[::-1], seed=3) == (tune, eval_)
     assert split_tune_eval(refs, seed=4) != (tune, eval_)
+    assert [len(split_tune_eval(refs[:n], seed=0)[0]) for n in (3, 4, 7, 11)] == [1, 1, 2, 3]  # rounded, not cut
     sun_tree(tmp_path / "sun")
     a, b = Sun(tmp_path / "sun", "tune", seed=0), Sun(tmp_path / "sun", "eval", seed=0)
     assert len(a.refs()) == 2 and len(b.refs()) == 6 and not set(a.refs()) & set(b.refs())
@@ -163,6 +241,19 @@ def test_dataset_with_dataloader_workers_and_mix(tmp_path):
     item = dataset[1]
     assert item["image"].shape == (3, 32, 64) and item["image"].dtype == torch.uint8
     np.testing.assert_array_equal(item["ood_mask"].numpy(), arrays["ood_mask"][1])
+
+
+def test_mix_takes_the_asked_number_of_id_frames(tmp_path):
+    cityscapes_tree(tmp_path / "cs")
+    convert(Cityscapes(tmp_path / "cs", "val"), tmp_path / "cs.h5", progress=False)
+    convert(Noise("normal", 2, size=(32, 64)), tmp_path / "n.h5", progress=False)
+    for id_frames, expected in ((0, 0), (1, 1), (5, 2)):  # at most every frame of the ID set
+        manifest = mix(tmp_path / "n.h5", tmp_path / "cs.h5", tmp_path / f"m{id_frames}.h5", id_frames=id_frames,
+                       progress=False)
+        sources = [frame_id.split("/")[0] for frame_id in read_set(tmp_path / f"m{id_frames}.h5")[1]]
+        assert sorted(sources) == ["cityscapes"] * expected + ["normal_noise"] * 2
+        # each Cityscapes frame: 32 x 64 pixels, 348 of them without a train class
+        assert manifest["frames"] == 2 + expected and manifest["pixels"]["id"] == expected * (32 * 64 - 348)
 
 
 def test_atomic_output_and_overwrite(tmp_path):
