@@ -23,8 +23,8 @@ from segood.data.smiyc import RoadAnomaly21, RoadObstacle21
 from segood.data.streethazards import StreetHazards
 
 from rawtrees import (LAF_EMPTY, LAF_FRAMES, bdd_tree, cityscapes_tree, fishyscapes_laf_tree, fishyscapes_static_tree,
-                      laf_tree, read_set, road_anomaly_tree, road_obstacles_v0_tree, smiyc_tree, streethazards_tree,
-                      write_label, write_rgb, write_webp)
+                      gradient_image, laf_tree, read_set, road_anomaly_tree, road_obstacles_v0_tree, smiyc_tree,
+                      streethazards_tree, write_label, write_rgb, write_webp)
 
 
 def smiyc_expected(label):
@@ -112,6 +112,30 @@ def test_smiyc_layout_errors_and_split_names(tmp_path):
         convert(RoadObstacle21(tmp_path / "dataset_ObstacleTrack"), tmp_path / "x.h5", size=(8, 8), progress=False)
 
 
+def test_smiyc_obstacle_splits_are_the_benchmarks_scene_lists_and_left_out_validation_frames(tmp_path):
+    """RoadObstacle21's scenes per split as road-anomaly-benchmark lists them (ObstacleTrack-test: every scene but
+    snowstorm1, snowstorm2 and driveway), and the validation frames SMIYC leaves out: 19 and 21..29."""
+    test_scenes = ["curvy-street", "darkasphalt", "darkasphalt2", "gravel", "greyasphalt", "motorway", "one-way-street",
+                   "paving"]
+    frames = [(f"{scene}_000", False) for scene in test_scenes + ["driveway", "snowstorm1", "snowstorm2"]]
+    frames += [(f"validation_{n}", True) for n in (18, 19, 20, 21, 22, 28, 29, 30)]
+    smiyc_tree(tmp_path / "track", "dataset_ObstacleTrack", frames, height=4, width=6)
+    listed = {split: [path.stem for path in RoadObstacle21(tmp_path / "track", split).refs()]
+              for split in ("test", "night", "snowstorm", "validation", "all")}
+    assert listed["test"] == sorted(f"{scene}_000" for scene in test_scenes)
+    assert listed["night"] == ["driveway_000"] and listed["snowstorm"] == ["snowstorm1_000", "snowstorm2_000"]
+    assert listed["validation"] == ["validation_18", "validation_20", "validation_30"]
+    assert sorted(listed["all"]) == sorted(fid for fid, _ in frames)
+
+
+def test_smiyc_values_other_than_0_and_1_are_ignore(tmp_path):
+    smiyc_tree(tmp_path / "track", "dataset_AnomalyTrack", [("validation0000", True)], height=2, width=3)
+    raw = np.array([[0, 1, 2], [3, 254, 255]], np.uint8)
+    write_label(tmp_path / "track/labels_masks/validation0000_labels_semantic.png", raw)
+    adapter = RoadAnomaly21(tmp_path / "track")
+    assert adapter.load(adapter.refs()[0]).ood_mask.tolist() == [[0, 1, 255], [255, 255, 255]]
+
+
 def test_every_new_adapter_is_registered_with_a_convert_command(capsys):
     for name in ("smiyc_anomaly", "smiyc_obstacle", "lostandfound", "fishyscapes_laf", "fishyscapes_static",
                  "streethazards", "bdd_anomaly", "road_anomaly", "road_obstacles_v0"):
@@ -157,6 +181,26 @@ def test_lostandfound_splits_rules_and_gamma(tmp_path, split):
         np.testing.assert_array_equal(arrays["semantic"][k], semantic)
 
 
+def test_lostandfound_test_no_known_drops_empty_labels_and_the_known_class_frames_only(tmp_path):
+    """A frame with free space and no object stays (its label is not empty); 01_Hanns_Klemm_Str_45_000007 shows
+    bicycles, 01_Hanns_Klemm_Str_45_000008 does not."""
+    fids = {"01_Hanns_Klemm_Str_45_000007_000050": 1, "01_Hanns_Klemm_Str_45_000008_000040": 1,
+            "05_Schafgasse_1_000001_000100": 0}  # fid -> the label's only value (1 free space, 0 unlabelled)
+    for fid, value in fids.items():
+        scene = fid[: -len("_000000_000000")]
+        write_rgb(tmp_path / "laf/leftImg8bit/test" / scene / f"{fid}_leftImg8bit.png", gradient_image(4, 6))
+        write_label(tmp_path / "laf/gtCoarse/test" / scene / f"{fid}_gtCoarse_labelIds.png", np.full((4, 6), value))
+    adapter = LostAndFound(tmp_path / "laf", "testNoKnown")
+    assert [adapter.frame_id(path) for path in adapter.refs()] == ["test/01_Hanns_Klemm_Str_45_000008_000040"]
+    assert (adapter.load(adapter.refs()[0]).ood_mask == 0).all()
+    reasons = {path.split("/")[-1]: reason for path, reason in adapter.unused_files}
+    assert reasons == {
+        "01_Hanns_Klemm_Str_45_000007_000050_leftImg8bit.png": "testNoKnown leaves out frames with known classes "
+                                                               "(bicycles)",
+        "05_Schafgasse_1_000001_000100_leftImg8bit.png": "testNoKnown leaves out frames whose label has no ID and no "
+                                                         "OOD pixel"}
+
+
 def test_fishyscapes_lost_and_found_takes_images_from_lostandfound(tmp_path):
     frames = laf_tree(tmp_path / "laf")
     fids = [LAF_FRAMES["train"][0], LAF_FRAMES["test"][1]]
@@ -178,6 +222,16 @@ def test_fishyscapes_lost_and_found_takes_images_from_lostandfound(tmp_path):
     assert manifest["unknown_label_values"] == {"9": {"pixels": 2, "frames": 2}}
     assert manifest["unused_files"] == [{"path": "README.txt", "reason": "not a frame file of this layout"}]
     assert manifest["params"] == {"lostandfound_root": str(tmp_path / "laf")}
+
+
+def test_fishyscapes_lost_and_found_prefers_the_lostandfound_train_image(tmp_path):
+    fid = "01_Hanns_Klemm_Str_45_000000_000080"
+    for k, folder in enumerate(("test", "train")):
+        write_rgb(tmp_path / "laf/leftImg8bit" / folder / "01_Hanns_Klemm_Str_45" / f"{fid}_leftImg8bit.png",
+                  np.full((4, 6, 3), 100 * k, np.uint8))
+    write_label(tmp_path / "fs" / f"0000_{fid}_labels.png", np.zeros((4, 6)))
+    adapter = get_adapter("fishyscapes_laf")(tmp_path / "fs", tmp_path / "laf")
+    assert (adapter.load(adapter.refs()[0]).image == 100).all()  # train's image, not test's
 
 
 def test_fishyscapes_static_rebuilds_the_image_from_cityscapes_and_the_overlay(tmp_path):
@@ -438,6 +492,24 @@ def test_road_anomaly_frame_list_webp_and_rescaled_labels(tmp_path):
     assert manifest["rescaled_labels"] == [{"frame_id": "rocks03_big", "from": [36, 64], "to": [18, 32]}]
     assert manifest["unused_files"] == [{"path": "frames/extra09_unlisted.webp",
                                          "reason": "not named in frame_list.json"}]
+
+
+def test_road_anomaly_labels_drawn_smaller_are_enlarged_nearest_never_blended(tmp_path):
+    """Labels of 3x4 and 4x5 for 6x8 images: each image pixel takes the value of one label pixel (nearest, the
+    pixel at floor(position × label size / image size)), 0 ID and 2 OOD, never the 1 (ignore) that blending 0 and
+    2 would give."""
+    small = {"cones01_x": np.array([[0, 2, 2, 0], [0, 0, 2, 0], [2, 0, 0, 0]], np.uint8),
+             "cones02_y": np.array([[0, 2, 2, 0, 2], [0, 0, 2, 0, 0], [2, 0, 0, 0, 2], [0, 2, 0, 2, 0]], np.uint8)}
+    for stem, label in small.items():
+        write_webp(tmp_path / f"ra/frames/{stem}.webp", np.zeros((6, 8, 3), np.uint8))
+        write_label(tmp_path / f"ra/frames/{stem}.labels/labels_semantic.png", label)
+    (tmp_path / "ra/frame_list.json").write_text(json.dumps([f"{stem}.webp" for stem in small]))
+    adapter = RoadAnomaly(tmp_path / "ra")
+    twice = adapter.load("cones01_x")
+    np.testing.assert_array_equal(twice.ood_mask, (small["cones01_x"] // 2).repeat(2, 0).repeat(2, 1))
+    assert twice.extra["rescaled_label"] == {"frame_id": "cones01_x", "from": [3, 4], "to": [6, 8]}
+    rows, cols = [0, 0, 1, 2, 2, 3], [0, 0, 1, 1, 2, 3, 3, 4]  # floor(row × 4 / 6), floor(column × 5 / 8)
+    np.testing.assert_array_equal(adapter.load("cones02_y").ood_mask, small["cones02_y"][rows][:, cols] // 2)
 
 
 def test_webp_is_decoded_by_the_declared_dependency(tmp_path):
