@@ -23,8 +23,9 @@ from segood.methods import get_method, score_batch  # noqa: E402
 from segood.methods.mask import eam, mask_max_softmax, rba  # noqa: E402
 from segood.models import (build_model, class_indices, hf_model, load_library_model, preprocess,  # noqa: E402
                            sliding_windows, torchvision_model)
-from segood.models.inference import processor_size, slide  # noqa: E402
-from segood.models.network import SegOutput  # noqa: E402
+from segood.models.adapters import LibraryModel  # noqa: E402
+from segood.models.inference import processor_size, resize_and_back, slide  # noqa: E402
+from segood.models.network import IMAGENET_MEAN, IMAGENET_STD, SegOutput  # noqa: E402
 
 from networks import tiny_eomt, tiny_mask2former  # noqa: E402
 from rawtrees import mixed_noise_sets  # noqa: E402
@@ -236,6 +237,100 @@ def test_adapter_modes_resize_and_slide_against_the_module():
         torchvision_model(network, inference="tiles")
     with pytest.raises(ValueError, match="larger than the crop"):
         torchvision_model(network, inference="slide", crop=(8, 8), stride=(9, 8))
+
+
+class Strided(torch.nn.Module):
+    """A network whose inputs must be multiples of 8: logits at 1/4 of its input (a head before its final resize),
+    each a function of the pixels around it; it records the inputs it sees."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 3, 4, stride=4)
+        self.seen = []
+
+    def forward(self, x):
+        assert x.shape[-2] % 8 == 0 and x.shape[-1] % 8 == 0, tuple(x.shape)
+        self.seen.append(x.detach().clone())
+        return self.conv(x)
+
+
+class StridedModel(LibraryModel):
+    def num_network_classes(self):
+        return 3
+
+    def network_output(self, x):
+        return SegOutput(self.module(x), None)
+
+
+def in_own_normalisation(x):
+    """ImageNet-normalised ``x`` as (pixels - OWN_MEAN) / OWN_STD."""
+    pixels = x * torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) + torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    return (pixels - torch.tensor(OWN_MEAN).view(1, 3, 1, 1)) / torch.tensor(OWN_STD).view(1, 3, 1, 1)
+
+
+def test_padding_to_the_multiple_and_cropping_back_written_out():
+    """Whole mode: the frame zero-padded at the bottom and right (in the network's own normalisation) to the multiple,
+    the logits resized to the padded size (bilinear, the adapter's ``align_corners``) and cropped to the top-left
+    frame. Resize mode: the network's size rounded up to the multiple. Slide mode: a window smaller than the crop
+    padded to the multiple as the whole frame is."""
+    x = preprocess(frames(1, 13, 17))
+    own = in_own_normalisation(x)
+    for align_corners in (False, True):
+        model = StridedModel(Strided(), multiple=8, mean=OWN_MEAN, std=OWN_STD, align_corners=align_corners)
+        with torch.no_grad():
+            got = model(x).logits
+            padded = F.pad(own, (0, 24 - 17, 0, 16 - 13))  # (left, right, top, bottom)
+            expected = F.interpolate(model.module.conv(padded), size=(16, 24), mode="bilinear",
+                                     align_corners=align_corners)[..., :13, :17]
+        torch.testing.assert_close(model.module.seen[-1], padded)
+        torch.testing.assert_close(got, expected)
+    for options in ({"size": (50, 70)}, {"processor_size": {"height": 50, "width": 70}}):
+        model = StridedModel(Strided(), multiple=32, inference="resize", **options)
+        with torch.no_grad():
+            model(preprocess(frames(1, 40, 60)))
+        assert tuple(model.module.seen[-1].shape[-2:]) == (64, 96)  # 50 x 70 rounded up to 32, not down
+    model = StridedModel(Strided(), multiple=8, inference="slide", crop=(8, 8), mean=OWN_MEAN, std=OWN_STD)
+    x = preprocess(frames(1, 5, 9))
+    with torch.no_grad():
+        got = model(x).logits
+    own = in_own_normalisation(x)
+    total, count = torch.zeros(1, 3, 5, 9), torch.zeros(1, 1, 5, 9)
+    with torch.no_grad():
+        for left in (0, 1):  # two windows 5 x 8, each padded to 8 x 8
+            window = F.pad(own[..., left:left + 8], (0, 0, 0, 3))
+            total[..., left:left + 8] += F.interpolate(model.module.conv(window), size=(8, 8), mode="bilinear",
+                                                       align_corners=False)[..., :5, :]
+            count[..., left:left + 8] += 1
+    assert [tuple(t.shape[-2:]) for t in model.module.seen] == [(8, 8), (8, 8)]
+    torch.testing.assert_close(got, total / count)
+
+
+def test_resize_and_back_resizes_the_input_without_and_the_logits_with_align_corners():
+    """The image processors resize the input with align_corners False (antialiased when shrinking); the logits go
+    back to the frame with the library's own ``align_corners``."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 2, 2, stride=2)
+    x = torch.randn(1, 3, 10, 14)
+
+    def run(inner):  # logits at half the network's size
+        return SegOutput(conv(inner), None)
+
+    with torch.no_grad():
+        for size in ((6, 8), (20, 28)):
+            inner = F.interpolate(x, size=size, mode="bilinear", align_corners=False, antialias=size[0] < 10)
+            for align_corners in (False, True):
+                expected = F.interpolate(conv(inner), size=(10, 14), mode="bilinear", align_corners=align_corners)
+                torch.testing.assert_close(resize_and_back(run, x, size, align_corners=align_corners).logits, expected)
+
+
+def test_processor_sizes_written_out():
+    """Sides truncated (not rounded) as transformers truncates them, also for a longest edge alone; then rounded up
+    (never down) to the network's multiple."""
+    assert processor_size(100, 150, {"longest_edge": 64}) == (42, 64)  # 64 * 100 / 150 = 42.67
+    assert processor_size(150, 100, {"longest_edge": 64}) == (64, 42)
+    assert processor_size(100, 150, {"shortest_edge": 64}) == (64, 96)
+    assert processor_size(40, 60, {"height": 50, "width": 70}, multiple=32) == (64, 96)
 
 
 # class mapping
