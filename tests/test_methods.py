@@ -477,3 +477,92 @@ def test_methods_scored_in_one_pass_share_its_time():
     batch = score_batch(as_network(torch.nn.Conv2d(3, 19, 1)), torch.randn(1, 3, 32, 32), [get_method(n) for n in names])
     shares = [batch.seconds[f"score/{n}"] for n in names]
     assert shares[0] > 0 and shares == [shares[0]] * 3
+
+
+def test_varsum_and_mutual_info_of_two_samples_equal_hand_computed_values():
+    """One pixel, C = 2, two samples p = (0.8, 0.2) and (0.4, 0.6) (mean (0.6, 0.4)), away from the bounds the
+    clamp holds. VarSum: per class the variance over the samples, divided by T (not T - 1; not the std), 0.04 + 0.04,
+    over 1 - 1/2: 0.16. Mutual information: H(0.6, 0.4) - (H(0.8, 0.2) + H(0.4, 0.6)) / 2 = 0.0863046217 nats (the
+    mean over both samples' entropies), over log 2: 0.1245112498. Both forms, from probabilities and logits."""
+    p = torch.tensor([[0.8, 0.2], [0.4, 0.6]], dtype=torch.float64).view(2, 1, 2, 1, 1)
+    entropy_nats = lambda a, b: -(a * math.log(a) + b * math.log(b))  # noqa: E731
+    information = entropy_nats(0.6, 0.4) - (entropy_nats(0.8, 0.2) + entropy_nats(0.4, 0.6)) / 2
+    assert information / math.log(2) == pytest.approx(0.1245112498, abs=1e-10)
+    out = functional.monte_carlo_scores(p.log())
+    for got in (varsum(p), out["varsum"]):
+        assert got.item() == pytest.approx(0.16, rel=1e-12)
+    for got in (mutual_info(p), out["mutual_info"]):
+        assert got.item() == pytest.approx(0.1245112498, abs=1e-10)
+    assert out["classes"].item() == 0
+
+
+def test_mahalanobis_training_statistics_and_squashed_score_equal_their_definitions(sets):
+    """Pass 2 of the fit: the mean and the (population) std of the finite minimum distances M over the training
+    pixels; the squashed score sigmoid((M - mean) / std) (the seed paper's eq. 12) and the plain one M, each resized
+    to the frame bilinearly (align_corners False)."""
+    assert functional.mahalanobis_score(torch.tensor([1.0, 2.0, 3.0]), 2.0, 0.5).tolist() == pytest.approx(
+        [1 / (1 + math.exp(2)), 0.5, 1 / (1 + math.exp(-2))])
+    torch.manual_seed(0)
+    model = build_model("pspnet", "resnet18", head="dimreduce").eval()
+    method = get_method("mahalanobis").fit(model, loader(sets / "cs.h5"))
+    state = method.state
+    centres = whiten_means(state["means"], state["whiten"])
+    with torch.no_grad():
+        m = torch.cat([mahalanobis_min_distance(model.penultimate(preprocess(b["image"])).double(), state["whiten"],
+                                                centres, state["present"]) for b in loader(sets / "cs.h5")])
+    finite = m[torch.isfinite(m)].numpy()
+    assert 0 < finite.size < m.numel()  # some training locations saw no class: M = inf there, left out
+    assert state["m_mean"].item() == pytest.approx(finite.mean(), rel=1e-9)
+    assert state["m_std"].item() == pytest.approx(finite.std(), rel=1e-9)
+    x = preprocess(next(iter(loader(sets / "perlin_mixed.h5")))["image"])
+    with torch.no_grad():
+        distance = mahalanobis_min_distance(model.penultimate(x).double(), state["whiten"], centres, state["present"])
+    squashed = torch.sigmoid((distance - finite.mean()) / finite.std())
+    for params, low in (({}, distance.clamp_max(1e30)), ({"squash": True}, squashed)):  # (inf: a finite stand-in)
+        want = torch.nn.functional.interpolate(low[:, None].float(), size=x.shape[-2:], mode="bilinear",
+                                               align_corners=False)[:, 0]
+        got = get_method("mahalanobis", **params).load_state(method.state_arrays()).score(model, x)[0]
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_input_perturbation_is_each_papers_step_in_pixel_units(sets):
+    """x~ = x - ε sign(-∇_x Σ log S_ŷ(x; T)) for ODIN (Liang et al.: the step that raises the max softmax at T, T
+    inside the log-softmax), x - ε sign(∇_x mean(-log c)) for confidence (DeVries & Taylor), x - ε sign(∇_x Σ M) for
+    Mahalanobis (Lee et al.: towards the nearest class mean); ε in pixel units, so divided by the std per channel.
+    Each method with ε scores as itself without ε on that x~."""
+    std = torch.tensor((0.229, 0.224, 0.225)).view(1, 3, 1, 1)
+    x = preprocess(next(iter(loader(sets / "perlin_mixed.h5")))["image"])
+    mahalanobis = get_method("mahalanobis").fit(tiny_network("dimreduce"), loader(sets / "cs.h5"))
+    state = mahalanobis.state
+    centres = whiten_means(state["means"], state["whiten"])
+    cases = [
+        (tiny_network(), "odin", {"temperature": 10.0, "form": "softmax"},
+         lambda model, v: (model(v).logits / 10.0).log_softmax(dim=1).amax(dim=1).sum().neg()),
+        (tiny_network("confidence"), "confidence", {},
+         lambda model, v: -torch.log(model(v).confidence.clamp_min(1e-12)).mean()),
+        (tiny_network("dimreduce"), "mahalanobis", {},
+         lambda model, v: mahalanobis_min_distance(model.penultimate(v).double(), state["whiten"], centres,
+                                                   state["present"]).clamp_max(1e30).sum()),
+    ]
+    for model, name, params, objective in cases:
+        v = x.clone().requires_grad_(True)
+        objective(model, v).backward()
+        x_tilde = (x - 0.004 * v.grad.sign() / std).detach()
+
+        def scored(image, epsilon):
+            method = get_method(name, epsilon=epsilon, **params)
+            return (method.load_state(mahalanobis.state_arrays()) if name == "mahalanobis" else method).score(
+                model, image)[0]
+
+        torch.testing.assert_close(scored(x, 0.004), scored(x_tilde, 0.0), msg=name)
+        assert not torch.allclose(scored(x, 0.004), scored(x, 0.0)), name  # the step moves the scores
+
+
+def test_tuning_by_a_lower_is_better_metric_picks_the_lowest(sets):
+    """FPR at 95% TPR is better lower: the tuned point is the grid's lowest, not its highest."""
+    result = tune("odin", tiny_network(), loader(sets / "normal_mixed.h5"), {"temperature": [1, 2, 5, 1000]},
+                  metric="fpr95", progress=False)
+    values = [row["fpr95"] for row in result.table]
+    assert min(values) < max(values)  # (the direction decides)
+    assert result.provenance["value"] == min(values)
+    assert result.best == {"temperature": result.table[values.index(min(values))]["temperature"]}

@@ -437,6 +437,21 @@ def test_mask_level_methods_equal_their_authors_code_on_literal_values():
     assert -3 < min(min(r) for r in expected_rba) and max(max(r) for r in expected_rba) <= 0  # (-K, 0]
 
 
+def test_mask_max_softmax_refines_with_more_than_one_kept_mask_only():
+    """As in the authors' code, one kept mask joins the maximum but zeroes nothing: here query 0 alone is kept, and
+    its mask is at least 0.5 at pixel (0, 0), which keeps 1 - the maximum there."""
+    cls, masks = CLASS_LOGITS[0, [0, 2, 3]], MASK_LOGITS[0, [0, 2, 3]]
+    semseg = authors_semseg(cls.tolist(), masks.tolist())
+    top = max(softmax_row(cls[0].tolist()))
+    kept = [[top * sigmoid(masks[0, i, j].item()) for j in range(2)] for i in range(2)]
+    assert kept[0][0] >= 0.5
+    expected = [[1 - max([semseg[c][i][j] for c in range(3)] + [kept[i][j]]) for j in range(2)] for i in range(2)]
+    scores = torch.einsum("qc,qhw->chw", cls.softmax(-1)[..., :-1], masks.sigmoid())
+    got = mask_max_softmax(scores, cls.softmax(-1), masks.sigmoid(), inlier_count=3, refine_classes=(1,))
+    torch.testing.assert_close(got, torch.tensor(expected))
+    assert (got != 0).all()
+
+
 def test_mask_level_methods_score_a_mask2former_as_its_authors_code(mask2former):
     images = frames(2, 64, 96)
     model = hf_model(mask2former, Mask2FormerImageProcessor(image_mean=OWN_MEAN, image_std=OWN_STD))
