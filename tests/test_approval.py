@@ -69,6 +69,10 @@ def test_passing_requirements_and_the_corruption_as_ood_question(tmp_path):
     ({"requirements": [{"require": "auroc >= 0.9", "severity": 3}]}, "unknown fields \\['severity'\\]"),
     ({"requirements": [{"require": "auroc >= 0.9", "severities": [0, 6]}]}, "a list of distinct levels 1-5"),
     ({"requirements": [{"require": "auroc >= 0.9", "severities": [3, 3]}]}, "a list of distinct levels 1-5"),
+    ({"requirements": [{"require": "auroc >= 0.9", "severities": [0]}]}, "a list of distinct levels 1-5"),
+    ({"requirements": [{"require": "auroc >= 0.9", "severities": [6]}]}, "a list of distinct levels 1-5"),
+    ({"requirements": [{"require": "auroc >= 0.9", "up_to_severity": 0}]}, "up_to_severity a level"),
+    ({"requirements": [{"require": "auroc >= 0.9", "up_to_severity": 6}]}, "up_to_severity a level"),
     ({"requirements": [{"require": "auroc >= 0.9", "methods": []}]}, "methods must be a list of distinct names"),
     ({"requirements": [{"require": "auroc >= 0.9", "corruptions": ["fog", "fog"]}]}, "must be a list of distinct"),
     ({"requirements": [{"require": "auroc >= 0.9", None: 1, "foo": 2}]}, r"unknown fields \['None', 'foo'\]"),
@@ -79,7 +83,23 @@ def test_bad_requirements_are_clear_errors(doc, message):
         parse_requirements(doc)
 
 
+@pytest.mark.parametrize("require, passed", [
+    ("auroc >= 0.75", True), ("auroc > 0.75", False), ("fpr95 <= 0.25", True), ("fpr95 < 0.25", False),
+    ("auroc >= 0.75000001", False), ("fpr95 <= 0.24999999", False), ("auroc > 0.74999999", True),
+    ("fpr95 < 0.25000001", True)])
+def test_a_value_on_its_bound_passes_the_inclusive_comparisons_only(require, passed):
+    """AUROC 0.75 and FPR95 0.25 exactly (both exact in binary): >= and <= include the bound, > and < do not."""
+    on_bound = {"methods": {"entropy": {}}, "robustness": {"corruptions": ["fog"], "severities": [1]},
+                "corrupted": {"sun": {"fog": {"1": {"ood": {"entropy": {"auroc": 0.75, "fpr95": 0.25}}}}}}}
+    [row] = check_requirements(on_bound, parse_requirements({"requirements": [{"require": require}]}))["requirements"]
+    assert row["cells"] == 1 and row["passed"] is passed
+
+
 def test_names_the_run_lacks_are_errors():
+    with pytest.raises(ValueError, match=r"the run has no severities \[2\]"):  # (not a KeyError deep in the cells)
+        check_requirements({"methods": {"entropy": {}}, "robustness": {"corruptions": ["fog"], "severities": [1, 3]},
+                            "corrupted": {"sun": {"fog": {"1": cell(0.9, 0.5, 0.7), "3": cell(0.9, 0.5, 0.7)}}}},
+                           parse_requirements({"requirements": [{"require": "miou >= 0.5", "severities": [2]}]}))
     with pytest.raises(ValueError, match=r"the run has no corruptions \['snow'\]"):
         check_requirements(RESULT, parse_requirements({"requirements": [{"require": "miou >= 0.5",
                                                                          "corruptions": ["snow"]}]}))
@@ -113,6 +133,16 @@ def test_hostile_requirement_files_are_refused_with_their_reason(tmp_path, case)
     with pytest.raises(ValueError, match=reason) as err:
         load_requirements(path)
     assert str(path) in str(err.value)
+
+
+def test_a_file_of_exactly_the_byte_limit_reads(tmp_path):
+    from segood.robustness.approval import MAX_BYTES
+
+    head = "requirements:\n  - require: auroc >= 0.9\n"
+    path = tmp_path / "req.yaml"
+    path.write_text(head + "#" * (MAX_BYTES - len(head) - 1) + "\n")
+    assert path.stat().st_size == MAX_BYTES == 65536
+    assert [r["metric"] for r in load_requirements(path)] == ["auroc"]
 
 
 def test_a_plain_requirement_file_still_reads(tmp_path):

@@ -50,6 +50,16 @@ def test_confusion_matrix_and_miou_against_a_loop():
     assert np.isnan(iou[3]) and miou == pytest.approx(np.mean(iou[:3]))
 
 
+def test_a_class_predicted_but_never_right_counts_as_iou_0_and_one_absent_from_both_is_left_out():
+    # class 0: 3 right, 1 predicted as class 1; class 1: never right (IoU 0, in the mean); class 2: predicted only on
+    # an unknown (255) pixel, so absent from both (NaN, out of the mean)
+    conf = confusion_matrix(np.array([0, 0, 0, 1, 2]), np.array([0, 0, 0, 0, 255]), 3)
+    assert conf.tolist() == [[3, 1, 0], [0, 0, 0], [0, 0, 0]]
+    miou, iou = mean_iou(conf)
+    assert iou[:2].tolist() == [0.75, 0.0] and np.isnan(iou[2]) and miou == 0.375
+    assert np.isnan(mean_iou(np.zeros((3, 3), np.int64))[0])  # nothing counted: undefined
+
+
 def test_reduced_demo_end_to_end_with_the_shipped_checkpoints(tmp_path, capsys):
     code = main(["demo", "--quick", "--out", str(tmp_path / "run"), "--data", str(tmp_path / "data"), "--quiet"])
     assert code == 0
