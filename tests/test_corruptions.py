@@ -46,6 +46,21 @@ def test_the_table_lists_the_seeds_ten_and_the_issues_four():
     assert severity_markdown().count("\n") == 2 + len(NAMES) and "| fog | f 0.3 |" in severity_markdown()
 
 
+
+def test_lengths_scale_with_the_height_and_flakes_with_the_area():
+    """The table's "px" are pixels of a 1024-row frame: a 128x256 frame takes an eighth of each length, the flakes
+    of a 1024x2048 frame in proportion to its area; crop's keep is a share of each side, so of the area squared."""
+    assert build("blur", 1, 128, 256).sigma_limit == (0.5, 0.5)  # 4 px / 8, the kernel reaching 3 sigma: 5 taps
+    assert build("blur", 1, 128, 256).blur_limit == (5, 5)
+    assert build("motion_blur", 3, 256, 512).blur_limit == (15, 15)  # 60 px / 4
+    assert build("rain", 2, 512, 1024).drop_length == 15 and build("reflection", 3, 512, 1024).side == 70
+    flakes = build("snow", 1, 128, 256).transforms[1]
+    assert flakes.count == 23 and flakes.radius == 0.1875  # round(1500 / 64), 1.5 px / 8
+    assert build("snow", 5, 1024, 2048).transforms[1].count == 12000
+    assert build("crop", 2, 128, 256).scale == pytest.approx((0.92 ** 2, 0.92 ** 2))
+    assert standard.standard_scale(256, "height") == 0.25 and standard.standard_scale(2048, "height") == 2.0
+    assert standard.standard_scale(256, "fixed") == 1.0
+
 @pytest.mark.parametrize("name", NAMES)
 def test_each_corruption_is_deterministic_per_seed_frame_and_severity(name):
     assert digest(name, 3) == digest(name, 3)

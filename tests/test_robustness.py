@@ -251,6 +251,37 @@ def test_corruption_error_by_hand():
     assert corruption_error([None, 0.7], 0.3, [0.2, 0.2], 0.1, higher_is_better=False) == (None, None)
 
 
+def test_summary_mce_and_relative_mce_by_hand():
+    """mCE and relative mCE of a hand-made run against a hand-made reference, three corruptions, two levels: FPR95's
+    error is the value itself (lower is better), mIoU's 1 - value; relative errors subtract each run's own clean
+    error; the mean over corruptions (not the median) is taken."""
+    from segood.robustness.report import summary
+
+    def run(clean, cells):  # cells: {corruption: [(miou, fpr95) at level 1, at level 2]}
+        def one(miou, fpr95):
+            return {"segmentation": {"miou": miou}, "ood": {"entropy": {"fpr95": fpr95}}}
+        return {"robustness": {"severities": [1, 2]}, "methods": {"entropy": {}}, "clean": {"sun": one(*clean)},
+                "corrupted": {"sun": {c: {str(v): one(*x) for v, x in enumerate(levels, 1)}
+                                      for c, levels in cells.items()}}}
+
+    doc = run((0.8, 0.2), {"fog": [(0.6, 0.3), (0.4, 0.5)], "blur": [(0.7, 0.25), (0.5, 0.45)],
+                           "rain": [(0.5, 0.4), (0.3, 0.6)]})
+    reference = run((0.9, 0.1), {"fog": [(0.8, 0.2), (0.6, 0.3)], "blur": [(0.8, 0.15), (0.7, 0.25)],
+                                 "rain": [(0.7, 0.3), (0.5, 0.35)]})
+    got = summary(doc, reference)["sun"]["segood"]
+    # mIoU: CE fog 1.0 / 0.6, blur 0.8 / 0.5, rain 1.2 / 0.8; relative fog (1.0 - 0.4) / (0.6 - 0.2),
+    # blur (0.8 - 0.4) / (0.5 - 0.2), rain (1.2 - 0.4) / (0.8 - 0.2)
+    assert got["network"]["miou"] == {"mean": pytest.approx(0.5), "mce": pytest.approx((5 / 3 + 1.6 + 1.5) / 3),
+                                      "relative_mce": pytest.approx((1.5 + 4 / 3 + 4 / 3) / 3)}
+    # FPR95: CE fog 0.8 / 0.5, blur 0.7 / 0.4, rain 1.0 / 0.65; relative fog (0.8 - 0.4) / (0.5 - 0.2),
+    # blur (0.7 - 0.4) / (0.4 - 0.2), rain (1.0 - 0.4) / (0.65 - 0.2)
+    assert got["ood"]["entropy"]["fpr95"] == {"mean": pytest.approx(2.5 / 6),
+                                              "mce": pytest.approx((1.6 + 1.75 + 1.0 / 0.65) / 3),
+                                              "relative_mce": pytest.approx((4 / 3 + 1.5 + 4 / 3) / 3)}
+    assert got["ood"]["entropy"]["auroc"] == {"mean": None, "mce": None, "relative_mce": None}  # not in the cells
+    assert summary(doc)["sun"]["segood"]["network"]["miou"] == {"mean": pytest.approx(0.5), "mce": None,
+                                                                 "relative_mce": None}
+
 def test_confusion_counts_in_one_pass_and_by_torch_operations_equal_a_loop():
     from segood.metrics.segmentation import _tensor_confusion, confusion_counts
 
