@@ -93,6 +93,10 @@ def test_tied_ranks_by_hand():
     unpaired = {a: {b: a == "s" or b == "s" or significant[a][b] for b in "abcds"} for a in "abcds"}
     assert tied_ranks({"a": 0.9, "s": 0.895, "b": 0.89, "c": 0.7}, unpaired, True, compared=set("abcd")) == \
         {"a": 1, "s": 2, "b": 1, "c": 4}
+    # a chain: b is not significantly worse than a, nor c than b, but c is than a, the group's leader: a new group
+    chain = {a: {b: {a, b} == {"a", "c"} for b in "abc"} for a in "abc"}
+    assert tied_ranks({"a": 0.9, "b": 0.8, "c": 0.7}, chain, True) == {"a": 1, "b": 1, "c": 3}
+    assert tied_ranks({"a": 0.1, "b": 0.2, "c": 0.3}, chain, False) == {"a": 1, "b": 1, "c": 3}  # (lower is better)
 
 
 def test_per_image_counts_survive_states_merges_and_refuse_forgeries():

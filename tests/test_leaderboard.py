@@ -73,6 +73,47 @@ def test_round_trip_and_ranking(world, tmp_path):
     assert "PSPNet entropy" in (tmp_path / "index.html").read_text()
 
 
+def test_a_lower_is_better_metric_ranks_ascending_equal_scores_by_name_self_reported_never_tied(world, tmp_path):
+    """Ranked by FPR95 (lower is better), the score the mean over the sets; a twin of an entry under another name
+    has its score exactly and comes after it by name, whatever the files' order, at a rank of its own."""
+    root, run = world
+    sets = {s: root / f"{s}.h5" for s in ("perlin_mixed", "normal_mixed")}
+    make_benchmark({"noise": {"sets": sets, "rank_by": "fpr95"}}, tmp_path / "bench.json", grid=grid_spec(400))
+    (tmp_path / "subs").mkdir()
+    for method in ("max_softmax", "entropy"):
+        shutil.copy(root / "subs" / f"{method}.zip", tmp_path / "subs" / f"{method}.zip")
+    rebuild(root / "subs" / "entropy.zip", tmp_path / "subs" / "a_twin.zip",  # (judged first: files in name order)
+            edit=lambda d: d["method"].update(name="Twin of entropy"))
+    entries = leaderboard(tmp_path / "subs", tmp_path / "bench.json", tmp_path / "board")["tracks"]["noise"]["entries"]
+    fpr95 = {m: [run["results"][m][s]["pooled"]["fpr95"] for s in sets] for m in ("max_softmax", "entropy")}
+    assert fpr95["max_softmax"] != fpr95["entropy"]
+    for entry in entries:
+        assert entry["score"] == pytest.approx(np.mean([entry["sets"][s]["fpr95"] for s in sets]), abs=1e-15)
+    order = sorted(["PSPNet max_softmax", "PSPNet entropy"], key=lambda n: np.mean(fpr95[n.split()[1]]))
+    order.insert(order.index("PSPNet entropy") + 1, "Twin of entropy")
+    assert [e["name"] for e in entries] == order
+    assert [e["rank"] for e in entries] == [1, 2, 3]
+
+
+def test_claims_must_match_the_recomputed_counts_and_values_within_the_tolerance():
+    from segood.leaderboard.board import TOLERANCE, _check, _values
+    from segood.leaderboard.safe import Rejected
+    from segood.metrics import make_accumulator
+
+    acc = make_accumulator(grid_spec(400)).update(np.array([0.1, 0.4, 0.35, 0.8, 0.9, 0.2]),
+                                                  np.array([0, 0, 1, 1, 255, 0], np.uint8))
+    pixels = {"id": 3, "ood": 2, "ignore": 1}
+    claims = {"n_id": 3, "n_ood": 2, "n_ignored": 1, **_values(acc)[1]}
+    assert claims["auroc"] == pytest.approx(5 / 6, abs=1e-12)  # (one ID score above an OOD one of 2 x 3 pairs)
+    assert TOLERANCE == 1e-6 and _check("s", acc, {**claims, "auroc": claims["auroc"] + 0.9e-6}, pixels) == \
+        _values(acc)[1]
+    for change, reason in (({"auroc": claims["auroc"] + 2e-6}, "claimed auroc"),
+                           ({"n_ignored": 0}, "claimed n_ignored 0"), ({"n_id": 4}, "claimed n_id 4 but the state")):
+        with pytest.raises(Rejected, match=reason):
+            _check("s", acc, {**claims, **change}, pixels)
+    with pytest.raises(Rejected, match="do not match the set's pixels"):
+        _check("s", acc, claims, {**pixels, "ignore": 2})
+
 def test_a_track_a_submission_does_not_cover_leaves_it_to_the_others(world, tmp_path):
     """A self-reported submission cannot enter a track of private masks, but still ranks on the open track;
     covering no track at all, it is rejected with every track's reason."""
@@ -177,6 +218,72 @@ def test_every_bad_submission_is_rejected_with_its_reason(world, tmp_path):
     page = (tmp_path / "board/index.html").read_text()
     assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
 
+
+def zip_of(path, members):
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return path
+
+
+@pytest.mark.parametrize("name, reason", [
+    ("states/../../evil.npz", "climbs out of the archive"),  # '..' anywhere, not only first
+    ("states/./../evil.npz", "climbs out of the archive"),
+    ("/etc/evil.npz", "absolute or non-POSIX"),
+    ("C:/evil.npz", "absolute or non-POSIX"),
+    ("states\\evil.npz", "absolute or non-POSIX"),
+])
+def test_member_names_that_leave_the_archive_are_refused(tmp_path, name, reason):
+    from segood.leaderboard.safe import Rejected, read_submission_files
+
+    with pytest.raises(Rejected, match=reason):
+        read_submission_files(zip_of(tmp_path / "s.zip", {"submission.json": b"{}", name: b"x"}))
+
+
+def test_size_and_count_limits_hold_at_their_bounds(tmp_path):
+    """Each limit admits exactly its bound and refuses one more."""
+    from segood.leaderboard.safe import Rejected, read_submission_files, strict_json
+
+    files = {"a": b"x" * 10, "b": b"y" * 10, "c": b"z" * 5}
+    sub = zip_of(tmp_path / "s.zip", files)
+    assert read_submission_files(sub, Limits(members=3, member_bytes=10, total_bytes=25)) == files
+    for limits, reason in ((Limits(members=2), "3 members, more than the limit 2"),
+                           (Limits(member_bytes=9), "member 'a' would expand to 10 bytes"),
+                           (Limits(total_bytes=24), "members expand beyond 24 bytes in all")):
+        with pytest.raises(Rejected, match=reason):
+            read_submission_files(sub, limits)
+    assert strict_json(b"[1, 2]", Limits(json_bytes=6)) == [1, 2]
+    with pytest.raises(Rejected, match="submission.json has 6 bytes, more than the limit 5"):
+        strict_json(b"[1, 2]", Limits(json_bytes=5))
+
+def test_validate_takes_zero_counts_and_names_of_80_characters_at_most():
+    from segood.leaderboard.safe import Rejected
+    from segood.leaderboard.submission import SCHEMA, validate
+
+    def doc(name="m", **counts):
+        claims = {"n_id": 0, "n_ood": 0, "n_ignored": 0, "auroc": None, "fpr95": 0.0, **counts}
+        return {"schema": SCHEMA, "method": {"name": name},
+                "sets": {"s": {"manifest_sha256": "0" * 64, "same_source_tuning": False, "claims": claims}}}
+
+    validate(doc())  # an empty set: every count 0 (a set without ignored pixels has n_ignored 0)
+    validate(doc("m" * 80))
+    for bad, reason in ((doc("m" * 81), "is not allowed: 1-80"), (doc(n_ignored=-1), "claimed n_ignored -1"),
+                        (doc(n_id=True), "claimed n_id True"), (doc(fpr95=1.5), r"claimed fpr95 1.5 .* in \[0, 1\]")):
+        with pytest.raises(Rejected, match=reason):
+            validate(bad)
+
+
+def test_the_same_source_mark_follows_the_tuning_provenance_not_the_submitted_flag():
+    from segood.leaderboard.board import _same_source
+
+    official = {"ood_sources": ["perlin_noise"]}
+
+    def doc(flag, sources):
+        return {"method": {"params": {"tuning": {"set": {"ood_sources": sources}}}},
+                "sets": {"s": {"same_source_tuning": flag}}}
+    assert _same_source(doc(False, ["perlin_noise"]), "s", official)  # a flag turned off is overruled
+    assert not _same_source(doc(True, ["coco"]), "s", official)  # tuned on another source: not same-source
+    assert _same_source(doc(True, []), "s", {})  # a benchmark without recorded sources: the flag counts
 
 def test_a_set_that_averages_per_image_is_ranked_by_its_per_image_means(tmp_path):
     """A set converted with a protocol that averages per image (StreetHazards' original) is scored on the board by
