@@ -282,6 +282,19 @@ def test_summary_mce_and_relative_mce_by_hand():
     assert summary(doc)["sun"]["segood"]["network"]["miou"] == {"mean": pytest.approx(0.5), "mce": None,
                                                                  "relative_mce": None}
 
+def test_segmentation_quality_by_hand():
+    """Accuracy is the share of counted pixels predicted right (pooled, not a mean over classes); an undefined
+    calibration value is None."""
+    from types import SimpleNamespace
+
+    from segood.robustness.suite import segmentation_quality
+
+    confusion = np.array([[3, 1, 0], [0, 0, 0], [0, 0, 2]])  # IoU 3/4, 0 (predicted once, never right), 2/2
+    calibration = SimpleNamespace(compute=lambda: {"ece": 0.125, "brier": float("nan")})
+    ev = SimpleNamespace(confusion={"s": confusion}, calibration={"s": calibration})
+    assert segmentation_quality(ev, "s") == {"miou": pytest.approx(1.75 / 3), "accuracy": pytest.approx(5 / 6),
+                                             "ece": 0.125, "brier": None, "n_pixels": 6}
+
 def test_confusion_counts_in_one_pass_and_by_torch_operations_equal_a_loop():
     from segood.metrics.segmentation import _tensor_confusion, confusion_counts
 
