@@ -122,6 +122,30 @@ def test_sml_statistics_and_score_equal_their_definitions(sets):
         want.float(), k)), rtol=1e-4, atol=1e-4)
 
 
+class FixedLogits(torch.nn.Module):
+    """Returns the same logits for every input (a parameter only to give it a device)."""
+
+    def __init__(self, logits):
+        super().__init__()
+        self.logits, self.unused = logits, torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        return self.logits.expand(len(x), -1, -1, -1)
+
+
+def test_sml_statistics_of_classes_predicted_on_two_pixels_one_and_none():
+    """Max logits 1 and 5 of class 0 (mean 3, std 2 over the pixels), 7 of class 1 on one pixel (mean 0, std 1:
+    no spread to measure), class 2 never predicted (0, 1), 4 and 4 of class 3 (mean 4, all tied: std 1)."""
+    logits = torch.full((1, 4, 1, 5), -10.0)
+    for pixel, (c, value) in enumerate([(0, 1.0), (0, 5.0), (1, 7.0), (3, 4.0), (3, 4.0)]):
+        logits[0, c, 0, pixel] = value
+    sml = get_method("sml").fit(FixedLogits(logits), [{"image": torch.zeros(1, 3, 1, 5)}])
+    assert sml.state["means"].tolist() == [3.0, 0.0, 0.0, 4.0]
+    assert sml.state["stds"].tolist() == [2.0, 1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="feature_layer"):  # (an AttributeError deep in the fit before)
+        get_method("mahalanobis").fit(FixedLogits(logits), [{"image": torch.zeros(1, 3, 1, 5)}])
+
+
 def test_unbounded_baselines_through_evaluate(sets, tmp_path):
     model = tiny_network()
     doc = evaluate(model, [sets / "perlin_mixed.h5"], ["max_logit", "energy", "sml"], tmp_path / "run",

@@ -89,7 +89,12 @@ class Method:
 
     def check(self, model):
         """Refuse a network without this method's head (ValueError that says which head to build)."""
+        from segood.models.external import ExternalModel
+
         if self.head is not None and self.head not in served_heads(model):
+            if self.head == "dimreduce" and type(model) is ExternalModel:  # a network of the user's own
+                raise ValueError(f"{self.name} needs features: name the layer of this network that gives them, "
+                                 "feature_layer='decoder' (--feature-layer decoder), a name of its named_modules()")
             raise ValueError(f"{self.name} needs a network with the {self.head!r} head; this one serves "
                              f"{sorted(map(str, served_heads(model)))}. Build it with build_model(..., "
                              f"head={self.head!r}) and train it, or choose another method")
@@ -302,8 +307,10 @@ class Mahalanobis(Fitted):
         """
         from tqdm import tqdm
 
+        from segood.models.external import as_network
         from segood.models.network import preprocess
 
+        model = as_network(model)  # (any nn.Module, as score() takes it: its features then come from feature_layer)
         self.check(model)
         if iter(loader) is loader:
             raise TypeError("mahalanobis.fit reads the loader twice: pass a DataLoader or a list, not an iterator")
@@ -452,11 +459,14 @@ class StandardizedMaxLogit(Fitted):
     @torch.no_grad()
     def fit(self, model, loader, *, progress=False):
         """Per-class mean and std of the max logit over the pixels of ``loader`` (batches with ``image``)
-        predicted as each class, in float64; a class never predicted gets mean 0 and std 1."""
+        predicted as each class, in float64 (std over the pixels, not their sample estimate); a class predicted on
+        fewer than two pixels (no spread to measure) gets mean 0 and std 1, one whose max logits all tie std 1."""
         from tqdm import tqdm
 
+        from segood.models.external import as_network
         from segood.models.network import frame_output, preprocess
 
+        model = as_network(model)  # (any nn.Module returning logits, as score() takes it)
         self.check(model)
         device = next(model.parameters()).device
         sums = None
