@@ -454,3 +454,141 @@ def test_the_printed_table_marks_values_the_grid_cannot_pin_down(sets, tmp_path,
 def _checkpoint(tmp_path):
     save_checkpoint(tmp_path / "m.pt", tiny_network())
     return tmp_path / "m.pt"
+
+
+def hand_run(seed=0, frames=(6, 4), size=(4, 4)):
+    """A run accumulated by hand, without a network: sets "a" and "b" of ``frames`` frames with ID, OOD and ignore
+    pixels in each and pixels of three classes and of none; methods "good" (every OOD pixel above every ID pixel)
+    and "poor" (random), scores k/64 (thresholds of the float-order grid: exact values), batches of two frames.
+    Returns the evaluation, the run description build_results reads and {set: (ood masks, classes, {method:
+    scores})} for the references."""
+    rng = np.random.default_rng(seed)
+    ev = Evaluation(["good", "poor"], ["a", "b"])
+    pixels = {}
+    for s, n in zip(("a", "b"), frames):
+        ood = rng.choice(np.array([0, 1, 255], np.uint8), (n, *size), p=[0.5, 0.3, 0.2])
+        ood[:, 0, 0], ood[:, 0, 1] = 0, 1
+        semantic = rng.choice(np.array([0, 1, 13, 255], np.uint8), (n, *size))
+        scores = {"good": (rng.integers(0, 32, (n, *size)) + 32 * (ood == 1)) / 64,
+                  "poor": rng.integers(0, 64, (n, *size)) / 64}
+        scores = {m: v.astype(np.float32) for m, v in scores.items()}
+        for k in range(0, n, 2):
+            part = slice(k, k + 2)
+            batch = {"image": torch.zeros((len(ood[part]), 3, *size), dtype=torch.uint8),
+                     "ood_mask": torch.from_numpy(ood[part]), "semantic": torch.from_numpy(semantic[part])}
+            ev.process(s, list(range(n))[part], batch, {m: torch.from_numpy(v[part]) for m, v in scores.items()})
+        pixels[s] = ood, semantic, scores
+    run = {"toolkit": {"segood_version": "test"}, "config": {"grid": ev.grid},
+           "methods": {m: {"params": {}} for m in ev.method_names},
+           "sets": {s: {"ood_sources": ["noise"], "frames": n} for s, n in zip(("a", "b"), frames)}}
+    return ev, run, pixels
+
+
+def test_a_report_by_hand_counts_each_sets_pixels_under_its_own_method_and_set_once():
+    from sklearn.metrics import average_precision_score, roc_auc_score
+
+    from segood.evaluation.report import build_results
+
+    ev, run, pixels = hand_run()
+    ev.seconds.update({"data": 0.5, "forward": 1.8, "accumulate": 0.25, "score/good": 0.6, "score/poor": 0.2})
+    doc = build_results(run, ev, bootstrap=None)
+    for s, (ood, semantic, scores) in pixels.items():
+        counted = ood <= 1
+        n_id, n_ood = int((ood == 0).sum()), int((ood == 1).sum())
+        for m, score in scores.items():
+            r = doc["results"][m][s]
+            assert (r["n_id"], r["n_ood"], r["n_ignored"]) == (n_id, n_ood, int((ood == 255).sum()))
+            assert r["id_to_ood_ratio"] == n_id / n_ood
+            assert r["pooled"]["auroc"] == pytest.approx(roc_auc_score(ood[counted], score[counted]), abs=1e-12)
+            assert r["pooled"]["auprc"] == pytest.approx(average_precision_score(ood[counted], score[counted]),
+                                                         abs=1e-12)
+            per_image = [roc_auc_score(o[o <= 1], x[o <= 1]) for o, x in zip(ood, score)]
+            assert r["per_image_mean"]["auroc"] == pytest.approx(np.mean(per_image), abs=1e-12)
+            assert r["per_image_mean"]["n_images_total"] == len(ood)
+            # the mean score of each class's pixels, whatever their OOD label; a class without pixels: None
+            means = doc["per_class_mean_score"][m][s]
+            for c, name in ((0, "road"), (1, "sidewalk"), (13, "car")):
+                assert means[name] == pytest.approx(float(score[semantic == c].astype(np.float64).mean()), abs=1e-12)
+            assert means["bus"] is None
+        assert doc["results"]["good"][s]["pooled"]["auroc"] == 1.0
+        for i in range(3):  # the first three frames of each set are kept as examples, as they are
+            example = ev.examples.pop((s, i))
+            assert np.array_equal(example["ood_mask"], ood[i])
+            assert np.array_equal(example["score_poor"], scores["poor"][i])
+    assert not ev.examples
+    timings = doc["timings"]
+    assert timings["images"] == 10 and timings["images_per_set"] == {"a": 6, "b": 4}
+    assert timings["ms_per_image"]["forward"] == pytest.approx(180.0)
+    assert timings["ms_per_image"]["score/good"] == pytest.approx(60.0)
+    # per megapixel: every pixel of the frames (ignored ones too, as the network sees them): 10 frames of 16
+    assert timings["per_method"]["good"] == pytest.approx({
+        "inference_ms_per_image": 180.0, "scoring_ms_per_image": 60.0,
+        "inference_ms_per_megapixel": 1e9 * 1.8 / 160, "scoring_ms_per_megapixel": 1e9 * 0.6 / 160})
+    assert timings["per_method"]["poor"]["scoring_ms_per_image"] == pytest.approx(20.0)
+    assert build_results(run, Evaluation.from_arrays(ev.arrays()), bootstrap=None) == doc  # (what a report reads)
+
+
+def test_bold_intervals_ranks_and_csv_rows_follow_each_metrics_direction_and_aggregation():
+    """"good" beats "poor" on every set and metric: it ranks first, and it alone is bold, in the tables of the
+    higher-is-better AUROC and of the lower-is-better FPR95, pooled and per image. The intervals are those of the
+    paired bootstrap with the settings given (resamples, seed, confidence); each table and CSV row shows its own
+    aggregation's; ≈ marks pooled values only."""
+    import csv as csv_module
+    import io
+
+    from segood.evaluation.report import build_results, metric_tables, results_csv, too_coarse
+    from segood.metrics import METRICS
+    from segood.metrics.bootstrap import Bootstrap, compare
+
+    ev, run, _ = hand_run(seed=1, frames=(8, 8))
+    settings = Bootstrap(60, seed=3, confidence=0.8)
+    doc = build_results(run, ev, bootstrap=settings)
+    assert {k: doc["bootstrap"][k] for k in ("resamples", "seed", "confidence")} == \
+        {"resamples": 60, "seed": 3, "confidence": 0.8}
+    for s in ("a", "b"):
+        results = {m: doc["results"][m][s] for m in ("good", "poor")}
+        expected = compare({m: ev.acc[(m, s)].images for m in results}, settings,
+                           points={m: {k: r["pooled"][k] for k in METRICS} for m, r in results.items()})
+        for m, r in results.items():
+            assert r["intervals"] == expected["intervals"][m]
+            assert r["per_image_intervals"] == expected["per_image_intervals"][m]
+        for metric in ("auroc", "auprc", "fpr95"):
+            assert doc["comparisons"][s]["ranks"][metric] == {"good": 1, "poor": 2}, metric
+    assert doc["results"]["poor"]["a"]["intervals"] != build_results(run, ev, bootstrap=Bootstrap(60))[
+        "results"]["poor"]["a"]["intervals"]  # (another seed, other resamples)
+    doc["results"]["poor"]["a"]["bounds"]["auroc"] = [0.0, 1.0]  # a pooled value the binning leaves far from exact
+    for metric, title, columns, rows in metric_tables(doc):
+        assert columns == ["a", "b"]
+        cells = dict(rows)
+        aggregation = "pooled" if title.startswith("pooled") else "per_image_mean"
+        intervals = "intervals" if aggregation == "pooled" else "per_image_intervals"
+        for m, row in cells.items():
+            for s, cell in zip(columns, row):
+                r = doc["results"][m][s]
+                assert cell.value == r[aggregation][metric]
+                if metric in ("auroc", "auprc", "fpr95"):
+                    assert cell.top == (m == "good"), (metric, title, m, s)
+                if (metric, m, s) == ("auroc", "poor", "a"):
+                    assert cell.coarse == (aggregation == "pooled")
+                lo, hi = r[intervals][metric]
+                assert cell.interval == (None if f"{lo:.3f}" == f"{hi:.3f}" else (lo, hi)), (metric, title, m, s)
+                assert cell.coarse == (aggregation == "pooled" and too_coarse(metric, r))
+    # per-image tables bold the best per-image mean (the paired ranks are of pooled values)
+    doc["results"]["good"]["b"]["per_image_mean"]["auroc"] = 0.25
+    tables = {(metric, title.startswith("pooled")): dict(rows) for metric, title, _, rows in metric_tables(doc)}
+    assert [tables[("auroc", pooled)][m][1].top for pooled in (True, False) for m in ("good", "poor")] == \
+        [True, False, False, True]
+    rows = list(csv_module.DictReader(io.StringIO(results_csv(doc))))
+    assert [(row["method"], row["set"], row["aggregation"]) for row in rows] == [
+        (m, s, a) for m in ("good", "poor") for s in ("a", "b") for a in ("pooled", "per-image mean")]
+    for row in rows:
+        r = doc["results"][row["method"]][row["set"]]
+        pooled = row["aggregation"] == "pooled"
+        values, intervals = (r["pooled"], r["intervals"]) if pooled else (r["per_image_mean"], r["per_image_intervals"])
+        for metric in METRICS:
+            assert float(row[metric]) == values[metric]
+            assert [float(row[f"{metric}_ci_low"]), float(row[f"{metric}_ci_high"])] == intervals[metric]
+            assert [float(row[f"{metric}_bin_low"]), float(row[f"{metric}_bin_high"])] == r["bounds"][metric] \
+                if pooled else row[f"{metric}_bin_low"] == row[f"{metric}_bin_high"] == ""
+        assert (row["n_id"], row["n_ood"]) == ((str(r["n_id"]), str(r["n_ood"])) if pooled else ("", ""))
+        assert row["n_images"] == ("" if pooled else str(r["per_image_mean"]["n_images"]))
