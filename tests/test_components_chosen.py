@@ -161,3 +161,20 @@ def test_two_process_gloo_run_chooses_the_thresholds_of_the_whole_sets(sets, tmp
     run_in_group(_distributed_worker, [str(p) for p in sets[:2]], str(tmp_path / "multi"))
     multi = json.loads((tmp_path / "multi/results.json").read_text())
     assert components_of(multi) == components_of(single)
+
+
+def test_a_frame_passed_over_is_listed_once_though_both_passes_meet_it(sets, tmp_path):
+    import shutil
+
+    import h5py
+
+    broken = tmp_path / "broken.h5"  # perlin_mixed with frame 1 damaged
+    shutil.copy(sets[0], broken)
+    shutil.copy(sets[0].with_suffix(".manifest.json"), tmp_path / "broken.manifest.json")
+    with h5py.File(broken, "r+") as f:
+        f["images"]["1"].id.write_direct_chunk((0, 0, 0), b"not a deflate stream")
+    doc = evaluate(tiny_network("dropout"), [broken], ["entropy"], tmp_path / "run", skip_bad=True,
+                   components={"preset": "obstacle", "source": "oracle"}, **OPTIONS)
+    assert [entry[:2] for entry in doc["skipped_frames"]] == [["broken", 1]]
+    assert doc["results"]["entropy"]["broken"]["components"]["n_frames"] == 3
+    assert doc["timings"]["images_per_set"] == {"broken": 3} and doc["notes"] == []
