@@ -108,5 +108,25 @@ def test_cli_protocol(sources, tmp_path, capsys):
         named.append(str(tmp_path / f"{name}.h5"))
     save_checkpoint(tmp_path / "model.pt", tiny_network())
     assert main(["protocol", "--checkpoint", str(tmp_path / "model.pt"), "--tune-sets", *named[:2], "--test-sets",
-                 *named[2:], "--methods", "entropy", "--out", str(tmp_path / "p"), "--quiet"]) == 0
-    assert "Cross-source protocol" in capsys.readouterr().out
+                 *named[2:], "--methods", "entropy", "--out", str(tmp_path / "p"), "--quiet", "--rule", "f1",
+                 "--metric", "auprc", "--batch-size", "1"]) == 0
+    assert "Cross-source protocol (AUPRC; thresholds committed by f1" in capsys.readouterr().out
+    doc = json.loads((tmp_path / "p" / "protocol.json").read_text())
+    run = json.loads((tmp_path / "p" / "perlin_tune" / "run.json").read_text())
+    assert (doc["rule"], doc["metric"], run["config"]["batch_size"]) == ("f1", "auprc", 1)
+    assert doc["cells"]["entropy"]["perlin_tune"]["normal_test"]["f1"] is not None
+
+
+def test_the_headline_averages_each_value_over_the_cells_of_other_sources():
+    from segood.evaluation.protocol import _headline
+
+    def cell(auroc, balanced_accuracy, tpr, fpr, same_source=False):
+        return {"auroc": auroc, "balanced_accuracy": balanced_accuracy, "tpr": tpr, "fpr": fpr,
+                "same_source": same_source}
+
+    by_source = {"s1": {"t1": cell(0.9, 0.8, 0.95, 0.35, same_source=True), "t2": cell(0.5, 0.75, 0.75, 0.25)},
+                 "s2": {"t1": cell(0.75, 0.5, 0.5, 0.5), "t2": cell(0.1, 0.1, 0.1, 0.1, same_source=True)}}
+    assert _headline(by_source, "auroc") == {"cells": 2, "auroc": 0.625, "balanced_accuracy": 0.625, "tpr": 0.625,
+                                             "fpr": 0.375}
+    by_source["s2"]["t1"]["tpr"] = None  # undefined in a cell: undefined, not a mean of the others
+    assert _headline(by_source, "auroc")["tpr"] is None
