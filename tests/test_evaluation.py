@@ -61,6 +61,11 @@ def test_results_equal_a_direct_computation(sets, tmp_path):
             "per_class_entropy.png"} <= set(figures)
     assert all((tmp_path / "run/figures" / f).stat().st_size > 5000 for f in figures)
     assert main(["report", str(tmp_path / "run")]) == 0  # rebuilt from the saved state alone
+    assert main(["report", str(tmp_path / "run"), "--resamples", "30", "--seed", "5", "--commit-on", "perlin_mixed",
+                 "-q"]) == 0
+    saved = json.loads((tmp_path / "run/results.json").read_text())
+    assert (saved["bootstrap"]["resamples"], saved["bootstrap"]["seed"], saved["commit_on"]) == (30, 5, "perlin_mixed")
+    assert saved["results"]["entropy"]["perlin_mixed"]["committed"]["f1"]["chosen_on"] == "perlin_mixed"
 
 
 def test_all_methods_share_passes_and_monte_carlo(sets, tmp_path):
