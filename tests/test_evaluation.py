@@ -597,3 +597,19 @@ def test_bold_intervals_ranks_and_csv_rows_follow_each_metrics_direction_and_agg
                 if pooled else row[f"{metric}_bin_low"] == row[f"{metric}_bin_high"] == ""
         assert (row["n_id"], row["n_ood"]) == ((str(r["n_id"]), str(r["n_ood"])) if pooled else ("", ""))
         assert row["n_images"] == ("" if pooled else str(r["per_image_mean"]["n_images"]))
+
+
+def test_monte_carlo_dropout_is_seeded_by_the_seed_the_set_and_the_batchs_first_frame(sets, tmp_path):
+    """Each batch draws its own dropout masks, from seed × 1000003 + set index × 10007 + its first frame, so a
+    resumed or sharded run draws the same; the same masks for every batch would score alike frames alike."""
+    from segood.methods.schedule import score_frames
+
+    model, paths = tiny_network("dropout"), {"cs": sets / "cs.h5", "perlin_mixed": sets / "perlin_mixed.h5"}
+    doc = evaluate(model, paths, ["varsum"], tmp_path / "run", batch_size=1, progress=False, figures=False,
+                   bootstrap=None)
+    for set_index, (name, path) in enumerate(paths.items()):
+        data = H5SegmentationDataset(path)
+        for frame in range(2):
+            want = score_frames(model, data[frame]["image"][None], [get_method("varsum")],
+                                mc_seed=set_index * 10_007 + frame).scores[0][0]
+            np.testing.assert_array_equal(doc.state.examples[(name, frame)]["score_varsum"], want.float().numpy())

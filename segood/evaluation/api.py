@@ -67,8 +67,8 @@ def evaluate(model: torch.nn.Module | Scorer, sets: dict[str, str | Path] | list
             ...); ``keywords`` are its fields (``batch_size=4, grid="exact"``), put into ``options`` when both
             are given. Every option is documented there and checked there, once.
 
-    Under ``torchrun`` (an initialised process group) each rank evaluates every world_size-th frame and the
-    counts are all-reduced; rank 0 writes the outputs. Results equal a single-process run exactly, but those of
+    Under ``torchrun`` (an initialised process group) each rank evaluates a contiguous block of each set's frames
+    and the counts are all-reduced; rank 0 writes the outputs. Results equal a single-process run exactly, but those of
     the Monte-Carlo methods: their dropout is seeded per batch (by its first frame), and the batches differ.
     """
     options = EvaluateOptions.of(options, **keywords)
