@@ -4,8 +4,10 @@ constraints, sets are reproducible per seed, a killed run resumes to the same se
 learned fill: crops against a literal point-in-polygon test, training deterministic per seed and lowering the
 loss, the generator file's round trip and refusals, the fill inside the region only, the search with it."""
 
+import dataclasses
 import json
 import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,12 +17,14 @@ from segood.attack import DIMENSIONS, Scene, SearchConfig, SearchSpace, calibrat
 from segood.attack.constraints import passes_filter, weakest_inlier
 from segood.attack.generator import load_generator, object_crops, reconstruction_loss, save_generator, train
 from segood.attack.run import attack, parse_targets
-from segood.attack.search import Target, search_frame
+from segood.attack.report import summary_rows
+from segood.attack.search import Target, search_frame, search_set
+from segood.attack.sets import write_set
 from segood.attack.space import reflect
 from segood.cli import main
 from segood.data import Cityscapes, convert, read_manifest
 from segood.data.h5 import H5SegmentationDataset
-from segood.data.paste import demo_objects
+from segood.data.paste import demo_objects, polygon_mask
 from segood.data.sun import SunLabelMap
 from segood.data.synthetic import write_cityscapes_tree
 from segood.labels import ID, IGNORE, OOD
@@ -104,10 +108,69 @@ def test_render_changes_the_region_only_and_labels_it_ood(world, texture):
     assert rendered >= 5
 
 
+def test_a_point_decodes_by_hand(world):
+    space = world["space"]
+    n = len(space.objects)
+    u = np.array([(2 + 0.5) / n, 0.3, 0.99, 0.5, 0.4, 0.2, 0.4, 0.6, 0.7, 0.25, 0.1, 0.8, 0.5])
+    params = space.decode(u)
+    assert params["object"] == space.objects[2].key and params["name"] == space.objects[2].name
+    assert params["texture"] == "perlin" and params["pattern"] == 15  # int(0.3 * 4) = 1, int(0.99 * 16) = 15
+    assert params["frequency"] == pytest.approx(8 ** 0.5)  # 1 to 8 cells on a log scale
+    assert params["roughness"] == pytest.approx(0.5) and params["contrast"] == 0.7
+    assert params["colour"] == pytest.approx([51.0, 102.0, 153.0])  # red, green, blue
+    assert params["brightness"] == pytest.approx(0.75) and params["height_ratio"] == pytest.approx(0.375)
+    assert (params["x"], params["y"]) == (0.1, 0.8) and params["u"] == u.tolist()
+    ends = space.decode(np.r_[[1.0, 1.0, 1.0, 0.0], np.zeros(9)])  # a coordinate of 1 picks the last choice
+    assert ends["object"] == space.objects[-1].key and ends["texture"] == "flat" and ends["pattern"] == 15
+    assert ends["frequency"] == 1.0 and ends["height_ratio"] == 0.15 and ends["brightness"] == 0.5
+
+
+def test_a_point_stands_where_its_coordinates_say(world):
+    """The base at x across the frame and y between the row below the horizon and the bottom; the object's lowest
+    point on it, horizontally centred, its height the ratio of the base's distance below the horizon."""
+    space, rng = world["space"], np.random.default_rng(4)
+    objects = {o.key: o for o in space.objects}
+    rendered = 0
+    for scene in world["scenes"]:
+        height, width = scene.ground.shape
+        for _ in range(30):
+            candidate = space.render(scene, space.sample(rng))
+            if candidate is None:
+                continue
+            rendered += 1
+            p = candidate.params
+            top = scene.horizon + 1
+            base_x, base_y = p["x"] * (width - 1), top + p["y"] * (height - 1 - top)
+            assert p["base"] == pytest.approx([base_x, base_y])
+            polygon = np.asarray(objects[p["object"]].polygon)
+            placed = polygon * p["scale"]
+            placed += (base_x - placed[:, 0].min() / 2 - placed[:, 0].max() / 2, base_y - placed[:, 1].max())
+            assert np.ptp(placed[:, 1]) == pytest.approx(p["height_ratio"] * (base_y - scene.horizon))
+            (x0, y0), mask = polygon_mask(placed, height, width)
+            region = np.zeros((height, width), bool)
+            region[y0:y0 + mask.shape[0], x0:x0 + mask.shape[1]] = mask
+            assert (candidate.region == region).all()
+    assert rendered >= 10
+
+
+def test_proposals_move_every_dimension(world):
+    space, rng = world["space"], np.random.default_rng(3)
+    moved = np.zeros(space.dims, int)
+    u = space.sample(rng)
+    for _ in range(400):
+        v = space.propose(u, rng, 0.3)
+        moved += v != u
+        u = v
+    assert (moved > 10).all() and moved.sum() == 400  # each of the 13, one a proposal (~31 each)
+
+
 def test_weakest_inlier_against_a_literal_loop(world):
-    model, scenes = world["model"], world["scenes"]
+    model, first = world["model"], world["scenes"][0]
+    void = first.ood_mask.copy()
+    void[:, :20] = IGNORE  # void pixels are neither ID nor OOD: no part of the inliers
+    scenes = [*world["scenes"], dataclasses.replace(first, frame_id="void", ood_mask=void)]
     measured = calibrate(model, [get_method("max_logit")], scenes)
-    per_frame = []
+    per_frame, max_logits = [], []
     for scene in scenes:  # softmax by hand in float64, mean over the ID pixels, one frame at a time
         x = preprocess(torch.from_numpy(scene.image).permute(2, 0, 1)[None])
         with torch.no_grad():
@@ -115,7 +178,10 @@ def test_weakest_inlier_against_a_literal_loop(world):
         e = np.exp(logits - logits.max(axis=0))
         top = (e / e.sum(axis=0)).max(axis=0)
         per_frame.append(top[scene.ood_mask == ID].mean())
+        max_logits.append(logits.max(axis=0)[scene.ood_mask == ID])
     assert measured["frame_confidence"] == pytest.approx(per_frame, abs=1e-5)
+    # the energy's unit: the standard deviation of the method's scores over the ID pixels of all clean frames
+    assert measured["score_std"]["max_logit"] == pytest.approx(np.concatenate(max_logits).std(), rel=1e-4)
     assert measured["weakest_inlier"] == pytest.approx(min(per_frame), abs=1e-5)
     assert weakest_inlier([0.9, None, 0.7, 0.8]) == 0.7
     with pytest.raises(ValueError, match="undefined"):
@@ -141,6 +207,160 @@ def test_the_search_lowers_the_target_score(world):
     assert all(r["score"] <= r["start"]["score"] for r in records)
     assert sum(r["score"] < r["start"]["score"] for r in records) >= 2  # a search that moves finds lower scores
     assert np.mean([r["score"] for r in records]) < np.mean([r["start"]["score"] for r in records])
+
+
+# The chain on a space of two dimensions whose points render without a network: energies and confidences are
+# functions of the point, so every acceptance, the kept state and the seeds can be checked by hand.
+
+
+class PlaneSpace:
+    """Points (a, b) of the unit square; a point renders (a stand-in candidate) unless ``feasible`` says no; every
+    move changes the image. ``start``: a fixed first sample (the sampler's generator is not drawn from)."""
+
+    dims = 2
+    propose = SearchSpace.propose
+
+    def __init__(self, feasible=lambda u: True, start=None):
+        self.feasible, self.start = feasible, start
+
+    def sample(self, rng):
+        return rng.random(2) if self.start is None else np.array(self.start, np.float64)
+
+    def render_key(self, u):
+        return json.dumps([float(v) for v in u])
+
+    def render(self, scene, u):
+        return SimpleNamespace(u=np.array(u)) if self.feasible(u) else None
+
+
+class PlaneTarget:
+    """A method named ``name`` whose mean region score is ``energy(u)`` and the region's confidence
+    ``confidence(u)``; it records every pass (the point and its dropout seed)."""
+
+    def __init__(self, name="m", *, energy=lambda u: u[0] + u[1], confidence=lambda u: 0.0, threshold=1.0,
+                 scale=1.0):
+        self.method, self.energy, self.confidence = SimpleNamespace(name=name), energy, confidence
+        self.threshold, self.scale, self.passes = threshold, scale, []
+
+    def evaluate(self, candidate, mc_seed=None):
+        self.passes.append((candidate.u.tolist(), mc_seed))
+        return self.energy(candidate.u), self.confidence(candidate.u)
+
+
+PLANE_SCENE = SimpleNamespace(frame_id="city/frame_0")
+
+
+def chain_states(target):
+    """The chain's states replayed from the target's passes where only downhill (or level) moves are accepted:
+    (energies of the states, how many proposals were accepted)."""
+    energies = [target.energy(np.array(target.passes[0][0]))]
+    for u, _ in target.passes[1:]:
+        e = target.energy(np.array(u))
+        if e <= energies[-1]:
+            energies.append(e)
+    return energies, len(energies) - 1
+
+
+def test_the_worst_case_is_the_lowest_energy_state_not_the_last():
+    # at a very high temperature every move is accepted: the states are all the passes, the chain wanders up and
+    # down, and the frame's worst case is the lowest of them (the method's score is lowest there: least OOD)
+    target = PlaneTarget()
+    record = search_frame(target, PlaneSpace(), PLANE_SCENE, SearchConfig(budget=30, temperature=1e9, step=0.3))
+    scores = [target.energy(np.array(u)) for u, _ in target.passes]
+    assert record["passes"] == len(target.passes) == 30 and record["accepted"] == record["proposals"] == 29
+    assert record["score"] == min(scores) < scores[-1] and record["u"] == target.passes[int(np.argmin(scores))][0]
+    assert record["start"]["u"] == target.passes[0][0] and record["start"]["score"] == scores[0]
+
+
+def test_at_a_low_temperature_the_chain_never_climbs():
+    target = PlaneTarget()
+    record = search_frame(target, PlaneSpace(), PLANE_SCENE, SearchConfig(budget=30, temperature=1e-9, step=0.3))
+    energies, accepted = chain_states(target)
+    assert record["accepted"] == accepted < record["proposals"] == 29  # uphill moves were proposed, none taken
+    assert record["score"] == energies[-1] == min(target.energy(np.array(u)) for u, _ in target.passes)
+    assert record["score"] < record["start"]["score"]
+
+
+def test_the_energy_is_the_score_in_units_of_its_inlier_spread():
+    # a method whose scores are 40 times larger, with a spread 40 times larger, walks the same chain
+    config = SearchConfig(budget=40, temperature=0.3, step=0.3)
+    unit = PlaneTarget()
+    scaled = PlaneTarget(energy=lambda u: 40.0 * (u[0] + u[1]), scale=40.0)
+    first, second = (search_frame(t, PlaneSpace(), PLANE_SCENE, config) for t in (unit, scaled))
+    assert [u for u, _ in scaled.passes] == [u for u, _ in unit.passes]
+    assert second["accepted"] == first["accepted"] and second["score"] == pytest.approx(40.0 * first["score"])
+    _, downhill = chain_states(unit)
+    assert first["accepted"] > downhill  # at this temperature some uphill moves were taken
+
+
+def test_the_zero_inlier_filter_keeps_the_chain_off_explained_regions():
+    # the score is lowest where a > 0.5, but the network explains those regions (confidence at the threshold or
+    # above): the chain never stands there, though those passes were spent
+    target = PlaneTarget(energy=lambda u: -u[0], confidence=lambda u: float(u[0] >= 0.5), threshold=0.6)
+    record = search_frame(target, PlaneSpace(start=[0.3, 0.5]), PLANE_SCENE,
+                          SearchConfig(budget=40, temperature=1e9, step=0.3))
+    explained = [u for u, _ in target.passes if u[0] >= 0.5]
+    assert explained and record["passes"] == len(target.passes) == 40
+    assert record["u"][0] < 0.5 and record["confidence"] == 0.0
+    assert record["score"] == min(-u[0] for u, _ in target.passes if u[0] < 0.5)
+
+
+def test_infeasible_placements_cost_no_pass_and_a_start_is_the_first_feasible_draw():
+    target = PlaneTarget()
+    space = PlaneSpace(feasible=lambda u: u[1] < 0.5)
+    record = search_frame(target, space, PLANE_SCENE, SearchConfig(budget=20, step=0.3))
+    assert record["passes"] == len(target.passes) == 20 and all(u[1] < 0.5 for u, _ in target.passes)
+    assert record["proposals"] > 19  # proposals off the ground were drawn, and cost nothing
+    never = search_frame(PlaneTarget(), PlaneSpace(feasible=lambda u: False), PLANE_SCENE, SearchConfig(budget=3))
+    assert never["found"] is False and never["passes"] == 0 and "no feasible start" in never["reason"]
+
+
+def test_chains_draw_from_the_seed_the_frame_and_the_method():
+    config = SearchConfig(budget=10, step=0.3)
+
+    def passes(name, space, **changes):
+        target = PlaneTarget(name)
+        search_frame(target, space, PLANE_SCENE, SearchConfig(**{**config.to_dict(), **changes}))
+        return target.passes
+
+    a, b = passes("a", PlaneSpace()), passes("b", PlaneSpace())
+    assert a[0][0] == b[0][0]  # the methods of one network start from the same random sample
+    assert [u for u, _ in a[1:]] != [u for u, _ in b[1:]]  # and propose from their own generators
+    assert passes("a", PlaneSpace()) == a  # the same seed: the same chain
+    fixed = PlaneSpace(start=[0.5, 0.5])  # one start for both seeds: the proposals still follow the seed
+    assert [u for u, _ in passes("a", fixed, seed=1)[1:]] != [u for u, _ in passes("a", fixed)[1:]]
+    assert passes("a", PlaneSpace(), seed=1)[0][0] != a[0][0]
+    seeds = [s for _, s in a]  # every pass draws its own dropout masks, per method
+    assert len(set(seeds)) == len(seeds) and not set(seeds) & {s for _, s in b}
+
+
+def test_a_move_that_renders_the_same_image_moves_the_chain_without_a_pass():
+    class InertSecond(PlaneSpace):  # the image ignores the second coordinate
+        def render_key(self, u):
+            return json.dumps(float(u[0]))
+
+    target = PlaneTarget(energy=lambda u: u[0])
+    record = search_frame(target, InertSecond(start=[0.5, 0.5]), PLANE_SCENE, SearchConfig(budget=15, step=0.3))
+    assert record["reused"] > 0 and record["passes"] == len(target.passes) == 15
+    # the chain stood where the free moves took it: later passes carry the second coordinate they moved
+    assert len({u[1] for u, _ in target.passes}) > 1
+
+
+def test_a_resumed_search_reads_finished_frames_back_without_a_pass(tmp_path):
+    scenes = [SimpleNamespace(frame_id=f"city/frame_{k}") for k in range(3)]
+    config = SearchConfig(budget=5, step=0.3)
+    target = PlaneTarget()
+    records = search_set(target, PlaneSpace(), scenes, config, tmp_path, identity={"run": 1}, progress=False)
+    assert len(target.passes) == 15 and sorted(p.name for p in tmp_path.iterdir()) == [
+        "000000.json", "000001.json", "000002.json"]
+    (tmp_path / "000002.json").unlink()  # the run was killed before the last frame
+    again = PlaneTarget()
+    assert search_set(again, PlaneSpace(), scenes, config, tmp_path, identity={"run": 1}, progress=False) == records
+    assert len(again.passes) == 5  # the last frame alone was searched
+    with pytest.raises(ValueError, match="belongs to another attack"):  # the frames in another order
+        search_set(PlaneTarget(), PlaneSpace(), scenes[::-1], config, tmp_path, identity={"run": 1}, progress=False)
+    with pytest.raises(ValueError, match="belongs to another attack"):
+        search_set(PlaneTarget(), PlaneSpace(), scenes, config, tmp_path, identity={"run": 2}, progress=False)
 
 
 def test_every_found_sample_satisfies_the_constraints(world, run):
@@ -191,6 +411,48 @@ def test_report_transfer_matrix_and_figures(run):
     text = (out / "attack.md").read_text()
     assert "| worst max_logit |" in text and "Transfer matrix" in text
     assert json.loads((out / "attack.json").read_text())["passes"] == doc["passes"] <= FRAMES * BUDGET * 2
+
+
+def test_the_sets_hold_the_chains_best_and_start_states(run):
+    out, _ = run
+    records = [json.loads(p.read_text())["record"] for p in sorted((out / "state" / "max_logit").glob("*.json"))]
+    found = [r for r in records if r["found"]]
+    assert found and any(r["u"] != r["start"]["u"] for r in found)
+    worst = read_manifest(out / "sets" / "worst_max_logit.h5")["found"]
+    random = read_manifest(out / "sets" / "random_tiny.h5")["found"]
+    assert [(f["frame_id"], f["u"], f["score"]) for f in worst] == [(r["frame_id"], r["u"], r["score"]) for r in found]
+    assert [(f["frame_id"], f["u"], f["score"]) for f in random] == [
+        (r["frame_id"], r["start"]["u"], r["start"]["score"]) for r in found]
+    assert all(f["start_score"] == r["start"]["score"] for f, r in zip(worst, found))
+
+
+def test_writing_a_set_refuses_an_object_the_label_map_calls_id(world, tmp_path):
+    bank = world["bank"]
+    space, scene, rng = SearchSpace(bank, lambda o: o.image), world["scenes"][0], np.random.default_rng(0)
+    car = next(k for k, o in enumerate(bank) if o.name == "car")
+    for _ in range(200):
+        u = space.sample(rng)
+        u[0] = (car + 0.5) / len(bank)
+        if space.render(scene, u) is not None:
+            break
+    point = {"u": u.tolist(), "score": 0.0, "confidence": 0.0}
+    record = {"frame_id": scene.frame_id, "found": True, **point, "start": point, "passes": 1}
+    with pytest.raises(ValueError, match="'car' is not OOD under the label map"):
+        write_set(tmp_path / "worst.h5", space, [scene], [record], world["labels"])
+    assert not (tmp_path / "worst.h5").exists()
+
+
+def test_the_summary_drop_is_random_minus_worst():
+    doc = {"targets": {m: {"network": "net", "set": f"worst_{m}", "random_set": "random_net", "frames": 2,
+                           "mean_score_start": 1.0, "mean_score_found": 0.5} for m in ("energy", "sml")},
+           "matrix": {"energy": {"worst_energy": {"auroc": 0.625, "fpr95": 0.9}, "random_net": {"auroc": 0.875,
+                                                                                                 "fpr95": 0.4}},
+                      "sml": {"worst_sml": {"auroc": None, "fpr95": None}, "random_net": {"auroc": 0.5, "fpr95": 1.0},
+                              "standard": {"auroc": 0.75, "fpr95": 0.5}}}}
+    energy, sml = summary_rows(doc)
+    assert energy["auroc_drop"] == 0.25 and energy["worst"]["auroc"] == 0.625 and energy["random"]["auroc"] == 0.875
+    assert energy["standard"] is None and sml["standard"] == {"auroc": 0.75, "fpr95": 0.5}
+    assert sml["auroc_drop"] is None  # an undefined worst-case AUROC: no drop
 
 
 def test_sets_are_reproducible_per_seed(world, run):
