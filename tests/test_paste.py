@@ -8,7 +8,8 @@ import pytest
 
 from segood.cli import main
 from segood.data import Cityscapes, convert, read_manifest
-from segood.data.paste import BLENDS, FOOTPRINT, GROUND, MIN_GROUND, Paste, ground_horizon, polygon_mask
+from segood.data.paste import (BLENDS, FOOTPRINT, GROUND, MAX_WIDTH, MIN_GROUND, MIN_HEIGHT, Paste, ground_horizon,
+                               place_at, polygon_mask)
 from segood.data.synthetic import write_cityscapes_tree, write_sun_tree
 from segood.labels import CLASS_NAMES, ID, IGNORE, OOD
 
@@ -141,6 +142,27 @@ def test_placement_on_the_ground_scaled_by_distance_below_the_horizon(trees):
             ground &= ~mask
             count += 1
     assert count >= 12
+
+
+
+def test_placement_rules_at_their_bounds():
+    """A 100 x 200 frame, the horizon at row 0: at least 4 pixels tall (2% of 100 is less), at most 100 wide, half
+    the footprint on the ground; each bound itself is allowed."""
+    assert (MIN_HEIGHT, MAX_WIDTH, MIN_GROUND) == (0.02, 0.5, 0.5)
+    ground = np.ones((100, 200), bool)
+    tall = [(0, 0), (10, 0), (10, 20), (0, 20)]
+    assert place_at(tall, ground, 0, (100, 8.0), 0.5) is not None  # 0.5 * 8 = 4 pixels tall
+    assert place_at(tall, ground, 0, (100, 7.9), 0.5) is None
+    wide = [(0, 0), (50, 0), (50, 10), (0, 10)]
+    assert place_at(wide, ground, 0, (100, 40.0), 0.5) is not None  # 20 tall: scale 2, 100 wide
+    assert place_at(wide, ground, 0, (100, 40.2), 0.5) is None
+    narrow = [(0, 0), (4.3, 0), (4.3, 10), (0, 10)]  # placed over x 95.2 .. 103.8: columns 96 .. 103
+    half = np.zeros((100, 200), bool)
+    half[:, :100] = True  # columns 96 .. 99 of each footprint row on the ground: exactly half
+    placement = place_at(narrow, half, 0, (99.5, 40.0), 0.5)
+    assert placement is not None and placement[4].sum(axis=1).max() == 8
+    half[:, 99] = False  # three of eight
+    assert place_at(narrow, half, 0, (99.5, 40.0), 0.5) is None
 
 
 def test_the_horizon_is_the_first_row_where_the_ground_spans():
