@@ -4,6 +4,7 @@ import math
 
 import shutil
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -134,12 +135,47 @@ def config(tiny_set, out, **kw):
                        batch_size=4, lr=0.02, crop=[64, 128], scale=[0.75, 1.25], **kw)
 
 
+def labelled_batch():
+    """Two generated frames, the top-left block of each void (255), as a training batch of tensors."""
+    images, semantic, ood = scene_batch(0, 2, 64, 128)
+    semantic = semantic.copy()
+    semantic[:, :16, :40] = 255
+    return {"image": torch.from_numpy(images).permute(0, 3, 1, 2), "semantic": torch.from_numpy(semantic),
+            "ood_mask": torch.from_numpy(ood)}
+
+
+@pytest.mark.parametrize("head", ["plain", "confidence"])
+def test_the_training_loss_of_each_head_by_hand(tmp_path, head):
+    from segood.models.train import NetworkLearner
+
+    torch.manual_seed(0)
+    learner = NetworkLearner(config("train.h5", tmp_path, head=head, conf_lambda=0.1), torch.device("cpu"))
+    learner.network.eval()
+    batch = labelled_batch()
+    with torch.no_grad():
+        output = learner.network(preprocess(batch["image"]))
+        torch.manual_seed(3)  # the confidence loss's hints
+        found = learner.loss(batch, None).item()
+        target = batch["semantic"].long()
+        if head == "plain":  # cross-entropy over the labelled pixels only: void pixels are no class
+            log_p = output.logits.double().log_softmax(dim=1)
+            labelled = target != 255
+            nll = -log_p.gather(1, target.clamp(max=18)[:, None])[:, 0][labelled]
+            expected = float(nll.sum() / labelled.sum())
+        else:  # DeVries & Taylor's loss (tested by hand above) with the configured λ
+            torch.manual_seed(3)
+            expected = confidence_loss(output.logits, output.confidence, target, lam=0.1).item()
+    assert found == pytest.approx(expected, rel=1e-5)
+
+
 def test_training_reduces_the_loss_and_logs(tiny_set, tmp_path):
     log = train(config(tiny_set, tmp_path, epochs=4, val_set=str(tiny_set)), progress=False)  # 4 x 6 = 24 steps
     assert log[-1]["loss"] < log[0]["loss"]
     assert (tmp_path / "log.csv").read_text().startswith("epoch,iteration,loss,lr,seconds,val_miou")
     model, state = load_model(tmp_path / "final.pt")
     assert state["config"]["head"] == "plain" and state["iteration"] == 24
+    # the poly schedule lr (1 - i / total)^0.9 at step i = 0 .. 23; each row holds its epoch's last step's
+    assert [row["lr"] for row in log] == pytest.approx([0.02 * (1 - (6 * e - 1) / 24) ** 0.9 for e in (1, 2, 3, 4)])
 
 
 @pytest.mark.parametrize("head", ["plain", "confidence"])
@@ -169,6 +205,35 @@ def test_augmentation_is_drawn_per_frame_whatever_reads_it(tiny_set, tmp_path):
         batches.append([batch["image"] for batch in loader])
     assert len(batches[0]) > 2 and all(torch.equal(a, b) for a, b in zip(*batches))
     assert not torch.equal(batches[0][0][0], batches[0][1][0])  # two frames, two draws
+
+
+
+def test_the_seed_draws_the_initial_weights_and_every_epochs_order(tiny_set, tmp_path):
+    def weights(out, **kw):
+        train(config(tiny_set, tmp_path / out, **kw), progress=False)
+        return read_checkpoint(tmp_path / out / "final.pt")["model"]
+
+    start, again, other = (weights(out, epochs=0, seed=seed) for out, seed in (("a", 0), ("b", 0), ("c", 1)))
+    assert all(torch.equal(start[k], again[k]) for k in start)
+    assert not all(torch.equal(start[k], other[k]) for k in start)
+    # from the same weights, one epoch of another seed reads other crops in another order
+    init = str(tmp_path / "a" / "final.pt")
+    first, second = (weights(out, epochs=1, seed=seed, init=init) for out, seed in (("d", 0), ("e", 1)))
+    assert not all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_augmentation_pads_masks_with_ignore_and_never_interpolates_them(tmp_path):
+    from segood.models.train import augmentation
+
+    # frames of 64 x 128 scaled to 48 x 96, then padded to the 64 x 128 crop
+    cfg = TrainConfig(train_set="train.h5", out_dir=str(tmp_path), crop=[64, 128], scale=[0.75, 0.75])
+    semantic = ((np.arange(64)[:, None] + np.arange(128)) % 2 * 18).astype(np.uint8)  # classes 0 and 18 alternate
+    image = np.full((64, 128, 3), 100, np.uint8)
+    for epoch in range(3):
+        out = augmentation(cfg, epoch)(image=image, mask=semantic)
+        assert out["mask"].shape == (64, 128)
+        assert set(np.unique(out["mask"])) == {0, 18, 255}  # no class between 0 and 18 made up by interpolation
+        assert (out["mask"] == 255).sum() == 64 * 128 - 48 * 96  # padding is no class
 
 
 class Evil:

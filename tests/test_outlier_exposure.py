@@ -124,6 +124,30 @@ def test_rba_oe_loss_with_the_authors_margins_by_hand():
     assert rba_oe_loss(LOGITS, OOD_MASK).item() == pytest.approx(expected, rel=1e-6)
 
 
+def test_training_takes_each_loss_with_the_weight_margins_and_reduction_given():
+    from segood.models.train import oe_loss
+
+    def settings(loss, **kw):
+        return TrainConfig(train_set="t.h5", out_dir="out", init="parent.pt", outlier_exposure="oe.h5", oe_loss=loss,
+                           **kw)
+
+    ce = (-log_softmax_at(0, 0)[0] - log_softmax_at(0, 1)[2]) / 2  # the ID pixels' cross-entropy
+    cases = {  # the losses themselves are checked by hand above
+        "entropy": (settings("entropy", oe_weight=0.3, oe_reduction="pixels"),
+                    entropy_oe_loss(LOGITS, TARGET, OOD_MASK, lam=0.3, reduction="pixels")),
+        "energy": (settings("energy", oe_weight=0.2, oe_margins=[-2.38, -1.0]),
+                   energy_oe_loss(LOGITS, TARGET, OOD_MASK, weight=0.2, m_in=-2.38, m_out=-1.0)),
+        "rba": (settings("rba", oe_weight=0.5, oe_margins=[-1.0, 2.0]),
+                ce + 0.5 * rba_oe_loss(LOGITS, OOD_MASK, m_in=-1.0, m_out=2.0)),
+    }
+    for name, (config, expected) in cases.items():
+        assert oe_loss(config, LOGITS, TARGET, OOD_MASK).item() == pytest.approx(float(expected), rel=1e-6), name
+    # the defaults differ from those settings, so each setting counted
+    assert entropy_oe_loss(LOGITS, TARGET, OOD_MASK).item() != pytest.approx(float(cases["entropy"][1]))
+    assert energy_oe_loss(LOGITS, TARGET, OOD_MASK, m_in=-1.0, m_out=-2.38, weight=0.2).item() != pytest.approx(
+        float(cases["energy"][1]))
+
+
 # ---------------------------------------------------------------------------------------------- sets and training
 
 
@@ -185,6 +209,24 @@ def test_fine_tuning_resumes_to_the_same_weights_and_records_its_source(oe_sets,
     assert record["set"]["manifest_sha256"] and record["parent"]["checkpoint"] == "parent.pt"
     parent = read_checkpoint(oe_sets["parent"])["model"]
     assert any(not torch.equal(parent[k], v) for k, v in a["model"].items())  # it did fine-tune the parent
+    if loss == "entropy":  # the OE loss is what it minimised: the OOD pixels' softmax moved towards uniform
+        before, after = (uniform_excess(load_model(path)[0], oe_sets["oe_sun"])
+                         for path in (oe_sets["parent"], tmp_path / "straight/final.pt"))
+        assert after < 0.5 * before
+
+
+def uniform_excess(model, path):
+    """Mean over the OOD pixels of the set at ``path`` of the cross-entropy to the uniform distribution,
+    -(1/K) Σ_k log p_k, less its least value log K (reached where the softmax is uniform)."""
+    from segood.data.h5 import H5SegmentationDataset
+    from segood.models.network import preprocess
+
+    values = []
+    for item in H5SegmentationDataset(path):
+        with torch.no_grad():
+            log_p = model(preprocess(item["image"][None])).logits.double().log_softmax(dim=1)
+        values.append(-log_p.mean(dim=1)[item["ood_mask"][None] == 1])
+    return float(torch.cat(values).mean()) - math.log(log_p.shape[1])
 
 
 def test_evaluation_flags_test_sets_of_the_oe_source(oe_sets, tmp_path):
