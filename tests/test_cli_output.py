@@ -251,6 +251,19 @@ def test_a_per_image_protocol_is_summarised_by_its_per_image_means():
     assert "pooled, * the best" in title and list(rows) == ["a", "b"] and rows["a"]["AUROC"] == 0.9
 
 
+def test_a_benchmark_headed_by_auprc_ranks_its_methods_by_auprc():
+    """SegmentMeIfYouCan's headline is AUPRC: its table leads with it and ranks by it, though AUROC says otherwise."""
+    from segood.evaluation.report import summary_text
+
+    def cell(auroc, auprc):
+        return {"pooled": {"auroc": auroc, "auprc": auprc, "fpr95": 0.5, "max_iou": 0.5}, "n_ood": 10}
+
+    doc = {"results": {"a": {"ra": cell(0.9, 0.2)}, "b": {"ra": cell(0.8, 0.6)}},
+           "sets": {"ra": {"ood_sources": ["smiyc_roadanomaly21"], "frames": 2}}}
+    title, labels, rows = table(summary_text(doc), "ra")
+    assert labels == ["AUPRC", "FPR95", "AUROC", "MaxIoU"] and list(rows) == ["b", "a"]
+
+
 def test_an_output_named_like_an_input_is_refused_before_any_work(world, tmp_path, capsys):
     """``--out SET.h5`` (a slip of the fingers) would have replaced the set with a zip, a benchmark or a generator,
     and ``--curves STATE.npz`` the state with a CSV: each output must be of its own kind."""

@@ -434,6 +434,8 @@ def test_the_same_methods_of_two_networks_combine_named_by_their_runs(sets, tmp_
         for m in methods:
             assert doc["results"][f"{m} ({name})"] == run["results"][m]
             assert doc["method_models"][f"{m} ({name})"] == str(tmp_path / name)
+            assert doc["timings"]["per_method"][f"{m} ({name})"]["inference_ms_per_image"] == pytest.approx(
+                run["timings"]["per_method"][m]["inference_ms_per_image"], rel=1e-12)  # its own network's time
     assert (tmp_path / "both" / "figures" / "examples_perlin_mixed.png").exists()
     assert main(["report", str(tmp_path / "both"), "-q"]) == 0  # rebuilt from the combined state alone
     # the example frames keep each network's predicted classes (the panels showed the last run's for both)
@@ -613,3 +615,28 @@ def test_monte_carlo_dropout_is_seeded_by_the_seed_the_set_and_the_batchs_first_
             want = score_frames(model, data[frame]["image"][None], [get_method("varsum")],
                                 mc_seed=set_index * 10_007 + frame).scores[0][0]
             np.testing.assert_array_equal(doc.state.examples[(name, frame)]["score_varsum"], want.float().numpy())
+
+
+def test_a_pooled_value_is_too_coarse_where_either_bound_lies_beyond_a_hundredth():
+    from segood.evaluation.report import too_coarse
+
+    def result(lo, hi):
+        return {"pooled": {"auroc": 0.5}, "bounds": {"auroc": [lo, hi]}}
+
+    assert too_coarse("auroc", result(0.499, 0.52)) and too_coarse("auroc", result(0.48, 0.5))  # one side is enough
+    assert not too_coarse("auroc", result(0.495, 0.505)) and not too_coarse("auroc", result(0.4925, 0.5075))
+    assert not too_coarse("auroc", {"pooled": {"auroc": 0.5}}) and not too_coarse("auprc", result(0.0, 1.0))
+
+
+def test_the_command_line_passes_batch_size_and_skip_bad_on(sets, tmp_path):
+    broken = tmp_path / "broken.h5"  # perlin_mixed with frame 1 damaged
+    shutil.copy(sets / "perlin_mixed.h5", broken)
+    shutil.copy(sets / "perlin_mixed.manifest.json", tmp_path / "broken.manifest.json")
+    with h5py.File(broken, "r+") as f:
+        f["images"]["1"].id.write_direct_chunk((0, 0, 0), b"not a deflate stream")
+    argv = ["evaluate", "--checkpoint", str(_checkpoint(tmp_path)), "--sets", str(broken), "--methods", "entropy",
+            "--resamples", "0", "--batch-size", "3", "-q"]
+    assert main([*argv, "--out", str(tmp_path / "strict")]) == 2  # (the damaged frame stops the run)
+    assert main([*argv, "--skip-bad", "--out", str(tmp_path / "run")]) == 0
+    doc = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert doc["config"]["batch_size"] == 3 and [entry[:2] for entry in doc["skipped_frames"]] == [["broken", 1]]
