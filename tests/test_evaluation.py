@@ -640,3 +640,17 @@ def test_the_command_line_passes_batch_size_and_skip_bad_on(sets, tmp_path):
     assert main([*argv, "--skip-bad", "--out", str(tmp_path / "run")]) == 0
     doc = json.loads((tmp_path / "run" / "results.json").read_text())
     assert doc["config"]["batch_size"] == 3 and [entry[:2] for entry in doc["skipped_frames"]] == [["broken", 1]]
+    assert not any(note.startswith("The run is unfinished") for note in doc["notes"])  # (a skipped frame is done)
+
+
+def test_a_run_in_memory_reports_as_a_run_in_a_folder(sets, tmp_path):
+    """Without out_dir the bootstrap and the committed thresholds are those asked for, as in a folder's report."""
+    from segood.metrics.bootstrap import Bootstrap
+
+    paths = {"perlin_mixed": sets / "perlin_mixed.h5", "cs": sets / "cs.h5"}
+    options = {"progress": False, "bootstrap": Bootstrap(20, seed=3, confidence=0.8), "commit_on": "perlin_mixed"}
+    memory = evaluate(tiny_network(), paths, ["entropy", "max_softmax"], **options)
+    folder = evaluate(tiny_network(), paths, ["entropy", "max_softmax"], tmp_path / "run", figures=False, **options)
+    assert memory["bootstrap"] == folder["bootstrap"] and memory["bootstrap"]["resamples"] == 20
+    assert memory["commit_on"] == "perlin_mixed" and memory["results"] == folder["results"]
+    assert memory["results"]["entropy"]["perlin_mixed"]["intervals"]["auroc"][0] is not None
