@@ -340,3 +340,63 @@ def test_a_mask_network_takes_the_rba_loss_and_a_crop_it_can_see(oe_sets, mask_p
             "--outlier-exposure", str(oe_sets["oe_sun"])]
     assert main(base + ["--oe-loss", "rba"]) == 0
     assert (tmp_path / "cli/final/segood.json").is_file() and (tmp_path / "cli/last.pt").is_file()
+
+
+def mask_batch():
+    """Two 64 x 64 frames: frame 0 road on the left, car on the right, an OOD square and a void strip; frame 1
+    building with an OOD square over it. Their ID classes' masks by hand (trainIds, in sorted order)."""
+    torch.manual_seed(1)
+    image = torch.randint(0, 256, (2, 3, 64, 64), dtype=torch.uint8)
+    semantic = torch.zeros(2, 64, 64, dtype=torch.long)
+    semantic[0, :, 32:] = 13
+    semantic[0, 60:] = 255
+    semantic[1] = 2
+    ood_mask = torch.zeros(2, 64, 64, dtype=torch.long)
+    ood_mask[0, 20:36, 24:40] = 1
+    ood_mask[0, 60:] = 255
+    ood_mask[1, 8:24, 8:24] = 1
+    semantic[ood_mask == 1] = 255
+    road, car, building = ((semantic[i] == t).float() for i, t in ((0, 0), (0, 13), (1, 2)))
+    masks = [torch.stack([road, car]), building[None]]
+    labels = [torch.tensor([0, 13]), torch.tensor([2])]
+    return {"image": image, "semantic": semantic, "ood_mask": ood_mask}, masks, labels
+
+
+@pytest.mark.parametrize("network", ["mask2former", "eomt"])
+@pytest.mark.parametrize("weight", [0.0, 2.5])
+def test_a_mask_network_step_takes_its_own_loss_plus_the_weighted_rba_loss(tmp_path, network, weight):
+    """One step's loss is the network's own (Hungarian-matched) loss plus the weight times RbA's outlier
+    supervision on its semantic scores, the weight counted once: at weights other than 1 a term taken twice or
+    left unweighted shows."""
+    pytest.importorskip("transformers")
+    from segood.labels import CLASS_NAMES
+    from segood.models.hf import mask_semantic_scores
+    from segood.models.hf_train import MaskLearner
+    from segood.models.network import preprocess
+
+    from networks import tiny_eomt, tiny_mask2former
+
+    parent = tmp_path / "parent"
+    module = tiny_mask2former(list(CLASS_NAMES), train_num_points=256) if network == "mask2former" else tiny_eomt(19)
+    module.save_pretrained(parent)
+    m_in, m_out = -1.0, 0.5  # the RbA score of these random networks lies near 0: both hinges act
+    config = TrainConfig(train_set="t.h5", out_dir=str(tmp_path / "out"), init=str(parent), init_type="hf",
+                         outlier_exposure="oe.h5", oe_loss="rba", oe_weight=weight, oe_margins=[m_in, m_out],
+                         crop=[64, 64])
+    learner = MaskLearner(config, torch.device("cpu"))
+    learner.module.train()
+    batch, masks, labels = mask_batch()
+    torch.manual_seed(2)  # the point sampling of the network's own loss
+    found = learner.loss(batch, None)
+
+    x = learner.network.network_input(preprocess(batch["image"]))
+    torch.manual_seed(2)
+    with torch.no_grad():
+        out = learner.module(pixel_values=x, mask_labels=masks, class_labels=labels)
+    own = float(out.loss)
+    scores = mask_semantic_scores(out.class_queries_logits, out.masks_queries_logits, (64, 64))
+    rba = rba_reference(scores.double().numpy(), batch["ood_mask"].numpy(), m_in, m_out)
+    assert rba > 0.05 and own > 0.05  # both terms count
+    assert found.item() == pytest.approx(own + weight * rba, rel=1e-5)
+    found.backward()  # the step's gradient flows from this loss into the network
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in learner.module.parameters())
