@@ -1,8 +1,10 @@
 """The attack (issue #21): the search space renders inside the pasted region only, the weakest inlier against a
 literal loop, the search lowers the target's score on a tiny network, every found sample satisfies the
 constraints, sets are reproducible per seed, a killed run resumes to the same sets, and the command line; the
-learned fill: crops against a literal point-in-polygon test, training deterministic per seed and lowering the
-loss, the generator file's round trip and refusals, the fill inside the region only, the search with it."""
+learned fill: crops against a literal point-in-polygon test, the encoder's input centred on 0.5, each crop
+trained as it is and mirrored left to right, the batch order from the seed alone, training deterministic per seed
+and lowering the loss, the generator file's round trip and refusals, the fill inside the region only, the search
+with it."""
 
 import dataclasses
 import json
@@ -15,7 +17,8 @@ import torch
 
 from segood.attack import DIMENSIONS, Scene, SearchConfig, SearchSpace, calibrate, check_content, ood_only
 from segood.attack.constraints import passes_filter, weakest_inlier
-from segood.attack.generator import load_generator, object_crops, reconstruction_loss, save_generator, train
+from segood.attack.generator import (Autoencoder, load_generator, object_crops, reconstruction_loss, save_generator,
+                                     train)
 from segood.attack.run import attack, parse_targets
 from segood.attack.report import summary_rows
 from segood.attack.search import Target, search_frame, search_set
@@ -572,6 +575,84 @@ def test_generator_training_is_deterministic_per_seed_and_lowers_the_loss(genera
     with pytest.raises(ValueError, match="\\(N, 3, s, s\\)"):
         train(images[:, :2], progress=False)
 
+
+def hand_made_crops():
+    """Three 8 x 8 crops, each pixel its own value in [0, 1]: crop k, channel c at (y, x) holds
+    (8 y + x + 64 c + 192 k) / 575; a flip either way moves every value."""
+    k, c, y, x = np.meshgrid(np.arange(3), np.arange(3), np.arange(8), np.arange(8), indexing="ij")
+    return ((8 * y + x + 64 * c + 192 * k) / 575).astype(np.float32)
+
+
+def encoder_inputs(monkeypatch, crops, **options):
+    """What the encoder receives in each training batch of :func:`train` on ``crops``: a list of (B, 3, s, s)."""
+    from segood.attack import generator as learned_fill
+
+    received = []
+
+    class Recording(Autoencoder):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            self.encoder.register_forward_pre_hook(
+                lambda module, args: received.append(args[0].detach().clone()) if module.training else None)
+
+    monkeypatch.setattr(learned_fill, "Autoencoder", Recording)
+    model, _ = train(crops, latent=2, progress=False, **options)
+    return received, model
+
+
+def mirrored(crop):
+    """``crop`` (3, s, s) flipped left to right, one column at a time."""
+    out = np.empty_like(crop)
+    for x in range(crop.shape[2]):
+        out[:, :, x] = crop[:, :, crop.shape[2] - 1 - x]
+    return out
+
+
+def test_the_encoder_sees_crops_centred_on_half_grey():
+    torch.manual_seed(0)
+    model = Autoencoder(latent=2, size=8).eval()
+    seen = []
+    model.encoder.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    crops = torch.tensor([0.0, 0.25, 0.5, 1.0]).repeat_interleave(48).reshape(1, 3, 8, 8)
+    model.encode(crops)
+    expected = torch.tensor([-1.0, -0.5, 0.0, 1.0]).repeat_interleave(48).reshape(1, 3, 8, 8)
+    assert torch.equal(seen[0], expected)  # 2 x - 1: [0, 1] onto [-1, 1]
+    seen.clear()
+    model(crops)  # the autoencoder's pass centres the same way
+    assert torch.equal(seen[0], expected)
+
+
+def test_each_crop_enters_training_once_as_it_is_and_once_mirrored_left_to_right(monkeypatch):
+    crops = hand_made_crops()
+    received, _ = encoder_inputs(monkeypatch, crops, epochs=1, batch_size=2, seed=0)
+    epoch = torch.cat(received)
+    assert epoch.shape == (6, 3, 8, 8)
+    expected = [2 * c - 1 for c in crops] + [2 * mirrored(c) - 1 for c in crops]
+    upside_down = [2 * c[:, ::-1] - 1 for c in crops]
+    for want in expected:  # each exactly once, centred
+        assert sum(torch.equal(got, torch.from_numpy(np.ascontiguousarray(want))) for got in epoch) == 1
+    for wrong in upside_down:
+        assert not any(torch.equal(got, torch.from_numpy(np.ascontiguousarray(wrong))) for got in epoch)
+
+
+def test_the_batch_order_is_drawn_from_the_seed_alone(monkeypatch):
+    crops = hand_made_crops()
+    data = torch.from_numpy(np.stack([*crops, *(mirrored(c) for c in crops)]))  # the crops, then their mirrors
+    runs = {}
+    for seed, global_seed in ((0, 5), (0, 6), (1, 5)):
+        torch.manual_seed(global_seed)  # the global generator plays no part
+        runs[seed, global_seed] = encoder_inputs(monkeypatch, crops, epochs=3, batch_size=2, seed=seed)
+    for seed in (0, 1):  # each epoch a fresh permutation from one generator seeded with ``seed``
+        generator = torch.Generator().manual_seed(seed)
+        order = torch.cat([torch.randperm(6, generator=generator) for _ in range(3)])
+        received, _ = runs[seed, 5]
+        assert len(received) == 9
+        for b, batch in enumerate(received):
+            assert torch.equal(batch, 2 * data[order[2 * b:2 * b + 2]] - 1)
+    (a, model_a), (b, model_b), (other, model_other) = runs[0, 5], runs[0, 6], runs[1, 5]
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not all(torch.equal(x, y) for x, y in zip(a, other))
+    assert model_a.digest() == model_b.digest() != model_other.digest()
 
 def test_generator_file_round_trip_and_refusals(world, generator, tmp_path):
     model, path = generator["model"], generator["path"]
