@@ -124,6 +124,12 @@ def write_json(path, obj):
     atomic_write_text(path, json.dumps(_finite_or_none(obj), indent=2, allow_nan=False) + "\n")
 
 
+def as_read_back(obj):
+    """``obj`` as JSON gives it back (tuples as lists, keys as strings, what JSON lacks as its ``str``): for
+    comparing what is about to be written with what a file holds."""
+    return json.loads(json.dumps(obj, sort_keys=True, default=str))
+
+
 def _finite_or_none(obj):
     if isinstance(obj, float) and not math.isfinite(obj):
         return None

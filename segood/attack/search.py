@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from segood.attack.constraints import confidence_map, passes_filter, region_confidence, weakest_inlier
 from segood.data.paste import frame_rng
-from segood.io import write_json
+from segood.io import as_read_back, write_json
 from segood.labels import ID
 from segood.methods.schedule import score_batch
 from segood.models.network import preprocess
@@ -170,7 +170,7 @@ def search_set(target, space, scenes, config, state_dir, *, identity, progress=T
     ``state_dir/<index>.json`` with ``identity`` (what the run is), and a frame whose file exists is read back
     instead of searched (ValueError when it belongs to another run). Returns the records in scene order."""
     state_dir.mkdir(parents=True, exist_ok=True)
-    identity = _comparable(identity)
+    identity = as_read_back(identity)
     records = []
     bar = tqdm(total=len(scenes) * config.budget, desc=desc or f"attack {target.method.name}", unit="pass",
                disable=not progress)
@@ -189,7 +189,3 @@ def search_set(target, space, scenes, config, state_dir, *, identity, progress=T
             records.append(record)
             bar.update(config.budget)
     return records
-
-
-def _comparable(obj):
-    return json.loads(json.dumps(obj, sort_keys=True, default=str))

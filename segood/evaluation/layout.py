@@ -11,6 +11,8 @@
 import json
 from pathlib import Path
 
+from segood.io import as_read_back
+
 
 class RunFolder:
     """Paths of one run folder."""
@@ -47,7 +49,7 @@ class RunFolder:
         config = previous.get("config") or {}  # runs before the float-order grid name num_thresholds: the linear grid
         previous["config"] = {**{k: v for k, v in config.items() if k not in ("num_thresholds", "score_range")},
                               "grid": grid_of_config(config)}
-        if any(_comparable(previous.get(k)) != _comparable(description[k])
+        if any(as_read_back(previous.get(k)) != as_read_back(description[k])
                for k in ("model", "sets", "methods", "config")):
             raise ValueError(f"{self.path} holds a different run (another model, sets, methods or settings); "
                              "choose another --out")
@@ -68,7 +70,3 @@ def grid_of_config(config):
     from segood.metrics import grid_spec
 
     return config.get("grid") or grid_spec(config.get("num_thresholds", 400), config.get("score_range", (0.0, 1.0)))
-
-
-def _comparable(obj):
-    return json.loads(json.dumps(obj, sort_keys=True, default=str))

@@ -89,9 +89,9 @@ class Method:
 
     def check(self, model):
         """Refuse a network without this method's head (ValueError that says which head to build)."""
-        from segood.models.external import ExternalModel
-
         if self.head is not None and self.head not in served_heads(model):
+            from segood.models.external import ExternalModel
+
             if self.head == "dimreduce" and type(model) is ExternalModel:  # a network of the user's own
                 raise ValueError(f"{self.name} needs features: name the layer of this network that gives them, "
                                  "feature_layer='decoder' (--feature-layer decoder), a name of its named_modules()")
