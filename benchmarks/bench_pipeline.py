@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from torch_timing import best_ms, interleaved_best_ms
+from torch_timing import interleaved_best_ms
 
 from segood import keep_freed_memory
 from segood._threads import beside_readers
@@ -129,7 +129,7 @@ def main():
     if args.profile:
         profile_run(run, score_and_accumulate, device)
     if args.reading:
-        reading_scaling(read, path, args.frames, workers, device, args.repeat)
+        reading_scaling(read, path, args.frames, len(plan), workers, device, args.repeat)
     if args.many:
         many_sets(run, model, path, args, workers, device)
 
@@ -153,38 +153,45 @@ def many_sets(run, model, path, args, workers, device):
     shutil.rmtree(args.workdir / "robustness")
 
 
-def reading_scaling(read, path, frames, workers, device, repeat):
-    """Reading alone at 1, 2, 4, ... up to ``workers`` reader processes, warm (what a pass over three copies of the
-    frames adds to a pass over one, per frame: the readers' start cancels), in ms per frame, and per frame and
+def reading_scaling(read, path, frames, batches, workers, device, repeat):
+    """Reading alone at 1, 2, 4, ... up to ``workers`` reader processes, warm, in ms per frame, and per frame and
     process (flat when the readers scale), with the readers' CPU time and page faults per frame (warm likewise), for
     the host and for a device (the batches as ``device_batches`` says: registered blocks, images channels last,
     unless SEGOOD_DEVICE_BATCHES says otherwise; without CUDA, the same blocks unregistered); one frame read in the
-    main process with and without verification (its sha256s); the cores and the CPU quota this process may use."""
+    main process with and without verification (its sha256s); the cores and the CPU quota this process may use.
+
+    Warm is what a pass over 3c copies of the frames adds to a pass over c, per frame, c such that the shorter pass
+    holds 4 batches a reader: both passes start as many readers (a pass starts no more readers than it has batches
+    after its first), and each reader has made the blocks of shared memory it writes batches into (two or three: one
+    a batch in flight) before the frames that count begin. Warm is thus a long run's pace; a short run's readers
+    write most of its batches into fresh blocks, whose pages are faulted in (the reading stage above)."""
     import os
     import resource
     import time
 
-    def readers_use(count, pin, copies):  # (the readers' CPU ms and page faults in a pass: they exit at its end)
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    def timed(count, pin, copies):  # (ms; the readers' CPU ms and page faults: they exit at the pass's end)
+        before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
         read(count, pin, copies)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        ms, after = 1000 * (time.perf_counter() - start), resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-        return np.array([1000 * cpu, after.ru_minflt - before.ru_minflt])
+        return np.array([ms, 1000 * cpu, after.ru_minflt - before.ru_minflt])
 
     quota = Path("/sys/fs/cgroup/cpu.max")
     print(f"\nreading alone: {len(os.sched_getaffinity(0))} cores for this process, cgroup cpu.max "
           f"{quota.read_text().strip() if quota.exists() else 'absent'}\n")
-    print("| readers | for | ms/frame | ms/frame per reader | readers' CPU ms/frame | readers' page faults/frame |")
-    print("|---:|---|---:|---:|---:|---:|")
+    print("| readers | for | copies | ms/frame | ms/frame per reader | readers' CPU ms/frame "
+          "| readers' page faults/frame |")
+    print("|---:|---|---|---:|---:|---:|---:|")
     for count in sorted(({min(workers, 1 << k) for k in range(5)} | {workers}) - {0}):
+        c = -(-(4 * count + 1) // batches)
         for pin in (False, True):  # (for a device: in its blocks, images channels last, CUDA or not)
-            one, three = (best_ms(functools.partial(read, count, pin, copies), repeat, torch.device("cpu"))
-                          for copies in (1, 3))
-            ms = (three - one) / (2 * frames)
-            cpu, faults = (readers_use(count, pin, 3) - readers_use(count, pin, 1)) / (2 * frames)
+            # the best pass of each length (wall time), in turns; CPU time and faults of those passes
+            runs = [[timed(count, pin, copies) for copies in (c, 3 * c)] for _ in range(repeat)]
+            one, three = (min((r[k] for r in runs), key=lambda v: v[0]) for k in (0, 1))
+            ms, cpu, faults = (three - one) / (2 * c * frames)
             kind = "the host" if not pin else f"a device, {device_batches()}" + (
                 "" if torch.cuda.is_available() else " (no CUDA: unregistered)")
-            print(f"| {count} | {kind} | {ms:.1f} | {ms * count:.1f} | {cpu:.1f} | {faults:.0f} |")
+            print(f"| {count} | {kind} | {c} / {3 * c} | {ms:.1f} | {ms * count:.1f} | {cpu:.1f} | {faults:.0f} |")
     for verify in (True, False):
         dataset = H5SegmentationDataset(path, verify=verify)
         start = time.perf_counter()
