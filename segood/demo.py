@@ -10,9 +10,9 @@
    fine-tuned with outlier exposure, ``demo_plain_oe.pt``) or, with ``retrain``, train them with the project's
    own training code. The OE objects are SUN objects pasted onto the train frames: another source than the
    generated objects of the pasted test set (the sun test set shares their source and is flagged ‡).
-4. Tune ODIN's temperature on the tuning set only (ε = 0), fit Mahalanobis on the training split, evaluate all
-   seven methods on the five sets, and combine the four runs into one report; evaluate the OE network's entropy
-   beside its parent's, with a paired bootstrap per set (``doc["outlier_exposure"]``).
+4. Tune ODIN's temperature on the tuning set only (ε = 0), fit Mahalanobis on the training split, evaluate the
+   seven methods and three baselines on the five sets, and combine the four runs into one report; evaluate the OE
+   network's entropy beside its parent's, with a paired bootstrap per set (``doc["outlier_exposure"]``).
 """
 
 import json

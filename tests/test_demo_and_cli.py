@@ -158,3 +158,27 @@ def test_an_installed_wheel_ships_the_demo_checkpoints_and_label_maps():
     assert shipped == listed
     assert CHECKPOINTS == _CHECKPOINT_DIRS[0] and (CHECKPOINTS / "demo_plain.pt").exists()
     assert str(_CHECKPOINT_DIRS[1]).endswith("share/segood/checkpoints")
+
+
+def test_a_built_wheel_holds_every_data_file_the_package_reads(tmp_path):
+    """Every file of segood/ that is not Python (the robustness suite's severity and standard tables) is in the wheel
+    built from the checkout: an editable install reads them from the checkout and would not notice one missing."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("setup.cfg", "pyproject.toml", "README.md", "segood", "checkpoints", "label_maps"):
+        copy = shutil.copytree if (root / name).is_dir() else shutil.copy
+        copy(root / name, source / name, **({"ignore": shutil.ignore_patterns("__pycache__")}
+                                           if (root / name).is_dir() else {}))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path / "dist"), str(source)], check=True, capture_output=True, timeout=120)
+    [wheel] = (tmp_path / "dist").glob("segood-*.whl")
+    data = {p.relative_to(root).as_posix() for p in (root / "segood").rglob("*")
+            if p.is_file() and p.suffix != ".py" and "__pycache__" not in p.parts}
+    assert data and data <= set(zipfile.ZipFile(wheel).namelist())
