@@ -92,6 +92,32 @@ def test_readers_write_their_batches_into_blocks_again_only_once_the_main_proces
     # first batch is read by the main process. One reader: it writes the batch after next as soon as it may)
 
 
+@pytest.mark.parametrize("pin, mode", [(False, None), (True, "registered"), (True, "pinned")])
+def test_a_batch_that_finds_no_room_in_shared_memory_is_read_in_the_main_process(pin, mode, monkeypatch):
+    """A reader that cannot make a block (/dev/shm full: 64 MiB in a container by default) hands the batch back to
+    the main process, which reads it itself: the same batches, and one warning that says how to give more room
+    (pinned copies too: the DataLoader would drop a batch it cannot place, and wait for it for ever)."""
+    monkeypatch.setattr(reading, "device_batches", lambda: mode)
+    make = reading.shared_storage
+
+    def small_only(size):  # (in the readers, forked after this patch: blocks above 1000 bytes find no room)
+        if size > 1000:
+            raise RuntimeError("unable to allocate shared memory(shm): No space left on device (28)")
+        return make(size)
+
+    monkeypatch.setattr(reading, "shared_storage", small_only)
+    sets = {"a": Frames(9)}
+    plan = [("a", [0]), ("a", [1, 2, 4]), ("a", [3]), ("a", [5, 7, 8]), ("a", [6])]  # 1 frame: < 1000 bytes
+    want = flat(zip([n for n, _ in plan], batch_reader(sets, plan, workers=0)))
+    with pytest.warns(RuntimeWarning, match=r"no room in shared memory .* read in the main process .*--shm-size"):
+        got = flat(zip([n for n, _ in plan], batch_reader(sets, plan, workers=2, pin=pin)))
+    assert [(n, [i for i, _ in runs], bad) for n, runs, bad in got] == [(n, [i for i, _ in runs], bad)
+                                                                        for n, runs, bad in want]
+    for (_, runs_w, _), (_, runs_0, _) in zip(got, want):
+        for (_, batch_w), (_, batch_0) in zip(runs_w, runs_0):
+            assert all(torch.equal(batch_w[k], batch_0[k]) for k in batch_0)
+
+
 def test_a_batch_is_stacked_as_torch_stack_stacks_it():
     g = torch.Generator().manual_seed(0)
     items = [{"image": torch.randint(0, 256, (3, 5, 7), dtype=torch.uint8, generator=g),

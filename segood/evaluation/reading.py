@@ -12,6 +12,8 @@ import math
 import os
 import threading
 import typing
+import warnings
+from pathlib import Path
 
 import torch
 
@@ -119,6 +121,19 @@ def _view(block, offset, shape, dtype, channels_last):
     return flat.view(shape)
 
 
+NO_SHARED_MEMORY = "no shared memory"  # a reader's answer for a batch it found no room for in shared memory
+
+
+def shared_storage(size):
+    """A storage of ``size`` bytes in shared memory (on Linux a file in /dev/shm, whose size a container caps at 64
+    MiB unless started with more); a RuntimeError where there is no room."""
+    return torch.UntypedStorage._new_shared(size)
+
+
+def _shared_block(size):
+    return torch.empty(0, dtype=torch.uint8).set_(shared_storage(size))
+
+
 class _InBlock(typing.NamedTuple):
     """A batch a reader process wrote into a block of shared memory it keeps (:class:`_Batches`): the block itself
     only the first time, after that only where in it."""
@@ -137,8 +152,9 @@ class _Batches(torch.utils.data.Dataset):
     With ``taken`` (a shared count: the main process is done with the batches before it) a reader process writes
     its batches into blocks of shared memory it keeps, a block the main process is done with and large enough,
     else a new one, and hands over an :class:`_InBlock`: the main process maps each block once. A fresh block a
-    batch, as a ``DataLoader`` hands batches over, has its pages faulted in by the reader and again by the main
-    process (each about 600 faults a 512x1024 frame, 1.5 ms on a virtual machine's CPU)."""
+    batch, as a ``DataLoader`` hands batches over (without ``taken``), has its pages faulted in by the reader and
+    again by the main process (each about 600 faults a 512x1024 frame, 1.5 ms on a virtual machine's CPU). A
+    reader that finds no room in shared memory for a batch answers ``(NO_SHARED_MEMORY, bytes, reason)``."""
 
     def __init__(self, datasets, plan, skip_bad, taken=None, channels_last=False):
         self.datasets, self.plan, self.skip_bad, self.taken = datasets, plan, skip_bad, taken
@@ -155,27 +171,33 @@ class _Batches(torch.utils.data.Dataset):
         except UnreadableFrame as err:
             return "unreadable", err.index, err.reason
         reader = torch.utils.data.get_worker_info()
-        if self.taken is None or reader is None:
+        if reader is None:
             return stacked(items, kept), bad
         layout, size = _layout(items, kept, self.channels_last)
-        slot, fresh = self._block(k, size)
-        _filled(self.blocks[slot][0], layout, items)
-        return _InBlock(reader.id, slot, self.blocks[slot][0] if fresh else None, layout), bad
+        try:
+            slot, block, fresh = self._block(k, size)
+        except RuntimeError as err:  # (no room in shared memory: the main process reads this batch itself)
+            return NO_SHARED_MEMORY, size, str(err)
+        batch = _filled(block, layout, items)
+        return (batch if slot is None else _InBlock(reader.id, slot, block if fresh else None, layout)), bad
 
     def _block(self, k, size):
-        """(slot, whether its block is new) of this reader's blocks for batch ``k`` of ``size`` bytes."""
+        """(slot, block, whether it is new) of this reader's blocks for batch ``k`` of ``size`` bytes; without
+        ``taken``, a new block that is not kept (slot None: the DataLoader hands it over)."""
+        if self.taken is None:
+            return None, _shared_block(size), True
         done = int(self.taken[0])  # (read once: it only grows, and an old value only holds a block back)
         free = [slot for slot, (_, held) in enumerate(self.blocks) if held < done]
         fits = [slot for slot in free if len(self.blocks[slot][0]) >= size]
         if fits:
             self.blocks[fits[0]][1] = k
-            return fits[0], False
-        block = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(size))
+            return fits[0], self.blocks[fits[0]][0], False
+        block = _shared_block(size)
         if free:  # (too small: replaced)
             self.blocks[free[0]] = [block, k]
-            return free[0], True
+            return free[0], block, True
         self.blocks.append([block, k])
-        return len(self.blocks) - 1, True
+        return len(self.blocks) - 1, block, True
 
 
 DEVICE_BATCHES = ("registered", "pinned", "pageable")
@@ -240,13 +262,19 @@ def batch_reader(datasets, plan, *, workers=0, pin=False, skip_bad=False):
     reads = iter(loader)  # (the readers start)
     stopping = threading.Thread(target=reads._shutdown_workers, name="segood-readers-exit", daemon=True)
     registered = {}  # {(reader, slot): its block, registered with CUDA}
+    warned = False  # that a batch found no room in shared memory (once a pass)
     try:
         yield _checked(_Batches(datasets, plan, skip_bad)[0])
         blocks = {}  # {(reader, slot): a block of shared memory the readers write batches into}
         for k in range(len(plan) - 1):
             if taken is not None:  # (the batches before k are done with, as the next one is asked for; for a
                 taken[0] = k - 1 if pin else k  # device, the batches before k - 1)
-            runs, bad = _checked(next(reads))
+            read = next(reads)
+            if read[0] == NO_SHARED_MEMORY:  # (the same batch, read here: slower, the same counts)
+                if not warned:
+                    warned = _warn_no_shared_memory(*read[1:])
+                read = _Batches(datasets, plan, skip_bad)[k + 1]
+            runs, bad = _checked(read)
             if isinstance(runs, _InBlock):
                 if runs.block is not None:
                     key = runs.reader, runs.slot
@@ -270,6 +298,21 @@ def batch_reader(datasets, plan, *, workers=0, pin=False, skip_bad=False):
             torch.cuda.synchronize()  # (no copy from a block runs when it is unregistered)
             for block in registered.values():
                 _unregister(block)
+
+
+def _warn_no_shared_memory(size, reason):
+    """Warns that batches of ``size`` bytes are read in the main process, and why; returns True."""
+    shm, room = Path("/dev/shm"), ""
+    if shm.is_dir():
+        stat, mib = os.statvfs(shm), 2**20
+        free, total = stat.f_bavail * stat.f_frsize / mib, stat.f_blocks * stat.f_frsize / mib
+        room = f" (/dev/shm: {free:.0f} MiB free of {total:.0f})"
+    warnings.warn(f"a reader process found no room in shared memory for a batch of {size / 2**20:.0f} MiB ({reason}); "
+                  f"such batches are read in the main process instead: the same batches, more slowly. The readers' "
+                  f"batches live in shared memory{room}, 64 MiB in a container unless it is started with more "
+                  "(docker run --shm-size=8g ...); fewer readers (--workers) or a smaller --batch-size need less",
+                  RuntimeWarning, stacklevel=2)
+    return True
 
 
 def _reader_started(_):
