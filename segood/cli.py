@@ -968,6 +968,24 @@ class _Extend(argparse.Action):
         setattr(namespace, self.dest, [*(() if given is None or given is self.default else given), *values])
 
 
+def _warnings_in_one_line(command):
+    """segood's warnings printed as ``segood COMMAND: warning: message``, without the source line a Python warning
+    shows (where a library warns, as Python prints it)."""
+    import os
+    import warnings
+
+    package, python = os.path.dirname(os.path.abspath(__file__)) + os.sep, warnings.showwarning
+    where = " ".join(["segood", *command])
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not os.path.abspath(filename).startswith(package):
+            python(message, category, filename, lineno, file, line)
+        else:
+            print(f"{where}: warning: {message}", file=sys.stderr if file is None else file)
+
+    warnings.showwarning = show
+
+
 def _adapters(wanted):
     if not wanted:
         return {}
@@ -977,6 +995,10 @@ def _adapters(wanted):
 
 
 def main(argv=None):
+    """The ``segood`` command (``argv``: its arguments; None: the process's, and segood's own warnings are printed
+    as one line each, as its errors are)."""
+    if argv is None:
+        _warnings_in_one_line(sys.argv[1:2])
     argv = sys.argv[1:] if argv is None else list(argv)
     words = [arg for arg in argv if not arg.startswith("-")]
     converting = words[:1] == ["convert"] and len(words) > 1  # a dataset named: its adapter's options are needed

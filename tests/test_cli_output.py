@@ -286,3 +286,22 @@ def test_an_output_named_like_an_input_is_refused_before_any_work(world, tmp_pat
         assert main(argv) == 2
         assert expected in capsys.readouterr().err
     assert digests == {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (perlin, state)}
+
+
+def test_the_command_prints_segoods_warnings_in_one_line_and_a_librarys_as_python_does(world, tmp_path):
+    """``segood`` (the process's own arguments) prints a warning of segood's as its errors, ``segood COMMAND:
+    warning: ...``, without the source line Python shows; a library's warning as Python prints it."""
+    import subprocess
+    import sys
+
+    argv = ["evaluate", "--checkpoint", str(world["root"] / "m.pt"), "--sets", str(world["sets"] / "perlin_mixed.h5"),
+            "--methods", "all", "--resamples", "0", "-q", "--out", str(tmp_path / "run")]
+    done = subprocess.run([sys.executable, "-m", "segood", *argv], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert "segood evaluate: warning: sml left out: it needs a fit on training data (fit_set, --fit-set)" in lines
+    assert not [line for line in lines if "UserWarning" in line or line.startswith("  ")]
+    script = ("import warnings, torch, segood.cli as cli; cli._warnings_in_one_line(['x']); "
+              "warnings.warn_explicit('a library warns', UserWarning, torch.__file__, 7)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "__init__.py:7: UserWarning: a library warns" in done.stderr

@@ -195,6 +195,25 @@ def test_noise_is_deterministic(kind):
     assert not np.array_equal(first.image, noise.load(0).image)
 
 
+def test_a_perlin_octave_is_gradient_noise_pixel_by_pixel():
+    """perlin_octave (whole arrays, each corner's gradients gathered once) against Perlin's formula at each pixel:
+    the dot products of its cell's four corner gradients with its offsets from them, blended by 6t^5 - 15t^4 + 10t^3."""
+    from segood.data.noise import _GRADIENTS, perlin_octave
+
+    height, width, cells = 9, 20, 3
+    got = perlin_octave(np.random.default_rng(4), height, width, cells)
+    grad = _GRADIENTS[np.random.default_rng(4).integers(0, len(_GRADIENTS), (2, cells + 1))]  # (cells_y = 1)
+    fade = lambda t: t * t * t * (t * (t * 6 - 15) + 10)  # noqa: E731
+    for i in range(height):
+        for j in range(width):
+            y, x = i * 1 / height, j * cells / width
+            cy, cx = int(y), int(x)
+            dot = {(a, b): grad[cy + a, cx + b] @ (x - cx - b, y - cy - a) for a in (0, 1) for b in (0, 1)}
+            top = dot[0, 0] + fade(x - cx) * (dot[0, 1] - dot[0, 0])
+            bottom = dot[1, 0] + fade(x - cx) * (dot[1, 1] - dot[1, 0])
+            assert got[i, j] == pytest.approx(top + fade(y - cy) * (bottom - top), abs=1e-12)
+
+
 def test_set_attributes_record_provenance(tmp_path):
     manifest = convert(Noise("perlin", 1, size=(8, 16), seed=5, frequency=2, octaves=3), tmp_path / "p.h5",
                        size=(8, 16), progress=False)

@@ -71,6 +71,9 @@ def test_round_trip_and_ranking(world, tmp_path):
                 assert entry["sets"][set_name][metric] == run["results"][method][set_name]["pooled"][metric]
     assert board["rejected"] == []
     assert "PSPNet entropy" in (tmp_path / "index.html").read_text()
+    notes = [line.split(" | ")[-2] for line in (tmp_path / "leaderboard.md").read_text().splitlines()
+             if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    assert notes == ["self-reported", "self-reported"]  # nothing else to note: no separator left dangling
 
 
 def test_a_lower_is_better_metric_ranks_ascending_equal_scores_by_name_self_reported_never_tied(world, tmp_path):
@@ -140,7 +143,7 @@ def test_same_source_tuning_needs_consent_and_shows(world, tmp_path):
         submit(root / "run", tmp_path / "odin.zip", method="odin", name="ODIN")
     submit(root / "run", tmp_path / "subs" / "odin.zip", method="odin", name="ODIN", allow_same_source=True)
     board = leaderboard(tmp_path / "subs", root / "bench.json", tmp_path / "board")
-    assert "same-source tuning" in (tmp_path / "board/leaderboard.md").read_text()
+    assert "| self-reported; OOD data used; same-source tuning |" in (tmp_path / "board/leaderboard.md").read_text()
     assert board["tracks"]["noise"]["entries"][0]["same_source_tuning"]
 
 
@@ -493,7 +496,7 @@ def test_the_board_page_renders_and_sorts_in_a_browser(world, tmp_path):
     assert [row[1] for row in rows] == [entry["name"] for entry in track["entries"]]  # in rank order
     for row, entry in zip(rows, track["entries"]):
         assert row[2].startswith(f"{entry['score']:.4f} [")  # the score with its bootstrap interval
-        assert row[-3].startswith("verified; " if entry.get("verified") else "self-reported; ")  # marked either way
+        assert row[-3].split("; ")[0] == ("verified" if entry.get("verified") else "self-reported")  # marked either way
         assert row[-1] == "ROC" and (tmp_path / entry["figure"]).stat().st_size > 5000  # its figure, linked
     assert f"<a href='{track['entries'][0]['figure']}'>ROC</a>" in (tmp_path / "index.html").read_text()
     page = (tmp_path / "index.html").read_text()

@@ -26,16 +26,17 @@ def perlin_octave(rng, height, width, cells):
     iy, ix = y.astype(np.int64), x.astype(np.int64)
     fy, fx = (y - iy)[:, None], (x - ix)[None, :]
 
-    def corner(dy, dx):
-        g = grad[(iy + dy)[:, None], (ix + dx)[None, :]]
-        return g[..., 0] * (fx - dx) + g[..., 1] * (fy - dy)
+    def corner(dy, dx):  # (the gradients of each pixel's corner, a component at a time: rows, then columns)
+        gx, gy = (np.take(np.take(grad[..., k], iy + dy, axis=0), ix + dx, axis=1) for k in (0, 1))
+        return gx * (fx - dx) + gy * (fy - dy)
 
     def fade(t):  # 6t^5 - 15t^4 + 10t^3: zero first and second derivatives at the lattice
         return t * t * t * (t * (t * 6 - 15) + 10)
 
     wy, wx = fade(fy), fade(fx)
-    top = corner(0, 0) + wx * (corner(0, 1) - corner(0, 0))
-    bottom = corner(1, 0) + wx * (corner(1, 1) - corner(1, 0))
+    top_left, bottom_left = corner(0, 0), corner(1, 0)
+    top = top_left + wx * (corner(0, 1) - top_left)
+    bottom = bottom_left + wx * (corner(1, 1) - bottom_left)
     return top + wy * (bottom - top)
 
 

@@ -662,8 +662,10 @@ def _check_official_sets(benchmark):
 
 
 def _flags(row):
-    return ("verified; " if row.get("verified") else "self-reported; ") + (
-        "OOD data used; " if row["uses_ood_data"] else "") + ("same-source tuning" if row["same_source_tuning"] else "")
+    """An entry's notes: verified or self-reported, and what it used, joined by "; "."""
+    flags = ["verified" if row.get("verified") else "self-reported", "OOD data used" if row["uses_ood_data"] else "",
+             "same-source tuning" if row["same_source_tuning"] else ""]
+    return "; ".join(flag for flag in flags if flag)
 
 
 def board_markdown(doc):
