@@ -128,6 +128,7 @@ def test_report_flags_values_the_binning_cannot_resolve(sets, tmp_path):
     assert result["pooled"]["auroc"] == pytest.approx(0.5) and result["bounds"]["auroc"] == [0.0, 1.0]
     markdown = (tmp_path / "coarse" / "results.md").read_text()
     assert "**0.5000** ≈" in markdown and "rerun on the float-order grid" in markdown  # (no zero-width interval)
+    assert "Thresholds: 400 linear thresholds on [0, 1]." in markdown.splitlines()  # the grid, named
     rows = list(csv.DictReader((tmp_path / "coarse" / "results.csv").read_text().splitlines()))
     pooled = rows[0]  # the bins' bounds and the bootstrap interval, each in columns of its own
     assert (pooled["aggregation"], float(pooled["auroc_bin_low"]), float(pooled["auroc_bin_high"])) == ("pooled", 0, 1)
@@ -136,6 +137,7 @@ def test_report_flags_values_the_binning_cannot_resolve(sets, tmp_path):
     fine = evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "fine", figures=False)
     assert fine["results"]["external"]["perlin_mixed"]["pooled"]["auroc"] == pytest.approx(1.0)
     assert "≈" not in (tmp_path / "fine" / "results.md").read_text()
+    assert "Thresholds: the float-order grid at 10 mantissa bits." in (tmp_path / "fine" / "results.md").read_text()
     with h5py.File(tmp_path / "tight.h5", "w") as f:  # apart, but within 2^-11 of 0.5: one float-order bin
         for i in range(len(dataset)):
             item = dataset[i]

@@ -352,6 +352,7 @@ def results_markdown(doc):
     lines += official_markdown(doc, sets)
     first = doc["results"][next(iter(doc["results"]))]
     lines.append("Sets: " + ", ".join(f"{s} ({_pixels(first[s])})" for s in sets) + ".")
+    lines.append(f"Thresholds: {describe_grid(grid_of_config(doc['config']))}.")
     if any(r["same_source_tuning"] for by_set in doc["results"].values() for r in by_set.values()):
         lines.append("† tuned on data from the same OOD source as this test set (same_source_tuning).")
     if any(r.get("same_source_oe") for by_set in doc["results"].values() for r in by_set.values()):
