@@ -479,8 +479,8 @@ class H5SegmentationDataset:
             if f.attrs.get("format") != FIXED_SIZE_FORMAT:
                 raise CorruptFrame(f"{self.path}: a {FORMAT} set without its per-frame digests (frame_sha256), "
                                    "which every set of this format stores: the file was modified after conversion; "
-                                   "convert it again with segood convert (or read it unverified with verify=False, "
-                                   "--no-verify)")
+                                   "convert it again with segood convert (or read it unverified with verify=False; "
+                                   "evaluate, score and robustness take --no-verify)")
             warnings.warn(f"{self.path} was converted without per-frame digests: its frames cannot be verified; "
                           "reconvert it with this segood to have them checked", stacklevel=3)
             return None
@@ -514,7 +514,7 @@ class H5SegmentationDataset:
                     raise CorruptFrame(
                         f"{self.path}: frame {index} ({frame_id}): {name} differs from the sha256 recorded at "
                         "conversion: the file is corrupt or was modified; reconvert the set (or read it anyway with "
-                        "verify=False, --no-verify)")
+                        "verify=False; evaluate, score and robustness take --no-verify)")
         image, ood_mask, semantic = arrays
         if ((ood_mask > OOD) & (ood_mask != IGNORE)).any():
             bad = sorted(set(np.unique(ood_mask).tolist()) - {ID, OOD, IGNORE})
