@@ -715,7 +715,7 @@ def build_parser(*, adapters=True):
                        ("workers", natural), ("seed", natural)):
         train.add_argument(f"--{name}", type=kind)
     train.add_argument("--crop", type=positive_int, nargs=2, metavar=("H", "W"),
-                       help="training crop (default 512 1024)")
+                       help="training crop (default 512 1024; at most the frames' size times --scale's MAX)")
     train.add_argument("--scale", type=float, nargs=2, metavar=("MIN", "MAX"), help="random scale (default 0.5 2)")
     train.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
     train.add_argument("--init", help="start from this checkpoint (its network settings; fine-tuning)")

@@ -1,8 +1,8 @@
 """Networks, heads, losses, training and checkpoints, on tiny inputs (CPU)."""
 
 import math
-
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -133,6 +133,17 @@ def tiny_set(tmp_path_factory):
 def config(tiny_set, out, **kw):
     return TrainConfig(train_set=str(tiny_set), out_dir=str(out), arch="pspnet", encoder="resnet18",
                        batch_size=4, lr=0.02, crop=[64, 128], scale=[0.75, 1.25], **kw)
+
+
+def test_a_crop_no_frame_reaches_even_scaled_up_is_refused_before_training(tiny_set, tmp_path):
+    """Frames of 64 x 128 scaled by up to 1.25 reach 80 x 160: a crop of 80 x 160 trains, one pixel more is refused
+    (its batches would be mostly padding; 4096 x 8192 exhausted the memory)."""
+    for crop in ([81, 160], [80, 161], [4096, 8192]):
+        with pytest.raises(ValueError, match=rf"--crop {crop[0]} {crop[1]} is larger than any frame of .*train.h5 "
+                                             r"becomes \(at most 64x128, scaled by up to 1.25: 80x160\)"):
+            train(replace(config(tiny_set, tmp_path / "big", epochs=1), crop=crop), progress=False)
+    assert not (tmp_path / "big").exists()
+    train(replace(config(tiny_set, tmp_path / "fits", epochs=1), crop=[80, 160]), progress=False, stop_after=0)
 
 
 def labelled_batch():

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from segood.data.h5 import H5SegmentationDataset, object_sources, read_manifest, set_identity
+from segood.data.h5 import H5SegmentationDataset, frame_sizes, object_sources, read_manifest, set_identity
 from segood.io import atomic_write_text
 from segood.labels import IGNORE, NUM_CLASSES
 from segood.models.checkpoint import load_model, read_checkpoint, save_checkpoint
@@ -280,6 +280,7 @@ def train(config, *, resume=False, progress=True, stop_after=None):
     steps_per_epoch = len(_dataset(config, None)) // config.batch_size
     if steps_per_epoch == 0:
         raise ValueError(f"{config.train_set} has fewer frames than one batch of {config.batch_size}")
+    check_crop(config)
     total = steps_per_epoch * config.epochs
     last_epoch = config.epochs if stop_after is None else min(config.epochs, start_epoch + stop_after)
     for epoch in range(start_epoch, last_epoch):
@@ -377,6 +378,18 @@ def _initial_model(config):
                          + "; build the settings with segood.models.train.finetune_config(init, ...), which takes "
                          "them from the checkpoint")
     return model.float()
+
+
+def check_crop(config):
+    """Refuse a crop that no frame of the training sets reaches, even scaled up by ``--scale``'s largest factor: its
+    batches would be mostly padding (and a crop far beyond the frames exhausts the memory)."""
+    paths = [p for p in (config.train_set, config.outlier_exposure) if p is not None]
+    height, width = (max(side) for side in zip(*[size for p in paths for size in frame_sizes(p)]))
+    reach = math.floor(height * config.scale[1]), math.floor(width * config.scale[1])
+    if config.crop[0] > reach[0] or config.crop[1] > reach[1]:
+        raise ValueError(f"--crop {config.crop[0]} {config.crop[1]} is larger than any frame of {', '.join(paths)} "
+                         f"becomes (at most {height}x{width}, scaled by up to {config.scale[1]:g}: {reach[0]}x"
+                         f"{reach[1]}): pass --crop H W no larger than that")
 
 
 def _dataset(config, transform):
