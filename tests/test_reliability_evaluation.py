@@ -98,6 +98,21 @@ def test_infinite_scores_report_and_resume(small_set, tmp_path):
     assert Evaluation.load(tmp_path / "run" / "state.npz").images == {"cs": 3}  # reloadable
 
 
+def test_a_damaged_run_json_is_named_with_the_field_that_is_not_an_object(small_set, tmp_path, capsys):
+    with h5py.File(tmp_path / "s.h5", "w") as f:
+        for item in H5SegmentationDataset(small_set):
+            f[item["frame_id"]] = np.random.default_rng(0).random((32, 64)).astype(np.float32)
+    evaluate_score_maps(tmp_path / "s.h5", small_set, tmp_path / "run", figures=False)
+    good = json.loads((tmp_path / "run" / "run.json").read_text())
+    for damage, where in ((5, "the file"), ({**good, "sets": 5}, "'sets'"), ({**good, "methods": "abc"}, "'methods'"),
+                          ({**good, "config": None}, "'config'"), ({**good, "sets": {"cs": 7}}, "sets 'cs'"),
+                          ({k: v for k, v in good.items() if k != "model"}, "'model'")):
+        (tmp_path / "run" / "run.json").write_text(json.dumps(damage))
+        assert main(["report", str(tmp_path / "run"), "-q"]) == 2
+        assert capsys.readouterr().err == (f"segood report: error: {tmp_path / 'run' / 'run.json'} is damaged: {where} "
+                                           "is not a JSON object; rerun the evaluation into a new folder\n")
+
+
 def test_a_bad_grid_writes_nothing_and_old_run_files_still_resume(small_set, tmp_path):
     model = build_model("pspnet", "resnet18").eval()
     with pytest.raises(ValueError, match="mantissa_bits must be in"):

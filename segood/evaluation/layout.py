@@ -33,12 +33,26 @@ class RunFolder:
     def read_run(self):
         """The run description (run.json); a ValueError naming the folder when it is not a run folder."""
         try:
-            return json.loads(self.run.read_text())
+            run = json.loads(self.run.read_text())
         except FileNotFoundError:
             raise ValueError(f"{self.path} is not a run folder (no {self.run.name}): write one with segood evaluate "
                              "or segood score") from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
             raise ValueError(f"{self.run} is unreadable ({err}); rerun the evaluation into a new folder") from None
+        # what the reports read: objects, with an object per set and per method
+        if not isinstance(run, dict):
+            raise self._damaged("the file")
+        for key in ("model", "sets", "methods", "config"):
+            if not isinstance(run.get(key), dict):
+                raise self._damaged(repr(key))
+        for key in ("sets", "methods"):
+            name = next((name for name, value in run[key].items() if not isinstance(value, dict)), None)
+            if name is not None:
+                raise self._damaged(f"{key} {name!r}")
+        return run
+
+    def _damaged(self, where):
+        return ValueError(f"{self.run} is damaged: {where} is not a JSON object; rerun the evaluation into a new folder")
 
     def refuse_another_run(self, description):
         """Refuse this folder where it holds a different run (another model, sets, methods or settings) than the one
