@@ -52,7 +52,8 @@ class RunFolder:
         return run
 
     def _damaged(self, where):
-        return ValueError(f"{self.run} is damaged: {where} is not a JSON object; rerun the evaluation into a new folder")
+        return ValueError(f"{self.run} is damaged: {where} is not a JSON object; rerun the evaluation into a new "
+                          "folder")
 
     def refuse_another_run(self, description):
         """Refuse this folder where it holds a different run (another model, sets, methods or settings) than the one
