@@ -224,6 +224,10 @@ BAD_SCORERS = {
     "mask": (lambda images: images[:, 0] > 128, "not a mask"),
     "list": (lambda images: images.tolist(), "returned a list for the batch"),
     "strings": (lambda images: np.full((len(images), 64, 64), "x"), "returned <U1 scores"),
+    "raises": (lambda images: 1 / 0, r"perlin_mixed: frames \[0, 1\]: scorer test_own_models:<lambda> raised "
+                                     r"ZeroDivisionError on the batch: division by zero"),
+    "signature": (lambda images, extra: images, r"scorer test_own_models:<lambda> raised TypeError on the batch: "
+                                                r".*missing 1 required positional argument: 'extra'"),
 }
 
 
@@ -236,7 +240,8 @@ def test_a_bad_scorer_output_is_named(sets, tmp_path, case):
 
 def test_a_scorer_from_the_command_line(sets, tmp_path, monkeypatch, capsys):
     (tmp_path / "own_scorer_module.py").write_text(
-        "def anomaly(images):\n    return -images.double().sum(dim=1)\n\nthreshold = 3\n")
+        "def anomaly(images):\n    return -images.double().sum(dim=1)\n\nthreshold = 3\n\n"
+        "def lookup(image):\n    return {}['x']\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))  # the command adds the current folder
     monkeypatch.delitem(sys.modules, "own_scorer_module", raising=False)
@@ -252,7 +257,9 @@ def test_a_scorer_from_the_command_line(sets, tmp_path, monkeypatch, capsys):
             ("own_scorer_module:missing", [], "has no 'missing'; its functions: anomaly"),
             ("own_scorer_module:threshold", [], "threshold is not callable (int)"),
             ("own_scorer_module", [], "write MODULE:FUNCTION"),
-            ("own_scorer_module:anomaly", ["--methods", "entropy"], "drop --methods")):
+            ("own_scorer_module:anomaly", ["--methods", "entropy"], "drop --methods"),
+            ("own_scorer_module:lookup", ["--per-image"], "scorer own_scorer_module:lookup raised KeyError on image 0 "
+                                                          "of the batch: 'x'")):
         assert main(["evaluate", "--scorer", spec, *extra, "--out", "bad", *common]) == 2
         assert message in capsys.readouterr().err, spec
     assert main(["evaluate", "--scorer-name", "x", "--checkpoint", "m.pt", "--out", "bad", *common]) == 2

@@ -52,10 +52,18 @@ class Scorer:
         height, width = images.shape[-2:]
         with torch.no_grad():
             if self.per_image:
-                return torch.stack([
-                    self._checked(self.fn(np.ascontiguousarray(image.permute(1, 2, 0).cpu().numpy())), (height, width),
-                                  f"image {k} of the batch") for k, image in enumerate(images)])
-            return self._checked(self.fn(images), (len(images), height, width), "the batch")
+                frames = [np.ascontiguousarray(image.permute(1, 2, 0).cpu().numpy()) for image in images]
+                return torch.stack([self._checked(self._call(frame, f"image {k} of the batch"), (height, width),
+                                                  f"image {k} of the batch") for k, frame in enumerate(frames)])
+            return self._checked(self._call(images, "the batch"), (len(images), height, width), "the batch")
+
+    def _call(self, images, what):
+        """``fn(images)``; what it raises, a ValueError naming the scorer and its exception (a traceback points into
+        the user's code only with the Python API, where the exception is chained)."""
+        try:
+            return self.fn(images)
+        except Exception as err:  # noqa: BLE001 - whatever the user's function raises
+            raise ValueError(f"scorer {self.params['scorer']} raised {type(err).__name__} on {what}: {err}") from err
 
     def _checked(self, scores, shape, what):
         """``scores`` as a tensor of ``shape``, or a ValueError that says what the scorer returned instead."""
