@@ -656,3 +656,16 @@ def test_a_run_in_memory_reports_as_a_run_in_a_folder(sets, tmp_path):
     assert memory["bootstrap"] == folder["bootstrap"] and memory["bootstrap"]["resamples"] == 20
     assert memory["commit_on"] == "perlin_mixed" and memory["results"] == folder["results"]
     assert memory["results"]["entropy"]["perlin_mixed"]["intervals"]["auroc"][0] is not None
+
+
+def test_a_method_named_twice_is_refused_before_anything_is_written(sets, tmp_path):
+    from segood.evaluation.exchange import export_scores
+
+    model = tiny_network()
+    for run in (lambda out: evaluate(model, [sets / "perlin_mixed.h5"], ["entropy", "max_logit", "entropy"], out,
+                                     progress=False),
+                lambda out: export_scores(model, {"p": sets / "perlin_mixed.h5"}, [get_method("entropy")] * 2, out,
+                                          progress=False)):
+        with pytest.raises(ValueError, match=r"^entropy named twice: give each method once"):
+            run(tmp_path / "out")
+        assert not (tmp_path / "out").exists()

@@ -566,14 +566,14 @@ def run(model, sets, methods, out_dir, options, *, rank=0, world_size=1, seed=0,
     Monte-Carlo dropout is seeded per batch from (seed, set, first frame), so a resumed run draws the same
     samples as an uninterrupted one (for the same batch size and sharding)."""
     grid, components, official = options.grid, options.components, options.official
-    folder = RunFolder(out_dir)
-    folder.path.mkdir(parents=True, exist_ok=True)
     scorer = isinstance(model, Scorer)
     if scorer and quality:
         raise ValueError(f"segmentation quality (mIoU, calibration) needs a network's logits; scorer {model.name} "
                          "gives anomaly scores only")
     device = options.device or (torch.device("cpu") if scorer else next(model.parameters()).device)
     check_methods(model, methods)
+    folder = RunFolder(out_dir)
+    folder.path.mkdir(parents=True, exist_ok=True)
     datasets = {name: path if hasattr(path, "__getitem__") and not isinstance(path, (str, Path)) else
                 H5SegmentationDataset(path, verify=options.verify) for name, path in sets.items()}
     for path in sets.values():

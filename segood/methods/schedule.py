@@ -49,8 +49,17 @@ class ScoredBatch:
         return self.clock.seconds()
 
 
+def refuse_names_twice(methods):
+    names = [method.name for method in methods]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(f"{', '.join(twice)} named twice: give each method once (its tables and files are named by "
+                         "it)")
+
+
 def check_methods(model, methods):
-    """Refuse a network without a method's head, or a method that needs a fit and has none."""
+    """Refuse a network without a method's head, a method that needs a fit and has none, or a name given twice."""
+    refuse_names_twice(methods)
     for method in methods:
         method.check(model)
         if not method.ready:
