@@ -166,7 +166,7 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
     ``sets`` for any other. Every file is written atomically. Returns {(method, set): path written}."""
     from segood.data.benchmarks import split_name
     from segood.data.h5 import H5SegmentationDataset, frame_ids, frame_loader, read_manifest
-    from segood.methods.schedule import check_methods, score_batch
+    from segood.methods.schedule import check_methods, refuse_names_twice, score_batch
     from segood.models.network import preprocess
 
     if layout not in LAYOUTS:
@@ -175,6 +175,7 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
     device = device or next(model.parameters()).device
     model = model.to(device).eval()
     check_methods(model, methods)
+    refuse_names_twice(methods)
     folders = {name: name if layout == "segood" else split_name(read_manifest(path), layout) or name
                for name, path in sets.items()}
     files = {}  # {(folder, file name): set}: sets may share a folder (a benchmark's splits do), never a file

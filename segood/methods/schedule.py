@@ -50,6 +50,8 @@ class ScoredBatch:
 
 
 def refuse_names_twice(methods):
+    """Refuse methods of one name where a run's tables and files are named by them (tuning scores several points of
+    one method together)."""
     names = [method.name for method in methods]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
@@ -58,8 +60,7 @@ def refuse_names_twice(methods):
 
 
 def check_methods(model, methods):
-    """Refuse a network without a method's head, a method that needs a fit and has none, or a name given twice."""
-    refuse_names_twice(methods)
+    """Refuse a network without a method's head, or a method that needs a fit and has none."""
     for method in methods:
         method.check(model)
         if not method.ready:
