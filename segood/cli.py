@@ -562,8 +562,8 @@ def _submit(args):
     if args.run_dir is not None and args.method is None:
         raise ValueError("--method names the run's method to submit")
     doc = submit(args.run_dir, args.out, method=args.method, name=args.method_name, description=args.description,
-                 allow_same_source=args.allow_same_source, score_maps=dict(args.scores or ()),
-                 uses_ood_data=args.uses_ood_data, data=dict(args.data or ()))
+                 allow_same_source=args.allow_same_source, score_maps=by_set(args.scores, "--scores"),
+                 uses_ood_data=args.uses_ood_data, data=by_set(args.data, "--data"))
     print(f"wrote {args.out}: {doc['method']['name']} on {', '.join(doc['sets'])}")
     return 0
 
@@ -606,6 +606,17 @@ def sets_by_stem(paths, option):
                              "their file stems); copy or link one under another name")
         sets[path.stem] = path
     return sets
+
+
+def by_set(pairs, option):
+    """{set name: path} of the SET=PATH values given to ``option``; a set named twice is refused (one would silently
+    replace the other)."""
+    paths = {}
+    for name, path in pairs or ():
+        if name in paths:
+            raise ValueError(f"{option}: set {name!r} is given twice ({paths[name]} and {path}); give each set once")
+        paths[name] = path
+    return paths
 
 
 def set_and_path(text):

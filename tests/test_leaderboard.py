@@ -366,6 +366,94 @@ def test_cli_round_trip(world, tmp_path, capsys):
         assert json.loads(z.read("submission.json"))["method"]["uses_ood_data"] is True
 
 
+def perlin(doc):
+    return doc["tracks"]["noise"]["sets"]["perlin_mixed"]
+
+
+BROKEN_BENCHMARKS = {  # a hand-edited BENCH.json: (edit, what the board says of it)
+    "tracks a number": (lambda d: d.update(tracks=5), "tracks must be a non-empty object {track name: track}"),
+    "no tracks": (lambda d: d.update(tracks={}), "tracks must be a non-empty object {track name: track}"),
+    "sets a number": (lambda d: d["tracks"]["noise"].update(sets=5),
+                      "tracks.noise.sets must be a non-empty object {set name: the set's record}"),
+    "sets a list": (lambda d: d["tracks"]["noise"].update(sets=[1, 2]),
+                    "tracks.noise.sets must be a non-empty object {set name: the set's record}"),
+    "frame ids a number": (lambda d: perlin(d).update(frame_ids=7),
+                           "tracks.noise.sets.perlin_mixed.frame_ids must be a list of frame ids (strings)"),
+    "grid a string": (lambda d: d.update(grid="x"), "grid must be the float-order or the linear grid as segood "
+                                                    "benchmark writes it (got 'x')"),
+    "mantissa bits a word": (lambda d: d.update(grid={"kind": "float", "mantissa_bits": "ten"}),
+                             "(mantissa_bits must be an int, got 'ten')"),
+    "grid with a key more": (lambda d: d["grid"].update(clip=True), "(its keys ['clip', 'kind', 'num_thresholds', "
+                                                                    "'score_range'] are not ['kind', "
+                                                                    "'num_thresholds', 'score_range'])"),
+    "pixels null": (lambda d: perlin(d).update(pixels=None), "tracks.noise.sets.perlin_mixed.pixels must be an "
+                                                             "object of non-negative integers {id, ood, ignore}"),
+    "a frame size of one number": (lambda d: perlin(d).update(frame_sizes=[[1]]),
+                                   "tracks.noise.sets.perlin_mixed.frame_sizes must be a list of 4 [height, width] "
+                                   "pairs of positive integers, one a frame"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_BENCHMARKS))
+def test_a_broken_benchmark_file_stops_the_board_naming_its_field(world, tmp_path, capsys, case):
+    """The maintainer's own file, never blamed on the submitters: one line naming the field, exit 2, no board."""
+    root, _ = world
+    edit, reason = BROKEN_BENCHMARKS[case]
+    bench = json.loads((root / "bench.json").read_text())
+    edit(bench)
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    assert main(["leaderboard", str(root / "subs"), "--benchmark", str(tmp_path / "bench.json"), "--out",
+                 str(tmp_path / "board")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"segood leaderboard: error: {tmp_path / 'bench.json'}: ") and err.count("\n") == 1
+    assert f"{reason}; write it again with segood benchmark\n" in err
+    assert not (tmp_path / "board" / "leaderboard.md").exists()
+
+
+def score_file(path, data, nan_in=None):
+    """Score maps of the set ``data`` in segood's layout (float32, one pixel +inf), a NaN in frame ``nan_in``."""
+    import h5py
+
+    from segood.data.h5 import frame_ids, frame_sizes
+
+    with h5py.File(path, "w") as f:
+        for k, (frame_id, size) in enumerate(zip(frame_ids(data), frame_sizes(data))):
+            scores = np.random.default_rng(k).random(size, dtype=np.float32)
+            scores[0, 0] = np.inf if k != nan_in else np.nan
+            f.create_dataset(frame_id, data=scores)
+    return path
+
+
+def test_submit_refuses_nan_scores_as_the_board_would(world, tmp_path, capsys):
+    root, _ = world
+    data = root / "perlin_mixed.h5"
+    args = ["--data", f"perlin_mixed={data}", "--method-name", "M", "--out", str(tmp_path / "m.zip")]
+    assert main(["submit", "--scores", f"perlin_mixed={score_file(tmp_path / 'ok.h5', data)}", *args]) == 0
+    (tmp_path / "m.zip").unlink()
+    bad = score_file(tmp_path / "nan.h5", data, nan_in=1)
+    assert main(["submit", "--scores", f"perlin_mixed={bad}", *args]) == 2
+    from segood.data.h5 import frame_ids
+
+    assert capsys.readouterr().err == (f"segood submit: error: score maps {bad}: frame {frame_ids(data)[1]}: 1 NaN "
+                                       "scores; every pixel needs a score (±inf are allowed); the leaderboard would "
+                                       "refuse them\n")
+    assert not (tmp_path / "m.zip").exists()
+
+
+@pytest.mark.parametrize("option", ["--scores", "--data"])
+def test_submit_refuses_a_set_named_twice(world, tmp_path, capsys, option):
+    root, _ = world
+    data = root / "perlin_mixed.h5"
+    a, b = (score_file(tmp_path / f"{name}.h5", data) for name in "ab")
+    given = {"--scores": [a, b], "--data": [data, data]}[option]
+    args = [item for path in given for item in (option, f"perlin_mixed={path}")]
+    args += ["--scores", f"perlin_mixed={a}"] if option == "--data" else []
+    assert main(["submit", *args, "--method-name", "M", "--out", str(tmp_path / "m.zip")]) == 2
+    assert capsys.readouterr().err == (f"segood submit: error: {option}: set 'perlin_mixed' is given twice "
+                                       f"({given[0]} and {given[1]}); give each set once\n")
+    assert not (tmp_path / "m.zip").exists()
+
+
 def test_submissions_from_before_states_named_their_metrics_are_judged(world, tmp_path):
     root, _ = world
     good = root / "subs" / "entropy.zip"

@@ -23,7 +23,7 @@ from segood.labels import IGNORE
 from segood.leaderboard.maps import map_member, read_maps
 from segood.leaderboard.safe import (Limits, MaintainerError, Rejected, is_map, load_npz, read_submission_files,
                                      strict_json)
-from segood.leaderboard.submission import validate
+from segood.leaderboard.submission import _is_sha256, validate
 from segood.metrics import (METRICS, UndefinedMetricWarning, accumulator_from_state, describe_grid, grid_spec,
                             make_accumulator)
 from segood.metrics.streaming import OPTIONAL_STATE
@@ -500,10 +500,6 @@ def leaderboard(submissions_dir, benchmark_path, out_dir, limits=Limits(), boots
     (SIGTERM included; one left by a killed board is removed by the next). A fault on the maintainer's side (a
     private set that fails its checks, a full disk) raises :class:`MaintainerError` and writes no board."""
     benchmark = _read_benchmark(benchmark_path)
-    if not isinstance(benchmark, dict) or benchmark.get("schema") != BENCHMARK_SCHEMA or "tracks" not in benchmark \
-            or not ({"grid"} <= set(benchmark) or {"num_thresholds", "score_range"} <= set(benchmark)):
-        raise ValueError(f"{benchmark_path} is not a segood benchmark file (schema {BENCHMARK_SCHEMA!r}); write one "
-                         "with segood benchmark")
     _check_official_sets(benchmark)
     tracks = {track: [] for track in benchmark["tracks"]}
     rejected, masks, seen = [], {}, {}  # seen: {content hash: the file first judged with it}
@@ -564,7 +560,9 @@ def _draw_roc(path, curves, title):
 
 
 def _read_benchmark(path):
-    """The parsed benchmark file; a ValueError naming it when it is unreadable or not one."""
+    """The parsed benchmark file; a ValueError naming it when it is unreadable or not one, a
+    :class:`MaintainerError` naming the field when one is not what segood benchmark writes
+    (:func:`_check_benchmark`)."""
     try:
         benchmark = json.loads(Path(path).read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -572,7 +570,74 @@ def _read_benchmark(path):
                          "benchmark") from None
     except OSError as err:
         raise OSError(err.errno, f"cannot read the benchmark file {path} ({err.strerror})") from None
+    if not isinstance(benchmark, dict) or benchmark.get("schema") != BENCHMARK_SCHEMA or "tracks" not in benchmark \
+            or not ({"grid"} <= set(benchmark) or {"num_thresholds", "score_range"} <= set(benchmark)):
+        raise ValueError(f"{path} is not a segood benchmark file (schema {BENCHMARK_SCHEMA!r}); write one "
+                         "with segood benchmark")
+    _check_benchmark(benchmark, path)
     return benchmark
+
+
+def _check_benchmark(benchmark, path):
+    """Every field of a benchmark file the board reads, of the type segood benchmark writes, checked once as the
+    file is read: a hand-edited or damaged file stops the board with a :class:`MaintainerError` naming the field,
+    rather than a traceback later or every submission rejected as unreadable."""
+
+    def need(ok, field, what):
+        if not ok:
+            raise MaintainerError(f"{path}: {field} must be {what}; write it again with segood benchmark")
+
+    def integers(values, length, least=0):
+        return isinstance(values, list) and len(values) == length and all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= least for v in values)
+
+    def pairs(values, length, least=0):
+        return isinstance(values, list) and len(values) == length and all(integers(v, 2, least) for v in values)
+
+    try:  # (a submission's grid is compared with it key by key: no key more or less than segood benchmark writes)
+        grid = benchmark_grid(benchmark)
+        if not isinstance(grid, dict) or grid.get("kind") not in ("float", "linear"):
+            raise ValueError(f"got {grid!r}")
+        if set(grid) != set(grid_spec(kind=grid["kind"])):
+            raise ValueError(f"its keys {sorted(grid)} are not {sorted(grid_spec(kind=grid['kind']))}")
+        make_accumulator(grid)
+    except (TypeError, ValueError) as err:
+        need(False, "grid", f"the float-order or the linear grid as segood benchmark writes it ({err})")
+    tracks = benchmark["tracks"]
+    need(isinstance(tracks, dict) and tracks, "tracks", "a non-empty object {track name: track}")
+    for track, spec in tracks.items():
+        at = f"tracks.{track}"
+        need(isinstance(spec, dict), at, "an object (rank_by, sets, ...)")
+        need(isinstance(spec.get("rank_by"), str) and spec["rank_by"] in METRICS, f"{at}.rank_by",
+             f"one of {sorted(METRICS)}")
+        need(isinstance(spec.get("verified_only", False), bool), f"{at}.verified_only", "true or false")
+        need(spec.get("components") in (None, *PRESETS), f"{at}.components", f"one of {sorted(PRESETS)} or absent")
+        need(isinstance(spec.get("sets"), dict) and spec["sets"], f"{at}.sets",
+             "a non-empty object {set name: the set's record}")
+        for name, official in spec["sets"].items():
+            at = f"tracks.{track}.sets.{name}"
+            need(isinstance(official, dict), at, "an object (manifest_sha256, pixels, frame_ids, ...)")
+            need(_is_sha256(official.get("manifest_sha256")), f"{at}.manifest_sha256", "64 hex digits")
+            need(_is_sha256(official.get("public_manifest_sha256", "0" * 64)), f"{at}.public_manifest_sha256",
+                 "64 hex digits or absent")
+            need(isinstance(official.get("path"), str), f"{at}.path", "the path of the maintainer's set")
+            need(isinstance(official.get("private", False), bool), f"{at}.private", "true or false")
+            need(isinstance(official.get("ood_sources", []), list) and all(
+                isinstance(v, str) for v in official.get("ood_sources", [])), f"{at}.ood_sources",
+                "a list of strings or absent")
+            pixels = official.get("pixels")
+            need(isinstance(pixels, dict) and integers([pixels.get(k) for k in ("id", "ood", "ignore")], 3),
+                 f"{at}.pixels", "an object of non-negative integers {id, ood, ignore}")
+            ids = official.get("frame_ids")
+            need(isinstance(ids, list) and all(isinstance(v, str) for v in ids), f"{at}.frame_ids",
+                 "a list of frame ids (strings)")
+            sizes = official.get("frame_sizes") or [official.get("size")] * len(ids)  # (older files: one size)
+            need(pairs(sizes, len(ids), least=1), f"{at}.frame_sizes",
+                 f"a list of {len(ids)} [height, width] pairs of positive integers, one a frame")
+            need(isinstance(official.get("per_image_headline", ""), str), f"{at}.per_image_headline",
+                 "a string or absent")
+            need("frame_pixels" not in official or pairs(official["frame_pixels"], len(ids)), f"{at}.frame_pixels",
+                 f"a list of {len(ids)} [ID, OOD] pixel counts, one a frame, or absent")
 
 
 @contextmanager
@@ -648,8 +713,6 @@ def _check_official_sets(benchmark):
     """The maintainer's sets must still be the ones the benchmark was written for (a ValueError otherwise)."""
     for spec in benchmark["tracks"].values():
         for name, official in spec["sets"].items():
-            if "path" not in official:
-                continue
             try:
                 digest = set_identity(official["path"])["manifest_sha256"]
             except Exception as err:  # noqa: BLE001 - whatever it is, it is the maintainer's file

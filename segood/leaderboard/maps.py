@@ -24,11 +24,13 @@ def map_member(set_name):
 def write_maps(maps, frame_ids, out):
     """Write ``maps[frame_id]`` (H×W, any real dtype) for every frame id to ``out`` as float16 HDF5, lzf-compressed
     (what a verified submission carries); scores beyond float16's range become ±inf, which the float-order grid
-    bins at its ends."""
+    bins at its ends. NaN scores raise :class:`Rejected`, as the board would (:func:`refuse_nan`)."""
     with h5py.File(out, "w") as f:
         for frame_id in frame_ids:
             with np.errstate(over="ignore"):
-                f.create_dataset(frame_id, data=np.asarray(maps[frame_id]).astype(np.float16), compression="lzf")
+                scores = np.asarray(maps[frame_id]).astype(np.float16)
+            refuse_nan(frame_id, scores)
+            f.create_dataset(frame_id, data=scores, compression="lzf")
 
 
 def read_maps(path, frames, max_objects=100_000):
@@ -49,10 +51,15 @@ def read_maps(path, frames, max_objects=100_000):
             except OSError as err:
                 raise Rejected(f"frame {frame_id}: its stored scores cannot be read ({err}): damaged compressed "
                                "data; write the map again") from None
-            nan = int(np.isnan(scores).sum())
-            if nan:
-                raise Rejected(f"frame {frame_id}: {nan} NaN scores; every pixel needs a score (±inf are allowed)")
+            refuse_nan(frame_id, scores)
             yield frame_id, scores
+
+
+def refuse_nan(frame_id, scores):
+    """Raise :class:`Rejected` where a frame's scores hold NaN: every pixel needs a score."""
+    nan = int(np.isnan(scores).sum())
+    if nan:
+        raise Rejected(f"frame {frame_id}: {nan} NaN scores; every pixel needs a score (±inf are allowed)")
 
 
 def _check_structure(f, frames, max_objects):

@@ -32,7 +32,8 @@ def submit(run_dir, out, *, method=None, name, description="", allow_same_source
     files carry only the last part of each id), and the set's manifest hash, by which the board matches the maps
     to its set. Without ``run_dir`` a submission holds maps only; ``uses_ood_data`` declares that the method saw OOD
     data (a run records it for its networks trained with outlier exposure; the declaration adds to that).
-    Refuses a method tuned on its test source unless ``allow_same_source`` (the flag then travels with it).
+    Refuses a method tuned on its test source unless ``allow_same_source`` (the flag then travels with it), and
+    score maps with NaN scores, which the board would refuse.
     """
     out = output_file(out, ".zip", "the submission")
     if not NAME_PATTERN.match(name):
@@ -85,7 +86,10 @@ def _add_float16_maps(archive, member, path, data=None):
         raise ValueError(f"{data} is not a converted segood set (it lacks {err}); give the set the maps belong to, "
                          "or its public copy") from None
     with ScoreMaps(path, ids, sizes) as maps, tempfile.TemporaryDirectory() as tmp:
-        write_maps(maps, maps.frame_ids, Path(tmp) / "maps.h5")
+        try:
+            write_maps(maps, maps.frame_ids, Path(tmp) / "maps.h5")
+        except Rejected as reason:  # refused here, not by the board after the upload
+            raise ValueError(f"score maps {path}: {reason}; the leaderboard would refuse them") from None
         archive.write(Path(tmp) / "maps.h5", member, compress_type=zipfile.ZIP_STORED)  # lzf inside already
 
 
