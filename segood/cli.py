@@ -109,8 +109,10 @@ def _convert(args):
             manifest = mix(args.ood, args.id, args.out, seed=args.seed, id_frames=args.id_frames,
                            overwrite=args.overwrite, progress=not args.quiet)
         else:
+            from segood.data.h5 import check_output
             from segood.data.registry import get_adapter
 
+            check_output(args.out, overwrite=args.overwrite)  # before listing the raw tree (SUN reads every header)
             adapter = get_adapter(args.dataset).from_args(args)
             manifest = convert(adapter, args.out, size=args.size, workers=args.workers, strict=args.strict,
                                overwrite=args.overwrite, progress=not args.quiet)

@@ -106,7 +106,9 @@ def test_sun_map_anonymous_deleted_order_clip_and_size_filter(tmp_path):
     arrays, frame_ids = read_set(tmp_path / "sun.h5")
     assert len(frame_ids) == 8
     skipped = {s["frame_id"]: s["reason"] for s in manifest["skipped"]}
-    assert "600x600" in skipped["s/street/sun_small"] and "unreadable XML" in skipped["s/street/sun_broken"]
+    unused = {u["path"]: u["reason"] for u in manifest["unused_files"]}
+    assert "600x600" in unused["Images/s/street/sun_small.jpg"] and list(skipped) == ["s/street/sun_broken"]
+    assert "unreadable XML" in skipped["s/street/sun_broken"]
     ood = np.full((660, 700), 255, np.uint8)
     sem = np.full((660, 700), 255, np.uint8)
     ood[0:100, 0:100], sem[0:100, 0:100] = 0, 13  # " Car  occluded" -> car
@@ -131,7 +133,8 @@ def test_sun_size_filter_keeps_only_frames_of_more_than_640x640_pixels(tmp_path)
             labelme_xml(f"{name}.jpg", "a/abbey", SUN_OBJECTS, (height, width)))
     sun = Sun(tmp_path / "sun", "all")
     assert [sun.frame_id(r) for r in sun.refs()] == ["a/abbey/one_more_row"]  # 410,240 pixels
-    assert sun.prefiltered == [("a/abbey/exact", "640x640 = 409600 pixels <= 640x640")]
+    assert sun.unused_files == [("Images/a/abbey/exact.jpg", "640x640 = 409600 pixels <= 640x640: the size filter "
+                                                             "leaves it out")] and sun.prefiltered == []
 
 
 def test_sun_polygons_of_fewer_than_three_points_are_left_out():
@@ -317,3 +320,83 @@ def test_convert_cli_and_coverage(tmp_path, capsys):
     assert read_set(out)[0]["images"].shape == (3, 33, 35, 3)
     assert main(["convert", "coverage", str(out)]) == 0
     assert "| vase |" in capsys.readouterr().out
+
+
+def test_perlin_lattices_finer_than_the_pixels_are_refused_before_any_work(tmp_path, capsys):
+    """frequency * 2**(octaves - 1) lattice cells across the finest octave, at most the width: beyond, an octave
+    adds nothing a pixel shows and its lattice alone took 32 GiB after a minute's work (--octaves 20)."""
+    with pytest.raises(ValueError, match=r"frequency 4 and 20 octaves: its finest octave would have 4 \* 2\*\*19 "
+                                         r"lattice cells across, more than the frame's 128 pixels of width; "
+                                         r"frequency \* 2\*\*\(octaves - 1\) must be at most 128 \(e.g. 6 octaves at "
+                                         r"frequency 4\)"):
+        Noise("perlin", 1, size=(64, 128), octaves=20)
+    with pytest.raises(ValueError, match=r"frequency 100000 and 4 octaves: .* \(e.g. frequency 16 with 4 octaves\)"):
+        Noise("perlin", 1, size=(64, 128), frequency=100000)
+    Noise("perlin", 1, size=(8, 16), frequency=2, octaves=4)  # 16 cells across 16 pixels: the limit itself
+    with pytest.raises(ValueError, match="2 \\* 2\\*\\*4 lattice cells"):
+        Noise("perlin", 1, size=(8, 16), frequency=2, octaves=5)
+    Noise("normal", 1, size=(8, 16), frequency=100000)  # normal noise has no lattice
+    out = tmp_path / "o.h5"
+    assert main(["convert", "noise", "--kind", "perlin", "--count", "1", "--octaves", "20", "--size", "64", "128",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("segood convert: error: Perlin noise of frequency 4 and 20 octaves") and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_mix_refuses_an_output_that_is_one_of_its_inputs(tmp_path, capsys):
+    cityscapes_tree(tmp_path / "cs")
+    convert(Cityscapes(tmp_path / "cs", "val"), tmp_path / "cs.h5", size=(32, 64), progress=False)
+    convert(Noise("normal", 2, size=(32, 64)), tmp_path / "n.h5", progress=False)
+    before = read_manifest(tmp_path / "n.h5")
+    (tmp_path / "link.h5").symlink_to(tmp_path / "n.h5")
+    for out in (tmp_path / "n.h5", tmp_path / "sub" / ".." / "cs.h5", tmp_path / "link.h5"):  # compared resolved
+        with pytest.raises(ValueError, match="is one of the input sets; write the output to another path"):
+            mix(tmp_path / "n.h5", tmp_path / "cs.h5", out, overwrite=True, progress=False)
+    assert main(["convert", "mix", "--ood", str(tmp_path / "n.h5"), "--id", str(tmp_path / "cs.h5"), "--out",
+                 str(tmp_path / "n.h5"), "--overwrite", "--quiet"]) == 2
+    assert "is one of the input sets" in capsys.readouterr().err
+    assert read_manifest(tmp_path / "n.h5") == before and read_manifest(tmp_path / "cs.h5")["frames"] == 2
+
+
+def test_a_directory_as_output_is_refused_before_converting(tmp_path, capsys):
+    class Untouchable(Noise):
+        def load(self, index):
+            raise AssertionError("converted a frame for an output that cannot be written")
+
+    folder = tmp_path / "sets"
+    folder.mkdir()
+    for overwrite in (False, True):  # not "exists; pass --overwrite", which then failed after converting everything
+        with pytest.raises(IsADirectoryError, match="sets is a directory; the output must be the path of an .h5 file"):
+            convert(Untouchable("normal", 2, size=(8, 8)), folder, overwrite=overwrite, progress=False)
+    cityscapes_tree(tmp_path / "cs")
+    for more in ([], ["--overwrite"]):
+        assert main(["convert", "cityscapes", str(tmp_path / "cs"), "--out", str(folder), "--quiet", *more]) == 2
+        assert "sets is a directory; the output must be the path of an .h5 file" in capsys.readouterr().err
+    assert main(["convert", "sun", str(tmp_path / "nowhere"), "--out", str(folder)]) == 2  # before the listing
+    assert "sets is a directory" in capsys.readouterr().err
+    assert list(folder.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["cs", "sets"]
+
+
+def test_frames_left_out_by_the_size_filter_are_no_failure_under_strict(tmp_path):
+    """SUN's documented size filter (at most 640x640 pixels) is a rule, not a failure: with real SUN2012 a strict
+    conversion could never succeed. A frame that cannot be read still fails it."""
+    from segood.data.synthetic import write_sun_tree
+
+    write_sun_tree(tmp_path / "sun", count=3, size=(660, 700), small=2)
+    manifest = convert(Sun(tmp_path / "sun", "all"), tmp_path / "sun.h5", size=(33, 35), strict=True, progress=False)
+    assert manifest["frames"] == 3 and manifest["skipped"] == []
+    assert [u["reason"] for u in manifest["unused_files"]] == [
+        "600x600 = 360000 pixels <= 640x640: the size filter leaves it out"] * 2
+    write_sun_tree(tmp_path / "small", count=0, small=2)
+    with pytest.raises(ConversionError, match=r"\(0 skipped: the adapter listed no frame; 2 files of the raw tree not "
+                                              r"used, e.g. Images/l/living_room/sun_demo0001.jpg: 600x600"):
+        convert(Sun(tmp_path / "small", "all"), tmp_path / "small.h5", strict=True, progress=False)
+    image = tmp_path / "sun/Images/s/street/sun_demo0000.jpg"
+    image.write_bytes(image.read_bytes()[:2000])  # the header reads, the pixels do not
+    with pytest.raises(ConversionError, match="s/street/sun_demo0000: cannot decode image sun_demo0000.jpg "
+                                              "completely"):
+        convert(Sun(tmp_path / "sun", "all"), tmp_path / "truncated.h5", size=(33, 35), strict=True, progress=False)
+    (tmp_path / "sun/Annotations/l/living_room/sun_demo0001.xml").write_text("<annotation><object>")
+    with pytest.raises(ConversionError, match="l/living_room/sun_demo0001: unreadable XML"):
+        convert(Sun(tmp_path / "sun", "all"), tmp_path / "broken.h5", size=(33, 35), strict=True, progress=False)

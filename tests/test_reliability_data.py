@@ -97,7 +97,8 @@ def test_sun_exif_orientation_and_size_claims(tmp_path):
         (root / "Annotations" / "a" / "abbey" / f"{name}.xml").write_text(
             labelme_xml(f"{name}.jpg", "a/abbey", objects, claimed))
     sun = Sun(root, "all")
-    assert dict(sun.prefiltered) == {"a/abbey/small_claims_big": "600x600 = 360000 pixels <= 640x640"}
+    assert dict(sun.unused_files) == {"Images/a/abbey/small_claims_big.jpg": "600x600 = 360000 pixels <= 640x640: the "
+                                                                             "size filter leaves it out"}
     manifest = convert(sun, tmp_path / "x.h5", size=(660, 700), progress=False)
     assert "imagesize is 600x600 but the image is 700x700" in skipped(manifest)["a/abbey/big_claims_small"]
     masks = {item["frame_id"]: item["ood_mask"].numpy() for item in H5SegmentationDataset(tmp_path / "x.h5")}
@@ -427,7 +428,8 @@ def test_converted_sets_have_the_permissions_open_gives(tmp_path):
 
     from segood.data import Noise
 
-    convert(Noise("perlin", 1, size=(8, 8), seed=1), tmp_path / "n.h5", size=(8, 8), progress=False)
+    convert(Noise("perlin", 1, size=(8, 8), seed=1, frequency=2, octaves=2), tmp_path / "n.h5", size=(8, 8),
+            progress=False)
     umask = os.umask(0)
     os.umask(umask)
     assert os.stat(tmp_path / "n.h5").st_mode & 0o777 == 0o666 & ~umask

@@ -57,7 +57,7 @@ def test_generated_trees_through_the_real_converters(tmp_path):
     assert idd["pixels"]["ood"] > 0
 
     sun = convert(Sun(tmp_path / "sun", "all"), tmp_path / "sun.h5", size=(64, 128), progress=False)
-    assert sun["frames"] == 3 and any("640x640" in s["reason"] for s in sun["skipped"])
+    assert sun["frames"] == 3 and any("640x640" in u["reason"] for u in sun["unused_files"])
     rules = {row["name"]: row["rule"] for row in sun["coverage"]}
     assert rules.get("wall", "ambiguous") == "ambiguous" and "default" in rules.values() and "class" in rules.values()
 

@@ -38,7 +38,9 @@ class Adapter:
     seed = 0
     label_map_sha256 = ""
     params = {}
-    prefiltered = ()  # [(frame_id, reason)] of frames dropped before loading (size filter, unreadable annotations)
+    # Frames that cannot be converted are failures (``strict`` stops on them); frames that a documented rule of the
+    # dataset leaves out (SUN's size filter, LostAndFound's testNoKnown) are not, and go under ``unused_files``.
+    prefiltered = ()  # [(frame_id, reason)] of frames found unconvertible before loading (unreadable annotations)
     unused_files = ()  # [(path in the raw tree, reason)] of files the adapter found and did not use
 
     def refs(self):

@@ -84,6 +84,9 @@ def convert(adapter, out, *, size=None, workers=0, strict=False, overwrite=False
                 extras.append(sample.extra)
         if not writer.frame_ids:
             reasons = "; ".join(f"{f}: {r}" for f, r in skipped[:3]) or "the adapter listed no frame"
+            if adapter.unused_files:  # e.g. every frame left out by a rule of the dataset
+                path, reason = adapter.unused_files[0]
+                reasons += f"; {len(adapter.unused_files)} files of the raw tree not used, e.g. {path}: {reason}"
             raise ConversionError(f"no frame of {adapter.source} could be converted ({len(skipped)} skipped: "
                                   f"{reasons}); nothing was written")
         summary = adapter.summary(extras) if extras else {}
@@ -122,7 +125,7 @@ def mix(ood_path, id_path, out, *, seed=0, id_frames=None, overwrite=False, prog
     frames = [(0, i) for i in range(len(a))] + [(1, i) for i in range(n_id)]
     order = np.random.default_rng(seed).permutation(len(frames))
     writer = SetWriter(out, None, {"source": "mix", "split": "eval", "seed": seed, "components": sources},
-                       overwrite=overwrite)
+                       overwrite=overwrite, inputs=(ood_path, id_path))
     try:
         for k in tqdm(order, desc="mix", unit="frame", disable=not progress):
             which, i = frames[k]

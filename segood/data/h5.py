@@ -95,6 +95,20 @@ def manifest_path(path):
     return path.with_name(path.stem + ".manifest.json")
 
 
+def check_output(path, *, overwrite=False, inputs=()):
+    """Refuse, before any work, an output set ``path`` that is a folder, that is one of the sets being read
+    (``inputs``, compared as resolved paths: replacing a set while reading it loses it), or that exists unless
+    ``overwrite``."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory; the output must be the path of an .h5 file (e.g. "
+                                f"{path / 'set.h5'})")
+    if any(path.resolve() == Path(p).resolve() for p in inputs):
+        raise ValueError(f"the output {path} is one of the input sets; write the output to another path")
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} exists; pass --overwrite to replace it")
+
+
 class SetWriter:
     """Append samples to ``path`` atomically: all goes to a temporary file renamed on :meth:`commit`.
 
@@ -104,14 +118,14 @@ class SetWriter:
     The set appears only complete and together with its manifest: the manifest is embedded, its copy beside the
     set is put in place first and the set's rename is the last step (readers trust the embedded one). Any
     failure, a full disk included, removes this writer's temporary files and leaves the previous set. The
-    temporary name is unique, so two conversions to one output never touch each other's file. Refuses an
-    existing output unless ``overwrite``.
+    temporary name is unique, so two conversions to one output never touch each other's file. Refuses what
+    :func:`check_output` refuses: a folder, one of the sets being read (``inputs``), an existing output unless
+    ``overwrite``.
     """
 
-    def __init__(self, path, size, attrs, *, overwrite=False):
+    def __init__(self, path, size, attrs, *, overwrite=False, inputs=()):
         self.path, self.overwrite = Path(path), overwrite
-        if self.path.exists() and not overwrite:
-            raise FileExistsError(f"{self.path} exists; pass --overwrite to replace it")
+        check_output(self.path, overwrite=overwrite, inputs=inputs)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".partial")
         os.close(fd)  # a name of this writer's own: two conversions to one output never touch each other's file

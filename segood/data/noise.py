@@ -54,6 +54,23 @@ def perlin_image(rng, height, width, frequency=4, octaves=4, persistence=0.5):
     return np.clip(np.rint((noise * 1.5 + 1.0) * 127.5), 0, 255).astype(np.uint8)
 
 
+def check_lattice(frequency, octaves, width):
+    """Refuse Perlin settings whose finest octave has more lattice cells across (``frequency * 2**(octaves - 1)``)
+    than the frame has pixels of width: such an octave adds nothing a pixel can show, and its lattice alone can
+    take gigabytes."""
+    most_octaves = (width // frequency).bit_length()  # at this frequency
+    if octaves <= most_octaves:
+        return
+    most_frequency = width >> min(octaves - 1, width.bit_length())  # with these octaves
+    fits = [f"{most_octaves} octaves at frequency {frequency}" if most_octaves else "",
+            f"frequency {most_frequency} with {octaves} octaves" if most_frequency else ""]
+    fits = " or ".join(f for f in fits if f) or f"{width.bit_length()} octaves at frequency 1"
+    raise ValueError(f"Perlin noise of frequency {frequency} and {octaves} octaves: its finest octave would have "
+                     f"{frequency} * 2**{octaves - 1} lattice cells across, more than the frame's {width} pixels of "
+                     f"width; frequency * 2**(octaves - 1) must be at most {width} (e.g. {fits}), or use a larger "
+                     "--size")
+
+
 def normal_image(rng, height, width, sigma=0.25):
     """(H, W, 3) uint8: i.i.d. N(0.5, sigma) per pixel and channel in [0, 1] units, clipped."""
     noise = 0.5 + sigma * rng.standard_normal((height, width, 3))
@@ -79,6 +96,8 @@ class Noise(Adapter):
         if wrong:
             raise ValueError(f"noise needs a count, frequency and octaves of at least 1, a seed of at least 0 and a "
                              f"finite sigma of at least 0; got {', '.join(wrong)}")
+        if kind == "perlin":  # (4 and 4: perlin_image's defaults)
+            check_lattice(int(params.get("frequency", 4)), int(params.get("octaves", 4)), int(size[1]))
         self.kind, self.count, self.size, self.seed, self.params = kind, int(count), tuple(size), int(seed), params
         self.source = f"{kind}_noise"
 

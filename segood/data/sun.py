@@ -110,7 +110,9 @@ _AMBIGUOUS = object()  # the target of the names under ``ambiguous``
 class Sun(Adapter):
     """SUN2012 frames of one split (``tune``, ``eval`` or ``all``), after the size filter.
 
-    ``prefiltered`` lists (frame_id, reason) for frames dropped before loading (too small, unreadable XML).
+    ``prefiltered`` lists (frame_id, reason) for frames that cannot be converted, found before loading (unreadable
+    XML or image header); images the size filter leaves out are under ``unused_files``, as a split's other frames
+    are: a rule of the dataset, not a failure (``strict`` conversions succeed with them).
     The manifest gets a label-map ``coverage`` report, also written beside the set as ``<set>.coverage.md``.
     """
 
@@ -142,7 +144,9 @@ class Sun(Adapter):
                 self.prefiltered.append((self.frame_id(path), str(reason)))
                 continue
             if height * width <= MIN_PIXELS:
-                self.prefiltered.append((self.frame_id(path), f"{height}x{width} = {height * width} pixels <= 640x640"))
+                self.unused_files.append((self._image_path(path).relative_to(self.root).as_posix(),
+                                          f"{height}x{width} = {height * width} pixels <= 640x640: the size filter "
+                                          "leaves it out"))
             else:
                 eligible.append(path)
         for path in sorted(p for p in self.root.rglob("*") if p.is_file()):
