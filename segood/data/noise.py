@@ -58,17 +58,11 @@ def check_lattice(frequency, octaves, width):
     """Refuse Perlin settings whose finest octave has more lattice cells across (``frequency * 2**(octaves - 1)``)
     than the frame has pixels of width: such an octave adds nothing a pixel can show, and its lattice alone can
     take gigabytes."""
-    most_octaves = (width // frequency).bit_length()  # at this frequency
-    if octaves <= most_octaves:
-        return
-    most_frequency = width >> min(octaves - 1, width.bit_length())  # with these octaves
-    fits = [f"{most_octaves} octaves at frequency {frequency}" if most_octaves else "",
-            f"frequency {most_frequency} with {octaves} octaves" if most_frequency else ""]
-    fits = " or ".join(f for f in fits if f) or f"{width.bit_length()} octaves at frequency 1"
-    raise ValueError(f"Perlin noise of frequency {frequency} and {octaves} octaves: its finest octave would have "
-                     f"{frequency} * 2**{octaves - 1} lattice cells across, more than the frame's {width} pixels of "
-                     f"width; frequency * 2**(octaves - 1) must be at most {width} (e.g. {fits}), or use a larger "
-                     "--size")
+    if octaves - 1 > width.bit_length() or frequency << (octaves - 1) > width:
+        raise ValueError(f"Perlin noise of frequency {frequency} and {octaves} octaves would have frequency * "
+                         f"2**(octaves - 1) lattice cells across its finest octave, more than the frame's {width} "
+                         f"pixels of width: that product must be at most {width} (fewer --octaves, a lower "
+                         "--frequency or a larger --size)")
 
 
 def normal_image(rng, height, width, sigma=0.25):
