@@ -159,7 +159,7 @@ def test_approve_refuses_a_run_that_is_not_a_robustness_run(tmp_path, capsys):
     from segood.cli import main
 
     (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "run.json").write_text(json.dumps({"config": {}}))
+    (tmp_path / "run" / "run.json").write_text(json.dumps({"model": {}, "sets": {}, "methods": {}, "config": {}}))
     (tmp_path / "req.yaml").write_text("requirements:\n  - require: auroc >= 0.9\n")
     assert main(["approve", str(tmp_path / "run"), str(tmp_path / "req.yaml")]) == 2
     assert "is not a run of segood robustness" in capsys.readouterr().err
