@@ -364,6 +364,12 @@ def test_a_resumed_search_reads_finished_frames_back_without_a_pass(tmp_path):
         search_set(PlaneTarget(), PlaneSpace(), scenes[::-1], config, tmp_path, identity={"run": 1}, progress=False)
     with pytest.raises(ValueError, match="belongs to another attack"):
         search_set(PlaneTarget(), PlaneSpace(), scenes, config, tmp_path, identity={"run": 2}, progress=False)
+    for damage, why in (("", r"JSONDecodeError: Expecting value: line 1 column 1 \(char 0\)"),
+                        ("[1]", "AttributeError"), ('{"identity": {"run": 1}}', "KeyError: 'record'")):
+        (tmp_path / "000001.json").write_text(damage)
+        with pytest.raises(ValueError, match=rf"^{tmp_path / '000001.json'} is damaged \({why}.*\); delete it to "
+                                             "search that frame again$"):
+            search_set(PlaneTarget(), PlaneSpace(), scenes, config, tmp_path, identity={"run": 1}, progress=False)
 
 
 def test_every_found_sample_satisfies_the_constraints(world, run):

@@ -178,8 +178,13 @@ def search_set(target, space, scenes, config, state_dir, *, identity, progress=T
         for index, scene in enumerate(scenes):
             path = state_dir / f"{index:06d}.json"
             if path.exists():
-                saved = json.loads(path.read_text())
-                if saved.get("identity") != identity or saved["record"]["frame_id"] != scene.frame_id:
+                try:
+                    saved = json.loads(path.read_text())
+                    ours = saved.get("identity") == identity and saved["record"]["frame_id"] == scene.frame_id
+                except (OSError, ValueError, AttributeError, KeyError, TypeError) as err:  # (JSON errors included)
+                    raise ValueError(f"{path} is damaged ({type(err).__name__}: {err}); delete it to search that "
+                                     "frame again") from None
+                if not ours:
                     raise ValueError(f"{path} belongs to another attack (other networks, methods, frames or "
                                      "settings); choose another --out")
                 record = saved["record"]
