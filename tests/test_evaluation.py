@@ -669,3 +669,26 @@ def test_a_method_named_twice_is_refused_before_anything_is_written(sets, tmp_pa
         with pytest.raises(ValueError, match=r"^entropy named twice: give each method once"):
             run(tmp_path / "out")
         assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_holding_another_commands_output_is_refused(sets, tmp_path):
+    """An evaluation, a protocol and an attack each refuse an --out that holds another one's output."""
+    from segood.attack.run import attack
+    from segood.evaluation.protocol import cross_source
+
+    model = tiny_network()
+    runs = {"run.json": lambda out: evaluate(model, [sets / "perlin_mixed.h5"], ["entropy"], out, progress=False),
+            "protocol.json": lambda out: cross_source(model, {"t": sets / "perlin_mixed.h5"},
+                                                      {"n": sets / "normal_mixed.h5"}, ["entropy"], out),
+            "attack.json": lambda out: attack(["entropy=m.pt"], sets / "perlin_mixed.h5", out)}
+    for own, run in runs.items():
+        for other, what in (("run.json", r"an evaluation \(segood evaluate, score or robustness\)"),
+                            ("protocol.json", r"a protocol \(segood protocol\)"),
+                            ("attack.json", r"an attack \(segood attack\)")):
+            if other != own:
+                out = tmp_path / f"{own}-{other}"
+                out.mkdir()
+                (out / other).write_text("{}")
+                with pytest.raises(ValueError, match=rf"^{out} holds {what} \({other}\); choose another --out$"):
+                    run(out)
+                assert sorted(p.name for p in out.iterdir()) == [other]

@@ -23,6 +23,7 @@ from segood.attack.space import Scene, SearchSpace
 from segood.data.h5 import H5SegmentationDataset, frame_loader, set_identity
 from segood.data.paste import demo_objects, sun_objects
 from segood.data.sun import SunLabelMap
+from segood.evaluation.layout import refuse_another_command
 from segood.io import atomic_write_text, output_file, write_json
 from segood.methods import get_method
 from segood.models import load_model
@@ -89,6 +90,7 @@ def attack(targets: list[str | tuple[str, str | Path]], frames: str | Path, out_
     o = AttackOptions.of(options, **keywords)
     config, fit_set, progress = o.config, o.fit_set, o.progress
     out = Path(out_dir)
+    refuse_another_command(out, "attack.json")
     if (out / "state").exists() and not o.resume:
         raise ValueError(f"{out} holds an attack; pass resume=True (--resume) to continue it, or choose another --out")
     targets = parse_targets(targets)

@@ -13,6 +13,18 @@ from pathlib import Path
 
 from segood.io import as_read_back
 
+#: the file by which each command's output folder is known, and the command
+OUTPUT_FILES = {"run.json": "an evaluation (segood evaluate, score or robustness)",
+                "protocol.json": "a protocol (segood protocol)", "attack.json": "an attack (segood attack)"}
+
+
+def refuse_another_command(folder, own):
+    """Refuse ``folder`` where it holds the output of another command than the one whose file is ``own`` (a key of
+    :data:`OUTPUT_FILES`): their files would mix."""
+    for name, what in OUTPUT_FILES.items():
+        if name != own and (Path(folder) / name).exists():
+            raise ValueError(f"{folder} holds {what} ({name}); choose another --out")
+
 
 class RunFolder:
     """Paths of one run folder."""
@@ -57,7 +69,8 @@ class RunFolder:
 
     def refuse_another_run(self, description):
         """Refuse this folder where it holds a different run (another model, sets, methods or settings) than the one
-        ``description`` (run.json's content) describes."""
+        ``description`` (run.json's content) describes, or the output of another command."""
+        refuse_another_command(self.path, self.run.name)
         if not self.run.exists():
             return
         previous = self.read_run()

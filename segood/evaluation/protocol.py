@@ -12,6 +12,7 @@ from pathlib import Path
 
 from segood.data.h5 import H5SegmentationDataset, frame_loader, read_manifest, set_identity
 from segood.evaluation.api import evaluate
+from segood.evaluation.layout import refuse_another_command
 from segood.evaluation.options import GRIDS, ProtocolOptions
 from segood.io import atomic_write_text, write_json
 from segood.methods.methods import method_for_grid
@@ -40,6 +41,7 @@ def cross_source(model, tuning_sets: dict[str, str | Path], test_sets: dict[str,
             ``options`` when both are given. Every option is checked there, once.
     """
     options = ProtocolOptions.of(options, **keywords)
+    refuse_another_command(out_dir, "protocol.json")
     grids, rule, metric, evaluation = options.grids, options.rule, options.metric, options.evaluation
     clash = sorted(set(tuning_sets) & set(test_sets))
     if clash:
