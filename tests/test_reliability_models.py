@@ -29,6 +29,15 @@ def test_unreadable_checkpoints_and_states_name_the_file(small_set, tmp_path, ca
     for name in ("empty.pt", "half.pt"):
         with pytest.raises(ValueError, match=f"{name} is not a readable checkpoint: empty, truncated or corrupt"):
             read_checkpoint(tmp_path / name)
+    (tmp_path / "set.pt").write_bytes(small_set.read_bytes())  # an HDF5 file: not "pickled objects"
+    with pytest.raises(ValueError, match="set.pt is not a readable checkpoint: not a file torch.save wrote"):
+        read_checkpoint(tmp_path / "set.pt")
+    (tmp_path / "folder.pt").mkdir()
+    with pytest.raises(ValueError, match="folder.pt is a directory, not a checkpoint file"):
+        read_checkpoint(tmp_path / "folder.pt")
+    torch.save({"weight": socket.AddressFamily.AF_INET}, tmp_path / "object.pt")  # torch.save's zip, an object in it
+    with pytest.raises(ValueError, match="object.pt: the checkpoint holds pickled Python objects"):
+        read_checkpoint(tmp_path / "object.pt")
 
     class Payload:
         def __reduce__(self):

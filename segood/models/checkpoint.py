@@ -31,13 +31,18 @@ def safe_load(path, what="checkpoint", map_location="cpu"):
         return torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:
         raise FileNotFoundError(f"no {what} {path}") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path} is a directory, not a {what} file") from None
     except pickle.UnpicklingError as err:
-        if "Weights only load failed" in str(err):  # a real pickle, with objects beyond tensors and plain values
+        # a pickle with objects beyond tensors and plain values: in torch.save's zip, or a bare pickle (PROTO opcode)
+        with path.open("rb") as f:
+            first = f.read(1)
+        if "Unsupported global" in str(err) or first == b"\x80":
             raise ValueError(f"refusing to load {path}: the {what} holds pickled Python objects, not only tensors "
                              "and plain values, and segood never unpickles those (a pickle can run code); save a "
                              "plain state dict instead") from None
-        raise ValueError(f"{path} is not a readable {what}: not a torch file (an HTML page or another format?)") \
-            from None
+        raise ValueError(f"{path} is not a readable {what}: not a file torch.save wrote (an HDF5 set, an HTML page "
+                         "or another format?)") from None
     except (EOFError, RuntimeError, KeyError, IndexError, ValueError, TypeError, AttributeError, OverflowError,
             UnicodeDecodeError, zipfile.BadZipFile, OSError) as err:
         size = path.stat().st_size if path.is_file() else 0
