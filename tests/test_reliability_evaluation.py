@@ -111,6 +111,9 @@ def test_a_damaged_run_json_is_named_with_the_field_that_is_not_an_object(small_
         assert main(["report", str(tmp_path / "run"), "-q"]) == 2
         assert capsys.readouterr().err == (f"segood report: error: {tmp_path / 'run' / 'run.json'} is damaged: {where} "
                                            "is not a JSON object; rerun the evaluation into a new folder\n")
+    assert main(["report", str(tmp_path / "run" / "state.npz"), "-q"]) == 2  # the run's file, not its folder
+    assert capsys.readouterr().err == (f"segood report: error: {tmp_path / 'run' / 'state.npz'} is a file, not a run "
+                                       "folder: give the folder segood evaluate or segood score wrote\n")
 
 
 def test_a_bad_grid_writes_nothing_and_old_run_files_still_resume(small_set, tmp_path):

@@ -44,6 +44,9 @@ class RunFolder:
 
     def read_run(self):
         """The run description (run.json); a ValueError naming the folder when it is not a run folder."""
+        if self.path.is_file():
+            raise ValueError(f"{self.path} is a file, not a run folder: give the folder segood evaluate or segood score "
+                             "wrote")
         try:
             run = json.loads(self.run.read_text())
         except FileNotFoundError:
