@@ -16,7 +16,6 @@ machine's noise slows each alike), after one warm-up each.
 """
 
 import argparse
-import functools
 import shutil
 from pathlib import Path
 
