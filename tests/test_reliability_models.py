@@ -16,6 +16,7 @@ from segood.data.h5 import SetWriter
 from segood.evaluation import evaluate
 from segood.metrics import PixelOODAccumulator
 from segood.models import build_model, load_model, load_smp_weights, read_checkpoint, save_checkpoint
+from segood.models.network import create_smp
 from segood.models.train import TrainConfig, train
 
 
@@ -50,6 +51,15 @@ def test_unreadable_checkpoints_and_states_name_the_file(small_set, tmp_path, ca
                  "--sets", str(small_set), "--out", str(tmp_path / "r"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "never unpickles" in err and "weights_only" not in err and "Traceback" not in err
+    with pytest.raises(ValueError, match="good.pt is a segood checkpoint .*: pass it as --checkpoint"):
+        load_smp_weights("pspnet", "resnet18", tmp_path / "good.pt")
+    weights = create_smp("pspnet", "resnet18", 19).state_dict()
+    weights.pop("encoder.conv1.weight")
+    torch.save({**weights, "extra.weight": torch.zeros(1)}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match=r"other.pt does not fit smp pspnet with resnet18 and 19 classes: Missing "
+                                         r"key\(s\) in state_dict: \"encoder.conv1.weight\". Unexpected key\(s\) in "
+                                         r"state_dict: \"extra.weight\"."):
+        load_smp_weights("pspnet", "resnet18", tmp_path / "other.pt")
 
     state = read_checkpoint(tmp_path / "good.pt")
     state["config"]["colour"] = "blue"

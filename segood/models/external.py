@@ -53,18 +53,22 @@ class ExternalModel(torch.nn.Module):
 def load_smp_weights(arch, encoder, weights, *, num_classes=NUM_CLASSES):
     """An smp model (``smp.create_model(arch, encoder)``, no encoder download) with the state dict in ``weights``
     (read with ``weights_only=True``), wrapped as an :class:`ExternalModel`."""
-    from segood.models.checkpoint import safe_load
+    from segood.models.checkpoint import FORMAT, safe_load
     from segood.models.network import create_smp
 
     model = create_smp(arch, encoder, num_classes)
     state = safe_load(weights, "state dict")
     if not isinstance(state, dict):
         raise ValueError(f"{weights} holds a {type(state).__name__}, not a state dict of {arch}/{encoder}")
+    if state.get("format") == FORMAT:
+        raise ValueError(f"{weights} is a segood checkpoint (segood train's), not a bare state dict: pass it as "
+                         "--checkpoint (load_model), which reads its network from it")
     try:
         model.load_state_dict(state)
-    except RuntimeError as err:
+    except RuntimeError as err:  # (its lines after the first name the missing and unexpected keys)
+        keys = " ".join(line.strip() for line in str(err).splitlines()[1:])
         raise ValueError(f"{weights} does not fit smp {arch} with {encoder} and {num_classes} classes: "
-                         f"{str(err).splitlines()[0]}") from None
+                         f"{keys[:400]}{'...' if len(keys) > 400 else ''}") from None
     return ExternalModel(model).eval()
 
 
