@@ -692,3 +692,11 @@ def test_a_folder_holding_another_commands_output_is_refused(sets, tmp_path):
                 with pytest.raises(ValueError, match=rf"^{out} holds {what} \({other}\); choose another --out$"):
                     run(out)
                 assert sorted(p.name for p in out.iterdir()) == [other]
+
+
+def test_resuming_a_folder_with_nothing_saved_says_so(sets, tmp_path):
+    with pytest.warns(UserWarning, match=rf"^nothing to resume in {tmp_path / 'run'} \(no state.npz\): the run starts "
+                                         "afresh$"):
+        evaluate(tiny_network(), [sets / "perlin_mixed.h5"], ["entropy"], tmp_path / "run", resume=True,
+                 progress=False, figures=False)
+    assert (tmp_path / "run" / "state.npz").exists()

@@ -146,6 +146,12 @@ def test_a_crop_no_frame_reaches_even_scaled_up_is_refused_before_training(tiny_
     train(replace(config(tiny_set, tmp_path / "fits", epochs=1), crop=[80, 160]), progress=False, stop_after=0)
 
 
+def test_resuming_a_training_with_nothing_saved_says_so(tiny_set, tmp_path):
+    with pytest.warns(UserWarning, match=rf"^nothing to resume in {tmp_path / 'run'} \(no last.pt\): the training "
+                                         "starts afresh$"):
+        train(config(tiny_set, tmp_path / "run", epochs=0), resume=True, progress=False)
+
+
 def labelled_batch():
     """Two generated frames, the top-left block of each void (255), as a training batch of tensors."""
     images, semantic, ood = scene_batch(0, 2, 64, 128)

@@ -37,7 +37,7 @@ from segood.evaluation.reading import UnreadableFrame, batch_reader, default_wor
 from segood.io import read_npz, write_npz
 from segood.labels import NUM_CLASSES
 from segood.methods import METHODS, get_method
-from segood.methods.schedule import check_methods, compiled, score_frames
+from segood.methods.schedule import check_methods, compiled, refuse_names_twice, score_frames
 from segood.methods.methods import served_heads
 from segood.methods.scorer import Scorer
 from segood.models.predict import predicted_classes
@@ -579,9 +579,8 @@ def run(model, sets, methods, out_dir, options, *, rank=0, world_size=1, seed=0,
     for path in sets.values():
         if isinstance(path, (str, Path)):  # (datasets built elsewhere, e.g. corrupted on the fly, check their own)
             require_labels(path)
+    refuse_names_twice(methods)
     names = [m.name for m in methods]
-    if len(set(names)) != len(names):
-        raise ValueError(f"each method once per run, got {names}")
     state_path = folder.state(rank, world_size)
     if options.resume and state_path.exists():
         ev = Evaluation.load(state_path)
@@ -591,6 +590,9 @@ def run(model, sets, methods, out_dir, options, *, rank=0, world_size=1, seed=0,
                              f"{ev.grid}, official mode {ev.official}), not {names} on {list(sets)} (official mode "
                              f"{official}): use another --out or drop --resume")
     else:
+        if options.resume:
+            warnings.warn(f"nothing to resume in {folder.path} (no {state_path.name}): the run starts afresh",
+                          stacklevel=3)
         check_given_thresholds(components, names, list(sets))
         ev = Evaluation(names, list(sets), grid, components, quality=quality, examples=examples, official=official)
     model.eval()

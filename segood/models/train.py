@@ -12,6 +12,7 @@ import io
 import math
 import random
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -264,6 +265,8 @@ def train(config, *, resume=False, progress=True, stop_after=None):
     amp = device.type == "cuda"
     scaler = torch.amp.GradScaler("cuda", enabled=amp)
     start_epoch, iteration, log = 0, 0, []
+    if resume and not (out / "last.pt").exists():
+        warnings.warn(f"nothing to resume in {out} (no last.pt): the training starts afresh", stacklevel=2)
     if resume and (out / "last.pt").exists():
         state = learner.read(out / "last.pt", device)
         check_resumable(state.get("train_config"), config, out / "last.pt")
