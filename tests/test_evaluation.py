@@ -700,3 +700,14 @@ def test_resuming_a_folder_with_nothing_saved_says_so(sets, tmp_path):
         evaluate(tiny_network(), [sets / "perlin_mixed.h5"], ["entropy"], tmp_path / "run", resume=True,
                  progress=False, figures=False)
     assert (tmp_path / "run" / "state.npz").exists()
+
+
+def test_an_out_that_is_a_file_is_refused(sets, tmp_path):
+    from segood.models.train import TrainConfig, train
+
+    (tmp_path / "taken").write_text("a file")
+    with pytest.raises(ValueError, match=rf"^{tmp_path / 'taken'} is a file; --out names the folder a run writes$"):
+        evaluate(tiny_network(), [sets / "perlin_mixed.h5"], ["entropy"], tmp_path / "taken", progress=False)
+    with pytest.raises(ValueError, match=rf"^{tmp_path / 'taken'} is a file; --out names the folder a training"):
+        train(TrainConfig(str(sets / "perlin_mixed.h5"), str(tmp_path / "taken")), progress=False)
+    assert (tmp_path / "taken").read_text() == "a file"

@@ -72,7 +72,9 @@ class RunFolder:
 
     def refuse_another_run(self, description):
         """Refuse this folder where it holds a different run (another model, sets, methods or settings) than the one
-        ``description`` (run.json's content) describes, or the output of another command."""
+        ``description`` (run.json's content) describes, a file, or the output of another command."""
+        if self.path.is_file():
+            raise ValueError(f"{self.path} is a file; --out names the folder a run writes")
         refuse_another_command(self.path, self.run.name)
         if not self.run.exists():
             return

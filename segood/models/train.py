@@ -248,6 +248,8 @@ def train(config, *, resume=False, progress=True, stop_after=None):
     epochs of this call (for time-boxed jobs; resume later). Returns the per-epoch log (list of dicts).
     """
     out = Path(config.out_dir)
+    if out.is_file():
+        raise ValueError(f"{out} is a file; --out names the folder a training writes")
     held = [name for name in ("last.pt", "final.pt", "final") if (out / name).exists()]
     if held and not resume:
         raise ValueError(f"{out} already holds a training ({', '.join(held)}): --resume continues it; another "
