@@ -272,7 +272,8 @@ def batch_reader(datasets, plan, *, workers=0, pin=False, skip_bad=False):
             read = next(reads)
             if read[0] == NO_SHARED_MEMORY:  # (the same batch, read here: slower, the same counts)
                 if not warned:
-                    warned = _warn_no_shared_memory(*read[1:])
+                    _warn_no_shared_memory(*read[1:])
+                    warned = True
                 read = _Batches(datasets, plan, skip_bad)[k + 1]
             runs, bad = _checked(read)
             if isinstance(runs, _InBlock):
@@ -301,7 +302,7 @@ def batch_reader(datasets, plan, *, workers=0, pin=False, skip_bad=False):
 
 
 def _warn_no_shared_memory(size, reason):
-    """Warns that batches of ``size`` bytes are read in the main process, and why; returns True."""
+    """Warns that batches of ``size`` bytes are read in the main process, and why."""
     shm, room = Path("/dev/shm"), ""
     if shm.is_dir():
         stat, mib = os.statvfs(shm), 2**20
@@ -312,7 +313,6 @@ def _warn_no_shared_memory(size, reason):
                   f"batches live in shared memory{room}, 64 MiB in a container unless it is started with more "
                   "(docker run --shm-size=8g ...); fewer readers (--workers) or a smaller --batch-size need less",
                   RuntimeWarning, stacklevel=2)
-    return True
 
 
 def _reader_started(_):

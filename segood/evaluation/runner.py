@@ -572,6 +572,7 @@ def run(model, sets, methods, out_dir, options, *, rank=0, world_size=1, seed=0,
                          "gives anomaly scores only")
     device = options.device or (torch.device("cpu") if scorer else next(model.parameters()).device)
     check_methods(model, methods)
+    refuse_names_twice(methods)
     folder = RunFolder(out_dir)
     folder.path.mkdir(parents=True, exist_ok=True)
     datasets = {name: path if hasattr(path, "__getitem__") and not isinstance(path, (str, Path)) else
@@ -579,7 +580,6 @@ def run(model, sets, methods, out_dir, options, *, rank=0, world_size=1, seed=0,
     for path in sets.values():
         if isinstance(path, (str, Path)):  # (datasets built elsewhere, e.g. corrupted on the fly, check their own)
             require_labels(path)
-    refuse_names_twice(methods)
     names = [m.name for m in methods]
     state_path = folder.state(rank, world_size)
     if options.resume and state_path.exists():

@@ -23,7 +23,7 @@ from segood.labels import IGNORE
 from segood.leaderboard.maps import map_member, read_maps
 from segood.leaderboard.safe import (Limits, MaintainerError, Rejected, is_map, load_npz, read_submission_files,
                                      strict_json)
-from segood.leaderboard.submission import _is_sha256, validate
+from segood.leaderboard.submission import is_sha256, validate
 from segood.metrics import (METRICS, UndefinedMetricWarning, accumulator_from_state, describe_grid, grid_spec,
                             make_accumulator)
 from segood.metrics.streaming import OPTIONAL_STATE
@@ -617,8 +617,8 @@ def _check_benchmark(benchmark, path):
         for name, official in spec["sets"].items():
             at = f"tracks.{track}.sets.{name}"
             need(isinstance(official, dict), at, "an object (manifest_sha256, pixels, frame_ids, ...)")
-            need(_is_sha256(official.get("manifest_sha256")), f"{at}.manifest_sha256", "64 hex digits")
-            need(_is_sha256(official.get("public_manifest_sha256", "0" * 64)), f"{at}.public_manifest_sha256",
+            need(is_sha256(official.get("manifest_sha256")), f"{at}.manifest_sha256", "64 hex digits")
+            need(is_sha256(official.get("public_manifest_sha256", "0" * 64)), f"{at}.public_manifest_sha256",
                  "64 hex digits or absent")
             need(isinstance(official.get("path"), str), f"{at}.path", "the path of the maintainer's set")
             need(isinstance(official.get("private", False), bool), f"{at}.private", "true or false")

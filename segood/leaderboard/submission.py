@@ -165,10 +165,10 @@ def validate(doc):
         if "scores" in entry:  # the verified track: maps, scored by the board; no claims
             _require(entry["scores"] == map_member(set_name),
                      f"set {set_name!r}: 'scores' must name {map_member(set_name)!r}")
-            _require("manifest_sha256" not in entry or _is_sha256(entry["manifest_sha256"]),
+            _require("manifest_sha256" not in entry or is_sha256(entry["manifest_sha256"]),
                      f"set {set_name!r}: manifest_sha256 must be 64 hex digits")
             continue
-        _require(_is_sha256(entry.get("manifest_sha256")), f"set {set_name!r}: manifest_sha256 must be 64 hex digits")
+        _require(is_sha256(entry.get("manifest_sha256")), f"set {set_name!r}: manifest_sha256 must be 64 hex digits")
         _require(isinstance(entry.get("same_source_tuning"), bool), f"set {set_name!r}: same_source_tuning must be a bool")
         claims = entry.get("claims")
         _require(isinstance(claims, dict), f"set {set_name!r}: 'claims' must be an object")
@@ -184,7 +184,7 @@ def validate(doc):
                      f"set {set_name!r}: claimed {count} {value!r} is not a non-negative integer")
 
 
-def _is_sha256(value):
+def is_sha256(value):
     return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value) is not None
 
 

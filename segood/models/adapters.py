@@ -188,12 +188,13 @@ class LibraryModel(ExternalModel):
                 self.served_heads.add("queries")
 
     def num_network_classes(self):
-        """The number of classes the network predicts (for a class mapping by index)."""
-        raise NotImplementedError
+        """The number of classes the network predicts (for a class mapping by index); each library's adapter says."""
+        raise NotImplementedError(f"{type(self).__name__} must implement num_network_classes()")
 
     def network_output(self, x):
-        """:class:`SegOutput` of the network on ``x`` in its own normalisation, logits at its own resolution."""
-        raise NotImplementedError
+        """:class:`SegOutput` of the network on ``x`` in its own normalisation, logits at its own resolution; each
+        library's adapter says."""
+        raise NotImplementedError(f"{type(self).__name__} must implement network_output(x)")
 
     @property
     def input_multiple(self):

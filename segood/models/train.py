@@ -267,8 +267,6 @@ def train(config, *, resume=False, progress=True, stop_after=None):
     amp = device.type == "cuda"
     scaler = torch.amp.GradScaler("cuda", enabled=amp)
     start_epoch, iteration, log = 0, 0, []
-    if resume and not (out / "last.pt").exists():
-        warnings.warn(f"nothing to resume in {out} (no last.pt): the training starts afresh", stacklevel=2)
     if resume and (out / "last.pt").exists():
         state = learner.read(out / "last.pt", device)
         check_resumable(state.get("train_config"), config, out / "last.pt")
@@ -281,6 +279,8 @@ def train(config, *, resume=False, progress=True, stop_after=None):
         except (KeyError, RuntimeError, ValueError, TypeError) as err:
             raise ValueError(f"{out / 'last.pt'} cannot be resumed from ({type(err).__name__}: {err}); start a "
                              "new --out or drop --resume") from None
+    elif resume:
+        warnings.warn(f"nothing to resume in {out} (no last.pt): the training starts afresh", stacklevel=2)
 
     steps_per_epoch = len(_dataset(config, None)) // config.batch_size
     if steps_per_epoch == 0:
