@@ -361,6 +361,21 @@ def test_mix_refuses_an_output_that_is_one_of_its_inputs(tmp_path, capsys):
     assert read_manifest(tmp_path / "n.h5") == before and read_manifest(tmp_path / "cs.h5")["frames"] == 2
 
 
+def test_mix_refuses_a_mixed_set_as_either_input(tmp_path, capsys):
+    """A mixed set already holds ID frames: as --ood they would come twice, as --id its OOD frames would count."""
+    cityscapes_tree(tmp_path / "cs")
+    convert(Cityscapes(tmp_path / "cs", "val"), tmp_path / "cs.h5", size=(32, 64), progress=False)
+    convert(Noise("normal", 2, size=(32, 64)), tmp_path / "n.h5", progress=False)
+    mix(tmp_path / "n.h5", tmp_path / "cs.h5", tmp_path / "m.h5", progress=False)
+    for ood, id_, role in (("m.h5", "cs.h5", "OOD"), ("n.h5", "m.h5", "ID")):
+        with pytest.raises(ValueError, match=rf"m\.h5 is already a mixed set \(of \S+n\.h5 and \S+cs\.h5\); "
+                                             rf"give the {role} set itself$"):
+            mix(tmp_path / ood, tmp_path / id_, tmp_path / "again.h5", progress=False)
+    assert main(["convert", "mix", "--ood", str(tmp_path / "m.h5"), "--id", str(tmp_path / "cs.h5"), "--out",
+                 str(tmp_path / "again.h5"), "--quiet"]) == 2
+    assert "is already a mixed set" in capsys.readouterr().err and not (tmp_path / "again.h5").exists()
+
+
 def test_a_directory_as_output_is_refused_before_converting(tmp_path, capsys):
     class Untouchable(Noise):
         def load(self, index):

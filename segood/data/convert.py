@@ -114,8 +114,11 @@ def mix(ood_path, id_path, out, *, seed=0, id_frames=None, overwrite=False, prog
     if id_frames is not None and int(id_frames) < 0:
         raise ValueError(f"id_frames must be at least 0, got {id_frames}")
     sources, unlabelled = [], []
-    for path in (ood_path, id_path):
+    for path, role in ((ood_path, "OOD"), (id_path, "ID")):
         manifest = read_manifest(path)
+        if manifest["source"] == "mix":  # its ID frames would come twice, or its OOD frames count as ID
+            made_of = " and ".join(c["file"] for c in manifest.get("components", ()))
+            raise ValueError(f"{path} is already a mixed set (of {made_of}); give the {role} set itself")
         unlabelled += [f"{manifest['source']}/{f}" for f in manifest.get("unlabelled_frames", ())]
         sources.append({"file": str(path), "source": manifest["source"], "split": manifest["split"],
                         "frames": manifest["frames"], "sha256": manifest["sha256"],
