@@ -1025,6 +1025,14 @@ def main(argv=None):
         with exit_on_sigterm():  # a killed command removes its temporary files too
             return args.run(args)
     except (ValueError, OSError, RuntimeError, KeyError) as err:  # bad input: one clear line, no traceback
-        print(f"segood {args.command}: error: {err.args[0] if isinstance(err, KeyError) and err.args else err}",
-              file=sys.stderr)
+        print(f"segood {args.command}: error: {_message(err)}", file=sys.stderr)
         return 2
+
+
+def _message(err):
+    """An error's own words: a KeyError's without quotes, an OSError segood wrote without "[Errno N]" before it."""
+    if isinstance(err, KeyError) and err.args:
+        return err.args[0]
+    if isinstance(err, OSError) and err.strerror and err.filename is None:
+        return err.strerror
+    return err

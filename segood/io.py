@@ -49,13 +49,41 @@ def output_file(path, suffix, what, *, option="--out"):
     return path
 
 
+def make_folder(path):
+    """Make the folder ``path`` and its parents where missing. Where a file stands in the way, or the folder cannot
+    be written, the error names that path and says what to do (the system's names the deepest missing folder or a
+    temporary file)."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
+        raise NotADirectoryError(errno.ENOTDIR, f"cannot make the folder {path}: {blocker} is a file; choose another "
+                                                "path") from None
+    except OSError as err:
+        _refuse_unwritable(err, path)
+        raise
+    return path
+
+
+def _refuse_unwritable(err, folder):
+    """Where ``err`` says ``folder`` (or a parent) cannot be written, an error naming it."""
+    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        raise OSError(err.errno, f"cannot write into {folder} ({err.strerror}); choose a folder you can write, or "
+                                 "give yourself write permission") from None
+
+
 @contextmanager
 def atomic_output(path):
     """Yield a temporary path beside ``path``; it replaces ``path`` only when the block completes."""
     path = Path(path)
     with _naming_full_disk(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        make_folder(path.parent)
+        try:
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        except OSError as err:
+            _refuse_unwritable(err, path.parent)
+            raise
         os.close(fd)
     try:
         with _naming_full_disk(path):
@@ -88,7 +116,7 @@ def exclusive(path, what="writer"):
     import fcntl
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     lock = path.with_name(f".{path.name}.lock")
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:

@@ -379,3 +379,36 @@ sys.exit(main(["convert", "noise", "--out", sys.argv[2], "--count", "3", "--size
     finally:
         process.kill()
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_an_output_behind_a_file_or_in_an_unwritable_folder_is_named(tmp_path, monkeypatch, capsys):
+    """A file where an output's folder should be, or a folder that cannot be written: the error names that path
+    (the system's names the deepest missing folder, or a temporary file segood made up)."""
+    import errno
+    import tempfile
+
+    from segood.io import write_json
+
+    path = tiny_set(tmp_path / "t.h5", side=32)
+    assert main(["benchmark", "--track", "open", "--sets", str(path), "--out", str(tmp_path / "bench.json")]) == 0
+    (tmp_path / "subs").mkdir()
+    (tmp_path / "taken").write_text("a file")
+    for out in (tmp_path / "taken", tmp_path / "taken" / "board"):
+        assert main(["leaderboard", str(tmp_path / "subs"), "--benchmark",
+                     str(tmp_path / "bench.json"), "--out", str(out)]) == 2
+        assert capsys.readouterr().err == (f"segood leaderboard: error: cannot make the folder {out}: "
+                                           f"{tmp_path / 'taken'} is a file; choose another path\n")
+    assert main(["convert", "noise", "--kind", "normal", "--count", "1", "--size", "8", "8", "--out",
+                 str(tmp_path / "taken" / "n.h5"), "--quiet"]) == 2
+    assert f"cannot make the folder {tmp_path / 'taken'}: {tmp_path / 'taken'} is a file" in capsys.readouterr().err
+    assert (tmp_path / "taken").read_text() == "a file"
+
+    def read_only(*args, **kwargs):  # (tests run as root, for whom no folder is unwritable)
+        raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "ro" / ".x.json.abc.tmp"))
+
+    (tmp_path / "ro").mkdir()
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    with pytest.raises(PermissionError, match=rf"^\[Errno 13\] cannot write into {tmp_path / 'ro'} \(Permission "
+                                              r"denied\); choose a folder you can write, or give yourself write "
+                                              "permission$"):
+        write_json(tmp_path / "ro" / "x.json", {})

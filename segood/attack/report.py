@@ -5,6 +5,8 @@ from pathlib import Path
 
 import numpy as np
 
+from segood.io import make_folder
+
 
 def _cell(value, fmt="{:.3f}"):
     return "–" if value is None else fmt.format(value)
@@ -91,6 +93,6 @@ def example_figure(path, model, method, set_path, *, count=4, mc_seed=0):
             ax.set_axis_off()
     fig.suptitle(f"{method.name}: worst-case objects (top) and its score (bottom, higher = more OOD)", fontsize=9)
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    make_folder(Path(path).parent)
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from segood.attack.constraints import confidence_map, passes_filter, region_confidence, weakest_inlier
 from segood.data.paste import frame_rng
-from segood.io import as_read_back, write_json
+from segood.io import as_read_back, make_folder, write_json
 from segood.labels import ID
 from segood.methods.schedule import score_batch
 from segood.models.network import preprocess
@@ -169,7 +169,7 @@ def search_set(target, space, scenes, config, state_dir, *, identity, progress=T
     """Search every scene, one chain each; a finished frame's record goes atomically to
     ``state_dir/<index>.json`` with ``identity`` (what the run is), and a frame whose file exists is read back
     instead of searched (ValueError when it belongs to another run). Returns the records in scene order."""
-    state_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(state_dir)
     identity = as_read_back(identity)
     records = []
     bar = tqdm(total=len(scenes) * config.budget, desc=desc or f"attack {target.method.name}", unit="pass",

@@ -25,7 +25,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from segood.io import as_open_makes, atomic_output, exclusive
+from segood.io import as_open_makes, atomic_output, exclusive, make_folder
 
 try:  # ISA-L's inflate, a drop-in for zlib's that reads the sets' deflated frames about twice as fast
     from isal import isal_zlib as _INFLATE
@@ -126,7 +126,7 @@ class SetWriter:
     def __init__(self, path, size, attrs, *, overwrite=False, inputs=()):
         self.path, self.overwrite = Path(path), overwrite
         check_output(self.path, overwrite=overwrite, inputs=inputs)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(self.path.parent)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".partial")
         os.close(fd)  # a name of this writer's own: two conversions to one output never touch each other's file
         self.tmp = Path(tmp)

@@ -14,7 +14,7 @@ import numpy as np
 from segood.evaluation.analysis import committed, computed, forward_seconds, runtime, significance
 from segood.evaluation.layout import RunFolder, grid_of_config
 from segood.evaluation.runner import Evaluation
-from segood.io import atomic_write_text, write_json
+from segood.io import atomic_write_text, make_folder, write_json
 from segood.labels import CLASS_NAMES, colorize
 from segood.methods.tuning import same_source_tuning
 from segood.metrics import METRICS, describe_grid
@@ -439,7 +439,7 @@ def write_figures(figures, doc, ev):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figures.mkdir(parents=True, exist_ok=True)
+    make_folder(figures)
     methods, sets = ev.method_names, ev.set_names
 
     for s in sets:  # ROC and PR curves

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from segood.evaluation.layout import RunFolder
 from segood.evaluation.report import results_csv, results_latex, results_markdown, write_figures
-from segood.io import atomic_write_text, write_json
+from segood.io import atomic_write_text, make_folder, write_json
 from segood.metrics import METRICS
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ class Results(dict):
         out = RunFolder(folder)
         described = {k: self[k] for k in ("toolkit", "model", "sets", "methods", "config") if k in self}
         out.refuse_another_run(described)  # (not overwritten)
-        out.path.mkdir(parents=True, exist_ok=True)
+        make_folder(out.path)
         write_json(out.run, described)
         self.state.save(out.state())
         write_json(out.results_json, dict(self))

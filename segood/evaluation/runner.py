@@ -34,7 +34,7 @@ from segood.data.h5 import H5SegmentationDataset, require_labels
 from segood.evaluation.class_sums import class_counts, class_sums
 from segood.evaluation.layout import RunFolder
 from segood.evaluation.reading import UnreadableFrame, batch_reader, default_workers
-from segood.io import read_npz, write_npz
+from segood.io import make_folder, read_npz, write_npz
 from segood.labels import NUM_CLASSES
 from segood.methods import METHODS, get_method
 from segood.methods.schedule import check_methods, compiled, refuse_names_twice, score_frames
@@ -574,7 +574,7 @@ def run(model, sets, methods, out_dir, options, *, rank=0, world_size=1, seed=0,
     check_methods(model, methods)
     refuse_names_twice(methods)
     folder = RunFolder(out_dir)
-    folder.path.mkdir(parents=True, exist_ok=True)
+    make_folder(folder.path)
     datasets = {name: path if hasattr(path, "__getitem__") and not isinstance(path, (str, Path)) else
                 H5SegmentationDataset(path, verify=options.verify) for name, path in sets.items()}
     for path in sets.values():

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from segood.data.h5 import frame_ids, frame_sizes, ood_masks, read_array, read_manifest, set_identity
-from segood.io import atomic_write_bytes, atomic_write_text, exit_on_sigterm, output_file, write_json
+from segood.io import (atomic_write_bytes, atomic_write_text, exit_on_sigterm, make_folder, output_file,
+                       write_json)
 from segood.labels import IGNORE
 from segood.leaderboard.maps import map_member, read_maps
 from segood.leaderboard.safe import (Limits, MaintainerError, Rejected, is_map, load_npz, read_submission_files,
@@ -555,7 +556,6 @@ def _draw_roc(path, curves, title):
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
     plt.close(fig)
-    path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, buffer.getvalue())
 
 
@@ -645,7 +645,7 @@ def _work_folder(parent):
     """A fresh folder ``parent/.judge-<pid>-*`` for this board's copies of score maps, removed on every exit:
     SIGTERM is turned into SystemExit while it exists, and folders of boards whose process is gone (killed) are
     removed first."""
-    parent.mkdir(parents=True, exist_ok=True)
+    make_folder(parent)
     for stale in parent.glob(".judge-*"):
         pid = stale.name.split("-")[1] if stale.name.count("-") >= 2 else ""
         if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from segood.evaluation.report import _file_name, _save, heat_limits
+from segood.io import make_folder
 from segood.labels import colorize
 from segood.metrics import METRICS
 from segood.robustness.approval import approval_markdown
@@ -188,7 +189,7 @@ def write_figures(figures, doc, ev):
     import matplotlib.pyplot as plt
 
 
-    figures.mkdir(exist_ok=True)
+    make_folder(figures)
     spec = doc["robustness"]
     corruptions, levels = spec["corruptions"], spec["severities"]
     methods = list(doc["methods"])
