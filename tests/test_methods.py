@@ -162,7 +162,10 @@ def test_every_method_scores_a_real_network_in_range(name, sets):  # (mask-level
 @pytest.mark.parametrize("name", ["mahalanobis", "confidence", "varsum", "mutual_info"])
 def test_methods_refuse_a_network_without_their_head(name):
     model = build_model("pspnet", "resnet18", head="plain").eval()
-    with pytest.raises(ValueError, match=f"needs a network with the {get_method(name).head!r} head"):
+    head = get_method(name).head
+    with pytest.raises(ValueError, match=rf"needs a network with the {head!r} head; this one serves \['plain'\]. "
+                                         rf"Build it with build_model\(\.\.\., head={head!r}\) \(segood train "
+                                         rf"--head {head}\) and train it, or choose another method$"):
         get_method(name).score(model, torch.zeros(1, 3, 32, 32))
 
 

@@ -358,8 +358,14 @@ def test_clip_opts_into_clipping_but_never_for_nan(dtype):
     clipped = PixelOODAccumulator(10).update(scores, labels, clip=True)
     reference = PixelOODAccumulator(10).update(np.clip(scores, 0, 1), labels)
     np.testing.assert_array_equal(clipped.hist, reference.hist)
-    with pytest.raises(ValueError, match="NaN"):
+    with pytest.raises(ValueError, match=r"^1 of 1 counted pixels have NaN scores; clipping \(clip=True, --clip\) "
+                                         "cannot fix NaN$"):
         PixelOODAccumulator().update(np.array([np.nan]), np.array([1], np.uint8), clip=True)
+    with pytest.raises(ValueError, match=r"^1 of 2 counted pixels .* \(1 out of range, 0 NaN; min 0\.3\S*, max "
+                                         r"1\.7\S*\)\. Rescale the scores, set score_range=\(lo, hi\) \(--score-range LO HI\) to "
+                                         r"match them, or pass clip=True \(--clip\) to clip finite scores into the "
+                                         r"range\.$"):
+        PixelOODAccumulator().update(scores[1:3], labels[1:3])
 
 
 @pytest.mark.parametrize("lo,hi,num_t,score", [

@@ -97,7 +97,8 @@ class Method:
                                  "feature_layer='decoder' (--feature-layer decoder), a name of its named_modules()")
             raise ValueError(f"{self.name} needs a network with the {self.head!r} head; this one serves "
                              f"{sorted(map(str, served_heads(model)))}. Build it with build_model(..., "
-                             f"head={self.head!r}) and train it, or choose another method")
+                             f"head={self.head!r}) (segood train --head {self.head}) and train it, or choose "
+                             "another method")
 
     def describe(self):
         """Name, parameters and whether OOD data shaped it (tuning provenance lives in params['tuning'])."""

@@ -78,7 +78,8 @@ class ExactAccumulator(Streaming):
         """
         if clip:
             raise ValueError("clip has no meaning on the exact grid: every real score is a threshold. Drop clip=True "
-                             "(or use the linear grid: num_thresholds / score_range)")
+                             "(--clip), or use the linear grid: num_thresholds / score_range (--num-thresholds / "
+                             "--score-range)")
         pieces = [self._split(s, lab) for s, lab in self._split_images(scores, labels)]  # validate all first
         self._check_room(sum(i.size + o.size for i, o, _ in pieces), "this update")
         for id_scores, ood_scores, n_ignored in pieces:

@@ -110,7 +110,8 @@ class FloatOrderAccumulator(Streaming):
         (no arguments) completes the update, returning self; see :meth:`Streaming.begin_update`."""
         if clip:
             raise ValueError("clip has no meaning on the float-order grid: every real score has a bin. Drop "
-                             "clip=True (or use the linear grid: num_thresholds / score_range)")
+                             "clip=True (--clip), or use the linear grid: num_thresholds / score_range "
+                             "(--num-thresholds / --score-range)")
         if _on_device(scores, labels):  # the whole batch in one call: a fixed number of waits for the device
             counted = self._start_device_histograms(*matching_inputs(scores, labels))
             return lambda: self._complete(counted(), on_device=True)

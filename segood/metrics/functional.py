@@ -309,11 +309,13 @@ def raise_bad_scores(scores, labels, lo, hi, clip):
     # shortest round-trip text: a score of 1.0000001 must not read as "max 1" beside a range of [0, 1]
     seen = f"min {float(finite.min())!r}, max {float(finite.max())!r}" if finite.size else "no finite score"
     if clip:
-        raise ValueError(f"{int(nan.sum())} of {s.size} counted pixels have NaN scores; clip=True cannot fix NaN")
+        raise ValueError(f"{int(nan.sum())} of {s.size} counted pixels have NaN scores; clipping (clip=True, "
+                         "--clip) cannot fix NaN")
     raise ValueError(
         f"{outside + int(nan.sum())} of {s.size} counted pixels have scores outside [{lo:g}, {hi:g}] or NaN "
         f"({outside} out of range, {int(nan.sum())} NaN; {seen}). Rescale the scores, set "
-        "score_range=(lo, hi) to match them, or pass clip=True to clip finite scores into the range."
+        "score_range=(lo, hi) (--score-range LO HI) to match them, or pass clip=True (--clip) to clip finite scores "
+        "into the range."
     )
 
 

@@ -46,7 +46,8 @@ class ExternalModel(torch.nn.Module):
 
     def penultimate(self, x):
         if "dimreduce" not in self.served_heads:
-            raise ValueError("this model has no feature layer: pass feature_layer=... to use Mahalanobis")
+            raise ValueError("this model has no feature layer: pass feature_layer=NAME (--feature-layer NAME), a "
+                             "name of its named_modules(), to use Mahalanobis")
         return self(x).features
 
 
