@@ -146,6 +146,27 @@ def test_a_crop_no_frame_reaches_even_scaled_up_is_refused_before_training(tiny_
     train(replace(config(tiny_set, tmp_path / "fits", epochs=1), crop=[80, 160]), progress=False, stop_after=0)
 
 
+def test_a_set_without_classes_is_refused_for_training_validation_and_miou(tiny_set, tmp_path, capsys):
+    """A noise set's semantic labels are all 255: its loss and its mIoU would be NaN (they were, without a word)."""
+    from segood.data import convert
+    from segood.data.noise import Noise
+
+    noise = tmp_path / "noise.h5"
+    convert(Noise("normal", 4, size=(64, 128)), noise, progress=False)
+    message = rf"^{noise} has no pixel with a class in its semantic labels \(as a noise set\): {{}} needs a set " \
+              "labelled with Cityscapes trainIds, e.g. Cityscapes val$"
+    with pytest.raises(ValueError, match=message.format("training")):
+        train(config(noise, tmp_path / "a", epochs=1), progress=False)
+    with pytest.raises(ValueError, match=message.format("--val's mIoU")):
+        train(config(tiny_set, tmp_path / "b", epochs=1, val_set=str(noise)), progress=False)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    train(config(tiny_set, tmp_path / "run", epochs=0), progress=False)
+    assert main(["miou", str(tmp_path / "run" / "final.pt"), "--data", str(noise)]) == 2
+    assert capsys.readouterr().err == (f"segood miou: error: {noise} has no pixel with a class in its semantic labels "
+                                       "(as a noise set): mIoU needs a set labelled with Cityscapes trainIds, e.g. "
+                                       "Cityscapes val\n")
+
+
 def test_resuming_a_training_with_nothing_saved_says_so(tiny_set, tmp_path):
     with pytest.warns(UserWarning, match=rf"^nothing to resume in {tmp_path / 'run'} \(no last.pt\): the training "
                                          "starts afresh$"):

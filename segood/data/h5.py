@@ -31,7 +31,7 @@ try:  # ISA-L's inflate, a drop-in for zlib's that reads the sets' deflated fram
     from isal import isal_zlib as _INFLATE
 except ImportError:
     _INFLATE = zlib
-from segood.labels import ID, IGNORE, OOD
+from segood.labels import ID, IGNORE, NUM_CLASSES, OOD
 from segood.version import __version__
 
 ARRAYS = ("images", "ood_mask", "semantic")
@@ -261,6 +261,17 @@ def require_labels(path):
             f"{path} holds {len(unlabelled)} frames without public labels ({shown}): they can be scored and "
             "exported (segood export) for the benchmark's server, never evaluated here; convert a split with "
             "labels (e.g. --split validation) to evaluate")
+
+
+def require_classes(path, what):
+    """Refuse a set none of whose pixels has a class in its ``semantic`` labels (a noise set: every one is 255), for
+    ``what`` (e.g. "mIoU"), which would be NaN. Reads the frames' labels until the first with a class."""
+    with h5py.File(path, "r") as f:
+        for index, size in enumerate(_frame_sizes(f, path)):
+            if (read_array(f, "semantic", index, size) < NUM_CLASSES).any():
+                return
+    raise ValueError(f"{path} has no pixel with a class in its semantic labels (as a noise set): {what} needs a set "
+                     "labelled with Cityscapes trainIds, e.g. Cityscapes val")
 
 
 def frame_ids(path):

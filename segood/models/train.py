@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from segood.data.h5 import H5SegmentationDataset, frame_sizes, object_sources, read_manifest, set_identity
+from segood.data.h5 import (H5SegmentationDataset, frame_sizes, object_sources, read_manifest, require_classes,
+                             set_identity)
 from segood.io import atomic_write_text
 from segood.labels import IGNORE, NUM_CLASSES
 from segood.models.checkpoint import load_model, read_checkpoint, save_checkpoint
@@ -286,6 +287,9 @@ def train(config, *, resume=False, progress=True, stop_after=None):
     if steps_per_epoch == 0:
         raise ValueError(f"{config.train_set} has fewer frames than one batch of {config.batch_size}")
     check_crop(config)
+    require_classes(config.train_set, "training")  # (a loss of NaN from the first batch)
+    if config.val_set:
+        require_classes(config.val_set, "--val's mIoU")
     total = steps_per_epoch * config.epochs
     last_epoch = config.epochs if stop_after is None else min(config.epochs, start_epoch + stop_after)
     for epoch in range(start_epoch, last_epoch):
