@@ -1,6 +1,7 @@
 """``segood robustness`` end to end on a tiny generated set and a tiny real network, against direct computations."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -214,8 +215,14 @@ def test_the_standard_family_and_its_summary_against_a_reference_run(sets, tmp_p
     plain = ref["summary"]["perlin_mixed"]["standard"]
     miou = [cells[c][v]["segmentation"]["miou"] for c in cells for v in ("1", "5")]
     assert plain["network"]["miou"] == {"mean": pytest.approx(np.mean(miou)), "mce": None, "relative_mce": None}
-    # the same run as its own reference: every corruption error is 1
-    doc = write_robustness_report(tmp_path / "ref", figures=False, reference=tmp_path / "ref")
+    # a copy of the run as its reference: every corruption error is 1; the run itself is refused as its own
+    shutil.copytree(tmp_path / "ref", tmp_path / "copy")
+    for own in ("ref", "ref/results.json", "ref/../ref"):
+        with pytest.raises(ValueError, match=rf"^the reference run {tmp_path / own} is this run's own folder: its mCE "
+                                             "would compare the run with itself; name the finished robustness run "
+                                             "of a reference model$"):
+            write_robustness_report(tmp_path / "ref", figures=False, reference=tmp_path / own)
+    doc = write_robustness_report(tmp_path / "ref", figures=False, reference=tmp_path / "copy")
     assert doc["summary"]["perlin_mixed"]["standard"]["network"]["miou"]["mce"] == pytest.approx(1.0)
     assert doc["summary"]["perlin_mixed"]["standard"]["ood"]["entropy"]["fpr95"]["mce"] == pytest.approx(1.0)
     assert "## Summary: mean over corruptions and severities" in (tmp_path / "ref/results.md").read_text()
@@ -237,7 +244,9 @@ def test_the_standard_family_and_its_summary_against_a_reference_run(sets, tmp_p
     assert main([*common, "--corruptions", "c:smog", "--out", str(tmp_path / "e")]) == 2
     assert "unknown corruption 'c:smog'; choose from noise" in capsys.readouterr().err
     with pytest.raises(ValueError, match="is not the results of segood robustness"):
-        write_robustness_report(tmp_path / "other", figures=False, reference=tmp_path / "other/run.json")
+        write_robustness_report(tmp_path / "other", figures=False, reference=tmp_path / "ref/run.json")
+    assert main([*common, "--reference", str(tmp_path / "e"), "--out", str(tmp_path / "e")]) == 2
+    assert "is this run's own folder" in capsys.readouterr().err and not (tmp_path / "e").exists()
 
 
 def test_corruption_error_by_hand():

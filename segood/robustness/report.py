@@ -27,10 +27,14 @@ def _mean(values):
     return float(np.mean(values)) if values else None
 
 
-def load_reference(path):
-    """The results document of a robustness run (its folder or its results.json), for :func:`summary`."""
+def load_reference(path, own):
+    """The results document of a robustness run (its folder or its results.json), for :func:`summary` of the run in
+    the folder ``own``, which it must not be."""
     path = Path(path)
     file = path / "results.json" if path.is_dir() else path
+    if Path(own).resolve() in (path.resolve(), file.parent.resolve()):
+        raise ValueError(f"the reference run {path} is this run's own folder: its mCE would compare the run with "
+                         "itself; name the finished robustness run of a reference model")
     try:
         doc = json.loads(file.read_text())
     except (OSError, ValueError) as err:

@@ -53,7 +53,7 @@ def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corrupti
     corruptions = resolve_corruptions(corruptions, family)
     standard_scale(1, standard_size)  # (checks it)
     if reference is not None:
-        load_reference(reference)  # a bad reference fails before the run, not after it
+        load_reference(reference, out_dir)  # a bad reference fails before the run, not after it
     severities = sorted(set(severities))
     for level in severities:
         check_corruption(corruptions[0], level)
@@ -179,7 +179,7 @@ def write_robustness_report(out_dir, *, figures=True, requirements=None, referen
         requirements = previous.get("requirements")
     if reference is not None:
         doc["reference_run"] = str(reference)
-    doc["summary"] = summary(doc, None if reference is None else load_reference(reference))
+    doc["summary"] = summary(doc, None if reference is None else load_reference(reference, out_dir))
     if requirements is not None:
         if not isinstance(requirements, list):
             requirements = load_requirements(requirements)
