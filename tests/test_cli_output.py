@@ -279,6 +279,10 @@ def test_an_output_named_like_an_input_is_refused_before_any_work(world, tmp_pat
     digests = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (perlin, state)}
     for argv, expected in [
             (["benchmark", "--track", "t", "--sets", str(perlin), "--out", str(perlin)], "give a .json file"),
+            (["benchmark", "--track", "", "--sets", str(perlin), "--out", str(tmp_path / "b.json")],
+             "a track's name must be printable text, not blank, got '' (--track NAME)"),
+            (["benchmark", "--track", "a\tb", "--sets", str(perlin), "--out", str(tmp_path / "b.json")],
+             "got 'a\\tb'"),
             (["submit", "--scores", f"perlin_mixed={perlin}", "--method-name", "E", "--out", str(perlin)],
              "give a .zip file for the submission"),
             (["attack-generator", "--out", str(perlin), "--quiet"], "give a .pt file for the generator"),
@@ -286,6 +290,7 @@ def test_an_output_named_like_an_input_is_refused_before_any_work(world, tmp_pat
         assert main(argv) == 2
         assert expected in capsys.readouterr().err
     assert digests == {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (perlin, state)}
+    assert not (tmp_path / "b.json").exists()
 
 
 def test_the_command_prints_segoods_warnings_in_one_line_and_a_librarys_as_python_does(world, tmp_path):

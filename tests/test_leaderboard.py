@@ -372,6 +372,8 @@ def perlin(doc):
 
 BROKEN_BENCHMARKS = {  # a hand-edited BENCH.json: (edit, what the board says of it)
     "tracks a number": (lambda d: d.update(tracks=5), "tracks must be a non-empty object {track name: track}"),
+    "a blank track name": (lambda d: d["tracks"].update({" ": d["tracks"].pop("noise")}),
+                           "the track name ' ' must be printable text, not blank"),
     "no tracks": (lambda d: d.update(tracks={}), "tracks must be a non-empty object {track name: track}"),
     "sets a number": (lambda d: d["tracks"]["noise"].update(sets=5),
                       "tracks.noise.sets must be a non-empty object {set name: the set's record}"),

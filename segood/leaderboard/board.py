@@ -59,6 +59,8 @@ def make_benchmark(tracks, out, *, grid=None):
     make_accumulator(grid)  # (a grid no accumulator takes is refused here, not blamed on every submitter later)
     doc = {"schema": BENCHMARK_SCHEMA, "grid": grid, "tracks": {}}
     for track, spec in tracks.items():
+        if not _is_track_name(track):
+            raise ValueError(f"a track's name must be printable text, not blank, got {track!r} (--track NAME)")
         if spec["rank_by"] not in METRICS:
             raise ValueError(f"rank_by must be one of {sorted(METRICS)}, got {spec['rank_by']!r}")
         private = set(spec.get("private", ()))
@@ -81,6 +83,11 @@ def make_benchmark(tracks, out, *, grid=None):
             doc["tracks"][track]["sets"][name]["public_manifest_sha256"] = set_identity(public)["manifest_sha256"]
     write_json(out, doc)
     return doc
+
+
+def _is_track_name(name):
+    """Whether ``name`` can head a track's table: printable and not blank."""
+    return isinstance(name, str) and name.isprintable() and bool(name.strip())
 
 
 def _official(name, path, private):
@@ -607,6 +614,7 @@ def _check_benchmark(benchmark, path):
     need(isinstance(tracks, dict) and tracks, "tracks", "a non-empty object {track name: track}")
     for track, spec in tracks.items():
         at = f"tracks.{track}"
+        need(_is_track_name(track), f"the track name {track!r}", "printable text, not blank")
         need(isinstance(spec, dict), at, "an object (rank_by, sets, ...)")
         need(isinstance(spec.get("rank_by"), str) and spec["rank_by"] in METRICS, f"{at}.rank_by",
              f"one of {sorted(METRICS)}")
