@@ -35,7 +35,7 @@ def _demo(args):
 def _metrics(args):
     import numpy as np
 
-    from segood.io import output_file, read_npz
+    from segood.io import atomic_output, output_file, read_npz
     from segood.metrics import METRICS, load_accumulator
 
     if args.curves:
@@ -48,8 +48,9 @@ def _metrics(args):
     for name in (*METRICS, "max_iou_threshold", "n_id", "n_ood", "n_ignored"):
         print(f"{name:>18}: {result[name]}")
     if args.curves:
-        np.savetxt(args.curves, np.column_stack([result[k] for k in ("thresholds", "tp", "fp", "fn", "tn")]),
-                   delimiter=",", header="threshold,tp,fp,fn,tn", comments="", fmt=["%.17g"] + ["%d"] * 4)
+        with atomic_output(args.curves) as tmp:  # (its folder made where missing)
+            np.savetxt(tmp, np.column_stack([result[k] for k in ("thresholds", "tp", "fp", "fn", "tn")]),
+                       delimiter=",", header="threshold,tp,fp,fn,tn", comments="", fmt=["%.17g"] + ["%d"] * 4)
         print(f"wrote {args.curves}: the counts at each of {len(result['thresholds'])} thresholds")
     return 0
 

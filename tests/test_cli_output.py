@@ -4,6 +4,7 @@ export folders named as the benchmark names its splits; ``segood metrics`` on a 
 whose heat maps each span their method's own percentiles."""
 
 import json
+import os
 import re
 
 import numpy as np
@@ -172,9 +173,11 @@ def test_export_folders_carry_the_benchmarks_names_and_every_write_is_said(world
     from segood.metrics import PixelOODAccumulator
 
     PixelOODAccumulator(10).update(np.array([0.1, 0.9, 0.4]), np.array([0, 1, 1], np.uint8)).save(tmp_path / "a.npz")
-    assert main(["metrics", str(tmp_path / "a.npz"), "--curves", str(tmp_path / "c.csv")]) == 0
-    assert re.search(rf"wrote {re.escape(str(tmp_path / 'c.csv'))}: the counts at each of \d+ thresholds",
+    curves = tmp_path / "new" / "c.csv"  # (into a folder not there yet: made, as every output's)
+    assert main(["metrics", str(tmp_path / "a.npz"), "--curves", str(curves)]) == 0
+    assert re.search(rf"wrote {re.escape(str(curves))}: the counts at each of \d+ thresholds",
                      capsys.readouterr().out)
+    assert curves.read_text().splitlines()[0] == "threshold,tp,fp,fn,tn" and os.listdir(curves.parent) == ["c.csv"]
 
 
 # example panels: every method's heat map on its own scale
