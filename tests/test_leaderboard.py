@@ -412,6 +412,25 @@ def test_a_broken_benchmark_file_stops_the_board_naming_its_field(world, tmp_pat
     assert not (tmp_path / "board" / "leaderboard.md").exists()
 
 
+def test_judge_checks_the_benchmark_it_is_given(world):
+    """judge() (public) takes the file or its content, checked as the board checks it: a broken field is the
+    maintainer's error, never a submission rejected as unreadable."""
+    from segood.leaderboard import judge
+    from segood.leaderboard.safe import MaintainerError
+
+    root, _ = world
+    bench = json.loads((root / "bench.json").read_text())
+    entry = root / "subs" / "entropy.zip"
+    for given in (root / "bench.json", str(root / "bench.json"), bench):
+        rows, reason = judge(entry, given)
+        assert reason is None and rows["noise"]["name"] == "PSPNet entropy" and rows["noise"]["score"] > 0.5
+    bench["tracks"]["noise"]["sets"] = 5
+    with pytest.raises(MaintainerError, match=r"^the benchmark given: tracks\.noise\.sets must be a non-empty object "):
+        judge(entry, bench)
+    with pytest.raises(ValueError, match="^the benchmark given is not a segood benchmark file"):
+        judge(entry, {"tracks": {}})
+
+
 def score_file(path, data, nan_in=None):
     """Score maps of the set ``data`` in segood's layout (float32, one pixel +inf), a NaN in frame ``nan_in``."""
     import h5py

@@ -131,7 +131,11 @@ def judge(path, benchmark, limits=Limits(), masks=None, spill=None):
 
     ``masks``: {set path: [(frame id, ood_mask)]}, a cache of the maintainer's masks shared by one board's
     submissions (filled on first use); score maps are scored against them here, never believed. ``spill``: the
-    folder score-map members are copied into (emptied afterwards; default: a temporary folder)."""
+    folder score-map members are copied into (emptied afterwards; default: a temporary folder). ``benchmark``: the
+    benchmark file or its parsed content, whose fields are checked first (:class:`MaintainerError` naming one that
+    is not what segood benchmark writes)."""
+    benchmark = _read_benchmark(benchmark) if isinstance(benchmark, (str, os.PathLike)) else \
+        _checked_benchmark(benchmark, "the benchmark given")
     with tempfile.TemporaryDirectory(prefix="judge-", dir=spill) as folder:
         try:
             return _judge(path, benchmark, limits, masks if masks is not None else {}, folder), None
@@ -577,6 +581,11 @@ def _read_benchmark(path):
                          "benchmark") from None
     except OSError as err:
         raise OSError(err.errno, f"cannot read the benchmark file {path} ({err.strerror})") from None
+    return _checked_benchmark(benchmark, path)
+
+
+def _checked_benchmark(benchmark, path):
+    """``benchmark`` (parsed from ``path``) after :func:`_check_benchmark`; a ValueError where it is not one."""
     if not isinstance(benchmark, dict) or benchmark.get("schema") != BENCHMARK_SCHEMA or "tracks" not in benchmark \
             or not ({"grid"} <= set(benchmark) or {"num_thresholds", "score_range"} <= set(benchmark)):
         raise ValueError(f"{path} is not a segood benchmark file (schema {BENCHMARK_SCHEMA!r}); write one "
