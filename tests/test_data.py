@@ -361,6 +361,31 @@ def test_mix_refuses_an_output_that_is_one_of_its_inputs(tmp_path, capsys):
     assert read_manifest(tmp_path / "n.h5") == before and read_manifest(tmp_path / "cs.h5")["frames"] == 2
 
 
+def test_an_annotation_with_nothing_to_paint_is_an_unused_file_not_a_failure(tmp_path):
+    """SUN: every polygon deleted, anonymous or of fewer than 3 points; IDD: every polygon deleted. A rule of the
+    dataset, as SUN's size filter: listed under unused_files, and --strict conversions succeed with it."""
+    sun_tree(tmp_path / "sun", eligible=2)
+    (tmp_path / "sun" / "Annotations" / "s" / "street" / "sun_broken.xml").unlink()  # (its own failure)
+    nothing = [("vase", rect(0, 0, 9, 9), "anonymous", 0), ("car", rect(0, 0, 9, 9), "dave", 1),
+               ("road", [[0, 0], [5, 5]], "erin", 0)]
+    (tmp_path / "sun" / "Annotations" / "a" / "abbey" / "sun_frame00.xml").write_text(
+        labelme_xml("sun_frame00.jpg", "a/abbey", nothing, (660, 700)))
+    manifest = convert(Sun(tmp_path / "sun", "all"), tmp_path / "sun.h5", size=(33, 35), strict=True,
+                       progress=False)
+    assert manifest["frames"] == 1 and manifest["skipped"] == []
+    assert {"path": "Annotations/a/abbey/sun_frame00.xml", "reason": "an annotation with no polygon to paint (each "
+            "deleted, anonymous or of fewer than 3 points)"} in manifest["unused_files"]
+
+    idd_tree(tmp_path / "idd")
+    idd_json(tmp_path / "idd" / "gtFine" / "val" / "1" / "000200_gtFine_polygons.json", 40, 60,
+             [{"label": "car", "polygon": rect(0, 0, 5, 5), "deleted": 1}])
+    manifest = convert(IDD(tmp_path / "idd", "val"), tmp_path / "idd.h5", size=(40, 60), strict=True,
+                       progress=False)
+    assert manifest["frames"] == 1 and manifest["skipped"] == []
+    assert manifest["unused_files"] == [{"path": "gtFine/val/1/000200_gtFine_polygons.json",
+                                         "reason": "an annotation with no polygon that is not deleted"}]
+
+
 def test_mix_refuses_a_mixed_set_as_either_input(tmp_path, capsys):
     """A mixed set already holds ID frames: as --ood they would come twice, as --id its OOD frames would count."""
     cityscapes_tree(tmp_path / "cs")

@@ -59,7 +59,7 @@ class Adapter:
 
     def load(self, ref):
         """The frame as a :class:`~segood.data.common.Sample` at its native size; raise ``SkipFrame(reason)``
-        for a frame that cannot be converted."""
+        for a frame that cannot be converted, ``LeftOut(reason, file)`` for one a rule of the dataset leaves out."""
         raise NotImplementedError(f"{type(self).__name__} must implement load(ref)")
 
     @property

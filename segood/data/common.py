@@ -36,6 +36,16 @@ class SkipFrame(Exception):
     """This frame cannot be converted; the message is the reason recorded in the manifest."""
 
 
+class LeftOut(SkipFrame):
+    """A rule of the dataset leaves this frame out (an annotation with nothing to paint): its file is listed under
+    the manifest's ``unused_files`` with the reason, as the adapter's other unused files are, not as a failure
+    (``strict`` conversions succeed with it). ``path``: the file, relative to the raw tree."""
+
+    def __init__(self, reason, path):
+        super().__init__(reason)
+        self.path = path
+
+
 class DatasetLayoutError(FileNotFoundError):
     """The raw dataset folder does not have the published layout."""
 

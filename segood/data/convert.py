@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from segood.data.common import Sample, SkipFrame, resize_sample
+from segood.data.common import LeftOut, Sample, SkipFrame, resize_sample
 from segood.data.h5 import H5SegmentationDataset, SetWriter, encode, object_sources, read_manifest
 from segood.io import atomic_write_text
 
@@ -29,14 +29,14 @@ def _init_worker(adapter):
 
 
 def _load(job):
-    """Worker: (frame_id, EncodedFrame or None, skip reason or None). An unexpected error (a bug, not a bad
-    frame) stops the conversion with a ConversionError that names the frame."""
+    """Worker: (frame_id, EncodedFrame or None, skip reason or None, the file a rule left out or None). An
+    unexpected error (a bug, not a bad frame) stops the conversion with a ConversionError that names the frame."""
     ref, size = job
     frame_id = _ADAPTER.frame_id(ref)
     try:
-        return frame_id, encode(resize_sample(_ADAPTER.load(ref), size)), None
+        return frame_id, encode(resize_sample(_ADAPTER.load(ref), size)), None, None
     except SkipFrame as reason:
-        return frame_id, None, str(reason)
+        return frame_id, None, str(reason), reason.path if isinstance(reason, LeftOut) else None
     except Exception as err:  # noqa: BLE001 - re-raised with the frame named
         raise ConversionError(f"{frame_id}: unexpected {type(err).__name__} while converting: {err}") from err
 
@@ -64,13 +64,16 @@ def convert(adapter, out, *, size=None, workers=0, strict=False, overwrite=False
     writer = SetWriter(out, size, attrs, overwrite=overwrite)
     jobs = [(ref, size) for ref in refs]
     pool = multiprocessing.get_context("fork").Pool(workers, _init_worker, (adapter,)) if workers > 0 else None
-    extras = []
+    extras, left_out = [], []
     try:
         if pool is None:
             _init_worker(adapter)
         results = pool.imap(_load, jobs, chunksize=2) if pool else map(_load, jobs)
-        for frame_id, sample, reason in tqdm(results, total=len(jobs), desc=f"convert {adapter.source}",
-                                             unit="frame", disable=not progress):
+        for frame_id, sample, reason, unused in tqdm(results, total=len(jobs), desc=f"convert {adapter.source}",
+                                                     unit="frame", disable=not progress):
+            if unused is not None:
+                left_out.append((unused, reason))
+                continue
             if reason is not None:
                 if strict:
                     raise ConversionError(f"{frame_id}: {reason}")
@@ -84,13 +87,14 @@ def convert(adapter, out, *, size=None, workers=0, strict=False, overwrite=False
                 extras.append(sample.extra)
         if not writer.frame_ids:
             reasons = "; ".join(f"{f}: {r}" for f, r in skipped[:3]) or "the adapter listed no frame"
-            if adapter.unused_files:  # e.g. every frame left out by a rule of the dataset
-                path, reason = adapter.unused_files[0]
-                reasons += f"; {len(adapter.unused_files)} files of the raw tree not used, e.g. {path}: {reason}"
+            unused = [*adapter.unused_files, *left_out]
+            if unused:  # e.g. every frame left out by a rule of the dataset
+                path, reason = unused[0]
+                reasons += f"; {len(unused)} files of the raw tree not used, e.g. {path}: {reason}"
             raise ConversionError(f"no frame of {adapter.source} could be converted ({len(skipped)} skipped: "
                                   f"{reasons}); nothing was written")
         summary = adapter.summary(extras) if extras else {}
-        unused = [{"path": path, "reason": reason} for path, reason in adapter.unused_files]
+        unused = [{"path": path, "reason": reason} for path, reason in [*adapter.unused_files, *left_out]]
         unlabelled = [f for f in writer.frame_ids if f in unlabelled]
         manifest = writer.commit(skipped, {**summary, **({"unused_files": unused} if unused else {}),
                                            **({"unlabelled_frames": unlabelled} if unlabelled else {})})

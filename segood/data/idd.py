@@ -6,7 +6,7 @@ import numpy as np
 from cityscapesscripts.helpers.annotation import Annotation
 
 from segood.data.adapter import register_adapter
-from segood.data.common import Sample, SkipFrame, SplitTree, load_label_map, rasterise, read_rgb
+from segood.data.common import LeftOut, Sample, SkipFrame, SplitTree, load_label_map, rasterise, read_rgb
 from segood.labels import ID, IGNORE, OOD
 
 EXPECTED_TREE = """\
@@ -79,7 +79,8 @@ class IDD(SplitTree):
             labels.append(label)
             polygons.append(points)
         if not polygons:
-            raise SkipFrame("empty annotation: no polygon that is not deleted")
+            raise LeftOut("an annotation with no polygon that is not deleted",
+                          json_path.relative_to(self.root).as_posix())
         painted = rasterise(polygons, height, width, labels)
 
         background = self.label_map["background"]

@@ -12,7 +12,7 @@ from PIL import Image
 
 from segood.arguments import natural
 from segood.data.adapter import CITYSCAPES_SIZE, Adapter, register_adapter
-from segood.data.common import Sample, SkipFrame, load_label_map, rasterise, read_rgb, require_tree
+from segood.data.common import LeftOut, Sample, SkipFrame, load_label_map, rasterise, read_rgb, require_tree
 from segood.labels import CLASS_NAMES, ID, IGNORE, OOD
 
 EXPECTED_TREE = """\
@@ -193,7 +193,8 @@ class Sun(Adapter):
         kept = kept_polygons(root)
         names, polygons = [name for name, _ in kept], [points for _, points in kept]  # PIL clips what lies outside
         if not polygons:
-            raise SkipFrame("empty annotation: no kept polygon")
+            raise LeftOut("an annotation with no polygon to paint (each deleted, anonymous or of fewer than 3 "
+                          "points)", xml_path.relative_to(self.root).as_posix())
         painted = rasterise(polygons, height, width, names)
         values = [self.label_map.values(n) for n in names]
         ood_lut = np.array([IGNORE] + [v[0] for v in values], np.uint8)
