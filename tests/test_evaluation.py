@@ -60,7 +60,10 @@ def test_results_equal_a_direct_computation(sets, tmp_path):
     assert {"metrics.png", "curves_perlin_mixed.png", "examples_perlin_mixed.png",
             "per_class_entropy.png"} <= set(figures)
     assert all((tmp_path / "run/figures" / f).stat().st_size > 5000 for f in figures)
+    for left in ("curves_gone.png", "per_class_gone.png", "examples_gone.png", "mine.png"):  # another run's, a user's
+        (tmp_path / "run/figures" / left).write_bytes(b"png")
     assert main(["report", str(tmp_path / "run")]) == 0  # rebuilt from the saved state alone
+    assert sorted(p.name for p in (tmp_path / "run/figures").iterdir()) == sorted([*figures, "mine.png"])
     assert main(["report", str(tmp_path / "run"), "--resamples", "30", "--seed", "5", "--commit-on", "perlin_mixed",
                  "-q"]) == 0
     saved = json.loads((tmp_path / "run/results.json").read_text())

@@ -14,7 +14,7 @@ import numpy as np
 from segood.evaluation.analysis import committed, computed, forward_seconds, runtime, significance
 from segood.evaluation.layout import RunFolder, grid_of_config
 from segood.evaluation.runner import Evaluation
-from segood.io import atomic_write_text, make_folder, write_json
+from segood.io import atomic_output, atomic_write_text, make_folder, write_json
 from segood.labels import CLASS_NAMES, colorize
 from segood.methods.tuning import same_source_tuning
 from segood.metrics import METRICS, describe_grid
@@ -431,9 +431,13 @@ def summary_text(doc):
     return "\n".join(blocks)
 
 
+FIGURES = ("curves_*.png", "metrics.png", "per_class_*.png", "examples_*.png")  #: the files write_figures draws
+
+
 def write_figures(figures, doc, ev):
     """ROC and PR curves per set, grouped bars per metric, mean score per class, example panels (PNG files in
-    the folder ``figures``)."""
+    the folder ``figures``); files of these names that this run does not draw (another run's, drawn before into
+    the folder) are removed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -441,6 +445,11 @@ def write_figures(figures, doc, ev):
 
     make_folder(figures)
     methods, sets = ev.method_names, ev.set_names
+    drawn = set()
+
+    def save(fig, name, **layout):
+        drawn.add(_file_name(name))
+        _save(fig, figures / _file_name(name), **layout)
 
     for s in sets:  # ROC and PR curves
         fig, (roc, pr) = plt.subplots(1, 2, figsize=(10, 4.2))
@@ -464,7 +473,7 @@ def write_figures(figures, doc, ev):
         if roc.lines[:-1]:  # no curve where the set has no OOD or no ID pixel
             for ax in (roc, pr):
                 ax.legend(fontsize=7)
-        _save(fig, figures / _file_name(f"curves_{s}.png"))
+        save(fig, f"curves_{s}.png")
 
     fig, axes = plt.subplots(1, len(METRICS), figsize=(4 * len(METRICS), 4), squeeze=False)  # Figures 3-4
     axes = axes[0]
@@ -480,7 +489,7 @@ def write_figures(figures, doc, ev):
                       [f"{s}\n(per-image mean)" if _headline(doc, s) else s for s in sets], rotation=20, fontsize=8)
         ax.set_title(f"{METRICS[metric].label} {arrow(metric)}")
     axes[0].legend(fontsize=7)
-    _save(fig, figures / "metrics.png")
+    save(fig, "metrics.png")
 
     for m in methods:  # Figure 2: mean OOD score per Cityscapes class, one bar per set
         means = np.array([[np.nan if v is None else v for v in doc["per_class_mean_score"][m][s].values()]
@@ -496,7 +505,7 @@ def write_figures(figures, doc, ev):
                       rotation=45, ha="right", fontsize=8)
         ax.set(ylabel=f"mean {m} score", title=f"Mean OOD score per class ({m})")
         ax.legend(fontsize=7)
-        _save(fig, figures / _file_name(f"per_class_{m}.png"))
+        save(fig, f"per_class_{m}.png")
 
     for s in sets:  # Figures 5-7: input | ground truth | prediction | heat map per method
         keys = sorted(k for k in ev.examples if k[0] == s)
@@ -520,7 +529,10 @@ def write_figures(figures, doc, ev):
                 if row == 0:
                     ax.set_title(title, fontsize=8)
         fig.text(0.5, 0.01, heat_caption(), ha="center", va="bottom", fontsize=7)
-        _save(fig, figures / _file_name(f"examples_{s}.png"), bottom=0.25)
+        save(fig, f"examples_{s}.png", bottom=0.25)
+    for stale in {path for pattern in FIGURES for path in figures.glob(pattern)}:
+        if stale.name not in drawn:
+            stale.unlink()
 
 
 def heat_caption(percentiles=HEAT_PERCENTILES):
@@ -756,7 +768,8 @@ def _number(value):
 def _save(fig, path, *, bottom=0.0):
     """Lay out and write ``fig`` to ``path``, keeping ``bottom`` inches free below the axes (for a caption)."""
     fig.tight_layout(rect=(0, bottom / fig.get_figheight(), 1, 1))
-    fig.savefig(path, dpi=110)
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     import matplotlib.pyplot as plt
 
     plt.close(fig)
