@@ -16,7 +16,15 @@ os.environ["NO_ALBUMENTATIONS_UPDATE"] = "1"
 __all__ = ["Scorer", "__version__", "evaluate", "keep_freed_memory"]
 
 
+#: the subpackages, reached as ``segood.models`` and so on after ``import segood`` alone
+SUBPACKAGES = ("attack", "data", "evaluation", "leaderboard", "methods", "metrics", "models", "robustness")
+
+
 def __getattr__(name: str):  # ``segood.evaluate`` and the others without importing torch at ``import segood``
+    if name in SUBPACKAGES:
+        import importlib
+
+        return importlib.import_module(f"segood.{name}")
     if name == "evaluate":
         from segood.evaluation import evaluate
 

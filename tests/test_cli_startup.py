@@ -41,6 +41,23 @@ def test_help_imports_no_heavy_library(argv):
     assert "segood" in out
 
 
+def test_import_segood_alone_reaches_every_subpackage_and_imports_none():
+    """``segood.models.load_model(...)`` after ``import segood`` (as the README writes it), with nothing heavy
+    imported until a subpackage is asked for."""
+    import segood
+
+    code = ("import json, sys, segood\n"
+            f"before = sorted(m for m in {HEAVY!r} if m in sys.modules)\n"
+            "reached = [callable(segood.models.load_model), callable(segood.metrics.make_accumulator), "
+            "callable(segood.data.convert)]\n"
+            "print(json.dumps([before, reached, [getattr(segood, n).__name__ for n in segood.SUBPACKAGES]]))")
+    before, reached, names = json.loads(run_python(code).splitlines()[-1])
+    assert before == [] and reached == [True, True, True]
+    assert names == [f"segood.{n}" for n in segood.SUBPACKAGES]
+    assert sorted(p.name for p in (ROOT / "segood").iterdir() if (p / "__init__.py").exists()) == \
+        sorted(segood.SUBPACKAGES)  # every subpackage is listed
+
+
 def test_help_still_lists_the_registries_names():
     out = run_python(HELP.format(argv=["robustness", "--help"], heavy=HEAVY))
     assert "c:gaussian_noise" in out and "sun_flare" in out
