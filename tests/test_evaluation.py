@@ -4,6 +4,7 @@ import csv
 import json
 import re
 import shutil
+import warnings
 
 import h5py
 import numpy as np
@@ -109,7 +110,8 @@ def test_score_maps_equal_the_model_path(sets, tmp_path):
         f[first] = np.full((64, 64), 2.0, np.float32)
     with pytest.raises(ValueError, match=f"frame {first}: .*outside"):
         evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "bad2")
-    with pytest.raises(ValueError, match="holds a different run"):  # never overwrite another run's state
+    with pytest.raises(ValueError, match=r"holds a different run \(another model, sets, methods or settings\); "
+                                         r"choose another folder \(--out; in Python out_dir\)$"):  # never overwrite
         evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "int", clip=True,
                             num_thresholds=400)
 
@@ -125,8 +127,12 @@ def test_report_flags_values_the_binning_cannot_resolve(sets, tmp_path):
             item = dataset[i]
             ood = item["ood_mask"].numpy() == 1
             f[item["frame_id"]] = (np.where(ood, 0.002, 0.001) + rng.uniform(0, 1e-4, ood.shape)).astype(np.float32)
-    coarse = evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "coarse", figures=False,
-                                 num_thresholds=400)
+    with pytest.warns(UserWarning, match=r"^400 linear thresholds on \[0, 1\] cannot pin 4 pooled values down to "
+                                         r"0\.01 \(marked ≈\): exact mode may lie anywhere in the bounds, e\.g\. AUROC "
+                                         r"of external on perlin_mixed in \[0\.000, 1\.000\], .* and 1 more; rerun on "
+                                         r"the float-order grid \(the default: drop --num-thresholds\)\.$"):
+        coarse = evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "coarse",
+                                     figures=False, num_thresholds=400)
     result = coarse["results"]["external"]["perlin_mixed"]
     assert result["pooled"]["auroc"] == pytest.approx(0.5) and result["bounds"]["auroc"] == [0.0, 1.0]
     markdown = (tmp_path / "coarse" / "results.md").read_text()
@@ -137,7 +143,9 @@ def test_report_flags_values_the_binning_cannot_resolve(sets, tmp_path):
     assert (pooled["aggregation"], float(pooled["auroc_bin_low"]), float(pooled["auroc_bin_high"])) == ("pooled", 0, 1)
     low, high = (float(pooled[f"auroc_ci_{side}"]) for side in ("low", "high"))
     assert [low, high] == result["intervals"]["auroc"] and low <= result["pooled"]["auroc"] <= high
-    fine = evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "fine", figures=False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*cannot pin")
+        fine = evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "fine", figures=False)
     assert fine["results"]["external"]["perlin_mixed"]["pooled"]["auroc"] == pytest.approx(1.0)
     assert "≈" not in (tmp_path / "fine" / "results.md").read_text()
     assert "Thresholds: the float-order grid at 10 mantissa bits." in (tmp_path / "fine" / "results.md").read_text()
@@ -146,7 +154,8 @@ def test_report_flags_values_the_binning_cannot_resolve(sets, tmp_path):
             item = dataset[i]
             ood = item["ood_mask"].numpy() == 1
             f[item["frame_id"]] = 0.5 + (np.where(ood, 2e-4, 0.0) + rng.uniform(0, 1e-4, ood.shape)).astype(np.float32)
-    evaluate_score_maps(tmp_path / "tight.h5", sets / "perlin_mixed.h5", tmp_path / "tight", figures=False)
+    with pytest.warns(UserWarning, match="rerun with more --mantissa-bits, or with --grid exact"):
+        evaluate_score_maps(tmp_path / "tight.h5", sets / "perlin_mixed.h5", tmp_path / "tight", figures=False)
     markdown = (tmp_path / "tight" / "results.md").read_text()
     assert "≈" in markdown and "rerun with more --mantissa-bits, or with --grid exact" in markdown
     exact = evaluate_score_maps(tmp_path / "tight.h5", sets / "perlin_mixed.h5", tmp_path / "exact", figures=False,

@@ -18,7 +18,7 @@ from segood.evaluation.exchange import ScoreMaps
 from segood.evaluation.layout import RunFolder
 from segood.evaluation.options import EvaluateOptions, ScoreOptions, score_range_of
 from segood.evaluation.reading import UnreadableFrame, batch_reader, default_workers
-from segood.evaluation.report import build_results, write_report
+from segood.evaluation.report import build_results, warn_coarse, write_report
 from segood.evaluation.results import Results
 from segood.evaluation.runner import (Evaluation, check_given_thresholds, chosen_by_run, chosen_thresholds,
                                       default_methods, run, run_identity)
@@ -82,13 +82,15 @@ def evaluate(model: torch.nn.Module | Scorer, sets: dict[str, str | Path] | list
             run_description = RunFolder(tmp).read_run() if ev is not None else None
         if ev is None:
             return None
-        return Results(build_results(run_description, ev, bootstrap=options.bootstrap, commit_on=options.commit_on),
-                       ev)
-    ev = execute(model, sets, methods, out_dir, description, options)
-    if ev is None:
-        return None
-    return Results(write_report(out_dir, figures=options.figures, bootstrap=options.bootstrap,
-                                commit_on=options.commit_on, state=ev), ev)
+        doc = build_results(run_description, ev, bootstrap=options.bootstrap, commit_on=options.commit_on)
+    else:
+        ev = execute(model, sets, methods, out_dir, description, options)
+        if ev is None:
+            return None
+        doc = write_report(out_dir, figures=options.figures, bootstrap=options.bootstrap, commit_on=options.commit_on,
+                           state=ev)
+    warn_coarse(doc)
+    return Results(doc, ev)
 
 
 def prepare(model, sets, methods, options):
@@ -239,7 +241,9 @@ def evaluate_score_maps(scores_path: str | Path, data_path: str | Path, out_dir:
     folder.refuse_another_run(description)
     write_json(folder.run, description)
     ev.save(folder.state())
-    return write_report(folder.path, figures=options.figures)
+    doc = write_report(folder.path, figures=options.figures)
+    warn_coarse(doc)
+    return doc
 
 
 def _each_frame(dataset, maps, set_name, update):

@@ -85,7 +85,7 @@ class RunFolder:
         if any(as_read_back(previous.get(k)) != as_read_back(description[k])
                for k in ("model", "sets", "methods", "config")):
             raise ValueError(f"{self.path} holds a different run (another model, sets, methods or settings); "
-                             "choose another --out")
+                             "choose another folder (--out; in Python out_dir)")
 
     def read_results(self):
         """The results document (results.json)."""

@@ -5,6 +5,7 @@ import io
 import json
 import math
 import re
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -358,14 +359,9 @@ def results_markdown(doc):
     if any(r.get("same_source_oe") for by_set in doc["results"].values() for r in by_set.values()):
         lines.append("‡ the network was fine-tuned with outlier exposure on objects from the same source as this "
                      "test set's OOD objects (same_source_oe): not a test on unseen objects.")
-    cells = [r for by_set in doc["results"].values() for r in by_set.values()]
-    if any(too_coarse(metric, r) for r in cells for metric in METRICS):
-        lines.append(f"≈ {describe_grid(grid_of_config(doc['config']))} cannot pin these values down to {COARSE}: exact mode lies within "
-                     "the bounds in results.json (\"bounds\"); " + (
-                         "rerun on the float-order grid (the default: drop --num-thresholds)."
-                         if grid_of_config(doc["config"])["kind"] == "linear" else
-                         "rerun with more --mantissa-bits, or with --grid exact where the set's scores fit in memory "
-                         "(docs/grids.md)."))
+    if coarse_cells(doc):
+        lines.append(f"≈ {describe_grid(grid_of_config(doc['config']))} cannot pin these values down to {COARSE}: "
+                     f"exact mode lies within the bounds in results.json (\"bounds\"); {_finer(doc)}")
     if doc.get("bootstrap"):
         b = doc["bootstrap"]
         lines.append(f"[lo, hi]: {b['confidence']:.0%} image-level bootstrap intervals ({b['resamples']} resamples, "
@@ -744,6 +740,35 @@ def heat_limits(maps, percentiles=HEAT_PERCENTILES):
         return 0.0, 1.0
     lo, hi = np.percentile(values, percentiles)
     return (float(lo), float(hi)) if hi > lo else (float(lo) - 0.5, float(lo) + 0.5)
+
+
+def coarse_cells(doc):
+    """[(method, set, metric)] of the results document's pooled values that exact mode may differ from by more than
+    COARSE (marked ≈)."""
+    return [(m, s, metric) for m, by_set in doc["results"].items() for s, r in by_set.items() for metric in METRICS
+            if too_coarse(metric, r)]
+
+
+def warn_coarse(doc, stacklevel=3):
+    """A warning naming the pooled values the run's grid cannot pin down (:func:`coarse_cells`; on the linear grid,
+    scores crowded into a few of its bins read as chance), beside their ≈ in the tables."""
+    cells = coarse_cells(doc)
+    if not cells:
+        return
+    shown = ", ".join(f"{METRICS[k].label} of {m} on {s} in [{doc['results'][m][s]['bounds'][k][0]:.3f}, "
+                      f"{doc['results'][m][s]['bounds'][k][1]:.3f}]" for m, s, k in cells[:3])
+    more = f" and {len(cells) - 3} more" if len(cells) > 3 else ""
+    warnings.warn(f"{describe_grid(grid_of_config(doc['config']))} cannot pin {len(cells)} pooled "
+                  f"{'value' if len(cells) == 1 else 'values'} down to {COARSE} (marked ≈): exact mode may lie "
+                  f"anywhere in the bounds, e.g. {shown}{more}; {_finer(doc)}", stacklevel=stacklevel)
+
+
+def _finer(doc):
+    """How to rerun a run whose grid cannot pin its values down."""
+    if grid_of_config(doc["config"])["kind"] == "linear":
+        return "rerun on the float-order grid (the default: drop --num-thresholds)."
+    return ("rerun with more --mantissa-bits, or with --grid exact where the set's scores fit in memory "
+            "(docs/grids.md).")
 
 
 def too_coarse(metric, result):
