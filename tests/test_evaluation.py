@@ -651,9 +651,13 @@ def test_the_command_line_passes_batch_size_and_skip_bad_on(sets, tmp_path):
     argv = ["evaluate", "--checkpoint", str(_checkpoint(tmp_path)), "--sets", str(broken), "--methods", "entropy",
             "--resamples", "0", "--batch-size", "3", "-q"]
     assert main([*argv, "--out", str(tmp_path / "strict")]) == 2  # (the damaged frame stops the run)
-    assert main([*argv, "--skip-bad", "--out", str(tmp_path / "run")]) == 0
+    with pytest.warns(UserWarning, match=r"^1 unreadable frame was passed over \(--skip-bad\) and is in no number "
+                                         r"here: 1 of broken \(e\.g\. frame 1 of broken: .*\); results\.json lists "
+                                         r"them \(skipped_frames\)\.$"):
+        assert main([*argv, "--skip-bad", "--out", str(tmp_path / "run")]) == 0
     doc = json.loads((tmp_path / "run" / "results.json").read_text())
     assert doc["config"]["batch_size"] == 3 and [entry[:2] for entry in doc["skipped_frames"]] == [["broken", 1]]
+    assert "1 unreadable frame was passed over" in (tmp_path / "run" / "results.md").read_text()
     assert not any(note.startswith("The run is unfinished") for note in doc["notes"])  # (a skipped frame is done)
 
 

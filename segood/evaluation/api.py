@@ -18,7 +18,7 @@ from segood.evaluation.exchange import ScoreMaps
 from segood.evaluation.layout import RunFolder
 from segood.evaluation.options import EvaluateOptions, ScoreOptions, score_range_of
 from segood.evaluation.reading import UnreadableFrame, batch_reader, default_workers
-from segood.evaluation.report import build_results, warn_coarse, write_report
+from segood.evaluation.report import build_results, skipped_note, warn_coarse, write_report
 from segood.evaluation.results import Results
 from segood.evaluation.runner import (Evaluation, check_given_thresholds, chosen_by_run, chosen_thresholds,
                                       default_methods, run, run_identity)
@@ -90,6 +90,8 @@ def evaluate(model: torch.nn.Module | Scorer, sets: dict[str, str | Path] | list
         doc = write_report(out_dir, figures=options.figures, bootstrap=options.bootstrap, commit_on=options.commit_on,
                            state=ev)
     warn_coarse(doc)
+    if doc["skipped_frames"]:
+        warnings.warn(skipped_note(doc["skipped_frames"]), stacklevel=2)
     return Results(doc, ev)
 
 

@@ -75,9 +75,21 @@ def build_results(run, ev, *, bootstrap=Bootstrap(), commit_on=None):
     timings = {"images": images, "images_per_set": dict(ev.images),
                "ms_per_image": {k: 1e3 * v / images for k, v in ev.seconds.items()} if images else {},
                "per_method": runtime(ev)}
+    notes = run.get("notes", []) + ev.notes() + _unfinished(run, ev)
+    if ev.skipped:
+        notes.append(skipped_note(ev.skipped))
     return {"schema": SCHEMA, **run, "results": results, "per_class_mean_score": per_class, "timings": timings,
             "skipped_frames": ev.skipped, "bootstrap": described, "comparisons": comparisons,
-            "commit_on": commit_on, "notes": run.get("notes", []) + ev.notes() + _unfinished(run, ev)}
+            "commit_on": commit_on, "notes": notes}
+
+
+def skipped_note(skipped):
+    """A note on the frames that could not be read and were passed over (``--skip-bad``: [set, index, reason])."""
+    where = ", ".join(f"{n} of {s}" for s, n in Counter(entry[0] for entry in skipped).items())
+    s, index, reason = skipped[0]
+    return (f"{len(skipped)} unreadable {'frame was' if len(skipped) == 1 else 'frames were'} passed over "
+            f"(--skip-bad) and {'is' if len(skipped) == 1 else 'are'} in no number here: {where} (e.g. frame {index} "
+            f"of {s}: {reason}); results.json lists them (skipped_frames).")
 
 
 def _unfinished(run, ev):
