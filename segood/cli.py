@@ -359,7 +359,8 @@ def _print_run(args, folder, doc):
 def add_verbosity(parser, *, progress=True):
     """-q and -v of the commands that print a run's report."""
     parser.add_argument("-q", "--quiet", action="store_true",
-                        help="print nothing" + (" (no progress bars either)" if progress else ""))
+                        help="print nothing but warnings and errors" + (" (no progress bars either)" if progress
+                                                                       else ""))
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="print the full report (results.md) instead of one compact table per set")
 
@@ -414,8 +415,9 @@ def add_model_options(parser):
                         help="with --weights: the classes the state dict predicts (default 19, Cityscapes'; with "
                              "others, the methods that need no class mapping run)")
     parser.add_argument("--align-corners", action="store_true",
-                        help="resize logits that come out smaller than the frame with align_corners=True, as the "
-                             "model's library does (default: False, as torch and smp)")
+                        help="with --weights: resize logits that come out smaller than the frame with "
+                             "align_corners=True (default: False, as torch; smp's networks give frame-sized logits, "
+                             "so it is only recorded)")
     parser.add_argument("--model-type", metavar="|".join(MODEL_TYPES) + "|MODULE:NAME",
                         help="a network of another library, read from --model (docs/models.md): hf (a transformers "
                              "folder), torchvision (a state dict, with --arch), smp (a save_pretrained folder), or "
@@ -899,7 +901,8 @@ def build_parser(*, adapters=True):
     report.add_argument("--combine", type=Path, nargs="+", metavar="RUN",
                         help="more runs on the same sets (e.g. one per network) to report side by side; a method "
                              "of several runs is named by its run's folder too")
-    report.add_argument("--out", type=Path, help="with --combine: the combined report's folder")
+    report.add_argument("--out", type=Path, help="with --combine: the combined report's folder (default RUN_combined "
+                                                 "beside RUN)")
     add_analysis_options(report)
     add_verbosity(report, progress=False)
     report.set_defaults(run=_report)
