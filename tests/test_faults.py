@@ -412,3 +412,24 @@ def test_an_output_behind_a_file_or_in_an_unwritable_folder_is_named(tmp_path, m
                                               r"denied\); choose a folder you can write, or give yourself write "
                                               "permission$"):
         write_json(tmp_path / "ro" / "x.json", {})
+
+
+def test_a_conversion_pools_workers_end_at_sigterm_as_multiprocessing_expects(tmp_path):
+    """The command's SIGTERM handler (SystemExit) is not inherited by a conversion's pool workers: one that died
+    holding the task queue's lock when Pool.terminate signalled it left the command waiting for ever (1 run in 20
+    at --workers 4)."""
+    import signal
+
+    from segood.data import SkipFrame, convert
+    from segood.data.noise import Noise
+    from segood.io import exit_on_sigterm
+
+    class Telling(Noise):
+        def load(self, index):
+            if index == 0:
+                raise SkipFrame(f"SIGTERM: {signal.getsignal(signal.SIGTERM)!r}")
+            return super().load(index)
+
+    with exit_on_sigterm():
+        manifest = convert(Telling("normal", 3, size=(8, 8)), tmp_path / "n.h5", workers=2, progress=False)
+    assert manifest["skipped"] == [{"frame_id": "normal/000000", "reason": "SIGTERM: <Handlers.SIG_DFL: 0>"}]

@@ -1,6 +1,7 @@
 """Convert a raw dataset once into a segood set (HDF5 + manifest), and mix OOD sets with ID frames."""
 
 import multiprocessing
+import signal
 import warnings
 from pathlib import Path
 
@@ -23,9 +24,13 @@ class ConversionWarning(UserWarning):
 _ADAPTER = None  # the adapter of a pool worker, set once by the pool initialiser
 
 
-def _init_worker(adapter):
+def _init_worker(adapter, in_pool=False):
     global _ADAPTER
     _ADAPTER = adapter
+    if in_pool:  # SIGTERM ends a pool's worker at once, as multiprocessing expects of Pool.terminate: a worker that
+        # inherited the command's handler (SystemExit, exit_on_sigterm) could die holding the task queue's lock,
+        # and the pool then waited for it for ever
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _load(job):
@@ -63,7 +68,7 @@ def convert(adapter, out, *, size=None, workers=0, strict=False, overwrite=False
     attrs = {**adapter.provenance(), "resize": None if size is None else list(size), **(attrs or {})}
     writer = SetWriter(out, size, attrs, overwrite=overwrite)
     jobs = [(ref, size) for ref in refs]
-    pool = multiprocessing.get_context("fork").Pool(workers, _init_worker, (adapter,)) if workers > 0 else None
+    pool = multiprocessing.get_context("fork").Pool(workers, _init_worker, (adapter, True)) if workers > 0 else None
     extras, left_out = [], []
     try:
         if pool is None:
