@@ -777,6 +777,16 @@ def test_generator_command_line(world, capsys):
     path = world["root"] / "cli_generator.pt"
     assert main(["attack-generator", "--out", str(path), "--latent", "4", "--epochs", "3", "--quiet"]) == 0
     assert "reconstruction loss" in capsys.readouterr().out and load_generator(path)[0].latent == 4
+    assert main(["attack-generator", "--out", str(path), "--latent", "3", "--epochs", "1", "--quiet"]) == 0
+    assert load_generator(path)[0].latent == 3  # a generator replaces a generator
+    checkpoint = world["root"] / "tiny.pt"
+    before = checkpoint.read_bytes()
+    assert main(["attack-generator", "--out", str(checkpoint), "--epochs", "1", "--quiet"]) == 2
+    assert capsys.readouterr().err == (f"segood attack-generator: error: {checkpoint} exists and is not a segood "
+                                       "generator (a network's checkpoint?); a generator replaces only a generator: "
+                                       "choose another --out\n")
+    assert checkpoint.read_bytes() == before
+    assert main(["attack-generator", "--out", str(path), "--latent", "4", "--epochs", "3", "--quiet"]) == 0
     out = world["root"] / "cli_learned"
     assert main(["attack", "--target", f"energy={world['root'] / 'tiny.pt'}", "--frames",
                  str(world["root"] / "val.h5"), "--out", str(out), "--budget", "4", "--max-frames", "2", "--quiet",

@@ -289,7 +289,11 @@ def test_an_output_named_like_an_input_is_refused_before_any_work(world, tmp_pat
             (["submit", "--scores", f"perlin_mixed={perlin}", "--method-name", "E", "--out", str(perlin)],
              "give a .zip file for the submission"),
             (["attack-generator", "--out", str(perlin), "--quiet"], "give a .pt file for the generator"),
-            (["metrics", str(state), "--curves", str(state)], "--curves " + str(state) + ": give a .csv file")]:
+            (["metrics", str(state), "--curves", str(state)], "--curves " + str(state) + ": give a .csv file"),
+            (["convert", "noise", "--kind", "normal", "--count", "1", "--size", "8", "8", "--out", str(state),
+              "--overwrite", "--quiet"], f"--out {state}: give a .h5 file for the set"),
+            (["convert", "mix", "--ood", str(perlin), "--id", str(perlin), "--out", str(tmp_path / "mixed"),
+              "--quiet"], f"--out {tmp_path / 'mixed'}: give a .h5 file for the set")]:
         assert main(argv) == 2
         assert expected in capsys.readouterr().err
     assert digests == {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (perlin, state)}

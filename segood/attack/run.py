@@ -62,6 +62,12 @@ def train_generator(path, *, objects="demo", label_map="sun", latent=LATENT, epo
     ``objects`` and write it atomically to ``path``. Returns the training record (settings, loss per epoch, the
     final reconstruction loss, the objects' keys and the seconds it took)."""
     path = output_file(path, ".pt", "the generator")
+    if path.exists():  # (a .pt file may be a network's checkpoint: a generator replaces only a generator)
+        try:
+            load_generator(path)
+        except ValueError:
+            raise ValueError(f"{path} exists and is not a segood generator (a network's checkpoint?); a generator "
+                             "replaces only a generator: choose another --out") from None
     _, bank = object_bank(objects, label_map)
     started = time.perf_counter()
     images, _ = object_crops(bank, ObjectImages())

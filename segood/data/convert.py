@@ -9,7 +9,7 @@ import numpy as np
 from tqdm import tqdm
 
 from segood.data.common import LeftOut, Sample, SkipFrame, resize_sample
-from segood.data.h5 import H5SegmentationDataset, SetWriter, encode, object_sources, read_manifest
+from segood.data.h5 import H5SegmentationDataset, SetWriter, check_output, encode, object_sources, read_manifest
 from segood.io import atomic_write_text
 
 
@@ -122,6 +122,7 @@ def mix(ood_path, id_path, out, *, seed=0, id_frames=None, overwrite=False, prog
     whose ``id_to_ood_ratio`` is the set's ID:OOD pixel ratio (the paper: about 7.5:1 IDD, 3:1 SUN)."""
     if id_frames is not None and int(id_frames) < 0:
         raise ValueError(f"id_frames must be at least 0, got {id_frames}")
+    check_output(out, overwrite=overwrite, inputs=(ood_path, id_path))  # (before reading anything)
     sources, unlabelled = [], []
     for path, role in ((ood_path, "OOD"), (id_path, "ID")):
         manifest = read_manifest(path)

@@ -25,7 +25,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from segood.io import as_open_makes, atomic_output, exclusive, make_folder
+from segood.io import as_open_makes, atomic_output, exclusive, make_folder, output_file
 
 try:  # ISA-L's inflate, a drop-in for zlib's that reads the sets' deflated frames about twice as fast
     from isal import isal_zlib as _INFLATE
@@ -103,6 +103,7 @@ def check_output(path, *, overwrite=False, inputs=()):
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a directory; the output must be the path of an .h5 file (e.g. "
                                 f"{path / 'set.h5'})")
+    output_file(path, ".h5", "the set")  # (another suffix is another kind of file: a checkpoint, a state)
     if any(path.resolve() == Path(p).resolve() for p in inputs):
         raise ValueError(f"the output {path} is one of the input sets; write the output to another path")
     if path.exists() and not overwrite:
