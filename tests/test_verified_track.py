@@ -73,6 +73,38 @@ def test_verified_entries_equal_a_local_score_of_the_same_maps(world, tmp_path):
     assert outputs == ["figures", "index.html", "leaderboard.json", "leaderboard.md"]
 
 
+def test_finite_scores_beyond_float16_are_refused_not_turned_into_ties(world, tmp_path):
+    """Verified maps and SMIYC's are float16: finite scores beyond ±65504 would all become ±inf and tie (an AUROC
+    of 0.545 read 0.500 from the packaged maps), so submit and export refuse them, naming the frame."""
+    import h5py
+
+    from segood.data.h5 import frame_ids, frame_sizes
+    from segood.evaluation.exchange import half_precision
+
+    _, sets, maps = world
+    with h5py.File(maps[("max_logit", "perlin_mixed")], "r") as f, h5py.File(tmp_path / "big.h5", "w") as big:
+        for k, frame_id in enumerate(frame_ids(sets["perlin_mixed"])):
+            big[frame_id] = f[frame_id][...] + (1e5 if k == 1 else 6e4)  # 6e4: within float16's range
+    first = frame_ids(sets["perlin_mixed"])[1]
+    with pytest.raises(ValueError, match=rf"^score maps {tmp_path / 'big.h5'}: frame {first}: \d+ finite scores lie "
+                                         r"beyond float16's range \(±65504; the largest magnitude 9\d{4}\.\d\), "
+                                         r"where they would all become ±inf and tie: rescale the scores \(e\.g\. "
+                                         r"divide them by a constant, which keeps their order\)$"):
+        submit(None, tmp_path / "big.zip", name="big", score_maps={"perlin_mixed": tmp_path / "big.h5"})
+    assert not (tmp_path / "big.zip").exists()
+    np.testing.assert_array_equal(half_precision(np.array([-65504.0, 65504.0, np.inf, -np.inf, 1.0]), "x"),
+                                  np.array([-65504.0, 65504.0, np.inf, -np.inf, 1.0], np.float16))  # ±inf as given
+    with pytest.raises(ValueError, match="^x: 1 finite scores lie beyond float16's range"):
+        half_precision(np.array([65520.0, 1.0]), "x")  # (65520 rounds to inf)
+
+    huge = tiny_network()
+    with torch.no_grad():  # logits scaled to reach about 1e6: max logit beyond float16
+        huge.classifier.weight.mul_(1e6)
+    with pytest.raises(ValueError, match=r"perlin_mixed/\S+\.hdf5: \d+ finite scores lie beyond float16's range"):
+        export_scores(huge, {"perlin_mixed": sets["perlin_mixed"]}, [get_method("max_logit")], tmp_path / "e",
+                      layout="smiyc", progress=False)
+
+
 def test_component_metrics_of_verified_entries_equal_a_local_computation(world, tmp_path):
     """A track with components: each verified entry's sIoU / PPV / F1* per set, at its best pixel-F1 threshold on
     the set (SMIYC's choice), equal those of the same maps computed here from the set's own masks."""

@@ -303,13 +303,29 @@ def _target(out_dir, layout, method, set_name):
     return out_dir / method / set_name
 
 
+def half_precision(scores, what):
+    """``scores`` as float16 (SegmentMeIfYouCan's maps, a verified submission's); a ValueError naming ``what`` where
+    finite scores lie beyond float16's range (±65504): they would all become ±inf and tie."""
+    scores = np.asarray(scores)
+    with np.errstate(over="ignore"):
+        half = scores.astype(np.float16)
+    beyond = np.isinf(half) & np.isfinite(scores)
+    if beyond.any():
+        largest = float(np.abs(scores[beyond].astype(np.float64)).max())
+        raise ValueError(f"{what}: {int(beyond.sum())} finite scores lie beyond float16's range (±65504; the largest "
+                         f"magnitude {largest:.6g}), where they would all become ±inf and tie: rescale the scores "
+                         "(e.g. divide them by a constant, which keeps their order)")
+    return half
+
+
 def _write_file(layout, path, score):
     """One frame's file of a folder layout, written atomically."""
     from segood.io import atomic_output
 
     if layout == "smiyc":
+        value = half_precision(score, path)
         with _h5_output(path) as f:
-            f.create_dataset("value", data=score.astype(np.float16), compression="gzip", compression_opts=9)
+            f.create_dataset("value", data=value, compression="gzip", compression_opts=9)
         return
     with atomic_output(path) as tmp, open(tmp, "wb") as f:
         np.save(f, score.astype(np.float32), allow_pickle=False)

@@ -21,14 +21,17 @@ def map_member(set_name):
     return f"scores/{set_name}.h5"
 
 
-def write_maps(maps, frame_ids, out):
+def write_maps(maps, frame_ids, out, source=None):
     """Write ``maps[frame_id]`` (H×W, any real dtype) for every frame id to ``out`` as float16 HDF5, lzf-compressed
-    (what a verified submission carries); scores beyond float16's range become ±inf, which the float-order grid
-    bins at its ends. NaN scores raise :class:`Rejected`, as the board would (:func:`refuse_nan`)."""
+    (what a verified submission carries); finite scores beyond float16's range are a ValueError (they would become
+    ±inf and tie: :func:`~segood.evaluation.exchange.half_precision`). NaN scores raise :class:`Rejected`, as the
+    board would (:func:`refuse_nan`). ``source``: where the maps were read, named in errors."""
+    from segood.evaluation.exchange import half_precision
+
     with h5py.File(out, "w") as f:
         for frame_id in frame_ids:
-            with np.errstate(over="ignore"):
-                scores = np.asarray(maps[frame_id]).astype(np.float16)
+            scores = half_precision(maps[frame_id], f"{'' if source is None else f'score maps {source}: '}frame "
+                                                    f"{frame_id}")
             refuse_nan(frame_id, scores)
             f.create_dataset(frame_id, data=scores, compression="lzf")
 

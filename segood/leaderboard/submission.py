@@ -87,7 +87,7 @@ def _add_float16_maps(archive, member, path, data=None):
                          "or its public copy") from None
     with ScoreMaps(path, ids, sizes) as maps, tempfile.TemporaryDirectory() as tmp:
         try:
-            write_maps(maps, maps.frame_ids, Path(tmp) / "maps.h5")
+            write_maps(maps, maps.frame_ids, Path(tmp) / "maps.h5", source=path)
         except Rejected as reason:  # refused here, not by the board after the upload
             raise ValueError(f"score maps {path}: {reason}; the leaderboard would refuse them") from None
         archive.write(Path(tmp) / "maps.h5", member, compress_type=zipfile.ZIP_STORED)  # lzf inside already
