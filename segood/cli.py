@@ -228,6 +228,8 @@ def _class_map(spec):
     {Cityscapes class: network class}."""
     from pathlib import Path
 
+    from segood.labels import NUM_CLASSES
+
     if spec is None or spec == "cityscapes":
         return spec
     try:
@@ -238,6 +240,10 @@ def _class_map(spec):
     if not isinstance(mapping, (list, dict)):
         raise ValueError(f"--class-map {spec} holds {json.dumps(mapping)}: give a JSON list (the network's class per "
                          "Cityscapes trainId) or a dict {Cityscapes class: network class}")
+    if isinstance(mapping, list) and len(mapping) != NUM_CLASSES:
+        raise ValueError(f"--class-map {spec} lists {len(mapping)} classes: give the network's class for each of the "
+                         f"{NUM_CLASSES} Cityscapes trainIds, in their order (or a dict {{Cityscapes class: network "
+                         "class})")
     return mapping
 
 

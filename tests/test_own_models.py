@@ -112,6 +112,13 @@ def test_align_corners_and_class_count_from_the_command_line(sets, tmp_path, cap
                  "--sets", str(sets["cs"]), "--out", str(tmp_path / "no")]) == 2
     assert "five.json holds 5: give a JSON list (the network's class per Cityscapes trainId) or a dict" in \
         capsys.readouterr().err
+    for length in (18, 20):  # (accepted, it scored another set of classes than the 19 the option names)
+        (tmp_path / "short.json").write_text(json.dumps(list(range(length))))
+        assert main(["evaluate", "--model-type", "smp", "--model", "m", "--class-map", str(tmp_path / "short.json"),
+                     "--sets", str(sets["cs"]), "--out", str(tmp_path / "no")]) == 2
+        assert capsys.readouterr().err == (f"segood evaluate: error: --class-map {tmp_path / 'short.json'} lists "
+                                           f"{length} classes: give the network's class for each of the 19 Cityscapes "
+                                           "trainIds, in their order (or a dict {Cityscapes class: network class})\n")
 
 
 # any number of classes
