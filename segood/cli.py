@@ -261,20 +261,14 @@ def _protocol(args):
 
 
 def _export(args):
-    from segood.data.h5 import H5SegmentationDataset, frame_loader
     from segood.evaluation.exchange import export_scores
     from segood.methods import get_method
 
     sets = sets_by_stem(args.sets, "--sets")
     model = _model(args)
     methods = [get_method(name) for name in args.methods]
-    for method in methods:
-        if method.needs.fit:
-            if not args.fit_set:
-                raise ValueError(f"{method.name} needs its training statistics: pass --fit-set")
-            method.fit(model, frame_loader(H5SegmentationDataset(args.fit_set), 2), progress=not args.quiet)
-    written = export_scores(model, sets, methods, args.out, layout=args.layout,
-                            batch_size=args.batch_size, device=args.device, progress=not args.quiet)
+    written = export_scores(model, sets, methods, args.out, layout=args.layout, batch_size=args.batch_size,
+                            device=args.device, progress=not args.quiet, fit_set=args.fit_set)
     for (method, set_name), path in written.items():
         print(f"wrote {path}: {method} scores of {set_name}")
     return 0

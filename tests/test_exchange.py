@@ -134,3 +134,32 @@ def test_export_and_score_from_the_command_line(world, tmp_path):
         assert f["value"].dtype == np.float16
     assert main(["score", "--scores", str(folder), "--data", str(root / "perlin_mixed.h5"), "--out",
                  str(tmp_path / "run")]) == 0
+
+
+def test_export_checks_everything_before_fitting_and_fits_on_the_fit_set(world, tmp_path, capsys):
+    """A fit is a pass over a training set: an export that cannot be written, or names a method twice, is refused
+    before it (it was refused after); SML's maps are those of an evaluation fitted on the same set."""
+    root, model = world
+    sets = {"perlin_mixed": root / "perlin_mixed.h5"}
+    missing = tmp_path / "no_such_fit_set.h5"  # (read only by a fit)
+    (tmp_path / "taken").write_text("a file")
+    with pytest.raises(ValueError, match=rf"^{tmp_path / 'taken'} is a file; --out names the folder the maps are "
+                                         "written into$"):
+        export_scores(model, sets, [get_method("sml")], tmp_path / "taken", fit_set=missing, progress=False)
+    with pytest.raises(ValueError, match="named twice"):
+        export_scores(model, sets, [get_method("sml"), get_method("sml")], tmp_path / "out", fit_set=missing,
+                      progress=False)
+    with pytest.raises(ValueError, match=r"^sml needs its training statistics: pass --fit-set \(fit_set\), a "
+                                         "converted training set$"):
+        export_scores(model, sets, [get_method("sml")], tmp_path / "out", progress=False)
+    save_checkpoint(tmp_path / "m.pt", model)
+    assert main(["export", "--checkpoint", str(tmp_path / "m.pt"), "--sets", str(sets["perlin_mixed"]), "--methods",
+                 "sml", "--fit-set", str(missing), "--out", str(tmp_path / "taken")]) == 2
+    assert "is a file; --out names the folder" in capsys.readouterr().err
+    written = export_scores(model, sets, [get_method("sml")], tmp_path / "out", fit_set=sets["perlin_mixed"],
+                            progress=False)
+    run = evaluate(model, sets, ["sml"], tmp_path / "run", fit_set=sets["perlin_mixed"], progress=False,
+                   figures=False)
+    exported = evaluate_score_maps(written[("sml", "perlin_mixed")], sets["perlin_mixed"], tmp_path / "scored",
+                                   figures=False)
+    assert exported["results"]["external"]["perlin_mixed"]["pooled"] == run["results"]["sml"]["perlin_mixed"]["pooled"]

@@ -157,13 +157,16 @@ class ScoreMaps:
         self.close()
 
 
-def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=2, device=None, progress=True):
+def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=2, device=None, progress=True,
+                  fit_set=None):
     """Score every frame of ``sets`` ({name: converted set}) with ``methods`` and write the maps in ``layout``:
     ``segood``: ``out_dir/<method>/<set>.h5``; ``smiyc``: ``out_dir/anomaly_p/<method>/<set>/<fid>.hdf5``
     (float16, dataset ``value``); ``fishyscapes``: ``out_dir/<method>/<set>/<fid>_anomaly.npy`` (float32).
     In the two folder layouts ``<set>`` is the folder the benchmark's own code reads a split's maps from (from its
     manifest, :func:`segood.data.benchmarks.split_name`: ``AnomalyTrack-all``, ``LostAndFound``), the name in
-    ``sets`` for any other. Every file is written atomically. Returns {(method, set): path written}."""
+    ``sets`` for any other. Methods that need a fit and have none are fitted on ``fit_set`` (a converted training
+    set), once everything else has been checked. Every file is written atomically. Returns {(method, set): path
+    written}."""
     from segood.data.benchmarks import split_name
     from segood.data.h5 import H5SegmentationDataset, frame_ids, frame_loader, read_manifest
     from segood.methods.schedule import check_methods, refuse_names_twice, score_batch
@@ -172,9 +175,15 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; choose one of {LAYOUTS}")
     out_dir = Path(out_dir)
+    if out_dir.is_file():
+        raise ValueError(f"{out_dir} is a file; --out names the folder the maps are written into")
     device = device or next(model.parameters()).device
     model = model.to(device).eval()
-    check_methods(model, methods)
+    for method in methods:
+        method.check(model)
+        if not method.ready and fit_set is None:
+            raise ValueError(f"{method.name} needs its training statistics: pass --fit-set (fit_set), a converted "
+                             "training set")
     refuse_names_twice(methods)
     folders = {name: name if layout == "segood" else split_name(read_manifest(path), layout) or name
                for name, path in sets.items()}
@@ -185,6 +194,10 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
             if other != set_name:
                 raise ValueError(f"sets {other} and {set_name} would both write {folders[set_name]}/{name}: export "
                                  "them to different --out folders")
+    for method in methods:  # (the fits last: everything above is checked in a moment)
+        if not method.ready:
+            method.fit(model, frame_loader(H5SegmentationDataset(fit_set), 2), progress=progress)
+    check_methods(model, methods)
     written = {}
     for set_name, path in sets.items():
         dataset = H5SegmentationDataset(path)
