@@ -163,3 +163,23 @@ def test_export_checks_everything_before_fitting_and_fits_on_the_fit_set(world, 
     exported = evaluate_score_maps(written[("sml", "perlin_mixed")], sets["perlin_mixed"], tmp_path / "scored",
                                    figures=False)
     assert exported["results"]["external"]["perlin_mixed"]["pooled"] == run["results"]["sml"]["perlin_mixed"]["pooled"]
+
+
+def test_score_checks_its_run_folder_before_reading_the_maps(world, tmp_path):
+    """A folder holding another run, or lying in the maps' own folder (whose digest the run's files then changed),
+    is refused before any frame is read (it was refused after every frame, or not at all)."""
+    root, model = world
+    data = root / "perlin_mixed.h5"
+    written = export_scores(model, {"perlin_mixed": data}, [get_method("entropy")], tmp_path / "out",
+                            layout="fishyscapes", progress=False)
+    folder = written[("entropy", "perlin_mixed")]
+    for out in (folder, folder / "run"):
+        with pytest.raises(ValueError, match=rf"^{out} is in the score maps {folder} \(their digest would change "
+                                             r"with the run's files\): write the run into another folder$"):
+            evaluate_score_maps(folder, data, out, figures=False)
+    assert {p.suffix for p in folder.iterdir()} == {".npy"}  # (nothing written among the maps)
+    evaluate_score_maps(folder, data, tmp_path / "run", figures=False)
+    broken = next(folder.iterdir())
+    np.save(broken, np.full(np.load(broken).shape, np.nan, np.float32))  # (read only after the check)
+    with pytest.raises(ValueError, match="holds a different run"):
+        evaluate_score_maps(folder, data, tmp_path / "run", figures=False)

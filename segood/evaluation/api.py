@@ -208,6 +208,10 @@ def evaluate_score_maps(scores_path: str | Path, data_path: str | Path, out_dir:
     """
     options = ScoreOptions.of(options, **keywords)
     name, grid = options.name, options.grid
+    inside = Path(out_dir).resolve()
+    if Path(scores_path).resolve() in (inside, *inside.parents):
+        raise ValueError(f"{out_dir} is in the score maps {scores_path} (their digest would change with the run's "
+                         "files): write the run into another folder")
     dataset = _open_set(data_path, options.verify)
     set_name = Path(data_path).stem
     with ScoreMaps(scores_path, frame_ids(data_path), frame_sizes(data_path)) as maps:
@@ -219,6 +223,15 @@ def evaluate_score_maps(scores_path: str | Path, data_path: str | Path, out_dir:
                                  "--score-range LO HI, or drop --num-thresholds (the float-order grid needs no range)")
             grid = {**grid, "score_range": list(score_range)}
         check_given_thresholds(options.components, [name], [set_name])
+        description = {"toolkit": run_identity(),
+                       "model": {"score_maps": str(scores_path), "layout": maps.layout, "sha256": _sha256(scores_path)},
+                       "sets": {set_name: {**set_identity(data_path), "frames": len(dataset)}},
+                       "methods": {name: {"name": name, "params": {"score_range": list(score_range) if score_range
+                                                                   else None}, "uses_ood_data": None}},
+                       "config": {"grid": grid, **{key: getattr(options, key) for key in ("components", "official")
+                                                   if getattr(options, key)}}}
+        folder = RunFolder(out_dir)
+        folder.refuse_another_run(description)  # (before the frames are read)
         ev = Evaluation([name], [set_name], grid, options.components, official=options.official)
         if grid["kind"] != "linear" and score_range is not None:  # a declared range is checked, not a grid
             for acc in ev.acc.values():
@@ -231,16 +244,6 @@ def evaluate_score_maps(scores_path: str | Path, data_path: str | Path, out_dir:
             if (name, set_name) in ev.comp:  # (none where the set lacks ID or OOD pixels)
                 _each_frame(dataset, maps, set_name, lambda index, batch: ev.update_components(
                     name, set_name, batch["score"], batch["ood_mask"]))
-    description = {"toolkit": run_identity(),
-                   "model": {"score_maps": str(scores_path), "layout": maps.layout,
-                             "sha256": _sha256(scores_path)},
-                   "sets": {set_name: {**set_identity(data_path), "frames": len(dataset)}},
-                   "methods": {name: {"name": name, "params": {"score_range": list(score_range) if score_range else None},
-                                      "uses_ood_data": None}},
-                   "config": {"grid": grid, **{key: getattr(options, key) for key in ("components", "official")
-                                               if getattr(options, key)}}}
-    folder = RunFolder(out_dir)
-    folder.refuse_another_run(description)
     write_json(folder.run, description)
     ev.save(folder.state())
     doc = write_report(folder.path, figures=options.figures)
