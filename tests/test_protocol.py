@@ -94,6 +94,12 @@ def test_bad_protocols_are_refused(sources, tmp_path):
         cross_source(tiny_network(), {"cs": id_only}, tests, ["entropy"], tmp_path)
     with pytest.raises(ValueError, match=r"test set 'cs' .* has \d+ ID and 0 OOD pixels: .* every headline undefined"):
         cross_source(tiny_network(), tuning, {"cs": id_only}, ["entropy"], tmp_path)  # (the headlines were None)
+    evaluate(tiny_network(), {"normal_tune": tuning["normal_tune"]}, ["entropy"], tmp_path / "p" / "normal_tune",
+             progress=False, figures=False)  # the second tuning set's folder, taken by another run
+    with pytest.raises(ValueError, match=rf"^{tmp_path / 'p' / 'normal_tune'} holds a run of other sets or methods "
+                                         "than this protocol's evaluation tuned on normal_tune; choose another --out$"):
+        cross_source(tiny_network(), tuning, tests, ["entropy"], tmp_path / "p")
+    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == ["normal_tune"]  # (refused before the first)
 
 
 def test_cli_protocol(sources, tmp_path, capsys):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from segood.data.h5 import H5SegmentationDataset, frame_loader, read_manifest, set_identity
 from segood.evaluation.api import evaluate
-from segood.evaluation.layout import refuse_another_command
+from segood.evaluation.layout import RunFolder, refuse_another_command
 from segood.evaluation.options import GRIDS, ProtocolOptions
 from segood.io import atomic_write_text, write_json
 from segood.methods.methods import method_for_grid
@@ -55,6 +55,12 @@ def cross_source(model, tuning_sets: dict[str, str | Path], test_sets: dict[str,
                                  f"the protocol ranks OOD against ID pixels (a {kind} set without both leaves "
                                  f"{'nothing tuned' if kind == 'tuning' else 'every headline undefined'}); give a set "
                                  "with OOD objects (e.g. segood convert mix)")
+    for s in tuning_sets:  # (a later tuning set's folder found taken only after the earlier ones' evaluations)
+        folder = RunFolder(Path(out_dir) / s)
+        if folder.run.exists() and (set(folder.read_run().get("sets") or {}) != {s, *test_sets}
+                                    or set(folder.read_run().get("methods") or {}) != set(methods)):
+            raise ValueError(f"{folder.path} holds a run of other sets or methods than this protocol's evaluation "
+                             f"tuned on {s}; choose another --out")
     sources = {name: set(set_identity(path)["ood_sources"]) for name, path in {**tuning_sets, **test_sets}.items()}
     if not isinstance(model, Scorer):  # (tuning scores the network itself, in inference mode, as the evaluation will)
         model = as_network(model, feature_layer=evaluation.feature_layer,
