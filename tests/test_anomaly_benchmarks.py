@@ -4,6 +4,7 @@ pixel."""
 
 import io
 import json
+import shutil
 import zipfile
 
 import h5py
@@ -43,6 +44,8 @@ OBSTACLE_FRAMES = [("validation_1", True), ("validation_19", True), ("validation
     ("all", ["cow0007", "validation0000", "validation0001", "zebra0001"])])
 def test_smiyc_anomaly_splits_labels_and_unlabelled_test_frames(tmp_path, split, expected):
     frames = smiyc_tree(tmp_path / "dataset_AnomalyTrack", "dataset_AnomalyTrack", ANOMALY_FRAMES)
+    lonely = tmp_path / "dataset_AnomalyTrack" / "labels_masks" / "validation0002_labels_semantic.png"
+    shutil.copy(lonely.with_name("validation0000_labels_semantic.png"), lonely)  # (a download cut short)
     adapter = RoadAnomaly21(tmp_path / "dataset_AnomalyTrack", split)
     manifest = convert(adapter, tmp_path / "a.h5", size=(24, 40), progress=False)
     arrays, frame_ids = read_set(tmp_path / "a.h5")
@@ -58,6 +61,7 @@ def test_smiyc_anomaly_splits_labels_and_unlabelled_test_frames(tmp_path, split,
     assert manifest.get("unlabelled_frames", []) == [f for f in expected if frames[f][1] is None]
     unused = {u["path"]: u["reason"] for u in manifest["unused_files"]}
     assert unused["labels_masks/validation0000_labels_semantic_color.png"].startswith("not a label file")
+    assert unused["labels_masks/validation0002_labels_semantic.png"] == "no image images/validation0002.jpg"
     if split == "validation":
         assert unused["images/zebra0001.jpg"] == "a test frame (the split is validation)"
 
@@ -315,6 +319,26 @@ def test_streethazards_splits_and_its_own_classes(tmp_path, protocol):
             np.testing.assert_array_equal(arrays["ood_mask"][k], ood)
             np.testing.assert_array_equal(arrays["semantic"][k], semantic)
     assert StreetHazards(tmp_path / "sh").default_size is None
+
+
+def test_a_label_without_its_image_is_an_unused_file_of_lostandfound_and_streethazards(tmp_path):
+    """A partial download (a label whose image is missing) is said in the manifest, not passed over."""
+    laf_tree(tmp_path / "laf")
+    label = next((tmp_path / "laf" / "gtCoarse" / "test").glob("*/*_gtCoarse_labelIds.png"))
+    lonely = label.with_name(label.name.replace("_000", "_999", 1))
+    shutil.copy(label, lonely)
+    manifest = convert(LostAndFound(tmp_path / "laf", "test"), tmp_path / "laf.h5", size=(16, 32), progress=False)
+    image = f"leftImg8bit/test/{lonely.parent.name}/{lonely.name.replace('_gtCoarse_labelIds', '_leftImg8bit')}"
+    assert {"path": lonely.relative_to(tmp_path / "laf").as_posix(), "reason": f"no image {image}"} in \
+        manifest["unused_files"]
+    streethazards_tree(tmp_path / "sh")
+    label = next((tmp_path / "sh").glob("*/annotations/test/*/*.png"))
+    shutil.copy(label, label.with_name("999.png"))
+    with pytest.warns(ConversionWarning):
+        manifest = convert(StreetHazards(tmp_path / "sh", "test"), tmp_path / "sh.h5", progress=False)
+    relative = label.with_name("999.png").relative_to(tmp_path / "sh").as_posix()
+    assert manifest["unused_files"] == [{"path": relative,
+                                         "reason": f"no image {relative.replace('/annotations/', '/images/')}"}]
 
 
 def test_streethazards_protocol_from_the_command_line_and_bad_values(tmp_path, capsys):

@@ -61,6 +61,12 @@ class LostAndFound(Adapter):
                                                     "OOD pixel"))
             else:
                 self.frames.append(path)
+        for label in sorted((self.root / "gtCoarse" / self.folder).glob(f"*/*{LABEL_SUFFIX}")):
+            image = (self.root / "leftImg8bit" / self.folder / label.parent.name /
+                     f"{label.name[: -len(LABEL_SUFFIX)]}{IMAGE_SUFFIX}")
+            if not image.is_file():  # (a download cut short: said, not passed over)
+                self.unused_files.append((label.relative_to(self.root).as_posix(),
+                                          f"no image {image.relative_to(self.root).as_posix()}"))
 
     @staticmethod
     def _known_class(fid):

@@ -47,9 +47,15 @@ class _Track(Adapter):
                 self.unused_files.append((f"images/{path.name}", why_not))
             else:
                 self.frames.append(path)
+        used = {self.frame_id(path) for path in self.frames}
         for path in sorted((self.root / "labels_masks").glob("*")) if (self.root / "labels_masks").is_dir() else ():
+            fid = path.name[: -len(LABEL_SUFFIX)]
             if not path.name.endswith(LABEL_SUFFIX):
                 self.unused_files.append((f"labels_masks/{path.name}", "not a label file (*_labels_semantic.png)"))
+            elif fid not in used:
+                image = f"images/{fid}{self.image_suffix}"
+                self.unused_files.append((f"labels_masks/{path.name}", f"no image {image}" if not (
+                    self.root / image).is_file() else "the label of a frame outside this split"))
 
     def outside(self, fid):
         """Why frame ``fid`` is not in this split (a sentence), or '' when it is."""

@@ -54,6 +54,10 @@ class StreetHazards(CAOSProtocols, Adapter):
         self.root, self.split = Path(root), split
         self.top = self.root / SPLITS[split]
         require_tree(self.root, EXPECTED_TREE, f"{SPLITS[split]}/images/{split}/*/*.png", f"StreetHazards ({split})")
+        self.unused_files = [  # (an annotation whose image a download cut short: said, not passed over)
+            (label.relative_to(self.root).as_posix(), f"no image {image.relative_to(self.root).as_posix()}")
+            for label in sorted((self.top / "annotations" / split).glob("*/*.png"))
+            if not (image := self.top / "images" / split / label.parent.name / label.name).is_file()]
 
     def refs(self):
         return sorted((self.top / "images" / self.split).glob("*/*.png"))
