@@ -105,6 +105,18 @@ def test_finite_scores_beyond_float16_are_refused_not_turned_into_ties(world, tm
                       layout="smiyc", progress=False)
 
 
+def test_one_set_under_two_names_is_refused_by_submit(world, tmp_path):
+    """The board judged the second name as a set the benchmark lacks: submit refuses it, naming both."""
+    _, sets, maps = world
+    public = sets["perlin_mixed"].parent / "bench" / "perlin_mixed.public.h5"
+    entropy = maps[("entropy", "perlin_mixed")]
+    with pytest.raises(ValueError, match=r"^sets 'perlin_mixed' and 'copy' are one set \(manifest sha256 "
+                                         r"[0-9a-f]{12}…\): give it once, under its own name$"):
+        submit(None, tmp_path / "two.zip", name="two", data={"perlin_mixed": public, "copy": public},
+               score_maps={"perlin_mixed": entropy, "copy": entropy})
+    assert not (tmp_path / "two.zip").exists()
+
+
 def test_component_metrics_of_verified_entries_equal_a_local_computation(world, tmp_path):
     """A track with components: each verified entry's sIoU / PPV / F1* per set, at its best pixel-F1 threshold on
     the set (SMIYC's choice), equal those of the same maps computed here from the set's own masks."""

@@ -63,6 +63,7 @@ def submit(run_dir, out, *, method=None, name, description="", allow_same_source
                     identity = _maps_identity(set_name, data.get(set_name), previous)
                     document["sets"][set_name] = {"scores": map_member(set_name), **identity,
                                                   "same_source_tuning": previous.get("same_source_tuning", False)}
+                _refuse_a_set_twice(document["sets"])
                 archive.writestr("submission.json", json.dumps(document, indent=2, allow_nan=False))
         except OSError as err:
             if err.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -105,6 +106,19 @@ def _maps_identity(set_name, data, previous):
         raise ValueError(f"set {set_name!r}: the run evaluated another version of the set than {data} (manifest "
                          f"hash {previous['manifest_sha256'][:12]}…, {data} has {digest[:12]}…)")
     return {"manifest_sha256": digest}
+
+
+def _refuse_a_set_twice(sets):
+    """Refuse two set names of one set (the same manifest hash): the board would judge the second as a set it
+    lacks."""
+    seen = {}
+    for set_name, entry in sets.items():
+        digest = entry.get("manifest_sha256")
+        if digest in seen:
+            raise ValueError(f"sets {seen[digest]!r} and {set_name!r} are one set (manifest sha256 {digest[:12]}…): "
+                             "give it once, under its own name")
+        if digest is not None:
+            seen[digest] = set_name
 
 
 def _add_states(archive, run_dir, method, name, description, allow_same_source, skip):
