@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import re
 
 import albumentations as A
 import defusedxml.ElementTree as ET
@@ -168,6 +169,20 @@ def test_sun_label_map_rules():
     assert m.lookup("person occluded crop") == ("person", "class", "person")
     assert m.lookup("streetlight")[2] == "pole" and m.lookup("window")[2] == "building"
     assert m.lookup("wall")[1] == "ambiguous" and m.values("teapot") == (1, 255)
+
+
+def test_a_bad_label_map_is_named_with_what_to_give(tmp_path):
+    with pytest.raises(FileNotFoundError, match=rf"^no label map file {tmp_path / 'missing.yaml'} \(--label-map: a "
+                                                r"\.yaml file, or a shipped map: idd, sun\)$"):
+        SunLabelMap(str(tmp_path / "missing.yaml"))
+    (tmp_path / "mine").write_text("default: ood\n")  # a file, without the suffix: not "not found"
+    for name in (str(tmp_path / "mine"), "suN"):
+        with pytest.raises(FileNotFoundError, match=rf"^label map '{re.escape(name)}' is neither a shipped map \(idd, "
+                                                    r"sun\) nor a file ending in \.yaml \(--label-map\)$"):
+            SunLabelMap(name)
+    (tmp_path / "mine.yaml").write_text("version: 1\ndefault: ood\n")  # (no classes: a bare KeyError)
+    with pytest.raises(ValueError, match=r"mine\.yaml lacks \['classes'\]: is it another dataset's map\?"):
+        SunLabelMap(str(tmp_path / "mine.yaml"))
 
 
 def test_sun_split_is_seeded_exact_and_order_free(tmp_path):

@@ -184,12 +184,17 @@ def resize_sample(sample, size):
 def load_label_map(name, required=()):
     """(parsed YAML dict, sha256 of the file's bytes) for ``label_maps/<name>.yaml`` or a path; a ValueError naming
     the file where it is not a YAML mapping holding the ``required`` keys (another dataset's map, say)."""
+    shipped = sorted({p.stem for d in _LABEL_MAP_DIRS if d.is_dir() for p in d.glob("*.yaml")})
     if str(name).endswith((".yaml", ".yml")):
         path = Path(name)
+        if not path.is_file():
+            raise FileNotFoundError(f"no label map file {path} (--label-map: a .yaml file, or a shipped map: "
+                                    f"{', '.join(shipped)})")
     else:
         path = next((d / f"{name}.yaml" for d in _LABEL_MAP_DIRS if (d / f"{name}.yaml").is_file()), None)
         if path is None:
-            raise FileNotFoundError(f"label map {name!r} not found in {[str(d) for d in _LABEL_MAP_DIRS]}")
+            raise FileNotFoundError(f"label map {name!r} is neither a shipped map ({', '.join(shipped)}) nor a file "
+                                    "ending in .yaml (--label-map)")
     data = path.read_bytes()
     try:
         parsed = yaml.safe_load(data)

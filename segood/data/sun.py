@@ -32,7 +32,7 @@ class SunLabelMap:
     """
 
     def __init__(self, name="sun"):
-        self.data, self.sha256 = load_label_map(name, ("default",))
+        self.data, self.sha256 = load_label_map(name, ("default", "classes"))
         self.qualifiers = tuple(self.data.get("qualifiers", ()))
         self.modifiers = set(self.data.get("modifiers", ()))
         self.parts = set(self.data.get("parts", ()))
