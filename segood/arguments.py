@@ -3,6 +3,7 @@ rather than a traceback (or a silent fallback) deep in the run."""
 
 import argparse
 import math
+import re
 
 
 def positive_int(text):
@@ -23,6 +24,12 @@ def positive_float(text):
 def non_negative_float(text):
     """A finite number of at least 0 (a standard deviation)."""
     return _checked(float, text, lambda v: 0 <= v < math.inf, "a finite number of at least 0")
+
+
+def device(text):
+    """A torch device name: cpu, cuda, cuda:N (or mps, xpu), checked without importing torch."""
+    return _checked(str, text, lambda v: re.fullmatch(r"(cpu|cuda|mps|xpu)(:\d+)?", v) is not None,
+                    "a device: cpu, cuda or cuda:N")
 
 
 def _checked(kind, text, ok, rule):

@@ -4,7 +4,7 @@ import argparse
 import json
 import sys
 
-from segood.arguments import natural, non_negative_float, positive_float, positive_int
+from segood.arguments import device, natural, non_negative_float, positive_float, positive_int
 from segood.version import __version__
 
 
@@ -187,6 +187,11 @@ def _library_model(args):
     """A library's network (--model-type, --model and the inference and class-map options)."""
     from segood.models import load_library_model
 
+    if not args.model_type and not args.model:  # (only the options that set up such a network were given)
+        given = _given(args, "infer_size", "window", "stride", "class_map") + (
+            ["--inference"] if getattr(args, "inference", "whole") != "whole" else [])
+        raise ValueError(f"{', '.join(given)} set up a library's network (--model-type and --model); a segood "
+                         "checkpoint or an smp state dict takes none: drop them")
     if not args.model_type or not args.model:
         raise ValueError("--model-type and --model go together: the library (hf, torchvision, smp) and the local "
                          "folder or state dict of its network; --inference, --infer-size, --window, --stride and "
@@ -444,7 +449,7 @@ def add_run_options(parser):
     parser.add_argument("--fit-set", type=Path, help="converted training set to fit Mahalanobis and SML on")
     parser.add_argument("--out", type=Path, required=True, help="run folder, e.g. runs/NAME")
     parser.add_argument("--batch-size", type=positive_int, default=2)
-    parser.add_argument("--device", help="cpu, cuda, cuda:1 (default: the model's)")
+    parser.add_argument("--device", type=device, help="cpu, cuda, cuda:1 (default: the model's)")
     parser.add_argument("--workers", type=natural, help="processes reading frames ahead of the network (default: one "
                         "per spare core, at most 16, none for small sets; 0: read in the main process)")
     parser.add_argument("--amp", choices=("fp16", "bf16"), help="the network's forward passes in mixed precision "
@@ -733,7 +738,7 @@ def build_parser(*, adapters=True):
     train.add_argument("--crop", type=positive_int, nargs=2, metavar=("H", "W"),
                        help="training crop (default 512 1024; at most the frames' size times --scale's MAX)")
     train.add_argument("--scale", type=float, nargs=2, metavar=("MIN", "MAX"), help="random scale (default 0.5 2)")
-    train.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
+    train.add_argument("--device", type=device, help="cpu, cuda, cuda:1 (default: cuda when available)")
     train.add_argument("--init", help="start from this checkpoint (its network settings; fine-tuning)")
     train.add_argument("--init-type", choices=("hf",), help="hf: --init is a transformers mask-classification "
                        "network's folder (Mask2Former, EoMT), fine-tuned with --oe-loss rba into OUT/final/")
@@ -810,7 +815,7 @@ def build_parser(*, adapters=True):
     att.add_argument("--max-frames", type=positive_int, help="attack the first N frames only")
     att.add_argument("--standard", type=Path, help="a standard OOD set evaluated beside (e.g. the demo's paste.h5)")
     att.add_argument("--fit-set", type=Path, help="converted training set to fit sml and mahalanobis on")
-    att.add_argument("--device", help="cpu, cuda (default: cpu)")
+    att.add_argument("--device", type=device, help="cpu, cuda (default: cpu)")
     att.add_argument("--resume", action="store_true", help="continue a killed attack from its per-frame states")
     att.add_argument("--generator", type=Path,
                      help="a generator (segood attack-generator): adds the 'learned' fill and its latent dimensions")
@@ -840,7 +845,7 @@ def build_parser(*, adapters=True):
     proto.add_argument("--fit-set", type=Path, help="converted training set for the methods that need a fit")
     proto.add_argument("--out", type=Path, required=True)
     proto.add_argument("--batch-size", type=positive_int, default=2)
-    proto.add_argument("--device")
+    proto.add_argument("--device", type=device)
     proto.add_argument("--resume", action="store_true", help="continue the evaluations of a killed protocol")
     proto.add_argument("--quiet", action="store_true")
     proto.set_defaults(run=_protocol)
@@ -892,7 +897,7 @@ def build_parser(*, adapters=True):
                              "<set> is the folder the benchmark's code reads (e.g. AnomalyTrack-all)")
     export.add_argument("--out", type=Path, required=True)
     export.add_argument("--batch-size", type=positive_int, default=2)
-    export.add_argument("--device")
+    export.add_argument("--device", type=device)
     export.add_argument("--quiet", action="store_true")
     export.set_defaults(run=_export)
 

@@ -468,7 +468,7 @@ def test_entropy_of_one_class_and_window_sizes_of_one_number_are_refused():
         get_method("entropy")(torch.nn.Conv2d(3, 1, 1), torch.zeros(1, 3, 8, 8, dtype=torch.uint8))
     with pytest.raises(ValueError, match="crop must be two positive sides"):
         check_inference("slide", crop=64)
-    with pytest.raises(ValueError, match="size=.H, W. is the resize mode's network size"):
+    with pytest.raises(ValueError, match=r"size=.H, W. \(--infer-size H W\) is the resize mode's network size, two "):
         check_inference("resize", size=64)
 
 

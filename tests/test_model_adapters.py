@@ -585,3 +585,31 @@ def test_a_registered_loader_from_the_command_line(sets, tmp_path, monkeypatch, 
     finally:
         MODEL_TYPES.pop("one_by_one", None)
         sys.modules.pop("one_by_one_plugin", None)
+
+
+def test_library_options_without_a_library_network_are_named(tmp_path, capsys):
+    """--window or --inference with a segood checkpoint: the options named, not "--model-type and --model go
+    together", which the user gave neither of; an inference option of another mode names its flags."""
+    argv = ["evaluate", "--checkpoint", str(tmp_path / "m.pt"), "--sets", str(tmp_path / "s.h5"), "--out",
+            str(tmp_path / "run")]
+    assert main([*argv, "--inference", "slide", "--window", "16", "32"]) == 2
+    assert capsys.readouterr().err == ("segood evaluate: error: --window, --inference set up a library's network "
+                                       "(--model-type and --model); a segood checkpoint or an smp state dict takes "
+                                       "none: drop them\n")
+    assert main(["evaluate", "--model-type", "hf", "--sets", str(tmp_path / "s.h5"), "--out", str(tmp_path)]) == 2
+    assert "--model-type and --model go together" in capsys.readouterr().err
+    from segood.models.inference import check_inference
+
+    with pytest.raises(ValueError, match=r"^size=\(H, W\) \(--infer-size H W\) is the resize mode's network size; "
+                                         r"inference mode 'whole' takes none: drop it, or choose mode='resize' "
+                                         r"\(--inference resize\)$"):
+        check_inference("whole", size=(16, 32))
+    with pytest.raises(ValueError, match=r"network size, two positive sides; got \(0, 32\)$"):
+        check_inference("resize", size=(0, 32))
+    with pytest.raises(ValueError, match=r"^crop and stride \(--window, --stride\) set the sliding window; "
+                                         r"inference mode 'resize' takes none"):
+        check_inference("resize", size=(16, 32), crop=(8, 8))
+    with pytest.raises(SystemExit):  # argparse's one-line usage error, before torch is asked
+        main([*argv, "--device", "bogus"])
+    assert capsys.readouterr().err.endswith("segood evaluate: error: argument --device: must be a device: cpu, cuda "
+                                            "or cuda:N, got bogus\n")

@@ -34,11 +34,14 @@ def check_inference(mode, *, size=None, crop=None, stride=None):
             raise ValueError(f"a stride {tuple(stride)} larger than the crop {tuple(crop)} leaves pixels no window "
                              "covers: choose stride <= crop")
     elif crop is not None or stride is not None:
-        raise ValueError(f"crop and stride set the sliding window; inference mode {mode!r} takes none: drop them, "
-                         "or choose mode='slide'")
-    if size is not None and (mode != "resize" or not _two_sides(size)):
-        raise ValueError(f"size=(H, W) is the resize mode's network size (two positive sides), got {size!r} with "
-                         f"mode {mode!r}")
+        raise ValueError(f"crop and stride (--window, --stride) set the sliding window; inference mode {mode!r} "
+                         "takes none: drop them, or choose mode='slide' (--inference slide)")
+    if size is not None and mode != "resize":
+        raise ValueError(f"size=(H, W) (--infer-size H W) is the resize mode's network size; inference mode {mode!r} "
+                         "takes none: drop it, or choose mode='resize' (--inference resize)")
+    if size is not None and not _two_sides(size):
+        raise ValueError(f"size=(H, W) (--infer-size H W) is the resize mode's network size, two positive sides; "
+                         f"got {size!r}")
 
 
 def _two_sides(pair):
