@@ -183,3 +183,31 @@ def test_score_checks_its_run_folder_before_reading_the_maps(world, tmp_path):
     np.save(broken, np.full(np.load(broken).shape, np.nan, np.float32))  # (read only after the check)
     with pytest.raises(ValueError, match="holds a different run"):
         evaluate_score_maps(folder, data, tmp_path / "run", figures=False)
+
+
+def test_score_folders_of_two_layouts_a_root_folder_and_a_set_given_as_scores_are_named(world, tmp_path):
+    root, model = world
+    data = root / "perlin_mixed.h5"
+    written = export_scores(model, {"perlin_mixed": data}, [get_method("entropy")], tmp_path / "out",
+                            layout="smiyc", progress=False)
+    folder = written[("entropy", "perlin_mixed")]
+    with pytest.raises(ValueError, match=rf"^{tmp_path / 'out'} holds neither <fid>\.hdf5 files \(SegmentMeIfYouCan\) "
+                                         r"nor <fid>_anomaly\.npy files \(Fishyscapes\); anomaly_p/entropy/perlin_mixed "
+                                         r"inside it holds \S+\.hdf5: give the folder of one method and set \(or "
+                                         r"segood's file itself\)$"):
+        evaluate_score_maps(tmp_path / "out", data, tmp_path / "a", figures=False)
+    np.save(folder / "stray_anomaly.npy", np.zeros((2, 2), np.float32))  # (taken for a Fishyscapes folder)
+    with pytest.raises(ValueError, match=r"holds both <fid>\.hdf5 files \(SegmentMeIfYouCan\) and <fid>_anomaly\.npy "
+                                         r"files \(Fishyscapes\): keep one layout's maps in a folder$"):
+        evaluate_score_maps(folder, data, tmp_path / "b", figures=False)
+    with pytest.raises(ValueError, match=rf"^{data} is a converted set, not score maps: give it as --data, and as "
+                                         "--scores the maps of its frames$"):
+        evaluate_score_maps(data, data, tmp_path / "c", figures=False)
+    written = export_scores(model, {"perlin_mixed": data}, [get_method("entropy")], tmp_path / "fs",
+                            layout="fishyscapes", progress=False)
+    pickled = next(written[("entropy", "perlin_mixed")].iterdir())
+    np.save(pickled, np.load(pickled).astype(object), allow_pickle=True)
+    with pytest.raises(ValueError, match=r"is not a readable fishyscapes score file \(ValueError: it holds an array "
+                                         r"of dtype object \(pickled Python objects, never read here\): save the "
+                                         r"scores as a float array\)$"):
+        evaluate_score_maps(written[("entropy", "perlin_mixed")], data, tmp_path / "d", figures=False)

@@ -45,12 +45,17 @@ def detect_layout(path):
         raise FileNotFoundError(f"no score file or folder {path}")
     if path.is_file():
         return "segood"
-    if any(path.glob("*_anomaly.npy")):
-        return "fishyscapes"
-    if any(path.glob("*.hdf5")):
-        return "smiyc"
+    fishyscapes, smiyc = any(path.glob("*_anomaly.npy")), any(path.glob("*.hdf5"))
+    if fishyscapes and smiyc:
+        raise ValueError(f"{path} holds both <fid>.hdf5 files (SegmentMeIfYouCan) and <fid>_anomaly.npy files "
+                         "(Fishyscapes): keep one layout's maps in a folder")
+    if fishyscapes or smiyc:
+        return "fishyscapes" if fishyscapes else "smiyc"
+    inside = next((p for pattern in ("*.hdf5", "*_anomaly.npy", "*.h5") for p in path.rglob(pattern)), None)
     raise ValueError(f"{path} holds neither <fid>.hdf5 files (SegmentMeIfYouCan) nor <fid>_anomaly.npy files "
-                     "(Fishyscapes)")
+                     "(Fishyscapes)" + ("" if inside is None else f"; {inside.relative_to(path).parent} inside it "
+                                       f"holds {inside.name}: give the folder of one method and set (or segood's "
+                                       "file itself)"))
 
 
 class ScoreMaps:
@@ -75,6 +80,10 @@ class ScoreMaps:
             except OSError as err:
                 raise ValueError(f"{self.path} is not a readable HDF5 score file ({err}); write one dataset of H×W "
                                  "scores per frame id") from None
+            if "manifest" in self.file and "frame_sha256" in self.file:
+                self.close()
+                raise ValueError(f"{self.path} is a converted set, not score maps: give it as --data, and as "
+                                 "--scores the maps of its frames")
             if "score_range" in self.file.attrs:
                 self.score_range = self._declared_range(self.file.attrs["score_range"])
             stored = []
@@ -245,6 +254,9 @@ def _load_npy(path, check_shape):
     with open(path, "rb") as f:
         shape, _, dtype = npy_header(f)
         check_shape(shape)
+        if dtype.hasobject:
+            raise ValueError(f"it holds an array of dtype {dtype} (pickled Python objects, never read here): save "
+                             "the scores as a float array")
         declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
         if declared > os.fstat(f.fileno()).st_size - f.tell():
             raise ValueError(f"its header declares a {shape[0]}×{shape[1]} {dtype} array ({declared} bytes), more "
