@@ -412,6 +412,21 @@ def test_a_broken_benchmark_file_stops_the_board_naming_its_field(world, tmp_pat
     assert not (tmp_path / "board" / "leaderboard.md").exists()
 
 
+def test_a_combined_reports_method_is_submitted_with_its_own_runs_network(world, tmp_path):
+    """Submitted from ``segood report --combine``, a method records the network of the run it came from (it
+    recorded every combined run's)."""
+    from segood.evaluation import combine_runs
+
+    root, _ = world
+    evaluate(tiny_network("dropout"), [root / "perlin_mixed.h5", root / "normal_mixed.h5"], ["entropy"],
+             tmp_path / "other", progress=False, figures=False, num_thresholds=400)
+    combined = combine_runs([root / "run", tmp_path / "other"], tmp_path / "both", figures=False, bootstrap=None)
+    own = json.loads((root / "run" / "run.json").read_text())["model"]
+    [method] = [m for m in combined["results"] if m.startswith("entropy") and "run" in m]
+    document = submit(tmp_path / "both", tmp_path / "s.zip", method=method, name="Combined entropy")
+    assert document["model"] == own and own != json.loads((tmp_path / "other" / "run.json").read_text())["model"]
+
+
 def test_judge_checks_the_benchmark_it_is_given(world):
     """judge() (public) takes the file or its content, checked as the board checks it: a broken field is the
     maintainer's error, never a submission rejected as unreadable."""

@@ -141,7 +141,8 @@ def _add_states(archive, run_dir, method, name, description, allow_same_source, 
         "method": {"name": name, "description": description, "run_method": method,
                    "params": run["methods"][method]["params"],
                    "uses_ood_data": bool(run["methods"][method].get("uses_ood_data"))},
-        "model": run["model"],
+        "model": run["model"][run["method_models"][method]] if "method_models" in run else run["model"],  # (a
+        # combined report's method: its own run's network)
         "toolkit": run["toolkit"],
         "sets": {},
     }
