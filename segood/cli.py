@@ -383,8 +383,8 @@ def _attack(args):
                             generator=args.generator)
     attack(args.target, args.frames, args.out, options)
     print((args.out / "attack.md").read_text(), end="")
-    print(f"\nwrote {args.out}/attack.json, attack.md, sets/ (worst_<method>.h5, random_<network>.h5), eval/ and "
-          "figures/")
+    print(f"\nwrote {args.out}/attack.json, attack.md, sets/ (worst_<method>.h5, random_<network>.h5) and eval/"
+          + ("" if args.no_figures else ", figures/"))
     return 0
 
 

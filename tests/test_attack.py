@@ -523,6 +523,12 @@ def test_command_line(world, capsys):
     assert code == 0
     printed = capsys.readouterr().out
     assert "| energy | tiny |" in printed and (out / "sets" / "worst_energy.h5").exists()
+    assert printed.endswith("sets/ (worst_<method>.h5, random_<network>.h5) and eval/\n")  # (no figures/)
+    assert main(["attack", "--target", f"energy={world['root'] / 'tiny.pt'}", "--frames", str(world["root"] / "val.h5"),
+                 "--out", str(world["root"] / "clean_standard"), "--standard", str(world["root"] / "val.h5")]) == 2
+    assert capsys.readouterr().err == (f"segood attack: error: the standard set {world['root'] / 'val.h5'} has no OOD "
+                                       "pixels, so every metric on it is undefined: give a set with OOD objects (e.g. "
+                                       "segood convert paste), or none (--standard)\n")
     assert main(["attack", "--target", "energy", "--frames", str(world["root"] / "val.h5"), "--out",
                  str(world["root"] / "bad")]) == 2
     assert "METHOD=CHECKPOINT" in capsys.readouterr().err

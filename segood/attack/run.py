@@ -20,7 +20,7 @@ from segood.attack.report import example_figure, markdown
 from segood.attack.search import Target, calibrate, search_set
 from segood.attack.sets import transfer_matrix, write_set
 from segood.attack.space import Scene, SearchSpace
-from segood.data.h5 import H5SegmentationDataset, frame_loader, set_identity
+from segood.data.h5 import H5SegmentationDataset, frame_loader, read_manifest, set_identity
 from segood.data.paste import demo_objects, sun_objects
 from segood.data.sun import SunLabelMap
 from segood.evaluation.layout import refuse_another_command
@@ -100,6 +100,9 @@ def attack(targets: list[str | tuple[str, str | Path]], frames: str | Path, out_
     if (out / "state").exists() and not o.resume:
         raise ValueError(f"{out} holds an attack; pass resume=True (--resume) to continue it, or choose another --out")
     targets = parse_targets(targets)
+    if o.standard is not None and not read_manifest(o.standard)["pixels"]["ood"]:
+        raise ValueError(f"the standard set {o.standard} has no OOD pixels, so every metric on it is undefined: give "
+                         "a set with OOD objects (e.g. segood convert paste), or drop --standard")
     dataset = H5SegmentationDataset(frames)
     count = len(dataset) if o.max_frames is None else min(o.max_frames, len(dataset))
     scenes = [Scene.from_item(dataset[i]) for i in range(count)]
