@@ -528,7 +528,7 @@ def test_command_line(world, capsys):
                  "--out", str(world["root"] / "clean_standard"), "--standard", str(world["root"] / "val.h5")]) == 2
     assert capsys.readouterr().err == (f"segood attack: error: the standard set {world['root'] / 'val.h5'} has no OOD "
                                        "pixels, so every metric on it is undefined: give a set with OOD objects (e.g. "
-                                       "segood convert paste), or none (--standard)\n")
+                                       "segood convert paste), or drop --standard\n")
     assert main(["attack", "--target", "energy", "--frames", str(world["root"] / "val.h5"), "--out",
                  str(world["root"] / "bad")]) == 2
     assert "METHOD=CHECKPOINT" in capsys.readouterr().err
