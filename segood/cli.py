@@ -685,7 +685,7 @@ def build_parser(*, adapters=True):
     demo.add_argument("--seed", type=natural, default=0, help="data seed (the shipped checkpoints used 0)")
     demo.add_argument("--retrain", action="store_true", help="train the five demo checkpoints from scratch")
     demo.add_argument("--quick", action="store_true", help="a few small frames (a smoke test, not a benchmark)")
-    demo.add_argument("--quiet", action="store_true", help="no progress bars")
+    demo.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     demo.set_defaults(run=_demo)
 
     metrics = sub.add_parser("metrics", help="print the metrics of a saved accumulator state or of a run's "
@@ -704,7 +704,7 @@ def build_parser(*, adapters=True):
     common.add_argument("--workers", type=natural, default=0, help="decoding processes (default 0: in-process)")
     common.add_argument("--strict", action="store_true", help="fail on the first frame that cannot be converted")
     common.add_argument("--overwrite", action="store_true", help="replace an existing output")
-    common.add_argument("--quiet", action="store_true", help="no progress bar")
+    common.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     if adapters:
         for name, adapter in _adapters(adapters).items():
             adapter.add_arguments(kinds.add_parser(name, parents=[common], help=adapter.help.replace("%", "%%")))
@@ -718,7 +718,7 @@ def build_parser(*, adapters=True):
     mixer.add_argument("--out", type=Path, required=True)
     mixer.add_argument("--seed", type=natural, default=0)
     mixer.add_argument("--overwrite", action="store_true")
-    mixer.add_argument("--quiet", action="store_true")
+    mixer.add_argument("-q", "--quiet", action="store_true")
     cover = kinds.add_parser("coverage", help="print the label-map audit of a converted SUN set")
     cover.add_argument("set", type=Path)
     convert.set_defaults(run=_convert)
@@ -756,7 +756,7 @@ def build_parser(*, adapters=True):
     train.add_argument("--resume", action="store_true", help="continue from OUT/last.pt")
     train.add_argument("--stop-after", type=positive_int,
                        help="stop after this many epochs (resume later with --resume)")
-    train.add_argument("--quiet", action="store_true")
+    train.add_argument("-q", "--quiet", action="store_true")
     train.set_defaults(run=_train)
 
     miou = sub.add_parser("miou", help="per-class IoU and mIoU of checkpoints on a converted set")
@@ -764,7 +764,7 @@ def build_parser(*, adapters=True):
     miou.add_argument("--data", type=Path, required=True)
     miou.add_argument("--out", type=Path, help="write the table here (.md) and a .csv beside it")
     miou.add_argument("--batch-size", type=positive_int, default=2)
-    miou.add_argument("--quiet", action="store_true")
+    miou.add_argument("-q", "--quiet", action="store_true")
     miou.set_defaults(run=_miou)
 
     ev = sub.add_parser("evaluate", help="evaluate OOD methods of a model on converted sets; tables and figures")
@@ -820,7 +820,7 @@ def build_parser(*, adapters=True):
     att.add_argument("--generator", type=Path,
                      help="a generator (segood attack-generator): adds the 'learned' fill and its latent dimensions")
     att.add_argument("--no-figures", action="store_true")
-    att.add_argument("--quiet", action="store_true")
+    att.add_argument("-q", "--quiet", action="store_true")
     att.set_defaults(run=_attack)
 
     gen = sub.add_parser("attack-generator", help="train the attack's learned fill: a small autoencoder over the "
@@ -831,7 +831,7 @@ def build_parser(*, adapters=True):
     gen.add_argument("--latent", type=positive_int, default=16, help="latent size (default 16)")
     gen.add_argument("--epochs", type=positive_int, default=200, help="passes over the crops (default 200)")
     gen.add_argument("--seed", type=natural, default=0, help="seeds the weights and the batch order")
-    gen.add_argument("--quiet", action="store_true")
+    gen.add_argument("-q", "--quiet", action="store_true")
     gen.set_defaults(run=_attack_generator)
 
     proto = sub.add_parser("protocol", help="the cross-source protocol: tune and commit thresholds on each tuning "
@@ -847,7 +847,7 @@ def build_parser(*, adapters=True):
     proto.add_argument("--batch-size", type=positive_int, default=2)
     proto.add_argument("--device", type=device)
     proto.add_argument("--resume", action="store_true", help="continue the evaluations of a killed protocol")
-    proto.add_argument("--quiet", action="store_true")
+    proto.add_argument("-q", "--quiet", action="store_true")
     proto.set_defaults(run=_protocol)
 
     rob = sub.add_parser("robustness", help="evaluate under corruptions at 5 severities: OOD metrics, mIoU, "
@@ -877,7 +877,7 @@ def build_parser(*, adapters=True):
                      help="type-approval requirements: pass/fail table in approval.md; exit status 1 on FAIL")
     add_run_options(rob)
     rob.add_argument("--no-verify", action="store_true", help="do not check frames against their set's digests")
-    rob.add_argument("--quiet", action="store_true")
+    rob.add_argument("-q", "--quiet", action="store_true")
     rob.set_defaults(run=_robustness)
 
     approve = sub.add_parser("approve", help="check a robustness run against type-approval requirements (YAML)")
@@ -898,7 +898,7 @@ def build_parser(*, adapters=True):
     export.add_argument("--out", type=Path, required=True)
     export.add_argument("--batch-size", type=positive_int, default=2)
     export.add_argument("--device", type=device)
-    export.add_argument("--quiet", action="store_true")
+    export.add_argument("-q", "--quiet", action="store_true")
     export.set_defaults(run=_export)
 
     report = sub.add_parser("report", help="rebuild a run's tables and figures from its saved state")

@@ -226,6 +226,9 @@ def test_fishyscapes_lost_and_found_takes_images_from_lostandfound(tmp_path):
     assert manifest["unknown_label_values"] == {"9": {"pixels": 2, "frames": 2}}
     assert manifest["unused_files"] == [{"path": "README.txt", "reason": "not a frame file of this layout"}]
     assert manifest["params"] == {"lostandfound_root": str(tmp_path / "laf")}
+    with pytest.raises(DatasetLayoutError, match=rf"^{tmp_path / 'nowhere'} does not look like the lostandfound "
+                                                 r"dataset \(--lostandfound-root\): no file matches"):
+        get_adapter("fishyscapes_laf")(tmp_path / "fs_laf", tmp_path / "nowhere")  # (a missing image a frame)
 
 
 def test_fishyscapes_lost_and_found_prefers_the_lostandfound_train_image(tmp_path):

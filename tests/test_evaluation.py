@@ -349,6 +349,10 @@ def test_any_torch_module_with_a_feature_hook(sets, tmp_path):
         evaluate(external, [sets / "perlin_mixed.h5"], ["max_softmax", get_method("mahalanobis")], tmp_path,
                  progress=False, figures=False, fit_set=sets / "perlin_mixed.h5", feature_layer="decoder",
                  resume=True)
+    with pytest.warns(UserWarning, match=rf"^fit_set \(--fit-set\) {sets / 'cs.h5'} is not used: none of "
+                                         r"max_softmax, mahalanobis needs a fit \(or each came fitted\)$"):
+        evaluate(external, [sets / "perlin_mixed.h5"], ["max_softmax", fit], None, progress=False, figures=False,
+                 fit_set=sets / "cs.h5", feature_layer="decoder")  # (mahalanobis came fitted)
 
 
 def test_results_tex_holds_the_tables_of_results_md(sets, tmp_path):

@@ -30,6 +30,8 @@ class _Flat(Adapter):
     def __init__(self, root, images_root):
         self.root, self.images_root = Path(root), Path(images_root)
         require_tree(self.root, self.expected, "*_labels.png", self.source)
+        require_tree(self.images_root, self.expected.splitlines()[-1], "leftImg8bit/*/*/*_leftImg8bit.png",
+                     f"the {self.companion.split('_')[0]} dataset (--{self.companion.replace('_', '-')})")
         self.params = {self.companion: str(self.images_root)}
         self.frames, self.unused_files = [], []
         for path in sorted(p for p in self.root.iterdir() if p.is_file()):

@@ -151,6 +151,9 @@ def prepare(model, sets, methods, options):
                                  "converted training set, or a fitted method")
             method.fit(model, frame_loader(H5SegmentationDataset(o.fit_set), o.batch_size), progress=o.progress)
             fitted.append(method.name)
+    if o.fit_set is not None and not fitted:
+        warnings.warn(f"fit_set (--fit-set) {o.fit_set} is not used: none of {', '.join(m.name for m in methods)} "
+                      "needs a fit (or each came fitted)", stacklevel=3)
     description = {
         "toolkit": run_identity(),
         "model": {**_model_identity(model, o.checkpoint), **_outlier_exposure(model, sets)},
