@@ -78,7 +78,7 @@ def test_finite_scores_beyond_float16_are_refused_not_turned_into_ties(world, tm
     of 0.545 read 0.500 from the packaged maps), so submit and export refuse them, naming the frame."""
     import h5py
 
-    from segood.data.h5 import frame_ids, frame_sizes
+    from segood.data.h5 import frame_ids
     from segood.evaluation.exchange import half_precision
 
     _, sets, maps = world

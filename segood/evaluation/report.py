@@ -761,7 +761,7 @@ def coarse_cells(doc):
             if too_coarse(metric, r)]
 
 
-def warn_coarse(doc, stacklevel=3):
+def warn_coarse(doc):
     """A warning naming the pooled values the run's grid cannot pin down (:func:`coarse_cells`; on the linear grid,
     scores crowded into a few of its bins read as chance), beside their ≈ in the tables."""
     cells = coarse_cells(doc)
@@ -772,7 +772,7 @@ def warn_coarse(doc, stacklevel=3):
     more = f" and {len(cells) - 3} more" if len(cells) > 3 else ""
     warnings.warn(f"{describe_grid(grid_of_config(doc['config']))} cannot pin {len(cells)} pooled "
                   f"{'value' if len(cells) == 1 else 'values'} down to {COARSE} (marked ≈): exact mode may lie "
-                  f"anywhere in the bounds, e.g. {shown}{more}; {_finer(doc)}", stacklevel=stacklevel)
+                  f"anywhere in the bounds, e.g. {shown}{more}; {_finer(doc)}", stacklevel=3)
 
 
 def _finer(doc):
