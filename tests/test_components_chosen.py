@@ -177,4 +177,6 @@ def test_a_frame_passed_over_is_listed_once_though_both_passes_meet_it(sets, tmp
                    components={"preset": "obstacle", "source": "oracle"}, **OPTIONS)
     assert [entry[:2] for entry in doc["skipped_frames"]] == [["broken", 1]]
     assert doc["results"]["entropy"]["broken"]["components"]["n_frames"] == 3
-    assert doc["timings"]["images_per_set"] == {"broken": 3} and doc["notes"] == []
+    assert doc["timings"]["images_per_set"] == {"broken": 3}
+    [note] = doc["notes"]  # (said once)
+    assert note.startswith("1 unreadable frame was passed over (--skip-bad) and is in no number here: 1 of broken")
