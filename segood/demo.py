@@ -201,12 +201,13 @@ def run_demo(out_dir="runs/demo", data_dir="datasets/demo", *, seed=0, quick=Fal
         for folder in (run_dir, tune_dir):
             shutil.rmtree(folder, ignore_errors=True)  # the demo's own output of an earlier run: made anew
         # component metrics at thresholds committed on the tuning set (best pixel F1 there), never the test sets'
+        fit_set = sets["cityscapes_train"] if not all(m.ready for m in methods) else None  # (SML, Mahalanobis)
         evaluate(model, {"tune": sets["mixed_tune"]}, methods, tune_dir, batch_size=8, progress=progress,
-                 figures=False, checkpoint=checkpoints[head], fit_set=sets["cityscapes_train"])
+                 figures=False, checkpoint=checkpoints[head], fit_set=fit_set)  # (fits them: fitted from here on)
         tuned = Evaluation.load(RunFolder(tune_dir).state())
         thresholds = {m.name: best_f1_threshold(tuned.acc[(m.name, "tune")].compute()) for m in methods}
         evaluate(model, evaluation_sets, methods, run_dir, batch_size=8, progress=progress, figures=False,
-                 checkpoint=checkpoints[head], fit_set=sets["cityscapes_train"],  # the float-order grid
+                 checkpoint=checkpoints[head],  # the float-order grid
                  components={"preset": COMPONENT_PRESET, "thresholds": thresholds, "source": "committed"})
         runs.append(run_dir)
     doc = combine_runs(runs, out_dir)
