@@ -345,10 +345,15 @@ def test_any_torch_module_with_a_feature_hook(sets, tmp_path):
                  "--quiet"]) == 0
     cli = json.loads((tmp_path / "cli" / "results.json").read_text())["results"]["mahalanobis"]["perlin_mixed"]
     assert cli["pooled"]["auroc"] == doc["results"]["mahalanobis"]["perlin_mixed"]["pooled"]["auroc"]
+    unfitted = get_method("mahalanobis")
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("a pass over the fit set before the folder was refused")
+
+    unfitted.fit = no_fit
     with pytest.raises(ValueError, match="holds a different run"):  # fitted on another set: not the same run
-        evaluate(external, [sets / "perlin_mixed.h5"], ["max_softmax", get_method("mahalanobis")], tmp_path,
-                 progress=False, figures=False, fit_set=sets / "perlin_mixed.h5", feature_layer="decoder",
-                 resume=True)
+        evaluate(external, [sets / "perlin_mixed.h5"], ["max_softmax", unfitted], tmp_path, progress=False,
+                 figures=False, fit_set=sets / "perlin_mixed.h5", feature_layer="decoder", resume=True)
     with pytest.warns(UserWarning, match=rf"^fit_set \(--fit-set\) {sets / 'cs.h5'} is not used: none of "
                                          r"max_softmax, mahalanobis needs a fit \(or each came fitted\)$"):
         evaluate(external, [sets / "perlin_mixed.h5"], ["max_softmax", fit], None, progress=False, figures=False,

@@ -73,7 +73,7 @@ def evaluate(model: torch.nn.Module | Scorer, sets: dict[str, str | Path] | list
     the Monte-Carlo methods: their dropout is seeded per batch (by its first frame), and the batches differ.
     """
     options = EvaluateOptions.of(options, **keywords)
-    model, sets, methods, description = prepare(model, sets, methods, options)
+    model, sets, methods, description = prepare(model, sets, methods, options, out_dir)
     if out_dir is None:
         if options.resume:
             raise ValueError("resume continues a run saved in a folder: pass out_dir")
@@ -95,10 +95,10 @@ def evaluate(model: torch.nn.Module | Scorer, sets: dict[str, str | Path] | list
     return Results(doc, ev)
 
 
-def prepare(model, sets, methods, options):
+def prepare(model, sets, methods, options, out_dir=None):
     """What :func:`evaluate` (and ``segood robustness``) run, checked before anything is written: (model, sets
     {name: path}, method objects (fitted), the run description for run.json), for ``options`` (an
-    :class:`EvaluateOptions`)."""
+    :class:`EvaluateOptions`). A run folder ``out_dir`` holding another run is refused before any fit."""
     o = options
     if isinstance(model, Scorer):
         given = [k for k, v in {"fit_set": o.fit_set, "feature_layer": o.feature_layer, "checkpoint": o.checkpoint,
@@ -141,16 +141,13 @@ def prepare(model, sets, methods, options):
         _check_tuning_set(sets, o.commit_on, "commit_on (--commit-on)")
     if o.components and o.components.get("commit_on") is not None:
         _check_tuning_set(sets, o.components["commit_on"], "the component thresholds' tuning set")
-    fitted = []
     for method in methods:
         check_grid(method, o.grid)
         method.check(model)
-        if method.needs.fit and not method.ready:
-            if o.fit_set is None:
-                raise ValueError(f"{method.name} needs its training statistics: pass fit_set (--fit-set), a "
-                                 "converted training set, or a fitted method")
-            method.fit(model, frame_loader(H5SegmentationDataset(o.fit_set), o.batch_size), progress=o.progress)
-            fitted.append(method.name)
+    fitted = [m for m in methods if m.needs.fit and not m.ready]  # (fitted below, once the rest is checked)
+    if fitted and o.fit_set is None:
+        raise ValueError(f"{fitted[0].name} needs its training statistics: pass fit_set (--fit-set), a converted "
+                         "training set, or a fitted method")
     if o.fit_set is not None and not fitted:
         warnings.warn(f"fit_set (--fit-set) {o.fit_set} is not used: none of {', '.join(m.name for m in methods)} "
                       "needs a fit (or each came fitted)", stacklevel=3)
@@ -164,6 +161,10 @@ def prepare(model, sets, methods, options):
                    **({"fit_set": set_identity(o.fit_set)} if fitted else {}),  # (a resume must fit on the same)
                    **{key: getattr(o, key) for key in ("official", "amp", "compile") if getattr(o, key)}},
     }
+    if out_dir is not None:  # (a folder holding another run is refused before a fit's pass over its training set)
+        RunFolder(out_dir).refuse_another_run(description)
+    for method in fitted:
+        method.fit(model, frame_loader(H5SegmentationDataset(o.fit_set), o.batch_size), progress=o.progress)
     return model, sets, methods, description
 
 
