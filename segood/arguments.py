@@ -27,9 +27,10 @@ def non_negative_float(text):
 
 
 def device(text):
-    """A torch device name: cpu, cuda, cuda:N (or mps, xpu), checked without importing torch."""
-    return _checked(str, text, lambda v: re.fullmatch(r"(cpu|cuda|mps|xpu)(:\d+)?", v) is not None,
-                    "a device: cpu, cuda or cuda:N")
+    """A torch device's form, TYPE or TYPE:INDEX (cpu, cuda, cuda:1, mps, ...), checked without importing torch
+    (which names the types it knows where the device is used)."""
+    return _checked(str, text, lambda v: re.fullmatch(r"[a-z][a-z0-9_]*(:(0|[1-9][0-9]*))?", v) is not None,
+                    "a device such as cpu, cuda or cuda:1")
 
 
 def _checked(kind, text, ok, rule):

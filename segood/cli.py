@@ -190,8 +190,9 @@ def _library_model(args):
     if not args.model_type and not args.model:  # (only the options that set up such a network were given)
         given = _given(args, "infer_size", "window", "stride", "class_map") + (
             ["--inference"] if getattr(args, "inference", "whole") != "whole" else [])
-        raise ValueError(f"{', '.join(given)} set up a library's network (--model-type and --model); a segood "
-                         "checkpoint or an smp state dict takes none: drop them")
+        fix = ("a segood checkpoint or an smp state dict takes none: drop them" if args.checkpoint or args.weights
+               else "add --model-type and --model")
+        raise ValueError(f"{', '.join(given)} set up a library's network (--model-type and --model); {fix}")
     if not args.model_type or not args.model:
         raise ValueError("--model-type and --model go together: the library (hf, torchvision, smp) and the local "
                          "folder or state dict of its network; --inference, --infer-size, --window, --stride and "

@@ -57,11 +57,12 @@ def make_folder(path):
     try:
         path.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
-        raise NotADirectoryError(errno.ENOTDIR, f"cannot make the folder {path}: {blocker} is a file; choose another "
+        blocker = next((p for p in (path, *path.parents) if os.path.lexists(p) and not p.is_dir()), path)
+        what = "a broken link" if blocker.is_symlink() and not blocker.exists() else "a file"
+        raise NotADirectoryError(errno.ENOTDIR, f"cannot make the folder {path}: {blocker} is {what}; choose another "
                                                 "path") from None
     except OSError as err:
-        _refuse_unwritable(err, path)
+        _refuse_unwritable(err, next((p for p in path.parents if p.is_dir()), path))  # (the deepest that is there)
         raise
     return path
 

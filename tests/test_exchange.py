@@ -149,6 +149,9 @@ def test_export_checks_everything_before_fitting_and_fits_on_the_fit_set(world, 
     with pytest.raises(ValueError, match="named twice"):
         export_scores(model, sets, [get_method("sml"), get_method("sml")], tmp_path / "out", fit_set=missing,
                       progress=False)
+    with pytest.raises(FileNotFoundError, match="no set .*nowhere.h5"):  # (in every layout)
+        export_scores(model, {"nowhere": tmp_path / "nowhere.h5"}, [get_method("sml")], tmp_path / "out",
+                      fit_set=missing, progress=False)
     with pytest.raises(ValueError, match=r"^sml needs its training statistics: pass --fit-set \(fit_set\), a "
                                          "converted training set$"):
         export_scores(model, sets, [get_method("sml")], tmp_path / "out", progress=False)
@@ -193,9 +196,12 @@ def test_score_folders_of_two_layouts_a_root_folder_and_a_set_given_as_scores_ar
     folder = written[("entropy", "perlin_mixed")]
     with pytest.raises(ValueError, match=rf"^{tmp_path / 'out'} holds neither <fid>\.hdf5 files \(SegmentMeIfYouCan\) "
                                          r"nor <fid>_anomaly\.npy files \(Fishyscapes\); anomaly_p/entropy/perlin_mixed "
-                                         r"inside it holds \S+\.hdf5: give the folder of one method and set \(or "
-                                         r"segood's file itself\)$"):
+                                         r"inside it holds \S+\.hdf5: give the folder of one method and set$"):
         evaluate_score_maps(tmp_path / "out", data, tmp_path / "a", figures=False)
+    export_scores(model, {"perlin_mixed": data}, [get_method("entropy")], tmp_path / "seg", progress=False)
+    with pytest.raises(ValueError, match=r"\(Fishyscapes\); it holds segood's file perlin_mixed\.h5: give that "
+                                         "file$"):
+        evaluate_score_maps(tmp_path / "seg" / "entropy", data, tmp_path / "a", figures=False)
     np.save(folder / "stray_anomaly.npy", np.zeros((2, 2), np.float32))  # (taken for a Fishyscapes folder)
     with pytest.raises(ValueError, match=r"holds both <fid>\.hdf5 files \(SegmentMeIfYouCan\) and <fid>_anomaly\.npy "
                                          r"files \(Fishyscapes\): keep one layout's maps in a folder$"):

@@ -402,6 +402,10 @@ def test_an_output_behind_a_file_or_in_an_unwritable_folder_is_named(tmp_path, m
                  str(tmp_path / "taken" / "n.h5"), "--quiet"]) == 2
     assert f"cannot make the folder {tmp_path / 'taken'}: {tmp_path / 'taken'} is a file" in capsys.readouterr().err
     assert (tmp_path / "taken").read_text() == "a file"
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    with pytest.raises(NotADirectoryError, match=rf"cannot make the folder {tmp_path / 'dangling' / 'x'}: "
+                                                 rf"{tmp_path / 'dangling'} is a broken link; choose another path$"):
+        write_json(tmp_path / "dangling" / "x" / "y.json", {})
 
     def read_only(*args, **kwargs):  # (tests run as root, for whom no folder is unwritable)
         raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "ro" / ".x.json.abc.tmp"))
@@ -412,6 +416,13 @@ def test_an_output_behind_a_file_or_in_an_unwritable_folder_is_named(tmp_path, m
                                               r"denied\); choose a folder you can write, or give yourself write "
                                               "permission$"):
         write_json(tmp_path / "ro" / "x.json", {})
+
+    def cannot_make(self, *args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", cannot_make)
+    with pytest.raises(PermissionError, match=rf"^\[Errno 13\] cannot write into {tmp_path / 'ro'} "):  # (the
+        write_json(tmp_path / "ro" / "new" / "deeper" / "x.json", {})  # deepest folder there, not one to make)
 
 
 def test_a_conversion_pools_workers_end_at_sigterm_as_multiprocessing_expects(tmp_path):

@@ -596,6 +596,8 @@ def test_library_options_without_a_library_network_are_named(tmp_path, capsys):
     assert capsys.readouterr().err == ("segood evaluate: error: --window, --inference set up a library's network "
                                        "(--model-type and --model); a segood checkpoint or an smp state dict takes "
                                        "none: drop them\n")
+    assert main(["evaluate", "--window", "16", "32", "--sets", str(tmp_path / "s.h5"), "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.endswith("(--model-type and --model); add --model-type and --model\n")
     assert main(["evaluate", "--model-type", "hf", "--sets", str(tmp_path / "s.h5"), "--out", str(tmp_path)]) == 2
     assert "--model-type and --model go together" in capsys.readouterr().err
     from segood.models.inference import check_inference
@@ -609,7 +611,12 @@ def test_library_options_without_a_library_network_are_named(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"^crop and stride \(--window, --stride\) set the sliding window; "
                                          r"inference mode 'resize' takes none"):
         check_inference("resize", size=(16, 32), crop=(8, 8))
-    with pytest.raises(SystemExit):  # argparse's one-line usage error, before torch is asked
-        main([*argv, "--device", "bogus"])
-    assert capsys.readouterr().err.endswith("segood evaluate: error: argument --device: must be a device: cpu, cuda "
-                                            "or cuda:N, got bogus\n")
+    for bad in ("cuda 1", "cuda:01", "CUDA", ""):  # argparse's one-line usage error, before torch is asked
+        with pytest.raises(SystemExit):
+            main([*argv, "--device", bad])
+        assert capsys.readouterr().err.endswith("segood evaluate: error: argument --device: must be a device such as "
+                                                f"cpu, cuda or cuda:1, got {bad}\n")
+    from segood.arguments import device
+
+    assert [device(name) for name in ("cpu", "cuda:1", "mps", "xla:0", "privateuseone")] == \
+        ["cpu", "cuda:1", "mps", "xla:0", "privateuseone"]  # (torch's other device types pass to torch)

@@ -97,7 +97,8 @@ def test_bad_protocols_are_refused(sources, tmp_path):
     evaluate(tiny_network(), {"normal_tune": tuning["normal_tune"]}, ["entropy"], tmp_path / "p" / "normal_tune",
              progress=False, figures=False)  # the second tuning set's folder, taken by another run
     with pytest.raises(ValueError, match=rf"^{tmp_path / 'p' / 'normal_tune'} holds a run of other sets or methods "
-                                         "than this protocol's evaluation tuned on normal_tune; choose another --out$"):
+                                         r"than this protocol's evaluation tuned on normal_tune; choose another "
+                                         r"folder \(--out; in Python out_dir\)$"):
         cross_source(tiny_network(), tuning, tests, ["entropy"], tmp_path / "p")
     assert sorted(p.name for p in (tmp_path / "p").iterdir()) == ["normal_tune"]  # (refused before the first)
 

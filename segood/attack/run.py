@@ -100,9 +100,11 @@ def attack(targets: list[str | tuple[str, str | Path]], frames: str | Path, out_
     if (out / "state").exists() and not o.resume:
         raise ValueError(f"{out} holds an attack; pass resume=True (--resume) to continue it, or choose another --out")
     targets = parse_targets(targets)
-    if o.standard is not None and not read_manifest(o.standard)["pixels"]["ood"]:
-        raise ValueError(f"the standard set {o.standard} has no OOD pixels, so every metric on it is undefined: give "
-                         "a set with OOD objects (e.g. segood convert paste), or drop --standard")
+    pixels = None if o.standard is None else read_manifest(o.standard)["pixels"]
+    if pixels is not None and not (pixels["ood"] and pixels["id"]):
+        raise ValueError(f"the standard set {o.standard} has {pixels['id']} ID and {pixels['ood']} OOD pixels, so "
+                         "every metric on it is undefined: give a set with both (e.g. segood convert paste), or drop "
+                         "--standard")
     dataset = H5SegmentationDataset(frames)
     count = len(dataset) if o.max_frames is None else min(o.max_frames, len(dataset))
     scenes = [Scene.from_item(dataset[i]) for i in range(count)]

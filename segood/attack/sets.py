@@ -10,6 +10,7 @@ same space drawn without search (the same for every method of a network), the ba
 effect from the space's.
 """
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -58,11 +59,14 @@ def transfer_matrix(networks, sets, out_dir, *, progress=True, batch_size=4):
     {set name: path}. Each network's run lands in ``out_dir/<name>`` (results.json, results.md). Returns
     {method: {set: {"auroc": .., "fpr95": ..}}} (pooled over pixels)."""
     from segood.evaluation import evaluate
+    from segood.evaluation.report import COARSE_WARNING
 
     matrix = {}
     for name, (model, methods, checkpoint) in networks.items():
-        doc = evaluate(model, sets, methods, Path(out_dir) / name, batch_size=batch_size, progress=progress,
-                       figures=False, checkpoint=checkpoint, bootstrap=None)
+        with warnings.catch_warnings():  # (each run's results.md marks ≈ what its grid cannot pin down)
+            warnings.filterwarnings("ignore", message=COARSE_WARNING)
+            doc = evaluate(model, sets, methods, Path(out_dir) / name, batch_size=batch_size, progress=progress,
+                           figures=False, checkpoint=checkpoint, bootstrap=None)
         for method, by_set in doc["results"].items():
             matrix[method] = {s: {k: r["pooled"][k] for k in METRICS} for s, r in by_set.items()}
     return matrix

@@ -51,11 +51,13 @@ def detect_layout(path):
                          "(Fishyscapes): keep one layout's maps in a folder")
     if fishyscapes or smiyc:
         return "fishyscapes" if fishyscapes else "smiyc"
-    inside = next((p for pattern in ("*.hdf5", "*_anomaly.npy", "*.h5") for p in path.rglob(pattern)), None)
+    inside = next((p for depth in range(1, 5) for pattern in ("*.hdf5", "*_anomaly.npy", "*.h5")
+                   for p in path.glob("*/" * (depth - 1) + pattern)), None)  # (an export's root: a few levels)
+    hint = "" if inside is None else (f"; it holds segood's file {inside.relative_to(path)}: give that file"
+                                      if inside.suffix == ".h5" else f"; {inside.relative_to(path).parent} inside it "
+                                      f"holds {inside.name}: give the folder of one method and set")
     raise ValueError(f"{path} holds neither <fid>.hdf5 files (SegmentMeIfYouCan) nor <fid>_anomaly.npy files "
-                     "(Fishyscapes)" + ("" if inside is None else f"; {inside.relative_to(path).parent} inside it "
-                                       f"holds {inside.name}: give the folder of one method and set (or segood's "
-                                       "file itself)"))
+                     f"(Fishyscapes){hint}")
 
 
 class ScoreMaps:
@@ -194,6 +196,7 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
             raise ValueError(f"{method.name} needs its training statistics: pass --fit-set (fit_set), a converted "
                              "training set")
     refuse_names_twice(methods)
+    datasets = {name: H5SegmentationDataset(path) for name, path in sets.items()}  # (each set opened before a fit)
     folders = {name: name if layout == "segood" else split_name(read_manifest(path), layout) or name
                for name, path in sets.items()}
     files = {}  # {(folder, file name): set}: sets may share a folder (a benchmark's splits do), never a file
@@ -209,7 +212,7 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
     check_methods(model, methods)
     written = {}
     for set_name, path in sets.items():
-        dataset = H5SegmentationDataset(path)
+        dataset = datasets[set_name]
         names = file_ids(frame_ids(path)) if layout != "segood" else None
         targets = {m.name: _target(out_dir, layout, m.name, folders[set_name]) for m in methods}
         with ExitStack() as stack:  # on an error the segood layout's temporary files are removed, nothing renamed
@@ -328,9 +331,9 @@ def _target(out_dir, layout, method, set_name):
     return out_dir / method / set_name
 
 
-def half_precision(scores, what):
-    """``scores`` as float16 (SegmentMeIfYouCan's maps, a verified submission's); a ValueError naming ``what`` where
-    finite scores lie beyond float16's range (±65504): they would all become ±inf and tie."""
+def half_precision(scores, what, fix="rescale the scores (e.g. divide them by a constant, which keeps their order)"):
+    """``scores`` as float16 (SegmentMeIfYouCan's maps, a verified submission's); a ValueError naming ``what`` and
+    ``fix`` where finite scores lie beyond float16's range (±65504): they would all become ±inf and tie."""
     scores = np.asarray(scores)
     with np.errstate(over="ignore"):
         half = scores.astype(np.float16)
@@ -338,8 +341,7 @@ def half_precision(scores, what):
     if beyond.any():
         largest = float(np.abs(scores[beyond].astype(np.float64)).max())
         raise ValueError(f"{what}: {int(beyond.sum())} finite scores lie beyond float16's range (±65504; the largest "
-                         f"magnitude {largest:.6g}), where they would all become ±inf and tie: rescale the scores "
-                         "(e.g. divide them by a constant, which keeps their order)")
+                         f"magnitude {largest:.6g}), where they would all become ±inf and tie: {fix}")
     return half
 
 
@@ -348,7 +350,8 @@ def _write_file(layout, path, score):
     from segood.io import atomic_output
 
     if layout == "smiyc":
-        value = half_precision(score, path)
+        value = half_precision(score, path, "export this method in the segood or fishyscapes layout, which keep "
+                                            "float32 scores")
         with _h5_output(path) as f:
             f.create_dataset("value", data=value, compression="gzip", compression_opts=9)
         return

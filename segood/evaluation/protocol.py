@@ -8,12 +8,14 @@ threshold saw the test's outliers.
 
 import dataclasses
 import json
+import warnings
 from pathlib import Path
 
 from segood.data.h5 import H5SegmentationDataset, frame_loader, read_manifest, set_identity
 from segood.evaluation.api import evaluate
 from segood.evaluation.layout import RunFolder, refuse_another_command
 from segood.evaluation.options import GRIDS, ProtocolOptions
+from segood.evaluation.report import COARSE_WARNING
 from segood.io import atomic_write_text, write_json
 from segood.methods.methods import method_for_grid
 from segood.methods.scorer import Scorer
@@ -57,10 +59,11 @@ def cross_source(model, tuning_sets: dict[str, str | Path], test_sets: dict[str,
                                  "with OOD objects (e.g. segood convert mix)")
     for s in tuning_sets:  # (a later tuning set's folder found taken only after the earlier ones' evaluations)
         folder = RunFolder(Path(out_dir) / s)
-        if folder.run.exists() and (set(folder.read_run().get("sets") or {}) != {s, *test_sets}
-                                    or set(folder.read_run().get("methods") or {}) != set(methods)):
+        run = folder.read_run() if folder.run.exists() else None
+        if run is not None and (set(run.get("sets") or {}) != {s, *test_sets}
+                                or set(run.get("methods") or {}) != set(methods)):
             raise ValueError(f"{folder.path} holds a run of other sets or methods than this protocol's evaluation "
-                             f"tuned on {s}; choose another --out")
+                             f"tuned on {s}; choose another folder (--out; in Python out_dir)")
     sources = {name: set(set_identity(path)["ood_sources"]) for name, path in {**tuning_sets, **test_sets}.items()}
     if not isinstance(model, Scorer):  # (tuning scores the network itself, in inference mode, as the evaluation will)
         model = as_network(model, feature_layer=evaluation.feature_layer,
@@ -73,8 +76,10 @@ def cross_source(model, tuning_sets: dict[str, str | Path], test_sets: dict[str,
         tuned = [tune(m, model, loader, grids[m], metric=metric, tuning_set=path, metric_grid=evaluation.grid,
                       progress=evaluation.progress).method()
                  if m in grids else method_for_grid(m, evaluation.grid) for m in methods]
-        doc = evaluate(model, {s: path, **test_sets}, tuned, out_dir / s, dataclasses.replace(
-            evaluation, resume=evaluation.resume and (out_dir / s / "run.json").exists(), commit_on=s))
+        with warnings.catch_warnings():  # (each evaluation's results.md marks ≈ what its grid cannot pin down)
+            warnings.filterwarnings("ignore", message=COARSE_WARNING)
+            doc = evaluate(model, {s: path, **test_sets}, tuned, out_dir / s, dataclasses.replace(
+                evaluation, resume=evaluation.resume and (out_dir / s / "run.json").exists(), commit_on=s))
         for method in tuned:
             m = method.name
             tuned_params[m][s] = {k: v for k, v in method.params.items() if k != "tuning"}

@@ -160,7 +160,7 @@ def write_report(out_dir: str | Path, *, figures: bool = True, bootstrap: Bootst
     atomic_write_text(folder.results_md, results_markdown(doc))
     atomic_write_text(folder.results_tex, results_latex(doc))
     if figures:
-        write_figures(folder.figures, doc, ev)
+        write_figures(folder.figures, doc, ev, prune=True)
     return doc
 
 
@@ -442,10 +442,10 @@ def summary_text(doc):
 FIGURES = ("curves_*.png", "metrics.png", "per_class_*.png", "examples_*.png")  #: the files write_figures draws
 
 
-def write_figures(figures, doc, ev):
+def write_figures(figures, doc, ev, *, prune=False):
     """ROC and PR curves per set, grouped bars per metric, mean score per class, example panels (PNG files in
-    the folder ``figures``); files of these names that this run does not draw (another run's, drawn before into
-    the folder) are removed."""
+    the folder ``figures``). ``prune`` (a run folder's own ``figures/``): files of these names that this run does
+    not draw (another run's, drawn before into the folder) are removed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -538,7 +538,7 @@ def write_figures(figures, doc, ev):
                     ax.set_title(title, fontsize=8)
         fig.text(0.5, 0.01, heat_caption(), ha="center", va="bottom", fontsize=7)
         save(fig, f"examples_{s}.png", bottom=0.25)
-    for stale in {path for pattern in FIGURES for path in figures.glob(pattern)}:
+    for stale in {path for pattern in FIGURES for path in figures.glob(pattern)} if prune else ():
         if stale.name not in drawn:
             stale.unlink()
 
@@ -759,6 +759,10 @@ def coarse_cells(doc):
     COARSE (marked ≈)."""
     return [(m, s, metric) for m, by_set in doc["results"].items() for s, r in by_set.items() for metric in METRICS
             if too_coarse(metric, r)]
+
+
+#: the start of :func:`warn_coarse`'s message, for commands that run evaluations with no grid option of their own
+COARSE_WARNING = r".* cannot pin \d+ pooled"
 
 
 def warn_coarse(doc):
