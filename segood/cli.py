@@ -977,12 +977,25 @@ def build_parser(*, adapters=True):
 
 class _Parser(argparse.ArgumentParser):
     """An option of several values given twice lists both (``--sets a.h5 --sets b.h5``: both sets), where argparse
-    keeps the last only; a default is replaced, not extended."""
+    keeps the last only; a default is replaced, not extended. An argument no command takes is refused by the
+    command given (``segood export: error: ...``, with its usage), where argparse's top-level parser names none."""
 
     def add_argument(self, *names, **options):
         if options.get("nargs") == "+" and "action" not in options and names[0].startswith("-"):
             options["action"] = _Extend
         return super().add_argument(*names, **options)
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            parser = self
+            for word in sys.argv[1:] if args is None else args:  # down to the (sub)command given
+                commands = next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)),
+                                {})
+                if word in commands:
+                    parser = commands[word]
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
 
 
 class _Extend(argparse.Action):

@@ -317,3 +317,16 @@ def test_the_command_prints_segoods_warnings_in_one_line_and_a_librarys_as_pytho
               "warnings.warn_explicit('a library warns', UserWarning, torch.__file__, 7)")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert "__init__.py:7: UserWarning: a library warns" in done.stderr
+
+
+def test_an_argument_no_command_takes_is_refused_by_the_command_given(capsys):
+    """argparse's top-level parser said "segood: error: unrecognized arguments", naming no command."""
+    for argv, where in ((["export", "--sets", "a.h5", "--methods", "entropy", "--out", "x", "-x"], "segood export"),
+                        (["convert", "noise", "--out", "x.h5", "--bogus"], "segood convert noise"),
+                        (["convert", "mix", "--ood", "a.h5", "--id", "b.h5", "--out", "noise", "--bogus"],
+                         "segood convert mix")):
+        with pytest.raises(SystemExit):
+            main(argv)
+        err = capsys.readouterr().err
+        assert err.startswith(f"usage: {where} ") and err.endswith(f"{where}: error: unrecognized arguments: "
+                                                                    f"{argv[-1]}\n")
