@@ -45,6 +45,7 @@ def submit(run_dir, out, *, method=None, name, description="", allow_same_source
                          "(--scores SET=PATH)")
     if run_dir is None and not score_maps:
         raise ValueError("nothing to submit: give a run (its accumulator states) or score maps (--scores SET=FILE)")
+    _refuse_a_set_twice(run_dir, data)  # (before any map is packaged)
     document = ({"schema": SCHEMA, "method": {"name": name, "description": description, "params": {},
                                                "uses_ood_data": bool(uses_ood_data)}, "sets": {}}
                 if run_dir is None else None)
@@ -63,7 +64,6 @@ def submit(run_dir, out, *, method=None, name, description="", allow_same_source
                     identity = _maps_identity(set_name, data.get(set_name), previous)
                     document["sets"][set_name] = {"scores": map_member(set_name), **identity,
                                                   "same_source_tuning": previous.get("same_source_tuning", False)}
-                _refuse_a_set_twice(document["sets"])
                 archive.writestr("submission.json", json.dumps(document, indent=2, allow_nan=False))
         except OSError as err:
             if err.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -108,12 +108,17 @@ def _maps_identity(set_name, data, previous):
     return {"manifest_sha256": digest}
 
 
-def _refuse_a_set_twice(sets):
-    """Refuse two set names of one set (the same manifest hash): the board would judge the second as a set it
-    lacks."""
+def _refuse_a_set_twice(run_dir, data):
+    """Refuse two set names of one set (the same manifest hash) among the run's sets and the sets of ``data``: the
+    board would judge the second as a set it lacks."""
+    from segood.data.h5 import set_identity
+    from segood.evaluation.layout import RunFolder
+
+    digests = {} if run_dir is None else {s: r.get("manifest_sha256")
+                                          for s, r in RunFolder(run_dir).read_run()["sets"].items()}
+    digests.update({s: set_identity(path)["manifest_sha256"] for s, path in data.items()})
     seen = {}
-    for set_name, entry in sets.items():
-        digest = entry.get("manifest_sha256")
+    for set_name, digest in digests.items():
         if digest in seen:
             raise ValueError(f"sets {seen[digest]!r} and {set_name!r} are one set (manifest sha256 {digest[:12]}…): "
                              "give it once, under its own name")
