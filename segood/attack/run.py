@@ -20,12 +20,13 @@ from segood.attack.report import example_figure, markdown
 from segood.attack.search import Target, calibrate, search_set
 from segood.attack.sets import transfer_matrix, write_set
 from segood.attack.space import Scene, SearchSpace
-from segood.data.h5 import H5SegmentationDataset, frame_loader, read_manifest, set_identity
+from segood.data.h5 import H5SegmentationDataset, read_manifest, set_identity
 from segood.data.paste import demo_objects, sun_objects
 from segood.data.sun import SunLabelMap
 from segood.evaluation.layout import refuse_another_command
 from segood.io import atomic_write_text, output_file, write_json
 from segood.methods import get_method
+from segood.methods.schedule import fit_methods, unfitted_methods
 from segood.models import load_model
 
 
@@ -122,12 +123,7 @@ def attack(targets: list[str | tuple[str, str | Path]], frames: str | Path, out_
             networks[name] = (model.to(o.device) if o.device else model, [], checkpoint)
         networks[name][1].append(get_method(method_name))
     for name, (model, methods, _) in networks.items():
-        for method in methods:
-            method.check(model)
-            if method.needs.fit and not method.ready:
-                if fit_set is None:
-                    raise ValueError(f"{method.name} needs its training statistics: pass fit_set (--fit-set)")
-                method.fit(model, frame_loader(H5SegmentationDataset(fit_set), 4))
+        fit_methods(model, unfitted_methods(model, methods, fit_set), fit_set, batch_size=4)
 
     started = time.perf_counter()
     calibration, doc_targets, set_paths, passes, reused = {}, {}, {}, 0, 0

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from segood._threads import beside_readers
-from segood.data.h5 import (H5SegmentationDataset, frame_ids, frame_loader, frame_sizes, read_manifest, require_labels,
+from segood.data.h5 import (H5SegmentationDataset, frame_ids, frame_sizes, read_manifest, require_labels,
                              set_identity)
 from segood.evaluation.exchange import ScoreMaps
 from segood.evaluation.layout import RunFolder
@@ -24,7 +24,7 @@ from segood.evaluation.runner import (Evaluation, check_given_thresholds, chosen
                                       default_methods, run, run_identity)
 from segood.io import write_json
 from segood.methods.methods import Method, check_grid, fits_grid, method_for_grid
-from segood.methods.schedule import refuse_names_twice
+from segood.methods.schedule import fit_methods, refuse_names_twice, unfitted_methods
 from segood.methods.scorer import Scorer
 from segood.models.external import as_network
 from segood.models.network import SegmentationNetwork
@@ -143,11 +143,7 @@ def prepare(model, sets, methods, options, out_dir=None):
         _check_tuning_set(sets, o.components["commit_on"], "the component thresholds' tuning set")
     for method in methods:
         check_grid(method, o.grid)
-        method.check(model)
-    fitted = [m for m in methods if m.needs.fit and not m.ready]  # (fitted below, once the rest is checked)
-    if fitted and o.fit_set is None:
-        raise ValueError(f"{fitted[0].name} needs its training statistics: pass fit_set (--fit-set), a converted "
-                         "training set, or a fitted method")
+    fitted = unfitted_methods(model, methods, o.fit_set)  # (fitted below, once the rest is checked)
     if o.fit_set is not None and not fitted:
         warnings.warn(f"fit_set (--fit-set) {o.fit_set} is not used: none of {', '.join(m.name for m in methods)} "
                       "needs a fit (or each came fitted)", stacklevel=3)
@@ -163,8 +159,7 @@ def prepare(model, sets, methods, options, out_dir=None):
     }
     if out_dir is not None:  # (a folder holding another run is refused before a fit's pass over its training set)
         RunFolder(out_dir).refuse_another_run(description)
-    for method in fitted:
-        method.fit(model, frame_loader(H5SegmentationDataset(o.fit_set), o.batch_size), progress=o.progress)
+    fit_methods(model, fitted, o.fit_set, batch_size=o.batch_size, progress=o.progress)
     return model, sets, methods, description
 
 

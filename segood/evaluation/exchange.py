@@ -180,7 +180,7 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
     written}."""
     from segood.data.benchmarks import split_name
     from segood.data.h5 import H5SegmentationDataset, frame_ids, frame_loader, read_manifest
-    from segood.methods.schedule import check_methods, refuse_names_twice, score_batch
+    from segood.methods.schedule import fit_methods, refuse_names_twice, score_batch, unfitted_methods
     from segood.models.network import preprocess
 
     if layout not in LAYOUTS:
@@ -190,11 +190,7 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
         raise ValueError(f"{out_dir} is a file; --out names the folder the maps are written into")
     device = device or next(model.parameters()).device
     model = model.to(device).eval()
-    for method in methods:
-        method.check(model)
-        if not method.ready and fit_set is None:
-            raise ValueError(f"{method.name} needs its training statistics: pass --fit-set (fit_set), a converted "
-                             "training set")
+    unfitted = unfitted_methods(model, methods, fit_set)
     refuse_names_twice(methods)
     datasets = {name: H5SegmentationDataset(path) for name, path in sets.items()}  # (each set opened before a fit)
     folders = {name: name if layout == "segood" else split_name(read_manifest(path), layout) or name
@@ -206,10 +202,7 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
             if other != set_name:
                 raise ValueError(f"sets {other} and {set_name} would both write {folders[set_name]}/{name}: export "
                                  "them to different --out folders")
-    for method in methods:  # (the fits last: everything above is checked in a moment)
-        if not method.ready:
-            method.fit(model, frame_loader(H5SegmentationDataset(fit_set), 2), progress=progress)
-    check_methods(model, methods)
+    fit_methods(model, unfitted, fit_set, progress=progress)  # (last: everything above is checked in a moment)
     written = {}
     for set_name, path in sets.items():
         dataset = datasets[set_name]

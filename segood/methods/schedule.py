@@ -59,6 +59,27 @@ def refuse_names_twice(methods):
                          "it)")
 
 
+def unfitted_methods(model, methods, fit_set):
+    """The methods that need a fit and have none, once every method's head is checked (fit them with
+    :func:`fit_methods` when everything else is checked too); a ValueError where some do and there is no
+    ``fit_set``, a converted training set, to fit them on."""
+    for method in methods:
+        method.check(model)
+    unfitted = [m for m in methods if not m.ready]
+    if unfitted and fit_set is None:
+        raise ValueError(f"{unfitted[0].name} needs its training statistics: pass --fit-set (fit_set), a converted "
+                         "training set")
+    return unfitted
+
+
+def fit_methods(model, methods, fit_set, *, batch_size=2, progress=False):
+    """Fit each of ``methods`` on the converted training set ``fit_set``."""
+    from segood.data.h5 import H5SegmentationDataset, frame_loader
+
+    for method in methods:
+        method.fit(model, frame_loader(H5SegmentationDataset(fit_set), batch_size), progress=progress)
+
+
 def check_methods(model, methods):
     """Refuse a network without a method's head, or a method that needs a fit and has none."""
     for method in methods:
