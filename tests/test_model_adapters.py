@@ -168,6 +168,13 @@ def test_smp_folder_and_hf_folder_load_offline(tmp_path):
         load_library_model("hf", tmp_path / "smp" / "nothing")
     with pytest.raises(KeyError, match="unknown model type 'keras'; choose one of .*'hf'"):
         load_library_model("keras", tmp_path)
+    with pytest.raises(ValueError, match="not a transformers model folder .*read it with model type 'smp'"):
+        load_library_model("hf", tmp_path / "smp")
+    with pytest.raises(ValueError, match="not a segmentation_models_pytorch model folder .*model type 'hf'"):
+        load_library_model("smp", tmp_path / "hf")
+    (tmp_path / "smp" / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="config.json cannot be read as JSON"):
+        load_library_model("smp", tmp_path / "smp")
 
 
 # inference modes
@@ -212,6 +219,17 @@ def test_sliding_window_equals_a_literal_loop(height, width, crop, stride):
                             values.append(window[..., i - top, j - left])
                 expected[..., i, j] = sum(values) / len(values)
     torch.testing.assert_close(got, expected)
+
+
+def test_inputs_too_small_for_the_network_are_named_with_the_option_that_sets_them():
+    x = preprocess(frames(1, 40, 72))
+    with pytest.raises(ValueError, match=r"cannot run on inputs this small \(4x4\): .*Kernel size.*--window H W"):
+        hf_model(tiny_segformer(), inference="slide", crop=(4, 4))(x)
+    with pytest.raises(ValueError, match=r"this small \(4x4\): .*--infer-size H W"):
+        hf_model(tiny_segformer(), inference="resize", size=(4, 4))(x)
+    with pytest.raises(ValueError, match=r"this small \(4x4\): .*--inference resize"):
+        hf_model(tiny_segformer())(preprocess(frames(1, 4, 4)))
+    assert hf_model(tiny_segformer(), inference="slide", crop=(32, 32))(x).logits.shape == (1, 4, 40, 72)
 
 
 def test_adapter_modes_resize_and_slide_against_the_module():

@@ -12,6 +12,7 @@ The loaders never download: they read local folders and files only (``from_pretr
 ``local_files_only=True``; torchvision with ``weights=None, weights_backbone=None``).
 """
 
+import json
 import operator
 import re
 
@@ -129,9 +130,37 @@ def class_indices(network_classes, classes):
     return indices
 
 
+#: the key of a saved folder's config.json that tells each library's folders apart
+FOLDER_KEYS = {"hf": ("transformers", "model_type"), "smp": ("segmentation_models_pytorch", "_model_class")}
+
+
+def check_folder(path, model_type):
+    """Refuse a folder whose ``config.json`` another library than ``model_type``'s saved, naming that library."""
+    library, key = FOLDER_KEYS[model_type]
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ValueError(f"{path / 'config.json'} cannot be read as JSON ({err}): save the network again with "
+                         "model.save_pretrained(FOLDER)") from err
+    if not isinstance(config, dict) or key not in config:
+        other = [name for name, (_, k) in FOLDER_KEYS.items() if isinstance(config, dict) and k in config]
+        hint = (f": {FOLDER_KEYS[other[0]][0]} saved it, read it with model type {other[0]!r} (--model-type "
+                f"{other[0]})") if other else ""
+        raise ValueError(f"{path} is not a {library} model folder (its config.json has no {key!r}){hint}")
+
+
 def _some(names):
     names = [str(n) for n in names]
     return ", ".join(names[:25]) + (f" and {len(names) - 25} more" if len(names) > 25 else "")
+
+
+# torch's words for an input smaller than a layer's kernel or a pooling's output
+TOO_SMALL = ("Kernel size can't be greater than actual input size", "Output size is too small",
+             "Expected more than 1 value per channel", "Padding size should be less than")
+TOO_SMALL_FIX = {"whole": "Give the frames a larger size, or inference 'resize' to the network's size "
+                          "(--inference resize)",
+                 "resize": "Give a larger size (--infer-size H W), e.g. the network's training size",
+                 "slide": "Give a larger window (--window H W), e.g. the network's training crop"}
 
 
 class LibraryModel(ExternalModel):
@@ -207,27 +236,34 @@ class LibraryModel(ExternalModel):
         return x * self.gain + self.shift if self.renormalise else x
 
     def forward(self, x):
-        x = self.network_input(x)
+        try:
+            return self.mapped(self._forward(self.network_input(x)))
+        except RuntimeError as err:  # a layer that an input this small cannot pass
+            if not any(message in str(err) for message in TOO_SMALL):
+                raise
+            size = {"whole": x.shape[-2:], "resize": self.size, "slide": self.crop}[self.inference]
+            given = f" ({size[0]}x{size[1]})" if size else ""
+            raise ValueError(f"the network cannot run on inputs this small{given}: {err}. "
+                             f"{TOO_SMALL_FIX[self.inference]}") from err
+
+    def _forward(self, x):
         if self.inference == "whole":
             if self.fixed_size and tuple(x.shape[-2:]) != self.fixed_size:
                 raise ValueError(f"this network sees inputs of exactly {self.fixed_size[0]}x{self.fixed_size[1]}; "
                                  f"these frames are {x.shape[-2]}x{x.shape[-1]}: use inference 'resize' or 'slide' "
                                  f"(window {self.fixed_size[0]} {self.fixed_size[1]})")
             divisible = x.shape[-2] % self.multiple == 0 and x.shape[-1] % self.multiple == 0
-            out = self.network_output(x) if divisible else run_padded(self.network_output, x, self.multiple,
-                                                                      align_corners=self.align_corners)
-        elif self.inference == "resize":
+            return self.network_output(x) if divisible else run_padded(self.network_output, x, self.multiple,
+                                                                       align_corners=self.align_corners)
+        if self.inference == "resize":
             size = self.size or self.fixed_size or processor_size(*x.shape[-2:], self.processor_size,
                                                                   multiple=self.multiple)
             size = tuple(-(-s // self.multiple) * self.multiple for s in size)
-            out = resize_and_back(self.network_output, x, size, align_corners=self.align_corners)
-        else:
-            pad = self.fixed_size[0] if self.fixed_size else self.multiple  # (border windows of smaller frames)
-            logits = slide(lambda window: run_padded(self.network_output, window, pad,
-                                                     align_corners=self.align_corners),
-                           x, crop=self.crop, stride=self.stride, align_corners=self.align_corners)
-            out = SegOutput(logits, None)
-        return self.mapped(out)
+            return resize_and_back(self.network_output, x, size, align_corners=self.align_corners)
+        pad = self.fixed_size[0] if self.fixed_size else self.multiple  # (border windows of smaller frames)
+        return SegOutput(slide(lambda window: run_padded(self.network_output, window, pad,
+                                                         align_corners=self.align_corners),
+                               x, crop=self.crop, stride=self.stride, align_corners=self.align_corners), None)
 
     def mapped(self, out):
         """``out`` with its logits (and query outputs) restricted to the mapped classes, in the target's order."""

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from segood.models.adapters import LibraryModel, register_model_type
+from segood.models.adapters import LibraryModel, check_folder, register_model_type
 from segood.models.checkpoint import check_outlier_exposure
 from segood.models.network import QueryOutput, SegOutput
 
@@ -118,6 +118,7 @@ def load_hf(path, **options):
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} is not a transformers model folder (no config.json): save the network with "
                                 "model.save_pretrained(FOLDER) (and its processor with processor.save_pretrained)")
+    check_folder(path, "hf")
     config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
     if config.model_type not in HF_CLASSES:
         raise ValueError(f"{path} holds a {config.model_type!r} network; segood adapts {', '.join(HF_CLASSES)}")

@@ -4,7 +4,7 @@ ImageNet-normalised inputs, as segood gives them, and return logits at the input
 
 from pathlib import Path
 
-from segood.models.adapters import LibraryModel, register_model_type
+from segood.models.adapters import LibraryModel, check_folder, register_model_type
 from segood.models.network import SegOutput
 
 #: the torchvision segmentation builders segood adapts
@@ -88,6 +88,7 @@ def load_smp(path, **options):
         raise FileNotFoundError(f"{path} is not a segmentation_models_pytorch folder (no config.json): save the "
                                 "network with model.save_pretrained(FOLDER), or give a plain state dict with --arch, "
                                 "--encoder and --weights")
+    check_folder(path, "smp")
     module = smp.from_pretrained(str(path))
     stride = getattr(module.encoder, "output_stride", 32)
     return SmpSegmentation(module, multiple=stride, **options)
