@@ -91,6 +91,23 @@ def test_a_quarter_resolution_model_evaluates_as_its_upsampled_self(sets, tmp_pa
         evaluate(build_model("pspnet", "resnet18"), [sets["cs"]], ["entropy"], tmp_path / "net", align_corners=True)
 
 
+class Parameterless(torch.nn.Module):
+    """Logits that are a fixed function of the frame: a network with no parameter and no buffer."""
+
+    def forward(self, x):
+        return x.mean(dim=1, keepdim=True) * torch.linspace(-1, 1, 19).view(1, 19, 1, 1)
+
+
+def test_a_network_without_parameters_runs_on_the_cpu(sets, tmp_path):
+    data = {"perlin_mixed": sets["perlin_mixed"]}
+    doc = evaluate(Parameterless(), data, ["max_logit"], tmp_path / "run", progress=False, figures=False)
+    written = export_scores(Parameterless(), data, ["max_logit"], tmp_path / "maps", progress=False)
+    maps = evaluate_score_maps(written["max_logit", "perlin_mixed"], sets["perlin_mixed"], tmp_path / "scored",
+                               name="max_logit", figures=False)
+    assert maps["results"]["max_logit"]["perlin_mixed"]["pooled"] == doc["results"]["max_logit"]["perlin_mixed"][
+        "pooled"]
+
+
 def test_align_corners_and_class_count_from_the_command_line(sets, tmp_path, capsys):
     import segmentation_models_pytorch as smp
 

@@ -71,11 +71,11 @@ def example_figure(path, model, method, set_path, *, count=4, mc_seed=0):
 
     from segood.data.h5 import H5SegmentationDataset
     from segood.methods.schedule import score_batch
-    from segood.models.network import preprocess
+    from segood.models.network import device_of, preprocess
 
     dataset = H5SegmentationDataset(set_path)
     count = min(count, len(dataset))
-    device = next(model.parameters()).device
+    device = device_of(model)
     fig, axes = plt.subplots(2, count, figsize=(3.2 * count, 3.4), squeeze=False)
     for k in range(count):
         item = dataset[k]

@@ -32,7 +32,7 @@ from segood.data.paste import frame_rng
 from segood.io import as_read_back, make_folder, write_json
 from segood.labels import ID
 from segood.methods.schedule import score_batch
-from segood.models.network import preprocess
+from segood.models.network import device_of, preprocess
 
 MAX_DRAWS_PER_PASS = 10
 
@@ -84,7 +84,7 @@ def calibrate(model, methods, scenes, *, seed=0):
 
     Returns {"frame_confidence": [...], "weakest_inlier": float, "score_std": {method name: float}}.
     """
-    device = next(model.parameters()).device
+    device = device_of(model)
     sums = {m.name: np.zeros(3) for m in methods}  # count, sum, sum of squares (float64)
     confidences = []
     for scene in scenes:
@@ -108,7 +108,7 @@ class Target:
 
     def __init__(self, model, method, *, threshold, scale):
         self.model, self.method, self.threshold, self.scale = model, method, float(threshold), float(scale)
-        self.device = next(model.parameters()).device
+        self.device = device_of(model)
 
     def evaluate(self, candidate, mc_seed=None):
         """(mean score over the region, its confidence) of a :class:`~segood.attack.space.Candidate`."""

@@ -170,9 +170,10 @@ class ScoreMaps:
 
 def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=2, device=None, progress=True,
                   fit_set=None):
-    """Score every frame of ``sets`` ({name: converted set}) with ``methods`` and write the maps in ``layout``:
-    ``segood``: ``out_dir/<method>/<set>.h5``; ``smiyc``: ``out_dir/anomaly_p/<method>/<set>/<fid>.hdf5``
-    (float16, dataset ``value``); ``fishyscapes``: ``out_dir/<method>/<set>/<fid>_anomaly.npy`` (float32).
+    """Score every frame of ``sets`` ({name: converted set}) with ``methods`` (names or method objects) and write
+    the maps in ``layout``: ``segood``: ``out_dir/<method>/<set>.h5``; ``smiyc``:
+    ``out_dir/anomaly_p/<method>/<set>/<fid>.hdf5`` (float16, dataset ``value``); ``fishyscapes``:
+    ``out_dir/<method>/<set>/<fid>_anomaly.npy`` (float32).
     In the two folder layouts ``<set>`` is the folder the benchmark's own code reads a split's maps from (from its
     manifest, :func:`segood.data.benchmarks.split_name`: ``AnomalyTrack-all``, ``LostAndFound``), the name in
     ``sets`` for any other. Methods that need a fit and have none are fitted on ``fit_set`` (a converted training
@@ -180,16 +181,19 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
     written}."""
     from segood.data.benchmarks import split_name
     from segood.data.h5 import H5SegmentationDataset, frame_ids, frame_loader, read_manifest
+    from segood.methods import get_method
     from segood.methods.schedule import fit_methods, refuse_names_twice, score_batch, unfitted_methods
-    from segood.models.network import preprocess
+    from segood.models.external import as_network
+    from segood.models.network import device_of, preprocess
 
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; choose one of {LAYOUTS}")
     out_dir = Path(out_dir)
     if out_dir.is_file():
         raise ValueError(f"{out_dir} is a file; --out names the folder the maps are written into")
-    device = device or next(model.parameters()).device
-    model = model.to(device).eval()
+    device = device or device_of(model)
+    model = as_network(model).to(device).eval()
+    methods = [get_method(m) if isinstance(m, str) else m for m in methods]
     unfitted = unfitted_methods(model, methods, fit_set)
     refuse_names_twice(methods)
     datasets = {name: H5SegmentationDataset(path) for name, path in sets.items()}  # (each set opened before a fit)

@@ -40,6 +40,7 @@ from segood.methods import METHODS, get_method
 from segood.methods.schedule import check_methods, compiled, refuse_names_twice, score_frames
 from segood.methods.methods import served_heads
 from segood.methods.scorer import Scorer
+from segood.models.network import device_of
 from segood.models.predict import predicted_classes
 from segood.metrics import UndefinedMetricWarning, accumulator_from_state, grid_of, grid_spec, make_accumulator
 from segood.metrics.calibration import CalibrationAccumulator
@@ -570,7 +571,7 @@ def run(model, sets, methods, out_dir, options, *, rank=0, world_size=1, seed=0,
     if scorer and quality:
         raise ValueError(f"segmentation quality (mIoU, calibration) needs a network's logits; scorer {model.name} "
                          "gives anomaly scores only")
-    device = options.device or (torch.device("cpu") if scorer else next(model.parameters()).device)
+    device = options.device or (torch.device("cpu") if scorer else device_of(model))
     check_methods(model, methods)
     refuse_names_twice(methods)
     folder = RunFolder(out_dir)

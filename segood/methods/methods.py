@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from segood.labels import NUM_CLASSES
 from segood.methods import functional as fn
+from segood.models.network import device_of
 from segood.registry import Registry
 
 ODIN_TEMPERATURES = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
@@ -128,7 +129,7 @@ class Method:
                              f"{images.dtype} of shape {tuple(images.shape)}; for ImageNet-normalised float input "
                              "call method.score(model, x)")
         network = as_network(model)
-        device = next(network.parameters(), torch.empty(0)).device  # (a module without parameters: the CPU)
+        device = device_of(network)
         scores = self.score(network.eval(), preprocess(images.to(device).reshape(-1, *images.shape[-3:])))[0]
         return scores[0] if images.ndim == 3 else scores
 
@@ -315,7 +316,7 @@ class Mahalanobis(Fitted):
         self.check(model)
         if iter(loader) is loader:
             raise TypeError("mahalanobis.fit reads the loader twice: pass a DataLoader or a list, not an iterator")
-        device = next(model.parameters()).device
+        device = device_of(model)
         stats = ClassFeatureStats(NUM_CLASSES)
         for batch in tqdm(loader, desc="mahalanobis fit 1/2", disable=not progress):
             x = preprocess(batch["image"].to(device))
@@ -469,7 +470,7 @@ class StandardizedMaxLogit(Fitted):
 
         model = as_network(model)  # (any nn.Module returning logits, as score() takes it)
         self.check(model)
-        device = next(model.parameters()).device
+        device = device_of(model)
         sums = None
         for batch in tqdm(loader, desc="sml fit", disable=not progress):
             logits = frame_output(model, preprocess(batch["image"].to(device))).logits  # as scored: at the frame's size

@@ -17,7 +17,7 @@ from segood.methods.methods import LINEAR_FORMS, check_grid, get_method
 from segood.methods.schedule import score_batch
 from segood.metrics import METRICS, make_accumulator
 from segood.models.external import as_network
-from segood.models.network import preprocess
+from segood.models.network import device_of, preprocess
 
 
 def same_source_tuning(params, test_identity):
@@ -63,7 +63,7 @@ def tune(method_name, model, loader, grid, *, metric="auroc", tuning_set=None, m
         check_grid(method, metric_grid or {"kind": "float"})
     accumulators = [make_accumulator(metric_grid) for _ in points]
     model = as_network(model)  # (any nn.Module returning logits, as evaluate takes it)
-    device = next(model.parameters(), torch.empty(0)).device
+    device = device_of(model)
     for batch in tqdm(loader, desc=f"tune {method_name} ({len(points)} points)", disable=not progress):
         x = preprocess(batch["image"].to(device))
         labels = batch["ood_mask"].to(device)

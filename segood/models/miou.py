@@ -9,14 +9,14 @@ from tqdm import tqdm
 from segood.data.h5 import H5SegmentationDataset, frame_loader, require_classes
 from segood.labels import CLASS_NAMES, NUM_CLASSES
 from segood.metrics.segmentation import confusion_matrix, mean_iou
-from segood.models.network import preprocess
+from segood.models.network import device_of, preprocess
 from segood.models.predict import predicted_classes
 
 
 @torch.no_grad()
 def evaluate_miou(model, data, *, batch_size=4, device=None, progress=True):
     """Per-class IoU and mIoU of ``model`` on a converted set (its ``semantic`` trainIds)."""
-    device = device or next(model.parameters()).device
+    device = device or device_of(model)
     dataset = data if isinstance(data, H5SegmentationDataset) else H5SegmentationDataset(data)
     require_classes(dataset.path, "mIoU")
     loader = frame_loader(dataset, batch_size)

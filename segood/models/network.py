@@ -5,6 +5,7 @@ bilinear upsample to the input size, the last operation before the softmax (the 
 pixel maps to one location of the penultimate layer.
 """
 
+import itertools
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -195,6 +196,12 @@ def frame_output(model, x):
     def crop(t):
         return None if t is None else t[..., :height, :width]
     return replace(output, logits=crop(output.logits), confidence=crop(output.confidence))
+
+
+def device_of(module):
+    """The device of ``module``'s first parameter or buffer: the CPU for a module that has neither."""
+    first = next(itertools.chain(module.parameters(), module.buffers()), None)
+    return torch.device("cpu") if first is None else first.device
 
 
 def pad_to_multiple(x, multiple):
