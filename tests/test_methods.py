@@ -86,6 +86,10 @@ def test_mahalanobis_recovers_gaussian_classes():
     assert m[0] < 0.2 and m[1] < 0.2  # at a class centre
     assert m[3] == pytest.approx(10.0, rel=0.15)  # 3 units along the axis with std 0.3
     assert m[0] < m[2] < m[3] < m[4]  # further from every class, higher
+    unlabelled = ClassFeatureStats(2)
+    unlabelled.update(torch.from_numpy(feats[:, :, None, None]), torch.full((400, 1, 1), 255))
+    with pytest.raises(ValueError, match="no class has more than 2 labelled pixels .*: 0 class pixels in all"):
+        unlabelled.finalize()
 
 
 @pytest.mark.parametrize("band_elements", [1 << 19, 5 * 2 * C * 7])  # one band; bands of 1 row

@@ -568,7 +568,9 @@ class ClassFeatureStats:
                 jitter *= 10
             whiten[c] = torch.linalg.solve_triangular(chol, eye, upper=False)
         if not present.any():
-            raise ValueError("no class has more labelled pixels than the feature dimension")
+            raise ValueError(f"no class has more than {d} labelled pixels (the feature dimension) to fit on: "
+                             f"{int(totals.sum())} class pixels in all. Fit on a set with semantic labels, such as "
+                             "Cityscapes train (a noise set labels none)")
         return means, whiten, present
 
 
