@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from segood.cli import main
 from segood.data.common import Sample
-from segood.data.h5 import SetWriter
+from segood.data.h5 import H5SegmentationDataset, SetWriter
 from segood.data.synthetic import scene_batch
 from segood.models import build_model, confidence_loss, load_model, preprocess, read_checkpoint, save_checkpoint
 from segood.models.network import IMAGENET_MEAN, IMAGENET_STD
@@ -144,6 +144,10 @@ def test_a_crop_no_frame_reaches_even_scaled_up_is_refused_before_training(tiny_
             train(replace(config(tiny_set, tmp_path / "big", epochs=1), crop=crop), progress=False)
     assert not (tmp_path / "big").exists()
     train(replace(config(tiny_set, tmp_path / "fits", epochs=1), crop=[80, 160]), progress=False, stop_after=0)
+    frames = len(H5SegmentationDataset(tiny_set))
+    with pytest.raises(ValueError, match=rf"has {frames} frames, fewer than one batch of {frames + 1}: give a "
+                                         rf"smaller --batch-size \(at most {frames}\)"):
+        train(replace(config(tiny_set, tmp_path / "few", epochs=1), batch_size=frames + 1), progress=False)
 
 
 def test_a_set_without_classes_is_refused_for_training_validation_and_miou(tiny_set, tmp_path, capsys):

@@ -283,9 +283,11 @@ def train(config, *, resume=False, progress=True, stop_after=None):
     elif resume:
         warnings.warn(f"nothing to resume in {out} (no last.pt): the training starts afresh", stacklevel=2)
 
-    steps_per_epoch = len(_dataset(config, None)) // config.batch_size
+    frames = len(_dataset(config, None))
+    steps_per_epoch = frames // config.batch_size
     if steps_per_epoch == 0:
-        raise ValueError(f"{config.train_set} has fewer frames than one batch of {config.batch_size}")
+        raise ValueError(f"{config.train_set} has {frames} frames, fewer than one batch of {config.batch_size}: give "
+                         f"a smaller --batch-size (at most {frames})")
     check_crop(config)
     require_classes(config.train_set, "training")  # (a loss of NaN from the first batch)
     if config.val_set:
