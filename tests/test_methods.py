@@ -88,7 +88,7 @@ def test_mahalanobis_recovers_gaussian_classes():
     assert m[0] < m[2] < m[3] < m[4]  # further from every class, higher
     unlabelled = ClassFeatureStats(2)
     unlabelled.update(torch.from_numpy(feats[:, :, None, None]), torch.full((400, 1, 1), 255))
-    with pytest.raises(ValueError, match="no class has more than 2 labelled pixels .*: 0 class pixels in all"):
+    with pytest.raises(ValueError, match="no class has more labelled feature-map pixels than the 2 feature channels: 0 in all"):
         unlabelled.finalize()
 
 

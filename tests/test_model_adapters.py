@@ -4,6 +4,7 @@ tiny random networks built offline from configs."""
 
 import json
 import math
+import socket
 
 import numpy as np
 import pytest
@@ -21,8 +22,8 @@ from segood.evaluation.api import _model_identity  # noqa: E402
 from segood.labels import CLASS_NAMES  # noqa: E402
 from segood.methods import get_method, score_batch  # noqa: E402
 from segood.methods.mask import eam, mask_max_softmax, rba  # noqa: E402
-from segood.models import (build_model, class_indices, hf_model, load_library_model, preprocess,  # noqa: E402
-                           sliding_windows, torchvision_model)
+from segood.models import (build_model, class_indices, hf_model, load_library_model,  # noqa: E402
+                           load_smp_weights, preprocess, sliding_windows, torchvision_model)
 from segood.models.adapters import LibraryModel  # noqa: E402
 from segood.models.inference import processor_size, resize_and_back, slide  # noqa: E402
 from segood.models.network import IMAGENET_MEAN, IMAGENET_STD, SegOutput  # noqa: E402
@@ -145,7 +146,11 @@ def test_torchvision_state_dict_loads_and_equals_the_module(arch, tmp_path):
         load_library_model("torchvision", tmp_path / "weights.pt", arch="resnet50")
 
 
-def test_smp_folder_and_hf_folder_load_offline(tmp_path):
+def no_network(*args, **kwargs):
+    raise AssertionError("segood tried to reach the network")
+
+
+def test_smp_folder_and_hf_folder_load_offline(tmp_path, monkeypatch):
     import segmentation_models_pytorch as smp
 
     torch.manual_seed(0)
@@ -155,6 +160,18 @@ def test_smp_folder_and_hf_folder_load_offline(tmp_path):
     with torch.no_grad():
         expected = network(x)
     torch.testing.assert_close(load_library_model("smp", tmp_path / "smp")(x).logits, expected)
+    config = json.loads((tmp_path / "smp" / "config.json").read_text())
+    (tmp_path / "smp" / "config.json").write_text(json.dumps({**config, "encoder_weights": "imagenet"}))
+    for name in ("connect", "create_connection"):  # (smp's default: the folder names pretrained weights, not used)
+        monkeypatch.setattr(socket.socket if name == "connect" else socket, name, no_network)
+    torch.testing.assert_close(load_library_model("smp", tmp_path / "smp")(x).logits, expected)
+    monkeypatch.undo()
+    torch.save(network.state_dict(), tmp_path / "fpn.pt")  # frames of sides no multiple of 32: padded, as the folder
+    odd = preprocess(frames(1, 40, 72))
+    from_weights = score_batch(load_smp_weights("fpn", "resnet18", tmp_path / "fpn.pt", num_classes=3), odd,
+                               [get_method("energy")])
+    from_folder = score_batch(load_library_model("smp", tmp_path / "smp"), odd, [get_method("energy")])
+    torch.testing.assert_close(from_weights.output.logits, from_folder.output.logits)
     segformer = tiny_segformer()
     segformer.save_pretrained(tmp_path / "hf")
     SegformerImageProcessor(image_mean=OWN_MEAN, image_std=OWN_STD).save_pretrained(tmp_path / "hf")

@@ -1,6 +1,7 @@
 """Users' own models and maps: logits of any resolution and any number of classes, callables that return scores
 themselves, score maps submitted in every layout, and sets matched to the benchmark's by content."""
 
+import copy
 import json
 import sys
 
@@ -89,6 +90,83 @@ def test_a_quarter_resolution_model_evaluates_as_its_upsampled_self(sets, tmp_pa
     assert again["results"]["entropy"] != low["results"]["entropy"]
     with pytest.raises(ValueError, match="a segood network gives them at the frame's size"):
         evaluate(build_model("pspnet", "resnet18"), [sets["cs"]], ["entropy"], tmp_path / "net", align_corners=True)
+
+
+class Returns(torch.nn.Module):
+    """A network whose output is ``make(logits)`` of QuarterNet's upsampled logits."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.net, self.make = QuarterNet(upsample=False), make
+
+    def forward(self, x):
+        return self.make(self.net(x))
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda t: t.permute(0, 2, 3, 1), r"logits are \(2, 64, 64, 19\), which is no \(N, C, h, w\) map of the 64x64"),
+    (lambda t: t[..., :16, :].transpose(-1, -2), r"logits are \(2, 19, 64, 16\), which is no .* map of the 64x64"),
+    (lambda t: t[..., ::4, ::16], r"logits are \(2, 19, 16, 4\).*channels last\?"),  # (strides 4 and 16)
+    (lambda t: None, r"gave a NoneType for 2 frames; segood takes float logits \(N, C, h, w\)"),
+    (lambda t: t.numpy(), "gave a ndarray"),
+    (lambda t: t[0], r"gave a tensor of shape \(19, 64, 64\) and dtype torch.float32 for 2 frames"),
+    (lambda t: t.argmax(1, keepdim=True), "dtype torch.int64"),
+    (lambda t: {}, "gave a dict")])
+def test_what_is_no_logits_map_of_the_frame_is_refused_not_resized(make, message):
+    x = preprocess(torch.zeros(2, 3, 64, 64, dtype=torch.uint8))
+    with torch.no_grad(), pytest.raises(ValueError, match=message):
+        score_batch(ExternalModel(Returns(make)), x, [get_method("max_softmax")])
+    for ok in (lambda t: t[..., ::4, ::4], lambda t: t[..., ::22, ::32], lambda t: {"out": t}, lambda t: (t, None)):
+        with torch.no_grad():  # stride 4; 3 x 2 (each within one of 64 / s for s in [21.3, 32]): resized
+            score_batch(ExternalModel(Returns(ok)), x, [get_method("max_softmax")])
+
+
+def test_a_model_in_training_mode_is_scored_fitted_and_evaluated_in_eval_mode_and_left_as_it_was(sets, tmp_path):
+    """Dropout off and batch norm on its running statistics while scored, whatever mode the caller left it in;
+    each module back in its own mode after (a model evaluated from within a training loop trains on)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.Dropout2d(0.5),
+                                torch.nn.Conv2d(8, 19, 1))
+    model.train()
+    model[1].eval()  # (a frozen batch norm: its own mode, restored too)
+    running = model[1].running_mean.clone()
+    x = preprocess(frames(sets["cs"]))
+    reference = copy.deepcopy(model).eval()
+    energy = get_method("energy")
+    for scores in (energy.score(model, x)[0], energy(model, frames(sets["cs"]))):
+        torch.testing.assert_close(scores, energy.score(reference, x)[0])
+    loader = [{"image": frames(sets["cs"])}]
+    assert get_method("sml").fit(model, loader).state["means"].equal(get_method("sml").fit(reference, loader).state[
+        "means"])
+    data = {"cs": sets["cs"]}
+    doc = evaluate(model, data, ["energy"], progress=False, figures=False)
+    assert doc["results"] == evaluate(reference, data, ["energy"], progress=False, figures=False)["results"]
+    export_scores(model, data, ["energy"], tmp_path / "maps", progress=False)
+    assert [m.training for m in model.modules()] == [True, True, False, True, True]
+    assert torch.equal(model[1].running_mean, running)
+
+
+class Stages(torch.nn.Module):
+    """An encoder that returns the outputs of its stages (as smp's and timm's do)."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = torch.nn.ModuleList([torch.nn.Conv2d(3, 4, 1)])
+
+    def forward(self, x):
+        return [self.encoder[0](x)]
+
+
+def test_a_feature_layer_that_gives_no_one_feature_map_is_named():
+    network = torch.nn.Sequential()
+    network.add_module("encoder", Stages())
+    network.add_module("head", torch.nn.Conv2d(4, 19, 1))
+    network.forward = lambda x: network.head(network.encoder(x)[0])
+    x = preprocess(torch.zeros(1, 3, 32, 32, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="feature layer 'encoder' gives a list; Mahalanobis needs one whose output is "
+                                         r"one \(N, D, h, w\) feature map"):
+        ExternalModel(network, "encoder").penultimate(x)
+    assert ExternalModel(network, "encoder.encoder.0").penultimate(x).shape == (1, 4, 32, 32)
 
 
 class Parameterless(torch.nn.Module):

@@ -27,7 +27,7 @@ from segood.methods.methods import Method, check_grid, fits_grid, method_for_gri
 from segood.methods.schedule import fit_methods, refuse_names_twice, unfitted_methods
 from segood.methods.scorer import Scorer
 from segood.models.external import as_network
-from segood.models.network import SegmentationNetwork
+from segood.models.network import SegmentationNetwork, evaluation_mode
 
 
 def start_distributed(device: str | None = None) -> str | None:
@@ -73,22 +73,18 @@ def evaluate(model: torch.nn.Module | Scorer, sets: dict[str, str | Path] | list
     the Monte-Carlo methods: their dropout is seeded per batch (by its first frame), and the batches differ.
     """
     options = EvaluateOptions.of(options, **keywords)
-    model, sets, methods, description = prepare(model, sets, methods, options, out_dir)
-    if out_dir is None:
-        if options.resume:
-            raise ValueError("resume continues a run saved in a folder: pass out_dir")
-        with tempfile.TemporaryDirectory(prefix="segood-run-") as tmp:
-            ev = execute(model, sets, methods, tmp, description, options)
-            run_description = RunFolder(tmp).read_run() if ev is not None else None
+    if out_dir is None and options.resume:
+        raise ValueError("resume continues a run saved in a folder: pass out_dir")
+    with evaluation_mode(model), contextlib.ExitStack() as temporary:  # (its modules back in their own modes after)
+        folder = out_dir if out_dir is not None else temporary.enter_context(
+            tempfile.TemporaryDirectory(prefix="segood-run-"))  # (the run's state while it runs)
+        model, sets, methods, description = prepare(model, sets, methods, options, out_dir)
+        ev = execute(model, sets, methods, folder, description, options)
         if ev is None:
             return None
-        doc = build_results(run_description, ev, bootstrap=options.bootstrap, commit_on=options.commit_on)
-    else:
-        ev = execute(model, sets, methods, out_dir, description, options)
-        if ev is None:
-            return None
-        doc = write_report(out_dir, figures=options.figures, bootstrap=options.bootstrap, commit_on=options.commit_on,
-                           state=ev)
+        report = {"bootstrap": options.bootstrap, "commit_on": options.commit_on}
+        doc = (build_results(RunFolder(folder).read_run(), ev, **report) if out_dir is None
+               else write_report(out_dir, figures=options.figures, state=ev, **report))
     warn_coarse(doc)
     if doc["skipped_frames"]:
         warnings.warn(skipped_note(doc["skipped_frames"]), stacklevel=2)

@@ -21,6 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from segood.io import npy_header
+from segood.models.network import keeps_modes
 
 LAYOUTS = ("segood", "smiyc", "fishyscapes")
 _SUFFIX = {"smiyc": ".hdf5", "fishyscapes": "_anomaly.npy"}
@@ -168,6 +169,7 @@ class ScoreMaps:
         self.close()
 
 
+@keeps_modes
 def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=2, device=None, progress=True,
                   fit_set=None):
     """Score every frame of ``sets`` ({name: converted set}) with ``methods`` (names or method objects) and write

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from segood.labels import NUM_CLASSES
 from segood.methods import functional as fn
-from segood.models.network import device_of
+from segood.models.network import device_of, evaluation_mode
 from segood.registry import Registry
 
 ODIN_TEMPERATURES = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
@@ -129,17 +129,18 @@ class Method:
                              f"{images.dtype} of shape {tuple(images.shape)}; for ImageNet-normalised float input "
                              "call method.score(model, x)")
         network = as_network(model)
-        device = device_of(network)
-        scores = self.score(network.eval(), preprocess(images.to(device).reshape(-1, *images.shape[-3:])))[0]
+        scores = self.score(network, preprocess(images.to(device_of(network)).reshape(-1, *images.shape[-3:])))[0]
         return scores[0] if images.ndim == 3 else scores
 
     def score(self, model, x):
         """(scores (N, H, W), predicted classes (N, H, W)) of ImageNet-normalised images x (N, 3, H, W), from a segood
-        network or any ``nn.Module`` returning logits (wrapped as :meth:`__call__` wraps it)."""
+        network or any ``nn.Module`` returning logits (wrapped as :meth:`__call__` wraps it), in eval mode (each of
+        its modules back in its own mode after)."""
         from segood.methods.schedule import score_batch
         from segood.models.external import as_network
 
-        batch = score_batch(as_network(model), x, [self])
+        with evaluation_mode(as_network(model)) as network:
+            batch = score_batch(network, x, [self])
         return batch.scores[0], batch.classes
 
 
@@ -312,30 +313,30 @@ class Mahalanobis(Fitted):
         from segood.models.external import as_network
         from segood.models.network import preprocess
 
-        model = as_network(model)  # (any nn.Module, as score() takes it: its features then come from feature_layer)
-        self.check(model)
-        if iter(loader) is loader:
-            raise TypeError("mahalanobis.fit reads the loader twice: pass a DataLoader or a list, not an iterator")
-        device = device_of(model)
-        stats = ClassFeatureStats(NUM_CLASSES)
-        for batch in tqdm(loader, desc="mahalanobis fit 1/2", disable=not progress):
-            x = preprocess(batch["image"].to(device))
-            if stats.sums is None:
-                _require_cityscapes_classes(model, x, self.name)
-            features = model.penultimate(x)
-            stats.update(features, batch["semantic"].to(device))
-        means, whiten, present = stats.finalize(self.params["ridge"])
-        self.state = {"means": means, "whiten": whiten, "present": present,
-                      "m_mean": torch.zeros((), dtype=torch.float64), "m_std": torch.ones((), dtype=torch.float64)}
-        self._scoring = None
-        total = total_sq = count = 0.0  # pass 2: mean and std of M over the training set
-        for batch in tqdm(loader, desc="mahalanobis fit 2/2", disable=not progress):
-            m = self._distance(model.penultimate(preprocess(batch["image"].to(device))))
-            m = m[torch.isfinite(m)]
-            total, total_sq, count = total + m.sum().item(), total_sq + m.square().sum().item(), count + m.numel()
-        mean = total / count
-        self.state["m_mean"] = torch.tensor(mean, dtype=torch.float64)
-        self.state["m_std"] = torch.tensor(max(total_sq / count - mean * mean, 1e-24) ** 0.5, dtype=torch.float64)
+        with evaluation_mode(as_network(model)) as model:  # (any nn.Module: its features from its feature_layer)
+            self.check(model)
+            if iter(loader) is loader:
+                raise TypeError("mahalanobis.fit reads the loader twice: pass a DataLoader or a list, not an iterator")
+            device = device_of(model)
+            stats = ClassFeatureStats(NUM_CLASSES)
+            for batch in tqdm(loader, desc="mahalanobis fit 1/2", disable=not progress):
+                x = preprocess(batch["image"].to(device))
+                if stats.sums is None:
+                    _require_cityscapes_classes(model, x, self.name)
+                features = model.penultimate(x)
+                stats.update(features, batch["semantic"].to(device))
+            means, whiten, present = stats.finalize(self.params["ridge"])
+            self.state = {"means": means, "whiten": whiten, "present": present,
+                          "m_mean": torch.zeros((), dtype=torch.float64), "m_std": torch.ones((), dtype=torch.float64)}
+            self._scoring = None
+            total = total_sq = count = 0.0  # pass 2: mean and std of M over the training set
+            for batch in tqdm(loader, desc="mahalanobis fit 2/2", disable=not progress):
+                m = self._distance(model.penultimate(preprocess(batch["image"].to(device))))
+                m = m[torch.isfinite(m)]
+                total, total_sq, count = total + m.sum().item(), total_sq + m.square().sum().item(), count + m.numel()
+            mean = total / count
+            self.state["m_mean"] = torch.tensor(mean, dtype=torch.float64)
+            self.state["m_std"] = torch.tensor(max(total_sq / count - mean * mean, 1e-24) ** 0.5, dtype=torch.float64)
         return self
 
     def _distance(self, features):
@@ -468,20 +469,21 @@ class StandardizedMaxLogit(Fitted):
         from segood.models.external import as_network
         from segood.models.network import frame_output, preprocess
 
-        model = as_network(model)  # (any nn.Module returning logits, as score() takes it)
-        self.check(model)
-        device = device_of(model)
-        sums = None
-        for batch in tqdm(loader, desc="sml fit", disable=not progress):
-            logits = frame_output(model, preprocess(batch["image"].to(device))).logits  # as scored: at the frame's size
-            top, classes = logits.max(dim=1)
-            c = logits.shape[1]
-            if sums is None:
-                sums = torch.zeros(3, c, dtype=torch.float64, device=device)
-            top, classes = top.double().flatten(), classes.flatten()
-            sums[0] += torch.bincount(classes, minlength=c)
-            sums[1] += torch.bincount(classes, weights=top, minlength=c)
-            sums[2] += torch.bincount(classes, weights=top * top, minlength=c)
+        with evaluation_mode(as_network(model)) as model:  # (any nn.Module returning logits, as score() takes it)
+            self.check(model)
+            device = device_of(model)
+            sums = None
+            for batch in tqdm(loader, desc="sml fit", disable=not progress):
+                x = preprocess(batch["image"].to(device))
+                logits = frame_output(model, x).logits  # as scored: at the frame's size
+                top, classes = logits.max(dim=1)
+                c = logits.shape[1]
+                if sums is None:
+                    sums = torch.zeros(3, c, dtype=torch.float64, device=device)
+                top, classes = top.double().flatten(), classes.flatten()
+                sums[0] += torch.bincount(classes, minlength=c)
+                sums[1] += torch.bincount(classes, weights=top, minlength=c)
+                sums[2] += torch.bincount(classes, weights=top * top, minlength=c)
         if sums is None:
             raise ValueError("sml.fit: the loader was empty")
         count = sums[0].clamp_min(1)
@@ -568,9 +570,9 @@ class ClassFeatureStats:
                 jitter *= 10
             whiten[c] = torch.linalg.solve_triangular(chol, eye, upper=False)
         if not present.any():
-            raise ValueError(f"no class has more than {d} labelled pixels (the feature dimension) to fit on: "
-                             f"{int(totals.sum())} class pixels in all. Fit on a set with semantic labels, such as "
-                             "Cityscapes train (a noise set labels none)")
+            raise ValueError(f"no class has more labelled feature-map pixels than the {d} feature channels: "
+                             f"{int(totals.sum())} in all. Fit on more frames with semantic labels, such as Cityscapes "
+                             "train (a noise set labels none), or on a feature layer of fewer channels")
         return means, whiten, present
 
 

@@ -17,18 +17,22 @@ class ExternalModel(torch.nn.Module):
             penultimate features, captured with a forward hook; then the model serves Mahalanobis too.
         align_corners: how its logits are resized to the input: as the model's own library does (False: torch
             and smp's ``F.interpolate(..., mode="bilinear", align_corners=False)``; True for some mmseg configs).
+        multiple: the network's input sides must be multiples of this (an smp network's encoder stride): frames
+            are zero-padded to it and the logits cropped back, as for segood's own networks.
 
     segood feeds ImageNet-normalised inputs (:func:`segood.models.network.preprocess`).
     """
 
-    def __init__(self, module, feature_layer=None, *, align_corners=False):
+    def __init__(self, module, feature_layer=None, *, align_corners=False, multiple=1):
         super().__init__()
         if not isinstance(align_corners, bool):
             raise TypeError(f"align_corners must be True or False, got {align_corners!r}")
         self.module = module
         self.align_corners = align_corners
+        self.multiple = int(multiple)
         self._features = None
         self.served_heads = {"plain"}
+        self.feature_layer = feature_layer
         if feature_layer is not None:
             layers = dict(module.named_modules())
             if feature_layer not in layers:
@@ -36,19 +40,43 @@ class ExternalModel(torch.nn.Module):
             layers[feature_layer].register_forward_hook(lambda _m, _i, out: setattr(self, "_features", out))
             self.served_heads.add("dimreduce")
 
+    @property
+    def input_multiple(self):
+        """What the scorer pads frames to a multiple of."""
+        return self.multiple
+
     def forward(self, x):
         out = self.module(x)
-        if isinstance(out, dict):
+        if isinstance(out, dict) and out:
             out = next(iter(out.values()))
-        elif isinstance(out, (tuple, list)):
+        elif isinstance(out, (tuple, list)) and out:
             out = out[0]
-        return SegOutput(out, self._features)
+        return SegOutput(self._checked(out, x), self._features)
+
+    def _checked(self, logits, x):
+        """``logits`` where they are a floating (N, C, h, w) tensor of x's N frames; else what the network gave."""
+        if isinstance(logits, torch.Tensor) and logits.dim() == 4 and logits.shape[0] == x.shape[0] and (
+                logits.is_floating_point()):
+            return logits
+        what = (f"a tensor of shape {tuple(logits.shape)} and dtype {logits.dtype}" if isinstance(logits, torch.Tensor)
+                else f"a {type(logits).__name__}")
+        module = type(self.module)
+        hint = ("; a transformers network: wrap it with segood.models.hf_model(network, processor)"
+                if module.__module__.startswith("transformers") else "")
+        raise ValueError(f"the network ({module.__name__}) gave {what} for {x.shape[0]} frames; segood takes "
+                         f"float logits (N, C, h, w): a tensor, or a dict / tuple whose first entry is one{hint}")
 
     def penultimate(self, x):
         if "dimreduce" not in self.served_heads:
             raise ValueError("this model has no feature layer: pass feature_layer=NAME (--feature-layer NAME), a "
                              "name of its named_modules(), to use Mahalanobis")
-        return self(x).features
+        features = self(x).features
+        if not (isinstance(features, torch.Tensor) and features.dim() == 4):
+            what = (f"a tensor of shape {tuple(features.shape)}" if isinstance(features, torch.Tensor)
+                    else f"a {type(features).__name__}")
+            raise ValueError(f"feature layer {self.feature_layer!r} gives {what}; Mahalanobis needs one whose output is "
+                             "one (N, D, h, w) feature map: a layer inside it (an encoder's last stage, the decoder)")
+        return features
 
 
 def load_smp_weights(arch, encoder, weights, *, num_classes=NUM_CLASSES):
@@ -70,7 +98,7 @@ def load_smp_weights(arch, encoder, weights, *, num_classes=NUM_CLASSES):
         keys = " ".join(line.strip() for line in str(err).splitlines()[1:])
         raise ValueError(f"{weights} does not fit smp {arch} with {encoder} and {num_classes} classes: "
                          f"{keys[:400]}{'...' if len(keys) > 400 else ''}") from None
-    return ExternalModel(model).eval()
+    return ExternalModel(model, multiple=getattr(model.encoder, "output_stride", 32)).eval()
 
 
 def as_network(model, *, feature_layer=None, align_corners=None):
@@ -91,7 +119,7 @@ def as_network(model, *, feature_layer=None, align_corners=None):
         if type(model) is not ExternalModel:
             raise ValueError(f"feature_layer {feature_layer!r}: a {type(model).__name__} gives its own features (or "
                              "none); it takes no feature layer")
-        return ExternalModel(model.module, feature_layer,
+        return ExternalModel(model.module, feature_layer, multiple=model.multiple,
                              align_corners=model.align_corners if align_corners is None else bool(align_corners))
     if align_corners is not None:
         model.align_corners = bool(align_corners)

@@ -5,6 +5,8 @@ bilinear upsample to the input size, the last operation before the softmax (the 
 pixel maps to one location of the penultimate layer.
 """
 
+import contextlib
+import functools
 import itertools
 from dataclasses import asdict, dataclass, replace
 
@@ -176,11 +178,25 @@ def resize_output(output, size, *, align_corners=False):
     size = tuple(size)
     if tuple(output.logits.shape[-2:]) == size:
         return output
+    check_resolution(output.logits.shape, size)
 
     def resize(t):
         return None if t is None else F.interpolate(t, size=size, mode="bilinear", align_corners=align_corners)
 
     return SegOutput(resize(output.logits), output.features, resize(output.confidence), output.queries)
+
+
+def check_resolution(shape, size):
+    """Refuse logits of ``shape`` (N, C, h, w) that are no lower-resolution map of an input of ``size`` (H, W): larger
+    than it, or of another aspect than any one stride s gives (h and w each within one of H / s and W / s): the
+    dimensions of channels-last or transposed logits, which resizing would stretch over the frame."""
+    (h, w), (height, width) = shape[-2:], size
+    low = max(height / (h + 1), width / (w + 1))  # the strides s with |h - H / s| <= 1 and |w - W / s| <= 1
+    high = min(height / (h - 1) if h > 1 else float("inf"), width / (w - 1) if w > 1 else float("inf"))
+    if h > height or w > width or low > high:
+        raise ValueError(f"the network's logits are {tuple(shape)}, which is no (N, C, h, w) map of the {height}x"
+                         f"{width} input (at its size, or smaller by one stride in both sides): logits channels "
+                         "last? return logits.permute(0, 3, 1, 2)")
 
 
 def frame_output(model, x):
@@ -196,6 +212,29 @@ def frame_output(model, x):
     def crop(t):
         return None if t is None else t[..., :height, :width]
     return replace(output, logits=crop(output.logits), confidence=crop(output.confidence))
+
+
+@contextlib.contextmanager
+def evaluation_mode(model):
+    """``model`` (an ``nn.Module``; anything else as it is) in eval mode meanwhile, as it is scored (batch norm's
+    running statistics, dropout off), and each of its modules back in its own mode after: a model evaluated from
+    within a training loop trains on as it did."""
+    modes = [(m, m.training) for m in model.modules()] if isinstance(model, nn.Module) else []
+    try:
+        yield model.eval() if modes else model
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+def keeps_modes(function):
+    """``function(model, ...)`` (which sets the model's modes as it needs) with each module of ``model`` back in its
+    own mode after."""
+    @functools.wraps(function)
+    def wrapped(model, *args, **keywords):
+        with evaluation_mode(model):
+            return function(model, *args, **keywords)
+    return wrapped
 
 
 def device_of(module):

@@ -2,6 +2,8 @@
 segmentation_models_pytorch networks from a local ``save_pretrained`` folder, as segood networks. Both take
 ImageNet-normalised inputs, as segood gives them, and return logits at the input's size."""
 
+import contextlib
+import io
 from pathlib import Path
 
 from segood.models.adapters import LibraryModel, check_folder, register_model_type
@@ -89,6 +91,8 @@ def load_smp(path, **options):
                                 "network with model.save_pretrained(FOLDER), or give a plain state dict with --arch, "
                                 "--encoder and --weights")
     check_folder(path, "smp")
-    module = smp.from_pretrained(str(path))
+    # (the folder holds the weights: the encoder's pretrained ones, which its config names, are never downloaded)
+    with contextlib.redirect_stdout(io.StringIO()):  # (the hub's word that it reads a local folder)
+        module = smp.from_pretrained(str(path), local_files_only=True, encoder_weights=None)
     stride = getattr(module.encoder, "output_stride", 32)
     return SmpSegmentation(module, multiple=stride, **options)

@@ -27,6 +27,7 @@ from segood.evaluation.runner import EXAMPLE_WIDTH, Evaluation
 from segood.io import write_json
 from segood.metrics import METRICS, UndefinedMetricWarning, accumulator_from_state
 from segood.metrics.segmentation import mean_iou
+from segood.models.network import keeps_modes
 from segood.robustness.corruptions import (SEVERITIES, check_corruption, condition_name, family_of, levels_table,
                                           resolve_corruptions)
 from segood.robustness.report import load_reference, results_markdown, summary, write_figures
@@ -34,6 +35,7 @@ from segood.robustness.report import load_reference, results_markdown, summary, 
 SCHEMA = "segood.robustness/1"
 
 
+@keeps_modes
 def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corruptions=None, severities=SEVERITIES,
                seed=0, requirements=None, family=None, standard_size="fixed", reference=None,
                options: EvaluateOptions | None = None, **keywords):
