@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import os
 import sys
 
 from segood.arguments import device, natural, non_negative_float, positive_float, positive_int
@@ -1048,8 +1049,29 @@ def main(argv=None):
         with exit_on_sigterm():  # a killed command removes its temporary files too
             return args.run(args)
     except (ValueError, OSError, RuntimeError, KeyError) as err:  # bad input: one clear line, no traceback
-        print(f"segood {args.command}: error: {_message(err)}", file=sys.stderr)
+        if os.environ.get("SEGOOD_TRACEBACK"):
+            raise
+        print(f"segood {args.command}: error: {_message(err)}{_origin(err)}", file=sys.stderr)
         return 2
+
+
+def _origin(err):
+    """Where the user's own code (a network, a loader, a scorer) raised ``err``: its innermost frame outside segood,
+    Python and the installed libraries, as ' (raised at FILE:LINE, in FUNCTION; ...)'; '' where there is none."""
+    import sysconfig
+    import traceback
+    from pathlib import Path
+
+    libraries = [Path(__file__).resolve().parent] + [Path(sysconfig.get_paths()[key]).resolve()
+                                                     for key in ("stdlib", "platstdlib", "purelib", "platlib")]
+    for cause in (err, err.__cause__):
+        frames = traceback.extract_tb(cause.__traceback__) if cause is not None else []
+        for frame in reversed(frames):
+            path = Path(frame.filename).resolve()
+            if not frame.filename.startswith("<") and not any(path.is_relative_to(p) for p in libraries):
+                return (f" (raised at {frame.filename}:{frame.lineno}, in {frame.name}; SEGOOD_TRACEBACK=1 shows the "
+                        "whole traceback)")
+    return ""
 
 
 def _message(err):

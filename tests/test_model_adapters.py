@@ -617,6 +617,18 @@ def test_a_registered_loader_from_the_command_line(sets, tmp_path, monkeypatch, 
         assert run["model"]["adapter"] == "OneByOne"
         assert main(args[:1] + ["--model-type", "no_such_plugin:x", "--out", "bad"] + args[1:]) == 2
         assert "no module 'no_such_plugin' in the current folder" in capsys.readouterr().err
+        # an error in the user's own code is located there; SEGOOD_TRACEBACK=1 gives its traceback instead
+        torch.save(torch.nn.Conv2d(3, 5, 1).state_dict(), tmp_path / "net.pt")  # (load_state_dict: size mismatch)
+        assert main(args[:1] + ["--model-type", "one_by_one_plugin:one_by_one", "--out", "bad"] + args[1:]) == 2
+        line = PLUGIN.splitlines().index("    module.load_state_dict(torch.load(path, weights_only=True))") + 1
+        assert f"(raised at {tmp_path / 'one_by_one_plugin.py'}:{line}, in load_one_by_one; SEGOOD_TRACEBACK=1 " \
+            "shows the whole traceback)" in capsys.readouterr().err
+        monkeypatch.setenv("SEGOOD_TRACEBACK", "1")
+        with pytest.raises(RuntimeError):
+            main(args[:1] + ["--model-type", "one_by_one_plugin:one_by_one", "--out", "bad"] + args[1:])
+        monkeypatch.delenv("SEGOOD_TRACEBACK")
+        assert main(args[:1] + ["--model-type", "hf", "--out", "bad"] + args[1:]) == 2
+        assert "raised at" not in capsys.readouterr().err  # (segood's and the libraries' own errors: their words)
     finally:
         MODEL_TYPES.pop("one_by_one", None)
         sys.modules.pop("one_by_one_plugin", None)
