@@ -68,11 +68,29 @@ def test_a_failing_batch_names_the_frames_and_never_saves_a_half_counted_state(s
     monkeypatch.setattr(runner, "_overlaps", lambda device: overlap)
     NanOnSecondBatch.calls = 0
     model = build_model("pspnet", "resnet18").eval()
-    with pytest.raises(ValueError, match=r"cs: frames \[1\]: .*NaN.*--resume continues from the last saved batch"):
+    with pytest.raises(ValueError, match=r"cs: frames \[1\]: nan_later: \d+ counted pixels have NaN scores; .* a run "
+                                         r"folder's last save is consistent \(--resume continues from it\)"):
         evaluate(model, [small_set], ["max_softmax", NanOnSecondBatch()], tmp_path / "run", batch_size=1,
                  save_every=1, progress=False, figures=False)
     state = Evaluation.load(tmp_path / "run" / "state.npz")  # the save after batch 0, consistent
     assert state.done == {"cs": 1} and {acc.n_images for acc in state.acc.values()} == {1}
+
+
+class NanLogits(torch.nn.Module):
+    """A network whose logits are NaN in the top row of every frame."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 19, 1)
+
+    def forward(self, x):
+        return self.conv(x).index_fill(2, torch.tensor([0]), float("nan"))
+
+
+def test_nan_logits_are_named_as_the_networks(small_set, tmp_path):
+    with pytest.raises(ValueError, match=r"cs: frames \[0, 1\]: max_logit, energy: the network's logits are NaN at 128 "
+                                         r"pixels \(check its weights and its input normalisation\); \d+ counted"):
+        evaluate(NanLogits(), [small_set], ["max_logit", "energy"], progress=False, figures=False)
 
 
 def test_garbage_score_file_and_npz_name_the_file(small_set, tmp_path, capsys):

@@ -833,8 +833,8 @@ class _Loop:
         try:
             update(set_name, part, batch, scored, [m.name for m in methods])
         except ValueError as err:  # e.g. a method's NaN scores. Not saved: this batch is half-counted,
-            raise ValueError(f"{set_name}: frames {part}: {err}; --resume continues from the last saved "
-                             "batch") from None  # while the last save is consistent
+            raise ValueError(f"{set_name}: frames {part}: {_nan_origin(scored, methods)}{err}; a run folder's last "
+                             "save is consistent (--resume continues from it)") from None  # while the last save is
         if pixel_pass:
             for stage, seconds in scored.seconds.items():
                 ev.seconds[stage] += seconds
@@ -851,6 +851,16 @@ class _Loop:
         except ValueError as err:  # e.g. a scorer's misshapen or NaN scores
             raise ValueError(f"{set_name}: frames {indices}: {err}") from None
         return scored
+
+
+def _nan_origin(scored, methods):
+    """'METHOD: ' for the methods whose scores hold NaN, and whether the network's logits do ('' for none)."""
+    nan = [m.name for m, scores in zip(methods, scored.scores) if torch.isnan(scores).any()]
+    logits = scored.output.logits if scored.output is not None else None
+    if logits is not None and torch.isnan(logits).any():
+        return (f"{', '.join(nan)}: the network's logits are NaN at {int(torch.isnan(logits).any(dim=1).sum())} "
+                "pixels (check its weights and its input normalisation); ")
+    return f"{', '.join(nan)}: " if nan else ""
 
 
 def _pooled_results(ev):
