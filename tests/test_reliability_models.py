@@ -3,6 +3,7 @@ settings, and a checkpoint never makes segood reach the network."""
 
 import io
 import json
+import os
 import pickle
 import socket
 
@@ -43,6 +44,14 @@ def test_unreadable_checkpoints_and_states_name_the_file(small_set, tmp_path, ca
     class Payload:
         def __reduce__(self):
             return (print, ("this would run",))
+
+    class Blocked:
+        def __reduce__(self):
+            return (os.getcwd, ())
+
+    torch.save({"weight": Blocked()}, tmp_path / "blocked.pt")  # torch.save's zip; "unsupported GLOBAL posix.getcwd
+    with pytest.raises(ValueError, match="blocked.pt: the checkpoint holds pickled Python objects"):  # whose module
+        read_checkpoint(tmp_path / "blocked.pt")  # posix is blocked"
 
     (tmp_path / "raw.pt").write_bytes(pickle.dumps({"weight": Payload()}))
     with pytest.raises(ValueError, match="raw.pt: the state dict holds pickled Python objects"):

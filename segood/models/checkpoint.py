@@ -37,7 +37,7 @@ def safe_load(path, what="checkpoint", map_location="cpu"):
         # a pickle with objects beyond tensors and plain values: in torch.save's zip, or a bare pickle (PROTO opcode)
         with path.open("rb") as f:
             first = f.read(1)
-        if "Unsupported global" in str(err) or first == b"\x80":
+        if "unsupported global" in str(err).lower() or first == b"\x80" or zipfile.is_zipfile(path):
             raise ValueError(f"refusing to load {path}: the {what} holds pickled Python objects, not only tensors "
                              "and plain values, and segood never unpickles those (a pickle can run code); save a "
                              "plain state dict instead") from None
