@@ -144,6 +144,10 @@ def test_torchvision_state_dict_loads_and_equals_the_module(arch, tmp_path):
         load_library_model("torchvision", tmp_path / "weights.pt", arch=arch, num_classes=19)
     with pytest.raises(ValueError, match="needs its architecture"):
         load_library_model("torchvision", tmp_path / "weights.pt", arch="resnet50")
+    other = "fcn_resnet50" if arch != "fcn_resnet50" else "deeplabv3_resnet50"
+    with pytest.raises(ValueError, match=f"does not fit torchvision {other} with 3 classes: (Missing|Unexpected) "
+                                         r"key\(s\) in state_dict: \""):
+        load_library_model("torchvision", tmp_path / "weights.pt", arch=other)
 
 
 def no_network(*args, **kwargs):

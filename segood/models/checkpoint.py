@@ -51,6 +51,13 @@ def safe_load(path, what="checkpoint", map_location="cpu"):
                          "checkpoint only if that one is intact)") from None
 
 
+def mismatch(err, limit=400):
+    """What ``load_state_dict``'s RuntimeError says is missing, unexpected or misshapen, in one line of at most
+    ``limit`` characters (its lines after the first)."""
+    keys = " ".join(line.strip() for line in str(err).splitlines()[1:]) or str(err)
+    return keys[:limit] + ("..." if len(keys) > limit else "")
+
+
 def read_checkpoint(path, map_location="cpu"):
     """The checkpoint dict, read without unpickling arbitrary objects; a clear error for anything else."""
     state = safe_load(path, "checkpoint", map_location)

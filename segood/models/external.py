@@ -82,7 +82,7 @@ class ExternalModel(torch.nn.Module):
 def load_smp_weights(arch, encoder, weights, *, num_classes=NUM_CLASSES):
     """An smp model (``smp.create_model(arch, encoder)``, no encoder download) with the state dict in ``weights``
     (read with ``weights_only=True``), wrapped as an :class:`ExternalModel`."""
-    from segood.models.checkpoint import FORMAT, safe_load
+    from segood.models.checkpoint import FORMAT, mismatch, safe_load
     from segood.models.network import create_smp
 
     model = create_smp(arch, encoder, num_classes)
@@ -94,10 +94,9 @@ def load_smp_weights(arch, encoder, weights, *, num_classes=NUM_CLASSES):
                          "--checkpoint (load_model), which reads its network from it")
     try:
         model.load_state_dict(state)
-    except RuntimeError as err:  # (its lines after the first name the missing and unexpected keys)
-        keys = " ".join(line.strip() for line in str(err).splitlines()[1:])
+    except RuntimeError as err:
         raise ValueError(f"{weights} does not fit smp {arch} with {encoder} and {num_classes} classes: "
-                         f"{keys[:400]}{'...' if len(keys) > 400 else ''}") from None
+                         f"{mismatch(err)}") from None
     return ExternalModel(model, multiple=getattr(model.encoder, "output_stride", 32)).eval()
 
 

@@ -58,7 +58,7 @@ def load_torchvision(path, *, arch=None, num_classes=None, **options):
     classes and auxiliary head read from the state dict where not given."""
     import torchvision
 
-    from segood.models.checkpoint import safe_load
+    from segood.models.checkpoint import mismatch, safe_load
 
     if arch not in TORCHVISION_ARCHS:
         raise ValueError(f"a torchvision network needs its architecture (--arch): one of {', '.join(TORCHVISION_ARCHS)}"
@@ -74,8 +74,7 @@ def load_torchvision(path, *, arch=None, num_classes=None, **options):
     try:
         module.load_state_dict(state)
     except RuntimeError as err:
-        raise ValueError(f"{path} does not fit torchvision {arch} with {classes} classes: "
-                         f"{str(err).splitlines()[0]}") from None
+        raise ValueError(f"{path} does not fit torchvision {arch} with {classes} classes: {mismatch(err)}") from None
     return torchvision_model(module, **options)
 
 
