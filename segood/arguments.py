@@ -27,10 +27,15 @@ def non_negative_float(text):
 
 
 def device(text):
-    """A torch device's form, TYPE or TYPE:INDEX (cpu, cuda, cuda:1, mps, ...), checked without importing torch
-    (which names the types it knows where the device is used)."""
-    return _checked(str, text, lambda v: re.fullmatch(r"[a-z][a-z0-9_]*(:(0|[1-9][0-9]*))?", v) is not None,
-                    "a device such as cpu, cuda or cuda:1")
+    """A torch device of this machine, TYPE or TYPE:INDEX (cpu, cuda, cuda:1, mps, ...)."""
+    from segood.models.network import check_device
+
+    _checked(str, text, lambda v: re.fullmatch(r"[a-z][a-z0-9_]*(:(0|[1-9][0-9]*))?", v) is not None,
+             "a device such as cpu, cuda or cuda:1")
+    try:
+        return check_device(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("device (--device) ")) from None
 
 
 def _checked(kind, text, ok, rule):

@@ -54,6 +54,7 @@ class AttackOptions(Options):
             raise TypeError(f"config must be a segood.attack.search.SearchConfig, got {type(self.config).__name__}")
         self._check_counts("max_frames", optional=("max_frames",))
         self._check_flags("resume", "progress", "figures")
+        self._check_device()
         for name in ("objects", "label_map", "standard", "fit_set", "generator"):
             value = getattr(self, name)
             if not isinstance(value, (str, os.PathLike)) and (value is not None or name in ("objects", "label_map")):

@@ -36,6 +36,12 @@ class Options:
             if type(getattr(self, name)) is not bool:
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
 
+    def _check_device(self):
+        if self.device is not None:
+            from segood.models.network import check_device
+
+            check_device(self.device)
+
     def _check_counts(self, *names, optional=()):
         """Positive integers; those in ``optional`` may be None."""
         for name in names:
@@ -125,6 +131,7 @@ class EvaluateOptions(Options):
         object.__setattr__(self, "components", component_spec(self.components, self.commit_on))
         check_benchmark(self.official)
         device_batches()  # (a misspelt SEGOOD_DEVICE_BATCHES refused now, not once the network is loaded)
+        self._check_device()
 
 
 @dataclass(frozen=True)

@@ -237,6 +237,24 @@ def keeps_modes(function):
     return wrapped
 
 
+def check_device(device):
+    """``device`` (a torch device or its name), refused with a ValueError naming the option where torch knows no such
+    device, or it is not present on this machine."""
+    try:
+        checked = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device (--device) {device}: torch knows no such device; use cpu, cuda, cuda:1 or "
+                         "mps") from None
+    backend = {"cuda": torch.cuda, "mps": getattr(torch.backends, "mps", None)}.get(checked.type)
+    if backend is not None and not backend.is_available():
+        raise ValueError(f"device (--device) {device}: this machine has no {checked.type} device torch can use; "
+                         "use cpu, or run where there is one")
+    if checked.type == "cuda" and checked.index is not None and checked.index >= torch.cuda.device_count():
+        raise ValueError(f"device (--device) {device}: this machine has {torch.cuda.device_count()} CUDA devices, "
+                         f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    return device
+
+
 def device_of(module):
     """The device of ``module``'s first parameter or buffer: the CPU for a module that has neither."""
     first = next(itertools.chain(module.parameters(), module.buffers()), None)
