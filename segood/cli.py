@@ -181,7 +181,9 @@ def _model(args):
         model = load_smp_weights(args.arch, args.encoder, args.weights, num_classes=args.num_classes or 19)
         model.align_corners = bool(getattr(args, "align_corners", False))
         return model
-    raise ValueError("give --checkpoint, or --arch, --encoder and --weights for a plain smp state dict")
+    scorer = ", or --scorer MODULE:FUNCTION (scores computed by your own code)" if hasattr(args, "scorer") else ""
+    raise ValueError("give the network: --checkpoint (segood's), --arch, --encoder and --weights (a plain smp state "
+                     f"dict), or --model-type and --model (another library's){scorer}")
 
 
 def _library_model(args):

@@ -561,8 +561,11 @@ def test_input_perturbation_is_each_papers_step_in_pixel_units(sets):
             return (method.load_state(mahalanobis.state_arrays()) if name == "mahalanobis" else method).score(
                 model, image)[0]
 
+        weight = next(model.parameters())
+        weight.grad = torch.full_like(weight, 7.0)  # (a caller's gradients: the step takes the input's only)
         torch.testing.assert_close(scored(x, 0.004), scored(x_tilde, 0.0), msg=name)
         assert not torch.allclose(scored(x, 0.004), scored(x, 0.0)), name  # the step moves the scores
+        assert torch.equal(weight.grad, torch.full_like(weight, 7.0)), name
 
 
 def test_tuning_by_a_lower_is_better_metric_picks_the_lowest(sets):

@@ -652,6 +652,13 @@ def test_library_options_without_a_library_network_are_named(tmp_path, capsys):
     assert capsys.readouterr().err.endswith("(--model-type and --model); add --model-type and --model\n")
     assert main(["evaluate", "--model-type", "hf", "--sets", str(tmp_path / "s.h5"), "--out", str(tmp_path)]) == 2
     assert "--model-type and --model go together" in capsys.readouterr().err
+    assert main(["evaluate", "--sets", str(tmp_path / "s.h5"), "--out", str(tmp_path / "r")]) == 2
+    assert capsys.readouterr().err.endswith("give the network: --checkpoint (segood's), --arch, --encoder and --weights "
+                                            "(a plain smp state dict), or --model-type and --model (another "
+                                            "library's), or --scorer MODULE:FUNCTION (scores computed by your own "
+                                            "code)\n")
+    assert main(["export", "--sets", str(tmp_path / "s.h5"), "--methods", "energy", "--out", str(tmp_path / "e")]) == 2
+    assert capsys.readouterr().err.endswith("or --model-type and --model (another library's)\n")
     from segood.models.inference import check_inference
 
     with pytest.raises(ValueError, match=r"^size=\(H, W\) \(--infer-size H W\) is the resize mode's network size; "

@@ -291,8 +291,12 @@ def test_pickled_or_foreign_checkpoints_are_refused(tmp_path):
     with pytest.raises(ValueError, match="refusing to load"):
         read_checkpoint(tmp_path / "evil.pt")
     torch.save({"state_dict": {}}, tmp_path / "foreign.pt")
-    with pytest.raises(ValueError, match="not a segood checkpoint"):
+    with pytest.raises(ValueError, match=r"not a segood checkpoint \(expected format 'segood.checkpoint/1'\)$"):
         read_checkpoint(tmp_path / "foreign.pt")
+    torch.save(model.state_dict(), tmp_path / "plain.pt")
+    with pytest.raises(ValueError, match="not a segood checkpoint .*: it is a plain state dict, which --arch, --encoder "
+                                         "and --weights .* or --model-type and --model .* read"):
+        read_checkpoint(tmp_path / "plain.pt")
     (tmp_path / "garbage.pt").write_bytes(b"\x00" * 100)  # not a pickle: not called one
     with pytest.raises(ValueError, match="garbage.pt is not a readable checkpoint: not a file torch.save wrote"):
         read_checkpoint(tmp_path / "garbage.pt")

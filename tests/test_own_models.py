@@ -167,6 +167,12 @@ def test_a_feature_layer_that_gives_no_one_feature_map_is_named():
                                          r"one \(N, D, h, w\) feature map"):
         ExternalModel(network, "encoder").penultimate(x)
     assert ExternalModel(network, "encoder.encoder.0").penultimate(x).shape == (1, 4, 32, 32)
+    with pytest.raises(ValueError, match=r"no layer 'encoder.encoder.1' in the model \(dict\(model.named_modules\(\)\) "
+                                         r"names its 4 layers\); the closest: 'encoder.encoder.0', 'encoder.encoder'"):
+        ExternalModel(network, "encoder.encoder.1")
+    with pytest.raises(ValueError, match=r"mahalanobis needs features: .*feature_layer=NAME .*its top-level ones: "
+                                         r"'encoder', 'head'\)"):
+        get_method("mahalanobis").check(ExternalModel(network))
 
 
 class Parameterless(torch.nn.Module):
@@ -289,6 +295,8 @@ def test_a_scorer_equals_its_maps_scored_from_a_file(sets, tmp_path):
         evaluate(Scorer(darkness), [path], out_dir=tmp_path / "x", fit_set=sets["cs"], progress=False)
     with pytest.raises(TypeError, match="not a torch nn.Module; .* evaluated as segood.Scorer"):
         evaluate(darkness, [path], out_dir=tmp_path / "x", progress=False)
+    with pytest.raises(TypeError, match=r"model is a path \(m.pt\), not a network: .*load_model\(path\)\[0\]"):
+        evaluate("m.pt", [path], out_dir=tmp_path / "x", progress=False)
 
 
 def saturated(images):

@@ -94,8 +94,10 @@ class Method:
             from segood.models.external import ExternalModel
 
             if self.head == "dimreduce" and type(model) is ExternalModel:  # a network of the user's own
+                top = ", ".join(repr(name) for name, _ in model.module.named_children())
                 raise ValueError(f"{self.name} needs features: name the layer of this network that gives them, "
-                                 "feature_layer='decoder' (--feature-layer decoder), a name of its named_modules()")
+                                 f"feature_layer=NAME (--feature-layer NAME), a name of its named_modules() (its "
+                                 f"top-level ones: {top or 'none'})")
             raise ValueError(f"{self.name} needs a network with the {self.head!r} head; this one serves "
                              f"{sorted(map(str, served_heads(model)))}. Build it with build_model(..., "
                              f"head={self.head!r}) (segood train --head {self.head}) and train it, or choose "

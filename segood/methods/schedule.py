@@ -198,11 +198,10 @@ def perturb(model, x, objective, epsilon, *, ascend):
     Mahalanobis: lower the distance). Either way the step makes the input look more ID to the model.
     """
     x = x.detach().requires_grad_(True)
-    with torch.enable_grad(), for_network(x.device):
-        objective(model(x)).backward()
+    with torch.enable_grad(), for_network(x.device):  # (the input's gradient only: the weights' .grad untouched)
+        gradient, = torch.autograd.grad(objective(model(x)), x)
     std = torch.tensor(IMAGENET_STD, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
-    step = epsilon * x.grad.sign() / std
-    model.zero_grad(set_to_none=True)
+    step = epsilon * gradient.sign() / std
     return (x + step if ascend else x - step).detach()
 
 

@@ -62,7 +62,10 @@ def read_checkpoint(path, map_location="cpu"):
     """The checkpoint dict, read without unpickling arbitrary objects; a clear error for anything else."""
     state = safe_load(path, "checkpoint", map_location)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a segood checkpoint (expected format {FORMAT!r})")
+        plain = isinstance(state, dict) and state and all(isinstance(v, torch.Tensor) for v in state.values())
+        raise ValueError(f"{path} is not a segood checkpoint (expected format {FORMAT!r})" + (
+            ": it is a plain state dict, which --arch, --encoder and --weights (an smp network's) or --model-type "
+            "and --model (another library's) read" if plain else ""))
     for key in ("config", "model"):
         if not isinstance(state.get(key), dict):
             raise ValueError(f"{path}: the checkpoint has no {key!r} dictionary; it is damaged or not segood's")

@@ -1,5 +1,8 @@
 """Models from elsewhere as segood networks: any ``nn.Module`` returning logits, or a plain smp state dict."""
 
+import difflib
+import os
+
 import torch
 
 from segood.labels import NUM_CLASSES
@@ -36,7 +39,10 @@ class ExternalModel(torch.nn.Module):
         if feature_layer is not None:
             layers = dict(module.named_modules())
             if feature_layer not in layers:
-                raise ValueError(f"no layer {feature_layer!r} in the model; some names: {list(layers)[:10]}")
+                close = difflib.get_close_matches(feature_layer, [name for name in layers if name], n=5, cutoff=0.5)
+                raise ValueError(f"no layer {feature_layer!r} in the model (dict(model.named_modules()) names its "
+                                 f"{len(layers) - 1} layers)" + (f"; the closest: {', '.join(map(repr, close))}"
+                                                                 if close else ""))
             layers[feature_layer].register_forward_hook(lambda _m, _i, out: setattr(self, "_features", out))
             self.served_heads.add("dimreduce")
 
@@ -104,6 +110,9 @@ def as_network(model, *, feature_layer=None, align_corners=None):
     """``model`` as segood scores it: a segood network as it is; any other ``nn.Module`` returning logits wrapped in
     :class:`ExternalModel` (``feature_layer``, ``align_corners`` as there; an ExternalModel gets ``align_corners``
     when given, and is wrapped again with ``feature_layer``). A TypeError for what is no ``nn.Module``."""
+    if isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"model is a path ({model}), not a network: load it first, segood.models.load_model(path)[0] "
+                        "for a segood checkpoint (load_smp_weights or load_library_model for another library's)")
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model is a {type(model).__name__}, not a torch nn.Module; a callable that returns anomaly "
                         "scores itself is evaluated as segood.Scorer(fn)")
