@@ -12,6 +12,7 @@ from segood.cli import main
 from segood.data import Sample
 from segood.data.h5 import H5SegmentationDataset, SetWriter
 from segood.evaluation import Evaluation, evaluate, evaluate_score_maps, runner
+from segood.evaluation.layout import RunFolder
 from segood.methods import Method
 from segood.models import build_model
 
@@ -91,6 +92,27 @@ def test_nan_logits_are_named_as_the_networks(small_set, tmp_path):
     with pytest.raises(ValueError, match=r"cs: frames \[0, 1\]: max_logit, energy: the network's logits are NaN at 128 "
                                          r"pixels \(check its weights and its input normalisation\); \d+ counted"):
         evaluate(NanLogits(), [small_set], ["max_logit", "energy"], progress=False, figures=False)
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused(small_set, tmp_path, capsys):
+    """While a run holds its folder, another one into it is an error, never a silent replacement of its files;
+    the lock dies with the run."""
+    dataset = H5SegmentationDataset(small_set)
+    with h5py.File(tmp_path / "maps.h5", "w") as f:
+        for i in range(len(dataset)):
+            f[dataset[i]["frame_id"]] = np.random.default_rng(i).random((32, 64)).astype(np.float32)
+    model = build_model("pspnet", "resnet18").eval()
+    with RunFolder(tmp_path / "run").claimed():
+        with pytest.raises(FileExistsError, match=f"another segood run is writing {tmp_path / 'run'} right now"):
+            evaluate_score_maps(tmp_path / "maps.h5", small_set, tmp_path / "run", figures=False)
+        with pytest.raises(FileExistsError, match="another segood run is writing"):
+            evaluate(model, [small_set], ["energy"], tmp_path / "run", progress=False, figures=False)
+        assert main(["score", "--scores", str(tmp_path / "maps.h5"), "--data", str(small_set), "--out",
+                     str(tmp_path / "run"), "-q"]) == 2
+        assert "segood score: error: another segood run is writing" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "run.json").exists()
+    evaluate_score_maps(tmp_path / "maps.h5", small_set, tmp_path / "run", figures=False)
+    assert not list(tmp_path.glob(".*.lock"))
 
 
 def test_garbage_score_file_and_npz_name_the_file(small_set, tmp_path, capsys):

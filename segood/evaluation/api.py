@@ -166,18 +166,19 @@ def execute(model, sets, methods, out_dir, description, options, **run_options):
     import torch.distributed as dist
 
     folder = RunFolder(out_dir)
-    folder.refuse_another_run(description)
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
-    fresh = not folder.run.exists()
-    if rank == 0:
-        write_json(folder.run, description)
-    options = dataclasses.replace(options, progress=options.progress and rank == 0)
-    try:
-        ev = run(model, sets, methods, folder.path, options, rank=rank, world_size=world, **run_options)
-    except BaseException:
-        if fresh and rank == 0 and not list(folder.path.glob("state*.npz")):  # nothing to resume: no run here
-            folder.run.unlink(missing_ok=True)
-        raise
+    with folder.claimed() if rank == 0 else contextlib.nullcontext():
+        folder.refuse_another_run(description)
+        fresh = not folder.run.exists()
+        if rank == 0:
+            write_json(folder.run, description)
+        options = dataclasses.replace(options, progress=options.progress and rank == 0)
+        try:
+            ev = run(model, sets, methods, folder.path, options, rank=rank, world_size=world, **run_options)
+        except BaseException:
+            if fresh and rank == 0 and not list(folder.path.glob("state*.npz")):  # nothing to resume: no run here
+                folder.run.unlink(missing_ok=True)
+            raise
     if rank != 0:
         return None
     if world > 1:
@@ -209,7 +210,7 @@ def evaluate_score_maps(scores_path: str | Path, data_path: str | Path, out_dir:
                          "files): write the run into another folder")
     dataset = _open_set(data_path, options.verify)
     set_name = Path(data_path).stem
-    with ScoreMaps(scores_path, frame_ids(data_path), frame_sizes(data_path)) as maps:
+    with contextlib.ExitStack() as stack, ScoreMaps(scores_path, frame_ids(data_path), frame_sizes(data_path)) as maps:
         declared = None if maps.score_range is None else score_range_of(maps.score_range)  # (the file's, checked)
         score_range = options.score_range or declared
         if grid["kind"] == "linear" and grid["score_range"] is None:  # the linear grid on the file's declared range
@@ -226,6 +227,7 @@ def evaluate_score_maps(scores_path: str | Path, data_path: str | Path, out_dir:
                        "config": {"grid": grid, **{key: getattr(options, key) for key in ("components", "official")
                                                    if getattr(options, key)}}}
         folder = RunFolder(out_dir)
+        stack.enter_context(folder.claimed())  # (a second run into the folder meanwhile: refused)
         folder.refuse_another_run(description)  # (before the frames are read)
         ev = Evaluation([name], [set_name], grid, options.components, official=options.official)
         if grid["kind"] != "linear" and score_range is not None:  # a declared range is checked, not a grid
@@ -239,9 +241,9 @@ def evaluate_score_maps(scores_path: str | Path, data_path: str | Path, out_dir:
             if (name, set_name) in ev.comp:  # (none where the set lacks ID or OOD pixels)
                 _each_frame(dataset, maps, set_name, lambda index, batch: ev.update_components(
                     name, set_name, batch["score"], batch["ood_mask"]))
-    write_json(folder.run, description)
-    ev.save(folder.state())
-    doc = write_report(folder.path, figures=options.figures)
+        write_json(folder.run, description)
+        ev.save(folder.state())
+        doc = write_report(folder.path, figures=options.figures)
     warn_coarse(doc)
     return doc
 

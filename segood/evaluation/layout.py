@@ -11,7 +11,7 @@
 import json
 from pathlib import Path
 
-from segood.io import as_read_back
+from segood.io import as_read_back, exclusive
 
 #: the file by which each command's output folder is known, and the command
 OUTPUT_FILES = {"run.json": "an evaluation (segood evaluate, score or robustness)",
@@ -37,6 +37,11 @@ class RunFolder:
         self.results_md = self.path / "results.md"
         self.results_tex = self.path / "results.tex"
         self.figures = self.path / "figures"
+
+    def claimed(self):
+        """The folder held by this run alone for the block (a lock beside it, gone with the process): a second run
+        into it meanwhile is refused, rather than one replacing the other's files."""
+        return exclusive(self.path.resolve(), "segood run")
 
     def state(self, rank=0, world_size=1):
         """The saved evaluation state: one per rank while a sharded run is in flight, then the merged one."""
