@@ -154,10 +154,21 @@ def test_report_flags_values_the_binning_cannot_resolve(sets, tmp_path):
             item = dataset[i]
             ood = item["ood_mask"].numpy() == 1
             f[item["frame_id"]] = 0.5 + (np.where(ood, 2e-4, 0.0) + rng.uniform(0, 1e-4, ood.shape)).astype(np.float32)
-    with pytest.warns(UserWarning, match="rerun with more --mantissa-bits, or with --grid exact"):
+    with pytest.warns(UserWarning, match=r"rerun with more --mantissa-bits \(at most 14\), or with --grid exact"):
         evaluate_score_maps(tmp_path / "tight.h5", sets / "perlin_mixed.h5", tmp_path / "tight", figures=False)
     markdown = (tmp_path / "tight" / "results.md").read_text()
-    assert "≈" in markdown and "rerun with more --mantissa-bits, or with --grid exact" in markdown
+    assert "≈" in markdown and "rerun with more --mantissa-bits (at most 14), or with --grid exact" in markdown
+    with h5py.File(tmp_path / "tied.h5", "w") as f:  # quantised: ID and OOD pixels share values, which tie
+        for i in range(len(dataset)):
+            ood = dataset[i]["ood_mask"].numpy() == 1
+            f[dataset[i]["frame_id"]] = (np.round(rng.uniform(0, 0.3, ood.shape) + 0.2 * ood, 1)).astype(np.float32)
+    with pytest.warns(UserWarning, match="14 mantissa bits, the most, leave these bins as they are .*--grid exact"):
+        tied = evaluate_score_maps(tmp_path / "tied.h5", sets / "perlin_mixed.h5", tmp_path / "tied", figures=False,
+                                   mantissa_bits=14)
+    exact = evaluate_score_maps(tmp_path / "tied.h5", sets / "perlin_mixed.h5", tmp_path / "tied_exact",
+                                figures=False, grid="exact")
+    assert tied["results"]["external"]["perlin_mixed"]["pooled"] == pytest.approx(
+        exact["results"]["external"]["perlin_mixed"]["pooled"], abs=1e-4)  # (ties: counted as exact mode does)
     exact = evaluate_score_maps(tmp_path / "tight.h5", sets / "perlin_mixed.h5", tmp_path / "exact", figures=False,
                                 grid="exact")
     assert exact["results"]["external"]["perlin_mixed"]["bounds"]["auroc"] == [1.0, 1.0]

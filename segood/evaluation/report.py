@@ -20,6 +20,7 @@ from segood.labels import CLASS_NAMES, colorize
 from segood.methods.tuning import same_source_tuning
 from segood.metrics import METRICS, describe_grid
 from segood.metrics.bootstrap import COARSE_BITS, Bootstrap
+from segood.metrics.float_order import MAX_MANTISSA_BITS
 from segood.metrics.official import LABELS as OFFICIAL_LABELS, PER_IMAGE as OFFICIAL_PER_IMAGE
 
 SCHEMA = "segood.results/1"
@@ -781,10 +782,15 @@ def warn_coarse(doc):
 
 def _finer(doc):
     """How to rerun a run whose grid cannot pin its values down."""
-    if grid_of_config(doc["config"])["kind"] == "linear":
+    grid = grid_of_config(doc["config"])
+    if grid["kind"] == "linear":
         return "rerun on the float-order grid (the default: drop --num-thresholds)."
-    return ("rerun with more --mantissa-bits, or with --grid exact where the set's scores fit in memory "
-            "(docs/grids.md).")
+    if grid["mantissa_bits"] >= MAX_MANTISSA_BITS:  # (scores that tie, quantised ones, fill one bin at any width)
+        return (f"{MAX_MANTISSA_BITS} mantissa bits, the most, leave these bins as they are (their scores may tie): "
+                "rerun with --grid exact where the set's scores fit in memory, which counts ties as scikit-learn "
+                "does (docs/grids.md).")
+    return (f"rerun with more --mantissa-bits (at most {MAX_MANTISSA_BITS}), or with --grid exact where the set's "
+            "scores fit in memory (docs/grids.md); scores that tie share a bin however fine it is.")
 
 
 def too_coarse(metric, result):
