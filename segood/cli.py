@@ -1050,6 +1050,10 @@ def main(argv=None):
     try:
         with exit_on_sigterm():  # a killed command removes its temporary files too
             return args.run(args)
+    except KeyboardInterrupt:  # (Ctrl-C: temporary files removed on the way out, as for SIGTERM)
+        resume = "; the same command with --resume continues from its last save" if hasattr(args, "resume") else ""
+        print(f"segood {args.command}: interrupted{resume}", file=sys.stderr)
+        return 130
     except (ValueError, OSError, RuntimeError, KeyError) as err:  # bad input: one clear line, no traceback
         if os.environ.get("SEGOOD_TRACEBACK"):
             raise

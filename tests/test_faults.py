@@ -347,8 +347,11 @@ def test_a_full_disk_names_the_file_it_could_not_write(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
 
 
-def test_a_conversion_stopped_by_sigterm_leaves_no_temporary_file(tmp_path):
-    """SIGTERM ends a command as Ctrl-C does: the set's temporary file is removed, nothing is put in place."""
+@pytest.mark.parametrize("stop, code, said", [("SIGTERM", 143, ""),
+                                              ("SIGINT", 130, "segood convert: interrupted\n")])  # (Ctrl-C)
+def test_a_conversion_stopped_by_sigterm_leaves_no_temporary_file(tmp_path, stop, code, said):
+    """SIGTERM ends a command as Ctrl-C does: the set's temporary file is removed, nothing is put in place; Ctrl-C
+    says so in one line, no traceback."""
     import signal
     import subprocess
     import sys
@@ -366,7 +369,8 @@ def slow(self, frame):
 h5.SetWriter.append = slow
 sys.exit(main(["convert", "noise", "--out", sys.argv[2], "--count", "3", "--size", "32", "64", "--quiet"]))
 """
-    process = subprocess.Popen([sys.executable, "-c", child, str(marker), str(tmp_path / "out" / "noise.h5")])
+    process = subprocess.Popen([sys.executable, "-c", child, str(marker), str(tmp_path / "out" / "noise.h5")],
+                               stderr=subprocess.PIPE, text=True)
     try:
         for _ in range(600):
             if marker.exists() and marker.read_text():
@@ -374,8 +378,9 @@ sys.exit(main(["convert", "noise", "--out", sys.argv[2], "--count", "3", "--size
             assert process.poll() is None
             subprocess.run(["sleep", "0.1"])
         assert Path(marker.read_text()).exists()
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(60) == 128 + signal.SIGTERM
+        process.send_signal(getattr(signal, stop))
+        assert process.wait(60) == code
+        assert process.stderr.read() == said
     finally:
         process.kill()
     assert list((tmp_path / "out").iterdir()) == []
