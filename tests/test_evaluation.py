@@ -110,8 +110,9 @@ def test_score_maps_equal_the_model_path(sets, tmp_path):
         f[first] = np.full((64, 64), 2.0, np.float32)
     with pytest.raises(ValueError, match=f"frame {first}: .*outside"):
         evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "bad2")
-    with pytest.raises(ValueError, match=r"holds a different run \(another model, sets, methods or settings\); "
-                                         r"choose another folder \(--out; in Python out_dir\)$"):  # never overwrite
+    with pytest.raises(ValueError, match=r"holds a different run \(model.config: \{...\} -> null; .* and \d+ more: its "
+                                         r"run.json's, then this run's\); the same settings continue it, other ones "
+                                         r"need another folder \(--out; in Python out_dir\)$"):  # never overwrite
         evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "int", clip=True,
                             num_thresholds=400)
 
@@ -309,8 +310,11 @@ def test_bad_inputs_fail_before_any_compute(sets, tmp_path):
     with pytest.raises(ValueError, match="not a segood set"):
         evaluate(model, [tmp_path / "not_a_set.h5"], ["entropy"], tmp_path / "b", progress=False)
     evaluate(model, [sets / "cs.h5"], ["entropy"], tmp_path / "d", progress=False, figures=False)
-    with pytest.raises(ValueError, match="holds a different run"):
+    with pytest.raises(ValueError, match=r"holds a different run \(methods.entropy: \{...\} -> null; methods.max_softmax: "
+                                         r"null -> \{...\}: its"):
         evaluate(model, [sets / "cs.h5"], ["max_softmax"], tmp_path / "d", progress=False)
+    with pytest.raises(ValueError, match=r"different run \(config.batch_size: 2 -> 3: its run.json's, then this run's"):
+        evaluate(model, [sets / "cs.h5"], ["entropy"], tmp_path / "d", progress=False, batch_size=3, resume=True)
     torch.manual_seed(1)
     with pytest.raises(ValueError, match="holds a different run"):  # same architecture, other weights
         evaluate(tiny_network("dropout").apply(lambda m: torch.nn.init.zeros_(m.weight)

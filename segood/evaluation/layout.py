@@ -87,10 +87,12 @@ class RunFolder:
         config = previous.get("config") or {}  # runs before the float-order grid name num_thresholds: the linear grid
         previous["config"] = {**{k: v for k, v in config.items() if k not in ("num_thresholds", "score_range")},
                               "grid": grid_of_config(config)}
-        if any(as_read_back(previous.get(k)) != as_read_back(description[k])
-               for k in ("model", "sets", "methods", "config")):
-            raise ValueError(f"{self.path} holds a different run (another model, sets, methods or settings); "
-                             "choose another folder (--out; in Python out_dir)")
+        changed = [difference for key in ("model", "sets", "methods", "config")
+                   for difference in _differences(key, as_read_back(previous.get(key)), as_read_back(description[key]))]
+        if changed:
+            shown = "; ".join(changed[:3]) + (f"; and {len(changed) - 3} more" if len(changed) > 3 else "")
+            raise ValueError(f"{self.path} holds a different run ({shown}: its run.json's, then this run's); the "
+                             "same settings continue it, other ones need another folder (--out; in Python out_dir)")
 
     def read_results(self):
         """The results document (results.json)."""
@@ -101,6 +103,19 @@ class RunFolder:
                              f"{self.path}") from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
             raise ValueError(f"{self.results_json} is unreadable ({err}); rebuild it with segood report") from None
+
+
+def _differences(path, old, new):
+    """'PATH: OLD -> NEW' for each value that differs between two run descriptions, down to their leaves."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [difference for key in {**old, **new}
+                for difference in _differences(f"{path}.{key}", old.get(key), new.get(key))]
+    if old == new:
+        return []
+    def short(value):
+        text = "{...}" if isinstance(value, dict) else json.dumps(value)
+        return text if len(text) <= 60 else text[:57] + "..."
+    return [f"{path}: {short(old)} -> {short(new)}"]
 
 
 def grid_of_config(config):
