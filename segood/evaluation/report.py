@@ -152,7 +152,8 @@ def write_report(out_dir: str | Path, *, figures: bool = True, bootstrap: Bootst
     ``commit_on``. ``state``: the run's :class:`Evaluation` where it is at hand (else read from the folder)."""
     folder = RunFolder(out_dir)
     ev = Evaluation.load(folder.state()) if state is None else state
-    doc = build_results(folder.read_run(), ev, bootstrap=bootstrap, commit_on=commit_on)
+    run = folder.read_run()
+    doc = build_results(run, ev, bootstrap=bootstrap, commit_on=commit_on)
     if folder.results_json.exists():  # what a caller added to the document (the demo's OE comparison) is kept
         previous = json.loads(folder.results_json.read_text())
         doc = {**{k: v for k, v in previous.items() if k not in doc}, **doc}
@@ -162,6 +163,8 @@ def write_report(out_dir: str | Path, *, figures: bool = True, bootstrap: Bootst
     atomic_write_text(folder.results_tex, results_latex(doc))
     if figures:
         write_figures(folder.figures, doc, ev, prune=True)
+    for note in _unfinished(run, ev):  # (a report of a run stopped on its way)
+        warnings.warn(note, stacklevel=2)
     return doc
 
 
