@@ -118,15 +118,15 @@ def _convert(args):
             adapter = get_adapter(args.dataset).from_args(args)
             manifest = convert(adapter, args.out, size=args.size, workers=args.workers, strict=args.strict,
                                overwrite=args.overwrite, progress=not args.quiet)
-    ratio = manifest["id_to_ood_ratio"]
-    print(f"wrote {args.out}: {manifest['frames']} frames, {len(manifest['skipped'])} skipped; pixels "
-          f"{manifest['pixels']}" + (f", ID:OOD = {ratio:.2f}:1" if ratio else ""))
-    for entry in manifest["skipped"][:10]:
-        print(f"  skipped {entry['frame_id']}: {entry['reason']}")
-    unused = manifest.get("unused_files", [])
-    if unused:
-        print(f"  {len(unused)} files of the raw tree not used (listed in the manifest), e.g. {unused[0]['path']}: "
-              f"{unused[0]['reason']}")
+    ratio, unused = manifest["id_to_ood_ratio"], manifest.get("unused_files", [])
+    if not args.quiet:
+        print(f"wrote {args.out}: {manifest['frames']} frames, {len(manifest['skipped'])} skipped; pixels "
+              f"{manifest['pixels']}" + (f", ID:OOD = {ratio:.2f}:1" if ratio else ""))
+        for entry in manifest["skipped"][:10]:
+            print(f"  skipped {entry['frame_id']}: {entry['reason']}")
+        if unused:
+            print(f"  {len(unused)} files of the raw tree not used (listed in the manifest), e.g. "
+                  f"{unused[0]['path']}: {unused[0]['reason']}")
     for message in manifest.get("warnings", ()):
         print(f"segood convert: warning: {message}", file=sys.stderr)
     return 0
@@ -143,7 +143,8 @@ def _train(args):
     log = train(config, resume=args.resume, progress=not args.quiet, stop_after=args.stop_after)
     oe = f" with outlier exposure ({config.oe_loss}) on {config.outlier_exposure}" if config.outlier_exposure else ""
     network = config.init if config.init_type else f"{config.arch}/{config.encoder}/{config.head}"
-    print(f"trained {network}{oe}: {log[-1] if log else 'nothing to do'}; checkpoints in {config.out_dir}")
+    if not args.quiet:
+        print(f"trained {network}{oe}: {log[-1] if log else 'nothing to do'}; checkpoints in {config.out_dir}")
     return 0
 
 
@@ -264,8 +265,9 @@ def _protocol(args):
                                  fit_set=args.fit_set, resume=args.resume, progress=not args.quiet)
     tune, test = sets_by_stem(args.tune_sets, "--tune-sets"), sets_by_stem(args.test_sets, "--test-sets")
     doc = cross_source(_model(args), tune, test, args.methods, args.out, options)
-    print((args.out / "protocol.md").read_text(), end="")
-    print(f"\nwrote {args.out}/protocol.json and protocol.md ({len(doc['tuning_sets'])} tuning sets)")
+    if not args.quiet:
+        print((args.out / "protocol.md").read_text(), end="")
+        print(f"\nwrote {args.out}/protocol.json and protocol.md ({len(doc['tuning_sets'])} tuning sets)")
     return 0
 
 
@@ -278,8 +280,9 @@ def _export(args):
     methods = [get_method(name) for name in args.methods]
     written = export_scores(model, sets, methods, args.out, layout=args.layout, batch_size=args.batch_size,
                             device=args.device, progress=not args.quiet, fit_set=args.fit_set)
-    for (method, set_name), path in written.items():
-        print(f"wrote {path}: {method} scores of {set_name}")
+    if not args.quiet:
+        for (method, set_name), path in written.items():
+            print(f"wrote {path}: {method} scores of {set_name}")
     return 0
 
 
@@ -365,6 +368,12 @@ def _print_run(args, folder, doc):
     print(f"wrote {folder}/: results.md (the full report), results.json, results.csv, results.tex, figures/")
 
 
+def add_quiet(parser):
+    """-q of the commands that write files: no progress bars, and nothing printed but warnings and errors."""
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars; print nothing but warnings and "
+                                                                   "errors")
+
+
 def add_verbosity(parser, *, progress=True):
     """-q and -v of the commands that print a run's report."""
     parser.add_argument("-q", "--quiet", action="store_true",
@@ -386,9 +395,10 @@ def _attack(args):
                             progress=not args.quiet, figures=not args.no_figures, device=args.device,
                             generator=args.generator)
     attack(args.target, args.frames, args.out, options)
-    print((args.out / "attack.md").read_text(), end="")
-    print(f"\nwrote {args.out}/attack.json, attack.md, sets/ (worst_<method>.h5, random_<network>.h5) and eval/"
-          + ("" if args.no_figures else ", figures/"))
+    if not args.quiet:
+        print((args.out / "attack.md").read_text(), end="")
+        print(f"\nwrote {args.out}/attack.json, attack.md, sets/ (worst_<method>.h5, random_<network>.h5) and eval/"
+              + ("" if args.no_figures else ", figures/"))
     return 0
 
 
@@ -397,9 +407,10 @@ def _attack_generator(args):
 
     record = train_generator(args.out, objects=args.objects, label_map=args.label_map, latent=args.latent,
                              epochs=args.epochs, seed=args.seed, progress=not args.quiet)
-    print(f"wrote {args.out}: {record['crops']} OOD object crops, latent {args.latent}, {record['epochs']} epochs, "
-          f"reconstruction loss {record['loss'][0]:.4f} -> {record['final_loss']:.4f} (mean squared error, "
-          f"0-1 scale), {record['seconds']:.1f} s")
+    if not args.quiet:
+        print(f"wrote {args.out}: {record['crops']} OOD object crops, latent {args.latent}, {record['epochs']} "
+              f"epochs, reconstruction loss {record['loss'][0]:.4f} -> {record['final_loss']:.4f} (mean squared "
+              f"error, 0-1 scale), {record['seconds']:.1f} s")
     return 0
 
 
@@ -509,9 +520,11 @@ def _robustness(args):
                      standard_size=args.standard_size, reference=args.reference, options=options)
     if doc is None:
         return 0
-    print(f"wrote {args.out}/results.json, results.md and figures/")
+    if not args.quiet:
+        print(f"wrote {args.out}/results.json, results.md and figures/")
     if "approval" in doc:
-        print((args.out / "approval.md").read_text(), end="")
+        if not args.quiet:
+            print((args.out / "approval.md").read_text(), end="")
         return 0 if doc["approval"]["passed"] else 1
     return 0
 
@@ -708,7 +721,7 @@ def build_parser(*, adapters=True):
     common.add_argument("--workers", type=natural, default=0, help="decoding processes (default 0: in-process)")
     common.add_argument("--strict", action="store_true", help="fail on the first frame that cannot be converted")
     common.add_argument("--overwrite", action="store_true", help="replace an existing output")
-    common.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    add_quiet(common)
     if adapters:
         for name, adapter in _adapters(adapters).items():
             adapter.add_arguments(kinds.add_parser(name, parents=[common], help=adapter.help.replace("%", "%%")))
@@ -722,7 +735,7 @@ def build_parser(*, adapters=True):
     mixer.add_argument("--out", type=Path, required=True)
     mixer.add_argument("--seed", type=natural, default=0)
     mixer.add_argument("--overwrite", action="store_true")
-    mixer.add_argument("-q", "--quiet", action="store_true")
+    add_quiet(mixer)
     cover = kinds.add_parser("coverage", help="print the label-map audit of a converted SUN set")
     cover.add_argument("set", type=Path)
     convert.set_defaults(run=_convert)
@@ -760,7 +773,7 @@ def build_parser(*, adapters=True):
     train.add_argument("--resume", action="store_true", help="continue from OUT/last.pt")
     train.add_argument("--stop-after", type=positive_int,
                        help="stop after this many epochs (resume later with --resume)")
-    train.add_argument("-q", "--quiet", action="store_true")
+    add_quiet(train)
     train.set_defaults(run=_train)
 
     miou = sub.add_parser("miou", help="per-class IoU and mIoU of checkpoints on a converted set")
@@ -824,7 +837,7 @@ def build_parser(*, adapters=True):
     att.add_argument("--generator", type=Path,
                      help="a generator (segood attack-generator): adds the 'learned' fill and its latent dimensions")
     att.add_argument("--no-figures", action="store_true")
-    att.add_argument("-q", "--quiet", action="store_true")
+    add_quiet(att)
     att.set_defaults(run=_attack)
 
     gen = sub.add_parser("attack-generator", help="train the attack's learned fill: a small autoencoder over the "
@@ -835,7 +848,7 @@ def build_parser(*, adapters=True):
     gen.add_argument("--latent", type=positive_int, default=16, help="latent size (default 16)")
     gen.add_argument("--epochs", type=positive_int, default=200, help="passes over the crops (default 200)")
     gen.add_argument("--seed", type=natural, default=0, help="seeds the weights and the batch order")
-    gen.add_argument("-q", "--quiet", action="store_true")
+    add_quiet(gen)
     gen.set_defaults(run=_attack_generator)
 
     proto = sub.add_parser("protocol", help="the cross-source protocol: tune and commit thresholds on each tuning "
@@ -851,7 +864,7 @@ def build_parser(*, adapters=True):
     proto.add_argument("--batch-size", type=positive_int, default=2)
     proto.add_argument("--device", type=device)
     proto.add_argument("--resume", action="store_true", help="continue the evaluations of a killed protocol")
-    proto.add_argument("-q", "--quiet", action="store_true")
+    add_quiet(proto)
     proto.set_defaults(run=_protocol)
 
     rob = sub.add_parser("robustness", help="evaluate under corruptions at 5 severities: OOD metrics, mIoU, "
@@ -881,7 +894,7 @@ def build_parser(*, adapters=True):
                      help="type-approval requirements: pass/fail table in approval.md; exit status 1 on FAIL")
     add_run_options(rob)
     rob.add_argument("--no-verify", action="store_true", help="do not check frames against their set's digests")
-    rob.add_argument("-q", "--quiet", action="store_true")
+    add_quiet(rob)
     rob.set_defaults(run=_robustness)
 
     approve = sub.add_parser("approve", help="check a robustness run against type-approval requirements (YAML)")
@@ -902,7 +915,7 @@ def build_parser(*, adapters=True):
     export.add_argument("--out", type=Path, required=True)
     export.add_argument("--batch-size", type=positive_int, default=2)
     export.add_argument("--device", type=device)
-    export.add_argument("-q", "--quiet", action="store_true")
+    add_quiet(export)
     export.set_defaults(run=_export)
 
     report = sub.add_parser("report", help="rebuild a run's tables and figures from its saved state")

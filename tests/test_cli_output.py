@@ -150,8 +150,10 @@ def test_split_names(manifest, layout, name):
 def test_export_folders_carry_the_benchmarks_names_and_every_write_is_said(world, tmp_path, capsys):
     checkpoint, ra21 = str(world["root"] / "m.pt"), str(world["root"] / "ra21_val.h5")
     perlin = str(world["sets"] / "perlin_mixed.h5")
-    assert main(["export", "--checkpoint", checkpoint, "--sets", ra21, perlin, "--methods", "entropy",
-                 "--layout", "smiyc", "--out", str(tmp_path / "ex"), "--quiet"]) == 0
+    export = ["export", "--checkpoint", checkpoint, "--sets", ra21, perlin, "--methods", "entropy", "--layout", "smiyc"]
+    assert main([*export, "--out", str(tmp_path / "quiet"), "--quiet"]) == 0
+    assert capsys.readouterr().out == ""  # (-q: nothing but warnings and errors)
+    assert main([*export, "--out", str(tmp_path / "ex")]) == 0
     printed = capsys.readouterr().out.splitlines()
     folder = tmp_path / "ex" / "anomaly_p" / "entropy" / "AnomalyTrack-all"
     assert sorted(p.name for p in folder.iterdir()) == ["validation0000.hdf5", "validation0001.hdf5"]
