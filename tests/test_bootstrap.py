@@ -141,6 +141,22 @@ def test_a_method_against_itself_is_a_coin_toss_and_never_significant():
         assert found["significant"][name]["a"]["b"] is False
 
 
+def test_resamples_without_ood_pixels_are_counted_and_left_out_of_the_intervals():
+    """Only the first of three images holds OOD pixels: the resamples that do not draw it leave the pooled metrics
+    undefined, and their number is reported (the intervals are over the others)."""
+    scores, labels = images(3, 1.0, 4)
+    labels[1:][labels[1:] == 1] = 0
+    counts = accumulate(scores, labels).images
+    settings = Bootstrap(200, seed=3)
+    drawn = settings.weights(3)[:, 0] > 0
+    found = compare({"a": counts}, settings)
+    assert found["undefined_resamples"]["a"] == {name: int((~drawn).sum()) for name in ("auroc", "auprc", "fpr95",
+                                                                                         "max_iou")}
+    samples = resampled_metrics(counts, settings.weights(3))["auroc"]
+    assert np.isnan(samples[~drawn]).all() and not np.isnan(samples[drawn]).any()
+    assert compare({"a": accumulate(*images(3, 1.0, 4)).images}, settings)["undefined_resamples"]["a"] == {}
+
+
 def test_per_image_means_average_the_drawn_images_where_the_metric_is_defined():
     counts = ImageCounts(("auroc",))
     counts.add(np.array([0.0, 1.0]), np.array([[1, 0], [0, 1]]), [0.8])
@@ -244,6 +260,10 @@ def test_a_run_reports_intervals_ranks_committed_thresholds_and_runtime(noise_se
     assert set(doc["comparisons"]["normal_mixed"]["ranks"]["auroc"]) == {"max_softmax", "entropy"}
     assert doc["bootstrap"]["resamples"] == 200 and doc["bootstrap"]["seed"] == 1
     markdown = (tmp_path / "run" / "results.md").read_text()
+    for s in sets:  # (2 noise frames, all OOD, and 2 Cityscapes frames, all ID: 1 resample in 16 draws no OOD)
+        undefined = doc["results"]["entropy"][s]["undefined_resamples"]["auroc"]
+        assert 0 < undefined < 40 and (f"On {s}, {undefined} of the 200 resamples drew no OOD or no ID pixel" in
+                                      markdown)
     assert "At the tpr95 threshold (chosen on perlin_mixed" in markdown and "inference ms / image" in markdown
     assert (tmp_path / "run" / "figures" / "metrics.png").exists()
     assert main(["report", str(tmp_path / "run"), "--resamples", "0", "-v"]) == 0  # no intervals; oracle, named so

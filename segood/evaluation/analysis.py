@@ -21,8 +21,9 @@ def computed(ev):
 
 
 def significance(ev, results, settings=Bootstrap()):
-    """({(method, set): {"intervals", "per_image_intervals", "coarsening"}}, {set: {"ranks", "p_better"}}, the
-    settings as reported); sets without per-image counts (runs before them) are left out."""
+    """({(method, set): {"intervals", "per_image_intervals", "coarsening", and "undefined_resamples" where some
+    resamples left a metric undefined}}, {set: {"ranks", "p_better"}}, the settings as reported); sets without
+    per-image counts (runs before them) are left out."""
     cells, comparisons = {}, {}
     for s in ev.set_names:
         images = {m: ev.acc[(m, s)].images for m in ev.method_names}
@@ -32,6 +33,8 @@ def significance(ev, results, settings=Bootstrap()):
         found = compare(images, settings, points=pooled)
         for m in ev.method_names:
             cells[(m, s)] = {key: found[key][m] for key in ("intervals", "per_image_intervals", "coarsening")}
+            if found["undefined_resamples"][m]:  # (the intervals are over the other resamples)
+                cells[(m, s)]["undefined_resamples"] = found["undefined_resamples"][m]
         comparisons[s] = {
             "ranks": {k: tied_ranks({m: pooled[m][k] for m in pooled}, found["significant"][k],
                                     METRICS[k].higher_is_better) for k in METRICS},

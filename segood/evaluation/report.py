@@ -386,6 +386,15 @@ def results_markdown(doc):
                      f"difference that include 0 are ties). The resampled counts use a coarse grid ({2 ** COARSE_BITS} "
                      "bins per binade): "
                      "\"coarsening\" in results.json bounds how far that moves a value.")
+        undefined = {}  # {set: the most resamples that left a metric undefined}
+        for per_set in doc["results"].values():
+            for s, r in per_set.items():
+                undefined[s] = max(undefined.get(s, 0), *r.get("undefined_resamples", {}).values())
+        for s, n in undefined.items():
+            if 0 < n < b["resamples"]:  # (a set of no OOD or no ID pixel at all: undefined throughout, said above)
+                lines.append(f"On {s}, {n} of the {b['resamples']} resamples drew no OOD or no ID pixel, which "
+                             "leaves the pooled metrics undefined: their intervals are over the other resamples "
+                             "(\"undefined_resamples\" in results.json).")
     per_image = [f"{(r['per_image_mean'] or {}).get('n_images', 0)}" for r in doc["results"][next(iter(doc["results"]))].values()]
     lines.append(f"Per-image means average the images where a metric is defined ({', '.join(per_image)} images per set).")
     lines += doc.get("notes") or []

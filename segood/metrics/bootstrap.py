@@ -211,7 +211,8 @@ def compare(per_method, settings=Bootstrap(), metric_names=None, points=None):
 
     Returns:
         {"intervals": {method: {metric: [lo, hi]}}, "per_image_intervals": {method: {metric: [lo, hi]}},
-        "coarsening": {method: {metric: bound}}, "p_better": {metric: {a: {b: P(a beats b)}}},
+        "coarsening": {method: {metric: bound}}, "undefined_resamples": {method: {metric: how many resamples left
+        it undefined (no OOD or no ID pixel drawn), where any did}}, "p_better": {metric: {a: {b: P(a beats b)}}},
         "significant": {metric: {a: {b: whether the interval of a - b excludes 0}}}}
     """
     metric_names = tuple(METRICS) if metric_names is None else metric_names
@@ -229,6 +230,8 @@ def compare(per_method, settings=Bootstrap(), metric_names=None, points=None):
     out = {"intervals": {m: {k: settings.interval(v) for k, v in s.items()} for m, s in samples.items()},
            "per_image_intervals": {m: {k: settings.interval(v) for k, v in s.items()} for m, s in means.items()},
            "coarsening": {m: coarsening(images) for m, images in per_method.items()},
+           "undefined_resamples": {m: {k: int(np.isnan(v).sum()) for k, v in s.items() if np.isnan(v).any()}
+                                   for m, s in samples.items()},
            "p_better": {}, "significant": {}}
     for name in metric_names:
         sign = 1.0 if METRICS[name].higher_is_better else -1.0
