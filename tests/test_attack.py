@@ -519,7 +519,7 @@ def test_targets_and_frames_are_checked(world):
 def test_command_line(world, capsys):
     out = world["root"] / "cli"
     code = main(["attack", "--target", f"energy={world['root'] / 'tiny.pt'}", "--frames",
-                 str(world["root"] / "val.h5"), "--out", str(out), "--budget", "4", "--max-frames", "2", "--quiet",
+                 str(world["root"] / "val.h5"), "--out", str(out), "--budget", "4", "--max-frames", "2",
                  "--no-figures"])
     assert code == 0
     printed = capsys.readouterr().out
@@ -782,7 +782,7 @@ def test_attack_with_a_generator_satisfies_the_constraints_and_resumes_only_with
 
 def test_generator_command_line(world, capsys):
     path = world["root"] / "cli_generator.pt"
-    assert main(["attack-generator", "--out", str(path), "--latent", "4", "--epochs", "3", "--quiet"]) == 0
+    assert main(["attack-generator", "--out", str(path), "--latent", "4", "--epochs", "3"]) == 0
     assert "reconstruction loss" in capsys.readouterr().out and load_generator(path)[0].latent == 4
     assert main(["attack-generator", "--out", str(path), "--latent", "3", "--epochs", "1", "--quiet"]) == 0
     assert load_generator(path)[0].latent == 3  # a generator replaces a generator

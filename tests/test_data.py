@@ -330,7 +330,7 @@ def test_bad_raw_input(tmp_path, capsys):
 def test_convert_cli_and_coverage(tmp_path, capsys):
     sun_tree(tmp_path / "sun", eligible=4)
     out = tmp_path / "sun_eval.h5"
-    assert main(["convert", "sun", str(tmp_path / "sun"), "--out", str(out), "--size", "33", "35", "--quiet"]) == 0
+    assert main(["convert", "sun", str(tmp_path / "sun"), "--out", str(out), "--size", "33", "35"]) == 0
     assert "3 frames" in capsys.readouterr().out  # 75% of 4 eligible
     assert read_set(out)[0]["images"].shape == (3, 33, 35, 3)
     assert main(["convert", "coverage", str(out)]) == 0

@@ -254,7 +254,7 @@ def test_evaluation_flags_test_sets_of_the_oe_source(oe_sets, tmp_path):
 
 def test_command_line_fine_tunes_and_checks_its_options(oe_sets, tmp_path, capsys):
     base = ["train", "--train", str(oe_sets["train"]), "--out", str(tmp_path / "cli"), "--epochs", "1",
-            "--batch-size", "4", "--crop", "64", "128", "--quiet"]
+            "--batch-size", "4", "--crop", "64", "128"]
     oe = ["--init", str(oe_sets["parent"]), "--outlier-exposure", str(oe_sets["oe_sun"])]
     assert main(base + oe + ["--oe-loss", "energy", "--oe-margins", "-8", "-2"]) == 0
     assert "with outlier exposure (energy)" in capsys.readouterr().out

@@ -226,7 +226,7 @@ def test_cli_manifest_and_report(trees, tmp_path, capsys):
     out = tmp_path / "paste.h5"
     assert main(["convert", "paste", "--cityscapes-root", str(trees / "cs"), "--objects", str(trees / "sun"),
                  "--blend", "feather", "--negatives", "1", "--per-frame", "2", "--seed", "7", "--out", str(out),
-                 "--size", *map(str, SIZE), "--quiet"]) == 0
+                 "--size", *map(str, SIZE)]) == 0
     assert "4 frames" in capsys.readouterr().out
     manifest = json.loads(out.with_suffix(".manifest.json").read_text())
     assert manifest["source"] == "paste" and manifest["seed"] == 7

@@ -115,7 +115,7 @@ def test_cli_protocol(sources, tmp_path, capsys):
         named.append(str(tmp_path / f"{name}.h5"))
     save_checkpoint(tmp_path / "model.pt", tiny_network())
     assert main(["protocol", "--checkpoint", str(tmp_path / "model.pt"), "--tune-sets", *named[:2], "--test-sets",
-                 *named[2:], "--methods", "entropy", "--out", str(tmp_path / "p"), "--quiet", "--rule", "f1",
+                 *named[2:], "--methods", "entropy", "--out", str(tmp_path / "p"), "--rule", "f1",
                  "--metric", "auprc", "--batch-size", "1"]) == 0
     assert "Cross-source protocol (AUPRC; thresholds committed by f1" in capsys.readouterr().out
     doc = json.loads((tmp_path / "p" / "protocol.json").read_text())

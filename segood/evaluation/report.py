@@ -389,7 +389,7 @@ def results_markdown(doc):
         undefined = {}  # {set: the most resamples that left a metric undefined}
         for per_set in doc["results"].values():
             for s, r in per_set.items():
-                undefined[s] = max(undefined.get(s, 0), *r.get("undefined_resamples", {}).values())
+                undefined[s] = max([undefined.get(s, 0), *r.get("undefined_resamples", {}).values()])
         for s, n in undefined.items():
             if 0 < n < b["resamples"]:  # (a set of no OOD or no ID pixel at all: undefined throughout, said above)
                 lines.append(f"On {s}, {n} of the {b['resamples']} resamples drew no OOD or no ID pixel, which "
