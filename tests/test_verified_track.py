@@ -346,7 +346,34 @@ def test_maps_of_sets_the_benchmark_lacks_are_refused_before_any_is_copied(world
     spilled = []
     monkeypatch.setattr(safe, "_spill", lambda *a: spilled.append(a))
     board = leaderboard(tmp_path / "subs", root / "bench" / "bench.json", tmp_path / "board")
-    assert spilled == [] and "scores/other_0.h5: the benchmark has no such set" in board["rejected"][0]["reason"]
+    assert spilled == [] and ("scores/other_0.h5: no set of the benchmark that submission.json gives score maps "
+                              "for ('scores' in its entry)") in board["rejected"][0]["reason"]
+
+
+def test_a_map_larger_than_its_frames_need_is_refused_while_copied(world, tmp_path):
+    """A real map followed by 64 MiB of zeros deflates to a small member; it is stopped at what the set's frames can
+    need (twice each float16 frame, 64 KiB each, 1 MiB in all), not copied to the 4 GiB map limit."""
+    root = world[0]
+    (tmp_path / "subs").mkdir()
+    with zipfile.ZipFile(root / "subs" / "entropy.zip") as a, \
+            zipfile.ZipFile(tmp_path / "subs" / "padded.zip", "w", zipfile.ZIP_DEFLATED) as b:
+        for info in a.infolist():
+            if info.filename == "scores/perlin_mixed.h5":
+                with b.open(info.filename, "w", force_zip64=True) as member:
+                    member.write(a.read(info))
+                    for _ in range(64):
+                        member.write(bytes(1 << 20))
+            else:
+                b.writestr(info, a.read(info))
+    assert (tmp_path / "subs" / "padded.zip").stat().st_size < 1 << 20
+    board = leaderboard(tmp_path / "subs", root / "bench" / "bench.json", tmp_path / "board")
+    bench = json.loads((root / "bench" / "bench.json").read_text())
+    sizes = next(t["sets"]["perlin_mixed"]["frame_sizes"] for t in bench["tracks"].values()
+                 if "perlin_mixed" in t["sets"])
+    need = sum(4 * h * w + (64 << 10) for h, w in sizes) + (1 << 20)
+    size = zipfile.ZipFile(root / "subs" / "entropy.zip").getinfo("scores/perlin_mixed.h5").file_size + (64 << 20)
+    assert [r["reason"] for r in board["rejected"]] == [
+        f"member 'scores/perlin_mixed.h5' would expand to {size} bytes, over the limit {need}"]
 
 
 def test_the_maps_of_one_submission_are_capped_in_all(world, tmp_path):

@@ -220,8 +220,10 @@ def _track_row(path, doc, files, track, spec, grid, masks):
 
 
 def _wanted_maps(files, benchmark, limits):
-    """The score-map members a submission may hold, read from its submission.json before any map is copied:
-    those of the benchmark's sets it submits maps for. Raises :class:`Rejected` for anything else."""
+    """{score-map member: the most bytes it may take} a submission may hold, read from its submission.json before
+    any map is copied: those of the benchmark's sets it submits maps for, each at most what its frames need (as
+    :func:`~segood.leaderboard.maps.read_maps` checks each map: twice its float16 frame and 64 KiB, and 1 MiB for
+    the file's own structures). Raises :class:`Rejected` for anything else."""
     if "submission.json" not in files:
         raise Rejected("no submission.json at the top of the submission")
     unexpected = [n for n in files if n != "submission.json" and not is_map(n)
@@ -231,8 +233,13 @@ def _wanted_maps(files, benchmark, limits):
                        "are read")
     doc = strict_json(files["submission.json"], limits)
     validate(doc)
-    matches = {track: match_sets(doc, spec, track) for track, spec in benchmark["tracks"].items()}
-    return {map_member(s) for match in matches.values() for s in match.values() if "scores" in doc["sets"][s]}
+    wanted = {}
+    for track, spec in benchmark["tracks"].items():
+        for name, mine in match_sets(doc, spec, track).items():
+            if "scores" in doc["sets"][mine]:
+                need = sum(2 * (2 * h * w) + (64 << 10) for h, w in _frame_sizes(spec["sets"][name])) + (1 << 20)
+                wanted[map_member(mine)] = max(need, wanted.get(map_member(mine), 0))
+    return wanted
 
 
 def match_sets(doc, spec, track):

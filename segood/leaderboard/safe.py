@@ -43,8 +43,9 @@ def read_submission_files(path, limits=Limits(), spill=None, select_maps=None):
     """{relative name: bytes} of a submission zip or folder, refusing anything unsafe. Score-map members
     (:func:`is_map`) are {name: Path} instead: a folder's own file, or a zip member copied into the folder
     ``spill`` (each at most ``limits.map_bytes``, together at most ``limits.maps_bytes``, whatever the zip
-    declares). ``select_maps(files)``, given the other members, returns the map names the submission may hold
-    (raising :class:`Rejected` for what it may not); any other map is refused before anything is copied.
+    declares). ``select_maps(files)``, given the other members, returns {map name: the most bytes it may take} of
+    the maps the submission may hold (raising :class:`Rejected` for what it may not); any other map, or one
+    larger than that, is refused before (or while) it is copied.
     A failure to write into ``spill`` (a full disk) is a :class:`MaintainerError`."""
     path = Path(path)
     mode = path.lstat().st_mode  # (a link is not followed: it could lead out of the submissions' folder)
@@ -54,7 +55,11 @@ def read_submission_files(path, limits=Limits(), spill=None, select_maps=None):
         raise Rejected("neither a zip file nor a folder (a pipe, socket or device is never read)")
     if stat.S_ISDIR(mode):
         files = _read_folder(path, limits)
-        _refuse_unselected(files, select_maps)
+        wanted = _selected(files, [name for name in files if is_map(name)], select_maps)
+        for name, bound in wanted.items():
+            if name in files and files[name].stat().st_size > bound:
+                raise Rejected(f"{name}: {files[name].stat().st_size} bytes, more than its set's frames need "
+                               f"({bound})")
         return files
     try:
         archive = zipfile.ZipFile(path)
@@ -88,17 +93,14 @@ def read_submission_files(path, limits=Limits(), spill=None, select_maps=None):
             if total > limits.total_bytes:
                 raise Rejected(f"members expand beyond {limits.total_bytes} bytes in all (zip bomb?)")
             files[name] = data
-        if select_maps is not None:
-            wanted = select_maps(files)
-            foreign = sorted(name for name, _ in maps if name not in wanted)
-            if foreign:
-                raise Rejected(f"{foreign[0]}: the benchmark has no such set; maps are read only for its own sets")
+        wanted = _selected(files, [name for name, _ in maps], select_maps)
         declared = sum(info.file_size for _, info in maps)
         if declared > limits.maps_bytes:
             raise Rejected(f"score maps of {declared} bytes in all, over the limit {limits.maps_bytes}")
         budget = limits.maps_bytes
         for index, (name, info) in enumerate(maps):  # (copies named by position: no submitted string in a path)
-            files[name] = _spill(archive, info, name, Path(spill) / f"map{index}.h5", min(limits.map_bytes, budget))
+            bound = min(limits.map_bytes, budget, wanted.get(name, limits.map_bytes))
+            files[name] = _spill(archive, info, name, Path(spill) / f"map{index}.h5", bound)
             budget -= files[name].stat().st_size
         return files
 
@@ -121,12 +123,17 @@ def _member(archive, info, name):
                        "members") from None
 
 
-def _refuse_unselected(files, select_maps):
-    if select_maps is not None:
-        wanted = select_maps(files)
-        foreign = sorted(name for name in files if is_map(name) and name not in wanted)
-        if foreign:
-            raise Rejected(f"{foreign[0]}: the benchmark has no such set; maps are read only for its own sets")
+def _selected(files, maps, select_maps):
+    """{map name: the most bytes it may take} of ``maps`` (all of them, at no bound, without ``select_maps``);
+    :class:`Rejected` for a map ``select_maps`` does not select."""
+    if select_maps is None:
+        return {}
+    wanted = select_maps(files)
+    foreign = sorted(name for name in maps if name not in wanted)
+    if foreign:
+        raise Rejected(f"{foreign[0]}: no set of the benchmark that submission.json gives score maps for ('scores' "
+                       "in its entry); maps are read only for those")
+    return wanted
 
 
 def _spill(archive, info, name, target, max_bytes):
