@@ -427,7 +427,7 @@ def test_sizes_foreign_sets_and_states_for_private_sets_are_refused(world, tmp_p
                 "auroc": 0.9, "auprc": 0.5, "fpr95": 0.1, "max_iou": 0.5, "n_id": 1, "n_ood": 1, "n_ignored": 0}}}}))
     board = leaderboard(tmp_path / "subs", bench, tmp_path / "board")
     reasons = {r["file"]: r["reason"] for r in board["rejected"]}
-    assert "maps are read only for its own sets" in reasons["foreign.zip"]
+    assert "maps are read only for those" in reasons["foreign.zip"]
     assert "keeps its masks private" in reasons["state.zip"]
 
 
