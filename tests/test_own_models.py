@@ -103,9 +103,25 @@ class Returns(torch.nn.Module):
         return self.make(self.net(x))
 
 
+def test_the_logits_of_real_decoders_pass_and_channels_last_ones_do_not():
+    """Low-resolution logits as networks give them on odd frames (BEiT: floor(H / 16) x 4; stride-32 features
+    upsampled 8x; ceil at stride 32), and logit maps no stride gives (channels last, transposed, padded)."""
+    from segood.models.network import check_resolution
+
+    for logits, frame in [((268, 480), (1080, 1920)), ((148, 200), (600, 800)), ((184, 320), (720, 1280)),
+                          ((272, 480), (1080, 1920)), ((8, 12), (33, 65)), ((368, 640), (720, 1280)),
+                          ((1, 2), (32, 33)), ((23, 40), (720, 1280)), ((128, 256), (1024, 2048))]:
+        check_resolution((1, 19, *logits), frame)
+    for logits, frame, said in [((1024, 19), (2048, 1024), "no .* map"), ((512, 256), (1024, 2048), "no .* map"),
+                                ((2048, 19), (1024, 2048), "larger than"), ((1088, 1920), (1080, 1920), "larger than")]:
+        with pytest.raises(ValueError, match=said):
+            check_resolution((1, 19, *logits), frame)
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda t: t.permute(0, 2, 3, 1), r"logits are \(2, 64, 64, 19\), which is no \(N, C, h, w\) map of the 64x64"),
     (lambda t: t[..., :16, :].transpose(-1, -2), r"logits are \(2, 19, 64, 16\), which is no .* map of the 64x64"),
+    (lambda t: F.pad(t, (0, 8, 0, 8)), r"logits are \(2, 19, 72, 72\), larger than the 64x64 input: crop them"),
     (lambda t: t[..., ::4, ::16], r"logits are \(2, 19, 16, 4\).*channels last\?"),  # (strides 4 and 16)
     (lambda t: None, r"gave a NoneType for 2 frames; segood takes float logits \(N, C, h, w\)"),
     (lambda t: t.numpy(), "gave a ndarray"),

@@ -8,6 +8,7 @@ pixel maps to one location of the penultimate layer.
 import contextlib
 import functools
 import itertools
+import math
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -188,14 +189,20 @@ def resize_output(output, size, *, align_corners=False):
 
 def check_resolution(shape, size):
     """Refuse logits of ``shape`` (N, C, h, w) that are no lower-resolution map of an input of ``size`` (H, W): larger
-    than it, or of another aspect than any one stride s gives (h and w each within one of H / s and W / s): the
-    dimensions of channels-last or transposed logits, which resizing would stretch over the frame."""
+    than it, or of another aspect (the frame's sides divided by much unlike factors: beyond 1.5 to 1, and beyond what
+    one stride s gives, each side within one of H / s and W / s): the dimensions of channels-last or transposed
+    logits, which resizing would stretch over the frame."""
     (h, w), (height, width) = shape[-2:], size
+    if h > height or w > width:
+        raise ValueError(f"the network's logits are {tuple(shape)}, larger than the {height}x{width} input: crop them "
+                         "to it (a network that pads its input crops its logits back), or, channels last, return "
+                         "logits.permute(0, 3, 1, 2)")
     low = max(height / (h + 1), width / (w + 1))  # the strides s with |h - H / s| <= 1 and |w - W / s| <= 1
-    high = min(height / (h - 1) if h > 1 else float("inf"), width / (w - 1) if w > 1 else float("inf"))
-    if h > height or w > width or low > high:
+    high = min(height / (h - 1) if h > 1 else math.inf, width / (w - 1) if w > 1 else math.inf)
+    factors = sorted((height / h, width / w))
+    if low > high and factors[1] > 1.5 * factors[0]:
         raise ValueError(f"the network's logits are {tuple(shape)}, which is no (N, C, h, w) map of the {height}x"
-                         f"{width} input (at its size, or smaller by one stride in both sides): logits channels "
+                         f"{width} input (its sides divided by {height / h:.3g} and {width / w:.3g}): logits channels "
                          "last? return logits.permute(0, 3, 1, 2)")
 
 
