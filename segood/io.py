@@ -110,15 +110,15 @@ def _naming_full_disk(path):
 
 
 @contextmanager
-def exclusive(path, what="writer"):
-    """Hold an exclusive lock on ``path`` (a lock file ``.<name>.lock`` beside it) for the block; raises
-    FileExistsError naming the file when another ``what`` holds it. The lock dies with its process (flock), so a
-    killed writer never leaves ``path`` locked."""
+def exclusive(path, what="writer", *, inside=False):
+    """Hold an exclusive lock on ``path`` (a lock file ``.<name>.lock`` beside it; ``inside``: ``.lock`` in the
+    folder ``path``, made where missing) for the block; raises FileExistsError naming the path when another ``what``
+    holds it. The lock dies with its process (flock), so a killed writer never leaves ``path`` locked."""
     import fcntl
 
     path = Path(path)
-    make_folder(path.parent)
-    lock = path.with_name(f".{path.name}.lock")
+    make_folder(path if inside else path.parent)
+    lock = path / ".lock" if inside else path.with_name(f".{path.name}.lock")
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:

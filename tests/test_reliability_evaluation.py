@@ -94,7 +94,7 @@ def test_nan_logits_are_named_as_the_networks(small_set, tmp_path):
         evaluate(NanLogits(), [small_set], ["max_logit", "energy"], progress=False, figures=False)
 
 
-def test_a_second_run_into_a_folder_in_use_is_refused(small_set, tmp_path, capsys):
+def test_a_second_run_into_a_folder_in_use_is_refused(small_set, tmp_path, capsys, monkeypatch):
     """While a run holds its folder, another one into it is an error, never a silent replacement of its files;
     the lock dies with the run."""
     dataset = H5SegmentationDataset(small_set)
@@ -112,7 +112,24 @@ def test_a_second_run_into_a_folder_in_use_is_refused(small_set, tmp_path, capsy
         assert "segood score: error: another segood run is writing" in capsys.readouterr().err
     assert not (tmp_path / "run" / "run.json").exists()
     evaluate_score_maps(tmp_path / "maps.h5", small_set, tmp_path / "run", figures=False)
-    assert not list(tmp_path.glob(".*.lock"))
+    assert not (tmp_path / "run" / ".lock").exists() and not list(tmp_path.glob(".*lock"))  # (its own, in it)
+
+    from segood.evaluation import api
+
+    held = []
+
+    def report(out_dir, **options):  # the folder is still held while its report is written
+        try:
+            with RunFolder(out_dir).claimed():
+                held.append(False)
+        except FileExistsError:
+            held.append(True)
+        return write_report(out_dir, **options)
+
+    write_report = api.write_report
+    monkeypatch.setattr(api, "write_report", report)
+    evaluate(model, [small_set], ["energy"], tmp_path / "held", progress=False, figures=False)
+    assert held == [True]
 
 
 def test_garbage_score_file_and_npz_name_the_file(small_set, tmp_path, capsys):

@@ -75,10 +75,12 @@ def evaluate(model: torch.nn.Module | Scorer, sets: dict[str, str | Path] | list
     options = EvaluateOptions.of(options, **keywords)
     if out_dir is None and options.resume:
         raise ValueError("resume continues a run saved in a folder: pass out_dir")
-    with evaluation_mode(model), contextlib.ExitStack() as temporary:  # (its modules back in their own modes after)
-        folder = out_dir if out_dir is not None else temporary.enter_context(
+    with evaluation_mode(model), contextlib.ExitStack() as held:  # (its modules back in their own modes after)
+        folder = out_dir if out_dir is not None else held.enter_context(
             tempfile.TemporaryDirectory(prefix="segood-run-"))  # (the run's state while it runs)
         model, sets, methods, description = prepare(model, sets, methods, options, out_dir)
+        if out_dir is not None:  # (held until its report is written)
+            held.enter_context(claimed_run(out_dir))
         ev = execute(model, sets, methods, folder, description, options)
         if ev is None:
             return None
@@ -159,26 +161,49 @@ def prepare(model, sets, methods, options, out_dir=None):
     return model, sets, methods, description
 
 
+@contextlib.contextmanager
+def claimed_run(out_dir):
+    """The run folder ``out_dir`` held by this run for the block (:meth:`RunFolder.claimed`): under torchrun rank 0
+    takes it and every rank learns whether it did, so that no rank writes into a folder another run holds."""
+    import torch.distributed as dist
+
+    sharded = dist.is_available() and dist.is_initialized()
+    with contextlib.ExitStack() as held:
+        refused = None
+        if not sharded or dist.get_rank() == 0:
+            try:
+                held.enter_context(RunFolder(out_dir).claimed())
+            except FileExistsError as err:
+                refused = str(err)
+        if sharded:
+            shared = [refused]
+            dist.broadcast_object_list(shared, src=0)  # (between the run's own ranks)
+            refused = shared[0]
+        if refused:
+            raise FileExistsError(refused)
+        yield
+
+
 def execute(model, sets, methods, out_dir, description, options, **run_options):
-    """Run into ``out_dir``: refuse a folder that holds another run, write run.json (rank 0), evaluate (sharded
-    under torchrun, :func:`segood.evaluation.runner.run` with ``options`` and ``run_options``) and save the merged
-    state. Returns the :class:`Evaluation` on rank 0, None on the other ranks."""
+    """Run into ``out_dir`` (held with :func:`claimed_run` by the caller, until its report is written): refuse a
+    folder that holds another run, write run.json (rank 0), evaluate (sharded under torchrun,
+    :func:`segood.evaluation.runner.run` with ``options`` and ``run_options``) and save the merged state. Returns
+    the :class:`Evaluation` on rank 0, None on the other ranks."""
     import torch.distributed as dist
 
     folder = RunFolder(out_dir)
+    folder.refuse_another_run(description)
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
-    with folder.claimed() if rank == 0 else contextlib.nullcontext():
-        folder.refuse_another_run(description)
-        fresh = not folder.run.exists()
-        if rank == 0:
-            write_json(folder.run, description)
-        options = dataclasses.replace(options, progress=options.progress and rank == 0)
-        try:
-            ev = run(model, sets, methods, folder.path, options, rank=rank, world_size=world, **run_options)
-        except BaseException:
-            if fresh and rank == 0 and not list(folder.path.glob("state*.npz")):  # nothing to resume: no run here
-                folder.run.unlink(missing_ok=True)
-            raise
+    fresh = not folder.run.exists()
+    if rank == 0:
+        write_json(folder.run, description)
+    options = dataclasses.replace(options, progress=options.progress and rank == 0)
+    try:
+        ev = run(model, sets, methods, folder.path, options, rank=rank, world_size=world, **run_options)
+    except BaseException:
+        if fresh and rank == 0 and not list(folder.path.glob("state*.npz")):  # nothing to resume: no run here
+            folder.run.unlink(missing_ok=True)
+        raise
     if rank != 0:
         return None
     if world > 1:
@@ -227,8 +252,8 @@ def evaluate_score_maps(scores_path: str | Path, data_path: str | Path, out_dir:
                        "config": {"grid": grid, **{key: getattr(options, key) for key in ("components", "official")
                                                    if getattr(options, key)}}}
         folder = RunFolder(out_dir)
-        stack.enter_context(folder.claimed())  # (a second run into the folder meanwhile: refused)
         folder.refuse_another_run(description)  # (before the frames are read)
+        stack.enter_context(folder.claimed())  # (a second run into the folder meanwhile: refused)
         ev = Evaluation([name], [set_name], grid, options.components, official=options.official)
         if grid["kind"] != "linear" and score_range is not None:  # a declared range is checked, not a grid
             for acc in ev.acc.values():

@@ -39,9 +39,10 @@ class RunFolder:
         self.figures = self.path / "figures"
 
     def claimed(self):
-        """The folder held by this run alone for the block (a lock beside it, gone with the process): a second run
-        into it meanwhile is refused, rather than one replacing the other's files."""
-        return exclusive(self.path.resolve(), "segood run")
+        """The folder (made where missing) held by this run alone for the block (a lock file in it, its lock gone
+        with the process): a second run into it meanwhile is refused, rather than one replacing the other's
+        files."""
+        return exclusive(self.path, "segood run", inside=True)
 
     def state(self, rank=0, world_size=1):
         """The saved evaluation state: one per rank while a sharded run is in flight, then the merged one."""

@@ -19,7 +19,7 @@ import warnings
 import numpy as np
 
 from segood.data.h5 import H5SegmentationDataset
-from segood.evaluation.api import execute, prepare
+from segood.evaluation.api import claimed_run, execute, prepare
 from segood.evaluation.options import EvaluateOptions
 from segood.evaluation.report import unfinished_sets
 from segood.evaluation.layout import RunFolder
@@ -75,10 +75,11 @@ def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corrupti
             for level in severities:
                 conditions[condition_name(set_name, corruption, level)] = _corrupted(clean, corruption, level, seed,
                                                                                      standard_size)
-    ev = execute(model, conditions, methods, out_dir, description, options, quality=True,
-                 examples=(1, EXAMPLE_WIDTH))  # (one frame per set and condition)
-    return None if ev is None else write_robustness_report(out_dir, figures=options.figures, requirements=requirements,
-                                                           reference=reference)
+    with claimed_run(out_dir):  # (held until its report is written)
+        ev = execute(model, conditions, methods, out_dir, description, options, quality=True,
+                     examples=(1, EXAMPLE_WIDTH))  # (one frame per set and condition)
+        return None if ev is None else write_robustness_report(out_dir, figures=options.figures,
+                                                               requirements=requirements, reference=reference)
 
 
 def _corrupted(dataset, corruption, severity, seed, standard_size):
