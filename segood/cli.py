@@ -525,6 +525,8 @@ def _robustness(args):
     if "approval" in doc:
         if not args.quiet:
             print((args.out / "approval.md").read_text(), end="")
+        elif not doc["approval"]["passed"]:
+            print(f"segood robustness: the type approval failed ({args.out / 'approval.md'})", file=sys.stderr)
         return 0 if doc["approval"]["passed"] else 1
     return 0
 
@@ -1064,7 +1066,9 @@ def main(argv=None):
         with exit_on_sigterm():  # a killed command removes its temporary files too
             return args.run(args)
     except KeyboardInterrupt:  # (Ctrl-C: temporary files removed on the way out, as for SIGTERM)
-        resume = "; the same command with --resume continues from its last save" if hasattr(args, "resume") else ""
+        if os.environ.get("SEGOOD_TRACEBACK"):
+            raise
+        resume = "; the same command with --resume continues from its last save" if _saved(args) else ""
         print(f"segood {args.command}: interrupted{resume}", file=sys.stderr)
         return 130
     except (ValueError, OSError, RuntimeError, KeyError) as err:  # bad input: one clear line, no traceback
@@ -1074,18 +1078,32 @@ def main(argv=None):
         return 2
 
 
+def _saved(args):
+    """Whether a command that resumes (--resume) left a save in its output folder to resume from."""
+    from pathlib import Path
+
+    out = getattr(args, "out", None) or getattr(args, "out_dir", None)
+    if not hasattr(args, "resume") or out is None or not Path(out).is_dir():
+        return False
+    return (Path(out) / "last.pt").exists() or any(Path(out).rglob("state*.npz"))
+
+
 def _origin(err):
     """Where the user's own code (a network, a loader, a scorer) raised ``err``: its innermost frame outside segood,
     Python and the installed libraries, as ' (raised at FILE:LINE, in FUNCTION; ...)'; '' where there is none."""
+    import site
     import sysconfig
     import traceback
     from pathlib import Path
 
-    libraries = [Path(__file__).resolve().parent] + [Path(sysconfig.get_paths()[key]).resolve()
-                                                     for key in ("stdlib", "platstdlib", "purelib", "platlib")]
-    for cause in (err, err.__cause__):
-        frames = traceback.extract_tb(cause.__traceback__) if cause is not None else []
-        for frame in reversed(frames):
+    places = [sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")]
+    places += [*site.getsitepackages(), site.getusersitepackages()]
+    libraries = [Path(__file__).resolve().parent] + [Path(place).resolve() for place in places]
+    chain = [err]  # the error and what it was raised from (re-raised "from None", a cause is the context still)
+    while len(chain) < 10 and (chain[-1].__cause__ or chain[-1].__context__) is not None:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    for cause in chain:
+        for frame in reversed(traceback.extract_tb(cause.__traceback__)):
             path = Path(frame.filename).resolve()
             if not frame.filename.startswith("<") and not any(path.is_relative_to(p) for p in libraries):
                 return (f" (raised at {frame.filename}:{frame.lineno}, in {frame.name}; SEGOOD_TRACEBACK=1 shows the "

@@ -14,6 +14,7 @@ import torch
 from segood.cli import main
 from segood.data.h5 import H5SegmentationDataset
 from segood.evaluation import evaluate, evaluate_score_maps
+from segood.evaluation.layout import RunFolder
 from segood.evaluation.runner import Evaluation
 from segood.methods import get_method
 from segood.metrics import METRIC_NAMES, make_accumulator
@@ -110,7 +111,7 @@ def test_score_maps_equal_the_model_path(sets, tmp_path):
         f[first] = np.full((64, 64), 2.0, np.float32)
     with pytest.raises(ValueError, match=f"frame {first}: .*outside"):
         evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "bad2")
-    with pytest.raises(ValueError, match=r"holds a different run \(model.config: \{...\} -> null; .* and \d+ more: its "
+    with pytest.raises(ValueError, match=r"holds a different run \(model.config: \{...\} -> \(none\); .* and \d+ more: its "
                                          r"run.json's, then this run's\); the same settings continue it, other ones "
                                          r"need another folder \(--out; in Python out_dir\)$"):  # never overwrite
         evaluate_score_maps(tmp_path / "scores.h5", sets / "perlin_mixed.h5", tmp_path / "int", clip=True,
@@ -253,6 +254,8 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(sets, tmp_path, monkeyp
         evaluate(model, paths, methods, tmp_path / "killed", batch_size=batch_size, save_every=1, progress=False,
                  figures=False)
     monkeypatch.setattr(model, "forward", original)
+    with RunFolder(tmp_path / "killed").claimed(), pytest.warns(UserWarning, match=r"^The run is still running: "):
+        assert main(["report", str(tmp_path / "killed"), "--resamples", "0", "-q"]) == 0  # (another process's)
     with pytest.warns(UserWarning, match=r"^The run is unfinished: \d+ of the \d+ frames of (perlin_mixed|cs)"):
         assert main(["report", str(tmp_path / "killed"), "--resamples", "0"]) == 0  # a report of what was counted
     notes = json.loads((tmp_path / "killed" / "results.json").read_text())["notes"]
@@ -311,8 +314,8 @@ def test_bad_inputs_fail_before_any_compute(sets, tmp_path):
     with pytest.raises(ValueError, match="not a segood set"):
         evaluate(model, [tmp_path / "not_a_set.h5"], ["entropy"], tmp_path / "b", progress=False)
     evaluate(model, [sets / "cs.h5"], ["entropy"], tmp_path / "d", progress=False, figures=False)
-    with pytest.raises(ValueError, match=r"holds a different run \(methods.entropy: \{...\} -> null; methods.max_softmax: "
-                                         r"null -> \{...\}: its"):
+    with pytest.raises(ValueError, match=r"holds a different run \(methods.entropy: \{...\} -> \(none\); "
+                                         r"methods.max_softmax: \(none\) -> \{...\}: its"):
         evaluate(model, [sets / "cs.h5"], ["max_softmax"], tmp_path / "d", progress=False)
     with pytest.raises(ValueError, match=r"different run \(config.batch_size: 2 -> 3: its run.json's, then this run's"):
         evaluate(model, [sets / "cs.h5"], ["entropy"], tmp_path / "d", progress=False, batch_size=3, resume=True)

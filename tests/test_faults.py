@@ -386,6 +386,28 @@ sys.exit(main(["convert", "noise", "--out", sys.argv[2], "--count", "3", "--size
     assert list((tmp_path / "out").iterdir()) == []
 
 
+def test_ctrl_c_says_resume_only_where_a_save_is_there_to_resume(tmp_path, monkeypatch, capsys):
+    from segood.evaluation import api
+    from segood.models import build_model, save_checkpoint
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    save_checkpoint(tmp_path / "m.pt", build_model("pspnet", "resnet18"))
+    monkeypatch.setattr(api, "run", interrupted)
+    argv = ["evaluate", "--checkpoint", str(tmp_path / "m.pt"), "--sets", str(tiny_set(tmp_path / "t.h5", side=32)),
+            "--methods", "energy", "--out", str(tmp_path / "run"), "-q"]
+    assert main(argv) == 130
+    assert capsys.readouterr().err == "segood evaluate: interrupted\n"  # (nothing saved: nothing to resume)
+    (tmp_path / "run" / "state.npz").write_bytes(b"")  # (as a run stopped after its first save leaves it)
+    assert main(argv) == 130
+    assert capsys.readouterr().err == ("segood evaluate: interrupted; the same command with --resume continues from "
+                                       "its last save\n")
+    monkeypatch.setenv("SEGOOD_TRACEBACK", "1")
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+
+
 def test_an_output_behind_a_file_or_in_an_unwritable_folder_is_named(tmp_path, monkeypatch, capsys):
     """A file where an output's folder should be, or a folder that cannot be written: the error names that path
     (the system's names the deepest missing folder, or a temporary file segood made up)."""

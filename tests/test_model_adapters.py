@@ -678,13 +678,15 @@ def test_library_options_without_a_library_network_are_named(tmp_path, capsys):
     from segood.arguments import device
 
     assert [device(name) for name in ("cpu", "xla:0", "privateuseone")] == ["cpu", "xla:0", "privateuseone"]
-    absent = [name for name, there in (("cuda", torch.cuda.is_available()), ("mps", torch.backends.mps.is_available()))
-              if not there]
+    absent = [name for name, there in (("cuda", torch.cuda.is_available()), ("mps", torch.backends.mps.is_available()),
+                                       ("xpu", torch.xpu.is_available())) if not there]
     for name in absent:  # (torch's other device types pass to torch)
         with pytest.raises(argparse.ArgumentTypeError, match=f"^{name}: this machine has no {name} device torch can "
                                                              "use; use cpu, or run where there is one$"):
             device(name)
     with pytest.raises(argparse.ArgumentTypeError, match="^gpu: torch knows no such device; use cpu, cuda, cuda:1"):
         device("gpu")
+    with pytest.raises(argparse.ArgumentTypeError, match="^meta: the meta device holds no data to score"):
+        device("meta")
     with pytest.raises(ValueError, match=r"^device \(--device\) gpu: torch knows no such device"):
         evaluate(torch.nn.Conv2d(3, 19, 1), [tmp_path / "s.h5"], ["energy"], device="gpu")

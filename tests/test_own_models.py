@@ -20,9 +20,12 @@ from segood.evaluation.runner import run
 from segood.leaderboard import leaderboard, make_benchmark, submit
 from segood.methods import Scorer, get_method
 from segood.methods.functional import entropy_from_logits
+from segood.methods.tuning import tune
+from segood.models.miou import evaluate_miou
 from segood.methods.schedule import score_batch, score_frames
 from segood.metrics import make_accumulator
 from segood.models import ExternalModel, build_model, preprocess
+from segood.models.external import as_network
 
 
 class QuarterNet(torch.nn.Module):
@@ -151,13 +154,18 @@ def test_a_model_in_training_mode_is_scored_fitted_and_evaluated_in_eval_mode_an
     energy = get_method("energy")
     for scores in (energy.score(model, x)[0], energy(model, frames(sets["cs"]))):
         torch.testing.assert_close(scores, energy.score(reference, x)[0])
-    loader = [{"image": frames(sets["cs"])}]
+    mixed = H5SegmentationDataset(sets["perlin_mixed"])
+    loader = [{"image": frames(sets["perlin_mixed"]), "ood_mask": torch.stack([mixed[i]["ood_mask"] for i in (0, 1)])}]
     assert get_method("sml").fit(model, loader).state["means"].equal(get_method("sml").fit(reference, loader).state[
         "means"])
     data = {"cs": sets["cs"]}
     doc = evaluate(model, data, ["energy"], progress=False, figures=False)
     assert doc["results"] == evaluate(reference, data, ["energy"], progress=False, figures=False)["results"]
     export_scores(model, data, ["energy"], tmp_path / "maps", progress=False)
+    tuned = tune("odin", model, loader, {"temperature": [1.0, 10.0]}, tuning_set=sets["perlin_mixed"], progress=False)
+    assert tuned.table == tune("odin", reference, loader, {"temperature": [1.0, 10.0]},
+                               tuning_set=sets["perlin_mixed"], progress=False).table
+    evaluate_miou(as_network(model), sets["cs"], progress=False)
     assert [m.training for m in model.modules()] == [True, True, False, True, True]
     assert torch.equal(model[1].running_mean, running)
 
@@ -367,7 +375,7 @@ def test_a_bad_scorer_output_is_named(sets, tmp_path, case):
 def test_a_scorer_from_the_command_line(sets, tmp_path, monkeypatch, capsys):
     (tmp_path / "own_scorer_module.py").write_text(
         "def anomaly(images):\n    return -images.double().sum(dim=1)\n\nthreshold = 3\n\n"
-        "def lookup(image):\n    return {}['x']\n")
+        "def lookup(image):\n    return {}['x']\n\ndef strict(images):\n    raise ValueError('no such frames here')\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))  # the command adds the current folder
     monkeypatch.delitem(sys.modules, "own_scorer_module", raising=False)
@@ -390,6 +398,8 @@ def test_a_scorer_from_the_command_line(sets, tmp_path, monkeypatch, capsys):
         assert message in capsys.readouterr().err, spec
     assert main(["evaluate", "--scorer-name", "x", "--checkpoint", "m.pt", "--out", "bad", *common]) == 2
     assert "add --scorer MODULE:FUNCTION" in capsys.readouterr().err
+    assert main(["evaluate", "--scorer", "own_scorer_module:strict", "--out", "bad", *common]) == 2
+    assert "no such frames here (raised at " in capsys.readouterr().err  # (re-raised by segood "from None")
 
 
 # submitting maps in every layout; sets matched by content

@@ -185,3 +185,15 @@ def test_a_bad_grid_writes_nothing_and_old_run_files_still_resume(small_set, tmp
     (tmp_path / "old" / "run.json").write_text(json.dumps(run))
     evaluate(model, [small_set], ["max_softmax"], tmp_path / "old", num_thresholds=400, resume=True,
              progress=False, figures=False)
+
+
+def test_what_differs_between_two_runs_is_shown_where_it_differs():
+    from segood.evaluation.layout import _differences
+
+    assert _differences("config", {"c": {"thresholds": [0.1] * 20 + [0.5]}}, {"c": {"thresholds": [0.1] * 20 + [0.6]}}
+                        ) == ["config.c.thresholds[20]: 0.5 -> 0.6"]
+    assert _differences("config", {"x": None}, {}) == ["config.x: null -> (none)"]  # (null is not absent)
+    long = "/a/very/long/path/to/some/folder/deep/inside/the/tree/file_{}.h5"
+    assert _differences("model", {"p": long.format("one")}, {"p": long.format("two")}) == [
+        'model.p: ...nside/the/tree/file_one.h5" -> ...nside/the/tree/file_two.h5"']
+    assert _differences("config", {"grid": {"kind": "float"}}, {"grid": {"kind": "float"}}) == []

@@ -44,6 +44,14 @@ class RunFolder:
         files."""
         return exclusive(self.path, "segood run", inside=True)
 
+    def in_use(self):
+        """Whether a run holds the folder right now (:meth:`claimed`)."""
+        try:
+            with self.claimed():
+                return False
+        except FileExistsError:
+            return True
+
     def state(self, rank=0, world_size=1):
         """The saved evaluation state: one per rank while a sharded run is in flight, then the merged one."""
         return self.path / (f"state.rank{rank}.npz" if world_size > 1 else "state.npz")
@@ -106,17 +114,25 @@ class RunFolder:
             raise ValueError(f"{self.results_json} is unreadable ({err}); rebuild it with segood report") from None
 
 
+_MISSING = object()  # (a key one description lacks: not the same as its null)
+
+
 def _differences(path, old, new):
-    """'PATH: OLD -> NEW' for each value that differs between two run descriptions, down to their leaves."""
+    """'PATH: OLD -> NEW' for each value that differs between two run descriptions, down to their leaves (list
+    items of lists of one length too); a long value is shown from a little before where the two first differ."""
     if isinstance(old, dict) and isinstance(new, dict):
         return [difference for key in {**old, **new}
-                for difference in _differences(f"{path}.{key}", old.get(key), new.get(key))]
-    if old == new:
+                for difference in _differences(f"{path}.{key}", old.get(key, _MISSING), new.get(key, _MISSING))]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [difference for k, (a, b) in enumerate(zip(old, new))
+                for difference in _differences(f"{path}[{k}]", a, b)]
+    if old == new and (old is _MISSING) == (new is _MISSING):
         return []
-    def short(value):
-        text = "{...}" if isinstance(value, dict) else json.dumps(value)
-        return text if len(text) <= 60 else text[:57] + "..."
-    return [f"{path}: {short(old)} -> {short(new)}"]
+    texts = ["(none)" if v is _MISSING else "{...}" if isinstance(v, dict) else json.dumps(v) for v in (old, new)]
+    first = next((k for k, (a, b) in enumerate(zip(*texts)) if a != b), min(map(len, texts)))
+    start = max(0, first - 20) if max(map(len, texts)) > 60 else 0
+    return [f"{path}: " + " -> ".join(("..." if start else "") + text[start:start + 57] +
+                                      ("..." if len(text) > start + 57 else "") for text in texts)]
 
 
 def grid_of_config(config):

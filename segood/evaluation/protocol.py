@@ -22,11 +22,13 @@ from segood.methods.scorer import Scorer
 from segood.methods.tuning import tune
 from segood.metrics import METRICS
 from segood.models.external import as_network
+from segood.models.network import keeps_modes
 
 SCHEMA = "segood.protocol/1"
 __all__ = ["GRIDS", "ProtocolOptions", "cross_source", "protocol_markdown"]
 
 
+@keeps_modes
 def cross_source(model, tuning_sets: dict[str, str | Path], test_sets: dict[str, str | Path], methods: list[str],
                  out_dir: str | Path, options: ProtocolOptions | None = None, **keywords) -> dict:
     """Run the protocol; writes ``out_dir/<S>/`` (one evaluation per tuning set, resumable), ``protocol.json`` and

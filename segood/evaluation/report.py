@@ -33,10 +33,11 @@ def arrow(metric):
     return METRICS[metric].arrow()
 
 
-def build_results(run, ev, *, bootstrap=Bootstrap(), commit_on=None):
+def build_results(run, ev, *, bootstrap=Bootstrap(), commit_on=None, running=False):
     """The results.json document from the run description and the (all-reduced) evaluation state: pooled and
     per-image metrics with bootstrap intervals (``bootstrap``; None: none) and tied ranks, thresholds committed on
-    the set ``commit_on`` (and the oracle ones, named so), and runtime per method."""
+    the set ``commit_on`` (and the oracle ones, named so), and runtime per method; ``running``: the run is still
+    going (its notes say so, not that it is unfinished)."""
     computed_results = computed(ev)
     cells, comparisons, described = significance(ev, computed_results, bootstrap) if bootstrap else ({}, {}, None)
     thresholds = committed(ev, computed_results, commit_on)
@@ -76,7 +77,7 @@ def build_results(run, ev, *, bootstrap=Bootstrap(), commit_on=None):
     timings = {"images": images, "images_per_set": dict(ev.images),
                "ms_per_image": {k: 1e3 * v / images for k, v in ev.seconds.items()} if images else {},
                "per_method": runtime(ev)}
-    notes = run.get("notes", []) + ev.notes() + _unfinished(run, ev)
+    notes = run.get("notes", []) + ev.notes() + _unfinished(run, ev, running)
     if ev.skipped:
         notes.append(skipped_note(ev.skipped))
     return {"schema": SCHEMA, **run, "results": results, "per_class_mean_score": per_class, "timings": timings,
@@ -93,10 +94,12 @@ def skipped_note(skipped):
             f"of {s}: {reason}); results.json lists them (skipped_frames).")
 
 
-def _unfinished(run, ev):
-    """Notes for the sets whose frames were not all scored (or skipped): a run stopped before its end."""
-    return [f"The run is unfinished: {counted} of the {frames} frames of {s} were scored or skipped, and its "
-            "numbers are those of these frames only; finish it with --resume."
+def _unfinished(run, ev, running=False):
+    """Notes for the sets whose frames were not all scored (or skipped): a run stopped before its end, or one that
+    is still ``running``."""
+    state, then = (("still running", "it goes on") if running else ("unfinished", "finish it with --resume"))
+    return [f"The run is {state}: {counted} of the {frames} frames of {s} were scored or skipped, and its "
+            f"numbers are those of these frames only; {then}."
             for s, (counted, frames) in unfinished_sets(run, ev).items()]
 
 
@@ -153,7 +156,8 @@ def write_report(out_dir: str | Path, *, figures: bool = True, bootstrap: Bootst
     folder = RunFolder(out_dir)
     ev = Evaluation.load(folder.state()) if state is None else state
     run = folder.read_run()
-    doc = build_results(run, ev, bootstrap=bootstrap, commit_on=commit_on)
+    running = state is None and folder.in_use()  # (a report of a run another process is still writing)
+    doc = build_results(run, ev, bootstrap=bootstrap, commit_on=commit_on, running=running)
     if folder.results_json.exists():  # what a caller added to the document (the demo's OE comparison) is kept
         previous = json.loads(folder.results_json.read_text())
         doc = {**{k: v for k, v in previous.items() if k not in doc}, **doc}
@@ -163,7 +167,7 @@ def write_report(out_dir: str | Path, *, figures: bool = True, bootstrap: Bootst
     atomic_write_text(folder.results_tex, results_latex(doc))
     if figures:
         write_figures(folder.figures, doc, ev, prune=True)
-    for note in _unfinished(run, ev):  # (a report of a run stopped on its way)
+    for note in _unfinished(run, ev, running):  # (a report of a run stopped, or still going, on its way)
         warnings.warn(note, stacklevel=2)
     return doc
 

@@ -17,7 +17,7 @@ from segood.methods.methods import LINEAR_FORMS, check_grid, get_method
 from segood.methods.schedule import score_batch
 from segood.metrics import METRICS, make_accumulator
 from segood.models.external import as_network
-from segood.models.network import device_of, preprocess
+from segood.models.network import device_of, evaluation_mode, preprocess
 
 
 def same_source_tuning(params, test_identity):
@@ -62,13 +62,13 @@ def tune(method_name, model, loader, grid, *, metric="auroc", tuning_set=None, m
     for method in methods:
         check_grid(method, metric_grid or {"kind": "float"})
     accumulators = [make_accumulator(metric_grid) for _ in points]
-    model = as_network(model)  # (any nn.Module returning logits, as evaluate takes it)
-    device = device_of(model)
-    for batch in tqdm(loader, desc=f"tune {method_name} ({len(points)} points)", disable=not progress):
-        x = preprocess(batch["image"].to(device))
-        labels = batch["ood_mask"].to(device)
-        for scores, acc in zip(score_batch(model, x, methods).scores, accumulators):
-            acc.update(scores, labels)
+    with evaluation_mode(as_network(model)) as model:  # (any nn.Module returning logits, as evaluate takes it)
+        device = device_of(model)
+        for batch in tqdm(loader, desc=f"tune {method_name} ({len(points)} points)", disable=not progress):
+            x = preprocess(batch["image"].to(device))
+            labels = batch["ood_mask"].to(device)
+            for scores, acc in zip(score_batch(model, x, methods).scores, accumulators):
+                acc.update(scores, labels)
     table = []
     for params, acc in zip(points, accumulators):
         result = acc.compute()

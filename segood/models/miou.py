@@ -9,7 +9,7 @@ from tqdm import tqdm
 from segood.data.h5 import H5SegmentationDataset, frame_loader, require_classes
 from segood.labels import CLASS_NAMES, NUM_CLASSES
 from segood.metrics.segmentation import confusion_matrix, mean_iou
-from segood.models.network import device_of, preprocess
+from segood.models.network import device_of, evaluation_mode, preprocess
 from segood.models.predict import predicted_classes
 
 
@@ -21,12 +21,10 @@ def evaluate_miou(model, data, *, batch_size=4, device=None, progress=True):
     require_classes(dataset.path, "mIoU")
     loader = frame_loader(dataset, batch_size)
     confusion = np.zeros((NUM_CLASSES, NUM_CLASSES), np.int64)
-    was_training = model.training
-    model.eval()
-    for batch in tqdm(loader, desc="mIoU", unit="batch", disable=not progress):
-        predicted = predicted_classes(model(preprocess(batch["image"].to(device))).logits).cpu().numpy()
-        confusion += confusion_matrix(predicted, batch["semantic"].numpy(), NUM_CLASSES)
-    model.train(was_training)
+    with evaluation_mode(model):
+        for batch in tqdm(loader, desc="mIoU", unit="batch", disable=not progress):
+            predicted = predicted_classes(model(preprocess(batch["image"].to(device))).logits).cpu().numpy()
+            confusion += confusion_matrix(predicted, batch["semantic"].numpy(), NUM_CLASSES)
     miou, iou = mean_iou(confusion)
     return {"miou": miou, "iou": dict(zip(CLASS_NAMES, iou.tolist())), "confusion": confusion}
 

@@ -252,8 +252,10 @@ def check_device(device):
     except (RuntimeError, TypeError):
         raise ValueError(f"device (--device) {device}: torch knows no such device; use cpu, cuda, cuda:1 or "
                          "mps") from None
-    backend = {"cuda": torch.cuda, "mps": getattr(torch.backends, "mps", None)}.get(checked.type)
-    if backend is not None and not backend.is_available():
+    if checked.type == "meta":
+        raise ValueError(f"device (--device) {device}: the meta device holds no data to score; use cpu or cuda")
+    backend = torch.backends.mps if checked.type == "mps" else getattr(torch, checked.type, None)
+    if backend is not None and hasattr(backend, "is_available") and not backend.is_available():
         raise ValueError(f"device (--device) {device}: this machine has no {checked.type} device torch can use; "
                          "use cpu, or run where there is one")
     if checked.type == "cuda" and checked.index is not None and checked.index >= torch.cuda.device_count():
