@@ -76,6 +76,19 @@ def test_round_trip_and_ranking(world, tmp_path):
     assert notes == ["self-reported", "self-reported"]  # nothing else to note: no separator left dangling
 
 
+def test_a_submission_of_any_name_is_judged_and_the_submissions_folder_is_never_the_boards(world, tmp_path):
+    root, _ = world
+    subs = tmp_path / "subs"
+    shutil.copytree(root / "subs", subs)
+    (subs / "entropy.zip").rename(subs / ".judge-1-team.zip")  # (a name like the board's own copies')
+    board = leaderboard(subs, root / "bench.json", tmp_path / "board")
+    assert {e["file"] for e in board["tracks"]["noise"]["entries"]} == {".judge-1-team.zip", "max_softmax.zip"}
+    for out, work in ((subs, None), (tmp_path / "board", subs)):
+        with pytest.raises(ValueError, match="the board's folder .* is the submissions' folder"):
+            leaderboard(subs, root / "bench.json", out, work=work)
+    assert sorted(p.name for p in subs.iterdir()) == [".judge-1-team.zip", "max_softmax.zip"]
+
+
 def test_a_lower_is_better_metric_ranks_ascending_equal_scores_by_name_self_reported_never_tied(world, tmp_path):
     """Ranked by FPR95 (lower is better), the score the mean over the sets; a twin of an entry under another name
     has its score exactly and comes after it by name, whatever the files' order, at a rank of its own."""

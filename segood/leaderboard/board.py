@@ -518,14 +518,18 @@ def leaderboard(submissions_dir, benchmark_path, out_dir, limits=Limits(), boots
     Score maps are copied into a folder ``.judge-*`` under ``work`` (default ``out_dir``), removed on every exit
     (SIGTERM included; one left by a killed board is removed by the next). A fault on the maintainer's side (a
     private set that fails its checks, a full disk) raises :class:`MaintainerError` and writes no board."""
+    own = {Path(out_dir).resolve(), Path(work or out_dir).resolve()}
+    if Path(submissions_dir).resolve() in own:
+        raise ValueError(f"the board's folder (--out, --work) is the submissions' folder {submissions_dir}: its files "
+                         "would be judged as submissions, and its own would be cleared; give another folder")
     benchmark = _read_benchmark(benchmark_path)
     _check_official_sets(benchmark)
     tracks = {track: [] for track in benchmark["tracks"]}
     rejected, masks, seen = [], {}, {}  # seen: {content hash: the file first judged with it}
     with _work_folder(Path(work or out_dir)) as spill:
         for path in sorted(Path(submissions_dir).iterdir()):
-            if path.resolve() == Path(out_dir).resolve() or path.name.startswith(".judge-"):
-                continue  # the board's own folder, were it put among the submissions
+            if path.resolve() in own:
+                continue  # the board's own folders, were they put among the submissions
             rows, reason = judge(path, benchmark, limits, masks, spill)
             digest = next(iter(rows.values()))["sha256"] if rows else None
             if digest in seen:
