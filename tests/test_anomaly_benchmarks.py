@@ -449,6 +449,14 @@ def test_road_obstacles_v0_evaluates_the_road_only(tmp_path, capsys):
     np.testing.assert_array_equal(read_set(tmp_path / "splits.h5")[0]["ood_mask"], arrays["ood_mask"])
     with pytest.raises(DatasetLayoutError, match="no file matches 'frame_list.json'"):
         RoadAnomaly(tmp_path / "ro")  # (Road Anomaly has no splits.json)
+    (tmp_path / "ro" / "frame_list.json").mkdir()
+    with pytest.raises(ValueError, match="frame_list.json is not a file: the frames' list is a JSON file"):
+        RoadAnomaly(tmp_path / "ro")
+    (tmp_path / "ro" / "frame_list.json").rmdir()
+    (tmp_path / "ro" / "frame_list.json").write_text(json.dumps(listed + ["../outside.jpg"]))
+    with pytest.raises(ValueError, match="frame_list.json names '../outside.jpg': a frame's name is the name of a "
+                                         "file in frames/, without a folder"):
+        RoadAnomaly(tmp_path / "ro")
     (tmp_path / "ro" / "frame_list.json").write_text(json.dumps(listed))
     with pytest.raises(KeyError, match="road_obstacles_v0"):
         get_adapter("road_obstacles")

@@ -16,7 +16,7 @@ from segood.data import IDD, Cityscapes, ConversionError, Sample, Sun, convert
 from segood.data.common import rasterise
 from segood.data.convert import ConversionWarning
 from segood.data.h5 import (CorruptFrame, H5SegmentationDataset, SetWriter, frame_ids, frame_sizes, manifest_path,
-                             read_manifest, set_identity)
+                             ood_masks, read_manifest, set_identity)
 from segood.evaluation import evaluate
 from segood.labels import IGNORE, OOD
 from segood.models import build_model
@@ -280,6 +280,22 @@ def test_malformed_idd_coordinate_skips_the_named_frame(tmp_path, workers):
     manifest = convert(IDD(tmp_path / "idd"), tmp_path / "x.h5", size=(H, W), workers=workers, progress=False)
     assert manifest["frames"] == 2
     assert "polygon 0 ('car') has a non-numeric coordinate" in skipped(manifest)["val/0/000200"]
+
+
+def test_idd_deleted_as_text_and_numbers_beyond_floats(tmp_path):
+    """A re-exported file's "deleted": "0" is not deleted (its autorickshaw stays OOD); an image size or a coordinate
+    no float holds skips its frame, with the others converted."""
+    car = {"label": "car", "polygon": rect(5, 5, 24, 19), "deleted": 0}
+    objects = {0: [car, {"label": "autorickshaw", "polygon": rect(30, 10, 44, 24), "deleted": "0"}],
+               1: [car, {"label": "autorickshaw", "polygon": rect(30, 10, 44, 24), "deleted": "1"}],
+               2: [{"label": "car", "polygon": [[5, 5], [10 ** 400, 5], [20, 30]], "deleted": 0}],
+               3: [car, {"label": "car", "polygon": rect(0, 0, 3, 3), "deleted": "maybe"}]}
+    idd_frames(tmp_path / "idd", ["000100", "000200", "000300", "000400"], objects=objects.get)
+    manifest = convert(IDD(tmp_path / "idd"), tmp_path / "x.h5", size=(H, W), progress=False)
+    masks = dict(ood_masks(tmp_path / "x.h5"))
+    assert (masks["val/0/000100"] == OOD).sum() == 15 * 15 and (masks["val/0/000200"] == OOD).sum() == 0
+    assert "polygon 0 ('car') has a non-numeric coordinate (int too large" in skipped(manifest)["val/0/000300"]
+    assert skipped(manifest)["val/0/000400"] == "object 'car' has deleted='maybe'; expected 0 or 1"
 
 
 def test_an_unexpected_error_names_the_frame(tmp_path, monkeypatch):

@@ -53,7 +53,7 @@ class IDD(SplitTree):
         annotation = Annotation()
         try:
             annotation.fromJsonFile(str(json_path))
-        except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
+        except (OSError, ValueError, KeyError, TypeError, IndexError, OverflowError) as err:
             raise SkipFrame(f"unreadable polygon JSON ({type(err).__name__}: {err})") from None
         image = read_rgb(image_path)
         height, width = image.shape[:2]
@@ -62,7 +62,7 @@ class IDD(SplitTree):
 
         labels, polygons = [], []
         for obj in annotation.objects:
-            if obj.deleted:
+            if _deleted(obj):
                 continue
             label = obj.label
             if label not in self.train_id and label.endswith("group"):  # "cargroup" -> "car"
@@ -71,7 +71,7 @@ class IDD(SplitTree):
                 raise SkipFrame(f"unknown IDD label {obj.label!r}")
             try:
                 points = np.array([(p.x, p.y) for p in obj.polygon], dtype=np.float64).reshape(-1, 2)
-            except (TypeError, ValueError) as err:
+            except (TypeError, ValueError, OverflowError) as err:
                 raise SkipFrame(f"polygon {len(polygons)} ({obj.label!r}) has a non-numeric coordinate ({err})") from None
             if len(points) < 3 or points[:, 0].max() < 0 or points[:, 1].max() < 0 \
                     or points[:, 0].min() >= width or points[:, 1].min() >= height:
@@ -87,3 +87,14 @@ class IDD(SplitTree):
         semantic_lut = np.array([self.train_id[background]] + [self.train_id[n] for n in labels], np.uint8)
         role_lut = np.array([self.role[background]] + [self.role[n] for n in labels], np.uint8)
         return Sample(image, role_lut[painted], semantic_lut[painted], frame_id)
+
+
+def _deleted(obj):
+    """Whether an annotation's object is deleted: its ``deleted`` 0 or 1, as a number or as text (a re-exported
+    file's "0" is not deleted); any other value skips the frame."""
+    value = obj.deleted
+    if isinstance(value, str):
+        value = value.strip()
+    if value in (0, 1, "0", "1"):  # (True and False are 1 and 0)
+        return value in (1, "1")
+    raise SkipFrame(f"object {obj.label!r} has deleted={value!r}; expected 0 or 1")

@@ -43,6 +43,8 @@ class RoadAnomaly(Adapter):
         index = next((self.root / f for f in self.index_files if (self.root / f).is_file()), None)
         if index is None:
             require_tree(self.root, self.expected_tree, next(iter(self.index_files)), self.title)
+            raise ValueError(f"{self.root / next(iter(self.index_files))} is not a file: the frames' list is a JSON "
+                             f"file ({self.title}'s layout:\n{self.expected_tree})")
         key = self.index_files[index.name]
         try:
             names = json.loads(index.read_text())
@@ -51,6 +53,10 @@ class RoadAnomaly(Adapter):
         names = names.get(key) if key is not None and isinstance(names, dict) else names
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise ValueError(f"{index} must hold a JSON list of frame names" + (f" under {key!r}" if key else ""))
+        outside = [n for n in names if n in ("", ".", "..") or "/" in n or "\\" in n]
+        if outside:
+            raise ValueError(f"{index} names {outside[0]!r}: a frame's name is the name of a file in frames/, without "
+                             "a folder")
         self.stems = list(dict.fromkeys(_stem(n) for n in names))
         frames = self.root / "frames"
         if any(frames.glob("*.webp")):
