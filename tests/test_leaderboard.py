@@ -76,6 +76,16 @@ def test_round_trip_and_ranking(world, tmp_path):
     assert notes == ["self-reported", "self-reported"]  # nothing else to note: no separator left dangling
 
 
+def test_a_state_of_the_other_grid_is_named_as_such(world, tmp_path):
+    root, _ = world
+    make_benchmark({"noise": {"sets": {s: root / f"{s}.h5" for s in ("perlin_mixed", "normal_mixed")},
+                              "rank_by": "auroc"}}, tmp_path / "float.json")  # (the float-order grid's board)
+    board = leaderboard(root / "subs", tmp_path / "float.json", tmp_path / "board")
+    assert {r["reason"] for r in board["rejected"]} == {
+        "set 'perlin_mixed': binned on the linear grid; the benchmark asks for the float-order grid at 10 mantissa "
+        "bits: evaluate on its grid and submit again"}
+
+
 def test_a_submission_of_any_name_is_judged_and_the_submissions_folder_is_never_the_boards(world, tmp_path):
     root, _ = world
     subs = tmp_path / "subs"
@@ -191,6 +201,12 @@ def bad_submissions(root, folder):
     rebuild(good, folder / "html.zip", edit=lambda d: d["method"].update(name="<script>alert(1)</script>"))
     raw = zipfile.ZipFile(good).read("submission.json").decode().replace('"auroc": ', '"auroc": NaN, "x": ', 1)
     replace_member(good, folder / "nan.zip", "submission.json", raw.encode())
+    raw = zipfile.ZipFile(good).read("submission.json").decode().replace('"auroc": ', '"x": ' + "1" * 5000 + ', "auroc": ',
+                                                                          1)
+    replace_member(good, folder / "digits.zip", "submission.json", raw.encode())
+    rebuild(good, folder / "tuning_string.zip", edit=lambda d: d["method"].update(params={"tuning": {"set": "sun"}}))
+    rebuild(good, folder / "sources_dicts.zip", edit=lambda d: d["method"].update(
+        params={"tuning": {"set": {"ood_sources": [{"a": 1}]}}}))
     for name, change in (("other_thresholds.zip", {"num_thresholds": np.array(401), "hist": np.zeros((2, 401), np.int64)}),
                          ("uint64.zip", {"hist": state["hist"].astype(np.uint64)}),
                          ("extra_array.zip", {"junk": np.zeros(10)})):
@@ -217,6 +233,9 @@ EXPECTED_REASONS = {
     "other_thresholds.zip": "the benchmark asks for 400",
     "uint64.zip": "counts must be int64",
     "extra_array.zip": "expected exactly",
+    "digits.zip": "a number of more digits than any value it holds needs",
+    "tuning_string.zip": "method.params.tuning.set must be an object",
+    "sources_dicts.zip": "ood_sources must be a list of the tuning set's OOD source names",
 }
 
 

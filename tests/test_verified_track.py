@@ -16,7 +16,7 @@ from segood.data.h5 import H5SegmentationDataset, frame_ids, manifest_path
 from segood.evaluation import evaluate_score_maps
 from segood.evaluation.exchange import export_scores
 from segood.leaderboard import Limits, leaderboard, make_benchmark, submit
-from segood.leaderboard.safe import MaintainerError
+from segood.leaderboard.safe import MaintainerError, Rejected
 from segood.methods import get_method
 from segood.models import build_model
 
@@ -203,7 +203,16 @@ BAD_MAPS = {
                                           f[fr[0]].id.write_direct_chunk((0, 0), b"not deflate data" * 8)),
                            "frame {}: its stored scores cannot be read"),
     "hard links": (lambda f, fr: [f.__setitem__(f"again_{k}", f[fr[0]]) for k in range(50)], "more than the"),
+    "stray dataset": (lambda f, fr: f.create_dataset("junk", data=np.zeros(3)), "need: extra 'junk'"),
 }
+
+
+def test_a_map_file_that_is_no_hdf5_is_named_as_the_submission_names_it(tmp_path):
+    from segood.leaderboard.maps import read_maps
+
+    (tmp_path / "map0.h5").write_bytes(b"hello")
+    with pytest.raises(Rejected, match=r"^scores/perlin_mixed.h5: not a readable HDF5 file"):
+        next(read_maps(tmp_path / "map0.h5", [("a", 2, 2)], "scores/perlin_mixed.h5"))
 
 
 @pytest.mark.parametrize("case", sorted(BAD_MAPS))

@@ -4,6 +4,7 @@ the board. Outputs leaderboard.md, leaderboard.json and a self-contained index.h
 import errno
 import hashlib
 import html
+import io
 import json
 import math
 import os
@@ -12,6 +13,7 @@ import shutil
 import tempfile
 import unicodedata
 import warnings
+import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -280,6 +282,7 @@ def _self_reported(set_name, entry, files, official, grid):
     state_file = f"states/{set_name}.npz"
     if state_file not in files:
         raise Rejected(f"set {set_name!r}: no accumulator state {state_file}")
+    _refuse_other_grid(set_name, files[state_file], grid)  # (before its keys are checked against this grid's)
     state = load_npz(files[state_file], tuple(make_accumulator(grid).state_dict()), optional=OPTIONAL_STATE,
                      sizes=_state_sizes(grid, _frame_sizes(official)))
     _check_state_config(set_name, state, grid)
@@ -290,6 +293,19 @@ def _self_reported(set_name, entry, files, official, grid):
     values = _check(set_name, acc, entry["claims"], official["pixels"])
     _check_images(set_name, acc, official)
     return values, (acc.images, _roc(acc), None)
+
+
+def _refuse_other_grid(set_name, data, grid):
+    """:class:`Rejected` for a state of the other grid kind (linear or float-order), named so; anything else is
+    left to :func:`load_npz`."""
+    try:
+        names = {name.removesuffix(".npy") for name in zipfile.ZipFile(io.BytesIO(data)).namelist()}
+    except (zipfile.BadZipFile, ValueError):
+        return
+    kind = "linear" if "num_thresholds" in names else "float" if "mantissa_bits" in names else grid["kind"]
+    if kind != grid["kind"]:
+        raise Rejected(f"set {set_name!r}: binned on the {'linear' if kind == 'linear' else 'float-order'} grid; the "
+                       f"benchmark asks for {describe_grid(grid)}: evaluate on its grid and submit again")
 
 
 def _frame_sizes(official):
@@ -386,7 +402,7 @@ def _verified(set_name, files, official, grid, masks, components=None):
     sizes = _frame_sizes(official)
     frames = [(frame_id, *size) for frame_id, size in zip(official["frame_ids"], sizes)]
     acc = make_accumulator(grid, per_image=True)
-    for (frame_id, scores), (_, mask) in zip(read_maps(files[member], frames), masks[official["path"]]):
+    for (frame_id, scores), (_, mask) in zip(read_maps(files[member], frames, member), masks[official["path"]]):
         try:
             acc.update(scores[None], mask[None])
         except (ValueError, TypeError) as err:
@@ -395,7 +411,7 @@ def _verified(set_name, files, official, grid, masks, components=None):
     found = None
     if components and result["n_id"] and result["n_ood"]:  # at the threshold of best pixel F1, as SMIYC's
         comp = ComponentAccumulator(commit(result, "f1"), components, threshold_source="oracle")
-        for (frame_id, scores), (_, mask) in zip(read_maps(files[member], frames), masks[official["path"]]):
+        for (frame_id, scores), (_, mask) in zip(read_maps(files[member], frames, member), masks[official["path"]]):
             try:
                 comp.update(scores, mask)
             except (ValueError, TypeError) as err:
@@ -429,8 +445,15 @@ def _same_source(doc, set_name, official):
     """Whether the method was tuned on an OOD source of the set: derived from its tuning provenance and the
     benchmark's record of the set's OOD sources, never taken from the submission's own flag (benchmarks written
     before they recorded sources: the flag, or the provenance, whichever says so)."""
-    tuning = (doc["method"].get("params") or {}).get("tuning") if isinstance(doc["method"].get("params"), dict) else None
-    tuned_on = set((((tuning or {}).get("set") or {}).get("ood_sources") or []) if isinstance(tuning, dict) else [])
+    params = doc["method"].get("params")
+    tuning = params.get("tuning") if isinstance(params, dict) else None
+    tuning_set = tuning.get("set") if isinstance(tuning, dict) else None
+    if tuning_set is not None and not isinstance(tuning_set, dict):
+        raise Rejected("method.params.tuning.set must be an object: the tuning set's identity (segood records it)")
+    sources = (tuning_set or {}).get("ood_sources") or []
+    if not isinstance(sources, list) or not all(isinstance(source, str) for source in sources):
+        raise Rejected("method.params.tuning.set.ood_sources must be a list of the tuning set's OOD source names")
+    tuned_on = set(sources)
     if "ood_sources" in official:
         return bool(tuned_on & set(official["ood_sources"]))
     return bool(doc["sets"][set_name]["same_source_tuning"]) or bool(tuned_on)

@@ -36,13 +36,14 @@ def write_maps(maps, frame_ids, out, source=None):
             f.create_dataset(frame_id, data=scores, compression="lzf")
 
 
-def read_maps(path, frames, max_objects=100_000):
+def read_maps(path, frames, name=None, max_objects=100_000):
     """Yield (frame id, float16 H×W scores) for ``frames`` = [(frame id, H, W)] from a submitted file, in order,
-    after checking its whole structure. Raises :class:`Rejected` naming what is wrong."""
+    after checking its whole structure. Raises :class:`Rejected` naming what is wrong (and the file by ``name``,
+    the submission's own name for it: default its file name)."""
     try:
         f = h5py.File(path, "r")
     except OSError as err:
-        raise Rejected(f"{path.name}: not a readable HDF5 file ({err})") from None
+        raise Rejected(f"{name or path.name}: not a readable HDF5 file ({err})") from None
     with f:
         datasets = _check_structure(f, frames, max_objects)
         for frame_id, height, width in frames:
@@ -74,8 +75,9 @@ def _check_structure(f, frames, max_objects):
 
     def visit(name, link):  # a returned reason stops the visit (an exception cannot cross HDF5's C callback)
         if len(links) >= bound:
+            extra = next((n for n in [*links, name] if n not in expected and n not in groups), None)
             return (f"the score file holds more than the {bound} maps and groups the set's {len(expected)} frames "
-                    f"need: extra {name!r}")
+                    "need" + (f": extra {extra!r}" if extra else ""))
         if not isinstance(link, h5py.HardLink):
             return f"{name!r} is a {type(link).__name__}: score files may hold hard links only"
         links.append(name)

@@ -209,6 +209,8 @@ def strict_json(data, limits=Limits()):
         doc = json.loads(data.decode("utf-8"), parse_constant=refuse, object_pairs_hook=no_duplicates)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise Rejected(f"submission.json is not valid JSON ({err})") from None
+    except ValueError:  # (Python's limit on the digits of an integer it converts)
+        raise Rejected("submission.json has a number of more digits than any value it holds needs") from None
     except RecursionError:
         raise Rejected(f"submission.json nests deeper than {MAX_DEPTH} levels") from None
     if _depth(doc) > MAX_DEPTH:
