@@ -201,8 +201,8 @@ def bad_submissions(root, folder):
     rebuild(good, folder / "html.zip", edit=lambda d: d["method"].update(name="<script>alert(1)</script>"))
     raw = zipfile.ZipFile(good).read("submission.json").decode().replace('"auroc": ', '"auroc": NaN, "x": ', 1)
     replace_member(good, folder / "nan.zip", "submission.json", raw.encode())
-    raw = zipfile.ZipFile(good).read("submission.json").decode().replace('"auroc": ', '"x": ' + "1" * 5000 + ', "auroc": ',
-                                                                          1)
+    long_number = '"x": ' + "1" * 5000 + ', "auroc": '  # (beyond Python's 4300 digits of an integer it converts)
+    raw = zipfile.ZipFile(good).read("submission.json").decode().replace('"auroc": ', long_number, 1)
     replace_member(good, folder / "digits.zip", "submission.json", raw.encode())
     rebuild(good, folder / "tuning_string.zip", edit=lambda d: d["method"].update(params={"tuning": {"set": "sun"}}))
     rebuild(good, folder / "sources_dicts.zip", edit=lambda d: d["method"].update(
