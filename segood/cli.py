@@ -1085,7 +1085,8 @@ def _saved(args):
     out = getattr(args, "out", None) or getattr(args, "out_dir", None)
     if not hasattr(args, "resume") or out is None or not Path(out).is_dir():
         return False
-    return (Path(out) / "last.pt").exists() or any(Path(out).rglob("state*.npz"))
+    out = Path(out)  # (a training's last.pt, a run's state.npz, the protocol's runs', the attack's state/ records)
+    return (out / "last.pt").exists() or any(out.rglob("state*.npz")) or any((out / "state").rglob("*.json"))
 
 
 def _origin(err):

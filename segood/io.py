@@ -119,7 +119,11 @@ def exclusive(path, what="writer", *, inside=False):
     path = Path(path)
     make_folder(path if inside else path.parent)
     lock = path / ".lock" if inside else path.with_name(f".{path.name}.lock")
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        _refuse_unwritable(err, lock.parent)
+        raise
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -132,6 +136,25 @@ def exclusive(path, what="writer", *, inside=False):
             yield
         finally:
             lock.unlink(missing_ok=True)
+    finally:
+        os.close(fd)
+
+
+def held(path, *, inside=False):
+    """Whether a writer holds :func:`exclusive`'s lock on ``path`` right now; looks only (makes nothing, and takes
+    a shared lock for no longer than the look)."""
+    import fcntl
+
+    path = Path(path)
+    try:
+        fd = os.open(path / ".lock" if inside else path.with_name(f".{path.name}.lock"), os.O_RDONLY)
+    except OSError:  # (no lock file: nobody holds it)
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
     finally:
         os.close(fd)
 

@@ -403,6 +403,15 @@ def test_ctrl_c_says_resume_only_where_a_save_is_there_to_resume(tmp_path, monke
     assert main(argv) == 130
     assert capsys.readouterr().err == ("segood evaluate: interrupted; the same command with --resume continues from "
                                        "its last save\n")
+    from segood.attack import run
+
+    monkeypatch.setattr(run, "attack", interrupted)  # the attack's saves: a record per method and frame
+    attack = ["attack", "--target", f"energy={tmp_path / 'm.pt'}", "--frames", str(tmp_path / "t.h5"), "--out",
+              str(tmp_path / "attack"), "-q"]
+    assert main(attack) == 130 and capsys.readouterr().err == "segood attack: interrupted\n"
+    (tmp_path / "attack" / "state" / "energy").mkdir(parents=True)
+    (tmp_path / "attack" / "state" / "energy" / "frame0.json").write_text("{}")
+    assert main(attack) == 130 and "--resume continues from its last save" in capsys.readouterr().err
     monkeypatch.setenv("SEGOOD_TRACEBACK", "1")
     with pytest.raises(KeyboardInterrupt):
         main(argv)

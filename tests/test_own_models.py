@@ -108,14 +108,17 @@ class Returns(torch.nn.Module):
 
 def test_the_logits_of_real_decoders_pass_and_channels_last_ones_do_not():
     """Low-resolution logits as networks give them on odd frames (BEiT: floor(H / 16) x 4; stride-32 features
-    upsampled 8x; ceil at stride 32), and logit maps no stride gives (channels last, transposed, padded)."""
+    upsampled 8x; ceil at stride 32), and logit maps no stride gives (channels last, of square frames too,
+    transposed, padded)."""
     from segood.models.network import check_resolution
 
     for logits, frame in [((268, 480), (1080, 1920)), ((148, 200), (600, 800)), ((184, 320), (720, 1280)),
-                          ((272, 480), (1080, 1920)), ((8, 12), (33, 65)), ((368, 640), (720, 1280)),
+                          ((272, 480), (1080, 1920)), ((2, 3), (33, 65)), ((368, 640), (720, 1280)),
                           ((1, 2), (32, 33)), ((23, 40), (720, 1280)), ((128, 256), (1024, 2048))]:
         check_resolution((1, 19, *logits), frame)
     for logits, frame, said in [((1024, 19), (2048, 1024), "no .* map"), ((512, 256), (1024, 2048), "no .* map"),
+                                ((16, 19), (64, 64), "no .* map"), ((16, 19), (512, 512), "no .* map"),
+                                ((128, 150), (512, 512), "no .* map"), ((128, 150), (1024, 1024), "no .* map"),
                                 ((2048, 19), (1024, 2048), "larger than"), ((1088, 1920), (1080, 1920), "larger than")]:
         with pytest.raises(ValueError, match=said):
             check_resolution((1, 19, *logits), frame)

@@ -102,7 +102,9 @@ def test_a_second_run_into_a_folder_in_use_is_refused(small_set, tmp_path, capsy
         for i in range(len(dataset)):
             f[dataset[i]["frame_id"]] = np.random.default_rng(i).random((32, 64)).astype(np.float32)
     model = build_model("pspnet", "resnet18").eval()
+    assert not RunFolder(tmp_path / "run").in_use() and not (tmp_path / "run").exists()  # (it looks only)
     with RunFolder(tmp_path / "run").claimed():
+        assert RunFolder(tmp_path / "run").in_use()
         with pytest.raises(FileExistsError, match=f"another segood run is writing {tmp_path / 'run'} right now"):
             evaluate_score_maps(tmp_path / "maps.h5", small_set, tmp_path / "run", figures=False)
         with pytest.raises(FileExistsError, match="another segood run is writing"):

@@ -252,8 +252,8 @@ def evaluate_score_maps(scores_path: str | Path, data_path: str | Path, out_dir:
                        "config": {"grid": grid, **{key: getattr(options, key) for key in ("components", "official")
                                                    if getattr(options, key)}}}
         folder = RunFolder(out_dir)
-        folder.refuse_another_run(description)  # (before the frames are read)
         stack.enter_context(folder.claimed())  # (a second run into the folder meanwhile: refused)
+        folder.refuse_another_run(description)  # (held, and before the frames are read)
         ev = Evaluation([name], [set_name], grid, options.components, official=options.official)
         if grid["kind"] != "linear" and score_range is not None:  # a declared range is checked, not a grid
             for acc in ev.acc.values():
@@ -268,7 +268,7 @@ def evaluate_score_maps(scores_path: str | Path, data_path: str | Path, out_dir:
                     name, set_name, batch["score"], batch["ood_mask"]))
         write_json(folder.run, description)
         ev.save(folder.state())
-        doc = write_report(folder.path, figures=options.figures)
+        doc = write_report(folder.path, figures=options.figures, state=ev)
     warn_coarse(doc)
     return doc
 

@@ -11,7 +11,7 @@
 import json
 from pathlib import Path
 
-from segood.io import as_read_back, exclusive
+from segood.io import as_read_back, exclusive, held
 
 #: the file by which each command's output folder is known, and the command
 OUTPUT_FILES = {"run.json": "an evaluation (segood evaluate, score or robustness)",
@@ -45,12 +45,8 @@ class RunFolder:
         return exclusive(self.path, "segood run", inside=True)
 
     def in_use(self):
-        """Whether a run holds the folder right now (:meth:`claimed`)."""
-        try:
-            with self.claimed():
-                return False
-        except FileExistsError:
-            return True
+        """Whether a run holds the folder right now (:meth:`claimed`); looks only."""
+        return held(self.path, inside=True)
 
     def state(self, rank=0, world_size=1):
         """The saved evaluation state: one per rank while a sharded run is in flight, then the merged one."""

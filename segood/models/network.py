@@ -189,18 +189,21 @@ def resize_output(output, size, *, align_corners=False):
 
 def check_resolution(shape, size):
     """Refuse logits of ``shape`` (N, C, h, w) that are no lower-resolution map of an input of ``size`` (H, W): larger
-    than it, or of another aspect (the frame's sides divided by much unlike factors: beyond 1.5 to 1, and beyond what
-    one stride s gives, each side within one of H / s and W / s): the dimensions of channels-last or transposed
-    logits, which resizing would stretch over the frame."""
+    than it, or of a shape no one stride s gives, each side within max(1, 3%) of the frame's side / s (the slack of
+    decoders that upsample a rounded coarse grid): the dimensions of channels-last or transposed logits, which
+    resizing would stretch over the frame."""
     (h, w), (height, width) = shape[-2:], size
     if h > height or w > width:
         raise ValueError(f"the network's logits are {tuple(shape)}, larger than the {height}x{width} input: crop them "
                          "to it (a network that pads its input crops its logits back), or, channels last, return "
                          "logits.permute(0, 3, 1, 2)")
-    low = max(height / (h + 1), width / (w + 1))  # the strides s with |h - H / s| <= 1 and |w - W / s| <= 1
-    high = min(height / (h - 1) if h > 1 else math.inf, width / (w - 1) if w > 1 else math.inf)
-    factors = sorted((height / h, width / w))
-    if low > high and factors[1] > 1.5 * factors[0]:
+
+    def strides(side, n):  # the strides s for which n lies within the slack of side / s
+        slack = max(1.0, 0.03 * n)
+        return side / (n + slack), side / (n - slack) if n > slack else math.inf
+
+    (low_h, high_h), (low_w, high_w) = strides(height, h), strides(width, w)
+    if max(low_h, low_w) > min(high_h, high_w):
         raise ValueError(f"the network's logits are {tuple(shape)}, which is no (N, C, h, w) map of the {height}x"
                          f"{width} input (its sides divided by {height / h:.3g} and {width / w:.3g}): logits channels "
                          "last? return logits.permute(0, 3, 1, 2)")
