@@ -207,6 +207,25 @@ BAD_MAPS = {
 }
 
 
+def test_a_track_a_verified_submission_does_not_cover_leaves_it_to_the_others(world, tmp_path):
+    root, sets, _ = world
+    make_benchmark({"private": {"sets": {"perlin_mixed": sets["perlin_mixed"]}, "rank_by": "auroc",
+                                "private": ["perlin_mixed"], "verified_only": True},
+                    "open": {"sets": {"normal_mixed": sets["normal_mixed"]}, "rank_by": "auroc"}},
+                   tmp_path / "bench" / "two.json")
+    board = leaderboard(root / "subs", tmp_path / "bench" / "two.json", tmp_path / "board")
+    assert board["rejected"] == [] and len(board["tracks"]["private"]["entries"]) == 2
+    assert board["tracks"]["open"]["entries"] == []
+
+
+def test_maps_in_chunks_of_a_few_scores_are_refused(world, tmp_path):
+    root, sets, maps = world
+    folder_submission(tmp_path / "subs" / "tiny_chunks", maps[("entropy", "perlin_mixed")],
+                      frame_ids(sets["perlin_mixed"]), lambda f, fr: replace(f, fr[0], chunks=(1, 1)))
+    board = leaderboard(tmp_path / "subs", root / "bench" / "bench.json", tmp_path / "board")
+    assert "stored in chunks of shape (1, 1), of fewer than 1024 scores" in board["rejected"][0]["reason"]
+
+
 def test_a_map_file_that_is_no_hdf5_is_named_as_the_submission_names_it(tmp_path):
     from segood.leaderboard.maps import read_maps
 

@@ -23,7 +23,7 @@ from segood.data.h5 import frame_ids, frame_sizes, ood_masks, read_array, read_m
 from segood.io import (atomic_write_bytes, atomic_write_text, exit_on_sigterm, make_folder, output_file,
                        write_json)
 from segood.labels import IGNORE
-from segood.leaderboard.maps import map_member, read_maps
+from segood.leaderboard.maps import map_bytes, map_member, read_maps
 from segood.leaderboard.safe import (Limits, MaintainerError, Rejected, is_map, load_npz, read_submission_files,
                                      strict_json)
 from segood.leaderboard.submission import is_sha256, validate
@@ -224,8 +224,8 @@ def _track_row(path, doc, files, track, spec, grid, masks):
 def _wanted_maps(files, benchmark, limits):
     """{score-map member: the most bytes it may take} a submission may hold, read from its submission.json before
     any map is copied: those of the benchmark's sets it submits maps for, each at most what its frames need (as
-    :func:`~segood.leaderboard.maps.read_maps` checks each map: twice its float16 frame and 64 KiB, and 1 MiB for
-    the file's own structures). Raises :class:`Rejected` for anything else."""
+    :func:`~segood.leaderboard.maps.read_maps` checks each map, :func:`~segood.leaderboard.maps.map_bytes`, and
+    1 MiB for the file's own structures). Raises :class:`Rejected` for anything else."""
     if "submission.json" not in files:
         raise Rejected("no submission.json at the top of the submission")
     unexpected = [n for n in files if n != "submission.json" and not is_map(n)
@@ -237,9 +237,13 @@ def _wanted_maps(files, benchmark, limits):
     validate(doc)
     wanted = {}
     for track, spec in benchmark["tracks"].items():
-        for name, mine in match_sets(doc, spec, track).items():
+        try:
+            matched = match_sets(doc, spec, track)
+        except NotCovered:  # (a track the submission does not cover: the others may rank it)
+            continue
+        for name, mine in matched.items():
             if "scores" in doc["sets"][mine]:
-                need = sum(2 * (2 * h * w) + (64 << 10) for h, w in _frame_sizes(spec["sets"][name])) + (1 << 20)
+                need = sum(map_bytes(h, w) for h, w in _frame_sizes(spec["sets"][name])) + (1 << 20)
                 wanted[map_member(mine)] = max(need, wanted.get(map_member(mine), 0))
     return wanted
 
@@ -302,10 +306,11 @@ def _refuse_other_grid(set_name, data, grid):
         names = {name.removesuffix(".npy") for name in zipfile.ZipFile(io.BytesIO(data)).namelist()}
     except (zipfile.BadZipFile, ValueError):
         return
-    kind = "linear" if "num_thresholds" in names else "float" if "mantissa_bits" in names else grid["kind"]
-    if kind != grid["kind"]:
-        raise Rejected(f"set {set_name!r}: binned on the {'linear' if kind == 'linear' else 'float-order'} grid; the "
-                       f"benchmark asks for {describe_grid(grid)}: evaluate on its grid and submit again")
+    kinds = {"num_thresholds": "linear", "mantissa_bits": "float-order", "max_pixels": "exact"}
+    kind = next((kind for key, kind in kinds.items() if key in names), None)
+    if kind is not None and kind != {"linear": "linear", "float": "float-order"}.get(grid["kind"]):
+        raise Rejected(f"set {set_name!r}: binned on the {kind} grid; the benchmark asks for {describe_grid(grid)}: "
+                       "evaluate on its grid and submit again")
 
 
 def _frame_sizes(official):

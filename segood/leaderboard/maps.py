@@ -59,6 +59,14 @@ def read_maps(path, frames, name=None, max_objects=100_000):
             yield frame_id, scores
 
 
+MIN_CHUNK = 1024  # the fewest scores a chunk of a map may hold (a smaller frame: the frame)
+
+
+def map_bytes(height, width):
+    """The most bytes a frame's map may take in a score file: twice its float16 frame and 64 KiB."""
+    return 2 * (height * width * 2) + (64 << 10)
+
+
 def refuse_nan(frame_id, scores):
     """Raise :class:`Rejected` where a frame's scores hold NaN: every pixel needs a score."""
     nan = int(np.isnan(scores).sum())
@@ -71,11 +79,12 @@ def _check_structure(f, frames, max_objects):
     links = []
     expected = [frame_id for frame_id, _, _ in frames]
     groups = {prefix for frame_id in expected for prefix in _prefixes(frame_id)}
+    known = set(expected) | groups
     bound = min(max_objects, len(expected) + len(groups))  # what the set's frames need: the visit stops beyond
 
     def visit(name, link):  # a returned reason stops the visit (an exception cannot cross HDF5's C callback)
         if len(links) >= bound:
-            extra = next((n for n in [*links, name] if n not in expected and n not in groups), None)
+            extra = next((n for n in [*links, name] if n not in known), None)
             return (f"the score file holds more than the {bound} maps and groups the set's {len(expected)} frames "
                     "need" + (f": extra {extra!r}" if extra else ""))
         if not isinstance(link, h5py.HardLink):
@@ -99,11 +108,14 @@ def _check_structure(f, frames, max_objects):
             raise Rejected(f"frame {frame_id}: a virtual dataset or external storage; store the scores in the file")
         if dataset.dtype.kind != "f" or dataset.dtype.itemsize != 2:  # float16 of either byte order
             raise Rejected(f"frame {frame_id}: scores of dtype {dataset.dtype}; verified maps are float16")
-        frame_bytes = height * width * 2
-        if dataset.chunks is not None and int(np.prod(dataset.chunks, dtype=np.int64)) * 2 > frame_bytes:
+        chunk = None if dataset.chunks is None else int(np.prod(dataset.chunks, dtype=np.int64))
+        if chunk is not None and chunk > height * width:
             raise Rejected(f"frame {frame_id}: stored in chunks of shape {dataset.chunks}, larger than the "
                            f"{height}×{width} frame; store each map in chunks of at most its frame")
-        if dataset.id.get_storage_size() > 2 * frame_bytes + (64 << 10):
+        if chunk is not None and chunk < min(height * width, MIN_CHUNK):  # (each chunk costs an index entry)
+            raise Rejected(f"frame {frame_id}: stored in chunks of shape {dataset.chunks}, of fewer than "
+                           f"{MIN_CHUNK} scores; store each map in chunks of at least {MIN_CHUNK} (or the frame)")
+        if dataset.id.get_storage_size() > map_bytes(height, width):
             raise Rejected(f"frame {frame_id}: {dataset.id.get_storage_size()} bytes stored for a {height}×{width} "
                            "float16 map; a map takes at most about its frame's size")
         plist = dataset.id.get_create_plist()
