@@ -155,11 +155,13 @@ def _miou(args):
     if args.out:
         output_file(args.out, ".md", "the table (its .csv is written beside it)")
     table, csv = miou_report(args.checkpoints, args.data, batch_size=args.batch_size, progress=not args.quiet)
-    print(table, end="")
+    if not args.quiet:
+        print(table, end="")
     if args.out:
         atomic_write_text(args.out, table)
         atomic_write_text(args.out.with_suffix(".csv"), csv)
-        print(f"wrote {args.out} and {args.out.with_suffix('.csv')}")
+        if not args.quiet:
+            print(f"wrote {args.out} and {args.out.with_suffix('.csv')}")
     return 0
 
 
@@ -310,7 +312,7 @@ def _evaluate(args):
     else:
         model = _model(args)
         methods = None if args.methods == ["all"] else list(args.methods)  # by name: in the form the grid bins
-    doc = evaluate(model, args.sets, methods, args.out, options)
+    doc = evaluate(model, sets_by_stem(args.sets, "--sets"), methods, args.out, options)
     if doc is not None:
         _print_run(args, args.out, doc)
     return 0
@@ -515,8 +517,8 @@ def _robustness(args):
     options = _evaluate_options(args, start_distributed(args.device))
     model = _model(args)
     methods = None if args.methods == ["all"] else list(args.methods)  # by name: in the form the grid bins
-    doc = robustness(model, args.sets, methods, args.out, corruptions=corruptions, severities=args.severities,
-                     seed=args.seed, requirements=args.requirements, family=args.family,
+    doc = robustness(model, sets_by_stem(args.sets, "--sets"), methods, args.out, corruptions=corruptions,
+                     severities=args.severities, seed=args.seed, requirements=args.requirements, family=args.family,
                      standard_size=args.standard_size, reference=args.reference, options=options)
     if doc is None:
         return 0
@@ -657,7 +659,7 @@ def set_and_path(text):
     return name, Path(path)
 
 
-def add_grid_options(parser, *, exact=True):
+def add_grid_options(parser, *, exact=True, scores=False):
     """The threshold grid: the float-order grid by default, the paper's linear grid with --num-thresholds, the
     exact grid with --grid exact (where ``exact`` offers it)."""
     kinds = ("float", "linear", "exact") if exact else ("float", "linear")
@@ -666,8 +668,9 @@ def add_grid_options(parser, *, exact=True):
                                                "(docs/grids.md)" if exact else ""))
     parser.add_argument("--mantissa-bits", type=int, metavar="M",
                         help="float-order grid (the default): thresholds 2^-M apart relatively (default 10)")
+    where = ("--score-range (or the score file's score_range attribute)" if scores else "[0, 1]")
     parser.add_argument("--num-thresholds", type=int, metavar="T",
-                        help="the paper's linear grid: T thresholds on [0, 1] (e.g. 400); scores must lie in it")
+                        help=f"the paper's linear grid: T thresholds on {where} (e.g. 400); scores must lie in it")
     if exact:
         parser.add_argument("--max-pixels", type=positive_int, metavar="N",
                             help="exact grid: the most counted pixels each method and set may hold (default 2^28)")
@@ -783,7 +786,7 @@ def build_parser(*, adapters=True):
     miou.add_argument("--data", type=Path, required=True)
     miou.add_argument("--out", type=Path, help="write the table here (.md) and a .csv beside it")
     miou.add_argument("--batch-size", type=positive_int, default=2)
-    miou.add_argument("-q", "--quiet", action="store_true")
+    add_quiet(miou)
     miou.set_defaults(run=_miou)
 
     ev = sub.add_parser("evaluate", help="evaluate OOD methods of a model on converted sets; tables and figures")
@@ -940,7 +943,7 @@ def build_parser(*, adapters=True):
     score.add_argument("--name", default="external", help="the method's name in the tables")
     score.add_argument("--score-range", type=float, nargs=2, metavar=("LO", "HI"),
                        help="default: the file's score_range attribute")
-    add_grid_options(score)
+    add_grid_options(score, scores=True)
     score.add_argument("--clip", action="store_true", help="with --num-thresholds: clip out-of-range scores into the "
                                                            "range instead of failing")
     score.add_argument("--no-verify", action="store_true", help="do not check the set's frames against its digests")

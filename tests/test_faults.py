@@ -15,7 +15,9 @@ from segood.labels import OOD
     ["protocol", "--tune-sets", "{a}", "{b}", "--test-sets", "{c}", "--methods", "entropy", "--out", "{out}"],
     ["protocol", "--tune-sets", "{c}", "--test-sets", "{a}", "{b}", "--methods", "entropy", "--out", "{out}"],
     ["export", "--sets", "{a}", "{b}", "--methods", "entropy", "--out", "{out}"],
-], ids=["benchmark", "protocol tune", "protocol test", "export"])
+    ["evaluate", "--sets", "{a}", "{b}", "--out", "{out}"],
+    ["robustness", "--sets", "{a}", "{b}", "--out", "{out}"],
+], ids=["benchmark", "protocol tune", "protocol test", "export", "evaluate", "robustness"])
 def test_sets_sharing_a_file_name_are_refused_not_dropped(tmp_path, capsys, command):
     paths = {"a": tmp_path / "a" / "t.h5", "b": tmp_path / "b" / "t.h5", "c": tmp_path / "c.h5",
              "out": tmp_path / "out"}

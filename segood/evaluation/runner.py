@@ -848,8 +848,8 @@ class _Loop:
         try:
             scored = score_frames(self.model, images, methods, out=self.inputs.of(images.shape, self.device),
                                   mc_seed=self.seed * 1_000_003 + set_index * 10_007 + indices[0], amp=self.amp)
-        except ValueError as err:  # e.g. a scorer's misshapen or NaN scores
-            raise ValueError(f"{set_name}: frames {indices}: {err}") from None
+        except ValueError as err:  # e.g. a scorer's misshapen or NaN scores (chained: where a scorer raised it)
+            raise ValueError(f"{set_name}: frames {indices}: {err}") from err
         return scored
 
 
