@@ -292,6 +292,7 @@ def _evaluate(args):
     from segood.evaluation import evaluate
     from segood.evaluation.api import start_distributed
 
+    sets = sets_by_stem(args.sets, "--sets")
     device = start_distributed(args.device)
     options = _evaluate_options(args, device, components=_components(args), official=args.official,
                                 **_analysis_options(args))
@@ -312,7 +313,7 @@ def _evaluate(args):
     else:
         model = _model(args)
         methods = None if args.methods == ["all"] else list(args.methods)  # by name: in the form the grid bins
-    doc = evaluate(model, sets_by_stem(args.sets, "--sets"), methods, args.out, options)
+    doc = evaluate(model, sets, methods, args.out, options)
     if doc is not None:
         _print_run(args, args.out, doc)
     return 0
@@ -514,10 +515,11 @@ def _robustness(args):
         corruptions = resolve_corruptions(args.corruptions, args.family)
     except KeyError as err:  # an unknown name: one clear line, like argparse's own errors
         raise ValueError(err.args[0]) from None
+    sets = sets_by_stem(args.sets, "--sets")
     options = _evaluate_options(args, start_distributed(args.device))
     model = _model(args)
     methods = None if args.methods == ["all"] else list(args.methods)  # by name: in the form the grid bins
-    doc = robustness(model, sets_by_stem(args.sets, "--sets"), methods, args.out, corruptions=corruptions,
+    doc = robustness(model, sets, methods, args.out, corruptions=corruptions,
                      severities=args.severities, seed=args.seed, requirements=args.requirements, family=args.family,
                      standard_size=args.standard_size, reference=args.reference, options=options)
     if doc is None:
