@@ -4,6 +4,7 @@ themselves, score maps submitted in every layout, and sets matched to the benchm
 import copy
 import json
 import sys
+import warnings
 
 import h5py
 import numpy as np
@@ -200,6 +201,20 @@ def test_a_feature_layer_that_gives_no_one_feature_map_is_named():
     with pytest.raises(ValueError, match=r"mahalanobis needs features: .*feature_layer=NAME .*its top-level ones: "
                                          r"'encoder', 'head'\)"):
         get_method("mahalanobis").check(ExternalModel(network))
+
+
+def test_probabilities_given_as_logits_are_said_once(sets, tmp_path):
+    data = {"perlin_mixed": sets["perlin_mixed"]}
+    with pytest.warns(UserWarning, match=r"outputs lie in \[0, 1\] and sum to 1 over its classes: probabilities, not "
+                                         "logits\?") as caught:
+        doc = evaluate(Returns(lambda t: t.softmax(dim=1)), data, ["max_logit"], tmp_path / "soft", progress=False,
+                       figures=False, batch_size=1)
+    assert sum("probabilities, not logits" in str(w.message) for w in caught) == 1  # (the first batch only)
+    assert any("probabilities, not logits" in note for note in doc["notes"])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*probabilities, not logits")
+        doc = evaluate(Returns(lambda t: t), data, ["max_logit"], tmp_path / "logits", progress=False, figures=False)
+    assert not any("probabilities" in note for note in doc["notes"])
 
 
 class Parameterless(torch.nn.Module):

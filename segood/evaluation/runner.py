@@ -105,11 +105,19 @@ class Evaluation(Part):
         self.skipped = []  # [set, frame index, reason] of unreadable frames passed over with skip_bad
         self.model_output = {}  # {"classes": the model's (None: a scorer), "resized", "align_corners"} once seen
 
-    def note_output(self, classes, *, resized=False, align_corners=False):
-        """Record what the model's forward pass gave: its number of ``classes`` (None for a scorer's scores) and
-        whether its logits were ``resized`` to the frames (with ``align_corners``)."""
-        self.model_output = {"classes": classes, "resized": bool(resized or self.model_output.get("resized")),
-                             "align_corners": bool(align_corners)}
+    def note_output(self, logits, *, resized=False, align_corners=False):
+        """Record what the model's forward pass gave: its ``logits`` (None for a scorer's scores): their number of
+        classes, whether they look like probabilities (looked at once, on the first batch: a warning where they
+        do) and whether they were ``resized`` to the frames (with ``align_corners``)."""
+        probabilities = self.model_output.get("probabilities")
+        if probabilities is None and logits is not None:
+            probabilities = _probabilities(logits)
+            if probabilities:
+                warnings.warn(PROBABILITIES_NOTE, stacklevel=2)
+        self.model_output = {"classes": None if logits is None else int(logits.shape[1]),
+                             "resized": bool(resized or self.model_output.get("resized")),
+                             "align_corners": bool(align_corners),
+                             **({} if probabilities is None else {"probabilities": bool(probabilities)})}
 
     def classes_match(self):
         """Whether the model predicts the sets' classes (the 19 Cityscapes trainIds), so that its predictions can
@@ -123,6 +131,8 @@ class Evaluation(Part):
         if out.get("resized"):
             notes.append("The model's logits came out at another resolution than the frames and were resized to "
                          f"them bilinearly (align_corners={out.get('align_corners', False)}) before scoring.")
+        if out.get("probabilities"):
+            notes.append(PROBABILITIES_NOTE)
         if classes is not None and classes != NUM_CLASSES:
             notes.append(f"The model predicts {classes} classes, not the sets' {NUM_CLASSES} Cityscapes trainIds: "
                          "its predicted classes are left out of the example figures"
@@ -531,12 +541,25 @@ def _model_output(value):
     """A state's record of the model's outputs (:meth:`Evaluation.note_output`), checked."""
     if value == {}:
         return {}
-    if not (isinstance(value, dict) and set(value) == {"classes", "resized", "align_corners"}
+    flags = ("resized", "align_corners", "probabilities")
+    if not (isinstance(value, dict) and {"classes", "resized", "align_corners"} <= set(value) <= {"classes", *flags}
             and (value["classes"] is None or type(value["classes"]) is int and value["classes"] > 0)
-            and all(isinstance(value[k], bool) for k in ("resized", "align_corners"))):
+            and all(isinstance(value[k], bool) for k in flags if k in value)):
         raise ValueError("'model_output' must be {\"classes\": a positive int or null, \"resized\": bool, "
-                         "\"align_corners\": bool}")
+                         "\"align_corners\": bool} (and \"probabilities\": bool)")
     return dict(value)
+
+
+#: what a run says of a network whose outputs look like probabilities, not logits
+PROBABILITIES_NOTE = ("The network's outputs lie in [0, 1] and sum to 1 over its classes: probabilities, not logits? "
+                      "Every method takes them as logits (max_logit then scores a max softmax, and the softmax "
+                      "methods a softmax of probabilities): give the network's logits.")
+
+
+def _probabilities(logits):
+    """Whether the first frame's outputs (every 8th row and column) lie in [0, 1] and sum to 1 over the classes."""
+    sample = logits[:1, :, ::8, ::8].float()
+    return bool(sample.min() >= 0 and sample.max() <= 1 and (sample.sum(dim=1) - 1).abs().max() < 1e-3)
 
 
 def _frame_counts(value, sets, key):
@@ -828,7 +851,7 @@ class _Loop:
         """``update(set name, frame indices, batch, scored, method names)`` of one scored batch, and the time of
         its stages."""
         ev, t1 = self.ev, time.perf_counter()
-        ev.note_output(None if scored.output is None else scored.output.logits.shape[1], resized=scored.resized,
+        ev.note_output(None if scored.output is None else scored.output.logits, resized=scored.resized,
                        align_corners=getattr(self.model, "align_corners", False))
         try:
             update(set_name, part, batch, scored, [m.name for m in methods])
