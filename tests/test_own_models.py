@@ -203,6 +203,14 @@ def test_a_feature_layer_that_gives_no_one_feature_map_is_named():
         get_method("mahalanobis").check(ExternalModel(network))
 
 
+def test_a_network_in_float64_is_fed_float64(sets, tmp_path):
+    data = {"perlin_mixed": sets["perlin_mixed"]}
+    double = evaluate(QuarterNet(upsample=False).double(), data, ["energy"], progress=False, figures=False)
+    single = evaluate(QuarterNet(upsample=False), data, ["energy"], progress=False, figures=False)
+    assert double["results"]["energy"]["perlin_mixed"]["pooled"] == pytest.approx(
+        single["results"]["energy"]["perlin_mixed"]["pooled"], abs=1e-3)
+
+
 def test_probabilities_given_as_logits_are_said_once(sets, tmp_path):
     data = {"perlin_mixed": sets["perlin_mixed"]}
     with pytest.warns(UserWarning, match=r"outputs lie in \[0, 1\] and sum to 1 over its classes: probabilities, not "

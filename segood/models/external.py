@@ -52,6 +52,9 @@ class ExternalModel(torch.nn.Module):
         return self.multiple
 
     def forward(self, x):
+        weight = next((p for p in self.module.parameters() if p.is_floating_point()), None)
+        if weight is not None and weight.dtype != x.dtype:  # (a network kept in float64 or float16: its own dtype)
+            x = x.to(weight.dtype)
         out = self.module(x)
         if isinstance(out, dict) and out:
             out = next(iter(out.values()))
