@@ -9,6 +9,9 @@ from typing import Callable, TypeVar
 T = TypeVar("T")
 
 
+RESERVED = (".", "..", "all")  # ('all': every method, to --methods)
+
+
 class Registry(dict):
     """Name -> a registered definition (a class or object with a ``name``), for one ``kind`` of thing.
 
@@ -24,6 +27,9 @@ class Registry(dict):
         """Register ``value`` as ``name``; returns ``value``."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"a {self.kind} needs a non-empty name, got {name!r}")
+        if "/" in name or "\\" in name or name in RESERVED:  # (names become file and folder names)
+            raise ValueError(f"a {self.kind} name names files and folders: {name!r} cannot be one (no path "
+                             f"separators, nor {', '.join(map(repr, RESERVED))})")
         if not replace and self.get(name, value) is not value:
             raise ValueError(f"a {self.kind} named {name!r} is registered already ({self[name]!r}); pass "
                              "replace=True to replace it, or choose another name")
@@ -55,7 +61,8 @@ def import_user_module(flag: str, module_name: str):
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as err:
-        if err.name and module_name.startswith(err.name):
+        if err.name and (module_name == err.name or module_name.startswith(err.name + ".")):  # (it, or a package of
+            # its path; not another module whose name begins alike)
             raise ValueError(f"{flag}: no module {module_name!r} in the current folder ({cwd}) or on PYTHONPATH; "
                              "run segood from the folder that holds it, or add that folder to PYTHONPATH") from err
         raise ValueError(f"{flag}: importing {module_name} failed: it needs {err.name!r}, which is not "

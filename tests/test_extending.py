@@ -163,3 +163,65 @@ def _member(path, name):
 
     with zipfile.ZipFile(path) as archive:
         return archive.read(name)
+
+
+def test_a_method_that_changes_the_shared_outputs_in_place_is_refused_and_a_mixins_formula_is_its_own():
+    """Every method scores the same forward pass: one that divides output.logits in place would change the others'
+    scores, so it is refused, naming it; a logit method whose formula comes from a mixin is scored by it, not fused
+    with its parent's."""
+    from segood.methods.methods import Energy
+    from segood.methods.schedule import score_batch
+
+    class Tempered(Method):
+        name = "tempered_in_place"
+
+        def from_output(self, output):
+            output.logits /= 1000.0
+            return 1 - torch.softmax(output.logits, dim=1).amax(dim=1)
+
+    class Negated:
+        def from_output(self, output):
+            return -super().from_output(output)
+
+    class NegatedEnergy(Negated, Energy):
+        name = "negated_energy"
+
+    x = preprocess(torch.randint(0, 255, (1, 3, 32, 64), dtype=torch.uint8))
+    with torch.no_grad(), pytest.raises(ValueError, match="method tempered_in_place changed the network's outputs in "
+                                                          r"place \(such as output.logits /= T\)"):
+        score_batch(tiny_network(), x, [Tempered(), get_method("energy")])
+    with torch.no_grad():
+        energy, negated = score_batch(tiny_network(), x, [get_method("energy"), NegatedEnergy()]).scores
+    torch.testing.assert_close(negated, -energy)
+
+
+def test_names_that_would_leave_a_folder_are_refused_and_a_missing_dependency_is_named(tmp_path, monkeypatch):
+    """A method named '../x' would be exported outside --out; 'all' is --methods' every method. A user module that
+    imports a missing module whose name begins as its own is not called missing itself."""
+    from segood.methods import register_method
+    from segood.registry import import_user_module
+
+    for name in ("../outside", "a/b", "all"):
+        with pytest.raises(ValueError, match=f"a method name names files and folders: {name!r} cannot be one"):
+            register_method(type("Bad", (Method,), {"name": name}))
+    (tmp_path / "mylib_loader.py").write_text("import mylib\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    with pytest.raises(ValueError, match="importing mylib_loader failed: it needs 'mylib', which is not installed"):
+        import_user_module("--scorer mylib_loader:f", "mylib_loader")
+
+
+def test_a_plugin_adapters_arrays_of_another_dtype_are_refused_not_cast(tmp_path):
+    from segood.data import ConversionError, convert
+
+    class Floats(Squares):
+        name = "float_squares"
+
+        def load(self, index):
+            sample = super().load(index)
+            return Sample(sample.image.astype(np.float32) / 255, sample.ood_mask, sample.semantic.astype(np.int64),
+                          sample.frame_id)
+
+    with pytest.raises(ConversionError, match="images is float32; a set stores uint8"):
+        convert(Floats(1), tmp_path / "f.h5", progress=False, strict=True)
+

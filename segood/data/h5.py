@@ -67,6 +67,9 @@ def encode(sample):
         if name != "images" and array.shape != image_shape[:2]:
             raise ValueError(f"{sample.frame_id}: {name} has shape {array.shape}, the image {image_shape[:2]}; "
                              "masks must cover the image pixel for pixel")
+        if np.asarray(array).dtype != np.uint8:  # (a cast would wrap 300 to 44, or make [0, 1] floats black)
+            raise ValueError(f"{sample.frame_id}: {name} is {np.asarray(array).dtype}; a set stores uint8 (images "
+                             "RGB 0-255, trainIds 0-18 and 255)")
         raw = np.ascontiguousarray(array, dtype=np.uint8).tobytes()
         deflated = zlib.compress(raw, _DEFLATE_LEVEL)
         chunks[name] = (0, deflated) if len(deflated) <= _DEFLATE_WORTH * len(raw) else (1, raw)

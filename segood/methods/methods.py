@@ -222,7 +222,7 @@ class LogitMethod(Method):
 
     def __init_subclass__(cls, **keywords):
         super().__init_subclass__(**keywords)
-        if "from_output" in vars(cls):  # a formula of its own: scored alone
+        if cls.from_output is not LogitMethod.from_output:  # a formula of its own (or a mixin's): scored alone
             cls.from_output_together = None
 
     form = None  # its key in LOGIT_FORMS (a subclass under another name keeps its parent's)

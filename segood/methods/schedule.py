@@ -213,7 +213,12 @@ def _score_shared(methods, indices, hook_name, alone, value, scores, clock):
     for k in indices:
         hook = getattr(type(methods[k]), hook_name, None)
         if hook is None:
+            before = _versions(value)
             scores[k] = alone(methods[k], value)
+            if _versions(value) != before:  # (the methods after it would score what it left)
+                raise ValueError(f"method {methods[k].name} changed the network's outputs in place (such as "
+                                 "output.logits /= T): every method scores the same outputs, so compute on new "
+                                 "tensors (output.logits / T)")
             clock.lap(f"score/{methods[k].name}")
         else:
             together.setdefault(hook, []).append(k)
@@ -221,6 +226,13 @@ def _score_shared(methods, indices, hook_name, alone, value, scores, clock):
         for k, score in zip(group, hook([methods[k] for k in group], value)):
             scores[k] = score
         clock.lap(tuple(f"score/{methods[k].name}" for k in group))  # (one fused pass: its time shared)
+
+
+def _versions(value):
+    """The version counters of the tensors in ``value``: an in-place change of any of them moves its counter."""
+    counters = []
+    _tensors(value, lambda tensor: counters.append(tensor._version))
+    return counters
 
 
 def _tensors(value, change):
