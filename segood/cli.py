@@ -1110,8 +1110,10 @@ def _origin(err):
         chain.append(chain[-1].__cause__ or chain[-1].__context__)
     for cause in chain:
         for frame in reversed(traceback.extract_tb(cause.__traceback__)):
+            if not Path(frame.filename).is_absolute():  # (frozen modules' <...>, compiled ones' h5py/h5f.pyx)
+                continue
             path = Path(frame.filename).resolve()
-            if not frame.filename.startswith("<") and not any(path.is_relative_to(p) for p in libraries):
+            if not any(path.is_relative_to(p) for p in libraries):
                 return (f" (raised at {frame.filename}:{frame.lineno}, in {frame.name}; SEGOOD_TRACEBACK=1 shows the "
                         "whole traceback)")
     return ""

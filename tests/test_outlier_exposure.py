@@ -15,7 +15,7 @@ from segood.data.h5 import object_sources, read_manifest
 from segood.data.paste import Paste
 from segood.data.synthetic import write_cityscapes_tree, write_sun_tree
 from segood.evaluation import evaluate
-from segood.models import load_model, save_checkpoint
+from segood.models import build_model, load_model, save_checkpoint
 from segood.models.checkpoint import read_checkpoint
 from segood.models.losses import energy_oe_loss, entropy_oe_loss, rba_oe_loss
 from segood.models.train import TrainConfig, finetune_config, train
@@ -268,7 +268,10 @@ def test_command_line_fine_tunes_and_checks_its_options(oe_sets, tmp_path, capsy
         r"λ.*\[0, 1\]": base + oe + ["--oe-weight", "1.5"],
         "another network than the options say": base + oe + ["--encoder", "resnet50"],
         "applies to --oe-loss entropy only": base + oe + ["--oe-loss", "energy", "--oe-reduction", "pixels"],
+        "predicts 5 classes; segood train trains on the 19 Cityscapes trainIds": base + [
+            "--init", str(tmp_path / "five.pt"), "--outlier-exposure", str(oe_sets["oe_sun"])],
     }
+    save_checkpoint(tmp_path / "five.pt", build_model("pspnet", "resnet18", num_classes=5))
     for message, argv in refused.items():
         assert main(argv) == 2, message
         assert __import__("re").search(message, capsys.readouterr().err), message

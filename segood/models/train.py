@@ -155,6 +155,10 @@ def finetune_config(init, **settings):
     """A :class:`TrainConfig` whose network settings (``NETWORK_KEYS``) are those of the checkpoint ``init``;
     a setting given that differs from the checkpoint's is a ValueError."""
     network = read_checkpoint(init)["config"]
+    classes = network.get("num_classes", NUM_CLASSES)
+    if classes != NUM_CLASSES:  # (its losses would clamp the trainIds above its classes onto its last one)
+        raise ValueError(f"{init} predicts {classes} classes; segood train trains on the {NUM_CLASSES} Cityscapes "
+                         "trainIds: start from a network of those")
     differ = {k: (settings[k], network[k]) for k in NETWORK_KEYS if settings.get(k) is not None
               and settings[k] != network[k]}
     if differ:
