@@ -247,6 +247,21 @@ def test_the_standard_family_and_its_summary_against_a_reference_run(sets, tmp_p
         write_robustness_report(tmp_path / "other", figures=False, reference=tmp_path / "ref/run.json")
     assert main([*common, "--reference", str(tmp_path / "e"), "--out", str(tmp_path / "e")]) == 2
     assert "is this run's own folder" in capsys.readouterr().err and not (tmp_path / "e").exists()
+    # a reference of other frames (another seed, or another set under the same name) is refused before the run
+    assert main([*common[:2], str(tmp_path / "other.pt"), *common[3:], "--family", "standard", "--corruptions",
+                 "contrast", "zoom_blur", "--seed", "3", "--reference", str(tmp_path / "ref"), "--out",
+                 str(tmp_path / "seeded")]) == 2
+    assert "corrupted its frames with seed 0, this run with 3" in capsys.readouterr().err
+    assert not (tmp_path / "seeded" / "state.npz").exists()
+    copy = json.loads((tmp_path / "copy/results.json").read_text())
+    copy["sets"]["perlin_mixed"]["manifest_sha256"] = "0" * 64
+    (tmp_path / "copy/results.json").write_text(json.dumps(copy))
+    with pytest.raises(ValueError, match="evaluated another set named 'perlin_mixed' .*name a reference run on these"):
+        write_robustness_report(tmp_path / "other", figures=False, reference=tmp_path / "copy")
+    # a new run into a folder does not take the reference its last report named
+    assert main([*common[:2], str(tmp_path / "other.pt"), *common[3:], "--family", "standard", "--corruptions",
+                 "contrast", "zoom_blur", "--out", str(tmp_path / "other"), "--resume"]) == 0
+    assert "reference_run" not in json.loads((tmp_path / "other/results.json").read_text())
 
 
 def test_corruption_error_by_hand():

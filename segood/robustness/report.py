@@ -46,6 +46,23 @@ def load_reference(path, own):
     return doc
 
 
+def check_reference(reference, run, path):
+    """Refuse a ``reference`` results document (of the run at ``path``) that corrupted other frames than ``run``
+    (run.json's content) does: another version of one of its sets, another seed or standard size."""
+    ours, theirs = run.get("sets") or {}, reference.get("sets") or {}
+    for name in ours:
+        if name in theirs and (ours[name] or {}).get("manifest_sha256") != (theirs[name] or {}).get("manifest_sha256"):
+            raise ValueError(f"the reference run {path} evaluated another set named {name!r} (its manifest sha256 "
+                             "differs): the corruption errors would compare different frames; name a reference run "
+                             "on these sets")
+    mine = (run.get("config") or {}).get("robustness") or {}
+    other = (reference.get("config") or {}).get("robustness") or {}
+    for key in ("seed", "standard_size"):
+        if mine.get(key) != other.get(key):
+            raise ValueError(f"the reference run {path} corrupted its frames with {key} {other.get(key)!r}, this run "
+                             f"with {mine.get(key)!r}: the corruption errors would compare different frames")
+
+
 def corruption_error(values, clean, reference_values, reference_clean, *, higher_is_better):
     """The ImageNet-C corruption errors of one corruption (Hendrycks & Dietterich 2019, §3): with the error
     E = 1 - value for a metric where higher is better (AUROC, mIoU) and E = value otherwise (FPR95),

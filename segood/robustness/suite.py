@@ -30,7 +30,7 @@ from segood.metrics.segmentation import mean_iou
 from segood.models.network import keeps_modes
 from segood.robustness.corruptions import (SEVERITIES, check_corruption, condition_name, family_of, levels_table,
                                           resolve_corruptions)
-from segood.robustness.report import load_reference, results_markdown, summary, write_figures
+from segood.robustness.report import check_reference, load_reference, results_markdown, summary, write_figures
 
 SCHEMA = "segood.robustness/1"
 
@@ -54,8 +54,7 @@ def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corrupti
 
     corruptions = resolve_corruptions(corruptions, family)
     standard_scale(1, standard_size)  # (checks it)
-    if reference is not None:
-        load_reference(reference, out_dir)  # a bad reference fails before the run, not after it
+    reference_doc = None if reference is None else load_reference(reference, out_dir)  # (fails before the run)
     severities = sorted(set(severities))
     for level in severities:
         check_corruption(corruptions[0], level)
@@ -67,6 +66,8 @@ def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corrupti
                                            "levels": {c: levels_table()[c] for c in corruptions}}
     if any(family_of(c) == "standard" for c in corruptions):
         description["config"]["robustness"]["standard_size"] = standard_size
+    if reference_doc is not None:
+        check_reference(reference_doc, description, reference)
     conditions = {}
     for set_name, path in sets.items():
         clean = H5SegmentationDataset(path, verify=options.verify)
@@ -79,7 +80,8 @@ def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corrupti
         ev = execute(model, conditions, methods, out_dir, description, options, quality=True,
                      examples=(1, EXAMPLE_WIDTH))  # (one frame per set and condition)
         return None if ev is None else write_robustness_report(out_dir, figures=options.figures,
-                                                               requirements=requirements, reference=reference)
+                                                               requirements=requirements, reference=reference,
+                                                               previous=False)
 
 
 def _corrupted(dataset, corruption, severity, seed, standard_size):
@@ -164,25 +166,29 @@ def robustness_results(run, ev):
             "skipped_frames": ev.skipped, **({"unfinished": unfinished} if unfinished else {})}
 
 
-def write_robustness_report(out_dir, *, figures=True, requirements=None, reference=None):
+def write_robustness_report(out_dir, *, figures=True, requirements=None, reference=None, previous=True):
     """(Re)write results.json, results.md (and approval.md with ``requirements``) and the figures of a robustness
     run from its saved state; returns the results document. ``reference``: a robustness run (folder or
-    results.json) the summary's mCE is relative to; default: the one the run's last report named, if any;
-    ``requirements`` likewise default to those it was last checked against."""
+    results.json) the summary's mCE is relative to; default (with ``previous``, as a rebuilt report): the one the
+    run's last report named, if any; ``requirements`` likewise default to those it was last checked against."""
     from segood.io import atomic_write_text
     from segood.robustness.approval import approval_markdown, check_requirements, load_requirements
 
     folder = RunFolder(out_dir)
     ev = Evaluation.load(folder.state())
-    doc = robustness_results(folder.read_run(), ev)
-    previous = json.loads(folder.results_json.read_text()) if folder.results_json.exists() else {}
+    run = folder.read_run()
+    doc = robustness_results(run, ev)
+    last = json.loads(folder.results_json.read_text()) if previous and folder.results_json.exists() else {}
     if reference is None:
-        reference = previous.get("reference_run")
+        reference = last.get("reference_run")
     if requirements is None:  # (a rebuilt report checks the requirements the run was last checked against)
-        requirements = previous.get("requirements")
+        requirements = last.get("requirements")
+    reference_doc = None
     if reference is not None:
         doc["reference_run"] = str(reference)
-    doc["summary"] = summary(doc, None if reference is None else load_reference(reference, out_dir))
+        reference_doc = load_reference(reference, out_dir)
+        check_reference(reference_doc, run, reference)
+    doc["summary"] = summary(doc, reference_doc)
     if requirements is not None:
         if not isinstance(requirements, list):
             requirements = load_requirements(requirements)
