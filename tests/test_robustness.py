@@ -180,6 +180,10 @@ def test_cli_and_clear_errors(sets, tmp_path):
     with pytest.raises(ValueError, match="cannot read 'auroc = 1'"):  # before any frame is evaluated
         robustness(net, [sets / "perlin_mixed.h5"], METHODS, tmp_path / "e", requirements=bad)
     assert not (tmp_path / "e").exists()
+    bad.write_text("requirements:\n  - require: auroc >= 0.5\n    corruptions: [snow]\n")
+    with pytest.raises(ValueError, match=r"the run has no corruptions \['snow'\] \(it has \['fog'\]\)"):  # (before too)
+        robustness(net, [sets / "perlin_mixed.h5"], METHODS, tmp_path / "e", corruptions=["fog"], requirements=bad)
+    assert not (tmp_path / "e").exists()
 
 
 @pytest.mark.parametrize("grid", [{"kind": "float", "mantissa_bits": 10},

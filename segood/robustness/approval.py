@@ -162,6 +162,24 @@ def _listed(values):
     return isinstance(values, list) and bool(values) and len(set(map(repr, values))) == len(values)
 
 
+def covered(req, sets, corruptions, severities, methods):
+    """(sets, corruptions, severities, methods) a requirement covers in a run of these (methods [None] for a
+    segmentation metric); a ValueError naming what the run lacks (checked before a run, and after it)."""
+    segmentation = req["metric"] in SEGMENTATION_METRICS
+    wanted = (req["sets"] or sets, req["corruptions"] or corruptions,
+              req["severities"] or [v for v in severities if v <= req["up_to_severity"]],
+              [None] if segmentation else (req["methods"] or methods))
+    if not wanted[2]:
+        raise ValueError(f"requirement {req['name']!r} covers no severity of the run ({severities})")
+    for kind, names, have in zip(("sets", "corruptions", "severities", "methods"), wanted,
+                                 (sets, corruptions, severities, methods)):
+        missing = [n for n in names if n not in have and n is not None]
+        if missing:
+            raise ValueError(f"requirement {req['name']!r}: the run has no {kind} {missing} (it has "
+                             f"{list(have)}); rerun with them or narrow the requirement")
+    return wanted
+
+
 def check_requirements(doc, requirements):
     """Evaluate ``requirements`` (:func:`parse_requirements`) on a robustness results document.
 
@@ -170,20 +188,9 @@ def check_requirements(doc, requirements):
     rows = []
     run = doc["robustness"]
     for req in requirements:
-        sets = req["sets"] or list(doc["corrupted"])
-        corruptions = req["corruptions"] or run["corruptions"]
+        sets, corruptions, levels, methods = covered(req, list(doc["corrupted"]), run["corruptions"],
+                                                     run["severities"], list(doc["methods"]))
         segmentation = req["metric"] in SEGMENTATION_METRICS
-        methods = [None] if segmentation else (req["methods"] or list(doc["methods"]))
-        levels = req["severities"] or [v for v in run["severities"] if v <= req["up_to_severity"]]
-        if not levels:
-            raise ValueError(f"requirement {req['name']!r} covers no severity of the run ({run['severities']})")
-        for kind, names, have in (("sets", sets, doc["corrupted"]), ("corruptions", corruptions, run["corruptions"]),
-                                  ("severities", levels, run["severities"]),
-                                  ("methods", [] if segmentation else methods, doc["methods"])):
-            missing = [n for n in names if n not in have]
-            if missing:
-                raise ValueError(f"requirement {req['name']!r}: the run has no {kind} {missing} (it has "
-                                 f"{list(have)}); rerun with them or narrow the requirement")
         failing, cells = [], 0
         for s in sets:
             for c in corruptions:

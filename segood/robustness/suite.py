@@ -49,7 +49,7 @@ def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corrupti
     ImageNet-C / Cityscapes-C, ``c:NAME``) or "all"; named ``corruptions`` must be of it; ``standard_size``:
     "fixed" (the standard's pixel sizes) or "height" (scaled to the frames' rows); ``reference``: a robustness
     run (folder or results.json) whose numbers the summary's corruption errors (mCE) are relative to."""
-    from segood.robustness.approval import load_requirements
+    from segood.robustness.approval import covered, load_requirements
     from segood.robustness.standard import standard_scale
 
     corruptions = resolve_corruptions(corruptions, family)
@@ -68,6 +68,8 @@ def robustness(model, sets, methods=None, out_dir="runs/robustness", *, corrupti
         description["config"]["robustness"]["standard_size"] = standard_size
     if reference_doc is not None:
         check_reference(reference_doc, description, reference)
+    for req in requirements or ():  # (a requirement on what the run lacks fails now, not after it)
+        covered(req, list(sets), corruptions, severities, [m.name for m in methods])
     conditions = {}
     for set_name, path in sets.items():
         clean = H5SegmentationDataset(path, verify=options.verify)
