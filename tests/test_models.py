@@ -232,6 +232,18 @@ def test_resume_equals_uninterrupted(tiny_set, tmp_path, head):
     assert a["log"][-1]["loss"] == b["log"][-1]["loss"]
 
 
+def test_resume_on_other_frames_under_the_same_path_is_refused(tiny_set, tmp_path):
+    shutil.copy(tiny_set, tmp_path / "train.h5")
+    train(config(tmp_path / "train.h5", tmp_path / "run", epochs=2), progress=False, stop_after=1)
+    images, semantic, ood = scene_batch(1, 8, 64, 128)  # other frames, the same file name
+    writer = SetWriter(tmp_path / "train.h5", (64, 128), {"source": "synthetic", "split": "train"}, overwrite=True)
+    for k in range(len(images)):
+        writer.append(Sample(images[k], ood[k], semantic[k], f"scene/{k}"))
+    writer.commit()
+    with pytest.raises(ValueError, match=r"--resume: train_set hold other frames than .*last.pt was trained on"):
+        train(config(tmp_path / "train.h5", tmp_path / "run", epochs=2), progress=False, resume=True)
+
+
 def test_augmentation_is_drawn_per_frame_whatever_reads_it(tiny_set, tmp_path):
     """The training batches of an epoch are the same read in the main process or by two reader processes (each
     holds a copy of the transform: drawing from its running state, readers repeated each other's draws)."""

@@ -214,6 +214,23 @@ def check_resumable(saved, config, path):
                          "same settings, or train into a new --out")
 
 
+def data_identity(config):
+    """{option: manifest sha256} of the sets a training reads: a resume must read the same frames."""
+    from segood.data.h5 import set_identity
+
+    return {key: set_identity(getattr(config, key))["manifest_sha256"]
+            for key in ("train_set", "val_set", "outlier_exposure") if getattr(config, key)}
+
+
+def check_same_data(saved, data, path):
+    """Refuse to resume on other frames than ``path`` was trained on (its ``saved`` data identity; runs that
+    recorded none are not checked)."""
+    changed = [key for key in data if saved is not None and saved.get(key) != data[key]]
+    if changed:
+        raise ValueError(f"--resume: {', '.join(changed)} hold other frames than {path} was trained on (the sets' "
+                         "manifest sha256 differs); resume with the same sets, or train into a new --out")
+
+
 def _comparable(value):
     return list(value) if isinstance(value, tuple) else value
 
@@ -272,9 +289,11 @@ def train(config, *, resume=False, progress=True, stop_after=None):
     amp = device.type == "cuda"
     scaler = torch.amp.GradScaler("cuda", enabled=amp)
     start_epoch, iteration, log = 0, 0, []
+    data = data_identity(config)
     if resume and (out / "last.pt").exists():
         state = learner.read(out / "last.pt", device)
         check_resumable(state.get("train_config"), config, out / "last.pt")
+        check_same_data(state.get("data"), data, out / "last.pt")
         try:
             learner.module.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
@@ -328,12 +347,12 @@ def train(config, *, resume=False, progress=True, stop_after=None):
             row["val_miou"] = evaluate_miou(learner.network, config.val_set, device=device, progress=False)["miou"]
         log.append(row)
         learner.save(out / "last.pt", optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), epoch=epoch,
-                     iteration=iteration, log=log, train_config=asdict(config), **_oe_entry(record))
+                     iteration=iteration, log=log, train_config=asdict(config), data=data, **_oe_entry(record))
         atomic_write_text(out / "log.csv", _csv(log))
     if last_epoch < config.epochs:
         return log
     learner.finish(out, epoch=config.epochs - 1, iteration=iteration, log=log, train_config=asdict(config),
-                   **_oe_entry(record))
+                   data=data, **_oe_entry(record))
     return log
 
 
