@@ -135,10 +135,14 @@ def _convert(args):
 def _train(args):
     from dataclasses import fields
 
-    from segood.models.train import TrainConfig, finetune_config, train
+    from segood.models.train import NETWORK_KEYS, TrainConfig, finetune_config, train
 
     names = {f.name for f in fields(TrainConfig)}
     given = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    settings = [f"--{k.replace('_', '-')}" for k in NETWORK_KEYS if k in given]
+    if args.init_type and settings:
+        raise ValueError(f"--init-type {args.init_type} trains the network of the folder --init names: drop "
+                         f"{', '.join(settings)}")
     config = finetune_config(**given) if args.init and not args.init_type else TrainConfig(**given)
     log = train(config, resume=args.resume, progress=not args.quiet, stop_after=args.stop_after)
     oe = f" with outlier exposure ({config.oe_loss}) on {config.outlier_exposure}" if config.outlier_exposure else ""
@@ -539,8 +543,8 @@ def _approve(args):
     from segood.robustness.approval import load_requirements
     from segood.robustness.suite import is_robustness_run, write_robustness_report
 
-    if not is_robustness_run(args.run_dir):
-        raise ValueError(f"{args.run_dir} is not a run of segood robustness (its run.json names no corruptions); "
+    if not (args.run_dir / "run.json").is_file() or not is_robustness_run(args.run_dir):
+        raise ValueError(f"{args.run_dir} is not a run of segood robustness (no run.json naming corruptions); "
                          "approve checks robustness runs: run segood robustness first")
     requirements = load_requirements(args.requirements)  # a refused file changes nothing in the run
     doc = write_robustness_report(args.run_dir, figures=False, requirements=requirements)

@@ -163,3 +163,6 @@ def test_approve_refuses_a_run_that_is_not_a_robustness_run(tmp_path, capsys):
     (tmp_path / "req.yaml").write_text("requirements:\n  - require: auroc >= 0.9\n")
     assert main(["approve", str(tmp_path / "run"), str(tmp_path / "req.yaml")]) == 2
     assert "is not a run of segood robustness" in capsys.readouterr().err
+    assert main(["approve", str(tmp_path / "nothing"), str(tmp_path / "req.yaml")]) == 2  # (no run at all)
+    assert "is not a run of segood robustness (no run.json naming corruptions); approve checks robustness runs" in \
+        capsys.readouterr().err

@@ -268,6 +268,9 @@ def test_command_line_fine_tunes_and_checks_its_options(oe_sets, tmp_path, capsy
         r"λ.*\[0, 1\]": base + oe + ["--oe-weight", "1.5"],
         "another network than the options say": base + oe + ["--encoder", "resnet50"],
         "applies to --oe-loss entropy only": base + oe + ["--oe-loss", "energy", "--oe-reduction", "pixels"],
+        "--init-type hf trains the network of the folder --init names: drop --arch": base + [
+            "--init", str(oe_sets["parent"]), "--init-type", "hf", "--outlier-exposure", str(oe_sets["oe_sun"]),
+            "--oe-loss", "rba", "--arch", "deeplabv3plus"],
         "predicts 5 classes; segood train trains on the 19 Cityscapes trainIds": base + [
             "--init", str(tmp_path / "five.pt"), "--outlier-exposure", str(oe_sets["oe_sun"])],
     }
