@@ -144,6 +144,9 @@ def test_a_crop_no_frame_reaches_even_scaled_up_is_refused_before_training(tiny_
             train(replace(config(tiny_set, tmp_path / "big", epochs=1), crop=crop), progress=False)
     assert not (tmp_path / "big").exists()
     train(replace(config(tiny_set, tmp_path / "fits", epochs=1), crop=[80, 160]), progress=False, stop_after=0)
+    with pytest.raises(ValueError, match=r"--crop 63 127: the network's input sides must be multiples of 8 \(its "
+                                         r"encoder's stride\); give e.g. --crop 64 128"):
+        train(replace(config(tiny_set, tmp_path / "odd", epochs=1), crop=[63, 127]), progress=False)
     frames = len(H5SegmentationDataset(tiny_set))
     with pytest.raises(ValueError, match=rf"has {frames} frames, fewer than one batch of {frames + 1}: give a "
                                          rf"smaller --batch-size \(at most {frames}\)"):

@@ -312,6 +312,11 @@ def train(config, *, resume=False, progress=True, stop_after=None):
         raise ValueError(f"{config.train_set} has {frames} frames, fewer than one batch of {config.batch_size}: give "
                          f"a smaller --batch-size (at most {frames})")
     check_crop(config)
+    multiple = getattr(learner.network, "input_multiple", 1)
+    if config.init_type is None and any(side % multiple for side in config.crop):
+        fits = " ".join(str(-(-side // multiple) * multiple) for side in config.crop)
+        raise ValueError(f"--crop {config.crop[0]} {config.crop[1]}: the network's input sides must be multiples of "
+                         f"{multiple} (its encoder's stride); give e.g. --crop {fits}")
     require_classes(config.train_set, "training")  # (a loss of NaN from the first batch)
     if config.val_set:
         require_classes(config.val_set, "--val's mIoU")
