@@ -118,7 +118,7 @@ def exclusive(path, what="writer", *, inside=False):
 
     path = Path(path)
     make_folder(path if inside else path.parent)
-    lock = path / ".lock" if inside else path.with_name(f".{path.name}.lock")
+    lock = _lock_file(path, inside)
     try:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as err:
@@ -145,9 +145,8 @@ def held(path, *, inside=False):
     a shared lock for no longer than the look)."""
     import fcntl
 
-    path = Path(path)
     try:
-        fd = os.open(path / ".lock" if inside else path.with_name(f".{path.name}.lock"), os.O_RDONLY)
+        fd = os.open(_lock_file(Path(path), inside), os.O_RDONLY)
     except OSError:  # (no lock file: nobody holds it)
         return False
     try:
@@ -157,6 +156,12 @@ def held(path, *, inside=False):
         return True
     finally:
         os.close(fd)
+
+
+def _lock_file(path, inside):
+    """The lock file of :func:`exclusive` and :func:`held`: ``.lock`` in the folder ``path`` (``inside``), else
+    ``.<name>.lock`` beside ``path``."""
+    return path / ".lock" if inside else path.with_name(f".{path.name}.lock")
 
 
 def atomic_write_bytes(path, data):

@@ -67,8 +67,7 @@ class ExternalModel(torch.nn.Module):
         if isinstance(logits, torch.Tensor) and logits.dim() == 4 and logits.shape[0] == x.shape[0] and (
                 logits.is_floating_point()):
             return logits
-        what = (f"a tensor of shape {tuple(logits.shape)} and dtype {logits.dtype}" if isinstance(logits, torch.Tensor)
-                else f"a {type(logits).__name__}")
+        what = _described(logits) + (f" and dtype {logits.dtype}" if isinstance(logits, torch.Tensor) else "")
         module = type(self.module)
         hint = ("; a transformers network: wrap it with segood.models.hf_model(network, processor)"
                 if module.__module__.startswith("transformers") else "")
@@ -81,11 +80,15 @@ class ExternalModel(torch.nn.Module):
                              "name of its named_modules(), to use Mahalanobis")
         features = self(x).features
         if not (isinstance(features, torch.Tensor) and features.dim() == 4):
-            what = (f"a tensor of shape {tuple(features.shape)}" if isinstance(features, torch.Tensor)
-                    else f"a {type(features).__name__}")
-            raise ValueError(f"feature layer {self.feature_layer!r} gives {what}; Mahalanobis needs one whose output is "
-                             "one (N, D, h, w) feature map: a layer inside it (an encoder's last stage, the decoder)")
+            raise ValueError(f"feature layer {self.feature_layer!r} gives {_described(features)}; Mahalanobis needs "
+                             "one whose output is one (N, D, h, w) feature map: a layer inside it (an encoder's last "
+                             "stage, the decoder)")
         return features
+
+
+def _described(value):
+    """What a network gave, in words: a tensor by its shape, anything else by its type."""
+    return f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else f"a {type(value).__name__}"
 
 
 def load_smp_weights(arch, encoder, weights, *, num_classes=NUM_CLASSES):
