@@ -704,6 +704,10 @@ def build_parser(*, adapters=True):
     parser = _Parser(
         prog="segood", description="segood: pixel-level out-of-distribution detection benchmark for semantic segmentation.")
     parser.add_argument("--version", action="version", version=f"segood {__version__}")
+    parser.add_argument("--plugin", action="append", metavar="MODULE",
+                        help="import MODULE first (repeatable; from the current folder or PYTHONPATH): the methods, "
+                             "metrics, dataset adapters and model types it registers join the commands' choices "
+                             "(docs/extending.md)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser("demo", help="the whole benchmark on generated data in the real raw layouts")
@@ -1060,10 +1064,18 @@ def _adapters(wanted):
 def main(argv=None):
     """The ``segood`` command (``argv``: its arguments; None: the process's, and segood's own warnings are printed
     as one line each, as its errors are)."""
-    if argv is None:
-        _warnings_in_one_line(sys.argv[1:2])
-    argv = sys.argv[1:] if argv is None else list(argv)
-    words = [arg for arg in argv if not arg.startswith("-")]
+    command_line, argv = argv is None, sys.argv[1:] if argv is None else list(argv)
+    try:
+        plugins, words = _plugins(argv)
+        if command_line:
+            _warnings_in_one_line(words[:1])
+        from segood.registry import import_user_module
+
+        for module in plugins:  # (before the parser: what they register joins its choices)
+            import_user_module(f"--plugin {module}", module)
+    except ValueError as err:
+        print(f"segood: error: {err}{_origin(err)}", file=sys.stderr)
+        return 2
     converting = words[:1] == ["convert"] and len(words) > 1  # a dataset named: its adapter's options are needed
     args = build_parser(adapters=converting).parse_args(argv)
     from segood._memory import keep_freed_memory
@@ -1085,6 +1097,21 @@ def main(argv=None):
             raise
         print(f"segood {args.command}: error: {_message(err)}{_origin(err)}", file=sys.stderr)
         return 2
+
+
+def _plugins(argv):
+    """The modules of the --plugin options before the command, and the words of ``argv`` not starting with -, less
+    those modules; a ValueError for a --plugin after the command."""
+    plugins, words = [], []
+    for k, arg in enumerate(argv):
+        option = arg.partition("=")[0] == "--plugin"
+        if option and words:
+            raise ValueError(f"--plugin MODULE goes before the command: segood --plugin MODULE {words[0]} ...")
+        if option:
+            plugins += [arg.partition("=")[2]] if "=" in arg else argv[k + 1:k + 2]
+        elif not arg.startswith("-") and not (k and argv[k - 1] == "--plugin"):
+            words.append(arg)
+    return plugins, words
 
 
 def _saved(args):

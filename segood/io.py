@@ -182,9 +182,10 @@ def write_json(path, obj):
 
 
 def as_read_back(obj):
-    """``obj`` as JSON gives it back (tuples as lists, keys as strings, what JSON lacks as its ``str``): for
-    comparing what is about to be written with what a file holds."""
-    return json.loads(json.dumps(obj, sort_keys=True, default=str))
+    """``obj`` as :func:`write_json` writes it and JSON gives it back (tuples as lists, keys as strings, NaN and
+    ±inf as null, what JSON lacks as its ``str``): for comparing what is about to be written with what a file
+    holds."""
+    return json.loads(json.dumps(_finite_or_none(obj), sort_keys=True, default=str))
 
 
 def _finite_or_none(obj):

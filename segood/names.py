@@ -71,11 +71,14 @@ def method_names():
 
 def adapter_help():
     """:data:`ADAPTERS`, or {name: help} of the live registry where its module is imported already (an adapter a
-    plugin registered)."""
+    plugin registered), with every built-in adapter's module imported too."""
     import sys
 
-    loaded = sys.modules.get("segood.data.adapter")
-    return {name: adapter.help for name, adapter in loaded.ADAPTERS.items()} if loaded is not None else ADAPTERS
+    if "segood.data.adapter" not in sys.modules:
+        return ADAPTERS
+    from segood.data.registry import ADAPTERS as registered
+
+    return {name: adapter.help for name, adapter in registered.items()}
 
 
 def metric_names():

@@ -15,21 +15,23 @@ RESERVED = (".", "..", "all")  # ('all': every method, to --methods)
 class Registry(dict):
     """Name -> a registered definition (a class or object with a ``name``), for one ``kind`` of thing.
 
-    A name is registered once: registering another definition under it, item assignment included, is a
-    ValueError unless ``replace=True``. Asking for an unknown name is a KeyError that lists the valid ones.
+    A name is registered once: registering another definition under it, item assignment and ``update``
+    included, is a ValueError unless ``replace=True``. Asking for an unknown name is a KeyError that lists the
+    valid ones. ``reserved``: names the command line gives another meaning, refused besides :data:`RESERVED`.
     """
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, *, reserved: tuple = ()):
         super().__init__()
-        self.kind = kind
+        self.kind, self.reserved = kind, RESERVED + tuple(reserved)
 
     def add(self, name: str, value: T, *, replace: bool = False) -> T:
         """Register ``value`` as ``name``; returns ``value``."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"a {self.kind} needs a non-empty name, got {name!r}")
-        if "/" in name or "\\" in name or name in RESERVED:  # (names become file and folder names)
-            raise ValueError(f"a {self.kind} name names files and folders: {name!r} cannot be one (no path "
-                             f"separators, nor {', '.join(map(repr, RESERVED))})")
+        if "/" in name or "\\" in name or name in self.reserved:  # (names become file and folder names)
+            raise ValueError(f"a {self.kind} name names files and folders and is a word of the command line: "
+                             f"{name!r} cannot be one (no path separators, nor "
+                             f"{', '.join(map(repr, self.reserved))})")
         if not replace and self.get(name, value) is not value:
             raise ValueError(f"a {self.kind} named {name!r} is registered already ({self[name]!r}); pass "
                              "replace=True to replace it, or choose another name")
@@ -46,6 +48,17 @@ class Registry(dict):
 
     def __setitem__(self, name: str, value) -> None:
         self.add(name, value)
+
+    def update(self, *others, **named) -> None:
+        for name, value in dict(*others, **named).items():
+            self.add(name, value)
+
+    def __ior__(self, other):
+        self.update(other)
+        return self
+
+    def setdefault(self, name: str, value=None):
+        return self[name] if name in self else self.add(name, value)
 
     def __missing__(self, name: str):
         raise KeyError(f"unknown {self.kind} {name!r}; choose one of {sorted(self)}")

@@ -202,8 +202,16 @@ def test_names_that_would_leave_a_folder_are_refused_and_a_missing_dependency_is
     from segood.registry import import_user_module
 
     for name in ("../outside", "a/b", "all"):
-        with pytest.raises(ValueError, match=f"a method name names files and folders: {name!r} cannot be one"):
+        with pytest.raises(ValueError, match=f"a method name names files and folders .*: {name!r} cannot be one"):
             register_method(type("Bad", (Method,), {"name": name}))
+    with pytest.raises(ValueError, match="a dataset adapter name .* 'mix' cannot be one"):  # (segood convert mix)
+        ADAPTERS.add("mix", Squares)
+    with pytest.raises(ValueError, match="a method named 'energy' is registered already"):
+        METHODS.update(energy=MaxLogitToy)  # (update, |= and setdefault add as registering does)
+    with pytest.raises(ValueError, match="a method named 'entropy' is registered already"):
+        registry = METHODS
+        registry |= {"entropy": MaxLogitToy}
+    assert METHODS.setdefault("energy", MaxLogitToy) is not MaxLogitToy
     (tmp_path / "mylib_loader.py").write_text("import mylib\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.path", list(__import__("sys").path))
@@ -225,3 +233,128 @@ def test_a_plugin_adapters_arrays_of_another_dtype_are_refused_not_cast(tmp_path
     with pytest.raises(ConversionError, match="images is float32; a set stores uint8"):
         convert(Floats(1), tmp_path / "f.h5", progress=False, strict=True)
 
+
+
+PLUGIN = """
+import numpy as np
+import torch
+
+from segood.data import Sample
+from segood.data.adapter import Adapter, register_adapter
+from segood.labels import IGNORE, OOD
+from segood.methods import Method, register_method
+from segood.metrics import Metric, register_metric
+
+
+@register_adapter
+class Stripes(Adapter):
+    name = source = "plugin_stripes"
+    help = "grey frames with a bright OOD stripe (a plugin's toy)"
+    default_split = None
+
+    def __init__(self, root):
+        self.root, self.params = root, {}
+
+    def refs(self):
+        return [0, 1, 2]
+
+    def frame_id(self, index):
+        return f"stripes/{index}"
+
+    def load(self, index):
+        image = np.full((32, 32, 3), 90, np.uint8)
+        mask = np.zeros((32, 32), np.uint8)
+        mask[8 + index:16 + index] = OOD
+        image[mask == OOD] = 240
+        return Sample(image, mask, np.where(mask == OOD, IGNORE, 0).astype(np.uint8), self.frame_id(index))
+
+
+@register_method
+class Brightness(Method):
+    name = "plugin_brightness"
+
+    def from_output(self, output):
+        return torch.sigmoid(-output.logits.amax(dim=1))
+
+
+@register_method
+class Needy(Method):
+    name = "plugin_needy"
+
+    def __init__(self, scale):
+        super().__init__(scale=scale)
+
+
+register_metric(Metric("plugin_tpr05", "TPR@5%FPR", True,
+                       lambda curve: float(curve.tpr[20 * curve.fp <= curve.n_id].max())))
+"""
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    """A plugin module in the current folder, registering an adapter, two methods and a metric; the registries as
+    they were once the test is done."""
+    import sys
+
+    registries = [ADAPTERS, METHODS, METRICS]
+    saved = [dict(registry) for registry in registries]
+    (tmp_path / "toyplug.py").write_text(PLUGIN)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", list(sys.path))
+    yield "toyplug"
+    sys.modules.pop("toyplug", None)
+    for registry, entries in zip(registries, saved):
+        dict.clear(registry)
+        dict.update(registry, entries)
+
+
+def test_a_plugin_module_reaches_every_command(plugin, tmp_path, capsys):
+    """segood --plugin MODULE imports it before the command line is built: its adapter converts, its method is a
+    --methods choice and its metric a column; without it, a rebuilt report says which column it leaves out."""
+    from segood.models import save_checkpoint
+
+    with pytest.raises(SystemExit):
+        main(["--plugin", plugin, "convert", "--help"])
+    assert "plugin_stripes" in capsys.readouterr().out
+    assert main(["--plugin", plugin, "convert", "plugin_stripes", ".", "--out", "s.h5", "-q"]) == 0
+    assert read_manifest(tmp_path / "s.h5")["frames"] == 3
+    save_checkpoint(tmp_path / "m.pt", tiny_network())
+    run = ["evaluate", "--checkpoint", "m.pt", "--sets", "s.h5", "--resamples", "0", "-q", "--out", "run"]
+    assert main([f"--plugin={plugin}", *run, "--methods", "plugin_brightness", "max_softmax"]) == 0
+    results = json.loads((tmp_path / "run" / "results.json").read_text())["results"]
+    value = results["plugin_brightness"]["s"]["pooled"]["plugin_tpr05"]
+    assert 0 <= value <= 1 and "plugin_tpr05" in results["max_softmax"]["s"]["pooled"]
+
+    assert main([*run[:-1], "run2", "--plugin", plugin]) == 2
+    assert "--plugin MODULE goes before the command: segood --plugin MODULE evaluate" in capsys.readouterr().err
+    assert main(["--plugin", "notaplugin", *run]) == 2
+    assert "--plugin notaplugin: no module 'notaplugin' in the current folder" in capsys.readouterr().err
+
+    dict.pop(METRICS, "plugin_tpr05")  # the report rebuilt without the metric: the column is gone, and said to be
+    with pytest.warns(UserWarning, match="results.json had plugin_tpr05, which no metric registered now computes"):
+        assert main(["report", "run", "-q"]) == 0
+    results = json.loads((tmp_path / "run" / "results.json").read_text())["results"]
+    assert "plugin_tpr05" not in results["max_softmax"]["s"]["pooled"]  # (the per-image means, kept in the state,
+    assert "plugin_tpr05" in results["max_softmax"]["s"]["per_image_mean"]  # stay)
+
+    # a method that cannot be built from its name, or whose parameters run.json cannot hold: refused, named
+    assert main([f"--plugin={plugin}", *run[:-1], "run3"]) == 2
+    assert "method 'plugin_needy' cannot be built from its name and no parameters (missing a required argument: " \
+        "'scale')" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"method plugin_needy's parameter scale=array\(\[1\]\) \(ndarray\) cannot "
+                                         "be recorded in run.json"):
+        evaluate(tiny_network(), ["s.h5"], [METHODS["plugin_needy"](scale=np.array([1]))], tmp_path / "run4",
+                 progress=False)
+
+
+def test_a_nan_parameter_resumes_and_names_alike_once_made_safe_draw_two_figures(sets, tmp_path):
+    """run.json writes a NaN parameter as null: the same run continues. 'toy|max' and 'toy_max' both become the
+    file name per_class_toy_max.png: the second gets a hash of its name instead of replacing the first's."""
+    piped = type("Piped", (MaxLogitToy,), {"name": "toy|max"})
+    methods = [piped(weight=float("nan")), type("Under", (MaxLogitToy,), {"name": "toy_max"})()]
+    run = tmp_path / "run"
+    evaluate(tiny_network(), [sets / "perlin_mixed.h5"], methods, run, progress=False, bootstrap=None)
+    assert json.loads((run / "run.json").read_text())["methods"]["toy|max"]["params"] == {"weight": None}
+    evaluate(tiny_network(), [sets / "perlin_mixed.h5"], methods, run, progress=False, bootstrap=None, resume=True)
+    drawn = sorted(path.name for path in (run / "figures").glob("per_class_*.png"))
+    assert drawn == ["per_class_toy_max-4fc0cce3.png", "per_class_toy_max.png"]  # (sha256 of 'per_class_toy_max.png')

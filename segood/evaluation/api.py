@@ -24,7 +24,7 @@ from segood.evaluation.runner import (Evaluation, check_given_thresholds, chosen
                                       default_methods, run, run_identity)
 from segood.io import write_json
 from segood.methods.methods import Method, check_grid, fits_grid, method_for_grid
-from segood.methods.schedule import fit_methods, refuse_names_twice, unfitted_methods
+from segood.methods.schedule import fit_methods, refuse_unrecordable, unfitted_methods
 from segood.methods.scorer import Scorer
 from segood.models.external import as_network
 from segood.models.network import SegmentationNetwork, evaluation_mode
@@ -134,7 +134,7 @@ def prepare(model, sets, methods, options, out_dir=None):
                           "theirs are unbounded (the float-order grid, the default, takes every method)", stacklevel=3)
             methods = [m for m in methods if m.name not in unbinned]
     methods = [method_for_grid(m, o.grid) if isinstance(m, str) else m for m in methods]  # by name: the grid's form
-    refuse_names_twice(methods)
+    refuse_unrecordable(methods)
     if o.commit_on is not None:
         _check_tuning_set(sets, o.commit_on, "commit_on (--commit-on)")
     if o.components and o.components.get("commit_on") is not None:

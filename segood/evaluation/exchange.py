@@ -184,7 +184,7 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
     from segood.data.benchmarks import split_name
     from segood.data.h5 import H5SegmentationDataset, frame_ids, frame_loader, read_manifest
     from segood.methods import get_method
-    from segood.methods.schedule import fit_methods, refuse_names_twice, score_batch, unfitted_methods
+    from segood.methods.schedule import fit_methods, refuse_unrecordable, score_batch, unfitted_methods
     from segood.models.external import as_network
     from segood.models.network import device_of, preprocess
 
@@ -197,7 +197,7 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
     model = as_network(model).to(device).eval()
     methods = [get_method(m) if isinstance(m, str) else m for m in methods]
     unfitted = unfitted_methods(model, methods, fit_set)
-    refuse_names_twice(methods)
+    refuse_unrecordable(methods)
     datasets = {name: H5SegmentationDataset(path) for name, path in sets.items()}  # (each set opened before a fit)
     folders = {name: name if layout == "segood" else split_name(read_manifest(path), layout) or name
                for name, path in sets.items()}

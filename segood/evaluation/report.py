@@ -1,9 +1,11 @@
 """Tables and figures of a run, rebuilt from its saved state (``segood report runs/NAME``)."""
 
 import csv
+import hashlib
 import io
 import json
 import math
+import os
 import re
 import warnings
 from collections import Counter
@@ -161,6 +163,11 @@ def write_report(out_dir: str | Path, *, figures: bool = True, bootstrap: Bootst
     if folder.results_json.exists():  # what a caller added to the document (the demo's OE comparison) is kept
         previous = json.loads(folder.results_json.read_text())
         doc = {**{k: v for k, v in previous.items() if k not in doc}, **doc}
+        dropped = sorted(_pooled_keys(previous) - _pooled_keys(doc))
+        if dropped:
+            warnings.warn(f"results.json had {', '.join(dropped)}, which no metric registered now computes: left "
+                          "out (a plugin's metric: segood --plugin MODULE report ...; in Python, import MODULE "
+                          "first)", stacklevel=2)
     write_json(folder.results_json, doc)
     atomic_write_text(folder.results_csv, results_csv(doc))
     atomic_write_text(folder.results_md, results_markdown(doc))
@@ -170,6 +177,12 @@ def write_report(out_dir: str | Path, *, figures: bool = True, bootstrap: Bootst
     for note in _unfinished(run, ev, running):  # (a report of a run stopped, or still going, on its way)
         warnings.warn(note, stacklevel=2)
     return doc
+
+
+def _pooled_keys(doc):
+    """The names of the pooled values of a results document (its metrics, and max_iou_threshold)."""
+    return {key for by_set in (doc.get("results") or {}).values() for result in by_set.values()
+            for key in (result.get("pooled") or {})}
 
 
 def combine_runs(run_dirs: list[str | Path], out_dir: str | Path, *, figures: bool = True,
@@ -470,11 +483,12 @@ def write_figures(figures, doc, ev, *, prune=False):
 
     make_folder(figures)
     methods, sets = ev.method_names, ev.set_names
-    drawn = set()
+    drawn, file_name = set(), file_names()
 
     def save(fig, name, **layout):
-        drawn.add(_file_name(name))
-        _save(fig, figures / _file_name(name), **layout)
+        name = file_name(name)
+        drawn.add(name)
+        _save(fig, figures / name, **layout)
 
     for s in sets:  # ROC and PR curves
         fig, (roc, pr) = plt.subplots(1, 2, figsize=(10, 4.2))
@@ -819,9 +833,19 @@ def too_coarse(metric, result):
     return max(value - lo, hi - value) > COARSE
 
 
-def _file_name(name):
-    """A figure's file name from method and set names: path separators and other odd characters become _."""
-    return re.sub(r"[^A-Za-z0-9._+-]", "_", name)
+def file_names():
+    """A function giving a figure's file name from method and set names, path separators and other odd characters
+    replaced by _, distinct for distinct names: where two become one file name (``x|y`` and ``x_y``), the later
+    one's stem ends in a short hash of its name."""
+    taken = {}
+
+    def file_name(name):
+        safe = re.sub(r"[^A-Za-z0-9._+-]", "_", name)
+        if taken.setdefault(safe, name) != name:
+            stem, suffix = os.path.splitext(safe)
+            safe = f"{stem}-{hashlib.sha256(name.encode()).hexdigest()[:8]}{suffix}"
+        return safe
+    return file_name
 
 
 def _number(value):

@@ -37,7 +37,7 @@ from segood.evaluation.reading import UnreadableFrame, batch_reader, default_wor
 from segood.io import make_folder, read_npz, write_npz
 from segood.labels import NUM_CLASSES
 from segood.methods import METHODS, get_method
-from segood.methods.schedule import check_methods, compiled, refuse_names_twice, score_frames
+from segood.methods.schedule import check_methods, compiled, refuse_unrecordable, score_frames
 from segood.methods.methods import served_heads
 from segood.methods.scorer import Scorer
 from segood.models.network import device_of
@@ -596,7 +596,7 @@ def run(model, sets, methods, out_dir, options, *, rank=0, world_size=1, seed=0,
                          "gives anomaly scores only")
     device = options.device or (torch.device("cpu") if scorer else device_of(model))
     check_methods(model, methods)
-    refuse_names_twice(methods)
+    refuse_unrecordable(methods)
     folder = RunFolder(out_dir)
     make_folder(folder.path)
     datasets = {name: path if hasattr(path, "__getitem__") and not isinstance(path, (str, Path)) else

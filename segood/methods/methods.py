@@ -14,6 +14,7 @@ method never sees OOD data before evaluation. ε is in pixel units ([0, 1] image
 the normalisation's std per channel, as in the ODIN reference code.
 """
 
+import inspect
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -611,8 +612,16 @@ def check_grid(method, grid):
 
 
 def get_method(name: str, **params) -> Method:
-    """A method by name, with ``params``; KeyError listing the valid names."""
-    return METHODS[name](**params)
+    """A method by name, with ``params``; KeyError listing the valid names, ValueError where its class does not take
+    these parameters (a registered method is built by name: every argument of its ``__init__`` has a default)."""
+    cls = METHODS[name]
+    try:
+        inspect.signature(cls).bind(**params)
+    except TypeError as err:
+        raise ValueError(f"method {name!r} cannot be built from its name and {params or 'no parameters'} ({err}); "
+                         "a registered method is built by name (--methods, methods='all'): give every argument of "
+                         f"{cls.__qualname__}.__init__ a default") from None
+    return cls(**params)
 
 
 def list_methods(**needs) -> list[str]:

@@ -13,6 +13,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import json
 import time
 from dataclasses import dataclass
 
@@ -49,14 +50,22 @@ class ScoredBatch:
         return self.clock.seconds()
 
 
-def refuse_names_twice(methods):
-    """Refuse methods of one name where a run's tables and files are named by them (tuning scores several points of
-    one method together)."""
+def refuse_unrecordable(methods):
+    """Refuse methods a run cannot record: one name twice (a run's tables and files are named by it; tuning scores
+    several points of one method together), or a parameter JSON cannot hold (run.json records them)."""
     names = [method.name for method in methods]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
         raise ValueError(f"{', '.join(twice)} named twice: give each method once (its tables and files are named by "
                          "it)")
+    for method in methods:
+        for key, value in method.params.items():
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"method {method.name}'s parameter {key}={value!r} ({type(value).__name__}) cannot "
+                                 "be recorded in run.json: give it as a number, string, boolean, None, or a list or "
+                                 "dict of these") from None
 
 
 def unfitted_methods(model, methods, fit_set):

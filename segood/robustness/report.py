@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from segood.evaluation.report import _file_name, _save, heat_limits
+from segood.evaluation.report import _save, file_names, heat_limits
 from segood.io import make_folder
 from segood.labels import colorize
 from segood.metrics import METRICS
@@ -211,6 +211,7 @@ def write_figures(figures, doc, ev):
 
 
     make_folder(figures)
+    file_name = file_names()
     spec = doc["robustness"]
     corruptions, levels = spec["corruptions"], spec["severities"]
     methods = list(doc["methods"])
@@ -244,11 +245,11 @@ def write_figures(figures, doc, ev):
                                         ("as_ood", ("auroc",), "corruption as OOD")):
             for metric in metrics:
                 label = f"{METRICS[metric].label} {METRICS[metric].arrow()}"
-                panels(figures / _file_name(f"{question}_{metric}_{s}.png"), f"{label}: {what} ({s})",
+                panels(figures / file_name(f"{question}_{metric}_{s}.png"), f"{label}: {what} ({s})",
                        lambda c, q=question, k=metric: [
                            (m, clean["ood"][m][k] if q == "ood" else None,
                             [by_corruption[c][str(v)][q][m][k] for v in levels]) for m in methods], label)
-        panels(figures / _file_name(f"network_{s}.png"), f"the network under corruption ({s})",
+        panels(figures / file_name(f"network_{s}.png"), f"the network under corruption ({s})",
                lambda c: [(f"{QUALITY[k][0]} {QUALITY[k][1]}", clean["segmentation"][k],
                            [by_corruption[c][str(v)]["segmentation"][k] for v in levels]) for k in QUALITY], "")
 
@@ -276,7 +277,7 @@ def write_figures(figures, doc, ev):
                         ax.set_title(["input", "ground truth (OOD white)", "prediction", *methods][col], fontsize=8)
                     if col == 0:
                         ax.set_ylabel("clean" if row == 0 else f"{c} {levels[row - 1]}", fontsize=8)
-            _save(fig, figures / _file_name(f"examples_{s}_{c}.png"))
+            _save(fig, figures / file_name(f"examples_{s}_{c}.png"))
 
     first = next(iter(doc["corrupted"]))
     if (first, 0) in ev.examples:  # what each level looks like, on the first frame of the first set
