@@ -349,6 +349,21 @@ def test_a_mask_network_takes_the_rba_loss_and_a_crop_it_can_see(oe_sets, mask_p
     assert (tmp_path / "cli/final/segood.json").is_file() and (tmp_path / "cli/last.pt").is_file()
 
 
+def test_a_mask_network_of_other_classes_is_refused_in_the_words_of_segood_train():
+    """Its class names are named, and no Python option (classes=...) that segood train does not have."""
+    from types import SimpleNamespace
+
+    from segood.models.hf_train import trainid_classes
+
+    with pytest.raises(ValueError, match=r"it has 3 classes \(road, sky, cow\) and no class named 'sidewalk', "
+                                         "'building'") as refused:
+        trainid_classes(SimpleNamespace(class_names=["road", "sky", "cow"], num_network_classes=lambda: 3))
+    assert "classes=" not in str(refused.value) and "segood train --init-type hf" in str(refused.value)
+    with pytest.raises(ValueError, match="or as 19 classes in trainId order; it has 7 classes$"):
+        trainid_classes(SimpleNamespace(class_names=None, num_network_classes=lambda: 7))
+    assert trainid_classes(SimpleNamespace(class_names=None, num_network_classes=lambda: 19)) == tuple(range(19))
+
+
 def mask_batch():
     """Two 64 x 64 frames: frame 0 road on the left, car on the right, an OOD square and a void strip; frame 1
     building with an OOD square over it. Their ID classes' masks by hand (trainIds, in sorted order)."""

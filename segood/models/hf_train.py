@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from segood.io import atomic_output
-from segood.labels import NUM_CLASSES
-from segood.models.adapters import class_indices
+from segood.labels import CLASS_NAMES, NUM_CLASSES
+from segood.models.adapters import _normalised, _some, class_indices
 from segood.models.checkpoint import safe_load
 from segood.models.hf import load_hf, mask_semantic_scores
 from segood.models.losses import rba_oe_loss
@@ -36,13 +36,19 @@ RECORD = "segood.json"  # the OE record beside the weights of a fine-tuned folde
 def trainid_classes(network):
     """The network's class index of each Cityscapes trainId: by name, or 0..18 for a network of 19 unnamed (or
     otherwise named) classes; a ValueError for a network that cannot be trained on trainIds."""
-    names = network.class_names
+    names, count = network.class_names, network.num_network_classes()
     try:
-        return class_indices(names if names is not None else network.num_network_classes(), "cityscapes")
-    except ValueError as err:
-        if network.num_network_classes() == NUM_CLASSES:
+        return class_indices(names if names is not None else count, "cityscapes")
+    except ValueError:
+        if count == NUM_CLASSES:
             return tuple(range(NUM_CLASSES))  # 19 classes in trainId order
-        raise ValueError(f"the network's classes cannot be trained on Cityscapes trainIds: {err}") from None
+        found = {_normalised(name) for name in names or ()}
+        missing = [name for name in CLASS_NAMES if _normalised(name) not in found]
+        raise ValueError(f"segood train --init-type hf fine-tunes on Cityscapes trainIds: the network needs the 19 "
+                         "Cityscapes classes, by their names (its config.json's id2label) or as 19 classes in "
+                         f"trainId order; it has {count} classes"
+                         + (f" ({_some(names)}) and no class named {', '.join(map(repr, missing))}" if names else "")
+                         ) from None
 
 
 class MaskLearner:
