@@ -7,6 +7,7 @@ import os
 import signal
 import tempfile
 import threading
+import time
 import zipfile
 import zlib
 from contextlib import contextmanager
@@ -126,7 +127,7 @@ def exclusive(path, what="writer", *, inside=False):
         raise
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _flock_soon(fd)
             if os.fstat(fd).st_ino != os.stat(lock).st_ino:  # removed by the holder that just finished
                 raise BlockingIOError
         except (BlockingIOError, FileNotFoundError):
@@ -138,6 +139,21 @@ def exclusive(path, what="writer", *, inside=False):
             lock.unlink(missing_ok=True)
     finally:
         os.close(fd)
+
+
+def _flock_soon(fd, wait=0.5):
+    """An exclusive flock on ``fd``, waiting up to ``wait`` seconds for a :func:`held` that looks meanwhile (its
+    shared lock lasts an instant); BlockingIOError where a writer holds it."""
+    import fcntl
+
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def held(path, *, inside=False):

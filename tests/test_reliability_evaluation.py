@@ -94,6 +94,23 @@ def test_nan_logits_are_named_as_the_networks(small_set, tmp_path):
         evaluate(NanLogits(), [small_set], ["max_logit", "energy"], progress=False, figures=False)
 
 
+def test_a_run_starting_while_another_process_looks_at_its_folder_is_not_refused(tmp_path):
+    """segood report looks whether a run holds its folder with a shared lock for an instant: a run claiming the
+    folder in that instant waits for the look to end."""
+    import fcntl
+    import os
+    import threading
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / ".lock").touch()
+    look = os.open(folder / ".lock", os.O_RDONLY)
+    fcntl.flock(look, fcntl.LOCK_SH)  # (a look, ending in 0.1 s)
+    threading.Timer(0.1, os.close, [look]).start()
+    with RunFolder(folder).claimed():
+        assert RunFolder(folder).in_use()
+
+
 def test_a_second_run_into_a_folder_in_use_is_refused(small_set, tmp_path, capsys, monkeypatch):
     """While a run holds its folder, another one into it is an error, never a silent replacement of its files;
     the lock dies with the run."""
