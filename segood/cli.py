@@ -75,9 +75,10 @@ def _run_metrics(args, arrays):
         identities = {}
     results = {m: {} for m in ev.method_names}
     for (m, s), r in computed(ev).items():
-        per_image = (r or {}).get("per_image_mean") or {}
+        per_image, bounds = ((r or {}).get(key) or {} for key in ("per_image_mean", "bounds"))
         results[m][s] = {"pooled": {k: _defined(r.get(k, "nan")) for k in METRICS} if r else {},
                          "per_image_mean": {k: _defined(per_image[k]) for k in METRICS if k in per_image},
+                         "bounds": {k: [_defined(v) for v in bounds[k]] for k in METRICS if k in bounds},
                          "n_id": int(r["n_id"]) if r else 0, "n_ood": int(r["n_ood"]) if r else 0}
     sets = {s: {**identities.get(s, {}), "frames": ev.images[s]} for s in ev.set_names}
     print(summary_text({"results": results, "sets": sets}), end="")

@@ -115,6 +115,9 @@ def test_metrics_reads_a_run_state(run, capsys):
             assert rows[m]["AUROC"] == pytest.approx(pooled["auroc"], abs=5e-5)
             assert rows[m]["FPR95"] == pytest.approx(pooled["fpr95"], abs=5e-5)
     assert "SegmentMeIfYouCan" in printed  # the sets' sources from run.json beside the state
+    from segood.evaluation.report import summary_text
+
+    assert printed == summary_text(doc)  # what evaluate printed, with its ≈ marks
     assert main(["metrics", str(out / "state.npz"), "--curves", str(out / "c.csv")]) == 2
     assert "is an evaluation state" in capsys.readouterr().err
 
