@@ -643,20 +643,33 @@ def test_bold_intervals_ranks_and_csv_rows_follow_each_metrics_direction_and_agg
         assert row["n_images"] == ("" if pooled else str(r["per_image_mean"]["n_images"]))
 
 
-def test_monte_carlo_dropout_is_seeded_by_the_seed_the_set_and_the_batchs_first_frame(sets, tmp_path):
-    """Each batch draws its own dropout masks, from seed × 1000003 + set index × 10007 + its first frame, so a
-    resumed or sharded run draws the same; the same masks for every batch would score alike frames alike."""
-    from segood.methods.schedule import score_frames
+def test_monte_carlo_dropout_is_seeded_by_the_seed_the_set_and_the_frame_in_any_batch(sets, tmp_path):
+    """Each frame draws its own dropout masks, from sha256 of (seed, set, frame), so a run in batches of another size,
+    with its sets in another order, resumed or sharded draws the same; the same masks for every frame would score
+    alike frames alike."""
+    from segood.methods.schedule import frame_seeds, score_frames
 
     model, paths = tiny_network("dropout"), {"cs": sets / "cs.h5", "perlin_mixed": sets / "perlin_mixed.h5"}
+    assert frame_seeds(0, "cs", [0, 1]) == [464411759021519098, 6835149610321464522]  # (its literal values)
     doc = evaluate(model, paths, ["varsum"], tmp_path / "run", batch_size=1, progress=False, figures=False,
                    bootstrap=None)
-    for set_index, (name, path) in enumerate(paths.items()):
+    for name, path in paths.items():
         data = H5SegmentationDataset(path)
         for frame in range(2):
             want = score_frames(model, data[frame]["image"][None], [get_method("varsum")],
-                                mc_seed=set_index * 10_007 + frame).scores[0][0]
+                                mc_seeds=frame_seeds(0, name, [frame])).scores[0][0]
             np.testing.assert_array_equal(doc.state.examples[(name, frame)]["score_varsum"], want.float().numpy())
+    both = score_frames(model, torch.stack([data[0]["image"], data[1]["image"]]), [get_method("varsum")],
+                        mc_seeds=frame_seeds(0, name, [0, 1])).scores[0]
+    assert not torch.equal(both[0], both[1])
+    for frame in range(2):  # the frame's samples in a batch of two: its own, to the network's last bits
+        np.testing.assert_allclose(both[frame].numpy(), doc.state.examples[(name, frame)]["score_varsum"],
+                                   rtol=1e-4, atol=1e-6)
+    other = evaluate(model, dict(reversed(paths.items())), ["varsum"], None, batch_size=3, progress=False,
+                     figures=False, bootstrap=None)
+    for name in paths:
+        assert other["results"]["varsum"][name]["pooled"]["auroc"] == pytest.approx(
+            doc["results"]["varsum"][name]["pooled"]["auroc"], abs=1e-6)
 
 
 def test_a_pooled_value_is_too_coarse_where_either_bound_lies_beyond_a_hundredth():

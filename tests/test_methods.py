@@ -192,11 +192,10 @@ def test_score_batch_schedules_from_the_declared_needs(sets):
     assert [m.needs for m in methods] == [Needs(forward=True), Needs("dropout", samples=4),
                                           Needs("dropout", samples=2), Needs("dropout", samples=4),
                                           Needs(perturbs=True)]
-    batch = score_batch(model, x, methods, mc_seed=7)
+    batch = score_batch(model, x, methods, mc_seeds=[7, 8])
     with torch.no_grad():
         output = model(x)
-        torch.manual_seed(7)
-        samples = model.mc_logits(x, samples=4)
+        samples = model.mc_logits(x, samples=4, seeds=[7, 8])
     torch.testing.assert_close(batch.classes, output.logits.argmax(1))
     torch.testing.assert_close(batch.scores[0], functional.entropy_from_logits(output.logits))
     torch.testing.assert_close(batch.scores[1], varsum(samples.softmax(2)))
@@ -237,10 +236,9 @@ def test_a_monte_carlo_method_registers_itself_beside_the_built_in_ones(sets, tm
         x = preprocess(next(iter(loader(sets / "perlin_mixed.h5", 2)))["image"])
         methods = [get_method("sample_spread", samples=4), get_method("varsum", samples=4),
                    get_method("mutual_info", samples=4)]
-        batch = score_batch(model, x, methods, mc_seed=3)
+        batch = score_batch(model, x, methods, mc_seeds=[3, 4])
         with torch.no_grad():
-            torch.manual_seed(3)
-            samples = model.mc_logits(x, samples=4)
+            samples = model.mc_logits(x, samples=4, seeds=[3, 4])
         torch.testing.assert_close(batch.scores[0], samples.softmax(2).amax(2).std(0))
         torch.testing.assert_close(batch.scores[1], varsum(samples.softmax(2)))
         torch.testing.assert_close(batch.scores[2], mutual_info(samples.softmax(2)))

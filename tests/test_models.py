@@ -89,6 +89,12 @@ def test_dropout_is_stochastic_only_for_monte_carlo():
         features = model.penultimate(x)
         separate = torch.stack([model.head(features, (64, 64), stochastic=True)[0] for _ in range(3)])
         torch.testing.assert_close(mc, separate)
+        # seeded per frame: a frame's samples in a batch are its samples alone, whatever the global generator
+        both = model.mc_logits(x, samples=3, features=features, seeds=[5, 6])
+        torch.manual_seed(7)
+        alone = model.mc_logits(x[1:], samples=3, features=features[1:], seeds=[6])
+        torch.testing.assert_close(both[:, 1], alone[:, 0])
+        assert not torch.allclose(both[:, 1], model.mc_logits(x[1:], samples=3, features=features[1:], seeds=[5])[:, 0])
     with pytest.raises(ValueError, match="dropout"):
         build_model("pspnet", "resnet18").mc_logits(x)
 

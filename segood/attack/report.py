@@ -81,7 +81,7 @@ def example_figure(path, model, method, set_path, *, count=4, mc_seed=0):
         item = dataset[k]
         with torch.no_grad():
             score = score_batch(model, preprocess(item["image"][None].to(device)), [method],
-                                mc_seed=mc_seed).scores[0][0].float().cpu().numpy()
+                                mc_seeds=[mc_seed]).scores[0][0].float().cpu().numpy()
         region = item["ood_mask"].numpy() == 1
         lo, hi = np.percentile(score[~region], [1, 99]) if (~region).any() else (score.min(), score.max())
         axes[0, k].imshow(item["image"].permute(1, 2, 0).numpy())

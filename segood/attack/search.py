@@ -89,7 +89,7 @@ def calibrate(model, methods, scenes, *, seed=0):
     confidences = []
     for scene in scenes:
         batch = score_batch(model, _image_tensor(scene.image, device), methods,
-                            mc_seed=_mc_seed(seed, scene.frame_id, "calibrate"))
+                            mc_seeds=[_mc_seed(seed, scene.frame_id, "calibrate")])
         ids = torch.from_numpy(scene.ood_mask == ID).to(device)
         confidences.append(float(confidence_map(batch.output.logits)[0][ids].mean()) if ids.any() else None)
         for method, score in zip(methods, batch.scores):
@@ -112,7 +112,8 @@ class Target:
 
     def evaluate(self, candidate, mc_seed=None):
         """(mean score over the region, its confidence) of a :class:`~segood.attack.space.Candidate`."""
-        batch = score_batch(self.model, _image_tensor(candidate.image, self.device), [self.method], mc_seed=mc_seed)
+        batch = score_batch(self.model, _image_tensor(candidate.image, self.device), [self.method],
+                            mc_seeds=None if mc_seed is None else [mc_seed])
         region = torch.from_numpy(candidate.region).to(self.device)
         return float(batch.scores[0][0][region].double().mean()), region_confidence(batch.output.logits, candidate.region)
 

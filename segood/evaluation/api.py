@@ -69,8 +69,9 @@ def evaluate(model: torch.nn.Module | Scorer, sets: dict[str, str | Path] | list
             are given. Every option is documented there and checked there, once.
 
     Under ``torchrun`` (an initialised process group) each rank evaluates a contiguous block of each set's frames
-    and the counts are all-reduced; rank 0 writes the outputs. Results equal a single-process run exactly, but those of
-    the Monte-Carlo methods: their dropout is seeded per batch (by its first frame), and the batches differ.
+    and the counts are all-reduced; rank 0 writes the outputs. Results equal a single-process run's (the Monte-Carlo
+    methods' too: each frame's dropout masks are seeded by the frame; the network's own arithmetic on batches of
+    other sizes may differ in the last bits).
     """
     options = EvaluateOptions.of(options, **keywords)
     if out_dir is None and options.resume:

@@ -184,7 +184,7 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
     from segood.data.benchmarks import split_name
     from segood.data.h5 import H5SegmentationDataset, frame_ids, frame_loader, read_manifest
     from segood.methods import get_method
-    from segood.methods.schedule import fit_methods, refuse_unrecordable, score_batch, unfitted_methods
+    from segood.methods.schedule import fit_methods, frame_seeds, refuse_unrecordable, score_batch, unfitted_methods
     from segood.models.external import as_network
     from segood.models.network import device_of, preprocess
 
@@ -221,7 +221,8 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
                     files[m.name] = stack.enter_context(_h5_output(targets[m.name]))
             loader = frame_loader(dataset, batch_size)
             for batch in tqdm(loader, desc=f"export {set_name}", unit="batch", disable=not progress):
-                scored = score_batch(model, preprocess(batch["image"].to(device)), methods)
+                scored = score_batch(model, preprocess(batch["image"].to(device)), methods,
+                                     mc_seeds=frame_seeds(0, set_name, batch["frame_id"]))
                 for method, scores in zip(methods, scored.scores):
                     for frame_id, score in zip(batch["frame_id"], scores.float().cpu().numpy()):
                         if layout == "segood":

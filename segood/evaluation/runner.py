@@ -37,7 +37,7 @@ from segood.evaluation.reading import UnreadableFrame, batch_reader, default_wor
 from segood.io import make_folder, read_npz, write_npz
 from segood.labels import NUM_CLASSES
 from segood.methods import METHODS, get_method
-from segood.methods.schedule import check_methods, compiled, refuse_unrecordable, score_frames
+from segood.methods.schedule import check_methods, compiled, frame_seeds, refuse_unrecordable, score_frames
 from segood.methods.methods import served_heads
 from segood.methods.scorer import Scorer
 from segood.models.network import device_of
@@ -587,8 +587,8 @@ def run(model, sets, methods, out_dir, options, *, rank=0, world_size=1, seed=0,
     the run chooses its component thresholds, a components pass over the sets follows the pixel pass (only the
     methods and sets with a threshold).
 
-    Monte-Carlo dropout is seeded per batch from (seed, set, first frame), so a resumed run draws the same
-    samples as an uninterrupted one (for the same batch size and sharding)."""
+    Monte-Carlo dropout is seeded per frame from (seed, set, frame), so a resumed, sharded or re-batched run draws
+    the samples of an uninterrupted one."""
     grid, components, official = options.grid, options.components, options.official
     scorer = isinstance(model, Scorer)
     if scorer and quality:
@@ -865,12 +865,11 @@ class _Loop:
             # accumulators read from it they waited for; the per-class sums still queued are not waited for)
 
     def score(self, set_name, batch, indices, methods):
-        """The batch's scores (:func:`score_frames`), Monte-Carlo dropout seeded by (seed, set, first frame)."""
-        set_index = list(self.datasets).index(set_name)
+        """The batch's scores (:func:`score_frames`), each frame's Monte-Carlo dropout seeded by (seed, set, frame)."""
         images = batch["image"].to(self.device, non_blocking=True)
         try:
             scored = score_frames(self.model, images, methods, out=self.inputs.of(images.shape, self.device),
-                                  mc_seed=self.seed * 1_000_003 + set_index * 10_007 + indices[0], amp=self.amp)
+                                  mc_seeds=frame_seeds(self.seed, set_name, indices), amp=self.amp)
         except ValueError as err:  # e.g. a scorer's misshapen or NaN scores (chained: where a scorer raised it)
             raise ValueError(f"{set_name}: frames {indices}: {err}") from err
         return scored

@@ -13,6 +13,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -98,14 +99,23 @@ def check_methods(model, methods):
                              "(segood evaluate --fit-set)")
 
 
-def score_batch(model, x, methods, *, mc_seed=None, amp=None):
+def frame_seeds(seed, key, frames):
+    """The Monte-Carlo seed of each of the ``frames`` (indices or frame ids) of the set ``key`` (its name in a
+    run): the first 63 bits of sha256 of (seed, key, frame), the same for a frame whatever batch, shard or order of
+    sets it comes in."""
+    return [int.from_bytes(hashlib.sha256(f"{seed}/{key}/{frame}".encode()).digest()[:8], "little") >> 1
+            for frame in frames]
+
+
+def score_batch(model, x, methods, *, mc_seeds=None, amp=None):
     """Score ``methods`` on ImageNet-normalised images ``x`` (N, 3, H, W) on the model's device.
 
     Frames of any size: where the network needs sides divisible by its stride (``model.input_multiple``),
     ``x`` is padded at the bottom and right with zeros (the mean colour) and every output cropped back, so the
     padding is never scored (it does enter the gradient of a perturbing method's objective).
-    ``mc_seed``: seed of the dropout masks (drawn right before sampling), so that a resumed or sharded run
-    draws the samples of an uninterrupted one. Logits (and confidence) at another resolution than ``x`` are
+    ``mc_seeds``: one seed per frame (:func:`frame_seeds`) for its dropout masks, so that a frame draws the same
+    samples in any batch: a resumed, sharded or re-batched run those of any other (None: torch's global
+    generator). Logits (and confidence) at another resolution than ``x`` are
     resized to it bilinearly, with the model's ``align_corners`` (False where it declares none), before any
     method sees them, in the perturbing methods' objectives too. ``amp`` ("fp16", "bf16"): the forward passes
     and Monte-Carlo samples under autocast in that precision, their outputs widened to float32 before scoring.
@@ -139,10 +149,11 @@ def score_batch(model, x, methods, *, mc_seed=None, amp=None):
                       lambda m, out: m.from_output(out), output, scores, clock)
         sampled = [k for k, n in enumerate(needs) if n.samples]
         if sampled:
-            if mc_seed is not None:
-                torch.manual_seed(mc_seed)
+            if mc_seeds is not None and len(mc_seeds) != len(x):
+                raise ValueError(f"mc_seeds: one seed per frame, {len(x)}, got {len(mc_seeds)}")
             with network():
-                logits = model.mc_logits(x, samples=max(needs[k].samples for k in sampled), features=output.features)
+                logits = model.mc_logits(x, samples=max(needs[k].samples for k in sampled), features=output.features,
+                                         seeds=mc_seeds)
             logits = _widened(logits)
             if tuple(logits.shape[-2:]) != size:
                 logits = F.interpolate(logits.flatten(0, 1), size=size, mode="bilinear",
@@ -184,14 +195,14 @@ def check_compile_backend(backend):
         raise ValueError(f"compile: unknown torch.compile backend {backend!r}; known here: {', '.join(known)}")
 
 
-def score_frames(model, images, methods, *, mc_seed=None, amp=None, out=None):
+def score_frames(model, images, methods, *, mc_seeds=None, amp=None, out=None):
     """Score uint8 RGB frames ``images`` (N, 3, H, W) on the model's device: a
     :class:`~segood.methods.scorer.Scorer` (``methods`` is ``[model]``) gets them contiguous (a device's batches
     from the readers are channels last), a network their ImageNet-normalised copy (:func:`score_batch`, with
     ``amp``), written into ``out`` where given (see :func:`~segood.models.network.preprocess`). Returns a
     :class:`ScoredBatch`."""
     if not getattr(model, "scores_frames", False):  # (a Scorer: it returns the anomaly scores itself)
-        return score_batch(model, preprocess(images, out), methods, mc_seed=mc_seed, amp=amp)
+        return score_batch(model, preprocess(images, out), methods, mc_seeds=mc_seeds, amp=amp)
     check_methods(model, methods)
     clock = _Clock(images.device)
     with for_network(images.device):

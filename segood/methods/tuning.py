@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from segood.data.h5 import set_identity
 from segood.methods.methods import LINEAR_FORMS, check_grid, get_method
-from segood.methods.schedule import score_batch
+from segood.methods.schedule import frame_seeds, score_batch
 from segood.metrics import METRICS, make_accumulator
 from segood.models.external import as_network
 from segood.models.network import device_of, evaluation_mode, preprocess
@@ -64,10 +64,14 @@ def tune(method_name, model, loader, grid, *, metric="auroc", tuning_set=None, m
     accumulators = [make_accumulator(metric_grid) for _ in points]
     with evaluation_mode(as_network(model)) as model:  # (any nn.Module returning logits, as evaluate takes it)
         device = device_of(model)
+        done = 0
         for batch in tqdm(loader, desc=f"tune {method_name} ({len(points)} points)", disable=not progress):
             x = preprocess(batch["image"].to(device))
             labels = batch["ood_mask"].to(device)
-            for scores, acc in zip(score_batch(model, x, methods).scores, accumulators):
+            frames = batch.get("frame_id", range(done, done + len(x)))  # (a loader of frames without ids: their order)
+            done += len(x)
+            for scores, acc in zip(score_batch(model, x, methods, mc_seeds=frame_seeds(0, "tune", frames)).scores,
+                                   accumulators):
                 acc.update(scores, labels)
     table = []
     for params, acc in zip(points, accumulators):

@@ -115,16 +115,23 @@ class SegmentationNetwork(nn.Module):
             confidence = torch.sigmoid(_upsample(self.confidence_branch(features), size))
         return logits, confidence
 
-    def _dropout(self, features, stochastic):
+    def _dropout(self, features, stochastic, generators=None):
         """The ``dropout`` head's dropout: ``F.dropout`` in training; for Monte-Carlo sampling in eval mode the
-        same Bernoulli(1 - p) mask scaled by 1 / (1 - p), drawn with ``torch.rand`` (3x faster on CPU than the
-        ``bernoulli_`` behind ``F.dropout``; training keeps the stream the shipped checkpoints were made with)."""
+        same Bernoulli(1 - p) mask scaled by 1 / (1 - p), drawn from uniform noise (3x faster on CPU than the
+        ``bernoulli_`` behind ``F.dropout``; training keeps the stream the shipped checkpoints were made with):
+        frame n's from ``generators[n]``, or all from torch's global generator."""
         if self.config.head != "dropout" or not (self.training or stochastic):
             return features
         if self.training:
             return F.dropout(features, self.config.dropout_p, training=True)
         keep = 1.0 - self.config.dropout_p
-        return features * ((torch.rand_like(features) < keep) * (1.0 / keep))
+        if generators is None:
+            noise = torch.rand_like(features)
+        else:
+            noise = torch.empty_like(features)
+            for frame, generator in zip(noise, generators):
+                frame.uniform_(generator=generator)
+        return features * ((noise < keep) * (1.0 / keep))
 
     @property
     def input_multiple(self):
@@ -141,15 +148,19 @@ class SegmentationNetwork(nn.Module):
         logits, confidence = self.head(features, x.shape[-2:])
         return SegOutput(logits, features, confidence)
 
-    def mc_logits(self, x, samples=8, features=None):
+    def mc_logits(self, x, samples=8, features=None, seeds=None):
         """(T, N, C, H, W) logits of T Monte-Carlo dropout samples; encoder and decoder run once, only the
         stochastic head T times (Kendall et al. 2015; Mukhoti & Gal 2018), upsampled in one call (no stacking
         copy). Equal to T calls of ``head(features, size, stochastic=True)`` in the same random stream.
-        ``features``: ``penultimate(x)`` when already computed (by an evaluation's forward pass, in eval mode)."""
+        ``features``: ``penultimate(x)`` when already computed (by an evaluation's forward pass, in eval mode).
+        ``seeds``: one per frame, whose dropout masks then come from a generator of its own seeded with it, so
+        that a frame's samples are the same in any batch (None: all from torch's global generator)."""
         if self.config.head != "dropout":
             raise ValueError(f"mc_logits needs the 'dropout' head; this network has {self.config.head!r}")
         features = self.penultimate(x) if features is None else features
-        low = torch.cat([self.classifier(self._dropout(features, stochastic=True)) for _ in range(samples)])
+        generators = None if seeds is None else [torch.Generator(features.device).manual_seed(int(seed))
+                                                 for seed in seeds]
+        low = torch.cat([self.classifier(self._dropout(features, True, generators)) for _ in range(samples)])
         return _upsample(low, x.shape[-2:]).view(samples, x.shape[0], low.shape[1], *x.shape[-2:])
 
 
