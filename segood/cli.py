@@ -3,6 +3,7 @@
 import argparse
 import json
 import os
+import re
 import sys
 
 from segood.arguments import device, natural, non_negative_float, positive_float, positive_int
@@ -68,6 +69,7 @@ def _run_metrics(args, arrays):
         raise ValueError(f"{args.state} is an evaluation state, one accumulator per method and set: --curves writes "
                          "one accumulator's counts; the run's curves are drawn in its figures/ (segood report RUN)")
     ev = Evaluation.from_arrays(arrays, args.state)
+    ev.warn_unregistered()
     run = args.state.parent / "run.json"
     try:
         identities = json.loads(run.read_text()).get("sets", {})
@@ -690,9 +692,9 @@ def grid_options(args):
 
 
 def build_parser(*, adapters=True):
-    """The whole parser. ``adapters=False`` leaves out the options of each ``segood convert DATASET`` (which import
-    the dataset adapters, h5py and OpenCV) and lists the datasets by name only: ``main`` passes it unless the
-    command is ``convert`` with a dataset named."""
+    """The whole parser. ``adapters``: the datasets of ``segood convert DATASET`` whose options it holds (which
+    imports the dataset adapters, h5py and OpenCV): True every one's, a name that one's, False none (the others
+    listed by name only); ``main`` passes the dataset that the command converts, or False."""
     from pathlib import Path
 
     # Plain name tuples, not the registries: the registries' modules import torch, numba and albumentations.
@@ -702,8 +704,9 @@ def build_parser(*, adapters=True):
 
     method_choices, metric_choices = method_names(), metric_names()  # with what a plugin registered
 
-    parser = _Parser(
-        prog="segood", description="segood: pixel-level out-of-distribution detection benchmark for semantic segmentation.")
+    parser = _Parser(  # (no abbreviations: main reads --plugin before the parser, by its whole name)
+        prog="segood", description="segood: pixel-level out-of-distribution detection benchmark for semantic segmentation.",
+        allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"segood {__version__}")
     parser.add_argument("--plugin", action="append", metavar="MODULE",
                         help="import MODULE first (repeatable; from the current folder or PYTHONPATH): the methods, "
@@ -738,11 +741,10 @@ def build_parser(*, adapters=True):
     common.add_argument("--strict", action="store_true", help="fail on the first frame that cannot be converted")
     common.add_argument("--overwrite", action="store_true", help="replace an existing output")
     add_quiet(common)
-    if adapters:
-        for name, adapter in _adapters(adapters).items():
-            adapter.add_arguments(kinds.add_parser(name, parents=[common], help=adapter.help.replace("%", "%%")))
-    else:  # listed by name and help only (segood.names): their options are read once a dataset is named
-        for name, text in adapter_help().items():
+    for name, text in adapter_help().items():  # (their options read from the adapter once a dataset is named)
+        if adapters is True or adapters == name:
+            _add_adapter(kinds.add_parser(name, parents=[common], help=text.replace("%", "%%")), name)
+        else:
             kinds.add_parser(name, help=text.replace("%", "%%"))
     mixer = kinds.add_parser("mix", help="OOD set + ID frames (e.g. Cityscapes val) -> an evaluation set")
     mixer.add_argument("--ood", type=Path, required=True)
@@ -1030,6 +1032,14 @@ class _Parser(argparse.ArgumentParser):
         return parsed
 
 
+    def error(self, message):
+        """argparse's error; a name not among the registered methods, metrics or datasets also points to
+        --plugin."""
+        if re.match(r"argument (--methods|--metric|--rank-by|DATASET): invalid choice", message):
+            message += " (one your own module registers: segood --plugin MODULE ...)"
+        super().error(message)
+
+
 class _Extend(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         given = getattr(namespace, self.dest, None)
@@ -1054,12 +1064,17 @@ def _warnings_in_one_line(command):
     warnings.showwarning = show
 
 
-def _adapters(wanted):
-    if not wanted:
-        return {}
+def _add_adapter(parser, name):
+    """The options of ``segood convert NAME``, from its adapter; a ValueError where they clash with the shared
+    ones."""
     from segood.data.registry import ADAPTERS
 
-    return ADAPTERS
+    try:
+        ADAPTERS[name].add_arguments(parser)
+    except argparse.ArgumentError as err:
+        raise ValueError(f"dataset adapter {name}: its add_arguments declares an option segood convert has already "
+                         f"({err}): --out, --size, --workers, --strict, --overwrite and -q are every dataset's; name "
+                         "its own options otherwise") from None
 
 
 def main(argv=None):
@@ -1075,10 +1090,19 @@ def main(argv=None):
         for module in plugins:  # (before the parser: what they register joins its choices)
             import_user_module(f"--plugin {module}", module)
     except ValueError as err:
+        if os.environ.get("SEGOOD_TRACEBACK"):
+            raise
         print(f"segood: error: {err}{_origin(err)}", file=sys.stderr)
         return 2
-    converting = words[:1] == ["convert"] and len(words) > 1  # a dataset named: its adapter's options are needed
-    args = build_parser(adapters=converting).parse_args(argv)
+    converting = words[:1] == ["convert"] and len(words) > 1 and words[1]  # a dataset named: its adapter's options
+    try:
+        parser = build_parser(adapters=converting)
+    except ValueError as err:  # (a plugin's adapter whose options clash with the shared ones)
+        if os.environ.get("SEGOOD_TRACEBACK"):
+            raise
+        print(f"segood {' '.join(words[:2])}: error: {err}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     from segood._memory import keep_freed_memory
 
     keep_freed_memory()  # (a forward pass on the CPU 1.9-3.0x faster)
@@ -1105,11 +1129,18 @@ def _plugins(argv):
     those modules; a ValueError for a --plugin after the command."""
     plugins, words = [], []
     for k, arg in enumerate(argv):
-        option = arg.partition("=")[0] == "--plugin"
+        flag = arg.partition("=")[0]
+        if not words and len(flag) > 2 and flag != "--plugin" and "--plugin".startswith(flag):
+            raise ValueError(f"{flag}: write --plugin in full")
+        option = flag == "--plugin"
         if option and words:
             raise ValueError(f"--plugin MODULE goes before the command: segood --plugin MODULE {words[0]} ...")
         if option:
             plugins += [arg.partition("=")[2]] if "=" in arg else argv[k + 1:k + 2]
+            if plugins and (plugins[-1].endswith(".py") or "/" in plugins[-1] or "\\" in plugins[-1]):
+                module = os.path.splitext(os.path.basename(plugins[-1]))[0]
+                raise ValueError(f"--plugin {plugins[-1]}: give the module's name, --plugin {module}, from the folder "
+                                 "that holds it (or with that folder on PYTHONPATH)")
         elif not arg.startswith("-") and not (k and argv[k - 1] == "--plugin"):
             words.append(arg)
     return plugins, words

@@ -1,6 +1,7 @@
 """Small file helpers: writes are atomic, so a run that dies never leaves a half-written file."""
 
 import errno
+import io
 import json
 import math
 import os
@@ -115,8 +116,6 @@ def exclusive(path, what="writer", *, inside=False):
     """Hold an exclusive lock on ``path`` (a lock file ``.<name>.lock`` beside it; ``inside``: ``.lock`` in the
     folder ``path``, made where missing) for the block; raises FileExistsError naming the path when another ``what``
     holds it. The lock dies with its process (flock), so a killed writer never leaves ``path`` locked."""
-    import fcntl
-
     path = Path(path)
     make_folder(path if inside else path.parent)
     lock = _lock_file(path, inside)
@@ -218,13 +217,32 @@ def write_npz(path, arrays, *, compressed=False):
     """Write {name: array} (plain arrays, no pickles) as an ``.npz`` file, atomically. ``compressed``: deflate
     every member (True), none (False), or those whose name it accepts (a callable: compress what compresses
     well, store what would only cost time, such as images)."""
+    with atomic_output(path) as tmp:  # (straight into the file: a buffer first would copy every byte twice more)
+        _write_npz(tmp, arrays, compressed)
+
+
+def npz_bytes(arrays, *, compressed=False):
+    """The bytes of :func:`write_npz`'s file."""
+    buffer = io.BytesIO()
+    _write_npz(buffer, arrays, compressed)
+    return buffer.getvalue()
+
+
+def zip_member(name, compress_type=zipfile.ZIP_DEFLATED):
+    """A zip member ``name`` dated 1980-01-01 (the zip format's first day), so that the same content gives the same
+    bytes whenever it is written."""
+    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+    info.compress_type = compress_type
+    return info
+
+
+def _write_npz(target, arrays, compressed):
     import numpy as np
 
     deflate = compressed if callable(compressed) else lambda name: compressed
-    with atomic_output(path) as tmp, zipfile.ZipFile(tmp, "w", allowZip64=True) as archive:  # (straight into the
-        for name, value in arrays.items():  # file: a buffer first would copy every byte twice more)
-            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-            info.compress_type = zipfile.ZIP_DEFLATED if deflate(name) else zipfile.ZIP_STORED
+    with zipfile.ZipFile(target, "w", allowZip64=True) as archive:
+        for name, value in arrays.items():
+            info = zip_member(f"{name}.npy", zipfile.ZIP_DEFLATED if deflate(name) else zipfile.ZIP_STORED)
             with archive.open(info, "w", force_zip64=True) as member:
                 np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
 

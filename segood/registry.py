@@ -12,6 +12,23 @@ T = TypeVar("T")
 RESERVED = (".", "..", "all")  # ('all': every method, to --methods)
 
 
+MAX_NAME_BYTES = 100  # (a name and the words around it in a file name stay within the usual 255 bytes)
+
+
+def check_name(kind: str, name, reserved=RESERVED):
+    """Refuse a ``kind``'s name that cannot name files and folders or be a word of the command line: empty, longer
+    than :data:`MAX_NAME_BYTES` bytes, with a path separator or a control character, starting with -, or one of
+    ``reserved``."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a {kind} needs a non-empty name, got {name!r}")
+    odd = ("/" in name or "\\" in name or name in reserved or name.startswith("-")
+           or any(ord(c) < 32 or ord(c) == 127 for c in name) or len(name.encode()) > MAX_NAME_BYTES)
+    if odd:
+        raise ValueError(f"a {kind} name names files and folders and is a word of the command line: {name!r} "
+                         f"cannot be one (at most {MAX_NAME_BYTES} bytes, no path separators or control characters, "
+                         f"no leading -, nor {', '.join(map(repr, reserved))})")
+
+
 class Registry(dict):
     """Name -> a registered definition (a class or object with a ``name``), for one ``kind`` of thing.
 
@@ -20,18 +37,15 @@ class Registry(dict):
     valid ones. ``reserved``: names the command line gives another meaning, refused besides :data:`RESERVED`.
     """
 
+    kind, reserved = "definition", RESERVED  # (class defaults: a pickled registry adds its items before its fields)
+
     def __init__(self, kind: str, *, reserved: tuple = ()):
         super().__init__()
         self.kind, self.reserved = kind, RESERVED + tuple(reserved)
 
     def add(self, name: str, value: T, *, replace: bool = False) -> T:
         """Register ``value`` as ``name``; returns ``value``."""
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"a {self.kind} needs a non-empty name, got {name!r}")
-        if "/" in name or "\\" in name or name in self.reserved:  # (names become file and folder names)
-            raise ValueError(f"a {self.kind} name names files and folders and is a word of the command line: "
-                             f"{name!r} cannot be one (no path separators, nor "
-                             f"{', '.join(map(repr, self.reserved))})")
+        check_name(self.kind, name, self.reserved)
         if not replace and self.get(name, value) is not value:
             raise ValueError(f"a {self.kind} named {name!r} is registered already ({self[name]!r}); pass "
                              "replace=True to replace it, or choose another name")
@@ -57,7 +71,7 @@ class Registry(dict):
         self.update(other)
         return self
 
-    def setdefault(self, name: str, value=None):
+    def setdefault(self, name: str, value):
         return self[name] if name in self else self.add(name, value)
 
     def __missing__(self, name: str):

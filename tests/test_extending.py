@@ -2,6 +2,7 @@
 reach the CLI's --help, the converter / evaluation report and the leaderboard without any other file edited."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -330,31 +331,100 @@ def test_a_plugin_module_reaches_every_command(plugin, tmp_path, capsys):
     assert main(["--plugin", "notaplugin", *run]) == 2
     assert "--plugin notaplugin: no module 'notaplugin' in the current folder" in capsys.readouterr().err
 
-    dict.pop(METRICS, "plugin_tpr05")  # the report rebuilt without the metric: the column is gone, and said to be
-    with pytest.warns(UserWarning, match="results.json had plugin_tpr05, which no metric registered now computes"):
-        assert main(["report", "run", "-q"]) == 0
+    assert main(["--plug", plugin, *run]) == 2  # (argparse's abbreviations would import nothing)
+    assert "segood: error: --plug: write --plugin in full" in capsys.readouterr().err
+    assert main(["--plugin", f"./{plugin}.py", *run]) == 2
+    assert f"--plugin ./{plugin}.py: give the module's name, --plugin {plugin}," in capsys.readouterr().err
+    (tmp_path / "broken.py").write_text("raise RuntimeError('boom')\n")
+    assert main(["--plugin", "broken", *run]) == 2
+    assert "--plugin broken: importing broken failed (RuntimeError: boom) (raised at " in capsys.readouterr().err
+    os.environ["SEGOOD_TRACEBACK"] = "1"
+    try:
+        with pytest.raises(ValueError, match="importing broken failed"):
+            main(["--plugin", "broken", *run])
+    finally:
+        del os.environ["SEGOOD_TRACEBACK"]
+
+    dict.pop(METRICS, "plugin_tpr05")  # without the metric: each report says the column is gone, a resume refuses
+    for _ in range(2):
+        with pytest.warns(UserWarning, match="the run counted plugin_tpr05, which no metric registered now computes"):
+            assert main(["report", "run", "-q"]) == 0
     results = json.loads((tmp_path / "run" / "results.json").read_text())["results"]
     assert "plugin_tpr05" not in results["max_softmax"]["s"]["pooled"]  # (the per-image means, kept in the state,
     assert "plugin_tpr05" in results["max_softmax"]["s"]["per_image_mean"]  # stay)
+    assert main([*run, "--methods", "plugin_brightness", "max_softmax", "--resume"]) == 2
+    assert "counts plugin_tpr05 per image, which no metric registered now computes: resume with the module that " \
+        "registers it (segood --plugin MODULE evaluate ... --resume" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*run[:-1], "run2", "--methods", "plugin_brightnes"])
+    assert "invalid choice: 'plugin_brightnes'" in (err := capsys.readouterr().err) and "--plugin MODULE" in err
 
     # a method that cannot be built from its name, or whose parameters run.json cannot hold: refused, named
     assert main([f"--plugin={plugin}", *run[:-1], "run3"]) == 2
     assert "method 'plugin_needy' cannot be built from its name and no parameters (missing a required argument: " \
         "'scale')" in capsys.readouterr().err
-    with pytest.raises(ValueError, match=r"method plugin_needy's parameter scale=array\(\[1\]\) \(ndarray\) cannot "
-                                         "be recorded in run.json"):
-        evaluate(tiny_network(), ["s.h5"], [METHODS["plugin_needy"](scale=np.array([1]))], tmp_path / "run4",
-                 progress=False)
+    for scale, shown in ((np.array([1]), r"array\(\[1\]\) \(ndarray\)"), (float("nan"), r"nan \(float\)"),
+                         (float("inf"), r"inf \(float\)")):
+        with pytest.raises(ValueError, match=f"method plugin_needy's parameter scale={shown} cannot be recorded in "
+                                             "run.json: give it as a finite number"):
+            evaluate(tiny_network(), ["s.h5"], [METHODS["plugin_needy"](scale=scale)], tmp_path / "run4",
+                     progress=False)
 
 
-def test_a_nan_parameter_resumes_and_names_alike_once_made_safe_draw_two_figures(sets, tmp_path):
-    """run.json writes a NaN parameter as null: the same run continues. 'toy|max' and 'toy_max' both become the
-    file name per_class_toy_max.png: the second gets a hash of its name instead of replacing the first's."""
-    piped = type("Piped", (MaxLogitToy,), {"name": "toy|max"})
-    methods = [piped(weight=float("nan")), type("Under", (MaxLogitToy,), {"name": "toy_max"})()]
+def test_a_run_resumed_with_another_class_under_a_methods_name_is_refused(sets, tmp_path):
+    """run.json records the class of a method defined outside segood: a plugin that replaced a built-in (or another
+    definition) cannot continue the run of the other one and mix their scores."""
+    first, other = (type(name, (MaxLogitToy,), {"name": "toy"}) for name in ("First", "Other"))
+    run = tmp_path / "run"
+    evaluate(tiny_network(), [sets / "perlin_mixed.h5"], [first()], run, progress=False, bootstrap=None, figures=False)
+    assert json.loads((run / "run.json").read_text())["methods"]["toy"]["class"] == "test_extending.First"
+    with pytest.raises(ValueError, match=r"holds a different run \(methods.toy.class: \"test_extending.First\" -> "
+                                         r"\"test_extending.Other\""):
+        evaluate(tiny_network(), [sets / "perlin_mixed.h5"], [other()], run, progress=False, resume=True)
+    assert "class" not in get_method("energy").describe()  # (segood's own: its name says which)
+
+
+def test_an_adapter_whose_options_clash_breaks_only_its_own_conversion(plugin, tmp_path, capsys):
+    """segood convert builds the options of the dataset it converts only: a plugin's adapter that declares a shared
+    option again is one line of error for its own conversion, and the others convert."""
+
+    class Clashing(Squares):
+        name = "clashing"
+
+        @classmethod
+        def add_arguments(cls, parser):
+            parser.add_argument("--size", type=int)
+
+    ADAPTERS.add("clashing", Clashing)
+    assert main(["convert", "clashing", "--out", "c.h5"]) == 2
+    assert "segood convert clashing: error: dataset adapter clashing: its add_arguments declares an option segood " \
+        "convert has already (argument --size: conflicting option string: --size)" in capsys.readouterr().err
+    assert main([f"--plugin={plugin}", "convert", "plugin_stripes", ".", "--out", "s.h5", "-q"]) == 0
+
+
+def test_registry_names_and_pickling():
+    import pickle
+
+    from segood.registry import Registry
+
+    registry = Registry("thing")
+    registry.add("a", 1)
+    assert pickle.loads(pickle.dumps(registry)) == {"a": 1}  # (items restored before the registry's fields)
+    for name in ("x" * 101, "-x", "a\nb", "a\x00b"):
+        with pytest.raises(ValueError, match="at most 100 bytes, no path separators or control characters"):
+            registry.add(name, 2)
+    for name in ("n_id", "max_iou_threshold", "per_image_mean"):  # (the other values of a result)
+        with pytest.raises(ValueError, match=f"a metric name .*: {name!r} cannot be one"):
+            METRICS.add(name, TOY_METRIC)
+    with pytest.raises(ValueError, match="a dataset adapter name .* 'coverage' cannot be one"):
+        ADAPTERS.add("coverage", Squares)
+
+
+def test_names_alike_once_made_safe_draw_two_figures(sets, tmp_path):
+    """'toy|max' and 'toy_max' both become the file name per_class_toy_max.png: the second gets a hash of its name
+    instead of replacing the first's."""
+    methods = [type("Piped", (MaxLogitToy,), {"name": "toy|max"})(), type("Under", (MaxLogitToy,), {"name": "toy_max"})()]
     run = tmp_path / "run"
     evaluate(tiny_network(), [sets / "perlin_mixed.h5"], methods, run, progress=False, bootstrap=None)
-    assert json.loads((run / "run.json").read_text())["methods"]["toy|max"]["params"] == {"weight": None}
-    evaluate(tiny_network(), [sets / "perlin_mixed.h5"], methods, run, progress=False, bootstrap=None, resume=True)
     drawn = sorted(path.name for path in (run / "figures").glob("per_class_*.png"))
     assert drawn == ["per_class_toy_max-4fc0cce3.png", "per_class_toy_max.png"]  # (sha256 of 'per_class_toy_max.png')

@@ -7,6 +7,7 @@ import os
 import pickle
 import shutil
 import subprocess
+import time
 import zipfile
 
 import numpy as np
@@ -160,11 +161,16 @@ def test_a_track_a_submission_does_not_cover_leaves_it_to_the_others(world, tmp_
     assert all("keeps its masks private" in r["reason"] for r in board["rejected"]) and len(board["rejected"]) == 2
 
 
-def test_same_source_tuning_needs_consent_and_shows(world, tmp_path):
+def test_same_source_tuning_needs_consent_and_shows_and_a_submission_zip_has_no_dates(world, tmp_path, monkeypatch):
     root, _ = world
     with pytest.raises(ValueError, match="same source"):
         submit(root / "run", tmp_path / "odin.zip", method="odin", name="ODIN")
     submit(root / "run", tmp_path / "subs" / "odin.zip", method="odin", name="ODIN", allow_same_source=True)
+    later = time.time() + 86400
+    with monkeypatch.context() as clock:  # (a day later: no dates in the zip)
+        clock.setattr("time.time", lambda: later)
+        submit(root / "run", tmp_path / "again.zip", method="odin", name="ODIN", allow_same_source=True)
+    assert (tmp_path / "again.zip").read_bytes() == (tmp_path / "subs" / "odin.zip").read_bytes()
     board = leaderboard(tmp_path / "subs", root / "bench.json", tmp_path / "board")
     assert "| self-reported; OOD data used; same-source tuning |" in (tmp_path / "board/leaderboard.md").read_text()
     assert board["tracks"]["noise"]["entries"][0]["same_source_tuning"]

@@ -17,7 +17,7 @@ from pathlib import Path
 from segood.registry import Registry
 
 #: Every dataset adapter by name (``segood convert NAME``); ``@register_adapter`` adds one.
-ADAPTERS = Registry("dataset adapter", reserved=("mix",))  # ('segood convert mix': the mixer)
+ADAPTERS = Registry("dataset adapter", reserved=("mix", "coverage"))  # (segood convert's other commands)
 register_adapter = ADAPTERS.register
 
 CITYSCAPES_SIZE = (1024, 2048)  # (H, W): Cityscapes' frames, and the size the paper resizes SUN to

@@ -157,17 +157,13 @@ def write_report(out_dir: str | Path, *, figures: bool = True, bootstrap: Bootst
     ``commit_on``. ``state``: the run's :class:`Evaluation` where it is at hand (else read from the folder)."""
     folder = RunFolder(out_dir)
     ev = Evaluation.load(folder.state()) if state is None else state
+    ev.warn_unregistered()
     run = folder.read_run()
     running = state is None and folder.in_use()  # (a report of a run another process is still writing)
     doc = build_results(run, ev, bootstrap=bootstrap, commit_on=commit_on, running=running)
     if folder.results_json.exists():  # what a caller added to the document (the demo's OE comparison) is kept
         previous = json.loads(folder.results_json.read_text())
         doc = {**{k: v for k, v in previous.items() if k not in doc}, **doc}
-        dropped = sorted(_pooled_keys(previous) - _pooled_keys(doc))
-        if dropped:
-            warnings.warn(f"results.json had {', '.join(dropped)}, which no metric registered now computes: left "
-                          "out (a plugin's metric: segood --plugin MODULE report ...; in Python, import MODULE "
-                          "first)", stacklevel=2)
     write_json(folder.results_json, doc)
     atomic_write_text(folder.results_csv, results_csv(doc))
     atomic_write_text(folder.results_md, results_markdown(doc))
@@ -177,12 +173,6 @@ def write_report(out_dir: str | Path, *, figures: bool = True, bootstrap: Bootst
     for note in _unfinished(run, ev, running):  # (a report of a run stopped, or still going, on its way)
         warnings.warn(note, stacklevel=2)
     return doc
-
-
-def _pooled_keys(doc):
-    """The names of the pooled values of a results document (its metrics, and max_iou_threshold)."""
-    return {key for by_set in (doc.get("results") or {}).values() for result in by_set.values()
-            for key in (result.get("pooled") or {})}
 
 
 def combine_runs(run_dirs: list[str | Path], out_dir: str | Path, *, figures: bool = True,

@@ -42,7 +42,7 @@ from segood.methods.methods import served_heads
 from segood.methods.scorer import Scorer
 from segood.models.network import device_of
 from segood.models.predict import predicted_classes
-from segood.metrics import UndefinedMetricWarning, accumulator_from_state, grid_of, grid_spec, make_accumulator
+from segood.metrics import METRICS, UndefinedMetricWarning, accumulator_from_state, grid_of, grid_spec, make_accumulator
 from segood.metrics.calibration import CalibrationAccumulator
 from segood.metrics.components import PRESETS, ComponentAccumulator
 from segood.metrics.official import (SMIYCComponentAccumulator, check_benchmark, pixel_accumulator,
@@ -346,6 +346,19 @@ class Evaluation(Part):
         """Read a state written by :meth:`save` (never unpickles); a ValueError names the file when it is not one."""
         return cls.from_arrays(_state_arrays(path), path)
 
+    def unregistered_metrics(self):
+        """The metrics the run counted per image that no metric registered now computes (a plugin's, its module not
+        imported), sorted."""
+        return sorted({name for acc in self.acc.values() for name in acc.metric_names} - set(METRICS))
+
+    def warn_unregistered(self):
+        """Warn that a report of this state leaves out the pooled values of :meth:`unregistered_metrics`."""
+        unknown = self.unregistered_metrics()
+        if unknown:
+            warnings.warn(f"the run counted {', '.join(unknown)}, which no metric registered now computes: left out "
+                          "(a plugin's metric: segood --plugin MODULE ...; in Python, import MODULE first)",
+                          stacklevel=3)
+
     def all_reduce(self):
         """Combine the run's state over torch.distributed ranks by its :attr:`reductions` (a no-op without a process
         group): counts and sums are summed; each rank keeps its own example frames and timings; the frames done
@@ -613,6 +626,11 @@ def run(model, sets, methods, out_dir, options, *, rank=0, world_size=1, seed=0,
             raise ValueError(f"{state_path} holds a run of methods {ev.method_names} on sets {ev.set_names} (grid "
                              f"{ev.grid}, official mode {ev.official}), not {names} on {list(sets)} (official mode "
                              f"{official}): use another --out or drop --resume")
+        unknown = ev.unregistered_metrics()
+        if unknown:
+            raise ValueError(f"{state_path} counts {', '.join(unknown)} per image, which no metric registered now "
+                             "computes: resume with the module that registers it (segood --plugin MODULE evaluate "
+                             "... --resume; in Python, import it first)")
     else:
         if options.resume:
             warnings.warn(f"nothing to resume in {folder.path} (no {state_path.name}): the run starts afresh",

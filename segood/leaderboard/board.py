@@ -665,7 +665,7 @@ def _check_benchmark(benchmark, path):
         need(_is_track_name(track), f"the track name {track!r}", "printable text, not blank")
         need(isinstance(spec, dict), at, "an object (rank_by, sets, ...)")
         need(isinstance(spec.get("rank_by"), str) and spec["rank_by"] in METRICS, f"{at}.rank_by",
-             f"one of {sorted(METRICS)}")
+             f"one of {sorted(METRICS)} (a metric of your own module: segood --plugin MODULE leaderboard ...)")
         need(isinstance(spec.get("verified_only", False), bool), f"{at}.verified_only", "true or false")
         need(spec.get("components") in (None, *PRESETS), f"{at}.components", f"one of {sorted(PRESETS)} or absent")
         need(isinstance(spec.get("sets"), dict) and spec["sets"], f"{at}.sets",

@@ -1,16 +1,14 @@
 """Packaging a run into a submission, and validating a submission's JSON against its schema."""
 
 import errno
-import io
 import json
 import re
+import shutil
 import tempfile
 import zipfile
 from pathlib import Path
 
-import numpy as np
-
-from segood.io import atomic_output, exclusive, output_file
+from segood.io import atomic_output, exclusive, npz_bytes, output_file, zip_member
 from segood.leaderboard.maps import map_member
 from segood.leaderboard.safe import Rejected
 from segood.metrics import METRICS
@@ -64,7 +62,7 @@ def submit(run_dir, out, *, method=None, name, description="", allow_same_source
                     identity = _maps_identity(set_name, data.get(set_name), previous)
                     document["sets"][set_name] = {"scores": map_member(set_name), **identity,
                                                   "same_source_tuning": previous.get("same_source_tuning", False)}
-                archive.writestr("submission.json", json.dumps(document, indent=2, allow_nan=False))
+                archive.writestr(zip_member("submission.json"), json.dumps(document, indent=2, allow_nan=False))
         except OSError as err:
             if err.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise OSError(err.errno, f"cannot write {out} ({err.strerror}); free space and rerun: "
@@ -91,7 +89,9 @@ def _add_float16_maps(archive, member, path, data=None):
             write_maps(maps, maps.frame_ids, Path(tmp) / "maps.h5", source=path)
         except Rejected as reason:  # refused here, not by the board after the upload
             raise ValueError(f"score maps {path}: {reason}; the leaderboard would refuse them") from None
-        archive.write(Path(tmp) / "maps.h5", member, compress_type=zipfile.ZIP_STORED)  # lzf inside already
+        with open(Path(tmp) / "maps.h5", "rb") as source, \
+                archive.open(zip_member(member, zipfile.ZIP_STORED), "w", force_zip64=True) as target:  # (lzf inside)
+            shutil.copyfileobj(source, target, 1 << 20)
 
 
 def _maps_identity(set_name, data, previous):
@@ -156,9 +156,7 @@ def _add_states(archive, run_dir, method, name, description, allow_same_source, 
                                       "same_source_tuning": same_source[set_name]}
         if set_name in skip:
             continue
-        npz = io.BytesIO()
-        np.savez(npz, **ev.acc[(method, set_name)].state_dict())
-        archive.writestr(f"states/{set_name}.npz", npz.getvalue())
+        archive.writestr(zip_member(f"states/{set_name}.npz"), npz_bytes(ev.acc[(method, set_name)].state_dict()))
         document["sets"][set_name]["claims"] = {**{m: r["pooled"].get(m) for m in METRICS},
                                                 **{c: r[c] for c in COUNTS}}
     return document

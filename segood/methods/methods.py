@@ -105,9 +105,14 @@ class Method:
                              "another method")
 
     def describe(self):
-        """Name, parameters and whether OOD data shaped it (tuning provenance lives in params['tuning'])."""
+        """Name, parameters and whether OOD data shaped it (tuning provenance lives in params['tuning']); for a
+        method defined outside segood, its class too (a run resumed with another class under the name is
+        refused)."""
         eps = self.params.get("epsilon", 0.0)
-        return {"name": self.name, "params": dict(self.params), "uses_ood_data": bool(eps) or "tuning" in self.params}
+        cls = type(self)
+        own = cls.__module__.partition(".")[0] == "segood"
+        return {"name": self.name, "params": dict(self.params), "uses_ood_data": bool(eps) or "tuning" in self.params,
+                **({} if own else {"class": f"{cls.__module__}.{cls.__qualname__}"})}
 
     def from_output(self, output):
         """(N, H, W) scores from a forward pass (:class:`~segood.models.SegOutput`), higher = more OOD, within
@@ -620,9 +625,11 @@ def get_method(name: str, **params) -> Method:
     try:
         inspect.signature(cls).bind(**params)
     except TypeError as err:
+        fix = (f"give every argument of {cls.__qualname__}.__init__ a default" if "missing" in str(err) else
+               f"let {cls.__qualname__}.__init__ take **params and pass them on to Method.__init__ (tuning records "
+               "its point as params['tuning'])")
         raise ValueError(f"method {name!r} cannot be built from its name and {params or 'no parameters'} ({err}); "
-                         "a registered method is built by name (--methods, methods='all'): give every argument of "
-                         f"{cls.__qualname__}.__init__ a default") from None
+                         f"a registered method is built by name (--methods, methods='all', tuning): {fix}") from None
     return cls(**params)
 
 

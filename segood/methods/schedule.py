@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from segood._threads import for_network
+from segood.registry import check_name
 from segood.models.network import IMAGENET_STD, pad_to_multiple, preprocess, resize_output
 from segood.models.predict import predicted_classes
 
@@ -55,6 +56,8 @@ def refuse_unrecordable(methods):
     """Refuse methods a run cannot record: one name twice (a run's tables and files are named by it; tuning scores
     several points of one method together), or a parameter JSON cannot hold (run.json records them)."""
     names = [method.name for method in methods]
+    for name in names:
+        check_name("method", name)
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
         raise ValueError(f"{', '.join(twice)} named twice: give each method once (its tables and files are named by "
@@ -62,11 +65,11 @@ def refuse_unrecordable(methods):
     for method in methods:
         for key, value in method.params.items():
             try:
-                json.dumps(value)
+                json.dumps(value, allow_nan=False)
             except (TypeError, ValueError):
                 raise ValueError(f"method {method.name}'s parameter {key}={value!r} ({type(value).__name__}) cannot "
-                                 "be recorded in run.json: give it as a number, string, boolean, None, or a list or "
-                                 "dict of these") from None
+                                 "be recorded in run.json: give it as a finite number, string, boolean, None, or a "
+                                 "list or dict of these") from None
 
 
 def unfitted_methods(model, methods, fit_set):

@@ -178,6 +178,7 @@ def write_robustness_report(out_dir, *, figures=True, requirements=None, referen
 
     folder = RunFolder(out_dir)
     ev = Evaluation.load(folder.state())
+    ev.warn_unregistered()
     run = folder.read_run()
     doc = robustness_results(run, ev)
     last = json.loads(folder.results_json.read_text()) if previous and folder.results_json.exists() else {}
