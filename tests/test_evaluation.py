@@ -659,6 +659,8 @@ def test_monte_carlo_dropout_is_seeded_by_the_seed_the_set_and_the_frame_in_any_
             want = score_frames(model, data[frame]["image"][None], [get_method("varsum")],
                                 mc_seeds=frame_seeds(0, name, [frame])).scores[0][0]
             np.testing.assert_array_equal(doc.state.examples[(name, frame)]["score_varsum"], want.float().numpy())
+        called = get_method("varsum")(model, data[1]["image"], seeds=frame_seeds(0, name, [1]))  # (the Python API)
+        np.testing.assert_array_equal(doc.state.examples[(name, 1)]["score_varsum"], called.float().numpy())
     both = score_frames(model, torch.stack([data[0]["image"], data[1]["image"]]), [get_method("varsum")],
                         mc_seeds=frame_seeds(0, name, [0, 1])).scores[0]
     assert not torch.equal(both[0], both[1])

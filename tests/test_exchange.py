@@ -47,6 +47,20 @@ def test_export_then_score_round_trips(world, tmp_path, layout):
             assert got[metric] == pytest.approx(want[metric], abs=1e-12)
 
 
+def test_exported_monte_carlo_maps_are_the_samples_evaluate_draws(world, tmp_path):
+    """Export seeds each frame's dropout masks as segood evaluate does at its seed 0: the same maps, the same
+    counts, in batches of another size."""
+    root, _ = world
+    model, sets = tiny_network("dropout"), {"perlin_mixed": root / "perlin_mixed.h5"}
+    written = export_scores(model, sets, [get_method("varsum")], tmp_path / "out", batch_size=3, progress=False)
+    got = evaluate_score_maps(written[("varsum", "perlin_mixed")], sets["perlin_mixed"], tmp_path / "s",
+                              name="varsum", figures=False)["results"]["varsum"]["perlin_mixed"]["pooled"]
+    run = evaluate(model, sets, ["varsum"], None, batch_size=1, progress=False, figures=False, bootstrap=None)
+    want = run["results"]["varsum"]["perlin_mixed"]["pooled"]
+    for metric in ("auroc", "auprc", "fpr95", "max_iou"):
+        assert got[metric] == pytest.approx(want[metric], abs=1e-6)
+
+
 @pytest.mark.parametrize("layout", ["segood", "smiyc"])
 def test_score_maps_read_by_reader_processes_give_the_same_state(world, tmp_path, monkeypatch, layout):
     """Frames and their maps read by two reader processes (each opening the files itself) give the state of reading

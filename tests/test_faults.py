@@ -51,6 +51,15 @@ def test_a_tuning_set_without_ood_pixels_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match=r"tuning set 'id_only' .* has 128 ID and 0 OOD pixels"):
         cross_source(None, {"id_only": id_only}, {"test": test}, ["max_softmax"], tmp_path / "out")
     assert not (tmp_path / "out").exists()
+    from segood.data.h5 import H5SegmentationDataset, frame_loader
+    from segood.methods.tuning import tune
+
+    from networks import tiny_network
+
+    with pytest.raises(ValueError, match=r"auroc is undefined at every point on the tuning data \(128 ID and 0 OOD "
+                                         r"pixels\): tune on a set with both"):  # (tune() itself: no NaN recorded)
+        tune("odin", tiny_network(), frame_loader(H5SegmentationDataset(id_only), 2), {"temperature": [1, 10]},
+             progress=False)
 
 
 def self_reported(tmp_path, edit=None):

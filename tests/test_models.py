@@ -95,6 +95,10 @@ def test_dropout_is_stochastic_only_for_monte_carlo():
         alone = model.mc_logits(x[1:], samples=3, features=features[1:], seeds=[6])
         torch.testing.assert_close(both[:, 1], alone[:, 0])
         assert not torch.allclose(both[:, 1], model.mc_logits(x[1:], samples=3, features=features[1:], seeds=[5])[:, 0])
+        last = features.contiguous(memory_format=torch.channels_last)  # (the draws fill a frame in one order)
+        torch.testing.assert_close(model.mc_logits(x, samples=3, features=last, seeds=[5, 6]), both)
+        with pytest.raises(ValueError, match="mc_logits: one seed per frame, 2, got 1"):
+            model.mc_logits(x, samples=3, features=features, seeds=[5])
     with pytest.raises(ValueError, match="dropout"):
         build_model("pspnet", "resnet18").mc_logits(x)
 

@@ -154,6 +154,8 @@ def prepare(model, sets, methods, options, out_dir=None):
         "methods": {m.name: {**m.describe(), **({"uses_ood_data": True} if _exposed(model) else {})} for m in methods},
         "config": {"grid": o.grid, "batch_size": o.batch_size, **({"components": o.components} if o.components else {}),
                    **({"fit_set": set_identity(o.fit_set)} if fitted else {}),  # (a resume must fit on the same)
+                   # each frame's dropout masks seeded by the frame (runs before drew them per batch: not resumed)
+                   **({"mc_seeds": "per frame"} if any(m.needs.samples for m in methods) else {}),
                    **{key: getattr(o, key) for key in ("official", "amp", "compile") if getattr(o, key)}},
     }
     if out_dir is not None:  # (a folder holding another run is refused before a fit's pass over its training set)

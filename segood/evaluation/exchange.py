@@ -219,10 +219,12 @@ def export_scores(model, sets, methods, out_dir, *, layout="segood", batch_size=
             if layout == "segood":
                 for m in methods:
                     files[m.name] = stack.enter_context(_h5_output(targets[m.name]))
-            loader = frame_loader(dataset, batch_size)
+            loader, done = frame_loader(dataset, batch_size), 0
             for batch in tqdm(loader, desc=f"export {set_name}", unit="batch", disable=not progress):
+                frames = range(done, done + len(batch["image"]))  # (the samples segood evaluate draws, at seed 0)
+                done += len(frames)
                 scored = score_batch(model, preprocess(batch["image"].to(device)), methods,
-                                     mc_seeds=frame_seeds(0, set_name, batch["frame_id"]))
+                                     mc_seeds=frame_seeds(0, set_name, frames))
                 for method, scores in zip(methods, scored.scores):
                     for frame_id, score in zip(batch["frame_id"], scores.float().cpu().numpy()):
                         if layout == "segood":

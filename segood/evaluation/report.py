@@ -5,7 +5,6 @@ import hashlib
 import io
 import json
 import math
-import os
 import re
 import warnings
 from collections import Counter
@@ -475,8 +474,8 @@ def write_figures(figures, doc, ev, *, prune=False):
     methods, sets = ev.method_names, ev.set_names
     drawn, file_name = set(), file_names()
 
-    def save(fig, name, **layout):
-        name = file_name(name)
+    def save(fig, *parts, **layout):
+        name = file_name(*parts)
         drawn.add(name)
         _save(fig, figures / name, **layout)
 
@@ -502,7 +501,7 @@ def write_figures(figures, doc, ev, *, prune=False):
         if roc.lines[:-1]:  # no curve where the set has no OOD or no ID pixel
             for ax in (roc, pr):
                 ax.legend(fontsize=7)
-        save(fig, f"curves_{s}.png")
+        save(fig, "curves", s)
 
     fig, axes = plt.subplots(1, len(METRICS), figsize=(4 * len(METRICS), 4), squeeze=False)  # Figures 3-4
     axes = axes[0]
@@ -518,7 +517,7 @@ def write_figures(figures, doc, ev, *, prune=False):
                       [f"{s}\n(per-image mean)" if _headline(doc, s) else s for s in sets], rotation=20, fontsize=8)
         ax.set_title(f"{METRICS[metric].label} {arrow(metric)}")
     axes[0].legend(fontsize=7)
-    save(fig, "metrics.png")
+    save(fig, "metrics")
 
     for m in methods:  # Figure 2: mean OOD score per Cityscapes class, one bar per set
         means = np.array([[np.nan if v is None else v for v in doc["per_class_mean_score"][m][s].values()]
@@ -534,7 +533,7 @@ def write_figures(figures, doc, ev, *, prune=False):
                       rotation=45, ha="right", fontsize=8)
         ax.set(ylabel=f"mean {m} score", title=f"Mean OOD score per class ({m})")
         ax.legend(fontsize=7)
-        save(fig, f"per_class_{m}.png")
+        save(fig, "per_class", m)
 
     for s in sets:  # Figures 5-7: input | ground truth | prediction | heat map per method
         keys = sorted(k for k in ev.examples if k[0] == s)
@@ -558,7 +557,7 @@ def write_figures(figures, doc, ev, *, prune=False):
                 if row == 0:
                     ax.set_title(title, fontsize=8)
         fig.text(0.5, 0.01, heat_caption(), ha="center", va="bottom", fontsize=7)
-        save(fig, f"examples_{s}.png", bottom=0.25)
+        save(fig, "examples", s, bottom=0.25)
     for stale in {path for pattern in FIGURES for path in figures.glob(pattern)} if prune else ():
         if stale.name not in drawn:
             stale.unlink()
@@ -824,17 +823,17 @@ def too_coarse(metric, result):
 
 
 def file_names():
-    """A function giving a figure's file name from method and set names, path separators and other odd characters
-    replaced by _, distinct for distinct names: where two become one file name (``x|y`` and ``x_y``), the later
-    one's stem ends in a short hash of its name."""
+    """A function giving a figure's PNG file name from its parts (a word, method and set names): joined by _, path
+    separators and other odd characters replaced by _, distinct for distinct parts: where two become one file name
+    (``x|y`` and ``x_y``; set ``a`` with ``b_c`` and set ``a_b`` with ``c``), the later one ends in a short hash of
+    its parts."""
     taken = {}
 
-    def file_name(name):
-        safe = re.sub(r"[^A-Za-z0-9._+-]", "_", name)
-        if taken.setdefault(safe, name) != name:
-            stem, suffix = os.path.splitext(safe)
-            safe = f"{stem}-{hashlib.sha256(name.encode()).hexdigest()[:8]}{suffix}"
-        return safe
+    def file_name(*parts):
+        safe = re.sub(r"[^A-Za-z0-9._+-]", "_", "_".join(parts))
+        if taken.setdefault(safe, parts) != parts:
+            safe += "-" + hashlib.sha256("\0".join(parts).encode()).hexdigest()[:8]
+        return safe + ".png"
     return file_name
 
 

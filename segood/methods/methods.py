@@ -123,11 +123,11 @@ class Method:
         """The scalar whose input gradient perturbs the input (``needs.perturbs``)."""
         raise NotImplementedError(f"{type(self).__name__} has no input perturbation")
 
-    def __call__(self, model, images, *, seed=0):
+    def __call__(self, model, images, *, seeds=None):
         """Score maps (N, H, W), higher = more OOD, of uint8 RGB ``images`` (N, 3, H, W) or one (3, H, W), as sets
         store frames, from a segood network or any ``nn.Module`` returning logits: wrapped and normalised as
         :func:`segood.evaluate` does (:func:`~segood.models.external.as_network`,
-        :func:`~segood.models.network.preprocess`), on the model's device. ``seed``: as :meth:`score`'s."""
+        :func:`~segood.models.network.preprocess`), on the model's device. ``seeds``: as :meth:`score`'s."""
         from segood.models.external import as_network
         from segood.models.network import preprocess
 
@@ -138,19 +138,20 @@ class Method:
                              "call method.score(model, x)")
         network = as_network(model)
         scores = self.score(network, preprocess(images.to(device_of(network)).reshape(-1, *images.shape[-3:])),
-                            seed=seed)[0]
+                            seeds=seeds)[0]
         return scores[0] if images.ndim == 3 else scores
 
-    def score(self, model, x, *, seed=0):
+    def score(self, model, x, *, seeds=None):
         """(scores (N, H, W), predicted classes (N, H, W)) of ImageNet-normalised images x (N, 3, H, W), from a segood
         network or any ``nn.Module`` returning logits (wrapped as :meth:`__call__` wraps it), in eval mode (each of
-        its modules back in its own mode after). ``seed``: the Monte-Carlo methods' dropout masks of frame n are
-        seeded by (seed, n) (:func:`~segood.methods.schedule.frame_seeds`): the same call gives the same scores."""
-        from segood.methods.schedule import frame_seeds, score_batch
+        its modules back in its own mode after). ``seeds``: one per frame, for the Monte-Carlo methods' dropout
+        masks (``segood.methods.schedule.frame_seeds(0, set_name, indices)``: those ``segood evaluate`` draws);
+        None: torch's global generator."""
+        from segood.methods.schedule import score_batch
         from segood.models.external import as_network
 
         with evaluation_mode(as_network(model)) as network:
-            batch = score_batch(network, x, [self], mc_seeds=frame_seeds(seed, "score", range(len(x))))
+            batch = score_batch(network, x, [self], mc_seeds=seeds)
         return batch.scores[0], batch.classes
 
 

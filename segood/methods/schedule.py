@@ -152,8 +152,6 @@ def score_batch(model, x, methods, *, mc_seeds=None, amp=None):
                       lambda m, out: m.from_output(out), output, scores, clock)
         sampled = [k for k, n in enumerate(needs) if n.samples]
         if sampled:
-            if mc_seeds is not None and len(mc_seeds) != len(x):
-                raise ValueError(f"mc_seeds: one seed per frame, {len(x)}, got {len(mc_seeds)}")
             with network():
                 logits = model.mc_logits(x, samples=max(needs[k].samples for k in sampled), features=output.features,
                                          seeds=mc_seeds)

@@ -7,6 +7,7 @@ an OOD source with the tuning set.
 """
 
 import itertools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -78,7 +79,11 @@ def tune(method_name, model, loader, grid, *, metric="auroc", tuning_set=None, m
         result = acc.compute()
         table.append({**params, **{m: result[m] for m in METRICS}})
     sign = 1 if METRICS[metric].higher_is_better else -1
-    best_row = max(table, key=lambda row: sign * row[metric])  # the first of equals, in grid order
+    defined = [row for row in table if math.isfinite(row[metric])]
+    if not defined:
+        raise ValueError(f"{metric} is undefined at every point on the tuning data ({result['n_id']} ID and "
+                         f"{result['n_ood']} OOD pixels): tune on a set with both")
+    best_row = max(defined, key=lambda row: sign * row[metric])  # the first of equals, in grid order
     path = tuning_set or getattr(getattr(loader, "dataset", None), "path", None)
     if path is None:
         raise ValueError("tune() cannot tell which set it tuned on: pass tuning_set=<the converted .h5>, so that "

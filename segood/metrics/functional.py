@@ -117,7 +117,8 @@ def auprc_distinct_worst(refined):
 #: other values of a result (``n_id``, ``thresholds``, ...) are no metric's name.
 METRICS = Registry("metric", reserved=("n_id", "n_ood", "n_ignored", "n_images", "n_images_total", "thresholds", "tp",
                                       "fp", "fn", "tn", "bounds", "exact", "max_iou_threshold", "per_image",
-                                      "per_image_mean", "method", "set", "aggregation"))
+                                      "per_image_mean", "method", "set", "aggregation", "same_source_tuning",
+                                      "same_source_oe"))
 register_metric = METRICS.register
 for _metric in (Metric("auroc", "AUROC", True, auroc),
                 Metric("auprc", "AUPRC", True, auprc, worst_case=auprc_distinct_worst),

@@ -127,9 +127,9 @@ class SegmentationNetwork(nn.Module):
         keep = 1.0 - self.config.dropout_p
         if generators is None:
             noise = torch.rand_like(features)
-        else:
-            noise = torch.empty_like(features)
-            for frame, generator in zip(noise, generators):
+        else:  # (contiguous whatever the features' layout: a seed's draws fill a frame in one order)
+            noise = torch.empty(features.shape, dtype=features.dtype, device=features.device)
+            for frame, generator in zip(noise, generators, strict=True):
                 frame.uniform_(generator=generator)
         return features * ((noise < keep) * (1.0 / keep))
 
@@ -151,12 +151,14 @@ class SegmentationNetwork(nn.Module):
     def mc_logits(self, x, samples=8, features=None, seeds=None):
         """(T, N, C, H, W) logits of T Monte-Carlo dropout samples; encoder and decoder run once, only the
         stochastic head T times (Kendall et al. 2015; Mukhoti & Gal 2018), upsampled in one call (no stacking
-        copy). Equal to T calls of ``head(features, size, stochastic=True)`` in the same random stream.
-        ``features``: ``penultimate(x)`` when already computed (by an evaluation's forward pass, in eval mode).
-        ``seeds``: one per frame, whose dropout masks then come from a generator of its own seeded with it, so
-        that a frame's samples are the same in any batch (None: all from torch's global generator)."""
+        copy). ``features``: ``penultimate(x)`` when already computed (by an evaluation's forward pass, in eval
+        mode). ``seeds``: one per frame, whose dropout masks then come from a generator of its own seeded with it,
+        so that a frame's samples are the same in any batch; None: all from torch's global generator (equal to T
+        calls of ``head(features, size, stochastic=True)`` in the same random stream)."""
         if self.config.head != "dropout":
             raise ValueError(f"mc_logits needs the 'dropout' head; this network has {self.config.head!r}")
+        if seeds is not None and len(seeds) != len(x):
+            raise ValueError(f"mc_logits: one seed per frame, {len(x)}, got {len(seeds)}")
         features = self.penultimate(x) if features is None else features
         generators = None if seeds is None else [torch.Generator(features.device).manual_seed(int(seed))
                                                  for seed in seeds]

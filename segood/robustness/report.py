@@ -245,11 +245,11 @@ def write_figures(figures, doc, ev):
                                         ("as_ood", ("auroc",), "corruption as OOD")):
             for metric in metrics:
                 label = f"{METRICS[metric].label} {METRICS[metric].arrow()}"
-                panels(figures / file_name(f"{question}_{metric}_{s}.png"), f"{label}: {what} ({s})",
+                panels(figures / file_name(question, metric, s), f"{label}: {what} ({s})",
                        lambda c, q=question, k=metric: [
                            (m, clean["ood"][m][k] if q == "ood" else None,
                             [by_corruption[c][str(v)][q][m][k] for v in levels]) for m in methods], label)
-        panels(figures / file_name(f"network_{s}.png"), f"the network under corruption ({s})",
+        panels(figures / file_name("network", s), f"the network under corruption ({s})",
                lambda c: [(f"{QUALITY[k][0]} {QUALITY[k][1]}", clean["segmentation"][k],
                            [by_corruption[c][str(v)]["segmentation"][k] for v in levels]) for k in QUALITY], "")
 
@@ -277,7 +277,7 @@ def write_figures(figures, doc, ev):
                         ax.set_title(["input", "ground truth (OOD white)", "prediction", *methods][col], fontsize=8)
                     if col == 0:
                         ax.set_ylabel("clean" if row == 0 else f"{c} {levels[row - 1]}", fontsize=8)
-            _save(fig, figures / file_name(f"examples_{s}_{c}.png"))
+            _save(fig, figures / file_name("examples", s, c))
 
     first = next(iter(doc["corrupted"]))
     if (first, 0) in ev.examples:  # what each level looks like, on the first frame of the first set
