@@ -8,7 +8,8 @@ methods), and what the method adds to it: for single-pass methods the scoring of
 (``from_output``); for the others ``score`` minus the forward (Monte-Carlo samples, perturbation passes). The
 forward pass and the method take turns in each round, so that both see the same machine; each network runs eight
 forward passes first. Then the logit methods scored together (``logit_scores``, as an evaluation scores them)
-against each alone in turn. Freed memory kept, as in every ``segood`` command (``segood.keep_freed_memory``).
+against each alone in turn, and the Monte-Carlo samples drawn from torch's global generator against each frame's
+own seeded one. Freed memory kept, as in every ``segood`` command (``segood.keep_freed_memory``).
 Frames of at least 128×256: Mahalanobis is fitted on one frame of random labels, which must give some class more
 pixels than the feature dimension.
 """
@@ -75,6 +76,13 @@ def main():
                                               args.repeat, device)
     print(f"\nthe logit methods ({', '.join(LOGIT_METHODS)}) scored together: {together:.0f} ms; each alone, in turn: "
           f"{alone:.0f} ms")
+    model = models["dropout"]
+    with torch.no_grad():
+        features = model.penultimate(x)
+        shared, seeded = interleaved_best_ms([lambda: model.mc_logits(x, 8, features),
+                                              lambda: model.mc_logits(x, 8, features, seeds=[1])], args.repeat, device)
+    print(f"8 Monte-Carlo samples from torch's global generator: {shared:.0f} ms; each frame's from its own seeded "
+          f"generator (as segood evaluate draws them): {seeded:.0f} ms ({seeded / shared:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -1031,7 +1031,6 @@ class _Parser(argparse.ArgumentParser):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         return parsed
 
-
     def error(self, message):
         """argparse's error; a name not among the registered methods, metrics or datasets also points to
         --plugin."""
@@ -1089,18 +1088,12 @@ def main(argv=None):
 
         for module in plugins:  # (before the parser: what they register joins its choices)
             import_user_module(f"--plugin {module}", module)
+        converting = words[:1] == ["convert"] and len(words) > 1 and words[1]  # a dataset named: its options
+        parser = build_parser(adapters=converting)  # (a ValueError: a plugin adapter's options clash)
     except ValueError as err:
         if os.environ.get("SEGOOD_TRACEBACK"):
             raise
         print(f"segood: error: {err}{_origin(err)}", file=sys.stderr)
-        return 2
-    converting = words[:1] == ["convert"] and len(words) > 1 and words[1]  # a dataset named: its adapter's options
-    try:
-        parser = build_parser(adapters=converting)
-    except ValueError as err:  # (a plugin's adapter whose options clash with the shared ones)
-        if os.environ.get("SEGOOD_TRACEBACK"):
-            raise
-        print(f"segood {' '.join(words[:2])}: error: {err}", file=sys.stderr)
         return 2
     args = parser.parse_args(argv)
     from segood._memory import keep_freed_memory

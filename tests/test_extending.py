@@ -397,7 +397,7 @@ def test_an_adapter_whose_options_clash_breaks_only_its_own_conversion(plugin, t
 
     ADAPTERS.add("clashing", Clashing)
     assert main(["convert", "clashing", "--out", "c.h5"]) == 2
-    assert "segood convert clashing: error: dataset adapter clashing: its add_arguments declares an option segood " \
+    assert "segood: error: dataset adapter clashing: its add_arguments declares an option segood " \
         "convert has already (argument --size: conflicting option string: --size)" in capsys.readouterr().err
     assert main([f"--plugin={plugin}", "convert", "plugin_stripes", ".", "--out", "s.h5", "-q"]) == 0
 
