@@ -238,7 +238,8 @@ def _model_type(spec):
     if name not in MODEL_TYPES:
         raise ValueError(f"--model-type {spec}: no model type {name!r} is registered (registered: "
                          f"{', '.join(sorted(MODEL_TYPES))}); a loader of your own: MODULE:NAME, where MODULE "
-                         "registers NAME with @register_model_type (docs/models.md)")
+                         "registers NAME with @register_model_type (docs/models.md), or NAME with segood --plugin "
+                         "MODULE")
     return name
 
 
@@ -434,7 +435,7 @@ def _analysis_options(args):
 def add_model_options(parser):
     from pathlib import Path
 
-    from segood.names import INFERENCE_MODES, MODEL_TYPES
+    from segood.names import INFERENCE_MODES, model_type_names
 
     parser.add_argument("--checkpoint", type=Path, help="a segood checkpoint")
     parser.add_argument("--arch", help="with --encoder and --weights: a plain smp model and its state dict "
@@ -448,10 +449,10 @@ def add_model_options(parser):
                         help="with --weights: resize logits that come out smaller than the frame with "
                              "align_corners=True (default: False, as torch; smp's networks give frame-sized logits, "
                              "so it is only recorded)")
-    parser.add_argument("--model-type", metavar="|".join(MODEL_TYPES) + "|MODULE:NAME",
+    parser.add_argument("--model-type", metavar="|".join(model_type_names()) + "|MODULE:NAME",
                         help="a network of another library, read from --model (docs/models.md): hf (a transformers "
                              "folder), torchvision (a state dict, with --arch), smp (a save_pretrained folder), or "
-                             "the loader NAME that MODULE registers")
+                             "the loader NAME that MODULE (or a --plugin module) registers")
     parser.add_argument("--model", type=Path, help="with --model-type: the network's local folder or state dict")
     parser.add_argument("--inference", choices=INFERENCE_MODES, default="whole",
                         help="with --model-type: whole frames (default), resize to the network's size and back, "

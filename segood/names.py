@@ -81,6 +81,12 @@ def adapter_help():
     return {name: adapter.help for name, adapter in registered.items()}
 
 
+def model_type_names():
+    """:data:`MODEL_TYPES`, or the live registry's names, sorted, where its module is imported already (as
+    :func:`method_names`)."""
+    return tuple(sorted(_live(MODEL_TYPES, "segood.models.adapters", "MODEL_TYPES")))
+
+
 def metric_names():
     """:data:`METRICS`, or the live registry where its module is imported already (as :func:`method_names`)."""
     return _live(METRICS, "segood.metrics.functional", "METRICS")

@@ -245,6 +245,8 @@ from segood.data.adapter import Adapter, register_adapter
 from segood.labels import IGNORE, OOD
 from segood.methods import Method, register_method
 from segood.metrics import Metric, register_metric
+from segood.models.adapters import LibraryModel, register_model_type
+from segood.models.network import SegOutput
 
 
 @register_adapter
@@ -286,8 +288,26 @@ class Needy(Method):
         super().__init__(scale=scale)
 
 
-register_metric(Metric("plugin_tpr05", "TPR@5%FPR", True,
-                       lambda curve: float(curve.tpr[20 * curve.fp <= curve.n_id].max())))
+def tpr05(curve):
+    ok = 20 * curve.fp <= curve.n_id
+    return float(curve.tpr[ok].max()) if ok.any() else 0.0
+
+
+register_metric(Metric("plugin_tpr05", "TPR@5%FPR", True, tpr05))
+
+
+class Conv(LibraryModel):
+    def num_network_classes(self):
+        return 19
+
+    def network_output(self, x):
+        return SegOutput(self.module(x), None)
+
+
+@register_model_type(name="plugin_conv")
+def load_conv(path, **options):
+    torch.manual_seed(0)
+    return Conv(torch.nn.Conv2d(3, 19, 1), mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), **options)
 """
 
 
@@ -297,7 +317,9 @@ def plugin(tmp_path, monkeypatch):
     they were once the test is done."""
     import sys
 
-    registries = [ADAPTERS, METHODS, METRICS]
+    from segood.models import MODEL_TYPES
+
+    registries = [ADAPTERS, METHODS, METRICS, MODEL_TYPES]
     saved = [dict(registry) for registry in registries]
     (tmp_path / "toyplug.py").write_text(PLUGIN)
     monkeypatch.chdir(tmp_path)
@@ -325,6 +347,12 @@ def test_a_plugin_module_reaches_every_command(plugin, tmp_path, capsys):
     results = json.loads((tmp_path / "run" / "results.json").read_text())["results"]
     value = results["plugin_brightness"]["s"]["pooled"]["plugin_tpr05"]
     assert 0 <= value <= 1 and "plugin_tpr05" in results["max_softmax"]["s"]["pooled"]
+    with pytest.raises(SystemExit):  # its loader too, by the name it registers
+        main(["--plugin", plugin, "evaluate", "--help"])
+    assert "--model-type hf|plugin_conv|smp|torchvision|MODULE:NAME" in capsys.readouterr().out
+    assert main(["--plugin", plugin, "evaluate", "--model-type", "plugin_conv", "--model", ".", *run[3:-1], "conv",
+                 "--methods", "max_logit"]) == 0
+    assert json.loads((tmp_path / "conv" / "results.json").read_text())["model"]["adapter"] == "Conv"
 
     assert main([*run[:-1], "run2", "--plugin", plugin]) == 2
     assert "--plugin MODULE goes before the command: segood --plugin MODULE evaluate" in capsys.readouterr().err
