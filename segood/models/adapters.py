@@ -88,7 +88,7 @@ def class_indices(network_classes, classes):
         found = lookup.get(_normalised(value))
         if found is None:
             raise ValueError(f"class {target!r} maps to {value!r}, which is not a class of the network; it has "
-                             f"{_some(names) if names else f'{count} unnamed classes (give indices)'}")
+                             f"{some_names(names) if names else f'{count} unnamed classes (give indices)'}")
         return found
 
     if isinstance(classes, str):
@@ -98,10 +98,10 @@ def class_indices(network_classes, classes):
         if names is None:
             raise ValueError("classes='cityscapes' finds the Cityscapes classes by name, and this network names "
                              f"none of its {count} classes: give their indices, a list of 19 or a dict")
-        missing = [n for n in CLASS_NAMES if _normalised(n) not in lookup]
+        missing = missing_cityscapes_classes(names)
         if missing:
             raise ValueError(f"the network's classes cannot be mapped to the 19 Cityscapes trainIds: it has no class "
-                             f"named {', '.join(map(repr, missing))} (its classes: {_some(names)}). Map them "
+                             f"named {', '.join(map(repr, missing))} (its classes: {some_names(names)}). Map them "
                              "yourself (classes={'rider': 'person', ...} or a list of 19 network classes), or keep "
                              "the network's own classes (classes=None)")
         return tuple(lookup[_normalised(n)] for n in CLASS_NAMES)
@@ -149,7 +149,15 @@ def check_folder(path, model_type):
         raise ValueError(f"{path} is not a {library} model folder (its config.json has no {key!r}){hint}")
 
 
-def _some(names):
+def missing_cityscapes_classes(names):
+    """The Cityscapes class names that none of the network's class ``names`` matches (case, spaces and underscores
+    aside)."""
+    found = {_normalised(name) for name in names}
+    return [name for name in CLASS_NAMES if _normalised(name) not in found]
+
+
+def some_names(names):
+    """At most 25 of ``names``, and how many more."""
     names = [str(n) for n in names]
     return ", ".join(names[:25]) + (f" and {len(names) - 25} more" if len(names) > 25 else "")
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from segood.io import atomic_output
-from segood.labels import CLASS_NAMES, NUM_CLASSES
-from segood.models.adapters import _normalised, _some, class_indices
+from segood.labels import NUM_CLASSES
+from segood.models.adapters import class_indices, missing_cityscapes_classes, some_names
 from segood.models.checkpoint import safe_load
 from segood.models.hf import load_hf, mask_semantic_scores
 from segood.models.losses import rba_oe_loss
@@ -42,12 +42,11 @@ def trainid_classes(network):
     except ValueError:
         if count == NUM_CLASSES:
             return tuple(range(NUM_CLASSES))  # 19 classes in trainId order
-        found = {_normalised(name) for name in names or ()}
-        missing = [name for name in CLASS_NAMES if _normalised(name) not in found]
         raise ValueError(f"segood train --init-type hf fine-tunes on Cityscapes trainIds: the network needs the 19 "
                          "Cityscapes classes, by their names (its config.json's id2label) or as 19 classes in "
                          f"trainId order; it has {count} classes"
-                         + (f" ({_some(names)}) and no class named {', '.join(map(repr, missing))}" if names else "")
+                         + (f" ({some_names(names)}) and no class named "
+                            f"{', '.join(map(repr, missing_cityscapes_classes(names)))}" if names else "")
                          ) from None
 
 
