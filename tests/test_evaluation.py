@@ -653,6 +653,13 @@ def test_monte_carlo_dropout_is_seeded_by_the_seed_the_set_and_the_frame_in_any_
     assert frame_seeds(0, "cs", [0, 1]) == [464411759021519098, 6835149610321464522]  # (its literal values)
     doc = evaluate(model, paths, ["varsum"], tmp_path / "run", batch_size=1, progress=False, figures=False,
                    bootstrap=None)
+    described = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert described["config"]["mc_seeds"] == "per frame"  # (a run of the per-batch seeds, without it: not resumed)
+    del described["config"]["mc_seeds"]
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "run.json").write_text(json.dumps(described))
+    with pytest.raises(ValueError, match=r"holds a different run \(config.mc_seeds: \(none\) -> \"per frame\""):
+        evaluate(model, paths, ["varsum"], tmp_path / "old", batch_size=1, progress=False, resume=True)
     for name, path in paths.items():
         data = H5SegmentationDataset(path)
         for frame in range(2):

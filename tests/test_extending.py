@@ -441,7 +441,7 @@ def test_registry_names_and_pickling():
     for name in ("x" * 101, "-x", "a\nb", "a\x00b"):
         with pytest.raises(ValueError, match="at most 100 bytes, no path separators or control characters"):
             registry.add(name, 2)
-    for name in ("n_id", "max_iou_threshold", "per_image_mean"):  # (the other values of a result)
+    for name in ("n_id", "max_iou_threshold", "per_image_mean", "same_source_oe"):  # (a result's other values)
         with pytest.raises(ValueError, match=f"a metric name .*: {name!r} cannot be one"):
             METRICS.add(name, TOY_METRIC)
     with pytest.raises(ValueError, match="a dataset adapter name .* 'coverage' cannot be one"):
@@ -456,3 +456,8 @@ def test_names_alike_once_made_safe_draw_two_figures(sets, tmp_path):
     evaluate(tiny_network(), [sets / "perlin_mixed.h5"], methods, run, progress=False, bootstrap=None)
     drawn = sorted(path.name for path in (run / "figures").glob("per_class_*.png"))
     assert drawn == ["per_class_toy_max-fd089b79.png", "per_class_toy_max.png"]  # (sha256 of the parts)
+    from segood.evaluation.report import file_names
+
+    file_name = file_names()  # (set x with corruption motion_blur, set x_motion with blur: two files)
+    assert file_name("examples", "x", "motion_blur") == "examples_x_motion_blur.png"
+    assert file_name("examples", "x_motion", "blur").startswith("examples_x_motion_blur-")
