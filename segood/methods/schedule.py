@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 
 from segood._threads import for_network
-from segood.registry import check_name
 from segood.models.network import IMAGENET_STD, pad_to_multiple, preprocess, resize_output
 from segood.models.predict import predicted_classes
+from segood.registry import check_name
 
 AMP_DTYPES = {None: None, "fp16": torch.float16, "bf16": torch.bfloat16}  # segood's names -> autocast's dtypes
 
