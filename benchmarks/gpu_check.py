@@ -445,8 +445,9 @@ def time_methods(device, scale, work):
         rows[name] = {"forward_ms": ms_forward, "added_ms": ms_added, "overhead": ms_added / ms_forward}
     model = models["dropout"]
     with torch.no_grad():
-        one, mc = interleaved_best_ms([lambda: model(x), lambda: model.mc_logits(x, samples=8)], scale["repeat"],
-                                      device)
+        seeds = list(range(len(x)))  # (each frame's masks from its own generator, as segood evaluate draws them)
+        one, mc = interleaved_best_ms([lambda: model(x), lambda: model.mc_logits(x, samples=8, seeds=seeds)],
+                                      scale["repeat"], device)
     single = [n for n in rows if get_method(n).needs.forward]
     together = sum(rows[n]["added_ms"] for n in single) / np.mean([rows[n]["forward_ms"] for n in single])
     plain, logit_methods = models["plain"], [get_method(n) for n in LOGIT_METHODS]
