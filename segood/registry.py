@@ -10,8 +10,6 @@ T = TypeVar("T")
 
 
 RESERVED = (".", "..", "all")  # ('all': every method, to --methods)
-
-
 MAX_NAME_BYTES = 100  # (a name and the words around it in a file name stay within the usual 255 bytes)
 
 

@@ -124,8 +124,8 @@ def _member(archive, info, name):
 
 
 def _selected(files, maps, select_maps):
-    """{map name: the most bytes it may take} of ``maps`` (all of them, at no bound, without ``select_maps``);
-    :class:`Rejected` for a map ``select_maps`` does not select."""
+    """{map name: the most bytes it may take} of ``maps`` as ``select_maps`` selects them ({} without it: every map,
+    at no bound of its own); :class:`Rejected` for a map it does not select."""
     if select_maps is None:
         return {}
     wanted = select_maps(files)

@@ -23,7 +23,8 @@ def grid_spec(num_thresholds: int | None = None, score_range: tuple[float, float
     """The grid asked for. ``kind`` names it ("float", "linear" or "exact"; or is a whole grid dict, taken as it
     is); without it, the exact grid where ``max_pixels`` is given, the linear grid (the paper's) where
     ``num_thresholds`` or ``score_range`` is (defaults 400 and (0, 1)), else the float-order grid at
-    ``mantissa_bits`` (default 10). The exact grid keeps at most ``max_pixels`` scores (default 2^28). Options of another grid than the one named are an error."""
+    ``mantissa_bits`` (default 10). The exact grid keeps at most ``max_pixels`` scores (default 2^28). Options of
+    another grid than the one named are an error."""
     if isinstance(kind, dict):
         if any(v is not None for v in (num_thresholds, score_range, mantissa_bits, max_pixels)):
             raise ValueError(f"choose one grid: {kind!r} is a whole grid, with no further options")

@@ -225,7 +225,7 @@ def data_identity(config):
 def check_same_data(saved, data, path):
     """Refuse to resume on other frames than ``path`` was trained on (its ``saved`` data identity; runs that
     recorded none are not checked)."""
-    changed = [key for key in data if saved is not None and saved.get(key) != data[key]]
+    changed = [key for key in data if saved.get(key) != data[key]] if saved is not None else []
     if changed:
         raise ValueError(f"--resume: {', '.join(changed)} hold other frames than {path} was trained on (the sets' "
                          "manifest sha256 differs); resume with the same sets, or train into a new --out")
