@@ -43,6 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_metrics import saturated  # noqa: E402
+from bench_runs import network_maps  # noqa: E402
 from torch_timing import device_name, interleaved_best_ms  # noqa: E402
 
 from segood import keep_freed_memory  # noqa: E402
@@ -178,8 +179,8 @@ def check_float_order_kernel(device, scores, wide, labels):
     """The device kernel (Triton on CUDA, the torch path on the CPU) against the numba kernel, per image of a batch
     of the adversarial and the wide scores: float32 at m = 1, 10, 14, float16 and float64 at m = 10 (each case a
     compilation of the Triton kernels), in two passes and in one pass over known binades (the batch's, more, all
-    but one: the two passes again), each program's end bins added pixel by pixel and at once (``ends``). Returns
-    the kernel's name."""
+    but one: the two passes again), each program's end bins added pixel by pixel and at once (``ends``), and its
+    pixels added by runs of one counter (``runs``). Returns the kernel's name."""
     from segood import _triton
     from segood.metrics import _device, _kernels
     from segood.metrics.functional import as_numpy_inputs
@@ -195,12 +196,13 @@ def check_float_order_kernel(device, scores, wide, labels):
             wants = [_kernels.float_histogram_numpy(*as_numpy_inputs(data[i], batch_labels[i], keep_float32_exact=True),
                                                     m, 1) for i in range(len(data))]
             union = np.unique(np.concatenate([want[0] for want in wants]))
-            for known, ends in itertools.product((None, union, np.union1d(union, [1, 4000]), union[1:]), (False, True)):
+            for known, (ends, runs) in itertools.product((None, union, np.union1d(union, [1, 4000]), union[1:]),
+                                                         ((False, 0), (True, 0), (False, 2048), (True, 64))):
                 images, problems = _device.float_histograms(torch.from_numpy(data).to(device),
                                                             torch.from_numpy(batch_labels).to(device), m,
-                                                            kernel=kernel, known=known, ends=ends)
+                                                            kernel=kernel, known=known, ends=ends, runs=runs)
                 case = (f"{kernel} kernel, {name} scores, m = {m}, {'no' if known is None else known.size} known "
-                        f"binades, ends {'at once' if ends else 'pixel by pixel'}")
+                        f"binades, ends {'at once' if ends else 'pixel by pixel'}, runs {runs}")
                 for i, ((binades, counts), want) in enumerate(zip(images, wants)):
                     assert np.array_equal(binades, want[0]) and np.array_equal(counts, want[1]), \
                         f"{case}, image {i}: counts differ from the CPU kernel's"
@@ -463,10 +465,11 @@ def time_accumulators(device, scale, work):
     grid over the whole batch; the float-order grid with per-image counts as the evaluation runs it (one (N, H, W)
     batch per update, and one frame per update), compute() excluded and included, and a batch to an accumulator
     that holds its binades already (one pass); float16 scores (against their own floor); the device kernel alone
-    (at three block sizes, with each program's end bins added at once, and on known binades: one pass, with
-    and without the end bins at once); and
-    on saturated scores (``bench_metrics.saturated``: a confident network's), where every pixel's own addition
-    meets the same counter."""
+    (at three block sizes, with each program's end bins added at once, and on known binades: one pass, with and
+    without the end bins at once, and with each program's pixels added by runs of one counter); on saturated
+    scores (``bench_metrics.saturated``: a confident network's), where every pixel's own addition meets the same
+    counter, and on the demo network's max softmax (``bench_runs.network_maps``), whose neighbouring pixels share
+    counters."""
     from segood import _triton
     from segood.metrics import _device
 
@@ -476,6 +479,9 @@ def time_accumulators(device, scale, work):
     scores = torch.rand(scale["maps"], height, width, device=device)
     half = scores.half()
     confident = torch.from_numpy(saturated(scores.cpu().numpy(), labels.cpu().numpy())).to(device)
+    maps, map_labels = network_maps(scale["maps"], height, width)
+    flat_network = torch.from_numpy(maps["max_softmax"]).to(device).reshape(scale["maps"], -1)
+    flat_map_labels = torch.from_numpy(map_labels).to(device).reshape(scale["maps"], -1)
     flat_scores, flat_labels = scores.reshape(scale["maps"], -1), labels.reshape(scale["maps"], -1)
     flat_confident = confident.reshape(scale["maps"], -1)
 
@@ -497,11 +503,9 @@ def time_accumulators(device, scale, work):
     # evaluation does it while the device runs the next batch's network)
     warm = FloatOrderAccumulator(10, per_image=True).update(scores, labels)
 
-    def known(flat):
-        return np.unique(np.concatenate([b for b, _ in _device.float_histograms(flat, flat_labels, 10)[0]]))
-
-    def one_pass(flat, ends=False):
-        return functools.partial(_device.float_histograms, flat, flat_labels, 10, known=known(flat), ends=ends)
+    def one_pass(flat, ends=False, runs=0, labels=flat_labels):
+        known = np.unique(np.concatenate([b for b, _ in _device.float_histograms(flat, labels, 10)[0]]))
+        return functools.partial(_device.float_histograms, flat, labels, 10, known=known, ends=ends, runs=runs)
 
     named = {
         "floor_ms": floor,
@@ -526,10 +530,25 @@ def time_accumulators(device, scale, work):
                                                                                ends=True),
         "float_m10_kernel_known_saturated_ms": one_pass(flat_confident),
         "float_m10_kernel_known_ends_saturated_ms": one_pass(flat_confident, ends=True),
+        "float_m10_kernel_known_network_ms": one_pass(flat_network, labels=flat_map_labels),
     }
+    # each program's pixels sorted by counter, runs at a time, each run one addition (bench_runs.py counts them),
+    # where its kernel builds (a failure is recorded, not left to turn every later kernel into the torch path)
+    runs_failed = {}
+    for runs in (32, 256, 2048):
+        try:
+            if device.type == "cuda":
+                _device.float_histograms(flat_scores[:1], flat_labels[:1], 10, kernel="triton", runs=runs)
+        except Exception as err:  # noqa: BLE001 - recorded in the report
+            runs_failed[runs] = f"{type(err).__name__}: {str(err)[:500]}"
+            continue
+        for name, flat, lab in (("", flat_scores, flat_labels), ("_saturated", flat_confident, flat_labels),
+                                ("_network", flat_network, flat_map_labels)):
+            named[f"float_m10_kernel_known_runs{runs}{name}_ms"] = one_pass(flat, runs=runs, labels=lab)
     ms = dict(zip(named, interleaved_best_ms(list(named.values()), scale["repeat"] * 3, device)))
     result = {**ms, "pixels": int(scores.numel()), "maps": scale["maps"], "size": [height, width],
-              "kernel": ("triton" if _triton.available() else "torch") if device.type == "cuda" else "numba"}
+              "kernel": ("triton" if _triton.available() else "torch") if device.type == "cuda" else "numba",
+              "runs_failed": runs_failed}
     for name, value in ms.items():
         if name not in ("floor_ms", "float16_floor_ms"):
             floor_ms = ms["float16_floor_ms"] if name.startswith("float16") else ms["floor_ms"]

@@ -72,6 +72,10 @@ def numba_reference(scores, labels, m):
 
 
 KNOWN = ("the batch's", "more", "fewer")  # binades known beforehand: the batch's own, a superset, all but one
+# (m, runs, ends, known) of the Triton kernel's pixels sorted by counter in groups of `runs`: the whole block of
+# 256 at m = 1 (a few long runs) and with known binades, 16 or 32 at a time at m = 10 and 14 (mostly runs of one)
+RUNS = ((1, 256, False, None), (10, 16, True, None), (14, 32, False, None), (10, 64, False, "fewer"),
+        (10, 256, True, "the batch's"))
 
 
 def known_binades(wants, which):
@@ -85,11 +89,11 @@ def known_binades(wants, which):
     return union
 
 
-def check_kernel(kernel, dtype, m, block=_device.BLOCK, ends=False, known=None):
+def check_kernel(kernel, dtype, m, block=_device.BLOCK, ends=False, runs=0, known=None):
     scores, labels = batch(dtype, m)
     wants = [numba_reference(scores[i], labels[i], m) for i in range(len(scores))]
     images, problems = _device.float_histograms(torch.as_tensor(scores), torch.as_tensor(labels), m, kernel=kernel,
-                                                block=block, ends=ends,
+                                                block=block, ends=ends, runs=runs,
                                                 known=known and known_binades(wants, known))
     want_problems = np.zeros(3, np.int64)
     for i, ((binades, counts), (want_binades, want_counts, want)) in enumerate(zip(images, wants, strict=True)):
@@ -97,7 +101,8 @@ def check_kernel(kernel, dtype, m, block=_device.BLOCK, ends=False, known=None):
         for got, expected in ((binades, want_binades), (counts, want_counts)):
             assert got.dtype == expected.dtype, f"{kernel} {dtype} m={m} image {i}: dtype {got.dtype}"
             np.testing.assert_array_equal(got, expected,
-                                          err_msg=f"{kernel} {dtype} m={m} ends={ends} known={known} image {i}")
+                                          err_msg=f"{kernel} {dtype} m={m} ends={ends} runs={runs} known={known} "
+                                                  f"image {i}")
     np.testing.assert_array_equal(problems, want_problems, err_msg=f"{kernel} {dtype} m={m} problems")
     assert want_problems[_kernels.N_IGNORED] and want_problems[_kernels.N_BAD_LABEL]  # the cases are there
 
@@ -130,10 +135,10 @@ def test_two_passes_whose_triton_kernels_fail_give_way_to_the_torch_path(monkeyp
 
     monkeypatch.setattr(_triton, "_BROKEN", [])
     scores, labels = (torch.as_tensor(x) for x in batch("float32", 10))
-    steps = (scores, labels, 10, True, False, Unlaunchable(), 256, False)
+    steps = (scores, labels, 10, True, False, Unlaunchable(), {"BLOCK": 256, "ENDS": False, "RUN": 0})
     with pytest.warns(RuntimeWarning, match="cannot build presence here.*counting with torch operations"):
         images, problems = _device._counted_twice(steps)
-    want_images, want_problems = _device._two_passes(*steps[:5], None, *steps[6:])
+    want_images, want_problems = _device._two_passes(*steps[:5], None, steps[6])
     np.testing.assert_array_equal(problems, want_problems)
     for (binades, counts), (want_binades, want_counts) in zip(images, want_images, strict=True):
         np.testing.assert_array_equal(binades, want_binades)
@@ -143,9 +148,10 @@ def test_two_passes_whose_triton_kernels_fail_give_way_to_the_torch_path(monkeyp
 def test_the_triton_kernel_in_the_interpreter_equals_the_numba_kernel_per_image():
     """Every dtype and m as above and the empty cases, through the Triton kernel run by Triton's CPU interpreter,
     with blocks of 256 pixels so that each image spans several programs; with each program's end bins added at
-    once (``ends``) and without; on binades known beforehand (all, more, too few) likewise."""
+    once (``ends``) and without; on binades known beforehand (all, more, too few) likewise; float32 scores with
+    each program's pixels counted by runs of one counter (:data:`RUNS`)."""
     out = run_under_triton_interpreter(__file__)
-    assert out.count("equal") == len(DTYPES) * 3 * 2 + len(DTYPES) * len(KNOWN), out
+    assert out.count("equal") == len(DTYPES) * 3 * 2 + len(DTYPES) * len(KNOWN) + len(RUNS), out
 
 
 def check_empty(kernel):
@@ -270,3 +276,6 @@ if __name__ == "__main__":  # the interpreter test's subprocess: TRITON_INTERPRE
         for which in KNOWN:
             check_kernel("triton", name, 10, block=256, ends=which == "more", known=which)
             print(f"{name} known={which}: equal", flush=True)
+    for bits, runs, gathered, which in RUNS:  # (sorting is slow in the interpreter: the keys' dtype is known here)
+        check_kernel("triton", "float32", bits, block=256, ends=gathered, runs=runs, known=which)
+        print(f"float32 m={bits} runs={runs} ends={gathered} known={which}: equal", flush=True)

@@ -34,7 +34,7 @@ _CHUNK = 1 << 22  # pixels per step of the torch path: its int64 temporaries sta
 BLOCK = 2048  # pixels per Triton program
 
 
-def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK, ends=False, known=None):
+def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK, ends=False, runs=0, known=None):
     """Float-order counts of each image of a batch, on the tensors' own device.
 
     Args:
@@ -47,32 +47,38 @@ def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK, ends=False,
         ends: each Triton program adds the pixels of its lowest and highest bin with one atomic addition per label
             (the same counts; on an H200 within 1%, 19-22% faster on saturated scores; off until the
             device check has compared its counts: ``benchmarks/gpu_check.py --only accumulator_counts``).
+        runs: each Triton program sorts its pixels' counters this many at a time (a power of two up to ``block``)
+            and adds each run of one counter with one atomic addition, not one per pixel (the same counts; 0: off,
+            until the device check has timed it).
         known: the binades the scores most likely occupy, increasing (an accumulator's own): counted in one pass
             where they hold every counted pixel (the same counts).
 
     Returns:
         ([(binades (k,) int64 increasing, counts (k, 2, 2^m) int64)] per image, problems (3,) int64), numpy.
     """
-    return start_histograms(scores, labels, m, kernel=kernel, block=block, ends=ends, known=known)()
+    return start_histograms(scores, labels, m, kernel=kernel, block=block, ends=ends, runs=runs, known=known)()
 
 
-def start_histograms(scores, labels, m, *, kernel=None, block=BLOCK, ends=False, known=None):
+def start_histograms(scores, labels, m, *, kernel=None, block=BLOCK, ends=False, runs=0, known=None):
     """:func:`float_histograms` in two steps: the device's work is started, and the function returned gives the
     counts. Where ``known`` holds the batch's binades, its one pass is started and the counts sent on their way to
     pinned host memory, and the function waits for them: several batches started before any is read wait for the
     device once. Elsewhere the two passes run at once (waiting twice), and the function returns their counts."""
+    if runs and (runs & (runs - 1) or not 0 < runs <= block):
+        raise ValueError(f"runs must be 0 or a power of two up to block ({block}), got {runs}")
+    kernel_options = {"BLOCK": block, "ENDS": ends, "RUN": runs}
     if kernel is not None:
-        return _start(scores, labels, m, kernel, block, ends, known)
+        return _start(scores, labels, m, kernel, kernel_options, known)
     if scores.is_cuda and _triton.available():
-        started = _triton.attempt(lambda: _start(scores, labels, m, "triton", block, ends, known),
+        started = _triton.attempt(lambda: _start(scores, labels, m, "triton", kernel_options, known),
                                   "histogram kernel", "counting with torch operations (the same counts, slower)",
                                   scores.device)
         if started is not None:
             return started
-    return _start(scores, labels, m, "torch", block, ends, known)
+    return _start(scores, labels, m, "torch", kernel_options, known)
 
 
-def _start(scores, labels, m, kernel, block, ends, known):
+def _start(scores, labels, m, kernel, options, known):
     import torch
 
     n, p = scores.shape
@@ -89,7 +95,7 @@ def _start(scores, labels, m, kernel, block, ends, known):
         from segood.metrics import _device_triton as kernels  # made on first use: importing Triton is slow
     else:
         kernels = None
-    steps = (scores, labels, m, narrow, bf16, kernels, block, ends)
+    steps = (scores, labels, m, narrow, bf16, kernels, options)
     known = None if known is None else np.asarray(known, np.int64)
     if known is None or not known.size or not scores.numel() or n * known.size * 2 << m > _KNOWN_LIMIT:
         counted = _two_passes(*steps)  # (at once: a kernel that cannot build fails inside start_histograms' attempt)
@@ -101,8 +107,9 @@ def _start(scores, labels, m, kernel, block, ends, known):
     table = torch.zeros((n * known.size * 2 << m) + 1, dtype=torch.int32 if p < 1 << 31 else torch.int64,
                         device=scores.device)  # (the last: a dump)
     if kernels is not None:
-        kernels.count[(n * triton_cdiv(p, block),)](scores, labels, slot_of, table, counters, n, p, known.size, M=m,
-                                                     WIDE=not narrow, BF16=bf16, BLOCK=block, ENDS=ends, KNOWN=True)
+        kernels.count[(n * triton_cdiv(p, options["BLOCK"]),)](scores, labels, slot_of, table, counters, n, p,
+                                                               known.size, M=m, WIDE=not narrow, BF16=bf16, KNOWN=True,
+                                                               **options)
     else:
         _torch_count(scores, labels, slot_of, table, known.size, m, narrow, counters)
     return functools.partial(_known_counts, steps, known, _to_host(table, counters))
@@ -126,7 +133,7 @@ def _counted_twice(steps):
         return _two_passes(*steps)
     counted = _triton.attempt(lambda: _two_passes(*steps), "histogram kernel",
                               "counting with torch operations (the same counts, slower)", steps[0].device)
-    return _two_passes(*steps[:5], None, *steps[6:]) if counted is None else counted
+    return _two_passes(*steps[:5], None, steps[6]) if counted is None else counted
 
 
 def _to_host(*tensors):
@@ -157,7 +164,7 @@ def _slot_table(known, device):
     return torch.from_numpy(slots).to(device)
 
 
-def _two_passes(scores, labels, m, narrow, bf16, kernels, block, ends):
+def _two_passes(scores, labels, m, narrow, bf16, kernels, options):
     """The counts of :func:`float_histograms`: the occupied binades, then the counts in their slots."""
     import torch
 
@@ -166,6 +173,7 @@ def _two_passes(scores, labels, m, narrow, bf16, kernels, block, ends):
     flags = torch.zeros(n * BINADES + 3, dtype=torch.int64, device=device)  # presence, then problems: one read
     presence, problems = flags[: n * BINADES].view(n, BINADES), flags[n * BINADES :]
     kernel = "torch" if kernels is None else "triton"
+    block = options["BLOCK"]
     if not scores.numel():
         pass  # nothing to launch
     elif kernel == "triton":
@@ -188,7 +196,7 @@ def _two_passes(scores, labels, m, narrow, bf16, kernels, block, ends):
             if kernel == "triton":
                 kernels.count[((stop - start) * triton_cdiv(p, block),)](
                     scores[start:stop], labels[start:stop], slot_of, table, problems, stop - start, p, union.size,
-                    M=m, WIDE=not narrow, BF16=bf16, BLOCK=block, ENDS=ends, KNOWN=False)
+                    M=m, WIDE=not narrow, BF16=bf16, KNOWN=False, **options)
             else:
                 _torch_count(scores[start:stop], labels[start:stop], slot_of, table, union.size, m, narrow)
             table = table.cpu().numpy()[:-1].reshape(stop - start, union.size, 2, width)  # the last: a dump

@@ -102,12 +102,34 @@ def presence(scores, labels, flags, problems, N, P, M: tl.constexpr, WIDE: tl.co
     tl.store(row + binade, 1, mask=counted & ~in_low & ~in_high)
 
 
+@triton.jit
+def _later(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _add_runs(table, index, counted, BLOCK: tl.constexpr, RUN: tl.constexpr):
+    """table[index] += 1 for the counted pixels, RUN at a time sorted by their counter: each run of one counter
+    added by one atomic addition, so a group adds as many times as it holds distinct counters, not pixels."""
+    GROUPS: tl.constexpr = BLOCK // RUN
+    key = tl.reshape(tl.where(counted, index, 2147483647), (GROUPS, RUN))  # (the uncounted last, left out)
+    key = tl.sort(key)
+    j = tl.broadcast_to(tl.arange(0, RUN)[None, :], (GROUPS, RUN))
+    first = (j == 0) | (key != tl.gather(key, tl.maximum(j - 1, 0), 1))
+    last = (j == RUN - 1) | (key != tl.gather(key, tl.minimum(j + 1, RUN - 1), 1))
+    start = tl.associative_scan(tl.where(first, j, 0), 1, _later)  # each pixel's run begins there
+    n = (j - start + 1).to(table.dtype.element_ty)
+    tl.atomic_add(table + key, n, mask=last & (key != 2147483647), sem="relaxed")
+
+
 @triton.jit(do_not_specialize=["N", "SLOTS"])  # SLOTS, the binades in use, changes from batch to batch
 def count(scores, labels, slot_of, table, problems, N, P, SLOTS, M: tl.constexpr, WIDE: tl.constexpr,
-          BF16: tl.constexpr, BLOCK: tl.constexpr, ENDS: tl.constexpr, KNOWN: tl.constexpr):
+          BF16: tl.constexpr, BLOCK: tl.constexpr, ENDS: tl.constexpr, KNOWN: tl.constexpr, RUN: tl.constexpr):
     """table[image, slot_of[binade], label, low] += 1 for every counted pixel. ``ENDS``: the pixels of the block's
     lowest and highest bin, per label, added by one atomic addition each (the saturated scores of a confident
     network fill the end bins: one counter that every pixel's own addition would wait for), the others one by one.
+    ``RUN`` (a power of two dividing BLOCK, or 0): the pixels sorted by their counter RUN at a time and each run of
+    one counter added at once (:func:`_add_runs`; the table's counters are below 2^31).
     ``KNOWN``: the slots are those of binades known beforehand (-1 for the others), and this pass also counts the
     problems and, at problems[N_MISSED], the counted pixels of the other binades, which it leaves out."""
     image, offsets, inside, base = _block(N, P, BLOCK)
@@ -133,4 +155,7 @@ def count(scores, labels, slot_of, table, problems, N, P, SLOTS, M: tl.constexpr
                 tl.atomic_add(table + at, n.to(table.dtype.element_ty), mask=n > 0, sem="relaxed")
             counted = counted & ~there
     index = (row * 2 + label) * (1 << M) + low
-    tl.atomic_add(table + index, 1, mask=counted, sem="relaxed")
+    if RUN:
+        _add_runs(table, index.to(tl.int32), counted, BLOCK, RUN)
+    else:
+        tl.atomic_add(table + index, 1, mask=counted, sem="relaxed")
