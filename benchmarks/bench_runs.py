@@ -37,7 +37,8 @@ from segood.models import load_model  # noqa: E402
 from segood.models.network import preprocess  # noqa: E402
 
 M = 10
-VARIANTS = (("one a pixel", False, 0), ("ends", True, 0), ("runs 32", False, 32), ("runs 256", False, 256), ("runs 2048", False, 2048), ("ends, runs 256", True, 256))
+VARIANTS = (("one a pixel", False, 0), ("ends", True, 0), ("runs 32", False, 32), ("runs 256", False, 256),
+            ("runs 2048", False, 2048), ("ends, runs 256", True, 256))  # (name, ends, runs)
 
 
 def counters(scores, labels, block=_device.BLOCK):

@@ -180,7 +180,8 @@ def check_float_order_kernel(device, scores, wide, labels):
     of the adversarial and the wide scores: float32 at m = 1, 10, 14, float16 and float64 at m = 10 (each case a
     compilation of the Triton kernels), in two passes and in one pass over known binades (the batch's, more, all
     but one: the two passes again), each program's end bins added pixel by pixel and at once (``ends``), and its
-    pixels added by runs of one counter (``runs``). Returns the kernel's name."""
+    pixels added by runs of one counter (``runs``); on a CUDA device the CUDA kernel that counts in shared memory
+    too, on the known binades. Returns the kernel's name."""
     from segood import _triton
     from segood.metrics import _device, _kernels
     from segood.metrics.functional import as_numpy_inputs
@@ -207,6 +208,16 @@ def check_float_order_kernel(device, scores, wide, labels):
                     assert np.array_equal(binades, want[0]) and np.array_equal(counts, want[1]), \
                         f"{case}, image {i}: counts differ from the CPU kernel's"
                 assert np.array_equal(problems, sum(want[2] for want in wants)), f"{case}: problems differ"
+            if kernel == "triton":  # the CUDA kernel that counts in shared memory (Triton where it does not apply)
+                for known in (union, np.union1d(union, [1, 4000]), union[1:]):
+                    images, problems = _device.float_histograms(torch.from_numpy(data).to(device),
+                                                                torch.from_numpy(batch_labels).to(device), m,
+                                                                kernel="cuda", known=known)
+                    case = f"cuda kernel, {name} scores, m = {m}, {known.size} known binades"
+                    for i, ((binades, counts), want) in enumerate(zip(images, wants)):
+                        assert np.array_equal(binades, want[0]) and np.array_equal(counts, want[1]), \
+                            f"{case}, image {i}: counts differ from the CPU kernel's"
+                    assert np.array_equal(problems, sum(want[2] for want in wants)), f"{case}: problems differ"
     return kernel
 
 
@@ -469,7 +480,7 @@ def time_accumulators(device, scale, work):
     without the end bins at once, and with each program's pixels added by runs of one counter); on saturated
     scores (``bench_metrics.saturated``: a confident network's), where every pixel's own addition meets the same
     counter, and on the demo network's max softmax (``bench_runs.network_maps``), whose neighbouring pixels share
-    counters."""
+    counters; the CUDA kernel that counts in shared memory (``kernel="cuda"``) on each of these and on float16."""
     from segood import _triton
     from segood.metrics import _device
 
@@ -503,9 +514,10 @@ def time_accumulators(device, scale, work):
     # evaluation does it while the device runs the next batch's network)
     warm = FloatOrderAccumulator(10, per_image=True).update(scores, labels)
 
-    def one_pass(flat, ends=False, runs=0, labels=flat_labels):
+    def one_pass(flat, ends=False, runs=0, labels=flat_labels, kernel=None):
         known = np.unique(np.concatenate([b for b, _ in _device.float_histograms(flat, labels, 10)[0]]))
-        return functools.partial(_device.float_histograms, flat, labels, 10, known=known, ends=ends, runs=runs)
+        return functools.partial(_device.float_histograms, flat, labels, 10, known=known, ends=ends, runs=runs,
+                                 kernel=kernel)
 
     named = {
         "floor_ms": floor,
@@ -545,10 +557,23 @@ def time_accumulators(device, scale, work):
         for name, flat, lab in (("", flat_scores, flat_labels), ("_saturated", flat_confident, flat_labels),
                                 ("_network", flat_network, flat_map_labels)):
             named[f"float_m10_kernel_known_runs{runs}{name}_ms"] = one_pass(flat, runs=runs, labels=lab)
+    # the CUDA kernel that counts in shared memory (segood.metrics._device_cuda), where it builds
+    cuda_failed = None
+    try:
+        if device.type == "cuda":
+            first = _device.float_histograms(flat_scores[:1], flat_labels[:1], 10)[0][0][0]  # (its binades)
+            _device.float_histograms(flat_scores[:1], flat_labels[:1], 10, kernel="cuda", known=first)
+    except Exception as err:  # noqa: BLE001 - recorded in the report
+        cuda_failed = f"{type(err).__name__}: {str(err)[:500]}"
+    if device.type == "cuda" and cuda_failed is None:
+        for name, flat, lab in (("", flat_scores, flat_labels), ("_saturated", flat_confident, flat_labels),
+                                ("_network", flat_network, flat_map_labels),
+                                ("_float16", half.reshape(scale["maps"], -1), flat_labels)):
+            named[f"float_m10_kernel_known_cuda{name}_ms"] = one_pass(flat, labels=lab, kernel="cuda")
     ms = dict(zip(named, interleaved_best_ms(list(named.values()), scale["repeat"] * 3, device)))
     result = {**ms, "pixels": int(scores.numel()), "maps": scale["maps"], "size": [height, width],
               "kernel": ("triton" if _triton.available() else "torch") if device.type == "cuda" else "numba",
-              "runs_failed": runs_failed}
+              "runs_failed": runs_failed, "cuda_failed": cuda_failed}
     for name, value in ms.items():
         if name not in ("floor_ms", "float16_floor_ms"):
             floor_ms = ms["float16_floor_ms"] if name.startswith("float16") else ms["floor_ms"]

@@ -3,12 +3,18 @@ batch, bit for bit: the torch path on CPU tensors here, the Triton kernel in Tri
 with TRITON_INTERPRET=1, which Triton reads when it makes a kernel); and the accumulator fed tensors through the
 device path against the numpy path, state for state."""
 
+import functools
+import itertools
+import shutil
+import subprocess
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 from segood import _triton
-from segood.metrics import FloatOrderAccumulator, _device, _kernels, float_order
+from segood.metrics import FloatOrderAccumulator, _device, _device_cuda, _kernels, float_order
 from segood.metrics.float_order import bin_thresholds
 from segood.metrics.functional import as_numpy_inputs
 
@@ -89,10 +95,11 @@ def known_binades(wants, which):
     return union
 
 
-def check_kernel(kernel, dtype, m, block=_device.BLOCK, ends=False, runs=0, known=None):
+def check_kernel(kernel, dtype, m, block=_device.BLOCK, ends=False, runs=0, known=None, device="cpu"):
     scores, labels = batch(dtype, m)
     wants = [numba_reference(scores[i], labels[i], m) for i in range(len(scores))]
-    images, problems = _device.float_histograms(torch.as_tensor(scores), torch.as_tensor(labels), m, kernel=kernel,
+    images, problems = _device.float_histograms(torch.as_tensor(scores).to(device),
+                                                torch.as_tensor(labels).to(device), m, kernel=kernel,
                                                 block=block, ends=ends, runs=runs,
                                                 known=known and known_binades(wants, known))
     want_problems = np.zeros(3, np.int64)
@@ -152,6 +159,113 @@ def test_the_triton_kernel_in_the_interpreter_equals_the_numba_kernel_per_image(
     each program's pixels counted by runs of one counter (:data:`RUNS`)."""
     out = run_under_triton_interpreter(__file__)
     assert out.count("equal") == len(DTYPES) * 3 * 2 + len(DTYPES) * len(KNOWN) + len(RUNS), out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_the_shared_memory_cuda_kernel_compiles(dtype):
+    """NVRTC (torch's run-time compiler, which needs no device) makes the kernel of each score dtype and m."""
+    from torch.cuda import _utils
+
+    try:
+        _utils._get_nvrtc_library()
+    except (OSError, RuntimeError) as err:
+        pytest.skip(f"torch's NVRTC does not load here: {err}")
+    for m in (1, 10, 14):
+        binary, name = _utils._nvrtc_compile(_device_cuda.source(dtype, m), "count_shared", "90")  # (an H100's)
+        assert name == "count_shared" and binary.startswith(b"\x7fELF"), f"{dtype} m={m}"
+
+
+# The CUDA kernel's source as C++ on the CPU, one thread a block (its barriers then order nothing): every block of
+# the grid in turn, each counting its stretch into its own table and adding that to the image's.
+EMULATION = r"""
+#include <algorithm>
+#include <cstring>
+struct Index { unsigned int x; };
+static Index threadIdx = {0}, blockIdx = {0}, blockDim = {1};
+static int* emulated_shared;
+static inline void __syncthreads() {}
+static inline int atomicAdd(int* at, int value) { int old = *at; *at += value; return old; }
+static inline unsigned long long atomicAdd(unsigned long long* at, unsigned long long value) {
+    unsigned long long old = *at; *at += value; return old;
+}
+static inline unsigned int __float_as_uint(float x) { unsigned int u; std::memcpy(&u, &x, 4); return u; }
+static inline int __float_as_int(float x) { int i; std::memcpy(&i, &x, 4); return i; }
+using std::min;
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(threads)
+"""
+
+EMULATION_RUN = r"""
+extern "C" void run(const scalar_t* scores, const unsigned char* labels, const int* slot_of, int* table,
+                    unsigned long long* counters, int n, int p, int slots, int stretch, int blocks) {
+    std::vector<int> shared_table((slots * 2 << M) + 4);
+    emulated_shared = shared_table.data();
+    for (blockIdx.x = 0; blockIdx.x < (unsigned int)blocks; blockIdx.x++)
+        count_shared(scores, labels, slot_of, table, counters, n, p, slots, stretch);
+}
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def emulated_cuda_kernel(dtype, m, folder):
+    """The CUDA kernel of ``dtype`` and ``m`` compiled by the C++ compiler for :data:`EMULATION` (ctypes)."""
+    import ctypes
+
+    source = _device_cuda.source(dtype, m).replace("extern __shared__ int shared[];", "int* shared = emulated_shared;")
+    path = Path(folder) / f"count_{dtype}_{m}"
+    path.with_suffix(".cpp").write_text(EMULATION + "#include <vector>\n" + source + EMULATION_RUN)
+    subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(path.with_suffix(".so")), str(path.with_suffix(".cpp"))],
+                   check=True, capture_output=True, text=True)
+    return ctypes.CDLL(str(path.with_suffix(".so"))).run
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs a C++ compiler")
+@pytest.mark.parametrize("known", KNOWN)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_the_shared_memory_cuda_kernel_as_cpp_equals_the_numba_kernel_per_image(tmp_path_factory, dtype, known):
+    """The CUDA kernel's own source, compiled as C++ and run one thread a block on the CPU, over the adversarial
+    batch in stretches of 97 pixels (so that an image's last stretch is short and blocks of every image take
+    turns), at m = 1, 10 and 14: each image's table, the problems and the pixels of binades without a slot equal
+    the numba kernel's."""
+    import ctypes
+
+    folder = str(tmp_path_factory.getbasetemp() / "cuda_as_cpp")
+    Path(folder).mkdir(exist_ok=True)
+    for m in (1, 10, 14):
+        scores, labels = batch(dtype, m)
+        wants = [numba_reference(scores[i], labels[i], m) for i in range(len(scores))]
+        binades = known_binades(wants, known)
+        bits = torch.as_tensor(scores).contiguous().view(torch.int32 if dtype == "float32" else torch.int16).numpy()
+        labels = np.ascontiguousarray(labels)
+        n, p = labels.shape
+        slot_of = np.full(_kernels.BINADES, -1, np.int32)
+        slot_of[binades] = np.arange(binades.size, dtype=np.int32)
+        table = np.zeros((n, binades.size, 2, 1 << m), np.int32)
+        counters = np.zeros(4, np.uint64)
+        stretch = 97
+        blocks = n * -(-p // stretch)
+        emulated_cuda_kernel(dtype, m, folder)(*(ctypes.c_void_p(a.ctypes.data) for a in (bits, labels, slot_of, table,
+                                                                                            counters)),
+                                               n, p, binades.size, stretch, blocks)
+        missed = 0
+        for i, (want_binades, want_counts, _) in enumerate(wants):
+            inside = np.isin(want_binades, binades)
+            np.testing.assert_array_equal(table[i, slot_of[want_binades[inside]]], want_counts[inside],
+                                          err_msg=f"{dtype} m={m} known={known} image {i}")
+            assert table[i].sum() == want_counts[inside].sum()
+            missed += want_counts[~inside].sum()
+        np.testing.assert_array_equal(counters, [*sum(want[2] for want in wants), missed])
+        assert (missed > 0) == (known == "fewer")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_shared_memory_cuda_kernel_equals_the_numba_kernel_per_image():
+    """Where the known binades' table fits in shared memory (float32, float16 and bfloat16 at m = 1 and 10), the
+    CUDA kernel counts; elsewhere (float64, m = 14) the Triton kernel: the same counts either way."""
+    for dtype, m, known in itertools.product(("float32", "float16", "bfloat16", "float64"), (1, 10, 14), KNOWN):
+        check_kernel("cuda", dtype, m, known=known, device="cuda")
 
 
 def check_empty(kernel):

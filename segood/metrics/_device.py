@@ -10,7 +10,8 @@ Two passes over the scores, two waits for the device per batch whatever its size
    the batch, through a 4096-entry binade -> slot lookup; the host reads the table.
 Where the binades are known beforehand (``known``: an accumulator's, once its first batches have been counted),
 one pass and one wait: pass 2 on the known binades' slots, counting the problems too and the pixels of any other
-binade; only where there are such pixels is the batch counted again by the two passes.
+binade; only where there are such pixels is the batch counted again by the two passes. That pass can instead run
+a CUDA kernel that counts in shared memory (``kernel="cuda"``, :mod:`segood.metrics._device_cuda`).
 
 The key of a float16 / bfloat16 / float32 score is computed from its own bits in 32-bit integers: the float64
 exponent and the top m mantissa bits of its exact float64 value (a subnormal is normalised through the exact
@@ -24,6 +25,7 @@ import numpy as np
 
 from segood import _triton
 from segood.labels import IGNORE, OOD
+from segood.metrics import _device_cuda
 from segood.metrics._kernels import BINADES, N_BAD_LABEL, N_BAD_SCORE, N_IGNORED
 
 _NARROW = ("float16", "bfloat16", "float32", "int8", "uint8", "int16", "bool")  # exact in float32
@@ -43,6 +45,9 @@ def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK, ends=False,
         m: mantissa bits, 1 to 14.
         kernel: "triton" or "torch"; default Triton for CUDA tensors when it imports and builds its kernels here
             (where it cannot, a warning says why and the torch path, which counts alike, is used from then on).
+            "cuda": the one pass over known binades by :mod:`segood.metrics._device_cuda`'s kernel, which counts
+            in shared memory (float32, float16 and bfloat16 scores whose known binades' table fits there; Triton
+            elsewhere; not the default until the device check has timed it).
         block: pixels per Triton program (a power of two).
         ends: each Triton program adds the pixels of its lowest and highest bin with one atomic addition per label
             (the same counts; on an H200 within 1%, 19-22% faster on saturated scores; off until the
@@ -89,9 +94,11 @@ def _start(scores, labels, m, kernel, options, known):
     if not narrow and scores.dtype not in (torch.float64, torch.int32, torch.int64):
         scores = scores.to(torch.float64)  # uint16/32/64: rare, converted as numpy converts them
     scores, labels = scores.contiguous(), labels.contiguous()
-    if kernel not in ("triton", "torch"):
-        raise ValueError(f"kernel must be 'triton' or 'torch', got {kernel!r}")
-    if kernel == "triton":
+    if kernel not in ("triton", "torch", "cuda"):
+        raise ValueError(f"kernel must be 'triton', 'torch' or 'cuda', got {kernel!r}")
+    if kernel == "cuda" and not scores.is_cuda:
+        raise ValueError(f"kernel 'cuda' counts CUDA tensors, got scores on {scores.device}")
+    if kernel in ("triton", "cuda"):
         from segood.metrics import _device_triton as kernels  # made on first use: importing Triton is slow
     else:
         kernels = None
@@ -106,7 +113,10 @@ def _start(scores, labels, m, kernel, options, known):
     counters = torch.zeros(4, dtype=torch.int64, device=scores.device)  # problems, then the pixels missed
     table = torch.zeros((n * known.size * 2 << m) + 1, dtype=torch.int32 if p < 1 << 31 else torch.int64,
                         device=scores.device)  # (the last: a dump)
-    if kernels is not None:
+    if kernel == "cuda" and _device_cuda.supports(scores.dtype) and table.dtype == torch.int32 \
+            and _device_cuda.fits(known.size, m, scores.device):
+        _device_cuda.count(scores, labels, slot_of, table, counters, known.size, m)
+    elif kernels is not None:
         kernels.count[(n * triton_cdiv(p, options["BLOCK"]),)](scores, labels, slot_of, table, counters, n, p,
                                                                known.size, M=m, WIDE=not narrow, BF16=bf16, KNOWN=True,
                                                                **options)
