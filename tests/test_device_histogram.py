@@ -260,6 +260,16 @@ def test_the_shared_memory_cuda_kernel_as_cpp_equals_the_numba_kernel_per_image(
         assert (missed > 0) == (known == "fewer")
 
 
+@pytest.mark.parametrize("n, p, resident", [(8, 1024 * 2048, 132), (1, 1024 * 2048, 264), (3, 100, 132),
+                                             (16, 512 * 1024, 132), (1, 1 << 15, 8), (2, (1 << 16) + 1, 1),
+                                             (1, 9 << 15, 1 << 20)])
+def test_the_cuda_kernels_stretches_cover_each_image_once(n, p, resident):
+    blocks, stretch = _device_cuda.stretches(n, p, resident)
+    starts = np.arange(blocks) * stretch
+    assert starts[-1] < p <= starts[-1] + stretch  # every pixel in one stretch, no block without pixels
+    assert stretch >= min(p, _device_cuda.MIN_STRETCH) and n * blocks <= max(resident, n) + n
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_the_shared_memory_cuda_kernel_equals_the_numba_kernel_per_image():
     """Where the known binades' table fits in shared memory (float32, float16 and bfloat16 at m = 1 and 10), the

@@ -1,7 +1,7 @@
 """A CUDA kernel of :mod:`segood.metrics._device`'s one pass over known binades that counts in shared memory.
 
 The Triton count kernel adds every counted pixel to its counter in device memory: one atomic addition a pixel,
-about 12 G pixels a second on an H100, a tenth of the memory-read floor. Triton has no scattered additions to
+about 12 G pixels a second on an H200, a tenth of the memory-read floor. Triton has no scattered additions to
 shared memory, so this kernel is CUDA C, compiled at run time by NVRTC (``torch.cuda._compile_kernel``: no
 compiler beyond the one torch ships). Each thread block counts a stretch of one image into a table of its own in
 shared memory (all the known binades' slots: ``fits``), then adds the table's non-zero counters to the image's
@@ -16,7 +16,7 @@ from segood.labels import IGNORE, OOD
 from segood.metrics._kernels import N_BAD_LABEL, N_BAD_SCORE, N_IGNORED
 
 THREADS = 1024  # per thread block
-MIN_STRETCH = 1 << 15  # pixels a block counts at least: its table's additions stay a fraction of its pixels'
+MIN_STRETCH = 1 << 15  # pixels a block counts at least: its table's additions stay a fraction of its pixels
 _SCALARS = {"float32": ("unsigned int", 0), "float16": ("unsigned short", 1), "bfloat16": ("unsigned short", 2)}
 
 SOURCE = r"""
@@ -125,6 +125,24 @@ def shared_limit(device_index):
     return getattr(props, "shared_memory_per_block_optin", 48 << 10)
 
 
+def resident_blocks(device, slots, m):
+    """Thread blocks of the kernel the CUDA device runs at once, as many as its multiprocessors' shared memory and
+    threads hold: each then counts one long stretch, whose table it adds to device memory once."""
+    import torch
+
+    props = torch.cuda.get_device_properties(device)
+    shared = getattr(props, "shared_memory_per_multiprocessor", shared_limit(device.index))
+    per_processor = min(shared // table_bytes(slots, m), props.max_threads_per_multi_processor // THREADS)
+    return props.multi_processor_count * max(1, per_processor)
+
+
+def stretches(n, p, resident):
+    """(thread blocks per image, pixels each counts) for n images of p pixels: about ``resident`` blocks in all,
+    each counting at least :data:`MIN_STRETCH` pixels where the images hold as many."""
+    stretch = -(-p // max(1, min(-(-resident // n), -(-p // MIN_STRETCH))))
+    return max(1, -(-p // stretch)), stretch
+
+
 def fits(slots, m, device):
     return table_bytes(slots, m) <= shared_limit(device.index)
 
@@ -147,9 +165,7 @@ def count(scores, labels, slot_of, table, counters, slots, m):
 
     n, p = scores.shape
     device = scores.device
-    blocks_per_image = -(-torch.cuda.get_device_properties(device).multi_processor_count * 2 // n)
-    blocks_per_image = max(1, min(blocks_per_image, -(-p // MIN_STRETCH)))
-    stretch = -(-p // blocks_per_image)
+    blocks_per_image, stretch = stretches(n, p, resident_blocks(device, slots, m))
     kernel = _kernel(str(scores.dtype).replace("torch.", ""), m, device.index)
     with torch.cuda.device(device):  # (its module is loaded on that device)
         kernel(grid=(n * blocks_per_image, 1, 1), block=(THREADS, 1, 1),
