@@ -1,13 +1,16 @@
 """How many atomic additions the device histogram's count pass makes, per counted pixel, on the CPU.
 
-    python benchmarks/bench_runs.py [--frames 8] [--height 512] [--width 1024]
+    python benchmarks/bench_runs.py [--frames 8] [--height 1024] [--width 2048]
 
 The Triton count kernel (segood.metrics._device_triton.count) adds each counted pixel to its counter in device
 memory: one atomic addition a pixel, which bounds it at a fraction of the memory-read floor. With ``ends`` a
 program adds the pixels of its block's lowest and highest bin (per label) at once; with ``runs=R`` it sorts its
-pixels by counter R at a time and adds each run of one counter at once. What that saves depends on how many
-distinct counters R neighbouring pixels meet, so this counts the additions each variant makes, exactly as the
-kernel groups the pixels (blocks of 2048 pixels of one image, groups of R within a block), at m = 10, on:
+pixels by counter R at a time and adds each run of one counter at once; the CUDA kernel
+(segood.metrics._device_cuda) counts a long stretch of an image per thread block in shared memory and adds each
+distinct counter once. What that saves depends on how many distinct counters neighbouring pixels meet, so this
+counts the additions to device memory each variant makes, exactly as the kernels group the pixels (Triton: blocks
+of 2048 pixels of one image, groups of R within a block; CUDA: the stretches it would count on an H100), at m = 10,
+on:
 
 - the GPU check's maps: uniform scores with random labels (every pixel independent) and their saturated version;
 - the score maps of the demo's PSPNet (``checkpoints/demo_plain.pt``) on generated Cityscapes-format frames shown
@@ -32,11 +35,12 @@ from bench_metrics import saturated  # noqa: E402
 from segood.demo import CHECKPOINTS  # noqa: E402
 from segood.labels import IGNORE  # noqa: E402
 from segood.methods.functional import energy, entropy_from_logits, max_logit, max_softmax_from_logits  # noqa: E402
-from segood.metrics import _device  # noqa: E402
+from segood.metrics import _device, _device_cuda  # noqa: E402
 from segood.models import load_model  # noqa: E402
 from segood.models.network import preprocess  # noqa: E402
 
 M = 10
+H100 = {"multiprocessors": 132, "shared_per_multiprocessor": 233472, "threads_per_multiprocessor": 2048}
 VARIANTS = (("one a pixel", False, 0), ("ends", True, 0), ("runs 32", False, 32), ("runs 256", False, 256),
             ("runs 2048", False, 2048), ("ends, runs 256", True, 256))  # (name, ends, runs)
 
@@ -78,6 +82,23 @@ def additions(key, bin_key, ends, runs):
     return total + int(distinct.sum() + ((groups[:, 1:] != groups[:, :-1]) & (groups[:, 1:] >= 0)).sum())
 
 
+def shared_additions(key, p, device=H100):
+    """Atomic additions to device memory of the CUDA kernel (segood.metrics._device_cuda) over the counters of
+    :func:`counters` on ``device``: each thread block adds the distinct counters of its stretch once."""
+    n = key.shape[0]
+    key = key.reshape(n, -1)[:, :p]
+    slots = np.unique(key[key >= 0] >> (M + 1)).size
+    per = min(device["shared_per_multiprocessor"] // _device_cuda.table_bytes(slots, M),
+              device["threads_per_multiprocessor"] // _device_cuda.THREADS)
+    blocks, stretch = _device_cuda.stretches(n, p, device["multiprocessors"] * max(1, per))
+    total = 0
+    for image in key:
+        for start in range(0, p, stretch):
+            part = image[start : start + stretch]
+            total += np.unique(part[part >= 0]).size
+    return total
+
+
 def network_maps(frames, height, width):
     """{method: (frames, height, width) float32 scores}, uint8 labels (ID but for an ignored strip at the bottom):
     the demo's plain PSPNet on generated frames, on the CPU."""
@@ -101,8 +122,8 @@ def network_maps(frames, height, width):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--frames", type=int, default=8)
-    parser.add_argument("--height", type=int, default=512)
-    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--height", type=int, default=1024)
+    parser.add_argument("--width", type=int, default=2048)
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     shape = (args.frames, args.height, args.width)
@@ -114,12 +135,13 @@ def main():
     inputs.update({f"demo PSPNet, {name}": (scores, map_labels) for name, scores in maps.items()})
     print(f"atomic additions per counted pixel, m = {M}, blocks of {_device.BLOCK}, {args.frames} maps of "
           f"{args.height}x{args.width}")
-    print("| scores | " + " | ".join(name for name, _, _ in VARIANTS) + " |")
-    print("|---|" + "---:|" * len(VARIANTS))
+    print("| scores | " + " | ".join(name for name, _, _ in VARIANTS) + " | shared memory (CUDA, an H100) |")
+    print("|---|" + "---:|" * (len(VARIANTS) + 1))
     for name, (scores, lab) in inputs.items():
         key, bin_key = counters(scores, lab)
         pixels = int((key >= 0).sum())
         cells = [f"{additions(key, bin_key, ends, runs) / pixels:.3f}" for _, ends, runs in VARIANTS]
+        cells.append(f"{shared_additions(key, scores[0].size) / pixels:.3f}")
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 

@@ -482,7 +482,7 @@ def time_accumulators(device, scale, work):
     counter, and on the demo network's max softmax (``bench_runs.network_maps``), whose neighbouring pixels share
     counters; the CUDA kernel that counts in shared memory (``kernel="cuda"``) on each of these and on float16."""
     from segood import _triton
-    from segood.metrics import _device
+    from segood.metrics import _device, _device_cuda
 
     height, width = scale["size"]
     rng = np.random.default_rng(0)
@@ -558,7 +558,7 @@ def time_accumulators(device, scale, work):
                                 ("_network", flat_network, flat_map_labels)):
             named[f"float_m10_kernel_known_runs{runs}{name}_ms"] = one_pass(flat, runs=runs, labels=lab)
     # the CUDA kernel that counts in shared memory (segood.metrics._device_cuda), where it builds
-    cuda_failed = None
+    cuda_failed, cuda_slots = None, {}  # (binades known, whether their table fits in shared memory) by input
     try:
         if device.type == "cuda":
             first = _device.float_histograms(flat_scores[:1], flat_labels[:1], 10)[0][0][0]  # (its binades)
@@ -569,11 +569,13 @@ def time_accumulators(device, scale, work):
         for name, flat, lab in (("", flat_scores, flat_labels), ("_saturated", flat_confident, flat_labels),
                                 ("_network", flat_network, flat_map_labels),
                                 ("_float16", half.reshape(scale["maps"], -1), flat_labels)):
-            named[f"float_m10_kernel_known_cuda{name}_ms"] = one_pass(flat, labels=lab, kernel="cuda")
+            named[f"float_m10_kernel_known_cuda{name}_ms"] = run = one_pass(flat, labels=lab, kernel="cuda")
+            cuda_slots[name or "_uniform"] = [int(run.keywords["known"].size),  # (beyond: Triton counts)
+                                              bool(_device_cuda.fits(run.keywords["known"].size, 10, device))]
     ms = dict(zip(named, interleaved_best_ms(list(named.values()), scale["repeat"] * 3, device)))
     result = {**ms, "pixels": int(scores.numel()), "maps": scale["maps"], "size": [height, width],
               "kernel": ("triton" if _triton.available() else "torch") if device.type == "cuda" else "numba",
-              "runs_failed": runs_failed, "cuda_failed": cuda_failed}
+              "runs_failed": runs_failed, "cuda_failed": cuda_failed, "cuda_slots": cuda_slots}
     for name, value in ms.items():
         if name not in ("floor_ms", "float16_floor_ms"):
             floor_ms = ms["float16_floor_ms"] if name.startswith("float16") else ms["floor_ms"]
