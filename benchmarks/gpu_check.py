@@ -602,7 +602,8 @@ def time_pipeline(device, scale, work):
     each batch size in fp32 and half precision (fp16 on CUDA, bf16 on the CPU), each batch's update beside the
     next batch's network (the default on CUDA), the batches pinned by the DataLoader and in blocks written again
     that are registered as pinned memory (``reading.device_batches``), one after the other; and at the largest
-    batch up to 4 with the updates in turn, and in fp32 in blocks pageable or registered. After a run that warms
+    batch up to 4 with the updates in turn, in fp32 in blocks pageable or registered, and at the batch sizes after
+    the first in registered blocks with the CUDA kernel's one pass (``_device.ONE_PASS``). After a run that warms
     up (kernels built, memory allocated), two runs over a and b copies of one set (as sets of their own: the frames
     of each are read and scored again): the run of b copies, start-up included, gives the end-to-end throughput;
     the difference of the two runs, the warm one (the run's fixed costs cancel: both runs have enough batches for
@@ -624,8 +625,10 @@ def time_pipeline(device, scale, work):
                 + [(p, in_turn, False, "pinned") for p in ("fp32", half)]
                 + [("fp32", in_turn, False, "registered"), ("fp32", in_turn, False, "pageable"),
                    ("fp32", in_turn, True, "pageable")])
+    variants = [(*variant, "triton") for variant in variants] + [
+        (p, b, True, "registered", "cuda") for p in ("fp32", half) for b in scale["batches"][1:]]
     rows = []
-    for precision, batch, overlap, blocks in variants:
+    for precision, batch, overlap, blocks, one_pass in variants:
         amp = None if precision == "fp32" else precision
         x = torch.randn(batch, 3, *scale["size"], device=device)
 
@@ -635,12 +638,14 @@ def time_pipeline(device, scale, work):
                 return model(x)
 
         forward_ms = interleaved_best_ms([forward], scale["repeat"], device)[0] / batch
-        with pipeline_variant(overlap, blocks):
+        with pipeline_variant(overlap, blocks, one_pass):
             seconds, stages, use = evaluate_seconds(model, runs, methods, work / f"pipeline_{precision}_{batch}_"
-                                                    f"{overlap}_{blocks}", batch_size=batch, device=device, amp=amp)
+                                                    f"{overlap}_{blocks}_{one_pass}", batch_size=batch,
+                                                    device=device, amp=amp)
         warm_ms = 1000 * (seconds[1] - seconds[0]) / (frames[1] - frames[0])
         readers_cpu_ms, readers_faults, main_faults = (use[1] - use[0]) / (frames[1] - frames[0])
         rows.append({"precision": precision, "batch": batch, "overlap": overlap, "blocks": blocks,
+                     "one_pass": one_pass,
                      "forward_ms_per_frame": forward_ms,
                      "evaluate_ms_per_frame_warm": warm_ms,
                      "evaluate_ms_per_frame_with_startup": 1000 * seconds[1] / frames[1],
@@ -653,21 +658,25 @@ def time_pipeline(device, scale, work):
 
 
 @contextlib.contextmanager
-def pipeline_variant(overlap=None, blocks=None):
+def pipeline_variant(overlap=None, blocks=None, one_pass=None):
     """``segood evaluate`` with each batch's update beside the next batch's network or in turn (``overlap``), its
     batches for the device pinned by the DataLoader or in blocks written again, pageable or registered (``blocks``:
-    ``reading.device_batches``); None: the default."""
+    ``reading.device_batches``), its histograms' one pass over known binades by the Triton or the CUDA kernel
+    (``one_pass``: ``segood.metrics._device.ONE_PASS``); None: the default."""
     from segood.evaluation import reading, runner
+    from segood.metrics import _device
 
-    saved = runner._overlaps, reading.device_batches
+    saved = runner._overlaps, reading.device_batches, _device.ONE_PASS
     if overlap is not None:
         runner._overlaps = lambda device: overlap
     if blocks is not None:
         reading.device_batches = lambda: blocks
+    if one_pass is not None:
+        _device.ONE_PASS = one_pass
     try:
         yield
     finally:
-        runner._overlaps, reading.device_batches = saved
+        runner._overlaps, reading.device_batches, _device.ONE_PASS = saved
 
 
 def evaluate_seconds(model, runs, methods, folder, **options):

@@ -34,6 +34,8 @@ _KNOWN_LIMIT = 1 << 22  # counters of a one-pass table (16 MiB of int32, all sen
 # whose table holds only the batch's own binades
 _CHUNK = 1 << 22  # pixels per step of the torch path: its int64 temporaries stay near 100 MiB
 BLOCK = 2048  # pixels per Triton program
+ONE_PASS = "triton"  # the default kernel of the one pass over known binades on CUDA: "triton" or "cuda" (the GPU
+# check's pipeline rows set it to compare them end to end)
 
 
 def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK, ends=False, runs=0, known=None):
@@ -75,7 +77,7 @@ def start_histograms(scores, labels, m, *, kernel=None, block=BLOCK, ends=False,
     if kernel is not None:
         return _start(scores, labels, m, kernel, kernel_options, known)
     if scores.is_cuda and _triton.available():
-        started = _triton.attempt(lambda: _start(scores, labels, m, "triton", kernel_options, known),
+        started = _triton.attempt(lambda: _start(scores, labels, m, ONE_PASS, kernel_options, known),
                                   "histogram kernel", "counting with torch operations (the same counts, slower)",
                                   scores.device)
         if started is not None:
