@@ -99,9 +99,13 @@ def shared_additions(key, p, device=H100):
     return total
 
 
-def network_maps(frames, height, width):
-    """{method: (frames, height, width) float32 scores}, uint8 labels (ID but for an ignored strip at the bottom):
-    the demo's plain PSPNet on generated frames, on the CPU."""
+FORMS = {"max_softmax": lambda x: 1 - max_softmax_from_logits(x), "entropy": entropy_from_logits,
+         "max_logit": lambda x: -max_logit(x), "energy": lambda x: -energy(x)}
+
+
+def network_maps(frames, height, width, device="cpu", forms=tuple(FORMS)):
+    """{form: (frames, height, width) float32 scores} of :data:`FORMS`, uint8 labels (ID but for an ignored strip at
+    the bottom): the demo's plain PSPNet on generated frames, run on ``device``, one frame at a time."""
     from segood.data.synthetic import write_cityscapes_tree
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -110,13 +114,17 @@ def network_maps(frames, height, width):
         images = [cv2.resize(cv2.imread(str(p))[:, :, ::-1], (width, height), interpolation=cv2.INTER_LINEAR)
                   for p in paths]
     model, _ = load_model(CHECKPOINTS / "demo_plain.pt")
-    with torch.no_grad():  # (the network's logits come upsampled to its input's size)
-        logits = model(preprocess(torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous())).logits
-    forms = {"max_softmax": lambda x: 1 - max_softmax_from_logits(x), "entropy": entropy_from_logits,
-             "max_logit": lambda x: -max_logit(x), "energy": lambda x: -energy(x)}
+    model.to(device)
+    maps = {name: [] for name in forms}
+    for image in images:
+        with torch.no_grad():  # (the network's logits come upsampled to its input's size)
+            x = preprocess(torch.from_numpy(image).permute(2, 0, 1)[None].contiguous().to(device))
+            logits = model(x).logits
+        for name in forms:
+            maps[name].append(FORMS[name](logits).float().cpu().numpy()[0])
     labels = np.zeros((frames, height, width), np.uint8)
     labels[:, int(height * 0.93):] = IGNORE
-    return {name: form(logits).float().numpy() for name, form in forms.items()}, labels
+    return {name: np.stack(values) for name, values in maps.items()}, labels
 
 
 def main():

@@ -208,17 +208,45 @@ def check_float_order_kernel(device, scores, wide, labels):
                     assert np.array_equal(binades, want[0]) and np.array_equal(counts, want[1]), \
                         f"{case}, image {i}: counts differ from the CPU kernel's"
                 assert np.array_equal(problems, sum(want[2] for want in wants)), f"{case}: problems differ"
-            if kernel == "triton":  # the CUDA kernel that counts in shared memory (Triton where it does not apply)
-                for known in (union, np.union1d(union, [1, 4000]), union[1:]):
-                    images, problems = _device.float_histograms(torch.from_numpy(data).to(device),
-                                                                torch.from_numpy(batch_labels).to(device), m,
-                                                                kernel="cuda", known=known)
-                    case = f"cuda kernel, {name} scores, m = {m}, {known.size} known binades"
-                    for i, ((binades, counts), want) in enumerate(zip(images, wants)):
-                        assert np.array_equal(binades, want[0]) and np.array_equal(counts, want[1]), \
-                            f"{case}, image {i}: counts differ from the CPU kernel's"
-                    assert np.array_equal(problems, sum(want[2] for want in wants)), f"{case}: problems differ"
+    if kernel == "triton":
+        check_cuda_kernel(device)
     return kernel
+
+
+def check_cuda_kernel(device):
+    """The CUDA kernel that counts in shared memory (``kernel="cuda"``) against the numba kernel, per image, on
+    scores of a few binades (a network's: uniform in [2^-8, 1), with ±0, 1, ±inf, a subnormal, -0.5, NaN at counted
+    and ignored pixels, bad labels), float32, float16 and bfloat16 at m = 1 and 10, on known binades (the batch's,
+    more, all but one: the two passes again); each case must have been counted by the CUDA kernel itself."""
+    from segood.metrics import _device, _device_cuda, _kernels
+    from segood.metrics.functional import as_numpy_inputs
+
+    rng = np.random.default_rng(3)
+    scores = 2.0 ** rng.uniform(-8, 0, (3, 200_000))
+    scores[:, :9] = [0.0, -0.0, 1.0, np.inf, -np.inf, 1e-40, -0.5, np.nan, np.nan]
+    labels = rng.integers(0, 2, scores.shape).astype(np.uint8)
+    labels[:, 7], labels[:, 8], labels[:, 20::37], labels[:, 30::101] = 0, 255, 255, 9
+    count, launched = _device_cuda.count, []
+    _device_cuda.count = lambda *args: launched.append(count(*args)) or launched[-1]
+    try:
+        for dtype, m in itertools.product((torch.float32, torch.float16, torch.bfloat16), (1, 10)):
+            data = torch.from_numpy(scores).to(dtype)
+            wants = [_kernels.float_histogram_numpy(*as_numpy_inputs(data[i].float().numpy(), labels[i],
+                                                                     keep_float32_exact=True), m, 1)
+                     for i in range(len(data))]
+            union = np.unique(np.concatenate([want[0] for want in wants]))
+            for known in (union, np.union1d(union, [1, 4000]), union[1:]):
+                images, problems = _device.float_histograms(data.to(device), torch.from_numpy(labels).to(device), m,
+                                                            kernel="cuda", known=known)
+                case = f"cuda kernel, {dtype} scores, m = {m}, {known.size} known binades"
+                assert launched.pop() is True and not launched, f"{case}: not counted by the CUDA kernel " \
+                    f"({_device_cuda.failure()})"
+                for i, ((binades, counts), want) in enumerate(zip(images, wants)):
+                    assert np.array_equal(binades, want[0]) and np.array_equal(counts, want[1]), \
+                        f"{case}, image {i}: counts differ from the CPU kernel's"
+                assert np.array_equal(problems, sum(want[2] for want in wants)), f"{case}: problems differ"
+    finally:
+        _device_cuda.count = count
 
 
 def check_methods(device, scale, work):
@@ -490,7 +518,7 @@ def time_accumulators(device, scale, work):
     scores = torch.rand(scale["maps"], height, width, device=device)
     half = scores.half()
     confident = torch.from_numpy(saturated(scores.cpu().numpy(), labels.cpu().numpy())).to(device)
-    maps, map_labels = network_maps(scale["maps"], height, width)
+    maps, map_labels = network_maps(scale["maps"], height, width, device=device, forms=("max_softmax",))
     flat_network = torch.from_numpy(maps["max_softmax"]).to(device).reshape(scale["maps"], -1)
     flat_map_labels = torch.from_numpy(map_labels).to(device).reshape(scale["maps"], -1)
     flat_scores, flat_labels = scores.reshape(scale["maps"], -1), labels.reshape(scale["maps"], -1)
@@ -547,10 +575,13 @@ def time_accumulators(device, scale, work):
     # each program's pixels sorted by counter, runs at a time, each run one addition (bench_runs.py counts them),
     # where its kernel builds (a failure is recorded, not left to turn every later kernel into the torch path)
     runs_failed = {}
+    first = _device.float_histograms(flat_scores[:1], flat_labels[:1], 10)[0][0][0]  # (the first map's binades)
     for runs in (32, 256, 2048):
         try:
             if device.type == "cuda":
-                _device.float_histograms(flat_scores[:1], flat_labels[:1], 10, kernel="triton", runs=runs)
+                for known in (None, first):  # (both passes' builds)
+                    _device.float_histograms(flat_scores[:1], flat_labels[:1], 10, kernel="triton", runs=runs,
+                                             known=known)
         except Exception as err:  # noqa: BLE001 - recorded in the report
             runs_failed[runs] = f"{type(err).__name__}: {str(err)[:500]}"
             continue
@@ -558,14 +589,11 @@ def time_accumulators(device, scale, work):
                                 ("_network", flat_network, flat_map_labels)):
             named[f"float_m10_kernel_known_runs{runs}{name}_ms"] = one_pass(flat, runs=runs, labels=lab)
     # the CUDA kernel that counts in shared memory (segood.metrics._device_cuda), where it builds
-    cuda_failed, cuda_slots = None, {}  # (binades known, whether their table fits in shared memory) by input
-    try:
-        if device.type == "cuda":
-            first = _device.float_histograms(flat_scores[:1], flat_labels[:1], 10)[0][0][0]  # (its binades)
-            _device.float_histograms(flat_scores[:1], flat_labels[:1], 10, kernel="cuda", known=first)
-    except Exception as err:  # noqa: BLE001 - recorded in the report
-        cuda_failed = f"{type(err).__name__}: {str(err)[:500]}"
-    if device.type == "cuda" and cuda_failed is None:
+    cuda_slots = {}  # (binades known, whether their table fits in shared memory) by input
+    if device.type == "cuda":
+        for data in (flat_scores, flat_scores.half()):  # (built before the timing; a failure is recorded)
+            _device.float_histograms(data[:1], flat_labels[:1], 10, kernel="cuda", known=first)
+    if device.type == "cuda" and _device_cuda.failure() is None:
         for name, flat, lab in (("", flat_scores, flat_labels), ("_saturated", flat_confident, flat_labels),
                                 ("_network", flat_network, flat_map_labels),
                                 ("_float16", half.reshape(scale["maps"], -1), flat_labels)):
@@ -575,7 +603,7 @@ def time_accumulators(device, scale, work):
     ms = dict(zip(named, interleaved_best_ms(list(named.values()), scale["repeat"] * 3, device)))
     result = {**ms, "pixels": int(scores.numel()), "maps": scale["maps"], "size": [height, width],
               "kernel": ("triton" if _triton.available() else "torch") if device.type == "cuda" else "numba",
-              "runs_failed": runs_failed, "cuda_failed": cuda_failed, "cuda_slots": cuda_slots}
+              "runs_failed": runs_failed, "cuda_failed": _device_cuda.failure(), "cuda_slots": cuda_slots}
     for name, value in ms.items():
         if name not in ("floor_ms", "float16_floor_ms"):
             floor_ms = ms["float16_floor_ms"] if name.startswith("float16") else ms["floor_ms"]
@@ -611,6 +639,7 @@ def time_pipeline(device, scale, work):
     readers; the others run beside one another where the updates overlap); and, warm, the readers' CPU time and
     page faults and the main process's page faults a frame."""
     from segood.evaluation.runner import default_methods
+    from segood.metrics import _device_cuda
 
     path = make_eval_set(work, scale["size"], scale["pipeline_frames"])
     runs = [{f"copy{k}": path for k in range(copies)} for copies in scale["pipeline_copies"]]
@@ -645,7 +674,7 @@ def time_pipeline(device, scale, work):
         warm_ms = 1000 * (seconds[1] - seconds[0]) / (frames[1] - frames[0])
         readers_cpu_ms, readers_faults, main_faults = (use[1] - use[0]) / (frames[1] - frames[0])
         rows.append({"precision": precision, "batch": batch, "overlap": overlap, "blocks": blocks,
-                     "one_pass": one_pass,
+                     "one_pass": one_pass, "cuda_failed": _device_cuda.failure() if one_pass == "cuda" else None,
                      "forward_ms_per_frame": forward_ms,
                      "evaluate_ms_per_frame_warm": warm_ms,
                      "evaluate_ms_per_frame_with_startup": 1000 * seconds[1] / frames[1],

@@ -95,8 +95,8 @@ def known_binades(wants, which):
     return union
 
 
-def check_kernel(kernel, dtype, m, block=_device.BLOCK, ends=False, runs=0, known=None, device="cpu"):
-    scores, labels = batch(dtype, m)
+def check_kernel(kernel, dtype, m, block=_device.BLOCK, ends=False, runs=0, known=None, device="cpu", data=batch):
+    scores, labels = data(dtype, m)
     wants = [numba_reference(scores[i], labels[i], m) for i in range(len(scores))]
     images, problems = _device.float_histograms(torch.as_tensor(scores).to(device),
                                                 torch.as_tensor(labels).to(device), m, kernel=kernel,
@@ -271,11 +271,33 @@ def test_the_cuda_kernels_stretches_cover_each_image_once(n, p, resident):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_the_shared_memory_cuda_kernel_equals_the_numba_kernel_per_image():
-    """Where the known binades' table fits in shared memory (float32, float16 and bfloat16 at m = 1 and 10), the
-    CUDA kernel counts; elsewhere (float64, m = 14) the Triton kernel: the same counts either way."""
+def test_the_shared_memory_cuda_kernel_equals_the_numba_kernel_per_image(monkeypatch):
+    """On scores of a few binades (:func:`few_binades`), whose table fits in shared memory at m = 10, the CUDA kernel
+    counts float32, float16 and bfloat16 scores; elsewhere (float64 scores, the adversarial batch's hundreds of
+    binades, m = 14) the Triton kernel: the same counts either way."""
+    launched = []
+    count = _device_cuda.count
+    monkeypatch.setattr(_device_cuda, "count", lambda *args: launched.append(count(*args)) or launched[-1])
+    for dtype, known in itertools.product(("float32", "float16", "bfloat16"), KNOWN):
+        check_kernel("cuda", dtype, 10, known=known, device="cuda", data=few_binades)
+        assert launched.pop() is True and not launched, f"{dtype} known={known}: the CUDA kernel did not count"
     for dtype, m, known in itertools.product(("float32", "float16", "bfloat16", "float64"), (1, 10, 14), KNOWN):
         check_kernel("cuda", dtype, m, known=known, device="cuda")
+    assert _device_cuda.failure() is None
+
+
+def few_binades(dtype, m):
+    """(scores (3, P) of ``dtype``, labels (3, P) uint8) of at most 20 binades, as a network's maps: uniform in
+    [2^-8, 1) and ±0, 1, ±inf, a float32 subnormal, -0.5, NaN at counted and at ignored pixels, bad labels."""
+    rng = np.random.default_rng(m)
+    scores = 2.0 ** rng.uniform(-8, 0, (3, 5000))
+    special = [0.0, -0.0, 1.0, np.inf, -np.inf, 1e-40, -0.5, np.nan, np.nan]
+    scores[:, : len(special)] = special
+    labels = rng.integers(0, 2, scores.shape).astype(np.uint8)
+    labels[:, 7], labels[:, 8] = 0, 255  # NaN at a counted pixel (a problem) and at an ignored one (fine)
+    labels[:, 20::37] = 255
+    labels[:, 30::101] = 9
+    return (torch.from_numpy(scores).to(torch.bfloat16) if dtype == "bfloat16" else scores.astype(dtype)), labels
 
 
 def check_empty(kernel):

@@ -48,8 +48,8 @@ def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK, ends=False,
         kernel: "triton" or "torch"; default Triton for CUDA tensors when it imports and builds its kernels here
             (where it cannot, a warning says why and the torch path, which counts alike, is used from then on).
             "cuda": the one pass over known binades by :mod:`segood.metrics._device_cuda`'s kernel, which counts
-            in shared memory (float32, float16 and bfloat16 scores whose known binades' table fits there; Triton
-            elsewhere; not the default until the device check has timed it).
+            in shared memory (float32, float16 and bfloat16 scores whose known binades' table fits there:
+            ``_device_cuda.usable``; Triton elsewhere; not the default until the device check has timed it).
         block: pixels per Triton program (a power of two).
         ends: each Triton program adds the pixels of its lowest and highest bin with one atomic addition per label
             (the same counts; on an H200 within 1%, 19-22% faster on saturated scores; off until the
@@ -115,9 +115,9 @@ def _start(scores, labels, m, kernel, options, known):
     counters = torch.zeros(4, dtype=torch.int64, device=scores.device)  # problems, then the pixels missed
     table = torch.zeros((n * known.size * 2 << m) + 1, dtype=torch.int32 if p < 1 << 31 else torch.int64,
                         device=scores.device)  # (the last: a dump)
-    if kernel == "cuda" and _device_cuda.supports(scores.dtype) and table.dtype == torch.int32 \
-            and _device_cuda.fits(known.size, m, scores.device):
-        _device_cuda.count(scores, labels, slot_of, table, counters, known.size, m)
+    if kernel == "cuda" and _device_cuda.usable(scores, labels, table, known.size, m) \
+            and _device_cuda.count(scores, labels, slot_of, table, counters, known.size, m):
+        pass  # counted in shared memory
     elif kernels is not None:
         kernels.count[(n * triton_cdiv(p, options["BLOCK"]),)](scores, labels, slot_of, table, counters, n, p,
                                                                known.size, M=m, WIDE=not narrow, BF16=bf16, KNOWN=True,

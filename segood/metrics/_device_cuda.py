@@ -11,11 +11,14 @@ and counts the problems and the pixels of binades without a slot alike.
 """
 
 import functools
+import warnings
 
 from segood.labels import IGNORE, OOD
 from segood.metrics._kernels import N_BAD_LABEL, N_BAD_SCORE, N_IGNORED
 
 THREADS = 1024  # per thread block
+RESERVED = 1024  # bytes of shared memory the device keeps for each thread block
+_BROKEN = []  # why the kernel failed to build or launch on this machine, once it has
 MIN_STRETCH = 1 << 15  # pixels a block counts at least: its table's additions stay a fraction of its pixels
 _SCALARS = {"float32": ("unsigned int", 0), "float16": ("unsigned short", 1), "bfloat16": ("unsigned short", 2)}
 
@@ -107,8 +110,19 @@ def source(dtype, m):
     return text
 
 
-def supports(dtype):
-    return str(dtype).replace("torch.", "") in _SCALARS
+def usable(scores, labels, table, slots, m):
+    """Whether the kernel counts these (N, P) CUDA tensors into ``table``: float32, float16 or bfloat16 scores, uint8
+    labels, int32 counters, P up to 2^30 (its pixel indices are 32-bit), the table of ``slots`` binades within a
+    thread block's shared memory, and the kernel not failed here before."""
+    import torch
+
+    return (not _BROKEN and str(scores.dtype).replace("torch.", "") in _SCALARS and labels.dtype == torch.uint8
+            and table.dtype == torch.int32 and scores.shape[1] <= 1 << 30 and fits(slots, m, scores.device))
+
+
+def failure():
+    """Why the kernel failed to build or launch here, or None."""
+    return _BROKEN[0] if _BROKEN else None
 
 
 def table_bytes(slots, m):
@@ -132,7 +146,7 @@ def resident_blocks(device, slots, m):
 
     props = torch.cuda.get_device_properties(device)
     shared = getattr(props, "shared_memory_per_multiprocessor", shared_limit(device.index))
-    per_processor = min(shared // table_bytes(slots, m), props.max_threads_per_multi_processor // THREADS)
+    per_processor = min(shared // (table_bytes(slots, m) + RESERVED), props.max_threads_per_multi_processor // THREADS)
     return props.multi_processor_count * max(1, per_processor)
 
 
@@ -160,14 +174,24 @@ def _kernel(dtype, m, device_index):
 def count(scores, labels, slot_of, table, counters, slots, m):
     """table[image, slot_of[binade], label, low] += 1 for every counted pixel of the (N, P) CUDA ``scores`` and
     ``labels``; counters += (ignored, bad labels, NaN scores at counted pixels, counted pixels without a slot),
-    as the Triton kernel's one pass over known binades (``table`` int32, ``counters`` int64, ``fits(slots)``)."""
+    as the Triton kernel's one pass over known binades (where :func:`usable`). Returns whether it launched: where
+    it cannot build or launch here, a warning says why, nothing is counted, and it is not used again."""
     import torch
 
     n, p = scores.shape
     device = scores.device
     blocks_per_image, stretch = stretches(n, p, resident_blocks(device, slots, m))
-    kernel = _kernel(str(scores.dtype).replace("torch.", ""), m, device.index)
-    with torch.cuda.device(device):  # (its module is loaded on that device)
-        kernel(grid=(n * blocks_per_image, 1, 1), block=(THREADS, 1, 1),
-               args=[scores, labels, slot_of, table, counters, n, p, slots, stretch],
-               shared_mem=table_bytes(slots, m), stream=torch.cuda.current_stream(device))
+    try:
+        kernel = _kernel(str(scores.dtype).replace("torch.", ""), m, device.index)
+        with torch.cuda.device(device):  # (its module is loaded on that device)
+            kernel(grid=(n * blocks_per_image, 1, 1), block=(THREADS, 1, 1),
+                   args=[scores, labels, slot_of, table, counters, n, p, slots, stretch],
+                   shared_mem=table_bytes(slots, m), stream=torch.cuda.current_stream(device))
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except Exception as err:  # noqa: BLE001 - NVRTC or the driver cannot build or launch it here
+        _BROKEN.append(f"{type(err).__name__}: {err}")
+        warnings.warn(f"segood's CUDA histogram kernel failed here ({_BROKEN[0][:300]}); the Triton kernel counts "
+                      "instead", RuntimeWarning, stacklevel=3)
+        return False
+    return True
