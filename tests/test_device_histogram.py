@@ -180,6 +180,7 @@ def test_the_shared_memory_cuda_kernel_compiles(dtype):
 EMULATION = r"""
 #include <algorithm>
 #include <cstring>
+#include <vector>
 struct Index { unsigned int x; };
 static Index threadIdx = {0}, blockIdx = {0}, blockDim = {1};
 static int* emulated_shared;
@@ -215,10 +216,11 @@ def emulated_cuda_kernel(dtype, m, folder):
 
     source = _device_cuda.source(dtype, m).replace("extern __shared__ int shared[];", "int* shared = emulated_shared;")
     path = Path(folder) / f"count_{dtype}_{m}"
-    path.with_suffix(".cpp").write_text(EMULATION + "#include <vector>\n" + source + EMULATION_RUN)
-    subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(path.with_suffix(".so")), str(path.with_suffix(".cpp"))],
-                   check=True, capture_output=True, text=True)
-    return ctypes.CDLL(str(path.with_suffix(".so"))).run
+    library, cpp = path.with_suffix(".so"), path.with_suffix(".cpp")
+    cpp.write_text(EMULATION + source + EMULATION_RUN)
+    subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(library), str(cpp)], check=True, capture_output=True,
+                   text=True)
+    return ctypes.CDLL(str(library)).run
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs a C++ compiler")
