@@ -474,7 +474,7 @@ def add_run_options(parser):
 
     parser.add_argument("--fit-set", type=Path, help="converted training set to fit Mahalanobis and SML on")
     parser.add_argument("--out", type=Path, required=True, help="run folder, e.g. runs/NAME")
-    parser.add_argument("--batch-size", type=positive_int, default=2)
+    parser.add_argument("--batch-size", type=positive_int, default=2, help="frames a forward pass (default 2)")
     parser.add_argument("--device", type=device, help="cpu, cuda, cuda:1 (default: the model's)")
     parser.add_argument("--workers", type=natural, help="processes reading frames ahead of the network (default: one "
                         "per spare core, at most 16, none for small sets; 0: read in the main process)")
@@ -671,11 +671,12 @@ def set_and_path(text):
 
 def add_grid_options(parser, *, exact=True, scores=False):
     """The threshold grid: the float-order grid by default, the paper's linear grid with --num-thresholds, the
-    exact grid with --grid exact (where ``exact`` offers it)."""
+    exact grid with --grid exact or --max-pixels (where ``exact`` offers it)."""
     kinds = ("float", "linear", "exact") if exact else ("float", "linear")
-    parser.add_argument("--grid", choices=kinds, help="the threshold grid by name (default: float, or linear with "
-                        "--num-thresholds)" + ("; exact: every distinct score a threshold, memory per pixel "
-                                               "(docs/grids.md)" if exact else ""))
+    exact_help = (", exact with --max-pixels); exact: every distinct score a threshold, memory per pixel "
+                  "(docs/grids.md)") if exact else ")"
+    parser.add_argument("--grid", choices=kinds, help="the threshold grid by name (default: float, linear with "
+                        "--num-thresholds" + exact_help)
     parser.add_argument("--mantissa-bits", type=int, metavar="M",
                         help="float-order grid (the default): thresholds 2^-M apart relatively (default 10)")
     where = ("--score-range (or the score file's score_range attribute)" if scores else "[0, 1]")
@@ -700,8 +701,8 @@ def build_parser(*, adapters=True):
 
     # Plain name tuples, not the registries: the registries' modules import torch, numba and albumentations.
     from segood.names import (ARCHS, BLENDS, CORRUPTIONS, FAMILIES, HEADS, HEIGHT_RATIO, OE_LOSSES, OFFICIAL,
-                              STANDARD_CORRUPTIONS, STANDARD_SIZES, THRESHOLD_RULES, adapter_help, method_names,
-                              metric_names)
+                              STANDARD_CORRUPTIONS, STANDARD_SIZES, THRESHOLD_RULES, TRAIN_DEFAULTS, adapter_help,
+                              method_names, metric_names)
 
     method_choices, metric_choices = method_names(), metric_names()  # with what a plugin registered
 
@@ -763,14 +764,14 @@ def build_parser(*, adapters=True):
     train.add_argument("--train", dest="train_set", required=True, help="converted training set (.h5)")
     train.add_argument("--val", dest="val_set", help="converted validation set: mIoU per epoch")
     train.add_argument("--out", dest="out_dir", required=True, help="folder for last.pt, final.pt and log.csv")
-    train.add_argument("--arch", choices=ARCHS)
+    train.add_argument("--arch", choices=ARCHS, help=f"(default {TRAIN_DEFAULTS['arch']})")
     train.add_argument("--encoder", help="smp encoder (default resnet50; e.g. tu-xception41 for DeepLabV3+)")
-    train.add_argument("--head", choices=HEADS)
+    train.add_argument("--head", choices=HEADS, help=f"(default {TRAIN_DEFAULTS['head']})")
     train.add_argument("--encoder-weights", help="e.g. imagenet, when cached locally (default none)")
     for name, kind in (("epochs", natural), ("batch-size", positive_int), ("lr", positive_float),
                        ("poly-power", non_negative_float), ("dropout-p", float), ("reduced-dim", positive_int),
                        ("workers", natural), ("seed", natural)):
-        train.add_argument(f"--{name}", type=kind)
+        train.add_argument(f"--{name}", type=kind, help=f"(default {TRAIN_DEFAULTS[name.replace('-', '_')]})")
     train.add_argument("--crop", type=positive_int, nargs=2, metavar=("H", "W"),
                        help="training crop (default 512 1024; at most the frames' size times --scale's MAX)")
     train.add_argument("--scale", type=float, nargs=2, metavar=("MIN", "MAX"), help="random scale (default 0.5 2)")
@@ -799,7 +800,7 @@ def build_parser(*, adapters=True):
     miou.add_argument("checkpoints", type=Path, nargs="+")
     miou.add_argument("--data", type=Path, required=True)
     miou.add_argument("--out", type=Path, help="write the table here (.md) and a .csv beside it")
-    miou.add_argument("--batch-size", type=positive_int, default=2)
+    miou.add_argument("--batch-size", type=positive_int, default=2, help="frames a forward pass (default 2)")
     add_quiet(miou)
     miou.set_defaults(run=_miou)
 
@@ -880,7 +881,7 @@ def build_parser(*, adapters=True):
     proto.add_argument("--metric", default="auroc", choices=list(metric_choices), help="the matrix's metric (default auroc)")
     proto.add_argument("--fit-set", type=Path, help="converted training set for the methods that need a fit")
     proto.add_argument("--out", type=Path, required=True)
-    proto.add_argument("--batch-size", type=positive_int, default=2)
+    proto.add_argument("--batch-size", type=positive_int, default=2, help="frames a forward pass (default 2)")
     proto.add_argument("--device", type=device)
     proto.add_argument("--resume", action="store_true", help="continue the evaluations of a killed protocol")
     add_quiet(proto)
@@ -932,7 +933,7 @@ def build_parser(*, adapters=True):
                              "<set>/<fid>.hdf5; fishyscapes: OUT/<method>/<set>/<fid>_anomaly.npy; in these two "
                              "<set> is the folder the benchmark's code reads (e.g. AnomalyTrack-all)")
     export.add_argument("--out", type=Path, required=True)
-    export.add_argument("--batch-size", type=positive_int, default=2)
+    export.add_argument("--batch-size", type=positive_int, default=2, help="frames a forward pass (default 2)")
     export.add_argument("--device", type=device)
     add_quiet(export)
     export.set_defaults(run=_export)

@@ -19,6 +19,9 @@ ARCHS = ("pspnet", "deeplabv3plus")
 HEADS = ("plain", "dimreduce", "dropout", "confidence")
 #: segood.models.train.OE_LOSSES.
 OE_LOSSES = ("entropy", "energy", "rba")
+#: the defaults of segood.models.train.TrainConfig that segood train's --help states.
+TRAIN_DEFAULTS = {"arch": "pspnet", "head": "plain", "epochs": 10, "batch_size": 8, "lr": 0.01, "poly_power": 0.9,
+                  "dropout_p": 0.5, "reduced_dim": 32, "workers": 0, "seed": 0}
 #: segood.robustness.FAMILIES and STANDARD_SIZES.
 FAMILIES = ("segood", "standard", "all")
 STANDARD_SIZES = ("fixed", "height")

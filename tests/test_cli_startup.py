@@ -83,7 +83,7 @@ def test_name_tuples_match_the_registries():
     from segood.metrics.official import BENCHMARKS
     from segood.metrics.thresholds import RULES
     from segood.models import ARCHS, HEADS, INFERENCE_MODES, list_model_types
-    from segood.models.train import OE_LOSSES
+    from segood.models.train import OE_LOSSES, TrainConfig
     from segood.robustness import FAMILIES, STANDARD_SIZES, corruption_names
 
     assert names.METHODS == tuple(METHODS)
@@ -92,6 +92,7 @@ def test_name_tuples_match_the_registries():
     assert names.OFFICIAL == BENCHMARKS
     assert (names.ARCHS, names.HEADS) == (tuple(ARCHS), tuple(HEADS))
     assert names.OE_LOSSES == tuple(OE_LOSSES)
+    assert names.TRAIN_DEFAULTS == {name: getattr(TrainConfig("t", "o"), name) for name in names.TRAIN_DEFAULTS}
     assert (names.FAMILIES, names.STANDARD_SIZES) == (tuple(FAMILIES), tuple(STANDARD_SIZES))
     assert names.CORRUPTIONS == corruption_names("segood")
     assert names.STANDARD_CORRUPTIONS == corruption_names("standard")
