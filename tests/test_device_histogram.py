@@ -175,19 +175,24 @@ def test_the_shared_memory_cuda_kernel_compiles(dtype):
         assert name == "count_shared" and binary.startswith(b"\x7fELF"), f"{dtype} m={m}"
 
 
-# The CUDA kernel's source as C++ on the CPU, one thread a block (its barriers then order nothing): every block of
-# the grid in turn, each counting its stretch into its own table and adding that to the image's.
+# The CUDA kernel's source as C++ on the CPU: the blocks of the grid in turn, each a team of threads that share its
+# table, meet at its barriers and add atomically, as a thread block's threads do on the device.
 EMULATION = r"""
 #include <algorithm>
+#include <atomic>
+#include <barrier>
 #include <cstring>
+#include <thread>
 #include <vector>
 struct Index { unsigned int x; };
-static Index threadIdx = {0}, blockIdx = {0}, blockDim = {1};
+static thread_local Index threadIdx = {0};
+static Index blockIdx = {0}, blockDim = {1};
 static int* emulated_shared;
-static inline void __syncthreads() {}
-static inline int atomicAdd(int* at, int value) { int old = *at; *at += value; return old; }
+static std::barrier<>* block_barrier;
+static inline void __syncthreads() { block_barrier->arrive_and_wait(); }
+static inline int atomicAdd(int* at, int value) { return std::atomic_ref<int>(*at).fetch_add(value); }
 static inline unsigned long long atomicAdd(unsigned long long* at, unsigned long long value) {
-    unsigned long long old = *at; *at += value; return old;
+    return std::atomic_ref<unsigned long long>(*at).fetch_add(value);
 }
 static inline unsigned int __float_as_uint(float x) { unsigned int u; std::memcpy(&u, &x, 4); return u; }
 static inline int __float_as_int(float x) { int i; std::memcpy(&i, &x, 4); return i; }
@@ -200,11 +205,21 @@ using std::min;
 
 EMULATION_RUN = r"""
 extern "C" void run(const scalar_t* scores, const unsigned char* labels, const int* slot_of, int* table,
-                    unsigned long long* counters, int n, int p, int slots, int stretch, int blocks) {
+                    unsigned long long* counters, int n, int p, int slots, int stretch, int blocks, int threads) {
     std::vector<int> shared_table((slots * 2 << M) + 4);
     emulated_shared = shared_table.data();
-    for (blockIdx.x = 0; blockIdx.x < (unsigned int)blocks; blockIdx.x++)
-        count_shared(scores, labels, slot_of, table, counters, n, p, slots, stretch);
+    std::barrier<> barrier(threads);
+    block_barrier = &barrier;
+    blockDim.x = threads;
+    for (blockIdx.x = 0; blockIdx.x < (unsigned int)blocks; blockIdx.x++) {
+        std::vector<std::thread> team;
+        for (int t = 0; t < threads; t++)
+            team.emplace_back([=] {
+                threadIdx.x = t;
+                count_shared(scores, labels, slot_of, table, counters, n, p, slots, stretch);
+            });
+        for (auto& thread : team) thread.join();
+    }
 }
 """
 
@@ -218,8 +233,8 @@ def emulated_cuda_kernel(dtype, m, folder):
     path = Path(folder) / f"count_{dtype}_{m}"
     library, cpp = path.with_suffix(".so"), path.with_suffix(".cpp")
     cpp.write_text(EMULATION + source + EMULATION_RUN)
-    subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(library), str(cpp)], check=True, capture_output=True,
-                   text=True)
+    subprocess.run(["g++", "-std=c++20", "-pthread", "-O1", "-shared", "-fPIC", "-o", str(library), str(cpp)],
+                   check=True, capture_output=True, text=True)
     return ctypes.CDLL(str(library)).run
 
 
@@ -227,15 +242,15 @@ def emulated_cuda_kernel(dtype, m, folder):
 @pytest.mark.parametrize("known", KNOWN)
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_the_shared_memory_cuda_kernel_as_cpp_equals_the_numba_kernel_per_image(tmp_path_factory, dtype, known):
-    """The CUDA kernel's own source, compiled as C++ and run one thread a block on the CPU, over the adversarial
-    batch in stretches of 97 pixels (so that an image's last stretch is short and blocks of every image take
-    turns), at m = 1, 10 and 14: each image's table, the problems and the pixels of binades without a slot equal
-    the numba kernel's."""
+    """The CUDA kernel's own source, compiled as C++ and run on the CPU by teams of threads (8, 3 and 1 a block),
+    over the adversarial batch in stretches of 97 pixels (so that an image's last stretch is short and blocks of
+    every image take turns), at m = 1, 10 and 14: each image's table, the problems and the pixels of binades
+    without a slot equal the numba kernel's."""
     import ctypes
 
     folder = str(tmp_path_factory.getbasetemp() / "cuda_as_cpp")
     Path(folder).mkdir(exist_ok=True)
-    for m in (1, 10, 14):
+    for m, threads in ((1, 8), (10, 3), (14, 1)):
         scores, labels = batch(dtype, m)
         wants = [numba_reference(scores[i], labels[i], m) for i in range(len(scores))]
         binades = known_binades(wants, known)
@@ -250,7 +265,7 @@ def test_the_shared_memory_cuda_kernel_as_cpp_equals_the_numba_kernel_per_image(
         blocks = n * -(-p // stretch)
         emulated_cuda_kernel(dtype, m, folder)(*(ctypes.c_void_p(a.ctypes.data) for a in (bits, labels, slot_of, table,
                                                                                             counters)),
-                                               n, p, binades.size, stretch, blocks)
+                                               n, p, binades.size, stretch, blocks, threads)
         missed = 0
         for i, (want_binades, want_counts, _) in enumerate(wants):
             inside = np.isin(want_binades, binades)
