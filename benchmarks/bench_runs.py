@@ -40,7 +40,7 @@ from segood.models import load_model  # noqa: E402
 from segood.models.network import preprocess  # noqa: E402
 
 M = 10
-H100 = {"multiprocessors": 132, "shared_per_multiprocessor": 233472, "threads_per_multiprocessor": 2048}
+H100 = {"processors": 132, "shared_per_processor": 233472, "threads_per_processor": 2048}
 VARIANTS = (("one a pixel", False, 0), ("ends", True, 0), ("runs 32", False, 32), ("runs 256", False, 256),
             ("runs 2048", False, 2048), ("ends, runs 256", True, 256))  # (name, ends, runs)
 
@@ -87,10 +87,8 @@ def shared_additions(key, p, device=H100):
     :func:`counters` on ``device``: each thread block adds the distinct counters of its stretch once."""
     n = key.shape[0]
     key = key.reshape(n, -1)[:, :p]
-    slots = np.unique(key[key >= 0] >> (M + 1)).size
-    per = min(device["shared_per_multiprocessor"] // _device_cuda.table_bytes(slots, M),
-              device["threads_per_multiprocessor"] // _device_cuda.THREADS)
-    blocks, stretch = _device_cuda.stretches(n, p, device["multiprocessors"] * max(1, per))
+    slots = np.unique(key[key >= 0] >> (M + 1)).size  # (the binades)
+    _, stretch = _device_cuda.stretches(n, p, _device_cuda.blocks_held(**device, slots=slots, m=M))
     total = 0
     for image in key:
         for start in range(0, p, stretch):

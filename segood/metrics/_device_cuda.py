@@ -145,9 +145,15 @@ def resident_blocks(device, slots, m):
     import torch
 
     props = torch.cuda.get_device_properties(device)
-    shared = getattr(props, "shared_memory_per_multiprocessor", shared_limit(device.index))
-    per_processor = min(shared // (table_bytes(slots, m) + RESERVED), props.max_threads_per_multi_processor // THREADS)
-    return props.multi_processor_count * max(1, per_processor)
+    return blocks_held(props.multi_processor_count,
+                       getattr(props, "shared_memory_per_multiprocessor", shared_limit(device.index)),
+                       props.max_threads_per_multi_processor, slots, m)
+
+
+def blocks_held(processors, shared_per_processor, threads_per_processor, slots, m):
+    """Thread blocks of the kernel for ``slots`` binades that ``processors`` multiprocessors hold at once."""
+    per_processor = min(shared_per_processor // (table_bytes(slots, m) + RESERVED), threads_per_processor // THREADS)
+    return processors * max(1, per_processor)
 
 
 def stretches(n, p, resident):
