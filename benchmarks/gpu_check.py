@@ -216,8 +216,9 @@ def check_float_order_kernel(device, scores, wide, labels):
 def check_cuda_kernel(device):
     """The CUDA kernel that counts in shared memory (``kernel="cuda"``) against the numba kernel, per image, on
     scores of a few binades (a network's: uniform in [2^-8, 1), with ±0, 1, ±inf, a subnormal, -0.5, NaN at counted
-    and ignored pixels, bad labels), float32, float16 and bfloat16 at m = 1 and 10, on known binades (the batch's,
-    more, all but one: the two passes again); each case must have been counted by the CUDA kernel itself."""
+    and ignored pixels, bad labels), float32, float16 and bfloat16 at m = 1 and 10, in two passes and on known
+    binades (the batch's, more, all but one: the two passes again); each case must have been counted by the CUDA
+    kernel itself."""
     from segood.metrics import _device, _device_cuda, _kernels
     from segood.metrics.functional import as_numpy_inputs
 
@@ -235,10 +236,10 @@ def check_cuda_kernel(device):
                                                                      keep_float32_exact=True), m, 1)
                      for i in range(len(data))]
             union = np.unique(np.concatenate([want[0] for want in wants]))
-            for known in (union, np.union1d(union, [1, 4000]), union[1:]):
+            for known in (None, union, np.union1d(union, [1, 4000]), union[1:]):
                 images, problems = _device.float_histograms(data.to(device), torch.from_numpy(labels).to(device), m,
                                                             kernel="cuda", known=known)
-                case = f"cuda kernel, {dtype} scores, m = {m}, {known.size} known binades"
+                case = f"cuda kernel, {dtype} scores, m = {m}, {'no' if known is None else known.size} known binades"
                 assert launched.pop() is True and not launched, f"{case}: not counted by the CUDA kernel " \
                     f"({_device_cuda.failure()})"
                 for i, ((binades, counts), want) in enumerate(zip(images, wants)):

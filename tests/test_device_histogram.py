@@ -290,12 +290,12 @@ def test_the_cuda_kernels_stretches_cover_each_image_once(n, p, resident):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_the_shared_memory_cuda_kernel_equals_the_numba_kernel_per_image(monkeypatch):
     """On scores of a few binades (:func:`few_binades`), whose table fits in shared memory at m = 10, the CUDA kernel
-    counts float32, float16 and bfloat16 scores; elsewhere (float64 scores, the adversarial batch's hundreds of
-    binades, m = 14) the Triton kernel: the same counts either way."""
+    counts float32, float16 and bfloat16 scores, in two passes and in one; elsewhere (float64 scores, the
+    adversarial batch's hundreds of binades, m = 14) the Triton kernel: the same counts either way."""
     launched = []
     count = _device_cuda.count
     monkeypatch.setattr(_device_cuda, "count", lambda *args: launched.append(count(*args)) or launched[-1])
-    for dtype, known in itertools.product(("float32", "float16", "bfloat16"), KNOWN):
+    for dtype, known in itertools.product(("float32", "float16", "bfloat16"), (None, *KNOWN)):
         check_kernel("cuda", dtype, 10, known=known, device="cuda", data=few_binades)
         assert launched.pop() is True and not launched, f"{dtype} known={known}: the CUDA kernel did not count"
     for dtype, m, known in itertools.product(("float32", "float16", "bfloat16", "float64"), (1, 10, 14), KNOWN):

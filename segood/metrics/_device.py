@@ -10,8 +10,8 @@ Two passes over the scores, two waits for the device per batch whatever its size
    the batch, through a 4096-entry binade -> slot lookup; the host reads the table.
 Where the binades are known beforehand (``known``: an accumulator's, once its first batches have been counted),
 one pass and one wait: pass 2 on the known binades' slots, counting the problems too and the pixels of any other
-binade; only where there are such pixels is the batch counted again by the two passes. That pass can instead run
-a CUDA kernel that counts in shared memory (``kernel="cuda"``, :mod:`segood.metrics._device_cuda`).
+binade; only where there are such pixels is the batch counted again by the two passes. The counting pass (pass 2)
+can instead run a CUDA kernel that counts in shared memory (``kernel="cuda"``, :mod:`segood.metrics._device_cuda`).
 
 The key of a float16 / bfloat16 / float32 score is computed from its own bits in 32-bit integers: the float64
 exponent and the top m mantissa bits of its exact float64 value (a subnormal is normalised through the exact
@@ -47,9 +47,9 @@ def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK, ends=False,
         m: mantissa bits, 1 to 14.
         kernel: "triton" or "torch"; default Triton for CUDA tensors when it imports and builds its kernels here
             (where it cannot, a warning says why and the torch path, which counts alike, is used from then on).
-            "cuda": the one pass over known binades by :mod:`segood.metrics._device_cuda`'s kernel, which counts
-            in shared memory (float32, float16 and bfloat16 scores whose known binades' table fits there:
-            ``_device_cuda.usable``; Triton elsewhere; not the default until the device check has timed it).
+            "cuda": the counting pass by :mod:`segood.metrics._device_cuda`'s kernel, which counts in shared memory
+            (float32, float16 and bfloat16 scores whose binades' table fits there: ``_device_cuda.usable``; Triton
+            elsewhere, and for the first of two passes; not the default until the device check has timed it).
         block: pixels per Triton program (a power of two).
         ends: each Triton program adds the pixels of its lowest and highest bin with one atomic addition per label
             (the same counts; on an H200 within 1%, 19-22% faster on saturated scores; off until the
@@ -104,7 +104,7 @@ def _start(scores, labels, m, kernel, options, known):
         from segood.metrics import _device_triton as kernels  # made on first use: importing Triton is slow
     else:
         kernels = None
-    steps = (scores, labels, m, narrow, bf16, kernels, options)
+    steps = (scores, labels, m, narrow, bf16, kernels, options, kernel == "cuda")
     known = None if known is None else np.asarray(known, np.int64)
     if known is None or not known.size or not scores.numel() or n * known.size * 2 << m > _KNOWN_LIMIT:
         counted = _two_passes(*steps)  # (at once: a kernel that cannot build fails inside start_histograms' attempt)
@@ -176,8 +176,9 @@ def _slot_table(known, device):
     return torch.from_numpy(slots).to(device)
 
 
-def _two_passes(scores, labels, m, narrow, bf16, kernels, options):
-    """The counts of :func:`float_histograms`: the occupied binades, then the counts in their slots."""
+def _two_passes(scores, labels, m, narrow, bf16, kernels, options, cuda=False):
+    """The counts of :func:`float_histograms`: the occupied binades, then the counts in their slots (``cuda``: by the
+    CUDA kernel that counts in shared memory, where :func:`_device_cuda.usable`)."""
     import torch
 
     n, p = scores.shape
@@ -205,7 +206,11 @@ def _two_passes(scores, labels, m, narrow, bf16, kernels, options):
         for start in range(0, n, group):
             stop = min(n, start + group)
             table = torch.zeros((stop - start) * union.size * 2 * width + 1, dtype=counts_dtype, device=device)
-            if kernel == "triton":
+            part = scores[start:stop], labels[start:stop]
+            if cuda and _device_cuda.usable(*part, table, union.size, m) and _device_cuda.count(
+                    *part, slot_of, table, torch.zeros(4, dtype=torch.int64, device=device), union.size, m):
+                pass  # counted in shared memory (its count of the problems, which pass 1 counted, left out)
+            elif kernel == "triton":
                 kernels.count[((stop - start) * triton_cdiv(p, block),)](
                     scores[start:stop], labels[start:stop], slot_of, table, problems, stop - start, p, union.size,
                     M=m, WIDE=not narrow, BF16=bf16, KNOWN=False, **options)

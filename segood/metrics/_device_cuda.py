@@ -1,4 +1,4 @@
-"""A CUDA kernel of :mod:`segood.metrics._device`'s one pass over known binades that counts in shared memory.
+"""A CUDA kernel for the counting pass of :mod:`segood.metrics._device` that counts in shared memory.
 
 The Triton count kernel adds every counted pixel to its counter in device memory: one atomic addition a pixel,
 about 12 G pixels a second on an H200, a tenth of the memory-read floor. Triton has no scattered additions to
@@ -180,7 +180,7 @@ def _kernel(dtype, m, device_index):
 def count(scores, labels, slot_of, table, counters, slots, m):
     """table[image, slot_of[binade], label, low] += 1 for every counted pixel of the (N, P) CUDA ``scores`` and
     ``labels``; counters += (ignored, bad labels, NaN scores at counted pixels, counted pixels without a slot),
-    as the Triton kernel's one pass over known binades (where :func:`usable`). Returns whether it launched: where
+    as the Triton count kernel (where :func:`usable`). Returns whether it launched: where
     it cannot build or launch here, a warning says why, nothing is counted, and it is not used again."""
     import torch
 
