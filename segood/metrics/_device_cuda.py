@@ -4,7 +4,7 @@ The Triton count kernel adds every counted pixel to its counter in device memory
 about 12 G pixels a second on an H200, a tenth of the memory-read floor. Triton has no scattered additions to
 shared memory, so this kernel is CUDA C, compiled at run time by NVRTC (``torch.cuda._compile_kernel``: no
 compiler beyond the one torch ships). Each thread block counts a stretch of one image into a table of its own in
-shared memory (all the known binades' slots: ``fits``), then adds the table's non-zero counters to the image's
+shared memory (a slot for each binade counted: ``fits``), then adds the table's non-zero counters to the image's
 table in device memory: one addition per distinct counter of the stretch, not per pixel. It reads float32,
 float16 and bfloat16 scores, whose keys it computes from their bits in 32-bit integers as the Triton kernel does,
 and counts the problems and the pixels of binades without a slot alike.
@@ -180,8 +180,8 @@ def _kernel(dtype, m, device_index):
 def count(scores, labels, slot_of, table, counters, slots, m):
     """table[image, slot_of[binade], label, low] += 1 for every counted pixel of the (N, P) CUDA ``scores`` and
     ``labels``; counters += (ignored, bad labels, NaN scores at counted pixels, counted pixels without a slot),
-    as the Triton count kernel (where :func:`usable`). Returns whether it launched: where
-    it cannot build or launch here, a warning says why, nothing is counted, and it is not used again."""
+    as the Triton count kernel (where :func:`usable`). Returns whether it launched: where it cannot build or launch
+    here, a warning says why, nothing is counted, and it is not used again."""
     import torch
 
     n, p = scores.shape
