@@ -88,7 +88,8 @@ def shared_additions(key, p, device=H100):
     n = key.shape[0]
     key = key.reshape(n, -1)[:, :p]
     slots = np.unique(key[key >= 0] >> (M + 1)).size  # (the binades)
-    _, stretch = _device_cuda.stretches(n, p, _device_cuda.blocks_held(**device, slots=slots, m=M))
+    _, stretch = _device_cuda.stretches(n, p, _device_cuda.blocks_held(**device, slots=slots, m=M),
+                                        _device_cuda.least(slots, M))
     total = 0
     for image in key:
         for start in range(0, p, stretch):

@@ -474,7 +474,7 @@ def add_run_options(parser):
 
     parser.add_argument("--fit-set", type=Path, help="converted training set to fit Mahalanobis and SML on")
     parser.add_argument("--out", type=Path, required=True, help="run folder, e.g. runs/NAME")
-    parser.add_argument("--batch-size", type=positive_int, default=2, help="frames a forward pass (default 2)")
+    parser.add_argument("--batch-size", type=positive_int, default=2, help="frames per forward pass (default 2)")
     parser.add_argument("--device", type=device, help="cpu, cuda, cuda:1 (default: the model's)")
     parser.add_argument("--workers", type=natural, help="processes reading frames ahead of the network (default: one "
                         "per spare core, at most 16, none for small sets; 0: read in the main process)")
@@ -800,7 +800,7 @@ def build_parser(*, adapters=True):
     miou.add_argument("checkpoints", type=Path, nargs="+")
     miou.add_argument("--data", type=Path, required=True)
     miou.add_argument("--out", type=Path, help="write the table here (.md) and a .csv beside it")
-    miou.add_argument("--batch-size", type=positive_int, default=2, help="frames a forward pass (default 2)")
+    miou.add_argument("--batch-size", type=positive_int, default=2, help="frames per forward pass (default 2)")
     add_quiet(miou)
     miou.set_defaults(run=_miou)
 
@@ -881,7 +881,7 @@ def build_parser(*, adapters=True):
     proto.add_argument("--metric", default="auroc", choices=list(metric_choices), help="the matrix's metric (default auroc)")
     proto.add_argument("--fit-set", type=Path, help="converted training set for the methods that need a fit")
     proto.add_argument("--out", type=Path, required=True)
-    proto.add_argument("--batch-size", type=positive_int, default=2, help="frames a forward pass (default 2)")
+    proto.add_argument("--batch-size", type=positive_int, default=2, help="frames per forward pass (default 2)")
     proto.add_argument("--device", type=device)
     proto.add_argument("--resume", action="store_true", help="continue the evaluations of a killed protocol")
     add_quiet(proto)
@@ -933,7 +933,7 @@ def build_parser(*, adapters=True):
                              "<set>/<fid>.hdf5; fishyscapes: OUT/<method>/<set>/<fid>_anomaly.npy; in these two "
                              "<set> is the folder the benchmark's code reads (e.g. AnomalyTrack-all)")
     export.add_argument("--out", type=Path, required=True)
-    export.add_argument("--batch-size", type=positive_int, default=2, help="frames a forward pass (default 2)")
+    export.add_argument("--batch-size", type=positive_int, default=2, help="frames per forward pass (default 2)")
     export.add_argument("--device", type=device)
     add_quiet(export)
     export.set_defaults(run=_export)

@@ -33,7 +33,7 @@ def test_gpu_check_dry_run(tmp_path):
         ("bf16", 2, True, "pinned"), ("bf16", 2, True, "registered"), ("fp32", 2, False, "pinned"),
         ("bf16", 2, False, "pinned"), ("fp32", 2, False, "registered"), ("fp32", 2, False, "pageable"),
         ("fp32", 2, True, "pageable"), ("fp32", 2, True, "registered"), ("bf16", 2, True, "registered")]
-    assert [r["one_pass"] for r in pipeline["rows"]] == ["triton"] * 13 + ["cuda"] * 2
+    assert [r["counting"] for r in pipeline["rows"]] == ["triton"] * 13 + ["cuda"] * 2
     assert all({"data", "forward", "accumulate"} <= set(r["stages_ms_per_frame"]) for r in pipeline["rows"])
     assert all(r["forward_ms_per_frame"] > 0 and r["evaluate_ms_per_frame_with_startup"] > 0
                and np.isfinite(r["readers_page_faults_per_frame_warm"]) for r in pipeline["rows"])

@@ -34,8 +34,8 @@ _KNOWN_LIMIT = 1 << 22  # counters of a one-pass table (16 MiB of int32, all sen
 # whose table holds only the batch's own binades
 _CHUNK = 1 << 22  # pixels per step of the torch path: its int64 temporaries stay near 100 MiB
 BLOCK = 2048  # pixels per Triton program
-ONE_PASS = "triton"  # the default kernel of the one pass over known binades on CUDA: "triton" or "cuda" (the GPU
-# check's pipeline rows set it to compare them end to end)
+COUNTING = "triton"  # the default kernel of the counting pass (pass 2, or the one pass) on CUDA: "triton" or
+# "cuda" (the GPU check's pipeline rows set it to compare them end to end)
 
 
 def float_histograms(scores, labels, m, *, kernel=None, block=BLOCK, ends=False, runs=0, known=None):
@@ -77,7 +77,7 @@ def start_histograms(scores, labels, m, *, kernel=None, block=BLOCK, ends=False,
     if kernel is not None:
         return _start(scores, labels, m, kernel, kernel_options, known)
     if scores.is_cuda and _triton.available():
-        started = _triton.attempt(lambda: _start(scores, labels, m, ONE_PASS, kernel_options, known),
+        started = _triton.attempt(lambda: _start(scores, labels, m, COUNTING, kernel_options, known),
                                   "histogram kernel", "counting with torch operations (the same counts, slower)",
                                   scores.device)
         if started is not None:
@@ -115,16 +115,30 @@ def _start(scores, labels, m, kernel, options, known):
     counters = torch.zeros(4, dtype=torch.int64, device=scores.device)  # problems, then the pixels missed
     table = torch.zeros((n * known.size * 2 << m) + 1, dtype=torch.int32 if p < 1 << 31 else torch.int64,
                         device=scores.device)  # (the last: a dump)
-    if kernel == "cuda" and _device_cuda.usable(scores, labels, table, known.size, m) \
-            and _device_cuda.count(scores, labels, slot_of, table, counters, known.size, m):
-        pass  # counted in shared memory
-    elif kernels is not None:
-        kernels.count[(n * triton_cdiv(p, options["BLOCK"]),)](scores, labels, slot_of, table, counters, n, p,
-                                                               known.size, M=m, WIDE=not narrow, BF16=bf16, KNOWN=True,
-                                                               **options)
-    else:
-        _torch_count(scores, labels, slot_of, table, known.size, m, narrow, counters)
+    _count(steps, slot_of, table, known.size, counters)
     return functools.partial(_known_counts, steps, known, _to_host(table, counters))
+
+
+def _count(steps, slot_of, table, slots, counters=None):
+    """Pass 2 of ``steps``: each counted pixel added to ``table`` ((N x slots x 2 x 2^m) + 1 counters, the last a
+    dump) through ``slot_of``, by the CUDA kernel where asked and usable, else Triton's or torch's. ``counters``: the
+    one pass over known binades, which adds the problems and then the counted pixels without a slot to them; None:
+    after pass 1, which counted the problems."""
+    import torch
+
+    scores, labels, m, narrow, bf16, kernels, options, cuda = steps
+    known = counters is not None
+    if not known:
+        counters = torch.zeros(4, dtype=torch.int64, device=scores.device)  # (what pass 1 counted already)
+    if cuda and _device_cuda.usable(scores, labels, table, slots, m) and _device_cuda.count(
+            scores, labels, slot_of, table, counters, slots, m):
+        return  # counted in shared memory
+    if kernels is not None:
+        n, p = scores.shape
+        kernels.count[(n * triton_cdiv(p, options["BLOCK"]),)](scores, labels, slot_of, table, counters, n, p, slots,
+                                                               M=m, WIDE=not narrow, BF16=bf16, KNOWN=known, **options)
+    else:
+        _torch_count(scores, labels, slot_of, table, slots, m, narrow, counters if known else None)
 
 
 def _known_counts(steps, known, copies):
@@ -145,7 +159,7 @@ def _counted_twice(steps):
         return _two_passes(*steps)
     counted = _triton.attempt(lambda: _two_passes(*steps), "histogram kernel",
                               "counting with torch operations (the same counts, slower)", steps[0].device)
-    return _two_passes(*steps[:5], None, steps[6]) if counted is None else counted
+    return _two_passes(*steps[:5], None, steps[6]) if counted is None else counted  # (cuda off: the torch path)
 
 
 def _to_host(*tensors):
@@ -206,16 +220,8 @@ def _two_passes(scores, labels, m, narrow, bf16, kernels, options, cuda=False):
         for start in range(0, n, group):
             stop = min(n, start + group)
             table = torch.zeros((stop - start) * union.size * 2 * width + 1, dtype=counts_dtype, device=device)
-            part = scores[start:stop], labels[start:stop]
-            if cuda and _device_cuda.usable(*part, table, union.size, m) and _device_cuda.count(
-                    *part, slot_of, table, torch.zeros(4, dtype=torch.int64, device=device), union.size, m):
-                pass  # counted in shared memory (its count of the problems, which pass 1 counted, left out)
-            elif kernel == "triton":
-                kernels.count[((stop - start) * triton_cdiv(p, block),)](
-                    scores[start:stop], labels[start:stop], slot_of, table, problems, stop - start, p, union.size,
-                    M=m, WIDE=not narrow, BF16=bf16, KNOWN=False, **options)
-            else:
-                _torch_count(scores[start:stop], labels[start:stop], slot_of, table, union.size, m, narrow)
+            _count((scores[start:stop], labels[start:stop], m, narrow, bf16, kernels, options, cuda), slot_of, table,
+                   union.size)
             table = table.cpu().numpy()[:-1].reshape(stop - start, union.size, 2, width)  # the last: a dump
             for i in range(start, stop):
                 rows = present[i, union]

@@ -19,7 +19,8 @@ from segood.metrics._kernels import N_BAD_LABEL, N_BAD_SCORE, N_IGNORED
 THREADS = 1024  # per thread block
 RESERVED = 1024  # bytes of shared memory the device keeps for each thread block
 _BROKEN = []  # why the kernel failed to build or launch on this machine, once it has
-MIN_STRETCH = 1 << 15  # pixels a block counts at least: its table's additions stay a fraction of its pixels
+MIN_STRETCH = 1 << 15  # pixels a block counts at least (and at least as many as its table has counters, which it
+# zeroes and reads once)
 _SCALARS = {"float32": ("unsigned int", 0), "float16": ("unsigned short", 1), "bfloat16": ("unsigned short", 2)}
 
 SOURCE = r"""
@@ -156,14 +157,20 @@ def blocks_held(processors, shared_per_processor, threads_per_processor, slots, 
     return processors * max(1, per_processor)
 
 
-def stretches(n, p, resident):
+def stretches(n, p, resident, least=MIN_STRETCH):
     """(thread blocks per image, pixels each counts) for n images of p pixels: about ``resident`` blocks in all,
-    each counting at least :data:`MIN_STRETCH` pixels where the images hold as many."""
-    stretch = -(-p // max(1, min(-(-resident // n), -(-p // MIN_STRETCH))))
+    each counting at least ``least`` pixels where the images hold as many."""
+    stretch = -(-p // max(1, min(-(-resident // n), p // least)))
     return max(1, -(-p // stretch)), stretch
 
 
+def least(slots, m):
+    """Pixels a thread block counts at least for ``slots`` binades: :data:`MIN_STRETCH`, or its table's counters."""
+    return max(MIN_STRETCH, slots * 2 << m)
+
+
 def fits(slots, m, device):
+    """Whether the table of ``slots`` binades at ``m`` bits fits in a thread block's shared memory on ``device``."""
     return table_bytes(slots, m) <= shared_limit(device.index)
 
 
@@ -186,7 +193,7 @@ def count(scores, labels, slot_of, table, counters, slots, m):
 
     n, p = scores.shape
     device = scores.device
-    blocks_per_image, stretch = stretches(n, p, resident_blocks(device, slots, m))
+    blocks_per_image, stretch = stretches(n, p, resident_blocks(device, slots, m), least(slots, m))
     try:
         kernel = _kernel(str(scores.dtype).replace("torch.", ""), m, device.index)
         with torch.cuda.device(device):  # (its module is loaded on that device)
