@@ -203,15 +203,20 @@ def check_float_order_kernel(device, scores, wide, labels):
                 images, problems = _device.float_histograms(torch.from_numpy(data).to(device),
                                                             torch.from_numpy(batch_labels).to(device), m,
                                                             kernel=kernel, known=known, ends=ends, runs=runs)
-                case = (f"{kernel} kernel, {name} scores, m = {m}, {'no' if known is None else known.size} known "
-                        f"binades, ends {'at once' if ends else 'pixel by pixel'}, runs {runs}")
-                for i, ((binades, counts), want) in enumerate(zip(images, wants)):
-                    assert np.array_equal(binades, want[0]) and np.array_equal(counts, want[1]), \
-                        f"{case}, image {i}: counts differ from the CPU kernel's"
-                assert np.array_equal(problems, sum(want[2] for want in wants)), f"{case}: problems differ"
+                assert_counts(images, problems, wants,
+                              f"{kernel} kernel, {name} scores, m = {m}, {'no' if known is None else known.size} "
+                              f"known binades, ends {'at once' if ends else 'pixel by pixel'}, runs {runs}")
     if kernel == "triton":
         check_cuda_kernel(device)
     return kernel
+
+
+def assert_counts(images, problems, wants, case):
+    """A device kernel's counts per image and problems equal to the numba kernel's (``wants``, one per image)."""
+    for i, ((binades, counts), want) in enumerate(zip(images, wants)):
+        assert np.array_equal(binades, want[0]) and np.array_equal(counts, want[1]), \
+            f"{case}, image {i}: counts differ from the CPU kernel's"
+    assert np.array_equal(problems, sum(want[2] for want in wants)), f"{case}: problems differ"
 
 
 def check_cuda_kernel(device):
@@ -245,10 +250,7 @@ def check_cuda_kernel(device):
                 assert launched == [True] * (2 if known is not None and known.size < union.size else 1), \
                     f"{case}: not counted by the CUDA kernel each time ({launched}; {_device_cuda.failure()})"
                 launched.clear()
-                for i, ((binades, counts), want) in enumerate(zip(images, wants)):
-                    assert np.array_equal(binades, want[0]) and np.array_equal(counts, want[1]), \
-                        f"{case}, image {i}: counts differ from the CPU kernel's"
-                assert np.array_equal(problems, sum(want[2] for want in wants)), f"{case}: problems differ"
+                assert_counts(images, problems, wants, case)
     finally:
         _device_cuda.count = count
 

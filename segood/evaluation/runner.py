@@ -265,8 +265,8 @@ class Evaluation(Part):
     def arrays(self):
         """The state as plain arrays, a tree of parts by path (docs/evaluating.md, "The run's state"): "format",
         "meta" (the run's settings, JSON), "progress" (this process's frames done, timings, skipped frames, the
-        model's outputs, JSON), "images/<set>", "pixels/<method>/<set>/<key>" (the accumulator's state), "class_sums/<method>/<set>",
-        "class_counts/<set>", "confusion/<set>", "calibration/<set>/<key>", "components/<method>/<set>/<key>",
+        model's outputs, JSON), "images/<set>", "pixels/<method>/<set>/<key>" (the accumulator's state),
+        "class_sums/<method>/<set>", "class_counts/<set>", "confusion/<set>", "calibration/<set>/<key>", "components/<method>/<set>/<key>",
         "official/<method>/<set>/<key>", "official_components/<method>/<set>/<key>" and
         "examples/<set>/<frame index>/<field>"."""
         self.settle()

@@ -117,8 +117,12 @@ def usable(scores, labels, table, slots, m):
     thread block's shared memory, and the kernel not failed here before."""
     import torch
 
-    return (not _BROKEN and str(scores.dtype).replace("torch.", "") in _SCALARS and labels.dtype == torch.uint8
+    return (not _BROKEN and _name(scores.dtype) in _SCALARS and labels.dtype == torch.uint8
             and table.dtype == torch.int32 and scores.shape[1] <= 1 << 30 and fits(slots, m, scores.device))
+
+
+def _name(dtype):
+    return str(dtype).replace("torch.", "")
 
 
 def failure():
@@ -195,7 +199,7 @@ def count(scores, labels, slot_of, table, counters, slots, m):
     device = scores.device
     blocks_per_image, stretch = stretches(n, p, resident_blocks(device, slots, m), least(slots, m))
     try:
-        kernel = _kernel(str(scores.dtype).replace("torch.", ""), m, device.index)
+        kernel = _kernel(_name(scores.dtype), m, device.index)
         with torch.cuda.device(device):  # (its module is loaded on that device)
             kernel(grid=(n * blocks_per_image, 1, 1), block=(THREADS, 1, 1),
                    args=[scores, labels, slot_of, table, counters, n, p, slots, stretch],
